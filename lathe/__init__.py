@@ -1,0 +1,11 @@
+"""lathe: train and fine-tune PyTorch models. Public names are re-exported lazily from lathe.train."""
+from lathe._lazy import make_getattr
+from lathe.train import _EXPORTS
+
+__version__ = "0.1.0"
+__all__ = sorted(_EXPORTS)
+__getattr__ = make_getattr(__name__, _EXPORTS)
+
+
+def __dir__():
+    return __all__ + ["__version__"]
