@@ -1,0 +1,34 @@
+"""Reproducibility: set_seed and enable_full_determinism (python, numpy, torch, CUDA)."""
+from __future__ import annotations
+
+import os
+import random
+
+import numpy as np
+import torch
+
+
+def set_seed(seed: int, deterministic: bool = False) -> None:
+    """Seed python, numpy and torch (all devices); with `deterministic`, also ask torch for
+    deterministic kernels."""
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+    if torch.cuda.is_available():
+        torch.cuda.manual_seed_all(seed)
+    if deterministic:
+        torch.use_deterministic_algorithms(True)
+
+
+def enable_full_determinism(seed: int, warn_only: bool = False) -> None:
+    """set_seed plus deterministic algorithms and the cuBLAS/cuDNN settings they need.
+
+    CUBLAS_WORKSPACE_CONFIG must be set before the first cuBLAS call for deterministic matmuls;
+    that is why this writes to the environment (the one place lathe does).
+    """
+    set_seed(seed)
+    os.environ["CUDA_LAUNCH_BLOCKING"] = "1"
+    os.environ["CUBLAS_WORKSPACE_CONFIG"] = ":16:8"
+    torch.use_deterministic_algorithms(True, warn_only=warn_only)
+    torch.backends.cudnn.deterministic = True
+    torch.backends.cudnn.benchmark = False
