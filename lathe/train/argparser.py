@@ -172,9 +172,10 @@ def _default_of(field: dataclasses.Field) -> Any:
 
 def _help_of(field: dataclasses.Field) -> str | None:
     text = field.metadata.get("help")
-    deprecated = field.metadata.get("deprecated")
-    if deprecated:
-        note = f"Deprecated: use --{deprecated} instead." if isinstance(deprecated, str) else "Deprecated."
+    if "deprecated" in field.metadata:
+        # The value names the replacing field, or is None when the option is simply ignored now.
+        replacement = field.metadata["deprecated"]
+        note = f"[deprecated: use --{replacement}]" if isinstance(replacement, str) else "[deprecated]"
         text = f"{text} {note}" if text else note
     # argparse %-formats help strings; a bare "%" (as in "10% of steps") would crash --help.
     return re.sub(r"%(?!\()", "%%", text) if text else text
@@ -224,8 +225,20 @@ class HfArgumentParser(argparse.ArgumentParser):
                 "the types it names at module level, or drop `from __future__ import annotations`."
             ) from error
         for field in dataclasses.fields(dtype):
-            if field.init:
+            if not field.init:
+                continue
+            # Deprecated options still parse but are listed apart, so --help leads with current ones.
+            if "deprecated" in field.metadata:
+                self._add_field_argument(self._deprecated_group(), field, hints[field.name])
+            else:
                 self._add_field_argument(container, field, hints[field.name])
+
+    def _deprecated_group(self):
+        if getattr(self, "_deprecated_arguments", None) is None:
+            self._deprecated_arguments = self.add_argument_group(
+                "deprecated arguments", "Still accepted; the dataclass warns and maps them to their replacement."
+            )
+        return self._deprecated_arguments
 
     @staticmethod
     def _add_field_argument(container, field: dataclasses.Field, hint: Any) -> None:
@@ -238,9 +251,10 @@ class HfArgumentParser(argparse.ArgumentParser):
         kwargs = _argument_kwargs(field, hint)
         nullable_bool = kwargs.pop("nullable_bool", None)
         is_bool = nullable_bool is not None
-        # Explicit metadata wins over what the type implies (HF passes metadata to add_argument too);
-        # other metadata keys, like "deprecated", are for the dataclass and not argparse keywords.
-        for key in ("choices", "metavar"):
+        # Explicit metadata wins over what the type implies, as in HF, whose TrainingArguments relies
+        # on it (e.g. `fsdp` has nargs="?", const=True so a bare `--fsdp` works). Other metadata keys,
+        # like "deprecated", are for the dataclass, and argparse would reject them.
+        for key in ("choices", "metavar", "nargs", "const"):
             if key in field.metadata:
                 kwargs[key] = field.metadata[key]
 
