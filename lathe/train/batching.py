@@ -1,0 +1,126 @@
+"""Update steps: how many there are, which micro-batches form each one, where a resumed run
+starts, and the loss-normalisation denominator (num_items_in_batch). The step maths lives here only."""
+from __future__ import annotations
+
+import math
+import sys
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from itertools import islice
+
+import torch
+
+IGNORE_INDEX = -100
+
+
+@dataclass(frozen=True)
+class TrainingPlan:
+    """The length of a run, fixed before the first step."""
+
+    batches_per_epoch: int | None  # micro-batches; None for an iterable dataset
+    updates_per_epoch: int | None  # ceil(batches_per_epoch / gradient_accumulation_steps)
+    max_steps: int
+    num_train_epochs: int  # the loop's epoch bound (ceil of a fractional num_train_epochs)
+    num_train_samples: int | None
+
+
+def plan_training(args, batches_per_epoch: int | None, dataset_size: int | None, batch_size: int) -> TrainingPlan:
+    """Step arithmetic: updates per epoch = ceil(batches / accumulation); max_steps overrides
+    epochs (cycling the data); a fractional num_train_epochs stops mid-epoch."""
+    accumulation = args.gradient_accumulation_steps
+    if batches_per_epoch is not None:
+        if batches_per_epoch == 0:
+            raise ValueError(
+                "The training dataloader is empty: the train dataset has no examples, or fewer than "
+                "per_device_train_batch_size with dataloader_drop_last=True."
+            )
+        updates_per_epoch = max(math.ceil(batches_per_epoch / accumulation), 1)
+        if args.max_steps > 0:
+            max_steps = args.max_steps
+            num_epochs = math.ceil(max_steps / updates_per_epoch)
+            num_samples = max_steps * batch_size * accumulation
+        else:
+            max_steps = math.ceil(args.num_train_epochs * updates_per_epoch)
+            num_epochs = math.ceil(args.num_train_epochs)
+            num_samples = int(dataset_size * args.num_train_epochs) if dataset_size is not None else None
+        return TrainingPlan(batches_per_epoch, updates_per_epoch, max_steps, num_epochs, num_samples)
+    if args.max_steps > 0:
+        # An iterable dataset has no length: run max_steps updates, restarting it as often as needed.
+        return TrainingPlan(None, None, args.max_steps, sys.maxsize, args.max_steps * batch_size * accumulation)
+    raise ValueError(
+        "The train dataset has no length (an IterableDataset), so the number of steps is unknown: "
+        "set TrainingArguments.max_steps to a positive number."
+    )
+
+
+@dataclass(frozen=True)
+class ResumePosition:
+    epoch: int  # the epoch to continue
+    updates_done_in_epoch: int  # update steps of that epoch already taken
+    batches_to_skip: int  # micro-batches of that epoch to skip without loading them
+
+
+def resume_position(global_step: int, plan: TrainingPlan, accumulation: int, ignore_data_skip: bool) -> ResumePosition:
+    """Where a run that has taken `global_step` updates continues. Only the last window of an
+    epoch may be short, so whole epochs and windows convert exactly to micro-batches."""
+    if global_step == 0 or plan.updates_per_epoch is None:
+        # Iterable datasets cannot seek; the loop consumes batches instead (see skip_batches in data.py).
+        skip = 0 if ignore_data_skip else global_step * accumulation
+        return ResumePosition(0, 0, skip)
+    epoch, updates_done = divmod(global_step, plan.updates_per_epoch)
+    batches = 0 if ignore_data_skip else updates_done * accumulation
+    return ResumePosition(epoch, 0 if ignore_data_skip else updates_done, batches)
+
+
+def update_windows(batches: Iterator, plan: TrainingPlan, accumulation: int, first_update: int) -> Iterator[list]:
+    """Group an epoch's micro-batches into update steps. The last window of an epoch holds the
+    remainder, so it may be shorter (its loss is scaled by its own size, see normalise_loss)."""
+    if plan.batches_per_epoch is None:
+        while window := list(islice(batches, accumulation)):
+            yield window
+        return
+    remainder = plan.batches_per_epoch % accumulation or accumulation
+    for update in range(first_update, plan.updates_per_epoch):
+        size = remainder if update == plan.updates_per_epoch - 1 else accumulation
+        window = list(islice(batches, size))
+        if not window:
+            return
+        yield window
+
+
+def count_label_items(window: list, shift_labels: bool) -> torch.Tensor | None:
+    """The loss-normalisation denominator: label tokens != -100 over the whole accumulation
+    window. Causal LMs predict token t+1 from t, so their first label never counts (shift)."""
+    total = None
+    for batch in window:
+        if not isinstance(batch, Mapping) or batch.get("labels") is None:
+            return None
+        labels = batch.get("shift_labels")
+        if labels is None:
+            labels = batch["labels"]
+            if not torch.is_tensor(labels):
+                return None
+            if shift_labels:
+                labels = labels[..., 1:]
+        count = labels.ne(IGNORE_INDEX).sum()
+        total = count if total is None else total + count
+    return total
+
+
+def normalise_loss(loss: torch.Tensor, window_size: int, normalised_by_items: bool) -> torch.Tensor:
+    """Make the sum of a window's micro-batch losses equal the loss of the whole window.
+
+    When the model (or compute_loss_func) divided by num_items_in_batch, each micro-batch loss is
+    already its share of the window; otherwise each is a mean over its micro-batch, and the mean
+    over the window divides by the window's real size (shorter at the end of an epoch)."""
+    return loss if normalised_by_items else loss / window_size
+
+
+def count_input_tokens(inputs, mode: str, main_input_name: str = "input_ids") -> int:
+    """Tokens for num_input_tokens_seen: all positions ("all") or attention_mask ones ("non_padding")."""
+    if not isinstance(inputs, Mapping):
+        return 0
+    if mode == "non_padding" and inputs.get("attention_mask") is not None:
+        return int(inputs["attention_mask"].sum())
+    tensor = inputs.get(main_input_name)
+    return int(tensor.numel()) if tensor is not None else 0

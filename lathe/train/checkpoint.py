@@ -1,0 +1,285 @@
+"""checkpoint-N folders: the transformers layout, written atomically (staging folder, fsync, one
+rename), found again (skipping incomplete ones), rotated, and loaded safely."""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import random
+import re
+import shutil
+from contextlib import contextmanager
+
+import numpy as np
+import torch
+
+logger = logging.getLogger(__name__)
+
+PREFIX_CHECKPOINT_DIR = "checkpoint"
+CHECKPOINT_PATTERN = re.compile(r"^" + PREFIX_CHECKPOINT_DIR + r"-(\d+)$")
+STAGING_PREFIX = ".staging-"
+MANIFEST_NAME = "lathe_checkpoint.json"  # written last, inside the staging folder: "this is complete"
+TRAINER_STATE_NAME = "trainer_state.json"
+OPTIMIZER_NAME = "optimizer.pt"
+SCHEDULER_NAME = "scheduler.pt"
+SCALER_NAME = "scaler.pt"
+TRAINING_ARGS_NAME = "training_args.bin"
+TRAINING_ARGS_JSON = "training_args.json"
+WEIGHTS_NAME = "model.safetensors"
+WEIGHTS_INDEX_NAME = "model.safetensors.index.json"
+ADAPTER_WEIGHTS_NAME = "adapter_model.safetensors"
+
+
+def checkpoint_path(output_dir: str, step: int) -> str:
+    return os.path.join(output_dir, f"{PREFIX_CHECKPOINT_DIR}-{step}")
+
+
+def _fsync_tree(folder: str) -> None:
+    """Flush every file and the folder itself, so the rename below never publishes data that a
+    power cut could still lose."""
+    for root, _dirs, files in os.walk(folder):
+        for name in files:
+            with open(os.path.join(root, name), "rb") as f:
+                os.fsync(f.fileno())
+        _fsync_dir(root)
+
+
+def _fsync_dir(folder: str) -> None:
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass  # some filesystems do not support fsync on directories
+    finally:
+        os.close(fd)
+
+
+def _write_manifest(folder: str) -> None:
+    files = {}
+    for root, _dirs, names in os.walk(folder):
+        for name in names:
+            path = os.path.join(root, name)
+            files[os.path.relpath(path, folder)] = os.path.getsize(path)
+    with open(os.path.join(folder, MANIFEST_NAME), "w", encoding="utf-8") as f:
+        json.dump({"format": 1, "complete": True, "files": files}, f, indent=2, sort_keys=True)
+
+
+@contextmanager
+def atomic_checkpoint(final_path: str):
+    """Yield a staging folder beside `final_path`; on success publish it with one rename.
+
+    A crash at any moment leaves either the previous state or the complete new folder; a
+    leftover staging folder is ignored by get_last_checkpoint and removed by the next save.
+    """
+    parent = os.path.dirname(os.path.abspath(final_path))
+    try:
+        os.makedirs(parent, exist_ok=True)
+    except OSError as error:
+        raise OSError(f"Cannot create the output folder {parent!r} for checkpoints: {error}") from error
+    staging = os.path.join(parent, STAGING_PREFIX + os.path.basename(final_path))
+    if os.path.exists(staging):
+        shutil.rmtree(staging)
+    try:
+        os.makedirs(staging)
+        yield staging
+        _write_manifest(staging)
+        _fsync_tree(staging)
+        if os.path.exists(final_path):
+            # Saving the same step twice (e.g. end-of-epoch and final save): swap atomically by
+            # renaming the old one aside first; a crash in between leaves a complete staging copy.
+            retired = os.path.join(parent, STAGING_PREFIX + "old-" + os.path.basename(final_path))
+            if os.path.exists(retired):
+                shutil.rmtree(retired)
+            os.rename(final_path, retired)
+            os.rename(staging, final_path)
+            shutil.rmtree(retired, ignore_errors=True)
+        else:
+            os.rename(staging, final_path)
+        _fsync_dir(parent)
+    except BaseException as error:
+        shutil.rmtree(staging, ignore_errors=True)
+        if isinstance(error, OSError):
+            raise OSError(
+                f"Saving checkpoint {final_path!r} failed ({error}); earlier checkpoints are intact. "
+                "Check free disk space and that the output folder is writable."
+            ) from error
+        raise
+
+
+def is_complete_checkpoint(folder: str) -> bool:
+    """lathe checkpoints carry a manifest of file sizes; checkpoints written by transformers do not,
+    so for those the trainer state and some model weights must exist and be non-empty."""
+    manifest = os.path.join(folder, MANIFEST_NAME)
+    if os.path.isfile(manifest):
+        try:
+            with open(manifest, encoding="utf-8") as f:
+                files = json.load(f)["files"]
+            return all(os.path.getsize(os.path.join(folder, name)) == size for name, size in files.items())
+        except (OSError, ValueError, KeyError):
+            return False
+    state = os.path.join(folder, TRAINER_STATE_NAME)
+    if not os.path.isfile(state) or os.path.getsize(state) == 0:
+        return False
+    try:
+        with open(state, encoding="utf-8") as f:
+            json.load(f)
+    except ValueError:
+        return False
+    return any(
+        os.path.isfile(os.path.join(folder, name)) and os.path.getsize(os.path.join(folder, name)) > 0
+        for name in (WEIGHTS_NAME, WEIGHTS_INDEX_NAME, ADAPTER_WEIGHTS_NAME, "pytorch_model.bin")
+    )
+
+
+def sorted_checkpoints(output_dir: str) -> list[str]:
+    """checkpoint-N folders of output_dir, oldest step first (complete or not)."""
+    if not os.path.isdir(output_dir):
+        return []
+    found = []
+    for name in os.listdir(output_dir):
+        match = CHECKPOINT_PATTERN.match(name)
+        path = os.path.join(output_dir, name)
+        if match and os.path.isdir(path):
+            found.append((int(match.group(1)), path))
+    return [path for _step, path in sorted(found)]
+
+
+def get_last_checkpoint(folder: str) -> str | None:
+    """The newest *complete* checkpoint-N in `folder`; incomplete or corrupt ones are skipped with
+    a warning (transformers would return them and crash on resume)."""
+    for path in reversed(sorted_checkpoints(folder)):
+        if is_complete_checkpoint(path):
+            return path
+        logger.warning("Skipping incomplete or corrupt checkpoint %s (interrupted while saving?).", path)
+    return None
+
+
+def rotate_checkpoints(output_dir: str, save_total_limit: int | None, best_model_checkpoint: str | None) -> list[str]:
+    """Delete the oldest checkpoints beyond save_total_limit, never the best one (transformers'
+    rule: the best is kept, and with a limit of 1 and a distinct best, 2 remain so the newest can
+    still resume). Returns the deleted paths. Call only after the newest save is committed."""
+    if not save_total_limit or save_total_limit <= 0:
+        return []
+    checkpoints = sorted_checkpoints(output_dir)
+    best = os.path.abspath(best_model_checkpoint) if best_model_checkpoint else None
+    absolute = [os.path.abspath(p) for p in checkpoints]
+    limit = save_total_limit
+    if best in absolute:
+        # Keep the best by moving it just before the newest, so it falls inside the kept tail.
+        index = absolute.index(best)
+        if index < len(checkpoints) - 1:
+            checkpoints.insert(len(checkpoints) - 2, checkpoints.pop(index))
+        if save_total_limit == 1 and absolute[-1] != best:
+            limit = 2  # keep the newest too, so the run can still resume
+    to_delete = checkpoints[: max(0, len(checkpoints) - limit)]
+    for path in to_delete:
+        logger.info("Deleting older checkpoint %s (save_total_limit=%s).", path, save_total_limit)
+        shutil.rmtree(path, ignore_errors=True)
+    return to_delete
+
+
+def remove_staging_leftovers(output_dir: str) -> None:
+    if os.path.isdir(output_dir):
+        for name in os.listdir(output_dir):
+            if name.startswith(STAGING_PREFIX):
+                shutil.rmtree(os.path.join(output_dir, name), ignore_errors=True)
+
+
+# ----- model weights -----
+
+def save_model_weights(model, folder: str, state_dict=None) -> None:
+    """transformers/peft models: save_pretrained (safetensors, sharded with an index when large);
+    any other module: model.safetensors (shared tensors saved once)."""
+    os.makedirs(folder, exist_ok=True)
+    if hasattr(model, "save_pretrained"):
+        model.save_pretrained(folder, state_dict=state_dict)
+        return
+    from safetensors.torch import save_file, save_model
+
+    if state_dict is None:
+        save_model(model, os.path.join(folder, WEIGHTS_NAME), metadata={"format": "pt"})
+    else:
+        save_file({k: v.contiguous() for k, v in state_dict.items()}, os.path.join(folder, WEIGHTS_NAME), metadata={"format": "pt"})
+
+
+def load_model_weights(model, folder: str, strict: bool = True) -> None:
+    """Load weights saved by save_model_weights (or by transformers) into `model` in place."""
+    from safetensors.torch import load_file, load_model
+
+    adapter = os.path.join(folder, ADAPTER_WEIGHTS_NAME)
+    if os.path.isfile(adapter) and hasattr(model, "load_adapter"):
+        from peft import set_peft_model_state_dict  # only PEFT models have adapter files
+
+        set_peft_model_state_dict(model, load_file(adapter))
+        return
+    single = os.path.join(folder, WEIGHTS_NAME)
+    index = os.path.join(folder, WEIGHTS_INDEX_NAME)
+    if os.path.isfile(single):
+        if hasattr(model, "save_pretrained"):
+            # transformers drops tied weights from the file; load non-strictly and let tying restore them.
+            missing, unexpected = model.load_state_dict(load_file(single), strict=False)
+            _check_missing(model, missing, unexpected, folder, strict)
+        else:
+            load_model(model, single, strict=strict)
+        return
+    if os.path.isfile(index):
+        with open(index, encoding="utf-8") as f:
+            shards = sorted(set(json.load(f)["weight_map"].values()))
+        state = {}
+        for shard in shards:
+            state.update(load_file(os.path.join(folder, shard)))
+        missing, unexpected = model.load_state_dict(state, strict=False)
+        _check_missing(model, missing, unexpected, folder, strict)
+        return
+    raise FileNotFoundError(f"No model weights ({WEIGHTS_NAME} or {WEIGHTS_INDEX_NAME}) in {folder!r}.")
+
+
+def _check_missing(model, missing, unexpected, folder, strict):
+    tied = set(getattr(model, "_tied_weights_keys", None) or [])
+    if isinstance(getattr(model, "_tied_weights_keys", None), dict):
+        tied = set(model._tied_weights_keys)
+    missing = [k for k in missing if k not in tied]
+    if strict and (missing or unexpected):
+        raise RuntimeError(f"Weights in {folder!r} do not match the model: missing {missing[:10]}, unexpected {list(unexpected)[:10]}.")
+    if hasattr(model, "tie_weights"):
+        model.tie_weights()
+
+
+# ----- RNG state -----
+
+def rng_file_name(process_index: int, world_size: int) -> str:
+    return "rng_state.pth" if world_size <= 1 else f"rng_state_{process_index}.pth"
+
+
+def capture_rng_state() -> dict:
+    state = {"python": random.getstate(), "numpy": np.random.get_state(), "cpu": torch.random.get_rng_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.random.get_rng_state_all()
+    return state
+
+
+def restore_rng_state(state: dict) -> None:
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.random.set_rng_state(state["cpu"])
+    if torch.cuda.is_available() and "cuda" in state:
+        cuda = state["cuda"]
+        if isinstance(cuda, (list, tuple)) and len(cuda) == torch.cuda.device_count():
+            torch.cuda.random.set_rng_state_all(cuda)
+        elif not isinstance(cuda, (list, tuple)):
+            torch.cuda.random.set_rng_state(cuda)
+
+
+def safe_torch_load(path: str, map_location=None):
+    """torch.load with weights_only=True; numpy's RNG state (an ndarray inside a tuple) needs its
+    reconstruction functions allow-listed, nothing else is."""
+    allowed = [np.ndarray, np.dtype, type(np.dtype(np.uint32))]
+    try:
+        allowed.append(np._core.multiarray._reconstruct)
+    except AttributeError:  # numpy < 2
+        allowed.append(np.core.multiarray._reconstruct)
+    with torch.serialization.safe_globals(allowed):
+        return torch.load(path, map_location=map_location, weights_only=True)

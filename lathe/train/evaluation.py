@@ -1,0 +1,183 @@
+"""The evaluation and prediction loop: batches through prediction_step, predictions gathered on the
+CPU as they come (bounded device memory), padded with -100 across batches, then metrics."""
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Mapping
+
+import numpy as np
+import torch
+
+from lathe.train.outputs import EvalLoopOutput, EvalPrediction, denumpify_detensorize
+
+PAD_INDEX = -100
+
+
+def to_numpy(data):
+    """Detach nested tensors to CPU numpy (bf16 has no numpy dtype, so it becomes fp32)."""
+    if torch.is_tensor(data):
+        data = data.detach()
+        if data.dtype == torch.bfloat16:
+            data = data.float()
+        return data.cpu().numpy()
+    if isinstance(data, (list, tuple)):
+        return type(data)(to_numpy(d) for d in data)
+    if isinstance(data, Mapping):
+        return type(data)({k: to_numpy(v) for k, v in data.items()})
+    return data
+
+
+def pad_and_concatenate(arrays: list, padding_index: int = PAD_INDEX):
+    """Concatenate per-batch arrays on axis 0, padding the other axes to the largest shape with
+    `padding_index` (e.g. sequence lengths that differ between batches). Done once at the end, so
+    gathering is linear in the data instead of re-copying on every batch."""
+    first = arrays[0]
+    if isinstance(first, (list, tuple)):
+        return type(first)(pad_and_concatenate([a[i] for a in arrays], padding_index) for i in range(len(first)))
+    if isinstance(first, Mapping):
+        return type(first)({k: pad_and_concatenate([a[k] for a in arrays], padding_index) for k in first})
+    arrays = [np.atleast_1d(a) for a in arrays]
+    if all(a.shape[1:] == arrays[0].shape[1:] for a in arrays):
+        return np.concatenate(arrays, axis=0)
+    tail = tuple(max(a.shape[d] for a in arrays) for d in range(1, arrays[0].ndim))
+    out = np.full((sum(a.shape[0] for a in arrays),) + tail, padding_index, dtype=arrays[0].dtype)
+    row = 0
+    for a in arrays:
+        out[(slice(row, row + a.shape[0]),) + tuple(slice(0, s) for s in a.shape[1:])] = a
+        row += a.shape[0]
+    return out
+
+
+class Gathered:
+    """Predictions (or labels, inputs, losses) of an evaluation, kept on the CPU. Up to
+    `transfer_every` batches wait on the device, then move together (fewer syncs on GPU)."""
+
+    def __init__(self, transfer_every: int, concatenate: bool = True):
+        self.transfer_every = max(int(transfer_every or 1), 1)
+        self.concatenate = concatenate
+        self.on_device: list = []
+        self.on_cpu: list = []
+
+    def add(self, value) -> None:
+        if value is None:
+            return
+        self.on_device.append(value)
+        if len(self.on_device) >= self.transfer_every:
+            self.flush()
+
+    def flush(self) -> None:
+        self.on_cpu.extend(to_numpy(v) for v in self.on_device)
+        self.on_device.clear()
+
+    def result(self):
+        self.flush()
+        if not self.on_cpu:
+            return None
+        return pad_and_concatenate(self.on_cpu) if self.concatenate else self.on_cpu
+
+
+def observed_batch_size(inputs) -> int:
+    if isinstance(inputs, Mapping):
+        for value in inputs.values():
+            if torch.is_tensor(value) and value.dim() > 0:
+                return value.shape[0]
+        return 1
+    if isinstance(inputs, (list, tuple)) and inputs and torch.is_tensor(inputs[0]):
+        return inputs[0].shape[0]
+    return 1
+
+
+def evaluation_loop(trainer, dataloader, description: str, prediction_loss_only, ignore_keys, metric_key_prefix: str) -> EvalLoopOutput:
+    """Run `trainer.prediction_step` over `dataloader`. eval_loss is weighted by each batch's real
+    size, so a partial last batch counts once per sample."""
+    args = trainer.args
+    model = trainer.model
+    model.eval()
+    trainer.callback_handler.eval_dataloader = dataloader
+    include = set(args.include_for_metrics or [])
+    keep = {"preds": Gathered(args.eval_accumulation_steps, args.eval_do_concat_batches),
+            "labels": Gathered(args.eval_accumulation_steps, args.eval_do_concat_batches),
+            "inputs": Gathered(args.eval_accumulation_steps, args.eval_do_concat_batches),
+            "losses": Gathered(args.eval_accumulation_steps, args.eval_do_concat_batches)}
+    loss_sum = None
+    num_samples = 0
+    metrics = None
+    batch_metrics_mode = args.batch_eval_metrics and trainer.compute_metrics is not None
+    num_batches = len(dataloader) if hasattr(dataloader, "__len__") else None
+    for step, inputs in enumerate(dataloader):
+        batch_size = observed_batch_size(inputs)
+        num_samples += batch_size
+        main_inputs = inputs.get(trainer.main_input_name) if isinstance(inputs, Mapping) and "inputs" in include else None
+        loss, logits, labels = trainer.prediction_step(model, inputs, prediction_loss_only, ignore_keys=ignore_keys)
+        if loss is not None:
+            # float64 keeps the weighted mean exact to float32 precision over large eval sets
+            # (MPS has no float64, so it stays float32 there).
+            wide = torch.float32 if loss.device.type == "mps" else torch.float64
+            weighted = loss.detach().to(wide) * batch_size
+            loss_sum = weighted if loss_sum is None else loss_sum + weighted
+        if logits is not None and trainer.preprocess_logits_for_metrics is not None:
+            logits = trainer.preprocess_logits_for_metrics(logits, labels)
+        if batch_metrics_mode:
+            is_last = num_batches is not None and step == num_batches - 1
+            prediction = EvalPrediction(
+                predictions=logits, label_ids=labels,
+                inputs=main_inputs if "inputs" in include else None,
+                losses=loss.detach().repeat(batch_size) if ("loss" in include and loss is not None) else None,
+            )
+            metrics = trainer.compute_metrics(prediction, compute_result=is_last)
+        else:
+            keep["preds"].add(logits)
+            keep["labels"].add(labels)
+            keep["inputs"].add(main_inputs)
+            if "loss" in include and loss is not None:
+                keep["losses"].add(loss.detach().repeat(batch_size))
+        trainer.control = trainer.callback_handler.on_prediction_step(args, trainer.state, trainer.control)
+
+    predictions = keep["preds"].result()
+    label_ids = keep["labels"].result()
+    if batch_metrics_mode:
+        metrics = metrics or {}
+    elif trainer.compute_metrics is not None and predictions is not None and label_ids is not None:
+        metrics = trainer.compute_metrics(EvalPrediction(
+            predictions=predictions, label_ids=label_ids,
+            inputs=keep["inputs"].result() if "inputs" in include else None,
+            losses=keep["losses"].result() if "loss" in include else None,
+        ))
+    else:
+        metrics = {}
+    metrics = denumpify_detensorize(dict(metrics))
+    if loss_sum is not None and num_samples > 0:
+        metrics[f"{metric_key_prefix}_loss"] = (loss_sum / num_samples).item()
+    for key in list(metrics):
+        if not key.startswith(f"{metric_key_prefix}_"):
+            metrics[f"{metric_key_prefix}_{key}"] = metrics.pop(key)
+    dataset = getattr(dataloader, "dataset", None)
+    try:
+        total = len(dataset) if dataset is not None else num_samples
+    except TypeError:
+        total = num_samples
+    return EvalLoopOutput(predictions=predictions, label_ids=label_ids, metrics=metrics, num_samples=total)
+
+
+def speed_metrics(split: str, start_time: float, num_samples: int | None = None, num_steps: int | None = None, num_tokens: int | None = None) -> dict:
+    """{split}_runtime and throughput, measured from start_time (time.time())."""
+    runtime = time.time() - start_time
+    result = {f"{split}_runtime": round(runtime, 4)}
+    if runtime == 0:
+        return result
+    if num_samples is not None:
+        result[f"{split}_samples_per_second"] = round(num_samples / runtime, 3)
+    if num_steps is not None:
+        result[f"{split}_steps_per_second"] = round(num_steps / runtime, 3)
+    if num_tokens is not None:
+        result[f"{split}_tokens_per_second"] = round(num_tokens / runtime, 3)
+    return result
+
+
+def is_better(metric: float, best: float | None, greater_is_better: bool) -> bool:
+    if best is None:
+        return True
+    if isinstance(metric, float) and math.isnan(metric):
+        return False
+    return metric > best if greater_is_better else metric < best

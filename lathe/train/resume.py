@@ -1,0 +1,266 @@
+"""The Trainer's side of checkpoints: what goes into checkpoint-N, exact resume from one, the best
+model, rotation, and the save_model / save_state / save_metrics API."""
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+
+import torch
+
+from lathe.train import checkpoint as ckpt
+from lathe.train.evaluation import is_better
+from lathe.train.state import ExportableState, TrainerState
+
+logger = logging.getLogger(__name__)
+
+# Arguments that change the data order or step arithmetic: a resume with different values is
+# not the interrupted run any more, so the user hears about it.
+_ARGS_THAT_CHANGE_THE_RUN = ("per_device_train_batch_size", "gradient_accumulation_steps", "max_steps", "num_train_epochs", "seed", "data_seed", "train_sampling_strategy")
+
+
+class TrainerCheckpointing:
+    """Mixed into Trainer; reads self.args, self.state, self.model, self.optimizer, ..."""
+
+    # ----- saving -----
+
+    def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
+        """Weights (safetensors; save_pretrained for transformers/peft models), the processing
+        class, and the training arguments (training_args.bin like transformers, plus readable JSON)."""
+        output_dir = output_dir if output_dir is not None else self.args.output_dir
+        if not self.args.should_save:
+            return
+        os.makedirs(output_dir, exist_ok=True)
+        ckpt.save_model_weights(self.model, output_dir)
+        if self.processing_class is not None and hasattr(self.processing_class, "save_pretrained"):
+            self.processing_class.save_pretrained(output_dir)
+        torch.save(self.args, os.path.join(output_dir, ckpt.TRAINING_ARGS_NAME))
+        with open(os.path.join(output_dir, ckpt.TRAINING_ARGS_JSON), "w", encoding="utf-8") as f:
+            f.write(self.args.to_json_string())
+
+    def _save_checkpoint(self, model, trial) -> None:
+        """checkpoint-<global_step>, written into a staging folder and published by one rename;
+        rotation deletes older checkpoints only after that rename."""
+        args, state = self.args, self.state
+        output_dir = args.output_dir
+        final_path = ckpt.checkpoint_path(output_dir, state.global_step)
+        if state.best_global_step is not None:
+            best_path = ckpt.checkpoint_path(output_dir, state.best_global_step)
+            if state.best_global_step == state.global_step or os.path.isdir(best_path):
+                # Relative to output_dir, so a moved output folder still finds its best model.
+                state.best_model_checkpoint = os.path.basename(best_path)
+        state.stateful_callbacks = TrainerState(stateful_callbacks=self._stateful_callbacks()).stateful_callbacks
+        if not args.should_save:
+            return
+        with ckpt.atomic_checkpoint(final_path) as staging:
+            self.save_model(staging, _internal_call=True)
+            if not args.save_only_model:
+                torch.save(self.optimizer.state_dict(), os.path.join(staging, ckpt.OPTIMIZER_NAME))
+                torch.save(self.lr_scheduler.state_dict(), os.path.join(staging, ckpt.SCHEDULER_NAME))
+                if self.scaler is not None:
+                    torch.save(self.scaler.state_dict(), os.path.join(staging, ckpt.SCALER_NAME))
+                rng_name = ckpt.rng_file_name(args.process_index, args.world_size)
+                torch.save(ckpt.capture_rng_state(), os.path.join(staging, rng_name))
+            state.save_to_json(os.path.join(staging, ckpt.TRAINER_STATE_NAME))
+        ckpt.rotate_checkpoints(output_dir, args.save_total_limit, self._best_checkpoint_path())
+
+    def _stateful_callbacks(self) -> list:
+        return [cb for cb in self.callback_handler.callbacks + [self.control] if isinstance(cb, ExportableState)]
+
+    def _best_checkpoint_path(self) -> str | None:
+        best = self.state.best_model_checkpoint
+        if best is None:
+            return None
+        # Written by lathe: relative to output_dir. Written by transformers: a path as given.
+        candidate = os.path.join(self.args.output_dir, best)
+        return candidate if os.path.isdir(candidate) or not os.path.isdir(best) else best
+
+    def _final_rotation(self) -> None:
+        """With save_total_limit=1 and a distinct best checkpoint, two were kept during training
+        (so the newest could resume); at the end only the best remains, as in transformers."""
+        best = self._best_checkpoint_path()
+        if self.args.should_save and best is not None and self.args.save_total_limit == 1 and os.path.isdir(best):
+            import shutil
+
+            for path in ckpt.sorted_checkpoints(self.args.output_dir):
+                if not os.path.samefile(path, best):
+                    shutil.rmtree(path, ignore_errors=True)
+
+    # ----- best model -----
+
+    def _update_best_metric(self, metrics: dict) -> bool:
+        name = self.args.metric_for_best_model
+        if name is None:
+            return False
+        key = name if name.startswith("eval_") else f"eval_{name}"
+        if key not in metrics:
+            raise KeyError(
+                f"metric_for_best_model={name!r} was not returned by evaluation (got {sorted(metrics)}). "
+                "Set metric_for_best_model to one of those, or return it from compute_metrics."
+            )
+        value = metrics[key]
+        if is_better(value, self.state.best_metric, self.args.greater_is_better):
+            self.state.best_metric = value
+            self.state.best_global_step = self.state.global_step
+            return True
+        return False
+
+    def _load_best_model(self) -> None:
+        path = self._best_checkpoint_path()
+        if path is None or not os.path.isdir(path):
+            logger.warning("load_best_model_at_end: the best checkpoint %r no longer exists; keeping the last weights.", self.state.best_model_checkpoint)
+            return
+        logger.info("Loading the best model from %s (%s = %s).", path, self.args.metric_for_best_model, self.state.best_metric)
+        ckpt.load_model_weights(self.model, path)
+
+    # ----- resuming -----
+
+    def _resolve_resume_path(self, resume_from_checkpoint) -> str | None:
+        if resume_from_checkpoint is None or resume_from_checkpoint is False:
+            return None
+        if resume_from_checkpoint is True:
+            ckpt.remove_staging_leftovers(self.args.output_dir)
+            path = ckpt.get_last_checkpoint(self.args.output_dir)
+            if path is None:
+                raise ValueError(f"resume_from_checkpoint=True, but {self.args.output_dir!r} holds no complete checkpoint-N folder.")
+        else:
+            path = str(resume_from_checkpoint)
+            if not os.path.isdir(path):
+                raise ValueError(f"resume_from_checkpoint={path!r} is not a folder.")
+            if not ckpt.is_complete_checkpoint(path):
+                raise ValueError(f"Checkpoint {path!r} is incomplete or corrupt (interrupted while saving?); resume from an earlier one.")
+        if not os.path.isfile(os.path.join(path, ckpt.OPTIMIZER_NAME)):
+            raise ValueError(
+                f"Checkpoint {path!r} has no optimizer state (saved with save_only_model=True?), so training cannot "
+                "resume exactly. Load its weights into the model (e.g. from_pretrained) and start a new run instead."
+            )
+        return path
+
+    def _restore_batch_size(self, path: str | None) -> int | None:
+        """auto_find_batch_size: a resumed run uses the batch size the search settled on."""
+        if path is None or not self.args.auto_find_batch_size:
+            return None
+        return TrainerState.load_from_json(os.path.join(path, ckpt.TRAINER_STATE_NAME)).train_batch_size
+
+    def _load_checkpoint(self, path: str, plan) -> None:
+        """Weights, optimizer, scheduler, scaler, TrainerState, callback states; the RNG state is
+        held back until the epoch's batch iterator exists (see Trainer._epoch_batches)."""
+        args = self.args
+        ckpt.load_model_weights(self.model, path)
+        device = args.device
+        self.optimizer.load_state_dict(ckpt.safe_torch_load(os.path.join(path, ckpt.OPTIMIZER_NAME), map_location=device))
+        scheduler_file = os.path.join(path, ckpt.SCHEDULER_NAME)
+        if os.path.isfile(scheduler_file):
+            self.lr_scheduler.load_state_dict(ckpt.safe_torch_load(scheduler_file))
+        scaler_file = os.path.join(path, ckpt.SCALER_NAME)
+        if self.scaler is not None and os.path.isfile(scaler_file):
+            self.scaler.load_state_dict(ckpt.safe_torch_load(scaler_file))
+        rng_file = os.path.join(path, ckpt.rng_file_name(args.process_index, args.world_size))
+        if not os.path.isfile(rng_file):
+            rng_file = os.path.join(path, "rng_state.pth")
+        self._pending_rng_state = ckpt.safe_torch_load(rng_file) if os.path.isfile(rng_file) else None
+        if self._pending_rng_state is None:
+            logger.warning("Checkpoint %s has no RNG state; dropout and shuffling after resume will differ from the original run.", path)
+        saved = TrainerState.load_from_json(os.path.join(path, ckpt.TRAINER_STATE_NAME))
+        self._warn_about_changed_arguments(path, saved, plan)
+        # Keep the step counts of this run (they depend on the current arguments) and the
+        # process flags; take everything else from the checkpoint.
+        for name in ("max_steps", "num_train_epochs", "logging_steps", "eval_steps", "save_steps", "is_local_process_zero", "is_world_process_zero"):
+            setattr(saved, name, getattr(self.state, name))
+        saved.train_batch_size = self._train_batch_size
+        self.state = saved
+        if args.restore_callback_states_from_checkpoint:
+            self._restore_callback_states()
+        if saved.global_step >= plan.max_steps:
+            logger.warning(
+                "Checkpoint %s is already at step %d of max_steps=%d: there is nothing left to train. Raise "
+                "max_steps or num_train_epochs to continue training.", path, saved.global_step, plan.max_steps,
+            )
+
+    def _warn_about_changed_arguments(self, path: str, saved: TrainerState, plan) -> None:
+        changed = []
+        args_file = os.path.join(path, ckpt.TRAINING_ARGS_JSON)
+        if os.path.isfile(args_file):
+            with open(args_file, encoding="utf-8") as f:
+                old = json.load(f)
+            for name in _ARGS_THAT_CHANGE_THE_RUN:
+                new_value = getattr(self.args, name, None)
+                new_value = getattr(new_value, "value", new_value)
+                if name in old and old[name] != new_value:
+                    changed.append(f"{name}: {old[name]} -> {new_value}")
+        if saved.train_batch_size is not None and saved.train_batch_size != self._train_batch_size:
+            changed.append(f"train batch size: {saved.train_batch_size} -> {self._train_batch_size}")
+        if saved.max_steps and saved.max_steps != plan.max_steps:
+            changed.append(f"total steps: {saved.max_steps} -> {plan.max_steps} (dataset size or epochs changed?)")
+        if changed:
+            logger.warning(
+                "Resuming from %s with settings that differ from the run that wrote it, so the result will not equal "
+                "the uninterrupted run: %s.", path, "; ".join(changed),
+            )
+
+    def _restore_callback_states(self) -> None:
+        saved = self.state.stateful_callbacks or {}
+        for callback in self._stateful_callbacks():
+            entry = saved.get(type(callback).__name__)
+            if entry is None:
+                continue
+            if isinstance(entry, list):  # several callbacks of one class: restore in order
+                entry = entry.pop(0) if entry else None
+                if entry is None:
+                    continue
+            callback.__dict__.update(type(callback).from_state(entry).__dict__)
+
+    # ----- run results -----
+
+    def save_state(self) -> None:
+        if self.args.should_save:
+            os.makedirs(self.args.output_dir, exist_ok=True)
+            self.state.save_to_json(os.path.join(self.args.output_dir, ckpt.TRAINER_STATE_NAME))
+
+    def save_metrics(self, split: str, metrics: dict, combined: bool = True) -> None:
+        """{split}_results.json, and all_results.json merged across splits (transformers' files)."""
+        if not self.args.should_save:
+            return
+        os.makedirs(self.args.output_dir, exist_ok=True)
+        with open(os.path.join(self.args.output_dir, f"{split}_results.json"), "w", encoding="utf-8") as f:
+            json.dump(metrics, f, indent=4, sort_keys=True)
+        if combined:
+            path = os.path.join(self.args.output_dir, "all_results.json")
+            merged = {}
+            if os.path.isfile(path):
+                with open(path, encoding="utf-8") as f:
+                    merged = json.load(f)
+            merged.update(metrics)
+            with open(path, "w", encoding="utf-8") as f:
+                json.dump(merged, f, indent=4, sort_keys=True)
+
+    @staticmethod
+    def metrics_format(metrics: dict) -> dict:
+        formatted = dict(metrics)
+        for key, value in formatted.items():
+            if "_mem_" in key:
+                formatted[key] = f"{value >> 20}MB"
+            elif "_runtime" in key:
+                formatted[key] = _format_seconds(value)
+            elif key == "total_flos":
+                formatted[key] = f"{int(value) >> 30}GF"
+            elif isinstance(value, float):
+                formatted[key] = round(value, 4)
+        return formatted
+
+    def log_metrics(self, split: str, metrics: dict) -> None:
+        if not self.is_world_process_zero():
+            return
+        print(f"***** {split} metrics *****")
+        formatted = self.metrics_format(metrics)
+        width = max((len(k) for k in formatted), default=0)
+        for key in sorted(formatted):
+            print(f"  {key: <{width}} = {formatted[key]:>9}")
+
+
+def _format_seconds(seconds: float) -> str:
+    whole = int(seconds)
+    hours, rest = divmod(whole, 3600)
+    minutes, secs = divmod(rest, 60)
+    return f"{hours}:{minutes:02d}:{secs:02d}.{int(round((seconds - math.floor(seconds)) * 100)):02d}"

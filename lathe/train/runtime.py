@@ -1,0 +1,78 @@
+"""Where and how the model runs: device placement, autocast precision, the fp16 GradScaler,
+gradient clipping, gradient checkpointing and torch.compile. The loop never branches on these itself."""
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Mapping
+
+import torch
+
+
+def move_to_device(data, device: torch.device):
+    """Move tensors (nested in dicts, lists, tuples) to `device`; non-blocking when pinned."""
+    if torch.is_tensor(data):
+        return data.to(device, non_blocking=True) if data.device != device else data
+    if isinstance(data, Mapping):
+        return type(data)({k: move_to_device(v, device) for k, v in data.items()})
+    if isinstance(data, (list, tuple)):
+        moved = [move_to_device(v, device) for v in data]
+        return type(data)(*moved) if hasattr(data, "_fields") else type(data)(moved)
+    return data
+
+
+def autocast_dtype(args) -> torch.dtype | None:
+    if args.bf16:
+        return torch.bfloat16
+    if args.fp16:
+        return torch.float16
+    return None
+
+
+def autocast_context(device: torch.device, dtype: torch.dtype | None):
+    """Mixed precision through torch.autocast (weights stay fp32; the optimizer sees fp32)."""
+    if dtype is None:
+        return contextlib.nullcontext()
+    return torch.autocast(device_type=device.type, dtype=dtype)
+
+
+def make_grad_scaler(args, device: torch.device):
+    """fp16 needs loss scaling to keep small gradients from underflowing; bf16 does not."""
+    if not args.fp16:
+        return None
+    return torch.amp.GradScaler(device.type)
+
+
+def clip_gradients(parameters, max_norm: float) -> torch.Tensor:
+    """Clip to max_norm and return the total norm *before* clipping (what is logged as grad_norm)."""
+    return torch.nn.utils.clip_grad_norm_(parameters, max_norm)
+
+
+def enable_gradient_checkpointing(model, kwargs: dict | None) -> None:
+    if not hasattr(model, "gradient_checkpointing_enable"):
+        raise ValueError(
+            f"gradient_checkpointing=True, but {type(model).__name__} has no gradient_checkpointing_enable() "
+            "method (transformers models have one). Remove the option or implement the method."
+        )
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs or {"use_reentrant": False})
+    # With frozen embeddings, checkpointed blocks would get inputs without grad and skip backward.
+    if hasattr(model, "enable_input_require_grads"):
+        model.enable_input_require_grads()
+
+
+def compile_model(model, args):
+    kwargs = {}
+    if getattr(args, "torch_compile_backend", None):
+        kwargs["backend"] = args.torch_compile_backend
+    if getattr(args, "torch_compile_mode", None):
+        kwargs["mode"] = args.torch_compile_mode
+    return torch.compile(model, **kwargs)
+
+
+def is_out_of_memory(error: BaseException) -> bool:
+    """An error that a smaller batch may fix (CUDA/MPS/CPU allocation failures)."""
+    if isinstance(error, torch.cuda.OutOfMemoryError):
+        return True
+    message = str(error)
+    return isinstance(error, RuntimeError) and any(
+        marker in message for marker in ("out of memory", "CUDNN_STATUS_NOT_SUPPORTED", "DefaultCPUAllocator: can't allocate memory")
+    )

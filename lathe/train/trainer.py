@@ -1,0 +1,538 @@
+"""Trainer: wires model, data, optimizer and callbacks, and runs train() — the training loop itself,
+readable top to bottom. Evaluation and prediction live in lathe.train.predicting (TrainerEvaluation)."""
+from __future__ import annotations
+
+import gc
+import inspect
+import logging
+import math
+import os
+import time
+from collections.abc import Mapping
+
+import torch
+from torch import nn
+
+from lathe.train import batching, checkpoint, data, runtime
+from lathe.train.callbacks import CallbackHandler
+from lathe.train.flow import DefaultFlowCallback, PrinterCallback, ProgressCallback
+from lathe.train.outputs import TrainOutput
+from lathe.train.predicting import TrainerEvaluation
+from lathe.train.resume import TrainerCheckpointing
+from lathe.train.seed import enable_full_determinism, set_seed
+from lathe.train.state import TrainerControl, TrainerState
+
+logger = logging.getLogger(__name__)
+
+
+class Trainer(TrainerCheckpointing, TrainerEvaluation):
+    """The transformers.Trainer API on plain PyTorch. Override points (each tested): compute_loss,
+    training_step, prediction_step, evaluate, evaluation_loop, create_optimizer, create_scheduler,
+    get_train_dataloader, get_eval_dataloader, get_test_dataloader, log."""
+
+    def __init__(self, model=None, args=None, data_collator=None, train_dataset=None, eval_dataset=None,
+                 processing_class=None, model_init=None, compute_loss_func=None, compute_metrics=None,
+                 callbacks=None, optimizers=(None, None), optimizer_cls_and_kwargs=None,
+                 preprocess_logits_for_metrics=None, tokenizer=None):
+        from lathe.train.args import TrainingArguments
+
+        if args is None:
+            args = TrainingArguments(output_dir="trainer_output")
+            logger.info("No TrainingArguments passed; using defaults with output_dir=%r.", args.output_dir)
+        self.args = args
+        if tokenizer is not None:
+            import warnings
+
+            warnings.warn("Trainer(tokenizer=...) is deprecated; use processing_class=... (transformers 5 name).", FutureWarning, stacklevel=2)
+            processing_class = processing_class or tokenizer
+        # Seed before model_init so the initial weights are reproducible.
+        enable_full_determinism(args.seed) if args.full_determinism else set_seed(args.seed)
+        self.model_init = model_init
+        if model is None:
+            if model_init is None:
+                raise ValueError("Trainer needs a model or a model_init function.")
+            model = self.call_model_init()
+        elif model_init is not None:
+            raise ValueError("Pass either model or model_init to Trainer, not both.")
+        if not isinstance(model, nn.Module):
+            raise TypeError(f"Trainer's model must be a torch.nn.Module, got {type(model).__name__}.")
+        self.model = self._place_model(model)
+        self.model_wrapped = self.model
+        self.processing_class = processing_class
+        self.data_collator = data_collator if data_collator is not None else self._default_collator(processing_class)
+        self._default_collator_used = data_collator is None
+        self.train_dataset = train_dataset
+        self.eval_dataset = eval_dataset
+        self.compute_loss_func = compute_loss_func
+        self.compute_metrics = compute_metrics
+        self.preprocess_logits_for_metrics = preprocess_logits_for_metrics
+        self.optimizer, self.lr_scheduler = optimizers
+        self.optimizer_cls_and_kwargs = optimizer_cls_and_kwargs
+        if self.optimizer is not None and optimizer_cls_and_kwargs is not None:
+            raise ValueError("Pass either optimizers=(optimizer, scheduler) or optimizer_cls_and_kwargs, not both.")
+        self._inspect_model(self.model)
+        self.label_smoother = None
+        if args.label_smoothing_factor:
+            from lathe.train.loss import LabelSmoother
+
+            self.label_smoother = LabelSmoother(epsilon=args.label_smoothing_factor)
+        self._train_batch_size = args.train_batch_size
+        self.is_in_train = False
+        self.hp_search_backend = None
+        self.scaler = None
+        self.state = TrainerState(is_local_process_zero=self.is_local_process_zero(), is_world_process_zero=self.is_world_process_zero())
+        self.control = TrainerControl()
+        default_callbacks = [DefaultFlowCallback, PrinterCallback if args.disable_tqdm else ProgressCallback]
+        from lathe.train.integrations import reporter_callbacks
+
+        default_callbacks += reporter_callbacks(args.report_to)
+        self.callback_handler = CallbackHandler(default_callbacks + list(callbacks or []), self.model, processing_class, self.optimizer, self.lr_scheduler)
+        self.current_flos = 0.0
+        self.control = self.callback_handler.on_init_end(args, self.state, self.control)
+
+    # ----- wiring -----
+
+    def _place_model(self, model: nn.Module) -> nn.Module:
+        if getattr(model, "hf_device_map", None) is not None or getattr(model, "is_loaded_in_4bit", False):
+            return model  # already placed across devices by its loader
+        return model.to(self.args.device)
+
+    def _inspect_model(self, model: nn.Module) -> None:
+        """What the loop needs to know about the model's forward signature."""
+        inner = getattr(model, "get_base_model", lambda: model)()
+        forward = inspect.signature(inner.forward).parameters
+        if hasattr(inner, "accepts_loss_kwargs"):
+            self.model_accepts_loss_kwargs = bool(inner.accepts_loss_kwargs)
+        else:
+            self.model_accepts_loss_kwargs = any(p.kind == inspect.Parameter.VAR_KEYWORD for p in forward.values())
+        label_names = [name for name in forward if "label" in name]
+        if "start_positions" in forward and "end_positions" in forward:
+            label_names = ["start_positions", "end_positions"]
+        self.label_names = list(self.args.label_names) if self.args.label_names is not None else label_names
+        return_loss = forward.get("return_loss")
+        self.can_return_loss = bool(return_loss is not None and return_loss.default is True)
+        self.main_input_name = getattr(inner, "main_input_name", "input_ids")
+        # Causal LMs predict token t+1 from t: the first label of a row never enters the loss.
+        self._loss_shifts_labels = type(inner).__name__.endswith("ForCausalLM")
+
+    @staticmethod
+    def _default_collator(processing_class):
+        from lathe.train.collators import DataCollatorWithPadding, default_data_collator
+
+        if processing_class is not None and hasattr(processing_class, "pad") and getattr(processing_class, "pad_token_id", None) is not None:
+            return DataCollatorWithPadding(processing_class)
+        return default_data_collator
+
+    def call_model_init(self, trial=None):
+        parameters = inspect.signature(self.model_init).parameters
+        model = self.model_init() if len(parameters) == 0 else self.model_init(trial)
+        if model is None:
+            raise RuntimeError("model_init returned None; it must return a torch.nn.Module.")
+        return model
+
+    def add_callback(self, callback):
+        self.callback_handler.add_callback(callback)
+
+    def pop_callback(self, callback):
+        return self.callback_handler.pop_callback(callback)
+
+    def remove_callback(self, callback):
+        self.callback_handler.remove_callback(callback)
+
+    def is_local_process_zero(self) -> bool:
+        return self.args.local_process_index == 0
+
+    def is_world_process_zero(self) -> bool:
+        return self.args.process_index == 0
+
+    # ----- data -----
+
+    def _signature_columns(self) -> list[str]:
+        inner = getattr(self.model, "get_base_model", lambda: self.model)()
+        return data.signature_columns(inner, self.label_names)
+
+    def _build_dataloader(self, dataset, description: str, batch_size: int, train: bool):
+        args = self.args
+        collate = self.data_collator
+        if args.remove_unused_columns:
+            dataset, collate = data.prune_unused_columns(dataset, collate, self._signature_columns(), description, type(self.model).__name__)
+        if self._default_collator_used:
+            data.validate_first_item(dataset)
+        strategy = getattr(args.train_sampling_strategy, "value", args.train_sampling_strategy)
+        return data.build_dataloader(
+            dataset, batch_size=batch_size, collate_fn=collate,
+            shuffle=train and strategy == "random",
+            seed=args.data_seed if args.data_seed is not None else args.seed,
+            drop_last=args.dataloader_drop_last, num_workers=args.dataloader_num_workers,
+            pin_memory=args.dataloader_pin_memory, persistent_workers=args.dataloader_persistent_workers,
+            prefetch_factor=args.dataloader_prefetch_factor,
+            group_by_length=train and strategy == "group_by_length",
+            length_column_name=args.length_column_name, model_input_name=self.main_input_name,
+            length_group_size=batch_size * args.gradient_accumulation_steps,
+        )
+
+    def get_train_dataloader(self):
+        if self.train_dataset is None:
+            raise ValueError("Trainer.train() needs a train_dataset.")
+        return self._build_dataloader(self.train_dataset, "training", self._train_batch_size, train=True)
+
+    def get_eval_dataloader(self, eval_dataset=None):
+        if isinstance(eval_dataset, str):
+            eval_dataset = self.eval_dataset[eval_dataset]
+        eval_dataset = eval_dataset if eval_dataset is not None else self.eval_dataset
+        if eval_dataset is None:
+            raise ValueError("Evaluation needs an eval_dataset (pass it to Trainer or to evaluate()).")
+        return self._build_dataloader(eval_dataset, "evaluation", self.args.eval_batch_size, train=False)
+
+    def get_test_dataloader(self, test_dataset):
+        return self._build_dataloader(test_dataset, "test", self.args.eval_batch_size, train=False)
+
+    def num_examples(self, dataloader) -> int:
+        dataset = getattr(dataloader, "dataset", None)
+        try:
+            return len(dataset)
+        except TypeError:
+            return len(dataloader) * self.args.per_device_train_batch_size
+
+    def num_tokens(self, dataloader, max_steps: int | None = None) -> int:
+        tokens = 0
+        for step, batch in enumerate(dataloader):
+            tokens += batching.count_input_tokens(batch, "all", self.main_input_name)
+            if max_steps is not None and step + 1 >= max_steps:
+                break
+        return tokens
+
+    # ----- optimisation -----
+
+    def get_decay_parameter_names(self, model) -> list[str]:
+        from lathe.train.optim import get_decay_parameter_names
+
+        return get_decay_parameter_names(model)
+
+    def create_optimizer(self, model=None):
+        from lathe.train.optim import create_optimizer
+
+        if self.optimizer is None:
+            self.optimizer = create_optimizer(model or self.model, self.args, self.optimizer_cls_and_kwargs)
+        return self.optimizer
+
+    def create_scheduler(self, num_training_steps: int, optimizer=None):
+        from lathe.train.optim import get_scheduler
+
+        if self.lr_scheduler is None:
+            self.lr_scheduler = get_scheduler(
+                self.args.lr_scheduler_type, optimizer=optimizer or self.optimizer,
+                num_warmup_steps=self.args.get_warmup_steps(num_training_steps),
+                num_training_steps=num_training_steps, scheduler_specific_kwargs=self.args.lr_scheduler_kwargs,
+            )
+        return self.lr_scheduler
+
+    def create_optimizer_and_scheduler(self, num_training_steps: int) -> None:
+        self.create_optimizer()
+        self.create_scheduler(num_training_steps=num_training_steps, optimizer=self.optimizer)
+
+    # ----- training -----
+
+    def train(self, resume_from_checkpoint: str | bool | None = None, trial=None, ignore_keys_for_eval=None, **kwargs):
+        """Train; with resume_from_checkpoint (a path, or True for the newest complete checkpoint
+        in output_dir) continue exactly where that run stopped."""
+        if kwargs:
+            raise TypeError(f"train() got unexpected keyword arguments: {sorted(kwargs)}")
+        if self.model_init is not None:
+            set_seed(self.args.seed)  # fresh, reproducible weights for each train() call
+            self.model = self.model_wrapped = self._place_model(self.call_model_init(trial))
+            self.optimizer = self.lr_scheduler = None
+        resume_path = self._resolve_resume_path(resume_from_checkpoint)
+        batch_size = self._restore_batch_size(resume_path) or self._train_batch_size
+        while True:
+            try:
+                return self._train_with_batch_size(batch_size, resume_path, trial, ignore_keys_for_eval)
+            except Exception as error:
+                if not (self.args.auto_find_batch_size and runtime.is_out_of_memory(error)):
+                    raise
+                batch_size = self._smaller_batch_size(batch_size, error)
+
+    def _smaller_batch_size(self, batch_size: int, error: Exception) -> int:
+        smaller = int(batch_size * 0.9)
+        if smaller < 1:
+            raise RuntimeError("auto_find_batch_size: no batch size fits in memory, not even 1.") from error
+        logger.warning("Out of memory with batch size %d; retrying with %d (auto_find_batch_size).", batch_size, smaller)
+        self.optimizer = self.lr_scheduler = None
+        gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+        return smaller
+
+    def _train_with_batch_size(self, batch_size, resume_path, trial, ignore_keys_for_eval):
+        args = self.args
+        self.is_in_train = True
+        self._pending_rng_state = None
+        self._train_batch_size = batch_size
+        train_dataloader = self.get_train_dataloader()
+        plan = batching.plan_training(args, _length(train_dataloader), _length(train_dataloader.dataset), batch_size)
+        model = self._prepare_model_for_training()
+        self.create_optimizer_and_scheduler(plan.max_steps)
+        self.scaler = runtime.make_grad_scaler(args, args.device)
+        self.state = TrainerState(train_batch_size=batch_size, stateful_callbacks=self._stateful_callbacks())
+        self.state.compute_steps(args, plan.max_steps)
+        self.state.init_training_references(self, plan.max_steps, plan.num_train_epochs, trial)
+        if resume_path is not None:
+            self._load_checkpoint(resume_path, plan)
+        start = batching.resume_position(self.state.global_step, plan, args.gradient_accumulation_steps, args.ignore_data_skip)
+        self._attach_to_callbacks(train_dataloader)
+        self._begin_run(plan)
+        self.control = self.callback_handler.on_train_begin(args, self.state, self.control)
+        if args.eval_on_start:
+            self._evaluate(trial, ignore_keys_for_eval, skip_scheduler=True)
+        for epoch in range(start.epoch, plan.num_train_epochs):
+            epoch_batches = self._epoch_batches(train_dataloader, epoch, start)
+            self.control = self.callback_handler.on_epoch_begin(args, self.state, self.control)
+            first_update = start.updates_done_in_epoch if epoch == start.epoch else 0
+            for window in batching.update_windows(epoch_batches, plan, args.gradient_accumulation_steps, first_update):
+                self._update_step(model, window, epoch, plan)
+                self._maybe_log_save_evaluate(model, trial, ignore_keys_for_eval)
+                if self.control.should_epoch_stop or self.control.should_training_stop:
+                    break
+            self.control = self.callback_handler.on_epoch_end(args, self.state, self.control)
+            self._maybe_log_save_evaluate(model, trial, ignore_keys_for_eval)
+            if self.control.should_training_stop or self.state.global_step >= plan.max_steps:
+                break
+        return self._finish_run(plan)
+
+    def _epoch_batches(self, dataloader, epoch: int, start):
+        """The epoch's batch iterator; on the resumed epoch, already-trained batches are skipped at
+        the sampler, and the checkpoint's RNG state is restored *after* the iterator is created
+        (creating it draws a seed from the global RNG, exactly as it did in the original run)."""
+        data.set_epoch(dataloader, epoch)
+        skip = start.batches_to_skip if epoch == start.epoch else 0
+        self._batches_done_in_epoch = skip
+        iterator = iter(data.skip_batches(dataloader, skip))
+        if self._pending_rng_state is not None and epoch == start.epoch:
+            checkpoint.restore_rng_state(self._pending_rng_state)
+            self._pending_rng_state = None
+        return iterator
+
+    def _update_step(self, model, window: list, epoch: int, plan) -> None:  # noqa: C901 (flat on purpose)
+        """One optimizer update over an accumulation window of micro-batches."""
+        args, state = self.args, self.state
+        self.control = self.callback_handler.on_step_begin(args, state, self.control)
+        num_items = batching.count_label_items(window, self._loss_shifts_labels) if self._counts_items() else None
+        self.current_gradient_accumulation_steps = len(window)
+        for index, inputs in enumerate(window):
+            loss = self.training_step(model, inputs, num_items)
+            self._track_loss(loss)
+            self.current_flos += float(self.floating_point_ops(inputs))
+            if args.include_num_input_tokens_seen != "no":
+                state.num_input_tokens_seen += batching.count_input_tokens(inputs, args.include_num_input_tokens_seen, self.main_input_name)
+            if index < len(window) - 1:
+                self.control = self.callback_handler.on_substep_end(args, state, self.control)
+        self._optimizer_step(model)
+        state.global_step += 1
+        self._batches_done_in_epoch += len(window)
+        # Iterable datasets have no epoch length; like transformers, count max_steps windows as one.
+        batches_per_epoch = plan.batches_per_epoch or plan.max_steps * args.gradient_accumulation_steps
+        state.epoch = epoch + self._batches_done_in_epoch / batches_per_epoch
+        self.control = self.callback_handler.on_step_end(args, state, self.control)
+
+    def _optimizer_step(self, model) -> None:
+        """Clip (pre-clip norm is what gets logged), step, schedule, zero. The learning rate logged
+        for a step is the one that step used, read before the scheduler moves it."""
+        args = self.args
+        if self.scaler is not None:
+            self.scaler.unscale_(self.optimizer)
+        self._grad_norm = runtime.clip_gradients(model.parameters(), args.max_grad_norm) if args.max_grad_norm and args.max_grad_norm > 0 else None
+        self.control = self.callback_handler.on_pre_optimizer_step(args, self.state, self.control)
+        if self.scaler is not None:
+            scale_before = self.scaler.get_scale()
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
+            step_skipped = self.scaler.get_scale() < scale_before  # inf/nan gradients: no update happened
+        else:
+            self.optimizer.step()
+            step_skipped = False
+        self.control = self.callback_handler.on_optimizer_step(args, self.state, self.control)
+        self._last_learning_rate = self._get_learning_rate()
+        if not step_skipped and not isinstance(self.lr_scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau):
+            self.lr_scheduler.step()
+        model.zero_grad(set_to_none=True)
+
+    def _counts_items(self) -> bool:
+        return (self.model_accepts_loss_kwargs and self.label_smoother is None) or self.compute_loss_func is not None
+
+    def training_step(self, model, inputs, num_items_in_batch=None) -> torch.Tensor:
+        """Forward and backward for one micro-batch; returns the detached, normalised loss."""
+        model.train()
+        inputs = self._prepare_inputs(inputs)
+        with runtime.autocast_context(self.args.device, self._autocast_dtype):
+            loss = self.compute_loss(model, inputs, num_items_in_batch=num_items_in_batch)
+        normalised_by_items = num_items_in_batch is not None and self._counts_items()
+        loss = batching.normalise_loss(loss, self.current_gradient_accumulation_steps, normalised_by_items)
+        (self.scaler.scale(loss) if self.scaler is not None else loss).backward()
+        return loss.detach()
+
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        """The model's loss, or label smoothing / compute_loss_func applied to its outputs."""
+        labels = None
+        if (self.label_smoother is not None or self.compute_loss_func is not None) and isinstance(inputs, Mapping) and "labels" in inputs:
+            inputs = dict(inputs)
+            labels = inputs.pop("labels")
+        if isinstance(inputs, Mapping):
+            if self.model_accepts_loss_kwargs and num_items_in_batch is not None and self.label_smoother is None:
+                inputs = {**inputs, "num_items_in_batch": num_items_in_batch}
+            outputs = model(**inputs)
+        else:
+            outputs = model(*inputs)
+        if labels is not None:
+            if self.compute_loss_func is not None:
+                loss = self.compute_loss_func(outputs, labels, num_items_in_batch=num_items_in_batch)
+            else:
+                loss = self.label_smoother(outputs, labels, shift_labels=self._loss_shifts_labels)
+        else:
+            loss = _loss_from_outputs(outputs, inputs)
+        return (loss, outputs) if return_outputs else loss
+
+    def _prepare_inputs(self, inputs):
+        if isinstance(inputs, Mapping) and len(inputs) == 0:
+            raise ValueError(
+                "A batch reached the model empty: no dataset column matches the model's forward arguments "
+                f"({', '.join(self._signature_columns())}). Rename the columns or set remove_unused_columns=False."
+            )
+        return runtime.move_to_device(inputs, self.args.device)
+
+    def floating_point_ops(self, inputs) -> int:
+        counter = getattr(self.model, "floating_point_ops", None)
+        if counter is None or not isinstance(inputs, Mapping):
+            return 0
+        return counter(inputs)
+
+    def _track_loss(self, loss: torch.Tensor) -> None:
+        if self.args.logging_nan_inf_filter and not torch.isfinite(loss):
+            # Documented filter: a non-finite step counts as the window's running mean, so one bad
+            # batch does not turn every later logged loss into nan.
+            steps_in_window = 1 + self.state.global_step - self._globalstep_last_logged
+            self._tr_loss += self._tr_loss / steps_in_window
+            self._nonfinite_losses += 1
+        else:
+            self._tr_loss += loss
+
+    def _get_learning_rate(self) -> float:
+        if isinstance(self.lr_scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau):
+            return self.optimizer.param_groups[0]["lr"]
+        return self.lr_scheduler.get_last_lr()[0]
+
+    @property
+    def _autocast_dtype(self):
+        return runtime.autocast_dtype(self.args)
+
+    def _prepare_model_for_training(self):
+        args = self.args
+        if args.gradient_checkpointing:
+            runtime.enable_gradient_checkpointing(self.model, args.gradient_checkpointing_kwargs)
+        self.model_wrapped = runtime.compile_model(self.model, args) if args.torch_compile else self.model
+        return self.model_wrapped
+
+    def _attach_to_callbacks(self, train_dataloader) -> None:
+        handler = self.callback_handler
+        handler.model, handler.optimizer, handler.lr_scheduler = self.model, self.optimizer, self.lr_scheduler
+        handler.train_dataloader = train_dataloader
+
+    def _begin_run(self, plan) -> None:
+        self._tr_loss = torch.zeros((), device=self.args.device)
+        self._total_loss = 0.0
+        self._nonfinite_losses = 0
+        self._globalstep_last_logged = self.state.global_step
+        self._first_step_of_run = self.state.global_step
+        self._grad_norm = None
+        self._last_learning_rate = None
+        self._start_time = time.time()
+        self.model.zero_grad(set_to_none=True)
+
+    def _finish_run(self, plan) -> TrainOutput:
+        args, state = self.args, self.state
+        if self._nonfinite_losses:
+            logger.warning("%d micro-batches had a non-finite loss and were replaced in the logged loss (logging_nan_inf_filter).", self._nonfinite_losses)
+        self._total_loss += self._tr_loss.item()
+        self._tr_loss.zero_()
+        steps_run = max(state.global_step - self._first_step_of_run, 0)
+        train_loss = self._total_loss / steps_run if steps_run else 0.0
+        if args.load_best_model_at_end and state.best_model_checkpoint is not None:
+            self._load_best_model()
+        from lathe.train.evaluation import speed_metrics
+
+        samples_run = steps_run * self._train_batch_size * args.gradient_accumulation_steps
+        metrics = speed_metrics("train", self._start_time, num_samples=samples_run, num_steps=steps_run)
+        self.store_flos()
+        metrics["total_flos"] = state.total_flos
+        metrics["train_loss"] = train_loss
+        self.is_in_train = False
+        self.log(metrics)
+        self._final_rotation()
+        self.control = self.callback_handler.on_train_end(args, state, self.control)
+        return TrainOutput(state.global_step, train_loss, metrics)
+
+    def _maybe_log_save_evaluate(self, model, trial, ignore_keys_for_eval) -> None:
+        """The one place where the Trainer acts on the flags the callbacks set."""
+        state, control = self.state, self.control
+        if control.should_log and state.global_step > self._globalstep_last_logged:
+            window_loss = self._tr_loss.item()
+            self._tr_loss.zero_()
+            logs = {"loss": window_loss / (state.global_step - self._globalstep_last_logged)}
+            if self._grad_norm is not None:
+                logs["grad_norm"] = float(self._grad_norm)
+            logs["learning_rate"] = self._last_learning_rate if self._last_learning_rate is not None else self._get_learning_rate()
+            self._total_loss += window_loss
+            self._globalstep_last_logged = state.global_step
+            self.store_flos()
+            self.log(logs, self._start_time)
+        if self.control.should_evaluate:
+            metrics = self._evaluate(trial, ignore_keys_for_eval)
+            is_new_best = self._update_best_metric(metrics)
+            if self.args.save_strategy == "best":
+                self.control.should_save = is_new_best
+        if self.control.should_save:
+            self._save_checkpoint(model, trial)
+            self.control = self.callback_handler.on_save(self.args, self.state, self.control)
+
+    def store_flos(self) -> None:
+        self.state.total_flos += self.current_flos
+        self.current_flos = 0.0
+
+    def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
+        """Add epoch (and tokens seen) to `logs`, append them to log_history, call on_log."""
+        if self.state.epoch is not None:
+            logs["epoch"] = self.state.epoch
+        if self.args.include_num_input_tokens_seen != "no":
+            logs["num_input_tokens_seen"] = self.state.num_input_tokens_seen
+            if start_time is not None and time.time() > start_time:
+                logs["train_tokens_per_second"] = round(self.state.num_input_tokens_seen / (time.time() - start_time), 3)
+        self.state.log_history.append({**logs, "step": self.state.global_step})
+        self.control = self.callback_handler.on_log(self.args, self.state, self.control, logs)
+
+
+def _length(obj) -> int | None:
+    try:
+        return len(obj)
+    except TypeError:
+        return None
+
+
+def _loss_from_outputs(outputs, inputs):
+    if isinstance(outputs, Mapping):
+        if outputs.get("loss") is None:
+            raise ValueError(
+                f"The model returned no loss: its output has keys {sorted(outputs)}, and 'labels' "
+                f"{'were' if isinstance(inputs, Mapping) and 'labels' in inputs else 'were not'} among its inputs "
+                f"({sorted(inputs) if isinstance(inputs, Mapping) else 'positional'}). Return a 'loss' from forward, "
+                "pass labels (label_names), or give Trainer a compute_loss_func."
+            )
+        return outputs["loss"]
+    if torch.is_tensor(outputs):
+        if outputs.dim() == 0:
+            return outputs
+        raise ValueError(f"The model returned a tensor of shape {tuple(outputs.shape)}, not a scalar loss; return (loss, ...) or a dict with 'loss'.")
+    if isinstance(outputs, (tuple, list)) and outputs and torch.is_tensor(outputs[0]) and outputs[0].dim() == 0:
+        return outputs[0]
+    raise ValueError(
+        f"The model returned {type(outputs).__name__}, which has no loss: return a scalar loss, a tuple "
+        "whose first element is the loss, or a dict with a 'loss' key."
+    )
