@@ -1,0 +1,765 @@
+"""TrainingArguments: every training option with its HF name, default and help, plus derived values."""
+import contextlib
+import json
+import logging
+import math
+import os
+import sys
+from dataclasses import dataclass, field, fields
+from datetime import timedelta
+from enum import Enum
+from pathlib import Path
+from typing import Any
+
+from lathe.train.args_enums import (
+    ExplicitEnum,
+    IntervalStrategy,
+    OptimizerNames,
+    SaveStrategy,
+    SchedulerType,
+    to_enum,
+)
+from lathe.train.args_validation import LOG_LEVELS, normalize_and_validate, normalize_report_to
+
+__all__ = [
+    "ExplicitEnum",
+    "IntervalStrategy",
+    "OptimizerNames",
+    "SaveStrategy",
+    "SchedulerType",
+    "Seq2SeqTrainingArguments",
+    "TrainingArguments",
+    "default_logging_dir",
+]
+
+logger = logging.getLogger(__name__)
+
+# transformers marks `bool | None` flags this way so that a bare `--flag` on the command line means True.
+_BARE_FLAG_IS_TRUE = {"nargs": "?", "const": True}
+
+
+def _help(text: str, **extra) -> dict:
+    return {"help": text, **extra}
+
+
+def _deprecated(replacement: str | None, text: str) -> dict:
+    # `replacement` names the field that took over, or None when the value is ignored;
+    # the argument parser reads this key to list the option under "deprecated".
+    return {"help": text, "deprecated": replacement}
+
+
+@dataclass
+class TrainingArguments:
+    """The options of `Trainer`, with transformers 5.23's names and defaults.
+
+    Validation happens once, in `__post_init__` (see `args_validation`): strategy fields become
+    enums, defaults that depend on other fields are filled in (`eval_steps`, `metric_for_best_model`,
+    `greater_is_better`, `report_to`), and contradictory settings raise a ValueError naming the
+    field. Device and rank properties never change the process: `lathe.train.runtime` acts on them.
+    """
+
+    # --- Output ---
+    output_dir: str | None = field(
+        default=None, metadata=_help("Directory for checkpoints and predictions; defaults to 'trainer_output'.")
+    )
+
+    # --- Training length and batch size ---
+    per_device_train_batch_size: int = field(default=8, metadata=_help("Training batch size per device."))
+    num_train_epochs: float = field(
+        default=3.0, metadata=_help("Number of passes over the training set; a fraction stops part-way through the last one.")
+    )
+    max_steps: int = field(
+        default=-1,
+        metadata=_help(
+            "Total number of optimizer steps; when positive it overrides num_train_epochs. Required for datasets without a length."
+        ),
+    )
+
+    # --- Learning rate and schedule ---
+    learning_rate: float = field(default=5e-5, metadata=_help("Peak learning rate, reached at the end of warmup."))
+    lr_scheduler_type: SchedulerType | str = field(
+        default="linear", metadata=_help(f"Learning-rate schedule, one of {SchedulerType.values()}.")
+    )
+    lr_scheduler_kwargs: dict | str | None = field(
+        default=None,
+        metadata=_help("Extra keyword arguments for the schedule, as a dict or a JSON object string."),
+    )
+    warmup_steps: float = field(
+        default=0,
+        metadata=_help(
+            "Linear warmup length: a whole number of steps, or a float in [0, 1) read as a fraction of all training steps."
+        ),
+    )
+
+    # --- Optimizer ---
+    optim: OptimizerNames | str = field(
+        default="adamw_torch_fused",
+        metadata=_help("Optimizer name; lathe builds adamw_torch, adamw_torch_fused, sgd, adagrad, rmsprop and adafactor."),
+    )
+    optim_args: str | None = field(
+        default=None,
+        metadata=_help("Extra optimizer arguments as a 'key=value,key=value' string."),
+    )
+    weight_decay: float = field(
+        default=0.0, metadata=_help("Decoupled weight decay, applied to every parameter except biases and norm weights.")
+    )
+    adam_beta1: float = field(default=0.9, metadata=_help("Adam's decay rate for the running mean of gradients."))
+    adam_beta2: float = field(default=0.999, metadata=_help("Adam's decay rate for the running mean of squared gradients."))
+    adam_epsilon: float = field(default=1e-8, metadata=_help("Adam's epsilon, added to the denominator for stability."))
+
+    # --- Step maths and stability ---
+    gradient_accumulation_steps: int = field(
+        default=1,
+        metadata=_help(
+            "Number of micro-batches whose gradients are summed before one optimizer step; steps count optimizer updates."
+        ),
+    )
+    average_tokens_across_devices: bool = field(
+        default=True,
+        metadata=_help(
+            "Sum the token count of a step over all processes so the loss is normalised by the global number of tokens."
+        ),
+    )
+    max_grad_norm: float = field(default=1.0, metadata=_help("Clip the total gradient norm to this value; 0 disables clipping."))
+    label_smoothing_factor: float = field(
+        default=0.0, metadata=_help("Label smoothing for the cross-entropy loss; 0 means none.")
+    )
+
+    # --- Mixed precision ---
+    bf16: bool = field(default=False, metadata=_help("Train with bfloat16 autocast (weights stay in float32)."))
+    fp16: bool = field(default=False, metadata=_help("Train with float16 autocast and loss scaling."))
+    bf16_full_eval: bool = field(default=False, metadata=_help("Evaluate with the model cast to bfloat16."))
+    fp16_full_eval: bool = field(default=False, metadata=_help("Evaluate with the model cast to float16."))
+    tf32: bool | None = field(
+        default=None, metadata=_help("Allow TF32 matrix multiplies on Ampere or newer GPUs; None leaves torch's setting alone.")
+    )
+
+    # --- Activation checkpointing ---
+    activation_checkpointing: bool | None = field(
+        default=None,
+        metadata=_help("Recompute activations in the backward pass to save memory at the cost of speed.", **_BARE_FLAG_IS_TRUE),
+    )
+    activation_checkpointing_kwargs: dict | str | None = field(
+        default=None,
+        metadata=_help("Keyword arguments for the model's gradient_checkpointing_enable(), as a dict or JSON string."),
+    )
+    gradient_checkpointing: bool | None = field(
+        default=None,
+        metadata={
+            **_deprecated("activation_checkpointing", "Old name of activation_checkpointing; it mirrors that field."),
+            **_BARE_FLAG_IS_TRUE,
+        },
+    )
+    gradient_checkpointing_kwargs: dict | str | None = field(
+        default=None,
+        metadata=_deprecated(
+            "activation_checkpointing_kwargs", "Old name of activation_checkpointing_kwargs; it mirrors that field."
+        ),
+    )
+
+    # --- Compilation and memory ---
+    torch_compile: bool = field(default=False, metadata=_help("Wrap the model with torch.compile()."))
+    torch_compile_backend: str | None = field(
+        default=None, metadata=_help("Backend for torch.compile(); setting it turns torch_compile on.")
+    )
+    torch_compile_mode: str | None = field(
+        default=None, metadata=_help("Mode for torch.compile(); setting it turns torch_compile on.")
+    )
+    use_cache: bool = field(
+        default=False, metadata=_help("Leave the model's key/value cache on during training (rarely needed).")
+    )
+    neftune_noise_alpha: float | None = field(
+        default=None, metadata=_help("Scale of the NEFTune noise added to input embeddings during training; None disables it.")
+    )
+    torch_empty_cache_steps: int | None = field(
+        default=None, metadata=_help("Empty the accelerator's memory cache every this many steps; None never does.")
+    )
+    auto_find_batch_size: bool = field(
+        default=False,
+        metadata=_help("Halve the training batch size and retry whenever a step runs out of accelerator memory."),
+    )
+
+    # --- Logging ---
+    logging_strategy: IntervalStrategy | str = field(
+        default="steps", metadata=_help("When to log training metrics: 'no', 'steps' or 'epoch'.")
+    )
+    logging_steps: float = field(
+        default=500,
+        metadata=_help("Log every this many steps: a whole number, or a float in (0, 1) read as a fraction of all steps."),
+    )
+    logging_first_step: bool = field(default=False, metadata=_help("Also log after the very first step."))
+    log_on_each_node: bool = field(
+        default=True, metadata=_help("In multi-node runs, log from the main process of every node, not only node 0.")
+    )
+    logging_nan_inf_filter: bool = field(
+        default=True,
+        metadata=_help("Leave NaN and infinite step losses out of the logged average; gradients are unaffected."),
+    )
+    include_num_input_tokens_seen: str | bool = field(
+        default="no",
+        metadata=_help("Count input tokens seen: 'no', 'all', or 'non_padding'; True means 'all', False 'no'."),
+    )
+    log_level: str = field(
+        default="passive",
+        metadata=_help(
+            "Log level of the main process; 'passive' keeps the application's level.", choices=list(LOG_LEVELS)
+        ),
+    )
+    log_level_replica: str = field(
+        default="warning",
+        metadata=_help("Log level of the other processes, with the same choices as log_level.", choices=list(LOG_LEVELS)),
+    )
+    disable_tqdm: bool | None = field(
+        default=None, metadata=_help("Hide progress bars; by default they are hidden when the log level is above warning.")
+    )
+    report_to: None | str | list[str] = field(
+        default="none",
+        metadata=_help("Where to send logs: a list of 'jsonl' and 'tensorboard', 'all' for every installed one, or 'none'."),
+    )
+    run_name: str | None = field(default=None, metadata=_help("A name for this run, shown by the reporters."))
+
+    # --- Evaluation ---
+    eval_strategy: IntervalStrategy | str = field(
+        default="no", metadata=_help("When to evaluate during training: 'no', 'steps' or 'epoch'.")
+    )
+    eval_steps: float | None = field(
+        default=None,
+        metadata=_help(
+            "Evaluate every this many steps (a whole number or a fraction of all steps); defaults to logging_steps."
+        ),
+    )
+    eval_delay: float = field(
+        default=0, metadata=_help("Epochs or steps (following eval_strategy) to wait before the first evaluation.")
+    )
+    per_device_eval_batch_size: int = field(default=8, metadata=_help("Evaluation batch size per device."))
+    prediction_loss_only: bool = field(
+        default=False, metadata=_help("Return only the loss from evaluation and prediction, not logits or labels.")
+    )
+    eval_on_start: bool = field(default=False, metadata=_help("Evaluate once before the first training step as a sanity check."))
+    eval_do_concat_batches: bool = field(
+        default=True, metadata=_help("Concatenate predictions across batches; False keeps a list with one entry per batch.")
+    )
+    eval_use_gather_object: bool = field(
+        default=False, metadata=_help("Gather non-tensor evaluation outputs from every process with gather_object.")
+    )
+    eval_accumulation_steps: int | None = field(
+        default=None,
+        metadata=_help("Move predictions to the CPU every this many evaluation steps; None keeps them on the device."),
+    )
+    include_for_metrics: list[str] = field(
+        default_factory=list,
+        metadata=_help("Extra data handed to compute_metrics: any of 'inputs' and 'loss'."),
+    )
+    batch_eval_metrics: bool = field(
+        default=False, metadata=_help("Call compute_metrics after every batch instead of once on all predictions.")
+    )
+
+    # --- Checkpoints ---
+    save_only_model: bool = field(
+        default=False, metadata=_help("Save only the weights, without optimizer, scheduler or RNG state (no resume).")
+    )
+    save_strategy: SaveStrategy | str = field(
+        default="steps", metadata=_help("When to save a checkpoint: 'no', 'steps', 'epoch' or 'best'.")
+    )
+    save_steps: float = field(
+        default=500,
+        metadata=_help("Save every this many steps: a whole number, or a float in (0, 1) read as a fraction of all steps."),
+    )
+    save_on_each_node: bool = field(
+        default=False, metadata=_help("In multi-node runs, save on every node (for storage that is not shared).")
+    )
+    save_total_limit: int | None = field(
+        default=None,
+        metadata=_help("Keep at most this many checkpoints, deleting the oldest; the best one is always kept."),
+    )
+    push_to_hub: bool = field(
+        default=False, metadata=_help("Not supported: lathe works offline, so this must stay False.")
+    )
+
+    # --- Best model ---
+    load_best_model_at_end: bool = field(
+        default=False, metadata=_help("Reload the best checkpoint when training ends; needs matching eval and save strategies.")
+    )
+    metric_for_best_model: str | None = field(
+        default=None,
+        metadata=_help("Metric that ranks checkpoints, with or without the 'eval_' prefix; defaults to 'loss'."),
+    )
+    greater_is_better: bool | None = field(
+        default=None,
+        metadata=_help("Whether a larger metric is better; by default False for names ending in 'loss', else True."),
+    )
+
+    # --- Resuming ---
+    ignore_data_skip: bool = field(
+        default=False,
+        metadata=_help("On resume, start from the beginning of the data instead of skipping the batches already seen."),
+    )
+    restore_callback_states_from_checkpoint: bool = field(
+        default=False, metadata=_help("On resume, restore stateful callbacks from the checkpoint.")
+    )
+
+    # --- Reproducibility ---
+    full_determinism: bool = field(
+        default=False, metadata=_help("Use deterministic algorithms everywhere (slower; for debugging).")
+    )
+    seed: int = field(default=42, metadata=_help("Random seed set at the start of training."))
+    data_seed: int | None = field(
+        default=None, metadata=_help("Seed for the data samplers; defaults to seed.")
+    )
+
+    # --- Hardware ---
+    use_cpu: bool = field(default=False, metadata=_help("Run on the CPU even when an accelerator is available."))
+
+    # --- Data loading ---
+    dataloader_drop_last: bool = field(default=False, metadata=_help("Drop the last incomplete batch."))
+    dataloader_num_workers: int = field(
+        default=0, metadata=_help("Worker processes for data loading; 0 loads in the main process.")
+    )
+    dataloader_pin_memory: bool = field(default=True, metadata=_help("Pin batches in page-locked memory for faster copies."))
+    dataloader_persistent_workers: bool = field(
+        default=False, metadata=_help("Keep data-loading workers alive between epochs.")
+    )
+    dataloader_prefetch_factor: int | None = field(
+        default=None, metadata=_help("Batches each worker loads ahead; needs dataloader_num_workers > 0.")
+    )
+    dataloader_multiprocessing_context: str | None = field(
+        default=None,
+        metadata=_help("Start method of data-loading workers: 'fork', 'spawn' or 'forkserver'.", choices=["fork", "spawn", "forkserver"]),
+    )
+    dataloader_in_order: bool = field(
+        default=True, metadata=_help("Yield batches in dispatch order; False yields them as soon as a worker is done.")
+    )
+    remove_unused_columns: bool = field(
+        default=True, metadata=_help("Drop dataset columns that the model's forward() does not accept.")
+    )
+    label_names: list[str] | None = field(
+        default=None, metadata=_help("Keys of the input dict that hold labels; by default any key containing 'label'.")
+    )
+    train_sampling_strategy: str = field(
+        default="random",
+        metadata=_help(
+            "Order of training samples: 'random', 'sequential', 'group_by_length' or 'batch_rebalance'.",
+            choices=["random", "sequential", "group_by_length", "batch_rebalance"],
+        ),
+    )
+    length_column_name: str = field(
+        default="length", metadata=_help("Column with precomputed sample lengths, used when grouping by length.")
+    )
+
+    # --- Distributed (DistributedDataParallel, FSDP) ---
+    ddp_find_unused_parameters: bool | None = field(
+        default=None, metadata=_help("find_unused_parameters passed to DistributedDataParallel.")
+    )
+    ddp_bucket_cap_mb: int | None = field(default=None, metadata=_help("bucket_cap_mb passed to DistributedDataParallel."))
+    ddp_broadcast_buffers: bool | None = field(
+        default=None, metadata=_help("broadcast_buffers passed to DistributedDataParallel.")
+    )
+    ddp_static_graph: bool | None = field(default=None, metadata=_help("static_graph passed to DistributedDataParallel."))
+    ddp_backend: str | None = field(
+        default=None,
+        metadata=_help(
+            "Backend of the process group, such as 'nccl' or 'gloo'.",
+            choices=["nccl", "gloo", "mpi", "xccl", "hccl", "cncl", "mccl"],
+        ),
+    )
+    ddp_timeout: int = field(default=1800, metadata=_help("Timeout in seconds for collective operations."))
+    fsdp: str | None = field(
+        default=None,
+        metadata=_help("Shard the model with FSDP; True, or transformers' legacy option string.", **_BARE_FLAG_IS_TRUE),
+    )
+    fsdp_config: dict | str | None = field(
+        default=None, metadata=_help("FSDP settings as a dict, a JSON string or the path of a JSON file.")
+    )
+    deepspeed: dict | str | None = field(
+        default=None, metadata=_help("DeepSpeed configuration as a dict or the path of a JSON file.")
+    )
+    skip_memory_metrics: bool = field(
+        default=True, metadata=_help("Skip adding memory-usage reports to the metrics (they slow training down).")
+    )
+
+    # --- Flags for scripts (the Trainer does not read them) ---
+    do_train: bool = field(default=False, metadata=_help("Whether a script should run training."))
+    do_eval: bool = field(default=False, metadata=_help("Whether a script should run evaluation; set when eval_strategy is not 'no'."))
+    do_predict: bool = field(default=False, metadata=_help("Whether a script should run prediction on the test set."))
+    resume_from_checkpoint: str | None = field(
+        default=None, metadata=_help("Checkpoint folder a script should resume from.")
+    )
+    local_rank: int = field(
+        default=-1, metadata=_help("Local rank passed by old launchers; prefer the local_process_index property.")
+    )
+    past_index: int = field(
+        default=-1,
+        metadata=_help("Index of the model output that holds memory for the next step (transformers 4); -1 disables it."),
+    )
+
+    # --- Removed in transformers 5, still accepted with a FutureWarning ---
+    warmup_ratio: float | None = field(
+        default=None, metadata=_deprecated("warmup_steps", "Fraction of steps used for warmup; use warmup_steps < 1.")
+    )
+    evaluation_strategy: IntervalStrategy | str | None = field(
+        default=None, metadata=_deprecated("eval_strategy", "Old name of eval_strategy.")
+    )
+    group_by_length: bool | None = field(
+        default=None,
+        metadata=_deprecated("train_sampling_strategy", "Group samples of similar length; use train_sampling_strategy='group_by_length'."),
+    )
+    logging_dir: str | None = field(
+        default=None,
+        metadata=_deprecated(
+            None, "TensorBoard log directory; lathe still honours it. By default <output_dir>/runs/<time>_<host>."
+        ),
+    )
+    overwrite_output_dir: bool | None = field(
+        default=None, metadata=_deprecated(None, "Ignored: checkpoints in output_dir are always overwritten.")
+    )
+    save_safetensors: bool | None = field(
+        default=None, metadata=_deprecated(None, "Ignored: weights are always saved as safetensors.")
+    )
+    no_cuda: bool | None = field(default=None, metadata=_deprecated("use_cpu", "Old name of use_cpu."))
+
+    def __post_init__(self):
+        normalize_and_validate(self)
+
+    # --- Derived values ---
+
+    @property
+    def train_batch_size(self) -> int:
+        """Samples per device per micro-batch. lathe never uses DataParallel, so this is the per-device size."""
+        return self.per_device_train_batch_size
+
+    @property
+    def eval_batch_size(self) -> int:
+        """Samples per device per evaluation batch."""
+        return self.per_device_eval_batch_size
+
+    @property
+    def ddp_timeout_delta(self) -> timedelta:
+        return timedelta(seconds=self.ddp_timeout)
+
+    @property
+    def device(self) -> "torch.device":  # noqa: F821 (torch is imported lazily)
+        """cuda:<local rank> when CUDA is usable, else mps, else cpu; use_cpu forces cpu."""
+        import torch
+
+        if not self.use_cpu:
+            if torch.cuda.is_available():
+                return torch.device("cuda", self.local_process_index)
+            mps = getattr(torch.backends, "mps", None)
+            if mps is not None and mps.is_available():
+                return torch.device("mps")
+        return torch.device("cpu")
+
+    @property
+    def n_gpu(self) -> int:
+        """Accelerators this process drives: 1 on cuda or mps, 0 on cpu (never more: no DataParallel)."""
+        return 0 if self.device.type == "cpu" else 1
+
+    @property
+    def world_size(self) -> int:
+        group = _initialized_process_group()
+        return group.get_world_size() if group else 1
+
+    @property
+    def process_index(self) -> int:
+        group = _initialized_process_group()
+        return group.get_rank() if group else 0
+
+    @property
+    def local_process_index(self) -> int:
+        """Rank within this node. Until lathe launches multi-node runs itself, this is the global rank
+        unless a launcher passed `local_rank`."""
+        if self.local_rank >= 0:
+            return self.local_rank
+        return self.process_index
+
+    @property
+    def should_log(self) -> bool:
+        return (self.local_process_index if self.log_on_each_node else self.process_index) == 0
+
+    @property
+    def should_save(self) -> bool:
+        return (self.local_process_index if self.save_on_each_node else self.process_index) == 0
+
+    def get_process_log_level(self) -> int:
+        """The `logging` level for this process: log_level on the logging process, log_level_replica elsewhere;
+        'passive' keeps the current level of the 'lathe' logger."""
+        name = self.log_level if self.should_log else self.log_level_replica
+        level = LOG_LEVELS[name]
+        return logging.getLogger("lathe").getEffectiveLevel() if level < 0 else level
+
+    @contextlib.contextmanager
+    def main_process_first(self, local: bool = True, desc: str = "work"):
+        """Run the body on the main process (of the node when `local`) before the others.
+
+        Used around dataset preprocessing: the main process fills the cache, the replicas then read it.
+        Without a process group this is a no-op.
+        """
+        if self.world_size <= 1:
+            yield
+            return
+        import torch.distributed as dist
+
+        is_main = (self.local_process_index if local else self.process_index) == 0
+        if not is_main:
+            logger.debug("rank %d waits for the main process to finish %s", self.process_index, desc)
+            dist.barrier()  # replicas wait here until the main process reaches its barrier below
+        try:
+            yield
+        finally:
+            if is_main:
+                dist.barrier()  # releases the replicas waiting above
+
+    def get_warmup_steps(self, num_training_steps: int) -> int:
+        """Warmup length in steps: warmup_steps itself when >= 1, else that fraction of all steps, rounded up."""
+        if self.warmup_steps >= 1:
+            return int(self.warmup_steps)
+        return math.ceil(num_training_steps * self.warmup_steps)
+
+    # --- Serialisation ---
+
+    def to_dict(self) -> dict[str, Any]:
+        """All fields as JSON-safe values: enums become their strings, config objects their dicts."""
+        return {f.name: _json_safe(getattr(self, f.name)) for f in fields(self) if f.init}
+
+    def to_json_string(self) -> str:
+        return json.dumps(self.to_dict(), indent=2)
+
+    def to_sanitized_dict(self) -> dict[str, Any]:
+        """Flat scalars only (anything else as its str), for TensorBoard's hparams."""
+        d = {**self.to_dict(), "train_batch_size": self.train_batch_size, "eval_batch_size": self.eval_batch_size}
+        return {k: v if type(v) in (bool, int, float, str) else str(v) for k, v in d.items()}
+
+    def __str__(self) -> str:
+        lines = "".join(f"{k}={v},\n" for k, v in sorted(self.to_dict().items()))
+        return f"{type(self).__name__}(\n{lines})"
+
+    __repr__ = __str__
+
+    # --- Fluent setters (transformers' signatures; each returns self) ---
+
+    def set_training(
+        self,
+        learning_rate: float = 5e-5,
+        batch_size: int = 8,
+        weight_decay: float = 0,
+        num_epochs: float = 3,
+        max_steps: int = -1,
+        gradient_accumulation_steps: int = 1,
+        seed: int = 42,
+        activation_checkpointing: bool = False,
+        gradient_checkpointing: bool | None = None,
+    ):
+        """Set the basic training options and `do_train=True`."""
+        if gradient_checkpointing is not None:
+            import warnings
+
+            warnings.warn(
+                "`gradient_checkpointing` is deprecated; use `activation_checkpointing`.", FutureWarning, stacklevel=2
+            )
+            activation_checkpointing = gradient_checkpointing
+        self.do_train = True
+        self.learning_rate = learning_rate
+        self.per_device_train_batch_size = batch_size
+        self.weight_decay = weight_decay
+        self.num_train_epochs = num_epochs
+        self.max_steps = max_steps
+        self.gradient_accumulation_steps = gradient_accumulation_steps
+        self.seed = seed
+        self.activation_checkpointing = self.gradient_checkpointing = activation_checkpointing
+        return self
+
+    def set_evaluate(
+        self,
+        strategy: str | IntervalStrategy = "no",
+        steps: int = 500,
+        batch_size: int = 8,
+        accumulation_steps: int | None = None,
+        delay: float | None = None,
+        loss_only: bool = False,
+    ):
+        """Set the evaluation options; a strategy other than 'no' also sets `do_eval`."""
+        self.eval_strategy = to_enum(IntervalStrategy, strategy, "eval_strategy")
+        if self.eval_strategy == IntervalStrategy.STEPS and steps == 0:
+            raise ValueError("set_evaluate: strategy='steps' needs a positive `steps`.")
+        self.do_eval = self.eval_strategy != IntervalStrategy.NO
+        self.eval_steps = steps
+        self.per_device_eval_batch_size = batch_size
+        self.eval_accumulation_steps = accumulation_steps
+        # transformers stores None here, which later comparisons cannot use; None means "no delay".
+        self.eval_delay = 0 if delay is None else delay
+        self.prediction_loss_only = loss_only
+        return self
+
+    def set_testing(self, batch_size: int = 8, loss_only: bool = False):
+        """Set the prediction options and `do_predict=True`."""
+        self.do_predict = True
+        self.per_device_eval_batch_size = batch_size
+        self.prediction_loss_only = loss_only
+        return self
+
+    def set_save(
+        self,
+        strategy: str | SaveStrategy = "steps",
+        steps: int = 500,
+        total_limit: int | None = None,
+        on_each_node: bool = False,
+    ):
+        """Set the checkpoint options."""
+        self.save_strategy = to_enum(SaveStrategy, strategy, "save_strategy")
+        if self.save_strategy == SaveStrategy.STEPS and steps == 0:
+            raise ValueError("set_save: strategy='steps' needs a positive `steps`.")
+        self.save_steps = steps
+        self.save_total_limit = total_limit
+        self.save_on_each_node = on_each_node
+        return self
+
+    def set_logging(
+        self,
+        strategy: str | IntervalStrategy = "steps",
+        steps: int = 500,
+        report_to: str | list[str] = "none",
+        level: str = "passive",
+        first_step: bool = False,
+        nan_inf_filter: bool = False,
+        on_each_node: bool = False,
+        replica_level: str = "passive",
+    ):
+        """Set the logging options (the defaults are transformers' setter defaults, not the field defaults)."""
+        self.logging_strategy = to_enum(IntervalStrategy, strategy, "logging_strategy")
+        if self.logging_strategy == IntervalStrategy.STEPS and steps == 0:
+            raise ValueError("set_logging: strategy='steps' needs a positive `steps`.")
+        for name, value in (("log_level", level), ("log_level_replica", replica_level)):
+            if value not in LOG_LEVELS:
+                raise ValueError(f"{name}={value!r} is not valid; choose one of {list(LOG_LEVELS)}")
+        self.logging_steps = steps
+        self.report_to = normalize_report_to(report_to)
+        self.log_level = level
+        self.logging_first_step = first_step
+        self.logging_nan_inf_filter = nan_inf_filter
+        self.log_on_each_node = on_each_node
+        self.log_level_replica = replica_level
+        return self
+
+    def set_optimizer(
+        self,
+        name: str | OptimizerNames = "adamw_torch",
+        learning_rate: float = 5e-5,
+        weight_decay: float = 0,
+        beta1: float = 0.9,
+        beta2: float = 0.999,
+        epsilon: float = 1e-8,
+        args: str | None = None,
+    ):
+        """Set the optimizer and its hyperparameters."""
+        self.optim = to_enum(OptimizerNames, name, "optim")
+        self.learning_rate = learning_rate
+        self.weight_decay = weight_decay
+        self.adam_beta1 = beta1
+        self.adam_beta2 = beta2
+        self.adam_epsilon = epsilon
+        self.optim_args = args
+        return self
+
+    def set_lr_scheduler(
+        self,
+        name: str | SchedulerType = "linear",
+        num_epochs: float = 3.0,
+        max_steps: int = -1,
+        warmup_steps: float = 0,
+    ):
+        """Set the learning-rate schedule and the training length it spans."""
+        self.lr_scheduler_type = to_enum(SchedulerType, name, "lr_scheduler_type")
+        self.num_train_epochs = num_epochs
+        self.max_steps = max_steps
+        self.warmup_steps = warmup_steps
+        return self
+
+    def set_dataloader(
+        self,
+        train_batch_size: int = 8,
+        eval_batch_size: int = 8,
+        drop_last: bool = False,
+        num_workers: int = 0,
+        pin_memory: bool = True,
+        persistent_workers: bool = False,
+        prefetch_factor: int | None = None,
+        multiprocessing_context: str | None = None,
+        in_order: bool = True,
+        auto_find_batch_size: bool = False,
+        ignore_data_skip: bool = False,
+        sampler_seed: int | None = None,
+    ):
+        """Set the data-loading options."""
+        self.per_device_train_batch_size = train_batch_size
+        self.per_device_eval_batch_size = eval_batch_size
+        self.dataloader_drop_last = drop_last
+        self.dataloader_num_workers = num_workers
+        self.dataloader_pin_memory = pin_memory
+        self.dataloader_persistent_workers = persistent_workers
+        self.dataloader_prefetch_factor = prefetch_factor
+        self.dataloader_multiprocessing_context = multiprocessing_context
+        self.dataloader_in_order = in_order
+        self.auto_find_batch_size = auto_find_batch_size
+        self.ignore_data_skip = ignore_data_skip
+        self.data_seed = sampler_seed
+        return self
+
+
+@dataclass
+class Seq2SeqTrainingArguments(TrainingArguments):
+    """TrainingArguments plus the generation options of `Seq2SeqTrainer`."""
+
+    sortish_sampler: bool = field(
+        default=False, metadata=_help("Sort training samples by length within random chunks to reduce padding.")
+    )
+    predict_with_generate: bool = field(
+        default=False, metadata=_help("Evaluate and predict with generate(), so metrics like ROUGE or BLEU can be computed.")
+    )
+    generation_max_length: int | None = field(
+        default=None, metadata=_help("max_length for generate() during evaluation; defaults to the model's setting.")
+    )
+    generation_num_beams: int | None = field(
+        default=None, metadata=_help("num_beams for generate() during evaluation; defaults to the model's setting.")
+    )
+    generation_config: str | Path | None = field(
+        default=None,
+        metadata=_help("A GenerationConfig, or the folder or model id to load one from, used during prediction."),
+    )
+
+
+def default_logging_dir(output_dir: str) -> str:
+    """Where the TensorBoard reporter writes when `logging_dir` is unset: <output_dir>/runs/<time>_<host>,
+    the same layout as torch's SummaryWriter. Call it once per run: the name carries the start time."""
+    import socket
+    from datetime import datetime
+
+    stamp = datetime.now().strftime("%b%d_%H-%M-%S")
+    return os.path.join(output_dir, "runs", f"{stamp}_{socket.gethostname()}")
+
+
+def _initialized_process_group():
+    """torch.distributed when a process group is up, else None.
+
+    A process group cannot exist unless torch.distributed was imported, so looking in sys.modules
+    first keeps rank queries (should_log, should_save) from importing torch.
+    """
+    dist = sys.modules.get("torch.distributed")
+    if dist is not None and dist.is_available() and dist.is_initialized():
+        return dist
+    return None
+
+
+def _json_safe(value):
+    if isinstance(value, Enum):
+        return value.value
+    if isinstance(value, (list, tuple)):
+        return [_json_safe(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _json_safe(v) for k, v in value.items()}
+    if isinstance(value, Path):
+        return str(value)
+    if type(value).__module__ == "torch" and type(value).__name__ == "dtype":
+        return str(value).removeprefix("torch.")  # torch.bfloat16 -> "bfloat16", as transformers writes dtypes
+    if hasattr(value, "to_dict"):  # e.g. a GenerationConfig in Seq2SeqTrainingArguments
+        return _json_safe(value.to_dict())
+    return value

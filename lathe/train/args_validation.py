@@ -1,0 +1,386 @@
+"""TrainingArguments.__post_init__: deprecated names, defaults that depend on other fields, and checks."""
+import importlib.util
+import json
+import logging
+import os
+import sys
+import warnings
+from dataclasses import MISSING, fields
+
+from lathe.train.args_enums import IntervalStrategy, OptimizerNames, SaveStrategy, SchedulerType, to_enum
+
+# Python logging levels by name; "passive" (-1) leaves the level the application set.
+LOG_LEVELS = {"debug": 10, "info": 20, "warning": 30, "error": 40, "critical": 50, "passive": -1}
+
+# Reporter names `report_to` accepts; the reporter module builds one callback per name.
+SUPPORTED_REPORTERS = ("jsonl", "tensorboard")
+
+_TOKENS_SEEN_CHOICES = ("no", "all", "non_padding")
+_METRIC_INPUTS = ("inputs", "loss")
+_FSDP_OPTIONS = ("full_shard", "shard_grad_op", "no_shard", "hybrid_shard", "hybrid_shard_zero2", "offload", "auto_wrap")
+
+# Fields that take a dict; on the command line they arrive as a JSON object string.
+_DICT_FIELDS = ("lr_scheduler_kwargs", "activation_checkpointing_kwargs", "gradient_checkpointing_kwargs", "fsdp_config", "deepspeed")
+# Of those, these may also name a JSON file, which the FSDP / DeepSpeed set-up reads later.
+_DICT_OR_PATH_FIELDS = ("fsdp_config", "deepspeed")
+
+# Frames skipped when a warning picks the line to blame: this package's argument modules and the
+# dataclass-generated __init__ (whose file name is "<string>").
+_OWN_FILES = (__file__, os.path.join(os.path.dirname(__file__), "args.py"))
+
+
+def normalize_and_validate(args) -> None:
+    """Everything TrainingArguments.__post_init__ does, in order. Idempotent, so that
+    `dataclasses.replace(args, ...)` and `TrainingArguments(**args.to_dict())` give equal objects."""
+    if args.output_dir is None:
+        args.output_dir = "trainer_output"
+    args.output_dir = os.path.expanduser(args.output_dir)
+    if args.push_to_hub:
+        raise ValueError("push_to_hub=True is not supported: lathe works offline. Copy output_dir to the Hub yourself.")
+
+    map_deprecated_names(args)
+    parse_dict_fields(args)
+    resolve_checkpointing_alias(args)
+    convert_choice_fields(args)
+    fill_dependent_defaults(args)
+
+    check_training_length(args)
+    check_step_intervals(args)
+    check_best_model(args)
+    check_precision(args)
+    check_scheduler(args)
+    check_dataloader(args)
+
+
+# --- Names removed in transformers 5 ---
+
+
+def map_deprecated_names(args) -> None:
+    """Move each deprecated 4.x field into its 5.x field with a FutureWarning, then reset it to None,
+    so that copies of the arguments neither warn again nor see a conflict."""
+    defaults = _field_defaults(args)
+
+    if args.evaluation_strategy is not None:
+        _rename(args, defaults, "evaluation_strategy", "eval_strategy", _yaml_no(args.evaluation_strategy))
+    if args.warmup_ratio is not None:
+        if not 0 <= args.warmup_ratio < 1:
+            raise ValueError(f"warmup_ratio={args.warmup_ratio} must be in [0, 1); for a step count use warmup_steps.")
+        _rename(args, defaults, "warmup_ratio", "warmup_steps", args.warmup_ratio)
+    if args.no_cuda is not None:
+        _rename(args, defaults, "no_cuda", "use_cpu", bool(args.no_cuda))
+    if args.group_by_length is not None:
+        if args.group_by_length:
+            _rename(args, defaults, "group_by_length", "train_sampling_strategy", "group_by_length")
+        elif args.train_sampling_strategy == "group_by_length":
+            raise ValueError(
+                "group_by_length=False (deprecated) contradicts train_sampling_strategy='group_by_length'; "
+                "set only train_sampling_strategy."
+            )
+        else:
+            _warn_renamed("group_by_length", "train_sampling_strategy")
+            args.group_by_length = None
+
+    if args.overwrite_output_dir is not None:
+        _warn("`overwrite_output_dir` was removed in transformers 5 and is ignored: output_dir is always reused.")
+        args.overwrite_output_dir = None
+    if args.save_safetensors is not None:
+        if args.save_safetensors:
+            _warn("`save_safetensors` was removed in transformers 5: weights are always saved as safetensors.")
+        else:
+            _warn("`save_safetensors=False` is ignored: lathe always saves weights as safetensors.")
+        args.save_safetensors = None
+    if args.logging_dir is not None:
+        # Kept (not reset): the TensorBoard reporter writes there. Only portability is at stake.
+        _warn(
+            "`logging_dir` was removed in transformers 5; lathe still passes it to the tensorboard reporter, "
+            "but code that sets it will not run on transformers 5."
+        )
+        args.logging_dir = os.path.expanduser(args.logging_dir)
+
+
+def _rename(args, defaults: dict, old: str, new: str, value) -> None:
+    current = getattr(args, new)
+    if current != defaults[new] and current != value:
+        raise ValueError(
+            f"{old}={getattr(args, old)!r} (deprecated) and {new}={current!r} disagree; set only {new}."
+        )
+    _warn_renamed(old, new)
+    setattr(args, new, value)
+    setattr(args, old, None)
+
+
+def _warn_renamed(old: str, new: str) -> None:
+    _warn(f"`{old}` was removed in transformers 5; use `{new}` instead.")
+
+
+def _warn(message: str) -> None:
+    # Point at the user's line that built the arguments, however deep inside __post_init__ we are.
+    frame, level = sys._getframe(0), 1
+    while frame is not None and (frame.f_code.co_filename in _OWN_FILES or frame.f_code.co_filename.startswith("<")):
+        frame, level = frame.f_back, level + 1
+    warnings.warn(message, FutureWarning, stacklevel=level)
+
+
+def _field_defaults(args) -> dict:
+    return {
+        f.name: f.default if f.default is not MISSING else f.default_factory()
+        for f in fields(args)
+        if f.default is not MISSING or f.default_factory is not MISSING
+    }
+
+
+def _yaml_no(value):
+    # YAML 1.1 reads an unquoted `no` as False; for a strategy field it can only have meant "no".
+    return "no" if value is False else value
+
+
+# --- Conversions ---
+
+
+def parse_dict_fields(args) -> None:
+    """Turn JSON object strings (from the command line) into dicts, with CLI strings made typed."""
+    for name in _DICT_FIELDS:
+        value = getattr(args, name)
+        if not isinstance(value, str):
+            continue
+        if not value.lstrip().startswith("{"):
+            if name in _DICT_OR_PATH_FIELDS:
+                continue  # a path to a JSON file, read by the FSDP / DeepSpeed set-up
+            raise ValueError(f"{name} must be a dict or a JSON object string, got {value!r}")
+        try:
+            setattr(args, name, _typed_cli_values(json.loads(value)))
+        except json.JSONDecodeError as error:
+            raise ValueError(f"{name} is not valid JSON ({error}): {value!r}") from None
+
+
+def _typed_cli_values(d: dict) -> dict:
+    """Shell users quote everything: '{"power": "2"}' means 2. Convert booleans and numbers, recursively."""
+    for key, value in d.items():
+        if isinstance(value, dict):
+            d[key] = _typed_cli_values(value)
+        elif isinstance(value, str):
+            if value.lower() in ("true", "false"):
+                d[key] = value.lower() == "true"
+            elif value.isdigit():
+                d[key] = int(value)
+            elif value.replace(".", "", 1).isdigit():
+                d[key] = float(value)
+    return d
+
+
+def resolve_checkpointing_alias(args) -> None:
+    """gradient_checkpointing* are transformers 5's deprecated aliases of activation_checkpointing*.
+
+    The old name is used only when the new one is unset; afterwards both hold the same value, so
+    code reading either works and a copy that changes the new name is not overridden by the old.
+    """
+    for old, new in (
+        ("gradient_checkpointing", "activation_checkpointing"),
+        ("gradient_checkpointing_kwargs", "activation_checkpointing_kwargs"),
+    ):
+        if getattr(args, new) is None and getattr(args, old) is not None:
+            _warn_renamed(old, new)
+            setattr(args, new, getattr(args, old))
+        setattr(args, old, getattr(args, new))
+    if args.activation_checkpointing is None:
+        args.activation_checkpointing = args.gradient_checkpointing = False
+
+
+def convert_choice_fields(args) -> None:
+    args.eval_strategy = to_enum(IntervalStrategy, _yaml_no(args.eval_strategy), "eval_strategy")
+    args.logging_strategy = to_enum(IntervalStrategy, _yaml_no(args.logging_strategy), "logging_strategy")
+    args.save_strategy = to_enum(SaveStrategy, _yaml_no(args.save_strategy), "save_strategy")
+    args.lr_scheduler_type = to_enum(SchedulerType, args.lr_scheduler_type, "lr_scheduler_type")
+    args.optim = to_enum(OptimizerNames, args.optim, "optim")
+
+    if isinstance(args.include_num_input_tokens_seen, bool):
+        args.include_num_input_tokens_seen = "all" if args.include_num_input_tokens_seen else "no"
+    _check_choice(args, "include_num_input_tokens_seen", _TOKENS_SEEN_CHOICES)
+    _check_choice(args, "log_level", LOG_LEVELS)
+    _check_choice(args, "log_level_replica", LOG_LEVELS)
+    _check_choice(args, "train_sampling_strategy", _metadata_choices(args, "train_sampling_strategy"))
+    _check_choice(args, "ddp_backend", _metadata_choices(args, "ddp_backend"), optional=True)
+    _check_choice(
+        args, "dataloader_multiprocessing_context", _metadata_choices(args, "dataloader_multiprocessing_context"), optional=True
+    )
+
+    if isinstance(args.include_for_metrics, str):
+        args.include_for_metrics = [args.include_for_metrics]
+    unknown = [name for name in args.include_for_metrics if name not in _METRIC_INPUTS]
+    if unknown:
+        raise ValueError(f"include_for_metrics has unknown entries {unknown}; allowed: {list(_METRIC_INPUTS)}")
+
+    if isinstance(args.fsdp, str):
+        unknown = [option for option in args.fsdp.split() if option not in _FSDP_OPTIONS]
+        if unknown:
+            raise ValueError(f"fsdp has unknown options {unknown}; use fsdp=True, or any of {list(_FSDP_OPTIONS)}")
+
+
+def _check_choice(args, name: str, choices, optional: bool = False) -> None:
+    value = getattr(args, name)
+    if optional and value is None:
+        return
+    if value not in choices:
+        raise ValueError(f"{name}={value!r} is not valid; choose one of {list(choices)}")
+
+
+def _metadata_choices(args, name: str) -> list:
+    # The allowed values live once, in the field's metadata, where the argument parser also reads them.
+    return next(f.metadata["choices"] for f in fields(args) if f.name == name)
+
+
+def normalize_report_to(value) -> list[str]:
+    """'none'/None -> [], 'all' -> every installed supported reporter, a name -> [name]; names are checked."""
+    if value is None or value == "none" or value == ["none"]:
+        return []
+    if value == "all" or value == ["all"]:
+        # jsonl needs nothing; tensorboard needs the tensorboard package behind torch's SummaryWriter.
+        return [name for name in SUPPORTED_REPORTERS if name != "tensorboard" or importlib.util.find_spec("tensorboard")]
+    names = [value] if isinstance(value, str) else list(value)
+    unknown = [name for name in names if name not in SUPPORTED_REPORTERS]
+    if unknown:
+        raise ValueError(
+            f"report_to has unsupported entries {unknown}; choose from {list(SUPPORTED_REPORTERS)}, 'all' or 'none'"
+        )
+    return names
+
+
+def fill_dependent_defaults(args) -> None:
+    """Defaults that depend on other fields, as transformers fills them."""
+    if args.eval_strategy != IntervalStrategy.NO:
+        args.do_eval = True
+
+    # An unset (or 0) eval_steps follows logging_steps.
+    if args.eval_strategy == IntervalStrategy.STEPS and not args.eval_steps:
+        if not args.logging_steps or args.logging_steps <= 0:
+            raise ValueError("eval_strategy='steps' needs a positive eval_steps (or logging_steps to default from).")
+        args.eval_steps = args.logging_steps
+
+    needs_metric = args.load_best_model_at_end or args.lr_scheduler_type in (
+        SchedulerType.REDUCE_ON_PLATEAU,
+        SchedulerType.GREEDY,
+    )
+    if needs_metric and args.metric_for_best_model is None:
+        args.metric_for_best_model = "loss"
+    if args.save_strategy == SaveStrategy.BEST and args.metric_for_best_model is None:
+        raise ValueError("save_strategy='best' needs metric_for_best_model (e.g. 'loss' or 'eval_accuracy').")
+    # "loss" and "eval_loss" both end in "loss": lower is better for losses, higher for anything else.
+    if args.greater_is_better is None and args.metric_for_best_model is not None:
+        args.greater_is_better = not args.metric_for_best_model.endswith("loss")
+
+    args.report_to = normalize_report_to(args.report_to)
+
+    if args.disable_tqdm is None:
+        args.disable_tqdm = logging.getLogger("lathe").getEffectiveLevel() > logging.WARNING
+
+    if (args.torch_compile_backend or args.torch_compile_mode) and not args.torch_compile:
+        args.torch_compile = True
+    if args.torch_compile and args.torch_compile_backend is None:
+        args.torch_compile_backend = "inductor"
+
+    # Pinned memory only speeds up host-to-accelerator copies; on the CPU it just costs memory.
+    if args.use_cpu:
+        args.dataloader_pin_memory = False
+
+
+# --- Checks ---
+
+
+def check_training_length(args) -> None:
+    for name in ("per_device_train_batch_size", "per_device_eval_batch_size", "gradient_accumulation_steps"):
+        if getattr(args, name) < 1:
+            raise ValueError(f"{name} must be at least 1, got {getattr(args, name)}")
+    if args.learning_rate < 0:
+        raise ValueError(f"learning_rate must be >= 0, got {args.learning_rate}")
+    if args.num_train_epochs < 0:
+        raise ValueError(f"num_train_epochs must be >= 0, got {args.num_train_epochs}")
+    if args.max_steps != -1 and args.max_steps <= 0:
+        raise ValueError(f"max_steps must be a positive number of steps, or -1 to use num_train_epochs; got {args.max_steps}")
+    if args.warmup_steps < 0:
+        raise ValueError(f"warmup_steps must be >= 0 (a step count, or a fraction in [0, 1)); got {args.warmup_steps}")
+    if args.warmup_steps >= 1:
+        args.warmup_steps = _whole_steps("warmup_steps", args.warmup_steps)
+    if args.eval_accumulation_steps is not None and args.eval_accumulation_steps < 1:
+        raise ValueError(f"eval_accumulation_steps must be at least 1 or None, got {args.eval_accumulation_steps}")
+    if args.torch_empty_cache_steps is not None and not (
+        isinstance(args.torch_empty_cache_steps, int) and args.torch_empty_cache_steps > 0
+    ):
+        raise ValueError(f"torch_empty_cache_steps must be a positive integer or None, got {args.torch_empty_cache_steps}")
+
+
+def check_step_intervals(args) -> None:
+    """logging/eval/save steps: a whole number of steps (10.0 becomes 10), or a fraction in (0, 1)."""
+    if args.logging_strategy == IntervalStrategy.STEPS and args.logging_steps == 0:
+        raise ValueError("logging_strategy='steps' needs a non-zero logging_steps.")
+    for strategy, name in (
+        (args.logging_strategy, "logging_steps"),
+        (args.eval_strategy, "eval_steps"),
+        (args.save_strategy, "save_steps"),
+    ):
+        if strategy != IntervalStrategy.STEPS:
+            continue
+        value = getattr(args, name)
+        if value < 0:
+            raise ValueError(f"{name} must be positive, got {value}")
+        if value >= 1:
+            setattr(args, name, _whole_steps(name, value))
+
+
+def _whole_steps(name: str, value) -> int:
+    if value != int(value):
+        raise ValueError(f"{name} must be a whole number when >= 1 (below 1 it is a fraction of all steps), got {value}")
+    return int(value)
+
+
+def check_best_model(args) -> None:
+    if not args.load_best_model_at_end or args.save_strategy == SaveStrategy.BEST:
+        return
+    if args.eval_strategy != args.save_strategy:
+        raise ValueError(
+            "load_best_model_at_end needs save_strategy to match eval_strategy (or save_strategy='best'), "
+            f"but eval_strategy={args.eval_strategy.value!r} and save_strategy={args.save_strategy.value!r}."
+        )
+    if args.eval_strategy == IntervalStrategy.STEPS and not _is_multiple(args.save_steps, args.eval_steps):
+        raise ValueError(
+            "load_best_model_at_end needs save_steps to be a multiple of eval_steps (both step counts or both "
+            f"fractions), but save_steps={args.save_steps} and eval_steps={args.eval_steps}."
+        )
+
+
+def _is_multiple(save_steps, eval_steps) -> bool:
+    if save_steps >= 1 and eval_steps >= 1:
+        return save_steps % eval_steps == 0
+    if save_steps >= 1 or eval_steps >= 1:
+        return False  # a count and a fraction: which steps coincide depends on the run length
+    # Both fractions: compare in millionths, since 0.3 % 0.1 is not 0 in floating point.
+    return round(save_steps * 1_000_000) % round(eval_steps * 1_000_000) == 0
+
+
+def check_precision(args) -> None:
+    if args.fp16 and args.bf16:
+        raise ValueError("fp16 and bf16 cannot both be True; pick one.")
+    if args.fp16_full_eval and args.bf16_full_eval:
+        raise ValueError("fp16_full_eval and bf16_full_eval cannot both be True; pick one.")
+    if (args.bf16 or args.bf16_full_eval) and not args.use_cpu:
+        # Only worth importing torch when bf16 was asked for: a CUDA GPU older than Ampere cannot do it.
+        import torch
+
+        if torch.cuda.is_available() and not torch.cuda.is_bf16_supported():
+            raise ValueError("bf16 needs an Ampere or newer GPU; set fp16=True instead, or use_cpu=True.")
+
+
+def check_scheduler(args) -> None:
+    if args.lr_scheduler_type in (SchedulerType.REDUCE_ON_PLATEAU, SchedulerType.GREEDY) and (
+        args.eval_strategy == IntervalStrategy.NO
+    ):
+        raise ValueError(
+            f"lr_scheduler_type={args.lr_scheduler_type.value!r} reacts to evaluation results, so eval_strategy "
+            "must be 'steps' or 'epoch'."
+        )
+
+
+def check_dataloader(args) -> None:
+    if args.dataloader_num_workers < 0:
+        raise ValueError(f"dataloader_num_workers must be >= 0, got {args.dataloader_num_workers}")
+    if args.dataloader_prefetch_factor is not None and args.dataloader_num_workers == 0:
+        raise ValueError("dataloader_prefetch_factor needs dataloader_num_workers > 0 (workers do the prefetching).")
