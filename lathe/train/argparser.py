@@ -211,10 +211,19 @@ class HfArgumentParser(argparse.ArgumentParser):
         elif dataclasses.is_dataclass(dataclass_types) or not isinstance(dataclass_types, Iterable):
             dataclass_types = [dataclass_types]
         self.dataclass_types = list(dataclass_types)
+        deprecated = []
         for dtype in self.dataclass_types:
-            self._add_dataclass_arguments(dtype)
+            deprecated += self._add_dataclass_arguments(dtype)
+        if deprecated:
+            # Deprecated options still parse but are listed last, so --help leads with current ones.
+            group = self.add_argument_group(
+                "deprecated arguments", "Still accepted; the dataclass warns and maps them to their replacement."
+            )
+            for field, hint in deprecated:
+                self._add_field_argument(group, field, hint)
 
-    def _add_dataclass_arguments(self, dtype: type) -> None:
+    def _add_dataclass_arguments(self, dtype: type) -> list[tuple[dataclasses.Field, Any]]:
+        """Add the options of `dtype`'s current fields; return its deprecated fields, for the caller to add."""
         group_name = getattr(dtype, "_argument_group_name", None)
         container = self.add_argument_group(group_name) if group_name else self
         try:
@@ -224,21 +233,15 @@ class HfArgumentParser(argparse.ArgumentParser):
                 f"Could not resolve the type hints of {dtype.__name__} ({error}). Declare the dataclass and "
                 "the types it names at module level, or drop `from __future__ import annotations`."
             ) from error
+        deprecated = []
         for field in dataclasses.fields(dtype):
             if not field.init:
                 continue
-            # Deprecated options still parse but are listed apart, so --help leads with current ones.
             if "deprecated" in field.metadata:
-                self._add_field_argument(self._deprecated_group(), field, hints[field.name])
+                deprecated.append((field, hints[field.name]))
             else:
                 self._add_field_argument(container, field, hints[field.name])
-
-    def _deprecated_group(self):
-        if getattr(self, "_deprecated_arguments", None) is None:
-            self._deprecated_arguments = self.add_argument_group(
-                "deprecated arguments", "Still accepted; the dataclass warns and maps them to their replacement."
-            )
-        return self._deprecated_arguments
+        return deprecated
 
     @staticmethod
     def _add_field_argument(container, field: dataclasses.Field, hint: Any) -> None:

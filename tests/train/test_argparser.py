@@ -179,7 +179,8 @@ def test_unsupported_union_is_rejected_at_construction():
 def test_help_renders_groups_help_text_and_percent_signs():
     text = HfArgumentParser([Unions, Other]).format_help()
     assert "other arguments" in text and "10% slower" in text and "[deprecated: use --pep604]" in text
-    assert text.index("deprecated arguments") < text.index("--old_name")
+    options = text[text.index("options:"):]
+    assert options.index("other arguments") < options.index("deprecated arguments") < options.index("--old_name")
 
 
 def test_remaining_strings_raise_or_come_back():
