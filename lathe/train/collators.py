@@ -274,6 +274,11 @@ class DataCollatorForLanguageModeling:
             self.mask_replace_prob, self.random_replace_prob = 1.0, 0.0
         self.mask_replace_prob = float(self.mask_replace_prob)
         self.random_replace_prob = float(self.random_replace_prob)
+        if self.mlm and self.random_replace_prob > 0 and _vocabulary_size(self.tokenizer) is None:
+            raise ValueError(
+                "Random replacement draws token ids from the vocabulary: give the tokenizer `__len__` or "
+                "`vocab_size`, or set random_replace_prob=0."
+            )
         # Made on first call, not here: each DataLoader worker must seed its own copy (seed + worker id),
         # otherwise all workers would draw identical masks.
         self.generator = None
@@ -342,9 +347,9 @@ class DataCollatorForLanguageModeling:
         return inputs, labels
 
 
-def _vocabulary_size(tokenizer) -> int:
+def _vocabulary_size(tokenizer) -> int | None:
     # len() counts added tokens too (transformers draws from it); vocab_size alone does not
-    return len(tokenizer) if hasattr(tokenizer, "__len__") else tokenizer.vocab_size
+    return len(tokenizer) if hasattr(tokenizer, "__len__") else getattr(tokenizer, "vocab_size", None)
 
 
 # ---------------------------------------------------------------------------- padding-free packing

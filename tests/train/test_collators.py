@@ -1,6 +1,7 @@
 """Tests for lathe.train.collators (and the padding they rely on): exact batches, errors, parity with transformers."""
 from __future__ import annotations
 
+import copy
 import dataclasses
 import subprocess
 import sys
@@ -236,6 +237,17 @@ def test_padding_errors():
         DataCollatorWithPadding(MiniTokenizer())([{"input_ids": [1], "text": "a"}] * 2)
 
 
+def test_missing_pad_token_on_a_transformers_tokenizer(hf_tokenizer):
+    tokenizer = copy.deepcopy(hf_tokenizer)
+    tokenizer.pad_token = None
+    features = [{"input_ids": [5]}, {"input_ids": [5, 6]}]
+    for collator in (DataCollatorWithPadding(tokenizer), DataCollatorForSeq2Seq(tokenizer)):
+        with pytest.raises(ValueError, match="pad_token"):
+            collator(features)
+    with pytest.raises(ValueError, match=r"tokenizer\.pad_token"):
+        DataCollatorForLanguageModeling(tokenizer, mlm=False)([[5], [5, 6]])
+
+
 PADDING_CASES = [
     dict(),
     dict(pad_to_multiple_of=8),
@@ -419,6 +431,10 @@ def test_language_modeling_errors():
         DataCollatorForLanguageModeling(MiniTokenizer(), mask_replace_prob=0.8, random_replace_prob=0.3)
     with pytest.raises(ValueError, match="return_tensors must be 'pt'"):
         DataCollatorForLanguageModeling(MiniTokenizer(), return_tensors="tf")
+    no_vocabulary = types.SimpleNamespace(pad_token_id=PAD, mask_token_id=MASK)
+    with pytest.raises(ValueError, match="vocab_size"):
+        DataCollatorForLanguageModeling(no_vocabulary)
+    DataCollatorForLanguageModeling(no_vocabulary, random_replace_prob=0.0)
     with pytest.raises(ValueError, match="return_tensors must be 'pt'"):
         DataCollatorForLanguageModeling(MiniTokenizer())([[5, 6]], return_tensors="np")
 
