@@ -144,6 +144,7 @@ def _argument_kwargs(field: dataclasses.Field, hint: Any) -> dict[str, Any]:
         hint = members[0]
 
     if hint is bool:
+        # "nullable_bool" is no argparse keyword: the caller pops it to pick the default and `--no_*`.
         return {"action": _StoreConverted, "convert": string_to_bool, "nargs": "?", "const": True,
                 "nullable_bool": nullable}
     if typing.get_origin(hint) is Literal or _is_enum(hint):
