@@ -90,8 +90,10 @@ def _fused_adamw_supported(model: nn.Module | None) -> bool:
     """Whether torch's fused AdamW kernel accepts every trainable parameter (device type and floating dtype)."""
     if model is None:
         return True  # nothing to check against: let torch decide at the first step, as transformers does
-    from torch.utils._foreach_utils import _get_fused_kernels_supported_devices  # private, but the list torch checks
-
+    try:  # private, but it is the very list torch checks at the first step
+        from torch.utils._foreach_utils import _get_fused_kernels_supported_devices
+    except ImportError:
+        return True
     devices = _get_fused_kernels_supported_devices()
     return all(
         p.device.type in devices and torch.is_floating_point(p) for p in model.parameters() if p.requires_grad

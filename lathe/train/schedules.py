@@ -324,7 +324,7 @@ def get_scheduler(
     """
     name = getattr(name, "value", name)  # accept SchedulerType members as well as plain strings
     if name not in SCHEDULER_NAMES:
-        raise ValueError(f"unknown lr scheduler {name!r}; valid names are {list(SCHEDULER_NAMES)}")
+        raise ValueError(f"unsupported lr scheduler {name!r}; valid names are {list(SCHEDULER_NAMES)}")
     kwargs = dict(scheduler_specific_kwargs or {})
 
     if name == "constant":

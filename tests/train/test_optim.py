@@ -178,9 +178,10 @@ def test_scheduler_name_may_be_a_str_enum():
 # --- scheduler errors --------------------------------------------------------------------------------------
 
 
-def test_unknown_scheduler_lists_valid_names():
-    with pytest.raises(ValueError, match="'cosine_warm'") as error:
-        get_scheduler("cosine_warm", make_optimizer(), WARMUP, TOTAL)
+@pytest.mark.parametrize("name", ["cosine_warm", "greedy"])  # greedy: a transformers name lathe does not build
+def test_unsupported_scheduler_lists_valid_names(name):
+    with pytest.raises(ValueError, match=f"unsupported lr scheduler '{name}'") as error:
+        get_scheduler(name, make_optimizer(), WARMUP, TOTAL)
     for name in SCHEDULER_NAMES:
         assert name in str(error.value)
 
@@ -259,6 +260,15 @@ class GroupNormConvLayer(nn.Module):
         self.group_norm = nn.GroupNorm(1, 2)
 
 
+class AdaRMSNorm(nn.Module):
+    """A norm with a learned modulation: its own scale is exempt, its Linear child is not."""
+
+    def __init__(self, size):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(size))
+        self.modulation = nn.Linear(size, size, bias=False)
+
+
 class Tiny(nn.Module):
     def __init__(self):
         super().__init__()
@@ -267,6 +277,7 @@ class Tiny(nn.Module):
         self.ln = nn.LayerNorm(4)
         self.post = LlamaRMSNorm(4)
         self.conv_block = GroupNormConvLayer()
+        self.ada = AdaRMSNorm(4)
         self.frozen = nn.Linear(4, 4, bias=False)
         self.frozen.weight.requires_grad_(False)
         self.final_norm = nn.Module()
@@ -275,6 +286,7 @@ class Tiny(nn.Module):
 
 def test_decay_parameter_names():
     assert sorted(get_decay_parameter_names(Tiny())) == [
+        "ada.modulation.weight",
         "conv_block.conv.weight",
         "embed.weight",
         "frozen.weight",  # listed; create_optimizer leaves it out
@@ -288,8 +300,14 @@ def test_create_optimizer_groups_decay_and_no_decay_trainable_params():
     decay, no_decay = optimizer.param_groups
     names = {id(p): n for n, p in model.named_parameters()}
     assert decay["weight_decay"] == 0.1 and no_decay["weight_decay"] == 0.0
-    assert sorted(names[id(p)] for p in decay["params"]) == ["conv_block.conv.weight", "embed.weight", "proj.weight"]
+    assert sorted(names[id(p)] for p in decay["params"]) == [
+        "ada.modulation.weight",
+        "conv_block.conv.weight",
+        "embed.weight",
+        "proj.weight",
+    ]
     assert sorted(names[id(p)] for p in no_decay["params"]) == [
+        "ada.weight",
         "conv_block.group_norm.bias",
         "conv_block.group_norm.weight",
         "final_norm.weight",
