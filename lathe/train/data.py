@@ -48,13 +48,15 @@ class EpochSampler(Sampler[int]):
         return self.num_samples
 
 
-def get_length_grouped_indices(lengths, batch_size: int, mega_batch_mult: int | None = None, generator=None) -> list[int]:
+def get_length_grouped_indices(
+    lengths, batch_size: int, mega_batch_mult: int | None = None, generator: torch.Generator | None = None
+) -> list[int]:
     """HF's length grouping: a random permutation cut into megabatches of `mega_batch_mult * batch_size`,
     each sorted by length (longest first), with the longest sample of all moved to position 0 so
     that an out-of-memory error shows on the first step rather than hours in.
 
-    Gives the same list as transformers' function for the same generator, ties included, but does
-    the per-megabatch sorts as one vectorised stable sort instead of Python sorts.
+    Gives the same list as transformers' function for the same generator, ties included, but sorts
+    all megabatches in one batched torch sort instead of a Python sort each (a few times faster).
     """
     lengths = torch.as_tensor(lengths, dtype=torch.int64)
     total = len(lengths)
@@ -66,12 +68,15 @@ def get_length_grouped_indices(lengths, batch_size: int, mega_batch_mult: int | 
     megabatch_size = mega_batch_mult * batch_size
     permutation = torch.randperm(total, generator=generator)
     permuted_lengths = lengths[permutation]
-    # Sort key (megabatch number ascending, length descending). The sort is stable, so equal
-    # lengths keep their permuted order, exactly like Python's sorted(reverse=True) in HF.
-    longest, shortest = int(permuted_lengths.max()), int(permuted_lengths.min())
-    megabatch_number = torch.arange(total) // megabatch_size
-    key = megabatch_number * (longest - shortest + 1) + (longest - permuted_lengths)
-    grouped = permutation[torch.sort(key, stable=True).indices]
+    # Stable descending sorts keep equal lengths in permuted order, like HF's sorted(reverse=True).
+    full = total - total % megabatch_size
+    positions = []
+    if full:
+        rows = torch.sort(permuted_lengths[:full].view(-1, megabatch_size), dim=1, descending=True, stable=True)
+        positions.append((rows.indices + torch.arange(0, full, megabatch_size).unsqueeze(1)).flatten())
+    if full < total:  # the last, shorter megabatch
+        positions.append(torch.sort(permuted_lengths[full:], descending=True, stable=True).indices + full)
+    grouped = permutation[torch.cat(positions)]
     # Each megabatch now starts with its own longest sample; argmax picks the first on ties, as HF.
     starts = torch.arange(0, total, megabatch_size)
     winner = int(starts[torch.argmax(lengths[grouped[starts]])])
@@ -86,7 +91,9 @@ class LengthGroupedSampler(Sampler[int]):
     exact resume needs. HF's eval sampler seeds a fresh generator with the seed: same as epoch 0 here.
     """
 
-    def __init__(self, lengths: Sequence[int] | torch.Tensor, batch_size: int, seed: int = 0, mega_batch_mult: int | None = None):
+    def __init__(
+        self, lengths: Sequence[int] | torch.Tensor, batch_size: int, seed: int = 0, mega_batch_mult: int | None = None
+    ):
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         self.lengths = torch.as_tensor(lengths, dtype=torch.int64)
@@ -194,7 +201,7 @@ def build_dataloader(
     `length_group_size` is the batch size length grouping works in: HF uses the per-device batch
     size times gradient_accumulation_steps so all micro-batches of one update have similar lengths.
     `generator` only seeds the workers' base seed; without it DataLoader draws that seed from the
-    global RNG once per epoch, exactly as under HF, which keeps the two RNG streams in step.
+    global RNG once per iter(), exactly as under HF, which keeps the two RNG streams in step.
     Do not use `in_order=False`: out-of-order batches would make resume inexact.
     """
     options: dict[str, Any] = {
@@ -302,7 +309,9 @@ def _ignored_columns_message(ignored: list[str], description: str | None, model_
     )
 
 
-def remove_unused_columns(dataset, columns: Sequence[str], description: str | None = None, model_name: str = "model"):
+def remove_unused_columns(
+    dataset, columns: Sequence[str], description: str | None = None, model_name: str = "model"
+):
     """Drop the columns of a `datasets.Dataset` that model.forward does not take (HF semantics)."""
     keep = set(columns)
     ignored = [name for name in dataset.column_names if name not in keep]
@@ -325,7 +334,13 @@ class RemoveColumnsCollator:
     `datasets.Dataset`. Only plain dicts are filtered (HF semantics): tuples, lists and
     UserDict-based items such as BatchEncoding pass through unchanged."""
 
-    def __init__(self, data_collator: Callable, signature_columns: Sequence[str], description: str | None = None, model_name: str | None = None):
+    def __init__(
+        self,
+        data_collator: Callable,
+        signature_columns: Sequence[str],
+        description: str | None = None,
+        model_name: str | None = None,
+    ):
         self.data_collator = data_collator
         self.signature_columns = list(signature_columns)
         self.description = description
@@ -346,7 +361,9 @@ class RemoveColumnsCollator:
         return self.data_collator([self._remove_columns(feature) for feature in features])
 
 
-def prune_unused_columns(dataset, collate_fn: Callable, columns: Sequence[str], description: str | None = None, model_name: str = "model"):
+def prune_unused_columns(
+    dataset, collate_fn: Callable, columns: Sequence[str], description: str | None = None, model_name: str = "model"
+):
     """HF's split: a `datasets.Dataset` loses its unused columns once; any other dataset keeps its
     items and the collator drops unused keys per batch. Returns (dataset, collate_fn)."""
     if is_datasets_dataset(dataset):

@@ -134,6 +134,18 @@ def test_dataloader_order_depends_only_on_seed_and_epoch():
     assert [len(batch) for batch in epoch_one] == [3, 3, 3, 1]
 
 
+def test_a_pass_draws_from_the_global_rng_only_without_a_generator():
+    # DataLoader draws its worker base seed per pass: from the global RNG by default (as under HF).
+    torch.manual_seed(0)
+    expected_after_one_draw = torch.empty((), dtype=torch.int64).random_().item()
+    torch.manual_seed(0)
+    batches_of(build_dataloader(CountingDataset(4), batch_size=2, shuffle=True, seed=1))
+    assert torch.empty((), dtype=torch.int64).random_().item() != expected_after_one_draw
+    torch.manual_seed(0)
+    batches_of(build_dataloader(CountingDataset(4), batch_size=2, shuffle=True, seed=1, generator=torch.Generator()))
+    assert torch.empty((), dtype=torch.int64).random_().item() == expected_after_one_draw
+
+
 @pytest.mark.parametrize("skip", [0, 1, 3, 4, 9])
 def test_skip_batches_yields_the_rest_without_fetching_skipped_items(skip):
     full = batches_of(build_dataloader(CountingDataset(10), batch_size=3, shuffle=True, seed=2))
@@ -198,7 +210,8 @@ def test_skip_and_epochs_with_a_worker(persistent):
     # With workers DataLoader calls iter() on the batch sampler twice per pass and drops the first.
     expected = batches_of(build_dataloader(CountingDataset(9), batch_size=2, shuffle=True, seed=4))
     loader = build_dataloader(
-        CountingDataset(9), batch_size=2, shuffle=True, seed=4, num_workers=1, persistent_workers=persistent, prefetch_factor=2
+        CountingDataset(9), batch_size=2, shuffle=True, seed=4,
+        num_workers=1, persistent_workers=persistent, prefetch_factor=2,
     )
     assert batches_of(skip_batches(loader, 2)) == expected[2:]
     assert batches_of(loader) == expected
@@ -270,7 +283,9 @@ def test_length_grouping_matches_transformers(size, batch_size, mult):
 
 def test_group_by_length_dataloader_uses_length_group_size_and_lengths():
     lengths = [1, 9, 3, 7, 5, 2, 8, 4]
-    loader = build_dataloader(CountingDataset(8), batch_size=2, group_by_length=True, lengths=lengths, seed=0, length_group_size=4)
+    loader = build_dataloader(
+        CountingDataset(8), batch_size=2, group_by_length=True, lengths=lengths, seed=0, length_group_size=4
+    )
     sampler = loader.batch_sampler.sampler
     assert isinstance(sampler, LengthGroupedSampler) and sampler.batch_size == 4
     assert batches_of(loader)[0][0] == 1  # index 1 has the longest length
@@ -314,7 +329,8 @@ def test_remove_unused_columns_on_a_datasets_dataset(caplog):
     with caplog.at_level(logging.INFO, logger="lathe.train.data"):
         pruned = remove_unused_columns(data, signature_columns(TinyModel()), "Training", "TinyModel")
     assert pruned.column_names == ["input_ids", "label"]
-    assert "in the Training set" in caplog.text and "text, idx" in caplog.text and "TinyModel.forward" in caplog.text
+    assert "in the Training set" in caplog.text and "text, idx" in caplog.text
+    assert "TinyModel.forward" in caplog.text
     pruned_again, collator = prune_unused_columns(data, None, signature_columns(TinyModel()))
     assert pruned_again.column_names == ["input_ids", "label"] and collator is None
 
@@ -331,7 +347,11 @@ def test_remove_unused_columns_error_names_columns_and_arguments():
 
 def test_collator_drops_keys_of_dict_items_only(caplog):
     seen = []
-    collator = RemoveColumnsCollator(lambda features: seen.append(features) or len(features), ["input_ids", "labels"], "Training", "TinyModel")
+    def collate(features):
+        seen.append(features)
+        return len(features)
+
+    collator = RemoveColumnsCollator(collate, ["input_ids", "labels"], "Training", "TinyModel")
     features = [{"input_ids": [1], "labels": 0, "text": "a"}, {"input_ids": [2], "labels": 1, "text": "b"}]
     with caplog.at_level(logging.INFO, logger="lathe.train.data"):
         assert collator(features) == 2
