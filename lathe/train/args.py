@@ -11,15 +11,9 @@ from enum import Enum
 from pathlib import Path
 from typing import Any
 
-from lathe.train.args_enums import (
-    ExplicitEnum,
-    IntervalStrategy,
-    OptimizerNames,
-    SaveStrategy,
-    SchedulerType,
-    to_enum,
-)
-from lathe.train.args_validation import LOG_LEVELS, normalize_and_validate, normalize_report_to
+from lathe.train.args_enums import ExplicitEnum, IntervalStrategy, OptimizerNames, SaveStrategy, SchedulerType
+from lathe.train.args_setters import FluentSetters
+from lathe.train.args_validation import LOG_LEVELS, normalize_and_validate
 
 __all__ = [
     "ExplicitEnum",
@@ -49,7 +43,7 @@ def _deprecated(replacement: str | None, text: str) -> dict:
 
 
 @dataclass
-class TrainingArguments:
+class TrainingArguments(FluentSetters):
     """The options of `Trainer`, with transformers 5.23's names and defaults.
 
     Validation happens once, in `__post_init__` (see `args_validation`): strategy fields become
@@ -71,7 +65,8 @@ class TrainingArguments:
     max_steps: int = field(
         default=-1,
         metadata=_help(
-            "Total number of optimizer steps; when positive it overrides num_train_epochs. Required for datasets without a length."
+            "Total number of optimizer steps; when positive it overrides num_train_epochs."
+            " Required for datasets without a length."
         ),
     )
 
@@ -324,7 +319,10 @@ class TrainingArguments:
     )
     dataloader_multiprocessing_context: str | None = field(
         default=None,
-        metadata=_help("Start method of data-loading workers: 'fork', 'spawn' or 'forkserver'.", choices=["fork", "spawn", "forkserver"]),
+        metadata=_help(
+            "Start method of data-loading workers: 'fork', 'spawn' or 'forkserver'.",
+            choices=["fork", "spawn", "forkserver"],
+        ),
     )
     dataloader_in_order: bool = field(
         default=True, metadata=_help("Yield batches in dispatch order; False yields them as soon as a worker is done.")
@@ -379,7 +377,9 @@ class TrainingArguments:
 
     # --- Flags for scripts (the Trainer does not read them) ---
     do_train: bool = field(default=False, metadata=_help("Whether a script should run training."))
-    do_eval: bool = field(default=False, metadata=_help("Whether a script should run evaluation; set when eval_strategy is not 'no'."))
+    do_eval: bool = field(
+        default=False, metadata=_help("Whether a script should run evaluation; set when eval_strategy is not 'no'.")
+    )
     do_predict: bool = field(default=False, metadata=_help("Whether a script should run prediction on the test set."))
     resume_from_checkpoint: str | None = field(
         default=None, metadata=_help("Checkpoint folder a script should resume from.")
@@ -401,7 +401,9 @@ class TrainingArguments:
     )
     group_by_length: bool | None = field(
         default=None,
-        metadata=_deprecated("train_sampling_strategy", "Group samples of similar length; use train_sampling_strategy='group_by_length'."),
+        metadata=_deprecated(
+            "train_sampling_strategy", "Group samples of similar length; use train_sampling_strategy='group_by_length'."
+        ),
     )
     logging_dir: str | None = field(
         default=None,
@@ -438,7 +440,15 @@ class TrainingArguments:
 
     @property
     def device(self) -> "torch.device":  # noqa: F821 (torch is imported lazily)
-        """cuda:<local rank> when CUDA is usable, else mps, else cpu; use_cpu forces cpu."""
+        """cuda:<local rank> when CUDA is usable, else mps, else cpu; use_cpu forces cpu.
+        Computed once (the loop reads it on every step), like transformers' cached device."""
+        cached = self.__dict__.get("_cached_device")
+        if cached is None or cached[0] != (self.use_cpu, self.local_process_index):
+            cached = ((self.use_cpu, self.local_process_index), self._find_device())
+            self.__dict__["_cached_device"] = cached
+        return cached[1]
+
+    def _find_device(self) -> "torch.device":  # noqa: F821
         import torch
 
         if not self.use_cpu:
@@ -535,177 +545,8 @@ class TrainingArguments:
 
     __repr__ = __str__
 
-    # --- Fluent setters (transformers' signatures; each returns self) ---
 
-    def set_training(
-        self,
-        learning_rate: float = 5e-5,
-        batch_size: int = 8,
-        weight_decay: float = 0,
-        num_epochs: float = 3,
-        max_steps: int = -1,
-        gradient_accumulation_steps: int = 1,
-        seed: int = 42,
-        activation_checkpointing: bool = False,
-        gradient_checkpointing: bool | None = None,
-    ):
-        """Set the basic training options and `do_train=True`."""
-        if gradient_checkpointing is not None:
-            import warnings
-
-            warnings.warn(
-                "`gradient_checkpointing` is deprecated; use `activation_checkpointing`.", FutureWarning, stacklevel=2
-            )
-            activation_checkpointing = gradient_checkpointing
-        self.do_train = True
-        self.learning_rate = learning_rate
-        self.per_device_train_batch_size = batch_size
-        self.weight_decay = weight_decay
-        self.num_train_epochs = num_epochs
-        self.max_steps = max_steps
-        self.gradient_accumulation_steps = gradient_accumulation_steps
-        self.seed = seed
-        self.activation_checkpointing = self.gradient_checkpointing = activation_checkpointing
-        return self
-
-    def set_evaluate(
-        self,
-        strategy: str | IntervalStrategy = "no",
-        steps: int = 500,
-        batch_size: int = 8,
-        accumulation_steps: int | None = None,
-        delay: float | None = None,
-        loss_only: bool = False,
-    ):
-        """Set the evaluation options; a strategy other than 'no' also sets `do_eval`."""
-        self.eval_strategy = to_enum(IntervalStrategy, strategy, "eval_strategy")
-        if self.eval_strategy == IntervalStrategy.STEPS and steps == 0:
-            raise ValueError("set_evaluate: strategy='steps' needs a positive `steps`.")
-        self.do_eval = self.eval_strategy != IntervalStrategy.NO
-        self.eval_steps = steps
-        self.per_device_eval_batch_size = batch_size
-        self.eval_accumulation_steps = accumulation_steps
-        # transformers stores None here, which later comparisons cannot use; None means "no delay".
-        self.eval_delay = 0 if delay is None else delay
-        self.prediction_loss_only = loss_only
-        return self
-
-    def set_testing(self, batch_size: int = 8, loss_only: bool = False):
-        """Set the prediction options and `do_predict=True`."""
-        self.do_predict = True
-        self.per_device_eval_batch_size = batch_size
-        self.prediction_loss_only = loss_only
-        return self
-
-    def set_save(
-        self,
-        strategy: str | SaveStrategy = "steps",
-        steps: int = 500,
-        total_limit: int | None = None,
-        on_each_node: bool = False,
-    ):
-        """Set the checkpoint options."""
-        self.save_strategy = to_enum(SaveStrategy, strategy, "save_strategy")
-        if self.save_strategy == SaveStrategy.STEPS and steps == 0:
-            raise ValueError("set_save: strategy='steps' needs a positive `steps`.")
-        self.save_steps = steps
-        self.save_total_limit = total_limit
-        self.save_on_each_node = on_each_node
-        return self
-
-    def set_logging(
-        self,
-        strategy: str | IntervalStrategy = "steps",
-        steps: int = 500,
-        report_to: str | list[str] = "none",
-        level: str = "passive",
-        first_step: bool = False,
-        nan_inf_filter: bool = False,
-        on_each_node: bool = False,
-        replica_level: str = "passive",
-    ):
-        """Set the logging options (the defaults are transformers' setter defaults, not the field defaults)."""
-        self.logging_strategy = to_enum(IntervalStrategy, strategy, "logging_strategy")
-        if self.logging_strategy == IntervalStrategy.STEPS and steps == 0:
-            raise ValueError("set_logging: strategy='steps' needs a positive `steps`.")
-        for name, value in (("log_level", level), ("log_level_replica", replica_level)):
-            if value not in LOG_LEVELS:
-                raise ValueError(f"{name}={value!r} is not valid; choose one of {list(LOG_LEVELS)}")
-        self.logging_steps = steps
-        self.report_to = normalize_report_to(report_to)
-        self.log_level = level
-        self.logging_first_step = first_step
-        self.logging_nan_inf_filter = nan_inf_filter
-        self.log_on_each_node = on_each_node
-        self.log_level_replica = replica_level
-        return self
-
-    def set_optimizer(
-        self,
-        name: str | OptimizerNames = "adamw_torch",
-        learning_rate: float = 5e-5,
-        weight_decay: float = 0,
-        beta1: float = 0.9,
-        beta2: float = 0.999,
-        epsilon: float = 1e-8,
-        args: str | None = None,
-    ):
-        """Set the optimizer and its hyperparameters."""
-        self.optim = to_enum(OptimizerNames, name, "optim")
-        self.learning_rate = learning_rate
-        self.weight_decay = weight_decay
-        self.adam_beta1 = beta1
-        self.adam_beta2 = beta2
-        self.adam_epsilon = epsilon
-        self.optim_args = args
-        return self
-
-    def set_lr_scheduler(
-        self,
-        name: str | SchedulerType = "linear",
-        num_epochs: float = 3.0,
-        max_steps: int = -1,
-        warmup_steps: float = 0,
-    ):
-        """Set the learning-rate schedule and the training length it spans."""
-        self.lr_scheduler_type = to_enum(SchedulerType, name, "lr_scheduler_type")
-        self.num_train_epochs = num_epochs
-        self.max_steps = max_steps
-        self.warmup_steps = warmup_steps
-        return self
-
-    def set_dataloader(
-        self,
-        train_batch_size: int = 8,
-        eval_batch_size: int = 8,
-        drop_last: bool = False,
-        num_workers: int = 0,
-        pin_memory: bool = True,
-        persistent_workers: bool = False,
-        prefetch_factor: int | None = None,
-        multiprocessing_context: str | None = None,
-        in_order: bool = True,
-        auto_find_batch_size: bool = False,
-        ignore_data_skip: bool = False,
-        sampler_seed: int | None = None,
-    ):
-        """Set the data-loading options."""
-        self.per_device_train_batch_size = train_batch_size
-        self.per_device_eval_batch_size = eval_batch_size
-        self.dataloader_drop_last = drop_last
-        self.dataloader_num_workers = num_workers
-        self.dataloader_pin_memory = pin_memory
-        self.dataloader_persistent_workers = persistent_workers
-        self.dataloader_prefetch_factor = prefetch_factor
-        self.dataloader_multiprocessing_context = multiprocessing_context
-        self.dataloader_in_order = in_order
-        self.auto_find_batch_size = auto_find_batch_size
-        self.ignore_data_skip = ignore_data_skip
-        self.data_seed = sampler_seed
-        return self
-
-
-@dataclass
+@dataclass(repr=False)  # keep the parent's sorted __str__/__repr__ instead of a generated repr
 class Seq2SeqTrainingArguments(TrainingArguments):
     """TrainingArguments plus the generation options of `Seq2SeqTrainer`."""
 

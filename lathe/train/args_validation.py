@@ -20,7 +20,13 @@ _METRIC_INPUTS = ("inputs", "loss")
 _FSDP_OPTIONS = ("full_shard", "shard_grad_op", "no_shard", "hybrid_shard", "hybrid_shard_zero2", "offload", "auto_wrap")
 
 # Fields that take a dict; on the command line they arrive as a JSON object string.
-_DICT_FIELDS = ("lr_scheduler_kwargs", "activation_checkpointing_kwargs", "gradient_checkpointing_kwargs", "fsdp_config", "deepspeed")
+_DICT_FIELDS = (
+    "lr_scheduler_kwargs",
+    "activation_checkpointing_kwargs",
+    "gradient_checkpointing_kwargs",
+    "fsdp_config",
+    "deepspeed",
+)
 # Of those, these may also name a JSON file, which the FSDP / DeepSpeed set-up reads later.
 _DICT_OR_PATH_FIELDS = ("fsdp_config", "deepspeed")
 
@@ -179,7 +185,7 @@ def resolve_checkpointing_alias(args) -> None:
         ("gradient_checkpointing_kwargs", "activation_checkpointing_kwargs"),
     ):
         if getattr(args, new) is None and getattr(args, old) is not None:
-            _warn_renamed(old, new)
+            _warn(f"`{old}` is deprecated in transformers 5 (removed in 6); use `{new}` instead.")
             setattr(args, new, getattr(args, old))
         setattr(args, old, getattr(args, new))
     if args.activation_checkpointing is None:

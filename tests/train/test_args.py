@@ -504,3 +504,34 @@ def test_seq2seq_arguments():
     assert args.eval_strategy == "no"  # the parent's __post_init__ ran
     args.generation_config = FakeGenerationConfig()
     assert json.loads(args.to_json_string())["generation_config"] == {"max_new_tokens": 8}
+
+
+def _two_rank_worker(rank: int, init_file: str, marker: str, results: str):
+    import os
+    import time
+
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=2)
+    try:
+        args = TrainingArguments(output_dir=os.path.dirname(marker), use_cpu=True)
+        with args.main_process_first(desc="writing the marker"):
+            if rank == 0:
+                time.sleep(0.5)  # a replica that did not wait would find no marker
+                open(marker, "w").close()
+            seen = os.path.exists(marker)
+        line = f"{rank} {args.world_size} {args.process_index} {args.should_save} {seen}\n"
+        with open(f"{results}.{rank}", "w") as handle:
+            handle.write(line)
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.slow
+def test_main_process_first_makes_replicas_wait(tmp_path):
+    import torch.multiprocessing as mp
+
+    marker, results = str(tmp_path / "marker"), str(tmp_path / "result")
+    mp.spawn(_two_rank_worker, args=(str(tmp_path / "init"), marker, results), nprocs=2, join=True)
+    lines = sorted(open(f"{results}.{rank}").read().split() for rank in (0, 1))
+    assert lines == [["0", "2", "0", "True", "True"], ["1", "2", "1", "False", "True"]]
