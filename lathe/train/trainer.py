@@ -5,18 +5,17 @@ from __future__ import annotations
 import gc
 import inspect
 import logging
-import math
-import os
 import time
 from collections.abc import Mapping
 
 import torch
 from torch import nn
 
-from lathe.train import batching, checkpoint, data, runtime
+from lathe.train import batching, checkpoint, data, modeling, runtime
 from lathe.train.callbacks import CallbackHandler
 from lathe.train.flow import DefaultFlowCallback, PrinterCallback, ProgressCallback
 from lathe.train.outputs import TrainOutput
+from lathe.train.loaders import TrainerDataLoaders
 from lathe.train.predicting import TrainerEvaluation
 from lathe.train.resume import TrainerCheckpointing
 from lathe.train.seed import enable_full_determinism, set_seed
@@ -25,7 +24,7 @@ from lathe.train.state import TrainerControl, TrainerState
 logger = logging.getLogger(__name__)
 
 
-class Trainer(TrainerCheckpointing, TrainerEvaluation):
+class Trainer(TrainerDataLoaders, TrainerCheckpointing, TrainerEvaluation):
     """The transformers.Trainer API on plain PyTorch. Override points (each tested): compute_loss,
     training_step, prediction_step, evaluate, evaluation_loop, create_optimizer, create_scheduler,
     get_train_dataloader, get_eval_dataloader, get_test_dataloader, log."""
@@ -98,22 +97,12 @@ class Trainer(TrainerCheckpointing, TrainerEvaluation):
         return model.to(self.args.device)
 
     def _inspect_model(self, model: nn.Module) -> None:
-        """What the loop needs to know about the model's forward signature."""
-        inner = getattr(model, "get_base_model", lambda: model)()
-        forward = inspect.signature(inner.forward).parameters
-        if hasattr(inner, "accepts_loss_kwargs"):
-            self.model_accepts_loss_kwargs = bool(inner.accepts_loss_kwargs)
-        else:
-            self.model_accepts_loss_kwargs = any(p.kind == inspect.Parameter.VAR_KEYWORD for p in forward.values())
-        label_names = [name for name in forward if "label" in name]
-        if "start_positions" in forward and "end_positions" in forward:
-            label_names = ["start_positions", "end_positions"]
-        self.label_names = list(self.args.label_names) if self.args.label_names is not None else label_names
-        return_loss = forward.get("return_loss")
-        self.can_return_loss = bool(return_loss is not None and return_loss.default is True)
-        self.main_input_name = getattr(inner, "main_input_name", "input_ids")
-        # Causal LMs predict token t+1 from t: the first label of a row never enters the loss.
-        self._loss_shifts_labels = type(inner).__name__.endswith("ForCausalLM")
+        facts = modeling.inspect_model(model, self.args.label_names)
+        self.model_accepts_loss_kwargs = facts.accepts_loss_kwargs
+        self.label_names = facts.label_names
+        self.can_return_loss = facts.can_return_loss
+        self.main_input_name = facts.main_input_name
+        self._loss_shifts_labels = facts.shifts_labels
 
     @staticmethod
     def _default_collator(processing_class):
@@ -144,63 +133,6 @@ class Trainer(TrainerCheckpointing, TrainerEvaluation):
 
     def is_world_process_zero(self) -> bool:
         return self.args.process_index == 0
-
-    # ----- data -----
-
-    def _signature_columns(self) -> list[str]:
-        inner = getattr(self.model, "get_base_model", lambda: self.model)()
-        return data.signature_columns(inner, self.label_names)
-
-    def _build_dataloader(self, dataset, description: str, batch_size: int, train: bool):
-        args = self.args
-        collate = self.data_collator
-        if args.remove_unused_columns:
-            dataset, collate = data.prune_unused_columns(dataset, collate, self._signature_columns(), description, type(self.model).__name__)
-        if self._default_collator_used:
-            data.validate_first_item(dataset)
-        strategy = getattr(args.train_sampling_strategy, "value", args.train_sampling_strategy)
-        return data.build_dataloader(
-            dataset, batch_size=batch_size, collate_fn=collate,
-            shuffle=train and strategy == "random",
-            seed=args.data_seed if args.data_seed is not None else args.seed,
-            drop_last=args.dataloader_drop_last, num_workers=args.dataloader_num_workers,
-            pin_memory=args.dataloader_pin_memory, persistent_workers=args.dataloader_persistent_workers,
-            prefetch_factor=args.dataloader_prefetch_factor,
-            group_by_length=train and strategy == "group_by_length",
-            length_column_name=args.length_column_name, model_input_name=self.main_input_name,
-            length_group_size=batch_size * args.gradient_accumulation_steps,
-        )
-
-    def get_train_dataloader(self):
-        if self.train_dataset is None:
-            raise ValueError("Trainer.train() needs a train_dataset.")
-        return self._build_dataloader(self.train_dataset, "training", self._train_batch_size, train=True)
-
-    def get_eval_dataloader(self, eval_dataset=None):
-        if isinstance(eval_dataset, str):
-            eval_dataset = self.eval_dataset[eval_dataset]
-        eval_dataset = eval_dataset if eval_dataset is not None else self.eval_dataset
-        if eval_dataset is None:
-            raise ValueError("Evaluation needs an eval_dataset (pass it to Trainer or to evaluate()).")
-        return self._build_dataloader(eval_dataset, "evaluation", self.args.eval_batch_size, train=False)
-
-    def get_test_dataloader(self, test_dataset):
-        return self._build_dataloader(test_dataset, "test", self.args.eval_batch_size, train=False)
-
-    def num_examples(self, dataloader) -> int:
-        dataset = getattr(dataloader, "dataset", None)
-        try:
-            return len(dataset)
-        except TypeError:
-            return len(dataloader) * self.args.per_device_train_batch_size
-
-    def num_tokens(self, dataloader, max_steps: int | None = None) -> int:
-        tokens = 0
-        for step, batch in enumerate(dataloader):
-            tokens += batching.count_input_tokens(batch, "all", self.main_input_name)
-            if max_steps is not None and step + 1 >= max_steps:
-                break
-        return tokens
 
     # ----- optimisation -----
 
@@ -388,7 +320,7 @@ class Trainer(TrainerCheckpointing, TrainerEvaluation):
             else:
                 loss = self.label_smoother(outputs, labels, shift_labels=self._loss_shifts_labels)
         else:
-            loss = _loss_from_outputs(outputs, inputs)
+            loss = modeling.loss_from_outputs(outputs, inputs)
         return (loss, outputs) if return_outputs else loss
 
     def _prepare_inputs(self, inputs):
@@ -514,25 +446,3 @@ def _length(obj) -> int | None:
         return len(obj)
     except TypeError:
         return None
-
-
-def _loss_from_outputs(outputs, inputs):
-    if isinstance(outputs, Mapping):
-        if outputs.get("loss") is None:
-            raise ValueError(
-                f"The model returned no loss: its output has keys {sorted(outputs)}, and 'labels' "
-                f"{'were' if isinstance(inputs, Mapping) and 'labels' in inputs else 'were not'} among its inputs "
-                f"({sorted(inputs) if isinstance(inputs, Mapping) else 'positional'}). Return a 'loss' from forward, "
-                "pass labels (label_names), or give Trainer a compute_loss_func."
-            )
-        return outputs["loss"]
-    if torch.is_tensor(outputs):
-        if outputs.dim() == 0:
-            return outputs
-        raise ValueError(f"The model returned a tensor of shape {tuple(outputs.shape)}, not a scalar loss; return (loss, ...) or a dict with 'loss'.")
-    if isinstance(outputs, (tuple, list)) and outputs and torch.is_tensor(outputs[0]) and outputs[0].dim() == 0:
-        return outputs[0]
-    raise ValueError(
-        f"The model returned {type(outputs).__name__}, which has no loss: return a scalar loss, a tuple "
-        "whose first element is the loss, or a dict with a 'loss' key."
-    )

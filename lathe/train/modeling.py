@@ -1,0 +1,63 @@
+"""What the Trainer needs to know about a model: its forward signature (loss kwargs, label names,
+main input) and how to read the loss from whatever it returns."""
+from __future__ import annotations
+
+import inspect
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+
+@dataclass(frozen=True)
+class ModelFacts:
+    accepts_loss_kwargs: bool  # forward takes **kwargs (num_items_in_batch reaches the loss)
+    label_names: list[str]
+    can_return_loss: bool  # forward has return_loss=True (contrastive models)
+    main_input_name: str
+    shifts_labels: bool  # a causal LM: its first label never enters the loss
+
+
+def inspect_model(model: nn.Module, label_names: list[str] | None = None) -> ModelFacts:
+    inner = getattr(model, "get_base_model", lambda: model)()  # PEFT wraps the real model
+    forward = inspect.signature(inner.forward).parameters
+    if hasattr(inner, "accepts_loss_kwargs"):
+        accepts = bool(inner.accepts_loss_kwargs)
+    else:
+        accepts = any(p.kind == inspect.Parameter.VAR_KEYWORD for p in forward.values())
+    found = [name for name in forward if "label" in name]
+    if "start_positions" in forward and "end_positions" in forward:
+        found = ["start_positions", "end_positions"]  # question answering heads
+    return_loss = forward.get("return_loss")
+    return ModelFacts(
+        accepts_loss_kwargs=accepts,
+        label_names=list(label_names) if label_names is not None else found,
+        can_return_loss=bool(return_loss is not None and return_loss.default is True),
+        main_input_name=getattr(inner, "main_input_name", "input_ids"),
+        shifts_labels=type(inner).__name__.endswith("ForCausalLM"),
+    )
+
+
+def loss_from_outputs(outputs, inputs) -> torch.Tensor:
+    """The loss from a dict with "loss", a tuple whose first element is the loss, or a scalar."""
+    if isinstance(outputs, Mapping):
+        if outputs.get("loss") is None:
+            had_labels = isinstance(inputs, Mapping) and "labels" in inputs
+            raise ValueError(
+                f"The model returned no loss: its output has keys {sorted(outputs)}, and 'labels' "
+                f"{'were' if had_labels else 'were not'} among its inputs "
+                f"({sorted(inputs) if isinstance(inputs, Mapping) else 'positional'}). Return a 'loss' from forward, "
+                "pass labels (label_names), or give Trainer a compute_loss_func."
+            )
+        return outputs["loss"]
+    if torch.is_tensor(outputs):
+        if outputs.dim() == 0:
+            return outputs
+        raise ValueError(f"The model returned a tensor of shape {tuple(outputs.shape)}, not a scalar loss; return (loss, ...) or a dict with 'loss'.")
+    if isinstance(outputs, (tuple, list)) and outputs and torch.is_tensor(outputs[0]) and outputs[0].dim() == 0:
+        return outputs[0]
+    raise ValueError(
+        f"The model returned {type(outputs).__name__}, which has no loss: return a scalar loss, a tuple "
+        "whose first element is the loss, or a dict with a 'loss' key."
+    )
