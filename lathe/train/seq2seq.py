@@ -1,0 +1,84 @@
+"""Seq2SeqTrainer: evaluation and prediction that generate text (predict_with_generate), with
+generation settings from Seq2SeqTrainingArguments or per call."""
+from __future__ import annotations
+
+import torch
+
+from lathe.train.trainer import Trainer
+
+
+class Seq2SeqTrainer(Trainer):
+    """Trainer whose evaluate()/predict() accept generation kwargs (max_length, num_beams, ...)
+    and, with args.predict_with_generate, return generated token ids as predictions."""
+
+    def evaluate(self, eval_dataset=None, ignore_keys=None, metric_key_prefix: str = "eval", **gen_kwargs):
+        self._gen_kwargs = self._generation_kwargs(gen_kwargs)
+        return super().evaluate(eval_dataset, ignore_keys=ignore_keys, metric_key_prefix=metric_key_prefix)
+
+    def predict(self, test_dataset, ignore_keys=None, metric_key_prefix: str = "test", **gen_kwargs):
+        self._gen_kwargs = self._generation_kwargs(gen_kwargs)
+        return super().predict(test_dataset, ignore_keys=ignore_keys, metric_key_prefix=metric_key_prefix)
+
+    def _generation_kwargs(self, gen_kwargs: dict) -> dict:
+        gen_kwargs = dict(gen_kwargs)
+        if gen_kwargs.get("max_length") is None and gen_kwargs.get("max_new_tokens") is None:
+            gen_kwargs["max_length"] = getattr(self.args, "generation_max_length", None)
+        if gen_kwargs.get("num_beams") is None:
+            gen_kwargs["num_beams"] = getattr(self.args, "generation_num_beams", None)
+        return {k: v for k, v in gen_kwargs.items() if v is not None}
+
+    def prediction_step(self, model, inputs, prediction_loss_only: bool, ignore_keys=None, **gen_kwargs):
+        if not getattr(self.args, "predict_with_generate", False) or prediction_loss_only:
+            return super().prediction_step(model, inputs, prediction_loss_only=prediction_loss_only, ignore_keys=ignore_keys)
+        if not hasattr(model, "generate"):
+            raise ValueError(f"predict_with_generate=True needs a model with generate(); {type(model).__name__} has none.")
+        has_labels = "labels" in inputs
+        inputs = self._prepare_inputs(inputs)
+        gen_kwargs = gen_kwargs or dict(getattr(self, "_gen_kwargs", {}))
+        generation_inputs = dict(inputs)
+        generation_inputs.pop("labels", None)
+        if "decoder_input_ids" in generation_inputs and has_labels and inputs["labels"].shape == inputs["decoder_input_ids"].shape:
+            # decoder inputs made from the labels (teacher forcing) must not prime generation
+            generation_inputs.pop("decoder_input_ids")
+            generation_inputs.pop("decoder_attention_mask", None)
+        with torch.no_grad():
+            generated = model.generate(**generation_inputs, **gen_kwargs)
+        target_length = self._padded_length(model, gen_kwargs)
+        if target_length is not None and generated.shape[-1] < target_length:
+            generated = self._pad_tensors_to_max_len(generated, target_length)
+        loss = None
+        labels = None
+        if has_labels:
+            with torch.no_grad():
+                loss = self.compute_loss(model, inputs).detach().mean()
+            labels = inputs["labels"]
+            if target_length is not None and labels.shape[-1] < target_length:
+                labels = self._pad_tensors_to_max_len(labels, target_length)
+        if self.args.prediction_loss_only:
+            return loss, None, None
+        return loss, generated, labels
+
+    @staticmethod
+    def _padded_length(model, gen_kwargs: dict) -> int | None:
+        """Pad every batch's generations to one length so batches concatenate cleanly."""
+        if gen_kwargs.get("max_new_tokens") is not None:
+            return gen_kwargs["max_new_tokens"] + 1
+        if gen_kwargs.get("max_length") is not None:
+            return gen_kwargs["max_length"]
+        config = getattr(model, "generation_config", None)
+        return getattr(config, "max_length", None)
+
+    def _pad_tensors_to_max_len(self, tensor: torch.Tensor, max_length: int) -> torch.Tensor:
+        config = getattr(self.model, "config", None)
+        pad_id = getattr(self.processing_class, "pad_token_id", None)
+        if pad_id is None:
+            pad_id = getattr(config, "pad_token_id", None)
+        if pad_id is None:
+            pad_id = getattr(config, "eos_token_id", None)
+        if isinstance(pad_id, (list, tuple)):
+            pad_id = pad_id[0]
+        if pad_id is None:
+            raise ValueError("Padding generated ids needs a pad_token_id (set it on the tokenizer or model.config).")
+        padded = tensor.new_full((tensor.shape[0], max_length), pad_id)
+        padded[:, : tensor.shape[-1]] = tensor
+        return padded

@@ -1,0 +1,47 @@
+"""Seq2SeqTrainer: generation during evaluate/predict, padded to one length, equal to transformers'."""
+import numpy as np
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+
+from lathe import Seq2SeqTrainer, Seq2SeqTrainingArguments  # noqa: E402
+
+
+def tiny_t5():
+    config = transformers.T5Config(vocab_size=40, d_model=16, d_ff=32, num_layers=1, num_decoder_layers=1, num_heads=2,
+                                   d_kv=8, decoder_start_token_id=0, pad_token_id=0, eos_token_id=1)
+    torch.manual_seed(0)
+    return transformers.T5ForConditionalGeneration(config)
+
+
+DATA = [{"input_ids": [5, 6, 7, 1], "attention_mask": [1, 1, 1, 1], "labels": [7, 6, 5, 1]} for _ in range(6)]
+
+
+def run(trainer_cls, args_cls, tmp_path, **gen):
+    args = args_cls(output_dir=str(tmp_path), predict_with_generate=True, generation_max_length=6,
+                    per_device_eval_batch_size=4, report_to="none", disable_tqdm=True)
+    trainer = trainer_cls(model=tiny_t5(), args=args, eval_dataset=DATA)
+    return trainer.predict(DATA[:5], **gen)
+
+
+def test_predict_with_generate_pads_generations_to_max_length(tmp_path):
+    output = run(Seq2SeqTrainer, Seq2SeqTrainingArguments, tmp_path)
+    assert output.predictions.shape == (5, 6)  # generation_max_length, across a batch of 4 and of 1
+    assert output.label_ids.shape == (5, 6)  # labels padded to the same length
+    assert np.all(output.label_ids[:, 4:] == 0)  # padded with the pad token id
+    assert "test_loss" in output.metrics
+
+
+def test_max_new_tokens_per_call(tmp_path):
+    output = run(Seq2SeqTrainer, Seq2SeqTrainingArguments, tmp_path, max_new_tokens=2)
+    assert output.predictions.shape == (5, 3)  # decoder start + 2 new tokens
+
+
+@pytest.mark.hf
+def test_generations_equal_transformers(tmp_path):
+    ours = run(Seq2SeqTrainer, Seq2SeqTrainingArguments, tmp_path / "lathe")
+    theirs = run(transformers.Seq2SeqTrainer, transformers.Seq2SeqTrainingArguments, tmp_path / "hf")
+    np.testing.assert_array_equal(ours.predictions, theirs.predictions)
+    np.testing.assert_array_equal(ours.label_ids, theirs.label_ids)
+    assert ours.metrics["test_loss"] == pytest.approx(theirs.metrics["test_loss"], rel=1e-6)
