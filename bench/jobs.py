@@ -20,6 +20,7 @@ import math
 import os
 import random
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -114,9 +115,20 @@ def epoch_order(job: Job, epoch: int) -> list[int]:
     return torch.randperm(job.n_train, generator=generator).tolist()
 
 
-def set_threads(n: int = 1) -> None:
-    """Every runner computes on the same number of threads (OMP_NUM_THREADS is also set by run_all)."""
-    torch.set_num_threads(n)
+def prepare_process(threads: int = 1) -> float:
+    """Same thread count everywhere, and torch's one-time optimizer import paid before any timing.
+
+    Creating the first torch optimizer in a process imports torch._dynamo (1-1.5 s here).
+    `from transformers import Trainer` already imports it, so without this the plain loop's and
+    lathe's train times would carry a second that transformers' carries in its import time. The
+    cost still shows in every runner's process wall and start-to-first-step times. Returns the
+    seconds the import took (0 when it was already imported).
+    """
+    torch.set_num_threads(threads)  # OMP_NUM_THREADS is also set by run_all
+    start = time.perf_counter()
+    import torch._dynamo  # noqa: F401
+
+    return time.perf_counter() - start
 
 
 class DictDataset(torch.utils.data.Dataset):

@@ -153,10 +153,10 @@ def main():
     parser.add_argument("--output-dir", default="bench/results/tmp/plain")
     parser.add_argument("--out", help="write the result JSON here (default: stdout)")
     args = parser.parse_args()
-    jobs.set_threads(1)
+    dynamo_import_s = jobs.prepare_process(threads=1)
     job = jobs.get_job(args.job, args.quick)
     result = {"runner": "plain", "job": job.name, "quick": args.quick, "mode": args.mode, "import_s": IMPORT_S,
-              "threads": torch.get_num_threads()}
+              "threads": torch.get_num_threads(), "dynamo_import_s": dynamo_import_s}
     if args.mode == "evalmem":
         result.update(evaluate_memory(job, args))
         measure.write_result(args.out, result)

@@ -155,12 +155,12 @@ def run_evaluation_memory(job, result: dict, output_dir: str) -> None:
 
 
 def main():
-    jobs.set_threads(1)
+    dynamo_import_s = jobs.prepare_process(threads=1)
     job = jobs.get_job(ARGS.job, ARGS.quick)
     output_dir = ARGS.output_dir or f"bench/results/tmp/{ARGS.impl}"
     result = {
         "runner": ARGS.impl, "job": job.name, "quick": ARGS.quick, "mode": ARGS.mode, "import_s": IMPORT_S,
-        "trainer_import_s": TRAINER_IMPORT_S, "threads": torch.get_num_threads(),
+        "trainer_import_s": TRAINER_IMPORT_S, "threads": torch.get_num_threads(), "dynamo_import_s": dynamo_import_s,
         "trainer_module": Trainer.__module__,
     }
     if ARGS.mode == "evalmem":
