@@ -62,6 +62,11 @@ class Trainer(TrainerDataLoaders, TrainerCheckpointing, TrainerEvaluation):
         self._default_collator_used = data_collator is None
         self.train_dataset = train_dataset
         self.eval_dataset = eval_dataset
+        if args.eval_strategy != "no" and eval_dataset is None and type(self).get_eval_dataloader is Trainer.get_eval_dataloader:
+            raise ValueError(
+                f"eval_strategy={getattr(args.eval_strategy, 'value', args.eval_strategy)!r} needs an eval_dataset: pass "
+                "eval_dataset to Trainer, or set eval_strategy='no'."
+            )
         self.compute_loss_func = compute_loss_func
         self.compute_metrics = compute_metrics
         self.preprocess_logits_for_metrics = preprocess_logits_for_metrics
