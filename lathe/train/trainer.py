@@ -257,7 +257,7 @@ class Trainer(TrainerDataLoaders, TrainerCheckpointing, TrainerEvaluation):
         self.current_gradient_accumulation_steps = len(window)
         for index, inputs in enumerate(window):
             loss = self.training_step(model, inputs, num_items)
-            self._track_loss(loss)
+            self._losses.add(loss, state.global_step - self._globalstep_last_logged)
             self.current_flos += float(self.floating_point_ops(inputs))
             if args.include_num_input_tokens_seen != "no":
                 state.num_input_tokens_seen += batching.count_input_tokens(inputs, args.include_num_input_tokens_seen, self.main_input_name)
@@ -277,7 +277,7 @@ class Trainer(TrainerDataLoaders, TrainerCheckpointing, TrainerEvaluation):
         args = self.args
         if self.scaler is not None:
             self.scaler.unscale_(self.optimizer)
-        self._grad_norm = runtime.clip_gradients(model.parameters(), args.max_grad_norm) if args.max_grad_norm and args.max_grad_norm > 0 else None
+        self._grad_norm = runtime.clip_gradients(self._trainable_parameters, args.max_grad_norm) if args.max_grad_norm and args.max_grad_norm > 0 else None
         self.control = self.callback_handler.on_pre_optimizer_step(args, self.state, self.control)
         if self.scaler is not None:
             scale_before = self.scaler.get_scale()
@@ -298,7 +298,8 @@ class Trainer(TrainerDataLoaders, TrainerCheckpointing, TrainerEvaluation):
 
     def training_step(self, model, inputs, num_items_in_batch=None) -> torch.Tensor:
         """Forward and backward for one micro-batch; returns the detached, normalised loss."""
-        model.train()
+        if not model.training:  # model.train() walks every module; evaluation is what turns it off
+            model.train()
         inputs = self._prepare_inputs(inputs)
         with runtime.autocast_context(self.args.device, self._autocast_dtype):
             loss = self.compute_loss(model, inputs, num_items_in_batch=num_items_in_batch)
@@ -342,16 +343,6 @@ class Trainer(TrainerDataLoaders, TrainerCheckpointing, TrainerEvaluation):
             return 0
         return counter(inputs)
 
-    def _track_loss(self, loss: torch.Tensor) -> None:
-        if self.args.logging_nan_inf_filter and not torch.isfinite(loss):
-            # Documented filter: a non-finite step counts as the window's running mean, so one bad
-            # batch does not turn every later logged loss into nan.
-            steps_in_window = 1 + self.state.global_step - self._globalstep_last_logged
-            self._tr_loss += self._tr_loss / steps_in_window
-            self._nonfinite_losses += 1
-        else:
-            self._tr_loss += loss
-
     def _get_learning_rate(self) -> float:
         if isinstance(self.lr_scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau):
             return self.optimizer.param_groups[0]["lr"]
@@ -374,9 +365,9 @@ class Trainer(TrainerDataLoaders, TrainerCheckpointing, TrainerEvaluation):
         handler.train_dataloader = train_dataloader
 
     def _begin_run(self, plan) -> None:
-        self._tr_loss = torch.zeros((), device=self.args.device)
+        self._losses = batching.LossTracker(self.args.device, self.args.logging_nan_inf_filter)
         self._total_loss = 0.0
-        self._nonfinite_losses = 0
+        self._trainable_parameters = [p for p in self.model.parameters() if p.requires_grad]
         self._globalstep_last_logged = self.state.global_step
         self._first_step_of_run = self.state.global_step
         self._grad_norm = None
@@ -386,10 +377,9 @@ class Trainer(TrainerDataLoaders, TrainerCheckpointing, TrainerEvaluation):
 
     def _finish_run(self, plan) -> TrainOutput:
         args, state = self.args, self.state
-        if self._nonfinite_losses:
-            logger.warning("%d micro-batches had a non-finite loss and were replaced in the logged loss (logging_nan_inf_filter).", self._nonfinite_losses)
-        self._total_loss += self._tr_loss.item()
-        self._tr_loss.zero_()
+        self._total_loss += self._losses.take()
+        if self._losses.nonfinite:
+            logger.warning("%d micro-batches had a non-finite loss; the logged loss counts them as the running mean (logging_nan_inf_filter).", self._losses.nonfinite)
         steps_run = max(state.global_step - self._first_step_of_run, 0)
         train_loss = self._total_loss / steps_run if steps_run else 0.0
         if args.load_best_model_at_end and state.best_model_checkpoint is not None:
@@ -411,8 +401,7 @@ class Trainer(TrainerDataLoaders, TrainerCheckpointing, TrainerEvaluation):
         """The one place where the Trainer acts on the flags the callbacks set."""
         state, control = self.state, self.control
         if control.should_log and state.global_step > self._globalstep_last_logged:
-            window_loss = self._tr_loss.item()
-            self._tr_loss.zero_()
+            window_loss = self._losses.take()
             logs = {"loss": window_loss / (state.global_step - self._globalstep_last_logged)}
             if self._grad_norm is not None:
                 logs["grad_norm"] = float(self._grad_norm)
