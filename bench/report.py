@@ -71,7 +71,7 @@ def training_section(results: dict, table: dict) -> list[str]:
     jobs = list(dict.fromkeys(job for job, _ in table))
     for job in jobs:
         runners = [r for r in results["runners"] if (job, r) in table]
-        any_entry = next(table[(job, r)] for r in runners)
+        any_entry = next((table[(job, r)] for r in runners if table[(job, r)]["ok"]), None)
         lines += [f"### Job `{job}`", ""]
         lines += [
             "| runner | train time, median (min–max) | train CPU time | steps/s | tokens/s | process wall "
@@ -89,6 +89,9 @@ def training_section(results: dict, table: dict) -> list[str]:
                 f"| {fmt(e['wall_s'])} s | {fmt(e['first_step_s'])} s | {fmt(e['maxrss_mb'], 0)} MB "
                 f"| {e['final_losses'][0]:.6f} |"
             )
+        if any_entry is None:
+            lines += ["Every run of this job failed; see Failures.", ""]
+            continue
         lines += ["", f"{any_entry['steps']} optimizer steps per run; {any_entry['ok']} repeat(s) per runner "
                   "(medians shown)." + (f" Tokens/s counts the {any_entry['train_tokens']:,} non-padding training "
                                         "tokens." if any_entry.get("train_tokens") else ""), ""]
