@@ -32,6 +32,7 @@ _EXPORTS = {
     "get_scheduler": "lathe.train.optim",
     # data
     "default_data_collator": "lathe.train.collators",
+    "DefaultDataCollator": "lathe.train.collators",
     "DataCollatorWithPadding": "lathe.train.collators",
     "DataCollatorForSeq2Seq": "lathe.train.collators",
     "DataCollatorForLanguageModeling": "lathe.train.collators",

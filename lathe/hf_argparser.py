@@ -1,0 +1,2 @@
+"""transformers.hf_argparser's import path."""
+from lathe.train.argparser import HfArgumentParser  # noqa: F401

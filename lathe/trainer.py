@@ -1,0 +1,2 @@
+"""transformers.trainer's import path: from lathe.trainer import Trainer."""
+from lathe.train.trainer import Trainer  # noqa: F401
