@@ -21,6 +21,7 @@ _EXPORTS = {
     "ProgressCallback": "lathe.train.flow",
     "PrinterCallback": "lathe.train.flow",
     "EarlyStoppingCallback": "lathe.train.flow",
+    "GracefulStopCallback": "lathe.train.flow",
     # the trainer and its outputs
     "Trainer": "lathe.train.trainer",
     "Seq2SeqTrainer": "lathe.train.seq2seq",

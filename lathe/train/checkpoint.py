@@ -67,40 +67,70 @@ def _write_manifest(folder: str) -> None:
         json.dump({"format": 1, "complete": True, "files": files}, f, indent=2, sort_keys=True)
 
 
-@contextmanager
-def atomic_checkpoint(final_path: str):
-    """Yield a staging folder beside `final_path`; on success publish it with one rename.
+def staging_path(final_path: str) -> str:
+    parent = os.path.dirname(os.path.abspath(final_path))
+    return os.path.join(parent, STAGING_PREFIX + os.path.basename(final_path))
 
-    A crash at any moment leaves either the previous state or the complete new folder; a
-    leftover staging folder is ignored by get_last_checkpoint and removed by the next save.
-    """
+
+def begin_staging(final_path: str) -> str:
+    """Create an empty staging folder beside `final_path` (removing one left by a crash)."""
     parent = os.path.dirname(os.path.abspath(final_path))
     try:
         os.makedirs(parent, exist_ok=True)
-    except OSError as error:
-        raise OSError(f"Cannot create the output folder {parent!r} for checkpoints: {error}") from error
-    staging = os.path.join(parent, STAGING_PREFIX + os.path.basename(final_path))
-    if os.path.exists(staging):
-        shutil.rmtree(staging)
-    try:
+        staging = staging_path(final_path)
+        if os.path.exists(staging):
+            shutil.rmtree(staging)
         os.makedirs(staging)
+    except OSError as error:
+        raise OSError(f"Cannot create a checkpoint folder in {parent!r}: {error}. Check that output_dir is writable.") from error
+    return staging
+
+
+def commit_staging(staging: str, final_path: str) -> None:
+    """Write the manifest, flush everything to disk, then publish with one rename."""
+    parent = os.path.dirname(os.path.abspath(final_path))
+    _write_manifest(staging)
+    _fsync_tree(staging)
+    if os.path.exists(final_path):
+        # Saving the same step twice (e.g. a step save and an epoch save): move the old one aside
+        # first; a crash in between leaves it there as a staging leftover, ignored and cleaned.
+        retired = os.path.join(parent, STAGING_PREFIX + "old-" + os.path.basename(final_path))
+        if os.path.exists(retired):
+            shutil.rmtree(retired)
+        os.rename(final_path, retired)
+        os.rename(staging, final_path)
+        shutil.rmtree(retired, ignore_errors=True)
+    else:
+        os.rename(staging, final_path)
+    _fsync_dir(parent)
+
+
+def abort_staging(staging: str) -> None:
+    shutil.rmtree(staging, ignore_errors=True)
+
+
+@contextmanager
+def atomic_checkpoint(final_path: str, is_main_process: bool = True, barrier=None):
+    """Yield a staging folder beside `final_path`; on success publish it with one rename.
+
+    A crash at any moment leaves either the previous state or the complete new folder; a leftover
+    staging folder is ignored by get_last_checkpoint and removed by the next save. With several
+    processes, every rank writes its own files (e.g. rng_state_<rank>.pth) into the staging folder
+    and only the main process creates and renames it, with `barrier` between the phases so the
+    rename never publishes a folder another rank is still writing.
+    """
+    wait = barrier or (lambda: None)
+    staging = begin_staging(final_path) if is_main_process else staging_path(final_path)
+    wait()  # the folder exists before any rank writes into it
+    try:
         yield staging
-        _write_manifest(staging)
-        _fsync_tree(staging)
-        if os.path.exists(final_path):
-            # Saving the same step twice (e.g. end-of-epoch and final save): swap atomically by
-            # renaming the old one aside first; a crash in between leaves a complete staging copy.
-            retired = os.path.join(parent, STAGING_PREFIX + "old-" + os.path.basename(final_path))
-            if os.path.exists(retired):
-                shutil.rmtree(retired)
-            os.rename(final_path, retired)
-            os.rename(staging, final_path)
-            shutil.rmtree(retired, ignore_errors=True)
-        else:
-            os.rename(staging, final_path)
-        _fsync_dir(parent)
+        wait()  # every rank has written its files
+        if is_main_process:
+            commit_staging(staging, final_path)
+        wait()  # nobody reads the new checkpoint (or rotates) before it is published
     except BaseException as error:
-        shutil.rmtree(staging, ignore_errors=True)
+        if is_main_process:
+            abort_staging(staging)
         if isinstance(error, OSError):
             raise OSError(
                 f"Saving checkpoint {final_path!r} failed ({error}); earlier checkpoints are intact. "

@@ -178,3 +178,53 @@ class EarlyStoppingCallback(TrainerCallback, ExportableState):
             },
             "attributes": {"early_stopping_patience_counter": self.early_stopping_patience_counter},
         }
+
+
+class GracefulStopCallback(TrainerCallback):
+    """On SIGTERM or SIGINT (pre-emption, Ctrl-C): finish the current update step, save a
+    checkpoint, and end training cleanly, so `train(resume_from_checkpoint=True)` loses nothing.
+
+    Opt in with `trainer.add_callback(GracefulStopCallback())`. A second signal while stopping
+    gets the previous handler (Ctrl-C twice still interrupts). Handlers are installed only in the
+    main thread and restored at the end of training.
+    """
+
+    def __init__(self, signals=None):
+        import signal
+
+        self.signals = tuple(signals) if signals is not None else (signal.SIGTERM, signal.SIGINT)
+        self.stop_requested = False
+        self._previous = {}
+
+    def _handle(self, signum, frame):
+        import signal
+
+        if self.stop_requested:
+            previous = self._previous.get(signum, signal.SIG_DFL)
+            signal.signal(signum, previous)
+            signal.raise_signal(signum)
+            return
+        logger.warning("Received signal %d: finishing this step, saving a checkpoint, then stopping.", signum)
+        self.stop_requested = True
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        import signal
+        import threading
+
+        self.stop_requested = False
+        if threading.current_thread() is threading.main_thread():
+            for signum in self.signals:
+                self._previous[signum] = signal.signal(signum, self._handle)
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if self.stop_requested:
+            control.should_save = True
+            control.should_training_stop = True
+        return control
+
+    def on_train_end(self, args, state, control, **kwargs):
+        import signal
+
+        for signum, previous in self._previous.items():
+            signal.signal(signum, previous)
+        self._previous.clear()

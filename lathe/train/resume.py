@@ -10,6 +10,7 @@ import os
 import torch
 
 from lathe.train import checkpoint as ckpt
+from lathe.train import runtime
 from lathe.train.evaluation import is_better
 from lathe.train.state import ExportableState, TrainerState
 
@@ -51,19 +52,24 @@ class TrainerCheckpointing:
                 # Relative to output_dir, so a moved output folder still finds its best model.
                 state.best_model_checkpoint = os.path.basename(best_path)
         state.stateful_callbacks = TrainerState(stateful_callbacks=self._stateful_callbacks()).stateful_callbacks
-        if not args.should_save:
-            return
-        with ckpt.atomic_checkpoint(final_path) as staging:
-            self.save_model(staging, _internal_call=True)
+        main = args.should_save
+        with ckpt.atomic_checkpoint(final_path, is_main_process=main, barrier=runtime.barrier) as staging:
+            if main:
+                self.save_model(staging, _internal_call=True)
             if not args.save_only_model:
-                torch.save(self.optimizer.state_dict(), os.path.join(staging, ckpt.OPTIMIZER_NAME))
-                torch.save(self.lr_scheduler.state_dict(), os.path.join(staging, ckpt.SCHEDULER_NAME))
-                if self.scaler is not None:
-                    torch.save(self.scaler.state_dict(), os.path.join(staging, ckpt.SCALER_NAME))
+                if main:
+                    torch.save(self.optimizer.state_dict(), os.path.join(staging, ckpt.OPTIMIZER_NAME))
+                    torch.save(self.lr_scheduler.state_dict(), os.path.join(staging, ckpt.SCHEDULER_NAME))
+                    if self.scaler is not None:
+                        torch.save(self.scaler.state_dict(), os.path.join(staging, ckpt.SCALER_NAME))
+                # every rank keeps its own RNG stream (dropout differs per rank)
                 rng_name = ckpt.rng_file_name(args.process_index, args.world_size)
                 torch.save(ckpt.capture_rng_state(), os.path.join(staging, rng_name))
-            state.save_to_json(os.path.join(staging, ckpt.TRAINER_STATE_NAME))
-        ckpt.rotate_checkpoints(output_dir, args.save_total_limit, self._best_checkpoint_path())
+            if main:
+                state.save_to_json(os.path.join(staging, ckpt.TRAINER_STATE_NAME))
+        if main:
+            # Only after the rename is committed may rotation delete anything.
+            ckpt.rotate_checkpoints(output_dir, args.save_total_limit, self._best_checkpoint_path())
 
     def _stateful_callbacks(self) -> list:
         return [cb for cb in self.callback_handler.callbacks + [self.control] if isinstance(cb, ExportableState)]
