@@ -1,0 +1,520 @@
+"""The `lathe train` configuration: LLaMA-Factory 0.9.5 keys and defaults, parsed and validated once.
+
+`parse_train_config(source, overrides)` reads a YAML/JSON file (or a dict), applies command-line
+overrides, and returns a `TrainConfig` of five dataclasses. Precedence: defaults < file < overrides.
+Everything that can be checked without loading a model or data is checked here, with errors that
+name the key and the file.
+"""
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import json
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, Union
+
+from lathe.llm.config_keys import SUPPORTED_FINETUNING_TYPES, SUPPORTED_STAGES, UNSUPPORTED_KEYS
+
+__all__ = [
+    "DataArguments",
+    "FinetuningArguments",
+    "GeneratingArguments",
+    "ModelArguments",
+    "TrainConfig",
+    "parse_train_config",
+    "split_commas",
+]
+
+
+def _help(text: str) -> dict:
+    return {"help": text}
+
+
+def split_commas(value: Any) -> Any:
+    """LLaMA-Factory's comma lists: "a, b" -> ["a", "b"]; lists and None pass through."""
+    if isinstance(value, str):
+        return [item.strip() for item in value.split(",") if item.strip()]
+    return value
+
+
+@dataclass
+class ModelArguments:
+    """Which model and tokenizer to load, and how (LLaMA-Factory's model arguments that lathe supports)."""
+
+    _argument_group_name = "model"
+
+    model_name_or_path: str | None = field(default=None, metadata=_help("Local folder of the model and tokenizer (from save_pretrained)."))
+    adapter_name_or_path: str | None = field(
+        default=None,
+        metadata=_help("LoRA adapter folder(s), comma separated: all but the last are merged; the last is trained further (or merged too with create_new_adapter)."),
+    )
+    use_fast_tokenizer: bool = field(default=True, metadata=_help("Use the fast (tokenizers-backed) tokenizer."))
+    resize_vocab: bool = field(default=False, metadata=_help("Resize the embeddings to the tokenizer's vocabulary size."))
+    split_special_tokens: bool = field(default=False, metadata=_help("Tokenize special-token text as ordinary text."))
+    add_tokens: str | None = field(default=None, metadata=_help("Ordinary tokens to add to the vocabulary, comma separated (resizes the embeddings)."))
+    add_special_tokens: str | None = field(default=None, metadata=_help("Special tokens to add to the vocabulary, comma separated (resizes the embeddings)."))
+    low_cpu_mem_usage: bool = field(default=True, metadata=_help("Load weights without first building a randomly initialised copy."))
+    flash_attn: Literal["auto", "disabled", "sdpa", "fa2", "fa3"] = field(
+        default="auto",
+        metadata=_help("Attention implementation: auto (the model's default), disabled (eager), sdpa, fa2 (flash_attention_2), fa3 (flash_attention_3)."),
+    )
+    disable_gradient_checkpointing: bool = field(
+        default=False, metadata=_help("Never use gradient checkpointing, even when gradient_checkpointing is set.")
+    )
+    use_reentrant_gc: bool = field(default=True, metadata=_help("Use reentrant gradient checkpointing."))
+    upcast_layernorm: bool = field(default=False, metadata=_help("Keep normalisation weights in float32."))
+    upcast_lmhead_output: bool = field(default=False, metadata=_help("Compute the output head's logits in float32."))
+    train_from_scratch: bool = field(default=False, metadata=_help("Build the model from its config with random weights instead of loading them."))
+    use_kv_cache: bool = field(default=True, metadata=_help("Use the KV cache when generating (it is always off while training)."))
+    infer_dtype: Literal["auto", "float16", "bfloat16", "float32"] = field(
+        default="auto", metadata=_help("Weights dtype when not training (auto: the checkpoint's dtype, float32 on CPU).")
+    )
+    print_param_status: bool = field(default=False, metadata=_help("Print every parameter's dtype, device and trainability."))
+    trust_remote_code: bool = field(default=False, metadata=_help("Allow a model folder's own Python code to run."))
+
+    # Derived by parse_train_config; not settable from a config file.
+    compute_dtype: str | None = field(default=None, init=False, metadata=_help("bfloat16/float16 from bf16/fp16/pure_bf16, else None."))
+    model_max_length: int | None = field(default=None, init=False, metadata=_help("cutoff_len, for the tokenizer."))
+    block_diag_attn: bool = field(default=False, init=False, metadata=_help("neat_packing: attention may not cross packed examples."))
+
+    def __post_init__(self):
+        if self.model_name_or_path is None:
+            raise ValueError("model_name_or_path is required: a local folder holding the model (config.json) and its tokenizer.")
+        self.adapter_name_or_path = split_commas(self.adapter_name_or_path)
+        self.add_tokens = split_commas(self.add_tokens)
+        self.add_special_tokens = split_commas(self.add_special_tokens)
+
+
+@dataclass
+class DataArguments:
+    """Which datasets, how they are templated, truncated and packed (LLaMA-Factory's data arguments)."""
+
+    _argument_group_name = "data"
+
+    template: str | None = field(default=None, metadata=_help("Chat template name; None uses the tokenizer's own chat_template."))
+    dataset: str | None = field(default=None, metadata=_help("Training dataset name(s) from dataset_info.json, comma separated."))
+    eval_dataset: str | None = field(default=None, metadata=_help("Evaluation dataset name(s), comma separated."))
+    dataset_dir: str = field(default="data", metadata=_help("Folder holding dataset_info.json and the data files."))
+    cutoff_len: int = field(default=2048, metadata=_help("Maximum tokens per example (prompt + response)."))
+    train_on_prompt: bool = field(default=False, metadata=_help("Train on prompt tokens too (no prompt masking)."))
+    mask_history: bool = field(default=False, metadata=_help("Train on the last assistant turn only."))
+    mix_strategy: Literal["concat", "interleave_under", "interleave_over", "interleave_once"] = field(
+        default="concat", metadata=_help("How several datasets are mixed.")
+    )
+    interleave_probs: str | None = field(default=None, metadata=_help("Sampling probabilities per dataset for interleaving, comma separated."))
+    overwrite_cache: bool = field(default=False, metadata=_help("Re-tokenize even when a cache entry exists."))
+    preprocessing_batch_size: int = field(default=1000, metadata=_help("Examples per batch in preprocessing."))
+    preprocessing_num_workers: int | None = field(default=None, metadata=_help("Processes for preprocessing."))
+    max_samples: int | None = field(default=None, metadata=_help("Keep at most this many examples of each dataset."))
+    eval_num_beams: int | None = field(default=None, metadata=_help("Beams for generation in evaluation (generation_num_beams)."))
+    ignore_pad_token_for_loss: bool = field(default=True, metadata=_help("Pad labels with -100 so padding is not trained."))
+    val_size: float = field(default=0.0, metadata=_help("Held-out part of the training data: a fraction in [0, 1) or a number of examples."))
+    eval_on_each_dataset: bool = field(default=False, metadata=_help("Evaluate each eval dataset separately."))
+    packing: bool | None = field(default=None, metadata=_help("Pack examples into cutoff_len rows (default: true for pt, false for sft)."))
+    neat_packing: bool = field(default=False, metadata=_help("Packing where attention cannot cross examples (implies packing)."))
+    tool_format: str | None = field(default=None, metadata=_help("Tool-call format for function-calling examples."))
+    default_system: str | None = field(default=None, metadata=_help("Override the template's default system message."))
+    enable_thinking: bool | None = field(default=True, metadata=_help("Thinking mode for reasoning templates."))
+    preserve_thinking: bool = field(default=False, metadata=_help("Keep thinking content in earlier turns."))
+    tokenized_path: str | None = field(default=None, metadata=_help("Save the tokenized datasets here, or load them when it exists."))
+
+    def __post_init__(self):
+        self.dataset = split_commas(self.dataset)
+        self.eval_dataset = split_commas(self.eval_dataset)
+        if self.cutoff_len <= 0:
+            raise ValueError(f"cutoff_len must be a positive number of tokens, got {self.cutoff_len}")
+        if self.val_size < 0:
+            raise ValueError(f"val_size must be >= 0 (a fraction below 1 or a number of examples), got {self.val_size}")
+        if self.dataset is None and self.val_size > 1e-6:
+            raise ValueError("val_size needs a training dataset to split: set dataset.")
+        if self.eval_dataset is not None and self.val_size > 1e-6:
+            raise ValueError("Set either val_size (split the training data) or eval_dataset, not both.")
+        if self.interleave_probs is not None:
+            if self.mix_strategy == "concat":
+                raise ValueError("interleave_probs only applies to mix_strategy interleave_under/interleave_over/interleave_once.")
+            self.interleave_probs = [float(p) for p in split_commas(self.interleave_probs)]
+            for name, names in (("dataset", self.dataset), ("eval_dataset", self.eval_dataset)):
+                if names is not None and len(names) != len(self.interleave_probs):
+                    raise ValueError(f"interleave_probs has {len(self.interleave_probs)} values but {name} names {len(names)} datasets.")
+        if self.mask_history and self.train_on_prompt:
+            raise ValueError("mask_history and train_on_prompt contradict each other: set at most one.")
+        if self.neat_packing:
+            self.packing = True
+
+
+@dataclass
+class FinetuningArguments:
+    """Which stage and method: full, freeze or LoRA (LLaMA-Factory's fine-tuning arguments that lathe supports)."""
+
+    _argument_group_name = "finetuning"
+
+    stage: Literal["pt", "sft", "rm", "ppo", "dpo", "kto"] = field(default="sft", metadata=_help("Training stage: pt (pre-training) or sft."))
+    finetuning_type: Literal["lora", "oft", "freeze", "full"] = field(default="lora", metadata=_help("full, freeze or lora."))
+    freeze_trainable_layers: int = field(
+        default=2, metadata=_help("freeze: train the last n hidden layers (n > 0) or the first -n (n < 0).")
+    )
+    freeze_trainable_modules: str = field(
+        default="all", metadata=_help("freeze: modules inside the trainable layers (e.g. mlp,self_attn), or all.")
+    )
+    freeze_extra_modules: str | None = field(
+        default=None, metadata=_help("freeze: modules outside the hidden layers to train too (e.g. embed_tokens,norm).")
+    )
+    additional_target: str | None = field(
+        default=None, metadata=_help("lora: modules trained in full and saved with the adapter (e.g. embed_tokens,lm_head).")
+    )
+    lora_alpha: int | None = field(default=None, metadata=_help("lora: scale factor (default 2 x lora_rank)."))
+    lora_dropout: float = field(default=0.0, metadata=_help("lora: dropout on the adapter input."))
+    lora_rank: int = field(default=8, metadata=_help("lora: rank of the update matrices."))
+    lora_target: str = field(
+        default="all", metadata=_help("lora: module names to adapt, comma separated; all = every linear layer but the output head.")
+    )
+    use_rslora: bool = field(default=False, metadata=_help("lora: rank-stabilised scaling alpha/sqrt(r)."))
+    use_dora: bool = field(default=False, metadata=_help("lora: weight-decomposed LoRA (DoRA)."))
+    create_new_adapter: bool = field(
+        default=False, metadata=_help("lora: merge adapter_name_or_path into the model and train a fresh adapter.")
+    )
+    pure_bf16: bool = field(default=False, metadata=_help("Train in bfloat16 without float32 master weights."))
+    early_stopping_steps: int | None = field(
+        default=None, metadata=_help("Stop when metric_for_best_model has not improved for this many evaluations.")
+    )
+    plot_loss: bool = field(default=False, metadata=_help("Save training_loss.png (and training_eval_loss.png) in output_dir."))
+
+    def __post_init__(self):
+        self.freeze_trainable_modules = split_commas(self.freeze_trainable_modules)
+        self.freeze_extra_modules = split_commas(self.freeze_extra_modules)
+        self.additional_target = split_commas(self.additional_target)
+        self.lora_target = split_commas(self.lora_target)
+        if self.lora_rank <= 0:
+            raise ValueError(f"lora_rank must be a positive integer, got {self.lora_rank}")
+        self.lora_alpha = self.lora_alpha or self.lora_rank * 2
+
+
+@dataclass
+class GeneratingArguments:
+    """Decoding settings for do_predict (and later chat/api), with LLaMA-Factory's defaults."""
+
+    _argument_group_name = "generating"
+
+    do_sample: bool = field(default=True, metadata=_help("Sample; greedy decoding when false."))
+    temperature: float = field(default=0.95, metadata=_help("Sampling temperature."))
+    top_p: float = field(default=0.7, metadata=_help("Nucleus sampling probability mass."))
+    top_k: int = field(default=50, metadata=_help("Sample among the k most likely tokens."))
+    num_beams: int = field(default=1, metadata=_help("Beams for beam search (1: none)."))
+    max_length: int = field(default=1024, metadata=_help("Maximum total tokens; max_new_tokens wins when positive."))
+    max_new_tokens: int = field(default=1024, metadata=_help("Maximum generated tokens."))
+    repetition_penalty: float = field(default=1.0, metadata=_help("Repetition penalty (1.0: none)."))
+    length_penalty: float = field(default=1.0, metadata=_help("Length penalty for beam search."))
+    skip_special_tokens: bool = field(default=True, metadata=_help("Drop special tokens when decoding."))
+
+    def generation_kwargs(self) -> dict[str, Any]:
+        """Keyword arguments for `model.generate`: max_new_tokens when positive, else max_length."""
+        kwargs = dataclasses.asdict(self)
+        kwargs.pop("skip_special_tokens")
+        if kwargs["max_new_tokens"] > 0:
+            kwargs.pop("max_length")
+        else:
+            kwargs.pop("max_new_tokens")
+        return kwargs
+
+
+@dataclass
+class TrainConfig:
+    """Everything `lathe train` needs; `training` is a `lathe.train.Seq2SeqTrainingArguments`."""
+
+    model: ModelArguments
+    data: DataArguments
+    training: Any
+    finetuning: FinetuningArguments
+    generating: GeneratingArguments
+    source: str | None = None  # the file it came from, for messages
+
+    def to_dict(self) -> dict[str, dict[str, Any]]:
+        """The resolved values per section, JSON-friendly (for printing and for the output folder)."""
+        sections = {}
+        for name in ("model", "data", "finetuning", "generating"):
+            sections[name] = _jsonable(dataclasses.asdict(getattr(self, name)))
+        sections["training"] = _jsonable(self.training.to_dict())
+        return sections
+
+
+def _jsonable(values: dict[str, Any]) -> dict[str, Any]:
+    return json.loads(json.dumps(values, default=str))
+
+
+# ----------------------------------------------------------------------------------------------
+# Parsing
+
+
+_SECTIONS = (ModelArguments, DataArguments, None, FinetuningArguments, GeneratingArguments)
+# YAML 1.1 reads an unquoted `no` as False; these fields take the string "no".
+_STRATEGY_KEYS = ("eval_strategy", "save_strategy", "logging_strategy", "evaluation_strategy", "hub_strategy")
+
+
+def _training_arguments_class():
+    from lathe.train.args import Seq2SeqTrainingArguments
+
+    return Seq2SeqTrainingArguments
+
+
+def _field_hints(dtype: type) -> dict[str, Any]:
+    hints = typing.get_type_hints(dtype)
+    return {f.name: hints[f.name] for f in dataclasses.fields(dtype) if f.init}
+
+
+def _read_source(source: str | Path | dict) -> tuple[dict[str, Any], str | None]:
+    if isinstance(source, dict):
+        return dict(source), None
+    path = Path(source)
+    if not path.is_file():
+        raise FileNotFoundError(f"Config file {str(path)!r} not found.")
+    text = path.read_text(encoding="utf-8")
+    if path.suffix == ".json":
+        try:
+            data = json.loads(text)
+        except ValueError as error:
+            raise ValueError(f"{path} is not valid JSON: {error}") from None
+    else:
+        import yaml
+
+        try:
+            data = yaml.safe_load(text)
+        except yaml.YAMLError as error:
+            raise ValueError(f"{path} is not valid YAML: {error}") from None
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ValueError(f"{path} must hold a mapping of keys to values (like `stage: sft`), not a {type(data).__name__}.")
+    return data, str(path)
+
+
+def parse_overrides(overrides: list[str] | tuple[str, ...]) -> dict[str, str]:
+    """`key=value`, `--key value`, `--key=value` and a bare `--flag` (true) into a dict of strings."""
+    result: dict[str, str] = {}
+    items = list(overrides)
+    index = 0
+    while index < len(items):
+        item = items[index]
+        index += 1
+        if item.startswith("--"):
+            key, equals, value = item[2:].partition("=")
+            if not equals:
+                if index < len(items) and not items[index].startswith("--"):
+                    value = items[index]
+                    index += 1
+                else:
+                    value = "true"
+        else:
+            key, equals, value = item.partition("=")
+            if not equals:
+                raise ValueError(f"Override {item!r} is not key=value (nor --key value).")
+        key = key.strip().replace("-", "_")
+        if not key:
+            raise ValueError(f"Override {item!r} has no key.")
+        result[key] = value
+    return result
+
+
+def _members(hint: Any) -> tuple[list[Any], bool]:
+    """(the non-None members of a type hint, whether None is allowed)."""
+    if typing.get_origin(hint) in (Union, types.UnionType):
+        args = typing.get_args(hint)
+        return [a for a in args if a is not type(None)], type(None) in args
+    return [hint], False
+
+
+def _coerce(key: str, value: Any, hint: Any, from_command_line: bool) -> Any:
+    """Convert a YAML/command-line value to the field's type; raise ValueError naming the key."""
+    members, nullable = _members(hint)
+    if value is None:
+        return value
+    if isinstance(value, str) and nullable and value in ("null", "None", "~") and (from_command_line or str not in members):
+        return None
+    if key in _STRATEGY_KEYS and value is False:
+        return "no"
+    for member in members:
+        if typing.get_origin(member) is Literal:
+            choices = typing.get_args(member)
+            if value in choices:
+                return value
+            if len(members) == 1:
+                raise ValueError(f"{key}: expected one of {list(choices)}, got {value!r}")
+    if bool in members:
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str):
+            from lathe.train.argparser import string_to_bool
+
+            try:
+                return string_to_bool(value)
+            except Exception:
+                if str not in members:
+                    raise ValueError(f"{key}: expected true or false, got {value!r}") from None
+        elif isinstance(value, int) and value in (0, 1) and str not in members:
+            return bool(value)
+    for number_type in (int, float):
+        if number_type in members and not isinstance(value, bool):
+            if isinstance(value, (int, float)) and (number_type is float or float(value).is_integer()):
+                return int(value) if number_type is int else value
+            if isinstance(value, str):
+                try:
+                    number = float(value)
+                except ValueError:
+                    if str not in members and float not in members:
+                        raise ValueError(f"{key}: expected a number, got {value!r}") from None
+                    continue
+                if number.is_integer() and "." not in value and "e" not in value.lower():
+                    return int(value)
+                if number_type is int:
+                    if number.is_integer():
+                        return int(number)
+                    raise ValueError(f"{key}: expected an integer, got {value!r}")
+                return number
+    if str in members and isinstance(value, (int, float)) and not isinstance(value, bool) and len(members) == 1:
+        return str(value)
+    if from_command_line and isinstance(value, str) and any(m is dict or typing.get_origin(m) is dict for m in members):
+        return value  # TrainingArguments parses JSON strings for its dict fields
+    if from_command_line and isinstance(value, str) and any(m is list or typing.get_origin(m) is list for m in members) and str not in members:
+        return split_commas(value)
+    return value
+
+
+def _unsupported_message(key: str, value: Any, where: str) -> str:
+    feature, _default = UNSUPPORTED_KEYS[key]
+    return f"{key}{where} is a LLaMA-Factory key for {feature}, which lathe does not support yet (got {value!r})."
+
+
+def _is_default(value: Any, default: Any) -> bool:
+    if value == default:
+        return True
+    return isinstance(value, str) and str(default) == value  # e.g. quantization_method: bnb
+
+
+def parse_train_config(source: str | Path | dict, overrides: list[str] | tuple[str, ...] = ()) -> TrainConfig:
+    """Read a LLaMA-Factory-style config (file path or dict) plus command-line overrides into a TrainConfig.
+
+    Precedence: dataclass defaults < file < overrides. `do_train` defaults to True.
+    """
+    values, path = _read_source(source)
+    where = f" (in {path})" if path else ""
+    from_command_line = parse_overrides(overrides)
+    raw = {**values, **from_command_line}
+    raw = {str(key): value for key, value in raw.items()}
+
+    training_class = _training_arguments_class()
+    sections = [dtype or training_class for dtype in _SECTIONS]
+    hints_per_section = [_field_hints(dtype) for dtype in sections]
+    known = {name: hint for hints in hints_per_section for name, hint in hints.items()}
+
+    errors = []
+    for key in list(raw):
+        origin = " (command line)" if key in from_command_line else where
+        if key in UNSUPPORTED_KEYS:
+            if _is_default(raw[key], UNSUPPORTED_KEYS[key][1]):
+                del raw[key]  # LLaMA-Factory's default: nothing to support
+            else:
+                errors.append(_unsupported_message(key, raw[key], origin))
+        elif key not in known:
+            closest = difflib.get_close_matches(key, list(known), n=1)
+            hint = f"; did you mean {closest[0]!r}?" if closest else ""
+            errors.append(f"Unknown key {key!r}{origin}{hint}")
+    if errors:
+        raise ValueError("\n".join(errors))
+
+    for key in list(raw):
+        try:
+            raw[key] = _coerce(key, raw[key], known[key], key in from_command_line)
+        except ValueError as error:
+            origin = " (command line)" if key in from_command_line else where
+            raise ValueError(f"{error}{origin}") from None
+
+    _check_stage(raw, lambda key: " (command line)" if key in from_command_line else where)
+    raw.setdefault("do_train", True)
+    overwrite_output_dir = bool(raw.pop("overwrite_output_dir", False))
+    _fill_training_defaults(raw, hints_per_section)
+
+    try:
+        model, data, finetuning, generating = (
+            dtype(**{k: v for k, v in raw.items() if k in hints}) for dtype, hints in
+            ((ModelArguments, hints_per_section[0]), (DataArguments, hints_per_section[1]),
+             (FinetuningArguments, hints_per_section[3]), (GeneratingArguments, hints_per_section[4]))
+        )
+        training = training_class(**{k: v for k, v in raw.items() if k in hints_per_section[2]})
+    except (TypeError, ValueError) as error:
+        raise ValueError(f"{error}{where}") from None
+    # lathe's TrainingArguments ignores this transformers-4 key; LLaMA-Factory reads it to decide
+    # whether an existing output_dir is resumed (see lathe.llm.workflows) or overwritten.
+    training.overwrite_output_dir = overwrite_output_dir
+
+    config = TrainConfig(model, data, training, finetuning, generating, source=path)
+    _resolve(config)
+    _validate(config, where)
+    return config
+
+
+def _check_stage(raw: dict[str, Any], origin) -> None:
+    stage = raw.get("stage", "sft")
+    if stage not in SUPPORTED_STAGES:
+        raise ValueError(f"stage {stage!r}{origin('stage')} is not supported yet; lathe trains {' and '.join(SUPPORTED_STAGES)}.")
+    method = raw.get("finetuning_type", "lora")
+    if method not in SUPPORTED_FINETUNING_TYPES:
+        raise ValueError(
+            f"finetuning_type {method!r}{origin('finetuning_type')} is not supported yet; "
+            f"lathe supports {', '.join(SUPPORTED_FINETUNING_TYPES)}."
+        )
+
+
+def _fill_training_defaults(raw: dict[str, Any], hints_per_section: list[dict]) -> None:
+    """Training values LLaMA-Factory derives from the other sections, set before validation runs."""
+    cutoff_len = raw.get("cutoff_len", 2048)
+    if raw.get("generation_max_length") is None:
+        raw["generation_max_length"] = cutoff_len
+    if raw.get("eval_num_beams") is not None:
+        raw["generation_num_beams"] = raw["eval_num_beams"]
+    # The collators need every column the processors produce (labels, position_ids, ...).
+    raw["remove_unused_columns"] = False
+    if raw.get("finetuning_type", "lora") == "lora" and not raw.get("label_names"):
+        raw["label_names"] = ["labels"]  # a PeftModel's forward hides `labels` from signature inspection
+
+
+def _resolve(config: TrainConfig) -> None:
+    """Values derived from several sections (LLaMA-Factory does the same after parsing)."""
+    model, data, training, finetuning = config.model, config.data, config.training, config.finetuning
+    if training.bf16 or finetuning.pure_bf16:
+        model.compute_dtype = "bfloat16"
+    elif training.fp16:
+        model.compute_dtype = "float16"
+    model.model_max_length = data.cutoff_len
+    model.block_diag_attn = data.neat_packing
+    if data.packing is None:
+        data.packing = finetuning.stage == "pt"
+
+
+def _validate(config: TrainConfig, where: str) -> None:
+    """Checks across sections, in LLaMA-Factory's order, with the fix in the message."""
+    model, data, training, finetuning = config.model, config.data, config.training, config.finetuning
+    if finetuning.stage != "sft":
+        if training.predict_with_generate:
+            raise ValueError(f"predict_with_generate{where} only applies to stage sft.")
+        if data.neat_packing:
+            raise ValueError(f"neat_packing{where} only applies to stage sft (pt always concatenates documents).")
+        if data.train_on_prompt or data.mask_history:
+            raise ValueError(f"train_on_prompt and mask_history{where} only apply to stage sft.")
+    if finetuning.stage == "sft" and training.do_predict and not training.predict_with_generate:
+        raise ValueError(
+            f"do_predict{where} writes generated_predictions.jsonl and needs predict_with_generate: true."
+        )
+    if training.do_train and not data.dataset:
+        raise ValueError(f"dataset{where} is required for training: name(s) from {data.dataset_dir}/dataset_info.json.")
+    if (training.do_eval or training.do_predict or training.predict_with_generate) and not data.eval_dataset and data.val_size < 1e-6:
+        raise ValueError(
+            f"Evaluation or prediction{where} needs data: set eval_dataset, or val_size to hold out part of the training data."
+        )
+    if model.adapter_name_or_path is not None and finetuning.finetuning_type != "lora":
+        raise ValueError(f"adapter_name_or_path{where} needs finetuning_type: lora (got {finetuning.finetuning_type!r}).")
+    if training.fp16 and finetuning.pure_bf16:
+        raise ValueError(f"fp16 and pure_bf16{where} contradict each other.")
+    if finetuning.early_stopping_steps is not None and finetuning.early_stopping_steps <= 0:
+        raise ValueError(f"early_stopping_steps{where} must be a positive number of evaluations.")
