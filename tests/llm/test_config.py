@@ -1,0 +1,155 @@
+"""parse_train_config: LLaMA-Factory names and defaults, precedence, and kind errors."""
+import pytest
+
+from lathe.llm.config import parse_train_config, parse_overrides
+
+BASE = {"model_name_or_path": "some/folder", "dataset": "demo", "output_dir": "out"}
+
+
+def test_llamafactory_defaults():
+    config = parse_train_config(BASE)
+    assert config.finetuning.stage == "sft"
+    assert config.finetuning.finetuning_type == "lora"
+    assert config.finetuning.lora_rank == 8
+    assert config.finetuning.lora_alpha == 16  # 2 x rank
+    assert config.finetuning.lora_dropout == 0.0
+    assert config.finetuning.lora_target == ["all"]
+    assert config.finetuning.freeze_trainable_layers == 2
+    assert config.model.trust_remote_code is False
+    assert config.data.cutoff_len == 2048
+    assert config.data.dataset_dir == "data"
+    assert config.data.dataset == ["demo"]
+    assert config.data.packing is False  # sft
+    assert config.generating.temperature == 0.95
+    assert config.training.do_train is True  # lathe train trains even when the file omits do_train
+    assert config.training.generation_max_length == 2048  # LLaMA-Factory: cutoff_len
+
+
+def test_packing_defaults_to_true_for_pt():
+    assert parse_train_config({**BASE, "stage": "pt"}).data.packing is True
+    assert parse_train_config({**BASE, "stage": "pt", "packing": False}).data.packing is False
+
+
+def test_precedence_defaults_file_overrides(tmp_path, write_yaml):
+    path = write_yaml(tmp_path / "c.yaml", {**BASE, "lora_rank": 4, "learning_rate": 0.01, "num_train_epochs": 2})
+    config = parse_train_config(path, ["lora_rank=32", "--learning_rate", "2e-4"])
+    assert config.finetuning.lora_rank == 32 and config.finetuning.lora_alpha == 64
+    assert config.training.learning_rate == pytest.approx(2e-4)
+    assert config.training.num_train_epochs == 2  # from the file
+    assert config.training.weight_decay == 0.0  # the default
+
+
+def test_override_forms():
+    assert parse_overrides(["a=1", "--b", "2", "--c=3", "--d", "--e", "x"]) == {
+        "a": "1", "b": "2", "c": "3", "d": "true", "e": "x",
+    }
+    with pytest.raises(ValueError, match="key=value"):
+        parse_overrides(["oops"])
+
+
+def test_yaml_scientific_notation_is_a_number(tmp_path):
+    # PyYAML (YAML 1.1) reads 1e-3 and 5e-5 as strings.
+    path = tmp_path / "c.yaml"
+    path.write_text("model_name_or_path: m\ndataset: d\nlearning_rate: 1e-3\nweight_decay: 1e-2\n")
+    config = parse_train_config(str(path))
+    assert config.training.learning_rate == pytest.approx(1e-3)
+    assert isinstance(config.training.weight_decay, float)
+
+
+def test_yaml_unquoted_no_is_the_no_strategy(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("model_name_or_path: m\ndataset: d\neval_strategy: no\nsave_strategy: no\n")
+    config = parse_train_config(str(path))
+    assert str(config.training.eval_strategy.value) == "no"
+    assert str(config.training.save_strategy.value) == "no"
+
+
+def test_unknown_key_suggests_the_closest(tmp_path, write_yaml):
+    path = write_yaml(tmp_path / "c.yaml", {**BASE, "lora_rnak": 4})
+    with pytest.raises(ValueError, match=r"Unknown key 'lora_rnak' \(in .*c.yaml\); did you mean 'lora_rank'"):
+        parse_train_config(path)
+    with pytest.raises(ValueError, match=r"'learnig_rate' \(command line\); did you mean 'learning_rate'"):
+        parse_train_config(BASE, ["learnig_rate=1"])
+
+
+def test_unsupported_llamafactory_keys_say_so():
+    with pytest.raises(ValueError, match="quantization_bit .* LLaMA-Factory key for quantization, which lathe does not support yet"):
+        parse_train_config({**BASE, "quantization_bit": 4})
+    with pytest.raises(ValueError, match="deepspeed .*not support yet"):
+        parse_train_config({**BASE, "deepspeed": "ds_z3_config.json"})
+    # LLaMA-Factory's own default changes nothing, so it is accepted.
+    parse_train_config({**BASE, "quantization_bit": None, "flash_attn": "auto", "use_unsloth": False})
+
+
+@pytest.mark.parametrize("stage", ["dpo", "ppo", "rm", "kto"])
+def test_other_stages_are_not_supported_yet(stage):
+    with pytest.raises(ValueError, match=f"stage '{stage}' is not supported yet"):
+        parse_train_config({**BASE, "stage": stage})
+
+
+def test_bad_values_name_the_key():
+    with pytest.raises(ValueError, match="lora_rank: expected a number, got 'big'"):
+        parse_train_config({**BASE, "lora_rank": "big"})
+    with pytest.raises(ValueError, match=r"finetuning_type: expected one of .*got 'qlora'"):
+        parse_train_config({**BASE, "finetuning_type": "qlora"})
+    with pytest.raises(ValueError, match="flash_attn: expected one of"):
+        parse_train_config({**BASE, "flash_attn": "fast"})
+    with pytest.raises(ValueError, match="model_name_or_path is required"):
+        parse_train_config({"dataset": "d"})
+    with pytest.raises(ValueError, match="dataset .*required for training"):
+        parse_train_config({"model_name_or_path": "m"})
+
+
+def test_cross_section_checks():
+    with pytest.raises(ValueError, match="needs predict_with_generate"):
+        parse_train_config({**BASE, "do_predict": True, "val_size": 0.1})
+    with pytest.raises(ValueError, match="set eval_dataset, or val_size"):
+        parse_train_config({**BASE, "do_eval": True})
+    with pytest.raises(ValueError, match="only applies to stage sft"):
+        parse_train_config({**BASE, "stage": "pt", "neat_packing": True})
+    with pytest.raises(ValueError, match="adapter_name_or_path .*needs finetuning_type: lora"):
+        parse_train_config({**BASE, "finetuning_type": "full", "adapter_name_or_path": "a"})
+    with pytest.raises(ValueError, match="mask_history and train_on_prompt"):
+        parse_train_config({**BASE, "mask_history": True, "train_on_prompt": True})
+
+
+def test_comma_lists_and_derived_values():
+    config = parse_train_config({
+        **BASE, "dataset": "a, b", "lora_target": "q_proj,v_proj", "freeze_extra_modules": "embed_tokens",
+        "adapter_name_or_path": "x,y", "neat_packing": True, "bf16": False, "val_size": 100,
+    })
+    assert config.data.dataset == ["a", "b"]
+    assert config.finetuning.lora_target == ["q_proj", "v_proj"]
+    assert config.finetuning.freeze_extra_modules == ["embed_tokens"]
+    assert config.model.adapter_name_or_path == ["x", "y"]
+    assert config.data.packing is True and config.model.block_diag_attn is True
+    assert config.data.val_size == 100 and isinstance(config.data.val_size, int)
+    assert config.model.compute_dtype is None
+
+
+def test_command_line_strings_take_the_field_type():
+    config = parse_train_config(BASE, ["max_samples=10", "val_size=0.25", "plot_loss=true", "template=null"])
+    assert config.data.max_samples == 10
+    assert config.data.val_size == 0.25
+    assert config.finetuning.plot_loss is True
+    assert config.data.template is None
+
+
+def test_overwrite_output_dir_is_kept_for_the_workflow():
+    assert parse_train_config({**BASE, "overwrite_output_dir": True}).training.overwrite_output_dir is True
+    assert parse_train_config(BASE).training.overwrite_output_dir is False
+
+
+def test_file_errors(tmp_path):
+    with pytest.raises(FileNotFoundError, match="not found"):
+        parse_train_config(str(tmp_path / "missing.yaml"))
+    bad = tmp_path / "list.yaml"
+    bad.write_text("- a\n- b\n")
+    with pytest.raises(ValueError, match="must hold a mapping"):
+        parse_train_config(str(bad))
+
+
+def test_to_dict_is_json_friendly():
+    import json
+
+    json.dumps(parse_train_config(BASE).to_dict())
