@@ -1,0 +1,167 @@
+"""Supervised (sft) examples -> input_ids and labels: which tokens are trained, and truncation.
+
+Labels are -100 on every prompt span (system, user, tool results) and the token ids on every answer
+span, EOS included; `train_on_prompt` trains prompts too, `mask_history` only the last answer.
+Truncation to cutoff_len splits each turn's budget between prompt and answer as LLaMA-Factory 0.9.5
+does (`infer_seqlen`), so the ids are the same token for token. Examples that cannot be encoded, or
+that have no trained token left, are skipped and counted by reason, never dropped silently.
+"""
+from __future__ import annotations
+
+import logging
+from collections import Counter
+
+from lathe.llm.templates.template import ANSWER_ROLES, PROMPT_ROLES
+from lathe.llm.templates.tools import InvalidMessage
+
+logger = logging.getLogger("lathe.llm.data")
+
+IGNORE_INDEX = -100
+
+
+class SkippedExample(ValueError):
+    """An example that is left out of the dataset; `reason` is a short phrase used to count skips."""
+
+    def __init__(self, reason: str):
+        super().__init__(reason)
+        self.reason = reason
+
+
+def infer_seqlen(source_len: int, target_len: int, cutoff_len: int) -> tuple[int, int]:
+    """How many prompt (source) and answer (target) tokens of one turn fit in `cutoff_len`.
+
+    A short answer (under half the budget) is kept whole and the prompt is cut; else a short prompt is
+    kept whole and the answer cut; else both are cut in proportion to their lengths. The proportional
+    case uses float division then int(), as LLaMA-Factory does, so rounding is identical."""
+    if target_len * 2 < cutoff_len:
+        max_target_len = cutoff_len
+    elif source_len * 2 < cutoff_len:
+        max_target_len = cutoff_len - source_len
+    else:
+        max_target_len = int(cutoff_len * (target_len / (source_len + target_len)))
+    new_target_len = min(max_target_len, target_len)
+    new_source_len = min(max(cutoff_len - new_target_len, 0), source_len)
+    return new_source_len, new_target_len
+
+
+def check_supervised_example(prompt, response, system, tools) -> None:
+    """Raise SkippedExample unless the example has the canonical shape: an odd-length prompt alternating
+    user/observation and assistant/function, exactly one assistant/function response, string contents."""
+    if not isinstance(prompt, list) or len(prompt) % 2 != 1:
+        raise SkippedExample("prompt is not an odd number of messages")
+    if not isinstance(response, list) or len(response) != 1:
+        raise SkippedExample("response is not exactly one message (unsupervised or ranking data)")
+    for index, message in enumerate(prompt + response):
+        expected = PROMPT_ROLES if index % 2 == 0 else ANSWER_ROLES
+        if not isinstance(message, dict) or message.get("role") not in expected:
+            raise SkippedExample(f"message roles do not alternate {'/'.join(PROMPT_ROLES)} and {'/'.join(ANSWER_ROLES)}")
+        if not isinstance(message.get("content"), str):
+            raise SkippedExample("message content is not a string")
+    if system is not None and not isinstance(system, str):
+        raise SkippedExample("system is not a string")
+    if tools is not None and not isinstance(tools, str):
+        raise SkippedExample("tools is not a JSON string")
+
+
+def encode_supervised_example(
+    prompt, response, system, tools, template, tokenizer, cutoff_len: int, train_on_prompt: bool = False,
+    mask_history: bool = False,
+) -> tuple[list[int], list[int]]:
+    """One conversation -> (input_ids, labels), at most cutoff_len tokens.
+
+    Turns are taken in order (last turn first with mask_history, so truncation keeps the end); each turn
+    gets what `infer_seqlen` allows of the budget left, and the loop stops once the budget is spent.
+    With an efficient_eos template the answers carry no EOS: the first token of each later prompt is
+    labelled EOS instead, and one EOS is appended at the end. Raises SkippedExample for a message that
+    cannot be encoded (e.g. tool-call JSON that does not parse)."""
+    efficient_eos = template.efficient_eos
+    discard_history_thoughts = mask_history and not template.preserve_thinking
+    try:
+        turns = template.encode_multiturn(tokenizer, prompt + response, system, tools, discard_history_thoughts)
+    except InvalidMessage as error:
+        raise SkippedExample(str(error)) from None
+    if mask_history:
+        turns = turns[::-1]  # the last turn first: it gets the budget before the history does
+
+    input_ids: list[int] = []
+    labels: list[int] = []
+    total_length = 1 if efficient_eos else 0  # room for the final EOS
+    for turn_index, (source_ids, target_ids) in enumerate(turns):
+        if total_length >= cutoff_len:
+            break
+        source_len, target_len = infer_seqlen(len(source_ids), len(target_ids), cutoff_len - total_length)
+        source_ids, target_ids = source_ids[:source_len], target_ids[:target_len]
+        total_length += source_len + target_len
+
+        if train_on_prompt:
+            source_labels = list(source_ids)
+        elif efficient_eos and turn_index != 0:
+            # LLaMA-Factory's rule, kept for identical ids: "turn_index != 0" counts in processing order,
+            # so with mask_history it is the earlier turns that get the EOS label, not the last one.
+            source_labels = [tokenizer.eos_token_id] + [IGNORE_INDEX] * (source_len - 1)
+        else:
+            source_labels = [IGNORE_INDEX] * source_len
+        if mask_history and turn_index != 0:
+            target_labels = [IGNORE_INDEX] * target_len
+        else:
+            target_labels = list(target_ids)
+
+        if mask_history:  # turns come last-first: prepend to rebuild the conversation order
+            input_ids = source_ids + target_ids + input_ids
+            labels = source_labels + target_labels + labels
+        else:
+            input_ids += source_ids + target_ids
+            labels += source_labels + target_labels
+
+    if efficient_eos:
+        input_ids.append(tokenizer.eos_token_id)
+        labels.append(tokenizer.eos_token_id)
+    return input_ids, labels
+
+
+def encode_supervised_examples(examples: dict, template, tokenizer, data_args):
+    """A batch in the canonical columns (_prompt, _response, _system, _tools) -> the encoded
+    (input_ids, labels) pairs of the examples kept, and a Counter of skip reasons for the others."""
+    encoded, skipped = [], Counter()
+    cutoff_len = data_args.cutoff_len
+    train_on_prompt = getattr(data_args, "train_on_prompt", False)
+    mask_history = getattr(data_args, "mask_history", False)
+    count = len(examples["_prompt"])
+    systems = examples.get("_system") or [None] * count
+    tools = examples.get("_tools") or [None] * count
+    for prompt, response, system, tool_text in zip(examples["_prompt"], examples["_response"], systems, tools):
+        try:
+            check_supervised_example(prompt, response, system, tool_text)
+            input_ids, labels = encode_supervised_example(
+                prompt, response, system, tool_text, template, tokenizer, cutoff_len, train_on_prompt, mask_history
+            )
+            if all(label == IGNORE_INDEX for label in labels):
+                raise SkippedExample(f"no trained token left after truncation to cutoff_len={cutoff_len}")
+        except SkippedExample as skip:
+            skipped[skip.reason] += 1
+            continue
+        encoded.append((input_ids, labels))
+    return encoded, skipped
+
+
+def describe_skips(skipped: Counter, total: int) -> str:
+    return f"skipped {sum(skipped.values())} of {total} examples: " + "; ".join(
+        f"{count} × {reason}" for reason, count in skipped.most_common()
+    )
+
+
+def preprocess_supervised_dataset(examples: dict, template, tokenizer, data_args, skipped: Counter | None = None):
+    """A batched `datasets.map` function: canonical columns -> input_ids, attention_mask, labels.
+
+    Skipped examples are logged per batch with their reasons and, when `skipped` is given, added to it
+    (in-process only: with several map workers, compare row counts before and after)."""
+    encoded, batch_skipped = encode_supervised_examples(examples, template, tokenizer, data_args)
+    if batch_skipped:
+        logger.warning("Supervised preprocessing %s.", describe_skips(batch_skipped, len(examples["_prompt"])))
+        if skipped is not None:
+            skipped.update(batch_skipped)
+    return {
+        "input_ids": [input_ids for input_ids, _ in encoded],
+        "attention_mask": [[1] * len(input_ids) for input_ids, _ in encoded],
+        "labels": [labels for _, labels in encoded],
+    }

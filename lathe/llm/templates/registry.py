@@ -1,0 +1,76 @@
+"""The template registry and `get_template_and_fix_tokenizer`: the name in the config -> a Template,
+with the tokenizer made to agree with it (EOS, PAD, stop words, chat_template)."""
+from __future__ import annotations
+
+import logging
+
+from lathe.llm.templates import alpaca, chatml, default, empty, llama3, mistral, qwen
+from lathe.llm.templates.template import EOS, Template
+from lathe.llm.templates.tools import get_tool_format
+
+logger = logging.getLogger("lathe.llm.templates")
+
+TEMPLATES: dict[str, Template] = {}
+
+
+def register_template(template: Template) -> None:
+    if template.name in TEMPLATES:
+        raise ValueError(f"Template {template.name!r} is already registered.")
+    TEMPLATES[template.name] = template
+
+
+for _family in (alpaca, chatml, default, empty, llama3, mistral, qwen):
+    for _template in _family.TEMPLATES:
+        register_template(_template)
+
+
+def template_names() -> list[str]:
+    return sorted(TEMPLATES)
+
+
+def get_template(name: str) -> Template:
+    """A fresh copy of a registered template (callers may change it without touching the registry)."""
+    if name not in TEMPLATES:
+        raise ValueError(f"Unknown template {name!r}. Available templates: {', '.join(template_names())}.")
+    return TEMPLATES[name].copy()
+
+
+def get_template_and_fix_tokenizer(tokenizer, data_args) -> Template:
+    """`data_args.template` (None: parse the tokenizer's own chat_template, or `empty` when it has none)
+    -> a Template; data_args' tool_format / default_system / enable_thinking / preserve_thinking are
+    applied to it, and the tokenizer gets the template's EOS, PAD, stop words and chat_template."""
+    name = getattr(data_args, "template", None)
+    if name is not None:
+        template = get_template(name)
+    elif isinstance(getattr(tokenizer, "chat_template", None), str):
+        from lathe.llm.templates.parsing import template_from_chat_template
+
+        logger.warning("`template` was not given: using the tokenizer's own chat_template.")
+        template = template_from_chat_template(tokenizer)
+    else:
+        logger.warning("`template` was not given and the tokenizer has no chat_template: using `empty`.")
+        template = get_template("empty")
+
+    if getattr(data_args, "train_on_prompt", False) and template.efficient_eos:
+        raise ValueError(f"Template {template.name!r} (efficient_eos) does not support `train_on_prompt`.")
+
+    tool_format = getattr(data_args, "tool_format", None)
+    if tool_format is not None:
+        get_tool_format(tool_format)  # unknown names fail here, not at the first tool call
+        # As LLaMA-Factory: an explicit tool_format also resets the tool-call slots to content + EOS.
+        function = ("{{content}}",) if template.efficient_eos else ("{{content}}", EOS)
+        template = template.copy(tool_format=tool_format, function=function)
+    default_system = getattr(data_args, "default_system", None)
+    if default_system is not None:
+        template = template.copy(default_system=default_system)
+    if template.reasoning:
+        logger.warning("A reasoning template: use its `_nothink` variant if the model does not reason.")
+        template = template.copy(
+            enable_thinking=getattr(data_args, "enable_thinking", True),
+            preserve_thinking=getattr(data_args, "preserve_thinking", False),
+        )
+
+    template.fix_special_tokens(tokenizer)
+    if getattr(tokenizer, "chat_template", None) is None or template.replace_jinja_template:
+        tokenizer.chat_template = template.jinja_chat_template(tokenizer)
+    return template
