@@ -490,6 +490,13 @@ def _resolve(config: TrainConfig) -> None:
     model.block_diag_attn = data.neat_packing
     if data.packing is None:
         data.packing = finetuning.stage == "pt"
+    # Activation (gradient) checkpointing follows TrainingArguments; LLaMA-Factory's two model keys
+    # can only switch it off or choose the reentrant variant.
+    if model.disable_gradient_checkpointing:
+        training.activation_checkpointing = training.gradient_checkpointing = False
+    elif training.activation_checkpointing and not training.activation_checkpointing_kwargs:
+        kwargs = {"use_reentrant": model.use_reentrant_gc}
+        training.activation_checkpointing_kwargs = training.gradient_checkpointing_kwargs = kwargs
 
 
 def _validate(config: TrainConfig, where: str) -> None:

@@ -1,0 +1,1 @@
+"""Model loading and fine-tuning methods (full, freeze, lora)."""

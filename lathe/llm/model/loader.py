@@ -1,0 +1,173 @@
+"""Loading the tokenizer and the model from a local folder (or building the model from its config),
+in the dtype and attention implementation the config asks for, with the fine-tuning method applied."""
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from lathe.llm.model.adapters import count_parameters, init_adapter
+
+if TYPE_CHECKING:
+    from lathe.llm.config import FinetuningArguments, ModelArguments
+
+__all__ = ["load_tokenizer", "load_config", "load_model", "fix_pad_token", "weights_dtype"]
+
+logger = logging.getLogger(__name__)
+
+# flash_attn (LLaMA-Factory's key) -> transformers' attn_implementation; auto keeps the model's default.
+ATTENTION_IMPLEMENTATIONS = {
+    "auto": None, "disabled": "eager", "sdpa": "sdpa", "fa2": "flash_attention_2", "fa3": "flash_attention_3",
+}
+NORM_NAME_PARTS = ("norm", "ln")
+
+
+def _model_folder(model_args: "ModelArguments") -> str:
+    path = Path(model_args.model_name_or_path)
+    if not path.is_dir():
+        raise FileNotFoundError(
+            f"model_name_or_path {model_args.model_name_or_path!r} is not a local folder. lathe loads models "
+            "from local folders: the output of save_pretrained, or a snapshot downloaded beforehand."
+        )
+    return str(path)
+
+
+def fix_pad_token(tokenizer) -> None:
+    """Padding needs a pad token; like LLaMA-Factory, reuse EOS when the tokenizer has none.
+
+    Labels of padded positions are -100, so reusing EOS never trains the model to predict padding.
+    """
+    if tokenizer.pad_token is None and tokenizer.eos_token is not None:
+        tokenizer.pad_token = tokenizer.eos_token
+        logger.info("The tokenizer has no pad token; using its EOS token %r.", tokenizer.eos_token)
+
+
+def load_tokenizer(model_args: "ModelArguments"):
+    """The tokenizer of `model_name_or_path`, padding on the right, with a pad token and any added tokens."""
+    from transformers import AutoTokenizer
+
+    folder = _model_folder(model_args)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(
+            folder, use_fast=model_args.use_fast_tokenizer, split_special_tokens=model_args.split_special_tokens,
+            padding_side="right", trust_remote_code=model_args.trust_remote_code, local_files_only=True,
+        )
+    except (OSError, ValueError) as error:
+        raise OSError(f"Could not load a tokenizer from {folder} (model_name_or_path): {error}") from error
+
+    if model_args.model_max_length is not None and tokenizer.model_max_length < model_args.model_max_length:
+        tokenizer.model_max_length = model_args.model_max_length  # silences "sequence too long" warnings
+    for tokens, special in ((model_args.add_tokens, False), (model_args.add_special_tokens, True)):
+        if tokens and tokenizer.add_tokens(tokens, special_tokens=special) > 0 and not model_args.resize_vocab:
+            model_args.resize_vocab = True
+            logger.info("Added tokens %s; the embeddings will be resized (resize_vocab).", ",".join(tokens))
+    fix_pad_token(tokenizer)
+    return tokenizer
+
+
+def load_config(model_args: "ModelArguments"):
+    from transformers import AutoConfig
+
+    return AutoConfig.from_pretrained(
+        _model_folder(model_args), trust_remote_code=model_args.trust_remote_code, local_files_only=True
+    )
+
+
+def weights_dtype(model_args: "ModelArguments", is_trainable: bool, config=None):
+    """The dtype the weights are loaded in.
+
+    Training: the mixed-precision compute dtype (bf16/fp16/pure_bf16) for frozen weights, else
+    float32; adapters.init_adapter then keeps trainable weights in float32 unless pure_bf16.
+    Inference: infer_dtype; "auto" is the checkpoint's dtype on an accelerator and float32 on CPU,
+    where half-precision matmuls are slow or missing.
+    """
+    import torch
+
+    if is_trainable:
+        return getattr(torch, model_args.compute_dtype) if model_args.compute_dtype else torch.float32
+    if model_args.infer_dtype != "auto":
+        return getattr(torch, model_args.infer_dtype)
+    if not torch.cuda.is_available():
+        return torch.float32
+    saved = getattr(config, "dtype", None) or getattr(config, "torch_dtype", None)
+    if isinstance(saved, str):
+        saved = getattr(torch, saved, None)
+    return saved or torch.float32
+
+
+def load_model(tokenizer, model_args: "ModelArguments", finetuning_args: "FinetuningArguments", is_trainable: bool = False):
+    """The causal LM of `model_name_or_path` (or a fresh one from its config with train_from_scratch),
+    with full/freeze/lora set up for training, or frozen in eval mode for inference."""
+    from transformers import AutoModelForCausalLM
+
+    folder = _model_folder(model_args)
+    config = load_config(model_args)
+    dtype = weights_dtype(model_args, is_trainable, config)
+    attention = ATTENTION_IMPLEMENTATIONS[model_args.flash_attn]
+    config.use_cache = model_args.use_kv_cache and not is_trainable  # a cache only costs memory in training
+    kwargs = {"dtype": dtype, "trust_remote_code": model_args.trust_remote_code}
+    if attention is not None:
+        kwargs["attn_implementation"] = attention
+    try:
+        if model_args.train_from_scratch:
+            model = AutoModelForCausalLM.from_config(config, **kwargs)
+        else:
+            model = AutoModelForCausalLM.from_pretrained(
+                folder, config=config, low_cpu_mem_usage=model_args.low_cpu_mem_usage, local_files_only=True, **kwargs
+            )
+    except ImportError as error:
+        if attention is not None and "flash" in attention:
+            raise ImportError(
+                f"flash_attn: {model_args.flash_attn} needs the flash-attn package and a supported GPU ({error}). "
+                "Use flash_attn: sdpa or auto."
+            ) from error
+        raise
+
+    if model_args.resize_vocab:
+        _resize_embeddings(model, tokenizer)
+    if is_trainable:
+        _prepare_for_training(model, model_args)
+    model = init_adapter(model, model_args, finetuning_args, is_trainable)
+    if is_trainable:
+        model.train()
+    else:
+        model.requires_grad_(False)
+        model.eval()
+
+    trainable, total = count_parameters(model)
+    if is_trainable:
+        logger.info("trainable params: %s || all params: %s || trainable%%: %.4f", f"{trainable:,}", f"{total:,}", 100 * trainable / total)
+    else:
+        logger.info("all params: %s", f"{total:,}")
+    if model_args.print_param_status:
+        for name, param in model.named_parameters():
+            print(f"name: {name}, dtype: {param.dtype}, device: {param.device}, trainable: {param.requires_grad}")
+    return model
+
+
+def _resize_embeddings(model, tokenizer) -> None:
+    """Grow the embeddings (and an untied head) to the tokenizer; rounded up to 64 rows like LLaMA-Factory."""
+    import torch
+
+    current = model.get_input_embeddings().weight.size(0)
+    if len(tokenizer) <= current:
+        return
+    if not isinstance(model.get_output_embeddings(), torch.nn.Linear):
+        raise ValueError(f"resize_vocab: {type(model).__name__} has no linear output head to resize.")
+    # transformers initialises the new rows from the mean and covariance of the old ones.
+    model.resize_token_embeddings(len(tokenizer), pad_to_multiple_of=64)
+    logger.info("Resized the embeddings from %d to %d rows.", current, model.get_input_embeddings().weight.size(0))
+
+
+def _prepare_for_training(model, model_args: "ModelArguments") -> None:
+    import torch
+
+    if model_args.upcast_layernorm:
+        for name, param in model.named_parameters():
+            if param.ndim == 1 and any(part in name for part in NORM_NAME_PARTS):
+                param.data = param.data.to(torch.float32)
+    if model_args.upcast_lmhead_output:
+        head = model.get_output_embeddings()
+        if isinstance(head, torch.nn.Linear) and head.weight.dtype != torch.float32:
+            # Softmax over a large vocabulary in half precision loses the small probabilities.
+            head.register_forward_hook(lambda module, inputs, output: output.to(torch.float32))
