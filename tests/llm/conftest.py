@@ -84,3 +84,44 @@ def write_yaml():
         return str(path)
 
     return write
+
+
+# ---- A word-level tokenizer for golden tests written by hand (tests/llm/test_templates.py, test_supervised.py).
+# Words, single punctuation characters and "\n" are tokens; spaces are dropped; the chat markers of every
+# built-in template are added tokens. Ids come from WORD_VOCAB's order, so a test can write the tokens it
+# expects and look their ids up without going through the tokenizer's own splitting.
+WORD_SPECIAL_TOKENS = [
+    "<unk>", "<s>", "</s>", "<|im_start|>", "<|im_end|>", "<|endoftext|>", "<|begin_of_text|>",
+    "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>", "<|eom_id|>", "[INST]", "[/INST]",
+    "[TOOL_CALLS]", "[TOOL_RESULTS]", "[/TOOL_RESULTS]", "[AVAILABLE_TOOLS]", "[/AVAILABLE_TOOLS]",
+]
+WORD_TEXT_TOKENS = (
+    ["<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>", "<think>", "</think>", "\n"]
+    + list("!\"#$%&'()*+,-./:;<=>?@[\\]^_`{|}~")
+    + [str(number) for number in range(21)]
+    + """Human Assistant System Instruction Response Below is an instruction that describes a task Write
+    response appropriately completes the request user assistant system tool ipython You are Qwen created by
+    Alibaba Cloud helpful SYS hi hello what two plus four add sum name arguments parameters a b result is
+    be brief thinking ok Tools Action Input type function description properties required integer object
+    number first second""".split()
+)
+
+
+def build_word_tokenizer():
+    """A fresh PreTrainedTokenizerFast: word level, bos <s>, eos </s>, no pad token, no chat_template."""
+    from tokenizers import AddedToken, Regex, Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {token: index for index, token in enumerate(dict.fromkeys(WORD_SPECIAL_TOKENS + WORD_TEXT_TOKENS))}
+    backend = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    backend.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(r"[ \t]+"), behavior="removed"),
+        pre_tokenizers.Split(Regex(r"\n|<(?:/?(?:tool_call|tool_response|think))>|\w+|[^\w\s]"), behavior="isolated"),
+    ])
+    backend.add_special_tokens([AddedToken(token, normalized=False) for token in WORD_SPECIAL_TOKENS])
+    return PreTrainedTokenizerFast(tokenizer_object=backend, bos_token="<s>", eos_token="</s>", unk_token="<unk>")
+
+
+@pytest.fixture
+def word_tokenizer():
+    return build_word_tokenizer()
