@@ -1,0 +1,1 @@
+"""lathe.llm data: the dataset registry, loading, format conversion, tokenization cache and the processors."""

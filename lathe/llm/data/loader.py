@@ -1,0 +1,186 @@
+"""Loading registered datasets: files through `datasets`, `num_samples` / `max_samples`, conversion to the
+canonical schema, mixing several datasets, and the `val_size` split.
+
+Sampling follows LLaMA-Factory 0.9.5 draw for draw: it uses numpy's global RNG right after
+`set_seed(seed)`; lathe uses one `RandomState(seed)` per `get_dataset` call, shared by the training then
+the evaluation datasets in order, which gives the same indices without touching global state.
+"""
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any
+
+import numpy as np
+
+from lathe.llm.data.converters import ConversionReport, convert_dataset
+from lathe.llm.data.registry import DatasetAttr, resolve_data_files
+
+logger = logging.getLogger("lathe.llm.data")
+
+INTERLEAVE_STRATEGIES = {"interleave_under": "first_exhausted", "interleave_over": "all_exhausted",
+                         "interleave_once": "all_exhausted_without_replacement"}
+
+
+def read_files(attr: DatasetAttr, dataset_dir: str, cache_dir: str | None = None):
+    """The raw rows of one registry entry (every file of a folder, in name order); returns (dataset, files, builder)."""
+    import datasets
+
+    files, builder = resolve_data_files(attr, dataset_dir)
+    try:
+        dataset = datasets.load_dataset(builder, data_files=files, split=attr.split, cache_dir=cache_dir)
+    except Exception as error:  # datasets wraps parse errors several layers deep: say where, in one line
+        detail = _find_syntax_error(files) if builder == "json" else None
+        raise ValueError(f"{attr.where('file_name')}: could not read {', '.join(files)} as {builder}: "
+                         f"{detail or _innermost(error)}") from error
+    return dataset, files, builder
+
+
+def _innermost(error: BaseException) -> str:
+    while error.__cause__ is not None or error.__context__ is not None:
+        error = error.__cause__ or error.__context__
+    return f"{type(error).__name__}: {error}"
+
+
+def _find_syntax_error(files: list[str]) -> str | None:
+    """File, line and column of the first JSON syntax error (a .json file may also be JSON Lines)."""
+    for path in files:
+        with open(path, encoding="utf-8") as handle:
+            text = handle.read()
+        try:
+            json.loads(text)
+            continue
+        except json.JSONDecodeError as whole_error:
+            first_error = whole_error
+        for number, line in enumerate(text.splitlines(), start=1):
+            if not line.strip():
+                continue
+            try:
+                json.loads(line)
+            except json.JSONDecodeError as error:
+                if path.endswith(".jsonl") or number > 1:
+                    return f"{path} line {number} column {error.colno}: {error.msg}"
+                return f"{path} line {first_error.lineno} column {first_error.colno}: {first_error.msg}"
+    return None
+
+
+def sample_rows(num_rows: int, num_samples: int | None, max_samples: int | None,
+                rng: np.random.RandomState) -> np.ndarray | None:
+    """Row positions kept by `num_samples` then `max_samples`; None means every row in order.
+
+    num_samples: a random permutation cut to that many; when it asks for more rows than there are, every
+    row once plus random picks with replacement. max_samples: the first rows of what is left.
+    """
+    rows = None
+    if num_samples is not None:
+        rows = rng.permutation(num_rows)[:num_samples]
+        if num_samples > len(rows):
+            rows = np.concatenate((rows, rng.choice(num_rows, num_samples - len(rows))), axis=0)
+    if max_samples is not None:
+        current = num_rows if rows is None else len(rows)
+        if max_samples < current:
+            rows = np.arange(max_samples) if rows is None else rows[:max_samples]
+    return rows
+
+
+def row_locator(files: list[str], builder: str, split: str, rows: np.ndarray | None, cache_dir: str | None):
+    """A function naming the file and row (1-based, within that file) of positions in the sampled dataset."""
+
+    def locate(positions: list[int]) -> list[str]:
+        originals = [int(rows[p]) if rows is not None else int(p) for p in positions]
+        if len(files) == 1:
+            return [f"{files[0]} row {row + 1}" for row in originals]
+        import datasets  # several files: count each file's rows (only on this error path)
+
+        counts = [len(datasets.load_dataset(builder, data_files=[path], split=split, cache_dir=cache_dir))
+                  for path in files]
+        starts = np.cumsum([0] + counts)
+        places = []
+        for row in originals:
+            index = int(np.searchsorted(starts, row, side="right") - 1)
+            places.append(f"{files[index]} row {row - int(starts[index]) + 1}")
+        return places
+
+    return locate
+
+
+def load_converted_dataset(attr: DatasetAttr, data_args: Any, stage: str, rng: np.random.RandomState,
+                           cache_dir: str | None = None):
+    """Read, sample and convert one registry entry; returns (dataset, ConversionReport)."""
+    dataset, files, builder = read_files(attr, data_args.dataset_dir, cache_dir)
+    rows = sample_rows(len(dataset), attr.num_samples, data_args.max_samples, rng)
+    if rows is not None:
+        dataset = dataset.select(rows)
+    if attr.num_samples is not None:
+        logger.info("sampled %d rows from dataset '%s'", attr.num_samples, attr.name)
+    _check_columns(attr, dataset.column_names, files, stage)
+    overwrite = bool(getattr(data_args, "overwrite_cache", False))
+    return convert_dataset(dataset, attr, require_response=(stage == "sft"),
+                           locate=row_locator(files, builder, attr.split, rows, cache_dir),
+                           num_proc=data_args.preprocessing_num_workers,
+                           load_from_cache_file=False if overwrite else None)
+
+
+def _check_columns(attr: DatasetAttr, present: list[str], files: list[str], stage: str) -> None:
+    """Columns the entry names must exist in the files. A default column absent from the files means
+    "none" (LLaMA-Factory raises KeyError), except the ones without which nothing can be trained."""
+    where = f"{attr.where('columns')}, file {files[0]}" + (f" (and {len(files) - 1} more)" if len(files) > 1 else "")
+    listed = ", ".join(present)
+    if attr.formatting == "alpaca":
+        roles = ("prompt", "query", "response", "history", "system", "tools")
+    else:
+        roles = ("messages", "system", "tools")
+    for role in roles:
+        column = getattr(attr, role)
+        if column and column not in present and role not in attr.implicit_columns:
+            raise ValueError(f"{where}: column '{column}' ({role}) not found; the file has: {listed}.")
+    if attr.formatting == "alpaca":
+        if not any(getattr(attr, role) in present for role in ("prompt", "query") if getattr(attr, role)):
+            names = " nor ".join(f"'{getattr(attr, role)}' ({role})" for role in ("prompt", "query") if getattr(attr, role))
+            raise ValueError(f"{where}: no prompt column: neither {names} is in the file, which has: {listed}. "
+                             f"Map yours in dataset_info.json, e.g. \"columns\": {{\"prompt\": \"{present[0]}\"}}.")
+        if stage == "sft" and (not attr.response or attr.response not in present):
+            raise ValueError(f"{where}: supervised training needs a response column; "
+                             f"{repr(attr.response) if attr.response else 'none is named'} is not in the file, "
+                             f"which has: {listed}.")
+    elif attr.messages not in present:
+        raise ValueError(f"{where}: column '{attr.messages}' (messages) not found; the file has: {listed}.")
+
+
+def merge_datasets(datasets_list: list, data_args: Any, seed: int):
+    """One dataset from several: concatenated, or interleaved (datasets' stopping strategies)."""
+    if len(datasets_list) == 1:
+        return datasets_list[0]
+    import datasets
+
+    strategy = data_args.mix_strategy
+    if strategy == "concat":
+        return datasets.concatenate_datasets(datasets_list)
+    if strategy in INTERLEAVE_STRATEGIES:
+        return datasets.interleave_datasets(datasets_list, probabilities=data_args.interleave_probs, seed=seed,
+                                            stopping_strategy=INTERLEAVE_STRATEGIES[strategy])
+    raise ValueError(f"mix_strategy '{strategy}' is unknown; use concat, {', '.join(INTERLEAVE_STRATEGIES)}.")
+
+
+def split_validation(dataset, val_size: float, seed: int):
+    """(train, validation): val_size below 1 is a fraction, from 1 up a number of rows (LLaMA-Factory
+    reads 1.0 as a fraction and fails); `train_test_split` with the seed, as LLaMA-Factory."""
+    size: float | int = int(val_size) if val_size >= 1 else val_size
+    if isinstance(size, int) and size >= len(dataset):
+        raise ValueError(f"val_size {size} leaves no training rows: the training data has {len(dataset)} rows.")
+    try:
+        parts = dataset.train_test_split(test_size=size, seed=seed)
+    except ValueError as error:
+        raise ValueError(f"val_size {val_size} cannot split {len(dataset)} training rows: {error}") from None
+    return parts["train"], parts["test"]
+
+
+def load_datasets(attrs: list[DatasetAttr], data_args: Any, stage: str, rng: np.random.RandomState,
+                  cache_dir: str | None = None) -> tuple[dict[str, Any], list[ConversionReport]]:
+    """{name: canonical dataset} for registry entries, in order, and their conversion reports."""
+    loaded, reports = {}, []
+    for attr in attrs:
+        dataset, report = load_converted_dataset(attr, data_args, stage, rng, cache_dir)
+        loaded[attr.name] = dataset
+        reports.append(report)
+    return loaded, reports
