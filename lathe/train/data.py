@@ -256,7 +256,8 @@ def skip_batches(dataloader, num_batches: int) -> Iterable:
     For build_dataloader's map-style loaders that is the dataloader itself, armed to skip at the
     sampler: nothing skipped is fetched. An iterable dataset cannot seek, and neither can a
     dataloader we did not build, so there the skipped batches are loaded, collated and discarded
-    (a one-shot generator is returned). Either way, take len() from the dataloader, not the result.
+    before this returns (a one-shot iterator, already past them). Either way, take len() from the
+    dataloader, not the result.
     """
     if num_batches < 0:
         raise ValueError(f"num_batches must be >= 0, got {num_batches}")
@@ -266,14 +267,12 @@ def skip_batches(dataloader, num_batches: int) -> Iterable:
         return dataloader
     if num_batches == 0:
         return dataloader
-    return _batches_after_consuming(dataloader, num_batches)
-
-
-def _batches_after_consuming(dataloader, num_batches: int) -> Iterator:
+    # Read them now, not lazily on the first next(): creating the iterator and collating may draw
+    # from the global RNG, and the Trainer restores a checkpoint's RNG state right after this call.
     iterator = iter(dataloader)
     for _ in itertools.islice(iterator, num_batches):
         pass
-    yield from iterator
+    return iterator
 
 
 # ---- which columns reach model.forward ----

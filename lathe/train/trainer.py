@@ -238,15 +238,22 @@ class Trainer(TrainerDataLoaders, TrainerCheckpointing, TrainerEvaluation):
 
     def _epoch_batches(self, dataloader, epoch: int, start):
         """The epoch's batch iterator; on the resumed epoch, already-trained batches are skipped at
-        the sampler, and the checkpoint's RNG state is restored *after* the iterator is created
-        (creating it draws a seed from the global RNG, exactly as it did in the original run)."""
+        the sampler (or read and dropped where the loader cannot seek), and the checkpoint's RNG
+        state is restored at the point of the epoch where the interrupted run saved it. Creating the
+        iterator draws a seed from the global RNG: mid-epoch the interrupted run had made that draw
+        (and read the skipped batches) before saving, so restore after them; at an epoch boundary
+        (or with ignore_data_skip) it saved before this epoch's iterator existed, so restore first."""
         data.set_epoch(dataloader, epoch)
         skip = start.batches_to_skip if epoch == start.epoch else 0
         self._batches_done_in_epoch = skip
+        restore = None
+        if epoch == start.epoch:
+            restore, self._pending_rng_state = self._pending_rng_state, None
+        if restore is not None and skip == 0:
+            checkpoint.restore_rng_state(restore)
         iterator = iter(data.skip_batches(dataloader, skip))
-        if self._pending_rng_state is not None and epoch == start.epoch:
-            checkpoint.restore_rng_state(self._pending_rng_state)
-            self._pending_rng_state = None
+        if restore is not None and skip > 0:
+            checkpoint.restore_rng_state(restore)
         return iterator
 
     def _update_step(self, model, window: list, epoch: int, plan) -> None:  # noqa: C901 (flat on purpose)
