@@ -60,13 +60,27 @@ class ResumePosition:
     batches_to_skip: int  # micro-batches of that epoch to skip without loading them
 
 
-def resume_position(global_step: int, plan: TrainingPlan, accumulation: int, ignore_data_skip: bool) -> ResumePosition:
-    """Where a run that has taken `global_step` updates continues. Only the last window of an
-    epoch may be short, so whole epochs and windows convert exactly to micro-batches."""
+def resume_position(global_step: int, plan: TrainingPlan, accumulation: int, ignore_data_skip: bool,
+                    epoch: float | None = None) -> ResumePosition:
+    """Where a run that has taken `global_step` updates (and reached TrainerState.epoch `epoch`)
+    continues. Only the last window of an epoch may be short, so whole epochs and windows convert
+    exactly to micro-batches."""
+    if global_step >= plan.max_steps:
+        # Nothing left to train: start past the last epoch, so the loop takes no step at all
+        # (skipping to the epoch of global_step would train on the rest of that epoch).
+        return ResumePosition(plan.num_train_epochs, 0, 0)
     if global_step == 0 or plan.updates_per_epoch is None:
-        # Iterable datasets cannot seek; the loop consumes batches instead (see skip_batches in data.py).
-        skip = 0 if ignore_data_skip else global_step * accumulation
-        return ResumePosition(0, 0, skip)
+        # An iterable dataset has no epoch length, so the pass over it and the batches read in that
+        # pass come from the state's epoch, pass + batches / (max_steps * accumulation) (the loop's
+        # definition, and transformers'): global_step * accumulation would be wrong after the first
+        # pass, whose last window may be short. Iterable datasets cannot seek; the loop reads the
+        # skipped batches instead (see skip_batches in data.py).
+        if ignore_data_skip or global_step == 0:
+            return ResumePosition(0, 0, 0)
+        if epoch is None:
+            return ResumePosition(0, 0, global_step * accumulation)
+        whole = int(epoch)
+        return ResumePosition(whole, 0, round((epoch - whole) * plan.max_steps * accumulation))
     epoch, updates_done = divmod(global_step, plan.updates_per_epoch)
     batches = 0 if ignore_data_skip else updates_done * accumulation
     return ResumePosition(epoch, 0 if ignore_data_skip else updates_done, batches)

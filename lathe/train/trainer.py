@@ -215,7 +215,7 @@ class Trainer(TrainerDataLoaders, TrainerCheckpointing, TrainerEvaluation):
         self.state.init_training_references(self, plan.max_steps, plan.num_train_epochs, trial)
         if resume_path is not None:
             self._load_checkpoint(resume_path, plan)
-        start = batching.resume_position(self.state.global_step, plan, args.gradient_accumulation_steps, args.ignore_data_skip)
+        start = batching.resume_position(self.state.global_step, plan, args.gradient_accumulation_steps, args.ignore_data_skip, self.state.epoch)
         self._attach_to_callbacks(train_dataloader)
         self._begin_run(plan)
         self.control = self.callback_handler.on_train_begin(args, self.state, self.control)
