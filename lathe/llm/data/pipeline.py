@@ -1,0 +1,247 @@
+"""`get_dataset`: registry -> files -> canonical rows -> train/validation split -> tokenized rows, cached.
+
+The one entry point the workflows call. Order and semantics follow LLaMA-Factory 0.9.5's
+`get_dataset`: datasets are loaded, sampled and converted one by one, merged (`mix_strategy`), split
+(`val_size`, or `eval_dataset`), and each split is tokenized by the stage's processor. On top of that,
+the whole result is cached under a key of everything it depends on (see cache.py): a second run with
+the same inputs loads the tokenized rows without reading the data files' rows at all.
+"""
+from __future__ import annotations
+
+import contextlib
+import functools
+import glob
+import logging
+import os
+import time
+from typing import Any, Callable
+
+import numpy as np
+
+from lathe.llm.data import cache
+from lathe.llm.data.converters import ConversionReport
+from lathe.llm.data.preview import trained_fraction
+from lathe.llm.data.loader import load_datasets, merge_datasets, split_validation
+from lathe.llm.data.registry import DatasetAttr, get_dataset_list, resolve_data_files
+
+logger = logging.getLogger("lathe.llm.data")
+
+STAGES = ("pt", "sft")
+DEFAULT_CACHE_DIR = os.path.join("~", ".cache", "lathe", "tokenized")
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def get_dataset(template, model_args, data_args, training_args, stage: str, tokenizer,
+                cache_dir: str | None = None) -> dict[str, Any]:
+    """{"train_dataset": Dataset | None, "eval_dataset": Dataset | {name: Dataset} | None}.
+
+    `cache_dir` holds the tokenization cache (default ~/.cache/lathe/tokenized) and the raw arrow files
+    `datasets` makes from the data files.
+    """
+    if stage not in STAGES:
+        raise ValueError(f"stage '{stage}' is not supported yet by lathe's data pipeline (supported: {', '.join(STAGES)}).")
+    if getattr(data_args, "streaming", False):
+        raise ValueError("streaming is not supported yet: lathe tokenizes the whole dataset once and caches it.")
+    tokenized_path = getattr(data_args, "tokenized_path", None)
+    if tokenized_path and cache.has_tokenized_data(tokenized_path):
+        logger.warning("Loading the tokenized dataset from tokenized_path %s: the data arguments are ignored "
+                       "(as in LLaMA-Factory); remove that folder to tokenize again.", tokenized_path)
+        return dataset_module(cache.load_tokenized_path(tokenized_path))
+    if not getattr(data_args, "dataset", None) and not getattr(data_args, "eval_dataset", None):
+        raise ValueError("No dataset: set `dataset` (and/or `eval_dataset`) to names from dataset_info.json.")
+
+    root = os.path.expanduser(cache_dir or DEFAULT_CACHE_DIR)
+    plan = DataPlan.make(template, model_args, data_args, training_args, stage, tokenizer)
+    key = cache.cache_key(plan.key_parts())
+    main_first = getattr(training_args, "main_process_first", None)
+    with main_first(desc="pre-process dataset") if main_first else contextlib.nullcontext():
+        # Replicas read what the main process wrote, even when it was told to overwrite.
+        overwrite = getattr(data_args, "overwrite_cache", False) and getattr(training_args, "local_process_index", 0) == 0
+        entry = None if overwrite else cache.load_entry(root, key)
+        if entry is not None:
+            splits, manifest = entry
+            logger.info("Tokenized dataset loaded from the cache: %s", cache.entry_path(root, key))
+            _log_reports(manifest, cached=True)
+        else:
+            splits = build_and_cache(plan, root, key)
+    if tokenized_path and getattr(training_args, "should_save", True):
+        cache.save_tokenized_path(splits, tokenized_path, key)
+        logger.info("Tokenized dataset saved at %s; later runs with tokenized_path load it.", tokenized_path)
+    return dataset_module(splits)
+
+
+class DataPlan:
+    """Everything `get_dataset` needs, resolved once: registry entries, their files, the processors."""
+
+    def __init__(self, **values):
+        self.__dict__.update(values)
+
+    @classmethod
+    def make(cls, template, model_args, data_args, training_args, stage, tokenizer) -> "DataPlan":
+        packing = data_args.packing if getattr(data_args, "packing", None) is not None else stage == "pt"
+        train_attrs = get_dataset_list(data_args.dataset, data_args.dataset_dir)
+        eval_attrs = get_dataset_list(getattr(data_args, "eval_dataset", None), data_args.dataset_dir)
+        generate = bool(getattr(training_args, "predict_with_generate", False))
+        return cls(template=template, model_args=model_args, data_args=data_args, stage=stage, tokenizer=tokenizer,
+                   packing=packing, train_attrs=train_attrs, eval_attrs=eval_attrs, generate=generate,
+                   seed=getattr(training_args, "seed", 42),
+                   files={attr.name: resolve_data_files(attr, data_args.dataset_dir)[0]
+                          for attr in train_attrs + eval_attrs})
+
+    def processor(self, is_eval: bool) -> Callable:
+        return select_processor(self.stage, self.packing, generate=is_eval and self.generate)
+
+    def key_parts(self) -> dict[str, Any]:
+        processors = {self.processor(False), self.processor(True)} if self.eval_attrs or self._val_size() else \
+            {self.processor(False)}
+        code = glob.glob(os.path.join(HERE, "*.py")) + glob.glob(os.path.join(HERE, "..", "templates", "*.py"))
+        code += [_source_file(function) for function in processors]
+        return {
+            "stage": self.stage,
+            "datasets": {"train": [self._describe(attr) for attr in self.train_attrs],
+                         "eval": [self._describe(attr) for attr in self.eval_attrs]},
+            "data_args": cache.describe_data_args(self.data_args, self.packing),
+            "model_args": {name: cache.stable_structure(getattr(self.model_args, name, None)) for name in
+                           ("split_special_tokens", "add_tokens", "add_special_tokens", "use_fast_tokenizer")},
+            "seed": self.seed,
+            "generate_eval": self.generate,
+            "template": cache.stable_structure(self.template),
+            "tokenizer": cache.describe_tokenizer(self.tokenizer),
+            "processors": sorted(f"{f.__module__}.{f.__qualname__}" for f in processors),
+            "code": cache.source_digest([path for path in code if path]),
+        }
+
+    def _describe(self, attr: DatasetAttr) -> dict[str, Any]:
+        fields = {key: value for key, value in vars(attr).items() if key != "info_path"}
+        fields["files"] = [(os.path.basename(path), cache.hash_file(path)) for path in self.files[attr.name]]
+        return fields
+
+    def _val_size(self) -> float:
+        return float(getattr(self.data_args, "val_size", 0) or 0)
+
+
+def _source_file(function: Callable) -> str | None:
+    import inspect
+
+    try:
+        return inspect.getsourcefile(function)
+    except TypeError:
+        return None
+
+
+def select_processor(stage: str, packing: bool, generate: bool = False) -> Callable:
+    """The batched map function for a stage, with the uniform signature (examples, template, tokenizer, data_args)."""
+    if stage == "pt":
+        return _pretrain
+    if generate:
+        try:
+            from lathe.llm.data.supervised import preprocess_unsupervised_dataset
+        except ImportError:
+            raise ValueError("predict_with_generate needs prompt-only evaluation rows, which lathe's processors do "
+                             "not provide yet.") from None
+        return preprocess_unsupervised_dataset
+    if packing:
+        from lathe.llm.data.packing import preprocess_packed_supervised_dataset
+
+        return preprocess_packed_supervised_dataset
+    from lathe.llm.data.supervised import preprocess_supervised_dataset
+
+    return preprocess_supervised_dataset
+
+
+def _pretrain(examples, template, tokenizer, data_args):
+    from lathe.llm.data.pretrain import preprocess_pretrain_dataset
+
+    return preprocess_pretrain_dataset(examples, tokenizer, data_args)
+
+
+def build_and_cache(plan: DataPlan, root: str, key: str) -> dict[str, Any]:
+    """Load, convert, merge, split and tokenize into a staging folder, then publish it as the entry `key`."""
+    data_args = plan.data_args
+    rng = np.random.RandomState(plan.seed)  # LLaMA-Factory's draws after set_seed(seed)
+    raw_cache = os.path.join(root, "raw")
+    train_sets, reports = load_datasets(plan.train_attrs, data_args, plan.stage, rng, raw_cache)
+    eval_sets, eval_reports = load_datasets(plan.eval_attrs, data_args, plan.stage, rng, raw_cache)
+    reports += eval_reports
+    raw: dict[str, Any] = {}
+    if train_sets:
+        raw["train"] = merge_datasets(list(train_sets.values()), data_args, plan.seed)
+        if plan._val_size() > 1e-6:
+            if eval_sets:
+                raise ValueError("Set either val_size (split the training data) or eval_dataset, not both.")
+            raw["train"], raw["validation"] = split_validation(raw["train"], plan._val_size(), plan.seed)
+    if eval_sets and getattr(data_args, "eval_on_each_dataset", False):
+        raw.update({f"validation_{name}": dataset for name, dataset in eval_sets.items()})
+    elif eval_sets:
+        raw["validation"] = merge_datasets(list(eval_sets.values()), data_args, plan.seed)
+
+    with cache.staging_folder(root, key) as staging:
+        files, stats = {}, {}
+        for name, dataset in raw.items():
+            processed = tokenize_split(plan, name, dataset, staging)
+            files[name] = [os.path.relpath(item["filename"], staging) for item in processed.cache_files]
+            stats[name] = split_stats(processed, rows_before=len(dataset))
+        manifest = {"key": key, "splits": files, "stats": stats, "created": time.time(),
+                    "reports": [report.to_dict() for report in reports if report.skipped]}
+        cache.write_manifest(staging, manifest)
+    entry = cache.load_entry(root, key)
+    if entry is None:
+        raise RuntimeError(f"the tokenization cache entry {cache.entry_path(root, key)} was written but cannot be read")
+    _log_reports(manifest, cached=False)
+    return entry[0]
+
+
+def tokenize_split(plan: DataPlan, name: str, dataset, staging: str):
+    """One split through the stage's processor, written as arrow files inside the staging folder."""
+    is_eval = name != "train"
+    function = functools.partial(plan.processor(is_eval), template=plan.template, tokenizer=plan.tokenizer,
+                                 data_args=_resolved_data_args(plan))
+    processed = dataset.map(function, batched=True, remove_columns=dataset.column_names,
+                            batch_size=getattr(plan.data_args, "preprocessing_batch_size", 1000),
+                            num_proc=getattr(plan.data_args, "preprocessing_num_workers", None),
+                            cache_file_name=os.path.join(staging, f"{name}.arrow"), load_from_cache_file=False,
+                            new_fingerprint=cache.hash_text(f"{staging}/{name}")[:32],
+                            desc=f"Tokenizing the {name} split")
+    if len(processed) == 0:
+        what = "long enough to fill one block" if plan.stage == "pt" else "usable after tokenization"
+        raise ValueError(f"The {name} split has no examples {what} ({len(dataset)} rows before tokenization); "
+                         f"see the warnings above for skipped rows.")
+    if not processed.cache_files or any(not item["filename"].startswith(staging) for item in processed.cache_files):
+        processed = processed.flatten_indices(cache_file_name=os.path.join(staging, f"{name}-flat.arrow"))
+    return processed
+
+
+def _resolved_data_args(plan: DataPlan):
+    """The processors read `packing`; give them the value the stage implies when the config left it None."""
+    if getattr(plan.data_args, "packing", None) == plan.packing:
+        return plan.data_args
+    import copy
+
+    resolved = copy.copy(plan.data_args)
+    resolved.packing = plan.packing
+    return resolved
+
+
+def split_stats(dataset, rows_before: int) -> dict[str, int]:
+    """Rows, tokens and trained tokens (labels != -100) of a tokenized split."""
+    trained, tokens = trained_fraction(dataset)
+    return {"rows_before": rows_before, "rows": len(dataset), "tokens": tokens, "trained_tokens": trained}
+
+
+def _log_reports(manifest: dict[str, Any], cached: bool) -> None:
+    """Skipped rows were reported while converting; a cache hit repeats them, since they still apply."""
+    for values in manifest.get("reports", []) if cached else []:
+        logger.warning("when this cache entry was built, %s", ConversionReport.from_dict(values).summary())
+    for name, stats in manifest.get("stats", {}).items():
+        logger.info("%s split: %d rows (from %d), %d tokens%s", name, stats["rows"], stats["rows_before"],
+                    stats["tokens"], f", {stats['trained_tokens']} trained")
+
+
+def dataset_module(splits: dict[str, Any]) -> dict[str, Any]:
+    """LLaMA-Factory's DatasetModule: "train" -> train_dataset; "validation" -> eval_dataset, or
+    "validation_<name>" splits -> eval_dataset as {name: Dataset}."""
+    module: dict[str, Any] = {"train_dataset": splits.get("train"), "eval_dataset": splits.get("validation")}
+    if module["eval_dataset"] is None:
+        named = {name[len("validation_"):]: dataset for name, dataset in splits.items() if name.startswith("validation_")}
+        module["eval_dataset"] = named or None
+    return module
