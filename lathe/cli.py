@@ -13,11 +13,81 @@ def _env(_options) -> int:
     return 0
 
 
+def _pop_flags(overrides: list[str], *names: str) -> tuple[list[str], set[str]]:
+    """Take lathe's own flags (--dry_run, --traceback) out of the config overrides, wherever they are."""
+    found = {name for name in names if f"--{name}" in overrides or f"--{name.replace('_', '-')}" in overrides}
+    spelled = {f"--{name}" for name in names} | {f"--{name.replace('_', '-')}" for name in names}
+    return [item for item in overrides if item not in spelled], found
+
+
+def _train(options) -> int:
+    overrides, flags = _pop_flags(options.overrides, "dry_run", "traceback")
+    from lathe.llm.commands import train_command
+
+    return train_command(options.config, overrides, dry_run="dry_run" in flags, traceback="traceback" in flags)
+
+
+def _pop_valued(overrides: list[str], options, spellings: dict[str, tuple[str, ...]]) -> list[str]:
+    """Options of the command itself given after CONFIG (where REMAINDER collects them): set them on
+    `options` and return the other items."""
+    rest, index = [], 0
+    while index < len(overrides):
+        item = overrides[index]
+        name = next((dest for dest, names in spellings.items() if item.split("=", 1)[0] in names), None)
+        if name is None:
+            rest.append(item)
+        elif "=" in item:
+            setattr(options, name, item.split("=", 1)[1])
+        elif index + 1 < len(overrides):
+            setattr(options, name, overrides[index + 1])
+            index += 1
+        index += 1
+    return rest
+
+
+def _data_preview(options) -> int:
+    options.overrides = _pop_valued(options.overrides, options, {"num_examples": ("--num_examples", "--num-examples", "-n"), "split": ("--split",)})
+    overrides, flags = _pop_flags(options.overrides, "traceback")
+    options.num_examples = int(options.num_examples)
+    if options.split not in ("train", "eval"):
+        raise SystemExit(f"lathe data preview: --split must be train or eval, got {options.split!r}")
+    from lathe.llm.commands import data_preview_command
+
+    return data_preview_command(options.config, overrides, num_examples=options.num_examples, split=options.split,
+                                traceback="traceback" in flags)
+
+
+def _add_train_parsers(commands) -> None:
+    train = commands.add_parser(
+        "train", help="train a model from a LLaMA-Factory-style YAML config (stage pt or sft)",
+        description="Train from a LLaMA-Factory-style config. Prints the resolved configuration and the plan "
+        "(examples, tokens, steps, trainable parameters) first. Overrides win over the file: "
+        "`lathe train c.yaml learning_rate=1e-4 --num_train_epochs 2`.",
+    )
+    train.add_argument("config", help="YAML or JSON config file")
+    train.add_argument("overrides", nargs=argparse.REMAINDER,
+                       help="key=value or --key value pairs; --dry_run prints the plan and stops; --traceback shows "
+                       "the full error")
+    train.set_defaults(run=_train)
+
+    data = commands.add_parser("data", help="inspect the data a config trains on")
+    data_commands = data.add_subparsers(dest="data_command", metavar="COMMAND", required=True)
+    preview = data_commands.add_parser(
+        "preview", help="print tokenized examples with the trained spans marked and the share of trained tokens"
+    )
+    preview.add_argument("config", help="YAML or JSON config file")
+    preview.add_argument("--num_examples", "-n", type=int, default=3, help="examples to show")
+    preview.add_argument("--split", choices=("train", "eval"), default="train", help="which split to show")
+    preview.add_argument("overrides", nargs=argparse.REMAINDER, help="key=value or --key value pairs")
+    preview.set_defaults(run=_data_preview)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="lathe", description="Train and fine-tune PyTorch models.")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
     env = commands.add_parser("env", help="print versions of python, torch, lathe and optional packages, and the devices")
     env.set_defaults(run=_env)
+    _add_train_parsers(commands)
     return parser
 
 

@@ -95,10 +95,20 @@ def weights_dtype(model_args: "ModelArguments", is_trainable: bool, config=None)
     return saved or torch.float32
 
 
-def load_model(tokenizer, model_args: "ModelArguments", finetuning_args: "FinetuningArguments", is_trainable: bool = False):
+def load_model(tokenizer, model_args: "ModelArguments", finetuning_args: "FinetuningArguments", is_trainable: bool = False,
+               meta: bool = False):
     """The causal LM of `model_name_or_path` (or a fresh one from its config with train_from_scratch),
-    with full/freeze/lora set up for training, or frozen in eval mode for inference."""
+    with full/freeze/lora set up for training, or frozen in eval mode for inference.
+
+    meta=True builds the same modules on the meta device without reading any weights: enough to
+    count (trainable) parameters for a plan in a second, whatever the model's size. Adapters to
+    continue or merge have to be read, so with adapter_name_or_path the weights are loaded anyway.
+    """
+    import torch
     from transformers import AutoModelForCausalLM
+
+    if meta and model_args.adapter_name_or_path:
+        meta = False
 
     folder = _model_folder(model_args)
     config = load_config(model_args)
@@ -109,7 +119,10 @@ def load_model(tokenizer, model_args: "ModelArguments", finetuning_args: "Finetu
     if attention is not None:
         kwargs["attn_implementation"] = attention
     try:
-        if model_args.train_from_scratch:
+        if meta:
+            with torch.device("meta"):
+                model = AutoModelForCausalLM.from_config(config, **kwargs)
+        elif model_args.train_from_scratch:
             model = AutoModelForCausalLM.from_config(config, **kwargs)
         else:
             model = AutoModelForCausalLM.from_pretrained(
@@ -123,6 +136,11 @@ def load_model(tokenizer, model_args: "ModelArguments", finetuning_args: "Finetu
             ) from error
         raise
 
+    if len(tokenizer) > model.get_input_embeddings().weight.size(0) and not model_args.resize_vocab:
+        # The template (or add_tokens) gave the tokenizer ids the embeddings have no rows for.
+        logger.warning("The tokenizer has %d tokens but the model only %d embedding rows: resizing (resize_vocab).",
+                       len(tokenizer), model.get_input_embeddings().weight.size(0))
+        model_args.resize_vocab = True
     if model_args.resize_vocab:
         _resize_embeddings(model, tokenizer)
     if is_trainable:
@@ -154,8 +172,10 @@ def _resize_embeddings(model, tokenizer) -> None:
         return
     if not isinstance(model.get_output_embeddings(), torch.nn.Linear):
         raise ValueError(f"resize_vocab: {type(model).__name__} has no linear output head to resize.")
-    # transformers initialises the new rows from the mean and covariance of the old ones.
-    model.resize_token_embeddings(len(tokenizer), pad_to_multiple_of=64)
+    # transformers initialises the new rows from the mean and covariance of the old ones (which a
+    # meta-device model for a plan does not have).
+    is_meta = model.get_input_embeddings().weight.is_meta
+    model.resize_token_embeddings(len(tokenizer), pad_to_multiple_of=64, mean_resizing=not is_meta)
     logger.info("Resized the embeddings from %d to %d rows.", current, model.get_input_embeddings().weight.size(0))
 
 

@@ -1,0 +1,89 @@
+"""`lathe train` and `lathe data preview`: read the config, print what will happen, hand over to the
+stage's recipe. Imported only when one of these commands runs (it pulls in transformers)."""
+from __future__ import annotations
+
+import logging
+import sys
+
+__all__ = ["train_command", "data_preview_command", "run_train"]
+
+# Errors that mean "the config or the files are wrong": shown as one message, not a traceback.
+USER_ERRORS = (ValueError, FileNotFoundError, NotADirectoryError, ImportError)
+
+
+def _setup_logging() -> None:
+    logging.basicConfig(level=logging.INFO, format="[%(levelname)s|%(name)s] %(message)s", stream=sys.stderr)
+    try:
+        import transformers
+
+        transformers.logging.set_verbosity_warning()
+    except ImportError:
+        pass
+
+
+def _report(error: BaseException, command: str) -> int:
+    print(f"lathe {command}: error: {error}", file=sys.stderr)
+    for note in getattr(error, "__notes__", []):
+        print(note, file=sys.stderr)
+    print(f"(run `lathe {command} ... --traceback` to see where it happened)", file=sys.stderr)
+    return 2
+
+
+def run_train(config, dry_run: bool = False, callbacks: list | None = None) -> dict:
+    """Run the stage the config names (pt or sft)."""
+    if config.finetuning.stage == "pt":
+        from lathe.llm.workflows.pt import run_pt
+
+        return run_pt(config, dry_run=dry_run, callbacks=callbacks)
+    from lathe.llm.workflows.sft import run_sft
+
+    return run_sft(config, dry_run=dry_run, callbacks=callbacks)
+
+
+def train_command(config_path: str, overrides: list[str], dry_run: bool = False, traceback: bool = False) -> int:
+    """`lathe train CONFIG [key=value ...]`: print the resolved configuration and the plan, then train."""
+    from lathe.llm.config import parse_train_config
+    from lathe.llm.workflows.plan import format_config
+
+    _setup_logging()
+    try:
+        config = parse_train_config(config_path, overrides)
+        print(format_config(config), flush=True)
+        run_train(config, dry_run=dry_run)
+    except USER_ERRORS as error:
+        if traceback:
+            raise
+        return _report(error, "train")
+    if dry_run:
+        print("Dry run: nothing was trained.")
+    return 0
+
+
+def data_preview_command(config_path: str, overrides: list[str], num_examples: int = 3, split: str = "train",
+                         traceback: bool = False) -> int:
+    """`lathe data preview CONFIG`: a few tokenized examples with the trained spans marked."""
+    from lathe.llm.config import parse_train_config
+    from lathe.llm.data.pipeline import get_dataset
+    from lathe.llm.data.preview import preview_examples
+    from lathe.llm.model.loader import load_tokenizer
+    from lathe.llm.templates import get_template_and_fix_tokenizer
+
+    _setup_logging()
+    try:
+        config = parse_train_config(config_path, overrides)
+        tokenizer = load_tokenizer(config.model)
+        template = get_template_and_fix_tokenizer(tokenizer, config.data)
+        datasets = get_dataset(template, config.model, config.data, config.training,
+                               stage=config.finetuning.stage, tokenizer=tokenizer)
+        dataset = datasets["train_dataset"] if split == "train" else datasets["eval_dataset"]
+        if dataset is None:
+            raise ValueError(f"the config gives no {split} split (eval needs val_size or eval_dataset).")
+        parts = dataset.items() if isinstance(dataset, dict) else [(split, dataset)]
+        for name, part in parts:
+            print(f"== {name} (stage {config.finetuning.stage}, template {config.data.template or 'from the tokenizer'})")
+            print(preview_examples(part, tokenizer, n=num_examples))
+    except USER_ERRORS as error:
+        if traceback:
+            raise
+        return _report(error, "data preview")
+    return 0

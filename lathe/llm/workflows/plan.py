@@ -1,0 +1,154 @@
+"""What `lathe train` prints before it starts: the resolved configuration (values that differ from
+the defaults) and the plan — examples, tokens, steps, when it logs/evaluates/saves, trainable parameters."""
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+
+__all__ = ["RunPlan", "make_plan", "format_plan", "format_config", "count_tokens"]
+
+IGNORE_INDEX = -100
+
+
+@dataclass
+class RunPlan:
+    stage: str
+    method: str
+    train_examples: int | None
+    train_tokens: int | None
+    trained_tokens: int | None  # labels != -100
+    eval_examples: int | None
+    batch_size: int  # examples per optimizer step, all processes and accumulation included
+    steps_per_epoch: int | None
+    total_steps: int
+    epochs: float
+    trainable_parameters: int
+    total_parameters: int
+    resume_from: str | None
+
+
+def count_tokens(dataset) -> tuple[int, int | None]:
+    """(tokens, tokens with a label) in a tokenized dataset; the second is None without labels."""
+    columns = getattr(dataset, "column_names", None) or list(dataset[0].keys())
+    if "attention_mask" in columns:
+        tokens = sum(sum(1 for m in row if m) for row in dataset["attention_mask"])
+    else:
+        tokens = sum(len(row) for row in dataset["input_ids"])
+    if "labels" not in columns:
+        return tokens, None
+    return tokens, sum(sum(1 for label in row if label != IGNORE_INDEX) for row in dataset["labels"])
+
+
+def make_plan(config, dataset_module: dict, model, resume_from: str | None = None) -> RunPlan:
+    """Step arithmetic from lathe.train.batching (the Trainer's own), applied to the tokenized data."""
+    from lathe.llm.model.adapters import count_parameters
+    from lathe.train.batching import plan_training
+
+    training = config.training
+    train = dataset_module.get("train_dataset")
+    evaluation = dataset_module.get("eval_dataset")
+    batch = training.train_batch_size * training.world_size
+    train_examples = len(train) if train is not None else None
+    tokens = trained = None
+    steps_per_epoch, total_steps = None, 0
+    if train is not None and training.do_train:
+        tokens, trained = count_tokens(train)
+        batches = len(train) // batch if training.dataloader_drop_last else math.ceil(len(train) / batch)
+        schedule = plan_training(training, batches, len(train), training.train_batch_size)
+        steps_per_epoch, total_steps = schedule.updates_per_epoch, schedule.max_steps
+    if isinstance(evaluation, dict):
+        eval_examples = sum(len(part) for part in evaluation.values())
+    else:
+        eval_examples = len(evaluation) if evaluation is not None else None
+    trainable, total = count_parameters(model)
+    epochs = total_steps / steps_per_epoch if steps_per_epoch else 0.0
+    return RunPlan(
+        stage=config.finetuning.stage, method=config.finetuning.finetuning_type, train_examples=train_examples,
+        train_tokens=tokens, trained_tokens=trained, eval_examples=eval_examples,
+        batch_size=batch * training.gradient_accumulation_steps, steps_per_epoch=steps_per_epoch,
+        total_steps=total_steps, epochs=epochs, trainable_parameters=trainable, total_parameters=total,
+        resume_from=resume_from,
+    )
+
+
+def _every(strategy, steps, total_steps: int, what: str) -> str:
+    strategy = getattr(strategy, "value", strategy)
+    if strategy == "no":
+        return f"{what}: never"
+    if strategy == "epoch":
+        return f"{what}: at the end of each epoch"
+    if strategy == "best":
+        return f"{what}: when the evaluation metric improves"
+    if steps is not None and 0 < steps < 1:  # a fraction of the run
+        steps = math.ceil(steps * total_steps)
+    return f"{what}: every {int(steps)} steps"
+
+
+def format_plan(plan: RunPlan, config) -> str:
+    training = config.training
+    lines = [f"Plan: stage {plan.stage}, {plan.method} fine-tuning, output_dir {training.output_dir}"]
+    if plan.resume_from:
+        lines.append(f"  resume from     {plan.resume_from}")
+    if plan.train_examples is not None:
+        lines.append(f"  train examples  {plan.train_examples:,}")
+    if plan.train_tokens is not None:
+        text = f"  train tokens    {plan.train_tokens:,}"
+        if plan.trained_tokens is not None:
+            share = plan.trained_tokens / max(plan.train_tokens, 1)
+            text += f" ({plan.trained_tokens:,} trained, {share:.1%})"
+        lines.append(text)
+    if plan.eval_examples is not None:
+        lines.append(f"  eval examples   {plan.eval_examples:,}")
+    if training.do_train:
+        lines.append(
+            f"  batch           {plan.batch_size} examples per step = {training.per_device_train_batch_size} per device"
+            f" x {training.gradient_accumulation_steps} accumulation x {training.world_size} process(es)"
+        )
+        lines.append(f"  steps           {plan.steps_per_epoch} per epoch, {plan.total_steps} in total ({plan.epochs:.2f} epochs)")
+        lines.append("  " + _every(training.logging_strategy, training.logging_steps, plan.total_steps, "log"))
+        lines.append("  " + _every(training.eval_strategy, training.eval_steps, plan.total_steps, "evaluate"))
+        save = _every(training.save_strategy, training.save_steps, plan.total_steps, "save")
+        if training.save_total_limit:
+            save += f", keeping the last {training.save_total_limit}"
+        lines.append("  " + save)
+    share = plan.trainable_parameters / max(plan.total_parameters, 1)
+    lines.append(
+        f"  parameters      {plan.trainable_parameters:,} trainable of {plan.total_parameters:,} ({share:.4%})"
+    )
+    precision = "bf16" if training.bf16 else "fp16" if training.fp16 else "fp32"
+    if config.finetuning.pure_bf16:
+        precision = "pure bf16"
+    lines.append(f"  precision       {precision} on {training.device}")
+    return "\n".join(lines)
+
+
+def _changed(instance) -> dict:
+    changed = {}
+    for field in dataclasses.fields(instance):
+        if not field.init or field.name.startswith("_"):
+            continue
+        if field.default is not dataclasses.MISSING:
+            default = field.default
+        elif field.default_factory is not dataclasses.MISSING:
+            default = field.default_factory()
+        else:
+            default = dataclasses.MISSING
+        value = getattr(instance, field.name)
+        plain = getattr(value, "value", value)
+        if plain != default and not (isinstance(default, str) and [default] == plain):
+            changed[field.name] = plain
+    return changed
+
+
+def format_config(config) -> str:
+    """The resolved configuration: per section, the keys whose value is not the default."""
+    lines = ["Configuration (values that differ from the defaults):"]
+    for name in ("model", "data", "finetuning", "training", "generating"):
+        changed = _changed(getattr(config, name))
+        if not changed:
+            continue
+        lines.append(f"  {name}:")
+        for key in sorted(changed):
+            lines.append(f"    {key}: {changed[key]}")
+    return "\n".join(lines)

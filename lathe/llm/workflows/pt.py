@@ -1,0 +1,86 @@
+"""The pre-training recipe (stage: pt): documents + EOS, concatenated into cutoff_len blocks, and a
+causal LM trained on every token.
+
+    config -> tokenizer, template -> tokenized blocks -> model (full/freeze/lora)
+           -> Trainer.train() -> save -> evaluate (loss, perplexity)
+"""
+from __future__ import annotations
+
+from lathe.llm.workflows.plan import format_plan, make_plan
+from lathe.llm.workflows.setup import (
+    evaluate_and_save,
+    finish_training,
+    make_callbacks,
+    resolve_resume_checkpoint,
+    write_run_config,
+)
+
+IGNORE_INDEX = -100
+
+
+class PretrainCollator:
+    """Pad blocks to the longest in the batch; labels are the input ids, -100 on padding only.
+
+    Padding is found by position (the attention mask), not by token id: the pad token is usually
+    EOS, and masking by id (as transformers' DataCollatorForLanguageModeling does) would hide every
+    document boundary from the loss.
+    """
+
+    def __init__(self, tokenizer, pad_to_multiple_of: int | None = None):
+        self.pad_id = tokenizer.pad_token_id
+        self.right = tokenizer.padding_side != "left"
+        self.pad_to_multiple_of = pad_to_multiple_of
+
+    def __call__(self, features: list[dict]) -> dict:
+        import torch
+
+        length = max(len(f["input_ids"]) for f in features)
+        if self.pad_to_multiple_of:
+            length = -(-length // self.pad_to_multiple_of) * self.pad_to_multiple_of
+        input_ids = torch.full((len(features), length), self.pad_id, dtype=torch.long)
+        attention = torch.zeros((len(features), length), dtype=torch.long)
+        for row, feature in enumerate(features):
+            ids = torch.as_tensor(feature["input_ids"], dtype=torch.long)
+            span = slice(0, len(ids)) if self.right else slice(length - len(ids), length)
+            input_ids[row, span] = ids
+            attention[row, span] = 1
+        labels = input_ids.masked_fill(attention == 0, IGNORE_INDEX)
+        return {"input_ids": input_ids, "attention_mask": attention, "labels": labels}
+
+
+def run_pt(config, dry_run: bool = False, callbacks: list | None = None) -> dict:
+    """Run stage pt as configured; returns the metrics of what ran ({} for a dry run)."""
+    from lathe.llm.data.pipeline import get_dataset
+    from lathe.llm.model.loader import load_model, load_tokenizer
+    from lathe.llm.templates import get_template_and_fix_tokenizer
+    from lathe.llm.workflows.outputs import set_stop_tokens
+    from lathe.train import Trainer
+
+    model_args, data_args, training_args, finetuning_args = config.model, config.data, config.training, config.finetuning
+    resume_from = resolve_resume_checkpoint(config)
+
+    # Tokenizer and template first: the template may add stop tokens the model must have rows for.
+    tokenizer = load_tokenizer(model_args)
+    template = get_template_and_fix_tokenizer(tokenizer, data_args)
+    datasets = get_dataset(template, model_args, data_args, training_args, stage="pt", tokenizer=tokenizer)
+    model = load_model(tokenizer, model_args, finetuning_args, is_trainable=training_args.do_train, meta=dry_run)
+
+    print(format_plan(make_plan(config, datasets, model, resume_from), config), flush=True)
+    if dry_run:
+        return {}
+
+    set_stop_tokens(model, tokenizer, template)
+    trainer = Trainer(
+        model=model, args=training_args, data_collator=PretrainCollator(tokenizer), processing_class=tokenizer,
+        train_dataset=datasets["train_dataset"], eval_dataset=datasets["eval_dataset"],
+        callbacks=make_callbacks(config) + list(callbacks or []),
+    )
+    metrics = {}
+    if training_args.do_train:
+        write_run_config(config)
+        result = trainer.train(resume_from_checkpoint=resume_from)
+        finish_training(trainer, config, result, has_eval=datasets["eval_dataset"] is not None)
+        metrics.update(result.metrics)
+    if training_args.do_eval:
+        metrics.update(evaluate_and_save(trainer, with_perplexity=True))
+    return metrics

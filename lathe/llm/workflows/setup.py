@@ -1,0 +1,92 @@
+"""What every recipe does around the Trainer: decide where a run starts (LLaMA-Factory's output_dir
+rules), the callbacks it adds, and what it saves when training ends. One home, so pt and sft cannot drift."""
+from __future__ import annotations
+
+import logging
+import math
+import os
+
+from lathe.llm.workflows.outputs import TrainerLogCallback, plot_loss, save_generation_config
+
+__all__ = ["resolve_resume_checkpoint", "make_callbacks", "finish_training", "evaluate_and_save", "write_run_config"]
+
+logger = logging.getLogger(__name__)
+
+# Files that mean "a finished model is already here" (LLaMA-Factory refuses to train over them).
+MODEL_FILES = ("model.safetensors", "model.safetensors.index.json", "adapter_model.safetensors", "pytorch_model.bin", "adapter_model.bin")
+RUN_CONFIG_NAME = "lathe_train_config.yaml"
+
+
+def resolve_resume_checkpoint(config) -> str | None:
+    """The checkpoint this run resumes from, as LLaMA-Factory decides it.
+
+    resume_from_checkpoint wins when set. Otherwise, training into an existing output_dir resumes
+    from its last complete checkpoint, unless overwrite_output_dir; a finished model there without
+    checkpoints is an error rather than silently overwritten.
+    """
+    training = config.training
+    explicit = training.resume_from_checkpoint
+    if explicit not in (None, False, ""):
+        return explicit
+    if not training.do_train or not os.path.isdir(training.output_dir) or training.overwrite_output_dir:
+        return None
+    from lathe.train.checkpoint import get_last_checkpoint
+
+    last = get_last_checkpoint(training.output_dir)
+    if last is None and any(os.path.isfile(os.path.join(training.output_dir, name)) for name in MODEL_FILES):
+        raise ValueError(
+            f"output_dir {training.output_dir!r} already holds a trained model and no checkpoint to resume: "
+            "set overwrite_output_dir: true, or choose another output_dir."
+        )
+    if last is not None:
+        logger.info("Resuming training from %s (set overwrite_output_dir: true to start over).", last)
+    return last
+
+
+def make_callbacks(config) -> list:
+    """trainer_log.jsonl always; early stopping with early_stopping_steps."""
+    callbacks = [TrainerLogCallback()]
+    if config.finetuning.early_stopping_steps is not None:
+        from lathe.train.flow import EarlyStoppingCallback
+
+        callbacks.append(EarlyStoppingCallback(early_stopping_patience=config.finetuning.early_stopping_steps))
+    return callbacks
+
+
+def write_run_config(config) -> str | None:
+    """output_dir/lathe_train_config.yaml: every resolved value, so the run can be reproduced."""
+    if not config.training.should_save:
+        return None
+    import yaml
+
+    os.makedirs(config.training.output_dir, exist_ok=True)
+    path = os.path.join(config.training.output_dir, RUN_CONFIG_NAME)
+    with open(path, "w", encoding="utf-8") as f:
+        yaml.safe_dump(config.to_dict(), f, sort_keys=False)
+    return path
+
+
+def finish_training(trainer, config, train_result, has_eval: bool) -> None:
+    """After train(): weights or adapter + tokenizer (save_model), generation_config.json with the
+    stop tokens, train_results.json / all_results.json, trainer_state.json, and the loss plots."""
+    trainer.save_model()
+    if trainer.is_world_process_zero():
+        save_generation_config(trainer.model, config.training.output_dir)
+    trainer.log_metrics("train", train_result.metrics)
+    trainer.save_metrics("train", train_result.metrics)
+    trainer.save_state()
+    if trainer.is_world_process_zero() and config.finetuning.plot_loss:
+        plot_loss(config.training.output_dir, keys=("loss", "eval_loss") if has_eval else ("loss",))
+
+
+def evaluate_and_save(trainer, with_perplexity: bool, **gen_kwargs) -> dict:
+    """evaluate() -> eval_results.json (and all_results.json); perplexity = exp(eval_loss) for pt."""
+    metrics = trainer.evaluate(metric_key_prefix="eval", **gen_kwargs)
+    if with_perplexity and "eval_loss" in metrics:
+        try:
+            metrics["eval_perplexity"] = math.exp(metrics["eval_loss"])
+        except OverflowError:
+            metrics["eval_perplexity"] = float("inf")
+    trainer.log_metrics("eval", metrics)
+    trainer.save_metrics("eval", metrics)
+    return metrics

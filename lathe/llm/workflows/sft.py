@@ -1,0 +1,99 @@
+"""The supervised fine-tuning recipe (stage: sft): conversations rendered by the template, the loss
+on assistant tokens only, and optionally generation on the held-out prompts.
+
+    config -> tokenizer, template -> tokenized conversations -> model (full/freeze/lora)
+           -> Seq2SeqTrainer.train() -> save -> evaluate -> predict (generated_predictions.jsonl)
+"""
+from __future__ import annotations
+
+from lathe.llm.workflows.plan import format_plan, make_plan
+from lathe.llm.workflows.setup import (
+    evaluate_and_save,
+    finish_training,
+    make_callbacks,
+    resolve_resume_checkpoint,
+    write_run_config,
+)
+from lathe.train.seq2seq import Seq2SeqTrainer
+
+
+class SFTTrainer(Seq2SeqTrainer):
+    """Seq2SeqTrainer for decoder-only models: with predict_with_generate, the rows hold the prompt
+    only and the labels the reference answer, so generation runs without labels (their length
+    differs from the prompt's) and the prompt is blanked out of what generate() returns."""
+
+    def prediction_step(self, model, inputs, prediction_loss_only: bool, ignore_keys=None, **gen_kwargs):
+        if not self.args.predict_with_generate or prediction_loss_only:
+            return super().prediction_step(model, inputs, prediction_loss_only, ignore_keys=ignore_keys, **gen_kwargs)
+        labels = inputs.pop("labels", None)
+        loss, generated, _ = super().prediction_step(model, inputs, prediction_loss_only, ignore_keys=ignore_keys, **gen_kwargs)
+        if generated is not None:
+            generated = generated.clone()
+            generated[:, : inputs["input_ids"].size(-1)] = self.processing_class.pad_token_id
+        return loss, generated, labels
+
+
+def generation_kwargs(config, tokenizer, template) -> dict:
+    """model.generate() settings: GeneratingArguments plus the template's stop tokens and the pad id."""
+    kwargs = config.generating.generation_kwargs()
+    kwargs["eos_token_id"] = template.get_stop_token_ids(tokenizer)
+    kwargs["pad_token_id"] = tokenizer.pad_token_id
+    return kwargs
+
+
+def run_sft(config, dry_run: bool = False, callbacks: list | None = None) -> dict:
+    """Run stage sft as configured; returns the metrics of what ran ({} for a dry run)."""
+    from lathe.llm.data.collator import SFTDataCollator
+    from lathe.llm.data.pipeline import get_dataset
+    from lathe.llm.model.loader import load_model, load_tokenizer
+    from lathe.llm.templates import get_template_and_fix_tokenizer
+    from lathe.llm.workflows.outputs import ExactMatch, save_predictions, set_stop_tokens
+
+    model_args, data_args, training_args, finetuning_args = config.model, config.data, config.training, config.finetuning
+    resume_from = resolve_resume_checkpoint(config)
+
+    # Tokenizer and template first: the template may add stop tokens the model must have rows for.
+    tokenizer = load_tokenizer(model_args)
+    template = get_template_and_fix_tokenizer(tokenizer, data_args)
+    datasets = get_dataset(template, model_args, data_args, training_args, stage="sft", tokenizer=tokenizer)
+    model = load_model(tokenizer, model_args, finetuning_args, is_trainable=training_args.do_train, meta=dry_run)
+
+    print(format_plan(make_plan(config, datasets, model, resume_from), config), flush=True)
+    if dry_run:
+        return {}
+
+    set_stop_tokens(model, tokenizer, template)
+    collator = SFTDataCollator(
+        tokenizer=tokenizer, model=model, neat_packing=data_args.neat_packing,
+        label_pad_token_id=-100 if data_args.ignore_pad_token_for_loss else tokenizer.pad_token_id,
+        pad_to_multiple_of=8 if training_args.do_train else None,
+    )
+    trainer = SFTTrainer(
+        model=model, args=training_args, data_collator=collator, processing_class=tokenizer,
+        train_dataset=datasets["train_dataset"], eval_dataset=datasets["eval_dataset"],
+        compute_metrics=ExactMatch(tokenizer, config.generating.skip_special_tokens) if training_args.predict_with_generate else None,
+        callbacks=make_callbacks(config) + list(callbacks or []),
+    )
+    metrics = {}
+    if training_args.do_train:
+        write_run_config(config)
+        result = trainer.train(resume_from_checkpoint=resume_from)
+        finish_training(trainer, config, result, has_eval=datasets["eval_dataset"] is not None)
+        metrics.update(result.metrics)
+
+    gen_kwargs = generation_kwargs(config, tokenizer, template) if training_args.predict_with_generate else {}
+    if training_args.predict_with_generate:
+        tokenizer.padding_side = "left"  # generation continues the prompt: pad on the left
+    if training_args.do_eval:
+        metrics.update(evaluate_and_save(trainer, with_perplexity=False, **gen_kwargs))
+    if training_args.do_predict:
+        eval_dataset = datasets["eval_dataset"]
+        if isinstance(eval_dataset, dict):
+            raise ValueError("do_predict with eval_on_each_dataset is not supported yet: predict on one eval set.")
+        results = trainer.predict(eval_dataset, metric_key_prefix="predict", **gen_kwargs)
+        trainer.log_metrics("predict", results.metrics)
+        trainer.save_metrics("predict", results.metrics)
+        if trainer.is_world_process_zero():
+            save_predictions(training_args.output_dir, eval_dataset, results, tokenizer, config.generating.skip_special_tokens)
+        metrics.update(results.metrics)
+    return metrics
