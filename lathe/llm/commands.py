@@ -12,7 +12,11 @@ USER_ERRORS = (ValueError, FileNotFoundError, NotADirectoryError, ImportError)
 
 
 def _setup_logging() -> None:
+    import warnings
+
     logging.basicConfig(level=logging.INFO, format="[%(levelname)s|%(name)s] %(message)s", stream=sys.stderr)
+    # peft still calls the transformers-4 name; the warning says nothing a lathe user can act on.
+    warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
     try:
         import transformers
 

@@ -55,7 +55,7 @@ def init_adapter(model, model_args: "ModelArguments", finetuning_args: "Finetuni
             if param.requires_grad and param.dtype != torch.float32:
                 param.data = param.data.to(torch.float32)
     if is_trainable:
-        logger.info("Fine-tuning method: %s; %s", method, describe_trainable(model))
+        logger.info("Fine-tuning method: %s", method)
     return model
 
 

@@ -28,16 +28,12 @@ class RunPlan:
     resume_from: str | None
 
 
-def count_tokens(dataset) -> tuple[int, int | None]:
-    """(tokens, tokens with a label) in a tokenized dataset; the second is None without labels."""
-    columns = getattr(dataset, "column_names", None) or list(dataset[0].keys())
-    if "attention_mask" in columns:
-        tokens = sum(sum(1 for m in row if m) for row in dataset["attention_mask"])
-    else:
-        tokens = sum(len(row) for row in dataset["input_ids"])
-    if "labels" not in columns:
-        return tokens, None
-    return tokens, sum(sum(1 for label in row if label != IGNORE_INDEX) for row in dataset["labels"])
+def count_tokens(dataset) -> tuple[int, int]:
+    """(tokens, trained tokens) of a tokenized dataset; rows without labels train every token."""
+    from lathe.llm.data.preview import trained_fraction
+
+    trained, total = trained_fraction(dataset)
+    return total, trained
 
 
 def make_plan(config, dataset_module: dict, model, resume_from: str | None = None) -> RunPlan:
@@ -136,9 +132,16 @@ def _changed(instance) -> dict:
             default = dataclasses.MISSING
         value = getattr(instance, field.name)
         plain = getattr(value, "value", value)
-        if plain != default and not (isinstance(default, str) and [default] == plain):
-            changed[field.name] = plain
+        if plain == default or (isinstance(default, str) and [default] == plain):
+            continue
+        if default is None and plain in (False, [], "") and name_is_training(instance):
+            continue  # TrainingArguments resolving an unset option to its off value
+        changed[field.name] = plain
     return changed
+
+
+def name_is_training(instance) -> bool:
+    return hasattr(instance, "to_json_string")
 
 
 def format_config(config) -> str:

@@ -43,7 +43,6 @@ def generation_kwargs(config, tokenizer, template) -> dict:
 
 def run_sft(config, dry_run: bool = False, callbacks: list | None = None) -> dict:
     """Run stage sft as configured; returns the metrics of what ran ({} for a dry run)."""
-    from lathe.llm.data.collator import SFTDataCollator
     from lathe.llm.data.pipeline import get_dataset
     from lathe.llm.model.loader import load_model, load_tokenizer
     from lathe.llm.templates import get_template_and_fix_tokenizer
@@ -61,6 +60,8 @@ def run_sft(config, dry_run: bool = False, callbacks: list | None = None) -> dic
     print(format_plan(make_plan(config, datasets, model, resume_from), config), flush=True)
     if dry_run:
         return {}
+
+    from lathe.llm.data.collator import SFTDataCollator
 
     set_stop_tokens(model, tokenizer, template)
     collator = SFTDataCollator(
