@@ -44,14 +44,16 @@ def infer_seqlen(source_len: int, target_len: int, cutoff_len: int) -> tuple[int
     return new_source_len, new_target_len
 
 
-def check_supervised_example(prompt, response, system, tools) -> None:
+def check_supervised_example(prompt, response, system, tools, need_response: bool = True) -> None:
     """Raise SkippedExample unless the example has the canonical shape: an odd-length prompt alternating
-    user/observation and assistant/function, exactly one assistant/function response, string contents."""
+    user/observation and assistant/function, exactly one assistant/function response (when
+    `need_response`), string contents."""
     if not isinstance(prompt, list) or len(prompt) % 2 != 1:
         raise SkippedExample("prompt is not an odd number of messages")
-    if not isinstance(response, list) or len(response) != 1:
+    if need_response and (not isinstance(response, list) or len(response) != 1):
         raise SkippedExample("response is not exactly one message (unsupervised or ranking data)")
-    for index, message in enumerate(prompt + response):
+    checked = prompt + response if need_response else prompt
+    for index, message in enumerate(checked):
         expected = PROMPT_ROLES if index % 2 == 0 else ANSWER_ROLES
         if not isinstance(message, dict) or message.get("role") not in expected:
             raise SkippedExample(f"message roles do not alternate {'/'.join(PROMPT_ROLES)} and {'/'.join(ANSWER_ROLES)}")
@@ -165,3 +167,46 @@ def preprocess_supervised_dataset(examples: dict, template, tokenizer, data_args
         "attention_mask": [[1] * len(input_ids) for input_ids, _ in encoded],
         "labels": [labels for _, labels in encoded],
     }
+
+
+def encode_unsupervised_example(prompt, response, system, tools, template, tokenizer, cutoff_len: int):
+    """Prompt-only rows for generation (predict_with_generate): input_ids = the prompt (ending with the
+    assistant header), labels = the reference answer's ids (not masked: they are compared to the
+    generated text). Without exactly one response, the reference is an empty answer."""
+    reference = response if len(response) == 1 else [{"role": "assistant", "content": ""}]
+    try:
+        input_ids, labels = template.encode_oneturn(tokenizer, prompt + reference, system, tools)
+    except InvalidMessage as error:
+        raise SkippedExample(str(error)) from None
+    if template.efficient_eos:
+        labels = labels + [tokenizer.eos_token_id]
+    source_len, target_len = infer_seqlen(len(input_ids), len(labels), cutoff_len)
+    return input_ids[:source_len], labels[:target_len]
+
+
+def preprocess_unsupervised_dataset(examples: dict, template, tokenizer, data_args, skipped: Counter | None = None):
+    """A batched `datasets.map` function for evaluation rows that are generated from: input_ids,
+    attention_mask and labels (the reference answer), with skips counted as for supervised rows."""
+    model_inputs = {"input_ids": [], "attention_mask": [], "labels": []}
+    batch_skipped = Counter()
+    count = len(examples["_prompt"])
+    systems = examples.get("_system") or [None] * count
+    tools = examples.get("_tools") or [None] * count
+    responses = examples.get("_response") or [[]] * count
+    for prompt, response, system, tool_text in zip(examples["_prompt"], responses, systems, tools):
+        try:
+            check_supervised_example(prompt, response or [], system, tool_text, need_response=False)
+            input_ids, labels = encode_unsupervised_example(
+                prompt, response or [], system, tool_text, template, tokenizer, data_args.cutoff_len
+            )
+        except SkippedExample as skip:
+            batch_skipped[skip.reason] += 1
+            continue
+        model_inputs["input_ids"].append(input_ids)
+        model_inputs["attention_mask"].append([1] * len(input_ids))
+        model_inputs["labels"].append(labels)
+    if batch_skipped:
+        logger.warning("Unsupervised preprocessing %s.", describe_skips(batch_skipped, count))
+        if skipped is not None:
+            skipped.update(batch_skipped)
+    return model_inputs

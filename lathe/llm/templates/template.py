@@ -10,8 +10,8 @@ from __future__ import annotations
 import dataclasses
 import logging
 import re
-from dataclasses import dataclass, field
-from typing import Any, Optional, Union
+from dataclasses import dataclass
+from typing import Optional, Union
 
 from lathe.llm.templates.tools import InvalidMessage, describe_tools, format_function_message, get_tool_format
 
@@ -68,7 +68,6 @@ class Template:
     reasoning: bool = False
     enable_thinking: Optional[bool] = True
     preserve_thinking: bool = False
-    metadata: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self):
         default_answer = (CONTENT,) if self.efficient_eos else (CONTENT, EOS)
