@@ -104,24 +104,27 @@ def row_locator(files: list[str], builder: str, split: str, rows: np.ndarray | N
     return locate
 
 
-def load_converted_dataset(attr: DatasetAttr, data_args: Any, stage: str, rng: np.random.RandomState,
+def load_converted_dataset(attr: DatasetAttr, data_args: Any, require_response: bool, rng: np.random.RandomState,
                            cache_dir: str | None = None):
-    """Read, sample and convert one registry entry; returns (dataset, ConversionReport)."""
+    """Read, sample and convert one registry entry; returns (dataset, ConversionReport).
+
+    require_response: rows without exactly one answer are malformed (supervised training); pre-training
+    and generation-only evaluation rows may have none."""
     dataset, files, builder = read_files(attr, data_args.dataset_dir, cache_dir)
     rows = sample_rows(len(dataset), attr.num_samples, data_args.max_samples, rng)
     if rows is not None:
         dataset = dataset.select(rows)
     if attr.num_samples is not None:
         logger.info("sampled %d rows from dataset '%s'", attr.num_samples, attr.name)
-    _check_columns(attr, dataset.column_names, files, stage)
+    _check_columns(attr, dataset.column_names, files, require_response)
     overwrite = bool(getattr(data_args, "overwrite_cache", False))
-    return convert_dataset(dataset, attr, require_response=(stage == "sft"),
+    return convert_dataset(dataset, attr, require_response=require_response,
                            locate=row_locator(files, builder, attr.split, rows, cache_dir),
                            num_proc=data_args.preprocessing_num_workers,
                            load_from_cache_file=False if overwrite else None)
 
 
-def _check_columns(attr: DatasetAttr, present: list[str], files: list[str], stage: str) -> None:
+def _check_columns(attr: DatasetAttr, present: list[str], files: list[str], require_response: bool) -> None:
     """Columns the entry names must exist in the files. A default column absent from the files means
     "none" (LLaMA-Factory raises KeyError), except the ones without which nothing can be trained."""
     where = f"{attr.where('columns')}, file {files[0]}" + (f" (and {len(files) - 1} more)" if len(files) > 1 else "")
@@ -139,7 +142,7 @@ def _check_columns(attr: DatasetAttr, present: list[str], files: list[str], stag
             names = " nor ".join(f"'{getattr(attr, role)}' ({role})" for role in ("prompt", "query") if getattr(attr, role))
             raise ValueError(f"{where}: no prompt column: neither {names} is in the file, which has: {listed}. "
                              f"Map yours in dataset_info.json, e.g. \"columns\": {{\"prompt\": \"{present[0]}\"}}.")
-        if stage == "sft" and (not attr.response or attr.response not in present):
+        if require_response and (not attr.response or attr.response not in present):
             raise ValueError(f"{where}: supervised training needs a response column; "
                              f"{repr(attr.response) if attr.response else 'none is named'} is not in the file, "
                              f"which has: {listed}.")
@@ -176,11 +179,14 @@ def split_validation(dataset, val_size: float, seed: int):
 
 
 def load_datasets(attrs: list[DatasetAttr], data_args: Any, stage: str, rng: np.random.RandomState,
-                  cache_dir: str | None = None) -> tuple[dict[str, Any], list[ConversionReport]]:
-    """{name: canonical dataset} for registry entries, in order, and their conversion reports."""
+                  cache_dir: str | None = None, generate: bool = False) -> tuple[dict[str, Any], list[ConversionReport]]:
+    """{name: canonical dataset} for registry entries, in order, and their conversion reports.
+
+    Supervised rows need an answer, except evaluation rows that are generated from (`generate`), which
+    may have none, as in LLaMA-Factory."""
     loaded, reports = {}, []
     for attr in attrs:
-        dataset, report = load_converted_dataset(attr, data_args, stage, rng, cache_dir)
+        dataset, report = load_converted_dataset(attr, data_args, stage == "sft" and not generate, rng, cache_dir)
         loaded[attr.name] = dataset
         reports.append(report)
     return loaded, reports

@@ -161,7 +161,7 @@ def build_and_cache(plan: DataPlan, root: str, key: str) -> dict[str, Any]:
     rng = np.random.RandomState(plan.seed)  # LLaMA-Factory's draws after set_seed(seed)
     raw_cache = os.path.join(root, "raw")
     train_sets, reports = load_datasets(plan.train_attrs, data_args, plan.stage, rng, raw_cache)
-    eval_sets, eval_reports = load_datasets(plan.eval_attrs, data_args, plan.stage, rng, raw_cache)
+    eval_sets, eval_reports = load_datasets(plan.eval_attrs, data_args, plan.stage, rng, raw_cache, plan.generate)
     reports += eval_reports
     raw: dict[str, Any] = {}
     if train_sets:
