@@ -168,6 +168,15 @@ def test_mix_strategies(raw_cache):
                               interleave_probs="0.5,0.5")
     over = merge_datasets(parts, probabilities, seed=42)
     assert all(expected in over.to_list() for expected in ALPACA + SHAREGPT)
+    once = merge_datasets(parts, data_args(mix_strategy="interleave_once"), seed=42)
+    assert sorted(map(str, once.to_list())) == sorted(map(str, ALPACA + SHAREGPT))
+
+
+def test_a_name_listed_twice_is_used_once(raw_cache, caplog):
+    with caplog.at_level("WARNING", logger="lathe.llm.data"):
+        loaded, reports = load("alpaca_json,alpaca_json", cache_dir=raw_cache)
+    assert list(loaded) == ["alpaca_json"] and len(reports) == 1
+    assert "listed more than once" in caplog.text
 
 
 def test_several_datasets_keep_their_order_and_reports(raw_cache):

@@ -186,6 +186,9 @@ def load_datasets(attrs: list[DatasetAttr], data_args: Any, stage: str, rng: np.
     may have none, as in LLaMA-Factory."""
     loaded, reports = {}, []
     for attr in attrs:
+        if attr.name in loaded:
+            logger.warning("dataset '%s' is listed more than once; it is used once (as in LLaMA-Factory).", attr.name)
+            continue
         dataset, report = load_converted_dataset(attr, data_args, stage == "sft" and not generate, rng, cache_dir)
         loaded[attr.name] = dataset
         reports.append(report)

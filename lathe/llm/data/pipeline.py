@@ -182,6 +182,7 @@ def build_and_cache(plan: DataPlan, root: str, key: str) -> dict[str, Any]:
             files[name] = [os.path.relpath(item["filename"], staging) for item in processed.cache_files]
             stats[name] = split_stats(processed, rows_before=len(dataset))
         manifest = {"key": key, "splits": files, "stats": stats, "created": time.time(),
+                    "one_row_per_example": plan.stage == "sft" and not plan.packing,
                     "reports": [report.to_dict() for report in reports if report.skipped]}
         cache.write_manifest(staging, manifest)
     entry = cache.load_entry(root, key)
@@ -233,6 +234,10 @@ def _log_reports(manifest: dict[str, Any], cached: bool) -> None:
     for values in manifest.get("reports", []) if cached else []:
         logger.warning("when this cache entry was built, %s", ConversionReport.from_dict(values).summary())
     for name, stats in manifest.get("stats", {}).items():
+        dropped = stats["rows_before"] - stats["rows"]
+        if cached and manifest.get("one_row_per_example") and dropped > 0:
+            logger.warning("when this cache entry was built, tokenizing the %s split skipped %d of %d examples",
+                           name, dropped, stats["rows_before"])
         logger.info("%s split: %d rows (from %d), %d tokens%s", name, stats["rows"], stats["rows_before"],
                     stats["tokens"], f", {stats['trained_tokens']} trained")
 
