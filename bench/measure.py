@@ -50,6 +50,25 @@ def high_water_rss_mb() -> float:
     return _status_kib("VmHWM") / 1024
 
 
+class profile_if_requested:
+    """cProfile the enclosed block into $BENCH_PROFILE when that is set (see bench/README.md)."""
+
+    def __enter__(self):
+        self.path = os.environ.get("BENCH_PROFILE")
+        if self.path:
+            import cProfile
+
+            self.profiler = cProfile.Profile()
+            self.profiler.enable()
+        return self
+
+    def __exit__(self, *exc_info):
+        if self.path:
+            self.profiler.disable()
+            self.profiler.dump_stats(self.path)
+        return False
+
+
 def write_result(path: str | None, result: dict) -> None:
     result.setdefault("peak_rss_mb", peak_rss_mb())
     result.setdefault("python", sys.version.split()[0])

@@ -29,12 +29,18 @@ REPO_ROOT = BENCH_DIR.parent
 RESULTS_DIR = BENCH_DIR / "results"
 DEFAULT_PYTHON = BENCH_DIR / ".venv-peers" / "bin" / "python"
 RUNNERS = ("plain", "hf", "lathe")
+# label -> (untimed setup, timed statement); each runs in a fresh process.
 IMPORT_STATEMENTS = {
-    "python -c pass": "pass",
-    "import torch": "import torch",
-    "import lathe": "import lathe",
-    "from lathe import Trainer, TrainingArguments": "from lathe import Trainer, TrainingArguments",
-    "from transformers import Trainer, TrainingArguments": "from transformers import Trainer, TrainingArguments",
+    "python -c pass": ("", "pass"),
+    "import torch": ("", "import torch"),
+    "import lathe": ("", "import lathe"),
+    "from lathe import Trainer, TrainingArguments": ("", "from lathe import Trainer, TrainingArguments"),
+    "from transformers import Trainer, TrainingArguments": ("", "from transformers import Trainer, TrainingArguments"),
+    # What each trainer adds on top of an already imported torch: the import-overhead target.
+    "import torch; then from lathe import Trainer, TrainingArguments":
+        ("import torch", "from lathe import Trainer, TrainingArguments"),
+    "import torch; then from transformers import Trainer, TrainingArguments":
+        ("import torch", "from transformers import Trainer, TrainingArguments"),
 }
 
 
@@ -131,13 +137,15 @@ def measure_imports(python: str, repeats: int, lathe_available: bool) -> dict:
     """In-process import time and whole-process wall time of each statement, one fresh process each."""
     timings = {label: [] for label in IMPORT_STATEMENTS}
     for round_index in range(repeats + 1):  # round 0 warms the page cache and is discarded
-        for label, statement in IMPORT_STATEMENTS.items():
+        for label, (setup, statement) in IMPORT_STATEMENTS.items():
             if "lathe" in statement and not lathe_available:
                 continue
-            code = f"import time; t = time.perf_counter(); {statement}; print(time.perf_counter() - t)"
+            code = (f"import time; {setup or 'pass'}; t, c = time.perf_counter(), time.process_time(); {statement}; "
+                    "print(time.perf_counter() - t, time.process_time() - c)")
             record = spawn([python, "-c", code], timeout=120)
             if round_index and record["rc"] == 0:
-                timings[label].append({"in_process_s": float(record["stdout"].split()[-1]),
+                in_process_s, in_process_cpu_s = map(float, record["stdout"].split()[-2:])
+                timings[label].append({"in_process_s": in_process_s, "in_process_cpu_s": in_process_cpu_s,
                                        "wall_s": record["wall_s"], "maxrss_mb": record["maxrss_mb"]})
             elif record["rc"]:
                 timings[label].append({"error": record["stderr"][-1000:]})
@@ -180,7 +188,7 @@ def measure_eval_memory(python: str, runners: list[str], quick: bool) -> list[di
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="small jobs, 1 repeat: a smoke run")
-    parser.add_argument("--repeats", type=int, help="repeats per runner and job (default 5 regression / 3 lm)")
+    parser.add_argument("--repeats", type=int, help="repeats per runner and job (default 7 regression / 3 lm)")
     parser.add_argument("--jobs", default="regression,lm")
     parser.add_argument("--runners", default=",".join(RUNNERS))
     parser.add_argument("--python", default=str(DEFAULT_PYTHON), help="interpreter for every child process")
@@ -216,7 +224,7 @@ def main():
         results["cli"] = measure_cli(args.python, import_repeats)
     if "train" not in skip:
         for job in args.jobs.split(","):
-            repeats = args.repeats or (1 if args.quick else (5 if job == "regression" else 3))
+            repeats = args.repeats or (1 if args.quick else (7 if job == "regression" else 3))
             for repeat in range(repeats):
                 for runner in runners:  # interleaved: plain, hf, lathe, plain, hf, lathe, ...
                     record = run_measured(args.python, runner, job, args.quick)

@@ -173,7 +173,8 @@ def main():
     result["setup_s"] = time.perf_counter() - setup_start
 
     train_start, train_cpu_start = time.perf_counter(), time.process_time()
-    outcome = train(job, model, data, output_dir)
+    with measure.profile_if_requested():
+        outcome = train(job, model, data, output_dir)
     result["train_s"] = time.perf_counter() - train_start
     result["train_cpu_s"] = time.process_time() - train_cpu_start
     shutil.rmtree(output_dir, ignore_errors=True)

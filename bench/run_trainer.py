@@ -118,7 +118,8 @@ def run_training(job, result: dict, output_dir: str) -> None:
     result["setup_s"] = time.perf_counter() - setup_start
 
     train_start, train_cpu_start = time.perf_counter(), time.process_time()
-    output = trainer.train()
+    with measure.profile_if_requested():
+        output = trainer.train()
     result["train_s"] = time.perf_counter() - train_start
     result["train_cpu_s"] = time.process_time() - train_cpu_start
     shutil.rmtree(output_dir, ignore_errors=True)
