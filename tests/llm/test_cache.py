@@ -225,6 +225,10 @@ def test_tokenized_path_holding_something_else_is_an_error(env, tmp_path):
     (path / "notes.txt").write_text("not a dataset")
     with pytest.raises(ValueError, match="exists but holds no saved dataset"):
         env.run(tokenized_path=str(path))
+    (tmp_path / "a_file").write_text("keep me")
+    with pytest.raises(ValueError, match="is a file; it must name a folder"):
+        env.run(tokenized_path=str(tmp_path / "a_file"))
+    assert (tmp_path / "a_file").read_text() == "keep me"
 
 
 def test_several_workers_give_the_same_rows(env):

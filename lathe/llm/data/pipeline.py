@@ -43,6 +43,8 @@ def get_dataset(template, model_args, data_args, training_args, stage: str, toke
     if getattr(data_args, "streaming", False):
         raise ValueError("streaming is not supported yet: lathe tokenizes the whole dataset once and caches it.")
     tokenized_path = getattr(data_args, "tokenized_path", None)
+    if tokenized_path and os.path.exists(tokenized_path) and not os.path.isdir(tokenized_path):
+        raise ValueError(f"tokenized_path {tokenized_path} is a file; it must name a folder (new, or a saved dataset).")
     if tokenized_path and cache.has_tokenized_data(tokenized_path):
         logger.warning("Loading the tokenized dataset from tokenized_path %s: the data arguments are ignored "
                        "(as in LLaMA-Factory); remove that folder to tokenize again.", tokenized_path)
