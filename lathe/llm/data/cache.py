@@ -122,8 +122,9 @@ def describe_data_args(data_args: Any, packing: bool) -> dict[str, Any]:
 def source_digest(paths: list[str]) -> str:
     """The code that makes the rows: a fixed bug must not keep serving rows cached before the fix."""
     digest = hashlib.sha256()
-    for path in sorted(set(paths)):
-        digest.update(path.encode())
+    package_parent = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+    for path in sorted(set(os.path.abspath(path) for path in paths)):
+        digest.update(os.path.relpath(path, package_parent).encode())  # the same install elsewhere hashes equal
         digest.update(hash_file(path).encode())
     return digest.hexdigest()
 

@@ -14,6 +14,7 @@ import glob
 import logging
 import os
 import time
+from dataclasses import dataclass
 from typing import Any, Callable
 
 import numpy as np
@@ -72,20 +73,30 @@ def get_dataset(template, model_args, data_args, training_args, stage: str, toke
     return dataset_module(splits)
 
 
+@dataclass
 class DataPlan:
-    """Everything `get_dataset` needs, resolved once: registry entries, their files, the processors."""
+    """Everything `get_dataset` needs, resolved once: registry entries, their files, the stage."""
 
-    def __init__(self, **values):
-        self.__dict__.update(values)
+    template: Any
+    model_args: Any
+    data_args: Any
+    stage: str
+    tokenizer: Any
+    packing: bool  # resolved: None in the config means true for pt, false for sft
+    train_attrs: list[DatasetAttr]
+    eval_attrs: list[DatasetAttr]
+    generate: bool  # predict_with_generate: evaluation rows are prompts to generate from
+    seed: int
+    files: dict[str, list[str]]
 
     @classmethod
     def make(cls, template, model_args, data_args, training_args, stage, tokenizer) -> "DataPlan":
-        packing = data_args.packing if getattr(data_args, "packing", None) is not None else stage == "pt"
         train_attrs = get_dataset_list(data_args.dataset, data_args.dataset_dir)
         eval_attrs = get_dataset_list(getattr(data_args, "eval_dataset", None), data_args.dataset_dir)
-        generate = bool(getattr(training_args, "predict_with_generate", False))
         return cls(template=template, model_args=model_args, data_args=data_args, stage=stage, tokenizer=tokenizer,
-                   packing=packing, train_attrs=train_attrs, eval_attrs=eval_attrs, generate=generate,
+                   packing=data_args.packing if getattr(data_args, "packing", None) is not None else stage == "pt",
+                   train_attrs=train_attrs, eval_attrs=eval_attrs,
+                   generate=bool(getattr(training_args, "predict_with_generate", False)),
                    seed=getattr(training_args, "seed", 42),
                    files={attr.name: resolve_data_files(attr, data_args.dataset_dir)[0]
                           for attr in train_attrs + eval_attrs})
@@ -136,11 +147,8 @@ def select_processor(stage: str, packing: bool, generate: bool = False) -> Calla
     if stage == "pt":
         return _pretrain
     if generate:
-        try:
-            from lathe.llm.data.supervised import preprocess_unsupervised_dataset
-        except ImportError:
-            raise ValueError("predict_with_generate needs prompt-only evaluation rows, which lathe's processors do "
-                             "not provide yet.") from None
+        from lathe.llm.data.supervised import preprocess_unsupervised_dataset
+
         return preprocess_unsupervised_dataset
     if packing:
         from lathe.llm.data.packing import preprocess_packed_supervised_dataset
