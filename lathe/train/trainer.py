@@ -387,6 +387,7 @@ class Trainer(TrainerDataLoaders, TrainerCheckpointing, TrainerEvaluation):
         self._trainable_parameters = [p for p in self.model.parameters() if p.requires_grad]
         self._globalstep_last_logged = self.state.global_step
         self._first_step_of_run = self.state.global_step
+        self._initial_num_input_tokens_seen = self.state.num_input_tokens_seen
         self._grad_norm = None
         self._last_learning_rate = None
         self._start_time = time.time()
@@ -446,8 +447,13 @@ class Trainer(TrainerDataLoaders, TrainerCheckpointing, TrainerEvaluation):
             logs["epoch"] = self.state.epoch
         if self.args.include_num_input_tokens_seen != "no":
             logs["num_input_tokens_seen"] = self.state.num_input_tokens_seen
-            if start_time is not None and time.time() > start_time:
-                logs["train_tokens_per_second"] = round(self.state.num_input_tokens_seen / (time.time() - start_time), 3)
+            if start_time is not None:
+                from lathe.train.evaluation import speed_metrics
+
+                # train_runtime and train_tokens_per_second as transformers logs them, counting only
+                # this train() call's tokens: a resumed run's start_time is its own start.
+                tokens = self.state.num_input_tokens_seen - self._initial_num_input_tokens_seen
+                logs.update(speed_metrics("train", start_time, num_tokens=tokens))
         self.state.log_history.append({**logs, "step": self.state.global_step})
         self.control = self.callback_handler.on_log(self.args, self.state, self.control, logs)
 
