@@ -55,6 +55,7 @@ def run_pt(config, dry_run: bool = False, callbacks: list | None = None) -> dict
     from lathe.llm.templates import get_template_and_fix_tokenizer
     from lathe.llm.workflows.outputs import set_stop_tokens
     from lathe.train import Trainer
+    from lathe.train.seed import set_seed
 
     model_args, data_args, training_args, finetuning_args = config.model, config.data, config.training, config.finetuning
     resume_from = resolve_resume_checkpoint(config)
@@ -63,6 +64,7 @@ def run_pt(config, dry_run: bool = False, callbacks: list | None = None) -> dict
     tokenizer = load_tokenizer(model_args)
     template = get_template_and_fix_tokenizer(tokenizer, data_args)
     datasets = get_dataset(template, model_args, data_args, training_args, stage="pt", tokenizer=tokenizer)
+    set_seed(training_args.seed)  # new weights (LoRA, train_from_scratch) are drawn while loading
     model = load_model(tokenizer, model_args, finetuning_args, is_trainable=training_args.do_train, meta=dry_run)
 
     print(format_plan(make_plan(config, datasets, model, resume_from), config), flush=True)
