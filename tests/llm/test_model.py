@@ -2,11 +2,11 @@
 import pytest
 import torch
 
-pytestmark = pytest.mark.filterwarnings("ignore:.*is_gradient_checkpointing:FutureWarning")
-
 from lathe.llm.config import parse_train_config
 from lathe.llm.model.adapters import count_parameters, find_all_linear_modules
 from lathe.llm.model.loader import load_model, load_tokenizer
+
+pytestmark = pytest.mark.filterwarnings("ignore:.*is_gradient_checkpointing:FutureWarning")
 
 
 def _config(model_dir, **values):
