@@ -475,6 +475,8 @@ def _fill_training_defaults(raw: dict[str, Any], hints_per_section: list[dict]) 
         raw["generation_num_beams"] = raw["eval_num_beams"]
     # The collators need every column the processors produce (labels, position_ids, ...).
     raw["remove_unused_columns"] = False
+    if raw.get("early_stopping_steps") is not None and raw.get("metric_for_best_model") is None:
+        raw["metric_for_best_model"] = "eval_loss"  # what early stopping watches unless told otherwise
     if raw.get("finetuning_type", "lora") == "lora" and not raw.get("label_names"):
         raw["label_names"] = ["labels"]  # a PeftModel's forward hides `labels` from signature inspection
 
@@ -523,5 +525,8 @@ def _validate(config: TrainConfig, where: str) -> None:
         raise ValueError(f"adapter_name_or_path{where} needs finetuning_type: lora (got {finetuning.finetuning_type!r}).")
     if training.fp16 and finetuning.pure_bf16:
         raise ValueError(f"fp16 and pure_bf16{where} contradict each other.")
-    if finetuning.early_stopping_steps is not None and finetuning.early_stopping_steps <= 0:
-        raise ValueError(f"early_stopping_steps{where} must be a positive number of evaluations.")
+    if finetuning.early_stopping_steps is not None:
+        if finetuning.early_stopping_steps <= 0:
+            raise ValueError(f"early_stopping_steps{where} must be a positive number of evaluations.")
+        if getattr(training.eval_strategy, "value", training.eval_strategy) == "no":
+            raise ValueError(f"early_stopping_steps{where} counts evaluations: set eval_strategy to steps or epoch.")

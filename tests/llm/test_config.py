@@ -153,3 +153,10 @@ def test_to_dict_is_json_friendly():
     import json
 
     json.dumps(parse_train_config(BASE).to_dict())
+
+
+def test_early_stopping_watches_eval_loss_and_needs_evaluation():
+    config = parse_train_config({**BASE, "early_stopping_steps": 2, "val_size": 0.1, "eval_strategy": "steps", "eval_steps": 5})
+    assert config.training.metric_for_best_model == "eval_loss" and config.training.greater_is_better is False
+    with pytest.raises(ValueError, match="early_stopping_steps .*counts evaluations"):
+        parse_train_config({**BASE, "early_stopping_steps": 2})

@@ -66,7 +66,7 @@ def write_run_config(config) -> str | None:
     return path
 
 
-def finish_training(trainer, config, train_result, has_eval: bool) -> None:
+def finish_training(trainer, config, train_result, eval_dataset) -> None:
     """After train(): weights or adapter + tokenizer (save_model), generation_config.json with the
     stop tokens, train_results.json / all_results.json, trainer_state.json, and the loss plots."""
     trainer.save_model()
@@ -76,7 +76,12 @@ def finish_training(trainer, config, train_result, has_eval: bool) -> None:
     trainer.save_metrics("train", train_result.metrics)
     trainer.save_state()
     if trainer.is_world_process_zero() and config.finetuning.plot_loss:
-        plot_loss(config.training.output_dir, keys=("loss", "eval_loss") if has_eval else ("loss",))
+        keys = ["loss"]
+        if isinstance(eval_dataset, dict):  # eval_on_each_dataset: one curve per dataset
+            keys += [f"eval_{name}_loss" for name in eval_dataset]
+        elif eval_dataset is not None:
+            keys.append("eval_loss")
+        plot_loss(config.training.output_dir, keys=tuple(keys))
 
 
 def evaluate_and_save(trainer, with_perplexity: bool, **gen_kwargs) -> dict:

@@ -81,7 +81,7 @@ def run_sft(config, dry_run: bool = False, callbacks: list | None = None) -> dic
     if training_args.do_train:
         write_run_config(config)
         result = trainer.train(resume_from_checkpoint=resume_from)
-        finish_training(trainer, config, result, has_eval=datasets["eval_dataset"] is not None)
+        finish_training(trainer, config, result, datasets["eval_dataset"])
         metrics.update(result.metrics)
 
     gen_kwargs = generation_kwargs(config, tokenizer, template) if training_args.predict_with_generate else {}
