@@ -133,3 +133,34 @@ def test_importing_the_data_modules_imports_no_heavy_package():
             "print([m for m in ('datasets', 'transformers', 'torch', 'pyarrow') if m in sys.modules])")
     output = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert output.strip() == "[]"
+
+
+# ---- LLaMA-Factory golden: its whole get_dataset on the same files (make_llamafactory_converted.py) ----
+
+GOLDEN_PIPELINE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "golden", "llamafactory_pipeline.json")
+
+
+def golden_pipeline():
+    import json
+
+    with open(GOLDEN_PIPELINE, encoding="utf-8") as handle:
+        return json.load(handle)
+
+
+@pytest.mark.parametrize("case", sorted(golden_pipeline()["cases"]))
+def test_get_dataset_equals_llamafactorys_token_for_token(case, tmp_path):
+    from transformers import AutoTokenizer
+
+    golden = golden_pipeline()
+    tokenizer = AutoTokenizer.from_pretrained(os.path.join(os.path.dirname(GOLDEN_PIPELINE), golden["tokenizer"]))
+    data_args = DataArguments(dataset_dir=DATA_DIR, template=golden["template"], packing=False, **golden["cases"][case])
+    template = get_template_and_fix_tokenizer(tokenizer, data_args)
+    module = get_dataset(template, SimpleNamespace(), data_args, SimpleNamespace(seed=golden["seed"]), "sft", tokenizer,
+                         cache_dir=str(tmp_path))
+    splits = {"train": module["train_dataset"]}
+    evaluation = module["eval_dataset"]
+    splits.update({f"eval_{name}": part for name, part in evaluation.items()} if isinstance(evaluation, dict)
+                  else {"eval": evaluation})
+    got = {name: {"input_ids": part["input_ids"], "labels": part["labels"]} for name, part in splits.items()
+           if part is not None}
+    assert got == golden["results"][case]
