@@ -103,7 +103,7 @@ WORD_TEXT_TOKENS = (
     response appropriately completes the request user assistant system tool ipython You are Qwen created by
     Alibaba Cloud helpful SYS hi hello what two plus four add sum name arguments parameters a b result is
     be brief thinking ok Tools Action Input type function description properties required integer object
-    number first second""".split()
+    number first second content""".split()
 )
 
 

@@ -56,7 +56,7 @@ def check_supervised_example(prompt, response, system, tools, need_response: boo
     for index, message in enumerate(checked):
         expected = PROMPT_ROLES if index % 2 == 0 else ANSWER_ROLES
         if not isinstance(message, dict) or message.get("role") not in expected:
-            raise SkippedExample(f"message roles do not alternate {'/'.join(PROMPT_ROLES)} and {'/'.join(ANSWER_ROLES)}")
+            raise SkippedExample("message roles do not alternate user/observation and assistant/function")
         if not isinstance(message.get("content"), str):
             raise SkippedExample("message content is not a string")
     if system is not None and not isinstance(system, str):

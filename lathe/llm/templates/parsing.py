@@ -15,18 +15,18 @@ from lathe.llm.templates.template import CONTENT, Template
 logger = logging.getLogger("lathe.llm.templates")
 
 
-def _extra_characters(short: str, long: str) -> str:
-    """The characters of `long` skipped while walking both strings in step until `short` is used up
-    (a greedy subsequence diff; what follows in `long` after that point is not counted)."""
-    extra, i = [], 0
-    for char in long:
-        if i == len(short):
-            break
-        if short[i] == char:
-            i += 1
-        else:
-            extra.append(char)
-    return "".join(extra)
+def _inserted_text(short: str, long: str) -> str:
+    """The text `long` has in place of where `short` has nothing: what remains after removing their
+    common beginning and common end. (LLaMA-Factory walks both strings greedily instead, which garbles
+    the result when the inserted text shares characters with what follows it: "you are helpful"
+    before " \n" came out as "youare helpful ".)"""
+    start = 0
+    while start < len(short) and short[start] == long[start]:
+        start += 1
+    end = 0
+    while end < len(short) - start and short[-1 - end] == long[-1 - end]:
+        end += 1
+    return long[start:len(long) - end]
 
 
 def template_from_chat_template(tokenizer) -> Template:
@@ -46,7 +46,7 @@ def template_from_chat_template(tokenizer) -> Template:
     if len(user_slot) > len(user_after_empty_system):
         # The template writes a default system message when none is given: it is what the lone user
         # rendering has beyond the one with an empty system message.
-        default_system = _extra_characters(user_after_empty_system, user_slot)
+        default_system = _inserted_text(user_after_empty_system, user_slot)
         user_slot = user_slot[len(system_slot.replace(CONTENT, default_system, 1)):]
 
     template = Template(
@@ -72,14 +72,17 @@ def _check_against_tokenizer(template: Template, tokenizer) -> None:
             s.replace(CONTENT, content, 1) if isinstance(s, str) else special_token_text(s, tokenizer) for s in slots
         )
 
-    probe = [("system", "S0"), ("user", "U1"), ("assistant", "A1"), ("user", "U2"), ("assistant", "A2")]
-    expected = tokenizer.apply_chat_template(
-        [{"role": role, "content": content} for role, content in probe], tokenize=False
-    )
     slots = {"system": template.system, "user": template.user, "assistant": template.assistant}
-    parsed = text(template.prefix, "") + "".join(text(slots[role], content) for role, content in probe)
-    if parsed != expected and not template.reasoning:
-        logger.warning(
-            "The template parsed from the tokenizer's chat_template does not reproduce it on a probe "
-            "conversation; name a template explicitly. chat_template: %r; parsed: %r", expected, parsed
-        )
+    turns = [("user", "U1"), ("assistant", "A1"), ("user", "U2"), ("assistant", "A2")]
+    for system in ("S0", None):  # None: the default system text, if any, must appear as rendered
+        probe = ([("system", system)] if system else []) + turns
+        expected = tokenizer.apply_chat_template([{"role": r, "content": c} for r, c in probe], tokenize=False)
+        shown = system or template.default_system
+        parsed = text(template.prefix, "") + (text(template.system, shown) if shown else "")
+        parsed += "".join(text(slots[role], content) for role, content in turns)
+        if parsed != expected and not template.reasoning:
+            logger.warning(
+                "The template parsed from the tokenizer's chat_template does not reproduce it on a probe "
+                "conversation; name a template explicitly. chat_template: %r; parsed: %r", expected, parsed
+            )
+            return

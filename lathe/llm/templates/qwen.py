@@ -8,14 +8,18 @@ _CHATML = dict(
     system=("<|im_start|>system\n{{content}}<|im_end|>\n",),
     function=("{{content}}<|im_end|>\n",),
     # tool results go back as a user turn, wrapped in <tool_response>
-    observation=("<|im_start|>user\n<tool_response>\n{{content}}\n</tool_response><|im_end|>\n<|im_start|>assistant\n",),
+    observation=(
+        "<|im_start|>user\n<tool_response>\n{{content}}\n</tool_response><|im_end|>\n<|im_start|>assistant\n",
+    ),
     tool_format="qwen",
     stop_words=("<|im_end|>",),
     replace_eos=True,
 )
 
 TEMPLATES = [
-    Template(name="qwen", default_system="You are Qwen, created by Alibaba Cloud. You are a helpful assistant.", **_CHATML),
+    Template(
+        name="qwen", default_system="You are Qwen, created by Alibaba Cloud. You are a helpful assistant.", **_CHATML
+    ),
     Template(name="qwen3", reasoning=True, **_CHATML),
     Template(name="qwen3_nothink", **_CHATML),
 ]

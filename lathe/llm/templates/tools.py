@@ -68,9 +68,13 @@ def _describe_default(tools: list[dict]) -> str:
         for name, param in parameters["properties"].items():
             required = ", required" if name in parameters.get("required", []) else ""
             enum = ", should be one of [{}]".format(", ".join(param["enum"])) if param.get("enum") else ""
-            items = ", where each item should be {}".format(param["items"].get("type", "")) if param.get("items") else ""
-            lines += f"  - {name} ({param.get('type', '')}{required}): {param.get('description', '')}{enum}{items}\n"
-        blocks.append(f"> Tool Name: {tool['name']}\nTool Description: {tool.get('description', '')}\nTool Args:\n{lines}\n")
+            items = ""
+            if param.get("items"):
+                items = ", where each item should be {}".format(param["items"].get("type", ""))
+            kind, description = param.get("type", ""), param.get("description", "")
+            lines += f"  - {name} ({kind}{required}): {description}{enum}{items}\n"
+        description = tool.get("description", "")
+        blocks.append(f"> Tool Name: {tool['name']}\nTool Description: {description}\nTool Args:\n{lines}\n")
         names.append(tool["name"])
     return _DEFAULT_PROMPT.format(tool_text="".join(blocks), tool_names=", ".join(names))
 

@@ -79,6 +79,9 @@ CONVERSATIONS = {
 }
 
 NAMED = ["default", "empty", "alpaca", "chatml", "qwen", "llama3", "mistral", "llama2", "qwen3_nothink"]
+# None of the built-in names uses efficient_eos: this one is registered on both sides (LLaMA-Factory below,
+# lathe in tests/llm/test_supervised.py) with the same slots.
+EFFICIENT_EOS = "test_efficient_eos"
 BASE = {"cutoff_len": 1024, "train_on_prompt": False, "mask_history": False, "tool_format": None,
         "default_system": None, "enable_thinking": True, "preserve_thinking": False}
 
@@ -92,7 +95,7 @@ def build_cases() -> list[dict]:
 
     general = ["single", "system", "multi", "three_turns", "tools", "tools_system", "parallel_calls",
                "wrapped_call", "thought_call", "function_answer", "empty_tools", "empty_answer", "bad_call_json"]
-    for template in NAMED:  # the word tokenizer: every case
+    for template in NAMED + [EFFICIENT_EOS]:  # the word tokenizer: every case
         for conversation in general:
             add("word", template, conversation)
         add("word", template, "multi", train_on_prompt=True)
@@ -203,6 +206,16 @@ def run_llamafactory(cases: list[dict]) -> dict:
     tool_utils.datetime = PinnedDatetime
     # LLaMA-Factory edits its registered templates in place (tool_format, default_system): start each case
     # from a pristine copy.
+    from llamafactory.data.formatter import StringFormatter
+
+    lf_template.register_template(
+        name=EFFICIENT_EOS,
+        format_user=StringFormatter(slots=["<|im_start|>user\n{{content}}<|im_end|>\n<|im_start|>assistant\n"]),
+        format_system=StringFormatter(slots=["<|im_start|>system\n{{content}}<|im_end|>\n"]),
+        format_observation=StringFormatter(slots=["<|im_start|>tool\n{{content}}<|im_end|>\n<|im_start|>assistant\n"]),
+        stop_words=["<|endoftext|>"],
+        efficient_eos=True,
+    )
     pristine = copy.deepcopy(lf_template.TEMPLATES)
     results = []
     for case in cases:
