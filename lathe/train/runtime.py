@@ -48,12 +48,21 @@ def clip_gradients(parameters, max_norm: float) -> torch.Tensor:
 
 
 def enable_gradient_checkpointing(model, kwargs: dict | None) -> None:
-    if not hasattr(model, "gradient_checkpointing_enable"):
+    """transformers 5 calls it activation checkpointing (gradient_checkpointing_enable is its deprecated
+    alias, which warns). every_n_layers and offload are options of that method, not of
+    torch.utils.checkpoint, so they come out of kwargs; the rest go to torch.utils.checkpoint."""
+    options = dict(kwargs or {})
+    layer_options = {name: options.pop(name) for name in ("every_n_layers", "offload") if name in options}
+    checkpoint_kwargs = options or {"use_reentrant": False}
+    if hasattr(model, "activation_checkpointing_enable"):
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs=checkpoint_kwargs, **layer_options)
+    elif hasattr(model, "gradient_checkpointing_enable"):
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=checkpoint_kwargs, **layer_options)
+    else:
         raise ValueError(
-            f"gradient_checkpointing=True, but {type(model).__name__} has no gradient_checkpointing_enable() "
-            "method (transformers models have one). Remove the option or implement the method."
+            f"gradient_checkpointing=True, but {type(model).__name__} has neither activation_checkpointing_enable() "
+            "nor gradient_checkpointing_enable() (transformers models have them). Remove the option or implement one."
         )
-    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs or {"use_reentrant": False})
     # With frozen embeddings, checkpointed blocks would get inputs without grad and skip backward.
     if hasattr(model, "enable_input_require_grads"):
         model.enable_input_require_grads()
