@@ -409,19 +409,33 @@ def test_bf16_trains_on_cpu(tmp_path):
     assert losses(trainer) != losses(fp32)  # bf16 really was used
 
 
-def test_gradient_checkpointing_gives_the_same_losses(tmp_path):
+def test_gradient_checkpointing_gives_the_same_losses(tmp_path, recwarn):
     runs = {}
     for checkpointing in (False, True):
         trainer = make_trainer(
-            model=tiny_llama(), args=training_args(tmp_path / str(checkpointing), max_steps=3, gradient_checkpointing=checkpointing),
+            model=tiny_llama(), args=training_args(tmp_path / str(checkpointing), max_steps=3, activation_checkpointing=checkpointing),
             train_dataset=token_items(6), data_collator=pad_collate,
         )
         trainer.train()
-        assert trainer.model.is_gradient_checkpointing is checkpointing
+        assert [layer.gradient_checkpointing for layer in trainer.model.model.layers] == [checkpointing] * 2
         runs[checkpointing] = trainer
     assert losses(runs[True]) == pytest.approx(losses(runs[False]), abs=1e-6)
     assert losses(runs[True], "grad_norm") == pytest.approx(losses(runs[False], "grad_norm"), rel=1e-5)
     assert_weights_close(runs[True].model, runs[False].model, atol=1e-6)
+    # transformers 5 deprecates gradient_checkpointing_enable (a FutureWarning); the Trainer uses its new name.
+    assert not [w for w in recwarn if "checkpointing_enable" in str(w.message)]
+
+
+def test_gradient_checkpointing_every_n_layers(tmp_path):
+    """every_n_layers is an option of transformers' activation_checkpointing_enable, not of
+    torch.utils.checkpoint: with 2, only layer 0 of 2 is checkpointed."""
+    trainer = make_trainer(
+        model=tiny_llama(),
+        args=training_args(tmp_path, max_steps=1, activation_checkpointing=True, activation_checkpointing_kwargs={"every_n_layers": 2}),
+        train_dataset=token_items(2), data_collator=pad_collate,
+    )
+    trainer.train()
+    assert [layer.gradient_checkpointing for layer in trainer.model.model.layers] == [True, False]
 
 
 class FitsUpTo(Regression):
