@@ -207,8 +207,21 @@ def rotate_checkpoints(output_dir: str, save_total_limit: int | None, best_model
     to_delete = checkpoints[: max(0, len(checkpoints) - limit)]
     for path in to_delete:
         logger.info("Deleting older checkpoint %s (save_total_limit=%s).", path, save_total_limit)
-        shutil.rmtree(path, ignore_errors=True)
+        delete_checkpoint(path)
     return to_delete
+
+
+def delete_checkpoint(path: str) -> None:
+    """Rename out of the checkpoint-N namespace first, then delete: a process killed during the
+    (non-atomic) rmtree leaves a staging leftover, never a half-deleted checkpoint-N folder."""
+    trash = os.path.join(os.path.dirname(os.path.abspath(path)), STAGING_PREFIX + "deleting-" + os.path.basename(path))
+    try:
+        if os.path.exists(trash):
+            shutil.rmtree(trash)
+        os.rename(path, trash)
+    except OSError:
+        trash = path  # cannot rename (e.g. the filesystem refuses): delete in place as before
+    shutil.rmtree(trash, ignore_errors=True)
 
 
 def remove_staging_leftovers(output_dir: str) -> None:

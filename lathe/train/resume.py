@@ -87,11 +87,9 @@ class TrainerCheckpointing:
         (so the newest could resume); at the end only the best remains, as in transformers."""
         best = self._best_checkpoint_path()
         if self.args.should_save and best is not None and self.args.save_total_limit == 1 and os.path.isdir(best):
-            import shutil
-
             for path in ckpt.sorted_checkpoints(self.args.output_dir):
                 if not os.path.samefile(path, best):
-                    shutil.rmtree(path, ignore_errors=True)
+                    ckpt.delete_checkpoint(path)
 
     # ----- best model -----
 
