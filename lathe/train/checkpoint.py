@@ -158,10 +158,38 @@ def is_complete_checkpoint(folder: str) -> bool:
             json.load(f)
     except ValueError:
         return False
-    return any(
-        os.path.isfile(os.path.join(folder, name)) and os.path.getsize(os.path.join(folder, name)) > 0
-        for name in (WEIGHTS_NAME, WEIGHTS_INDEX_NAME, ADAPTER_WEIGHTS_NAME, "pytorch_model.bin")
-    )
+    weights = [name for name in (WEIGHTS_NAME, WEIGHTS_INDEX_NAME, ADAPTER_WEIGHTS_NAME, "pytorch_model.bin")
+               if os.path.isfile(os.path.join(folder, name)) and os.path.getsize(os.path.join(folder, name)) > 0]
+    # A transformers process killed while writing leaves truncated safetensors files, which
+    # resume would then fail on ("SafetensorError: header too small"): check their lengths.
+    return bool(weights) and all(_safetensors_files_complete(folder, name) for name in weights)
+
+
+def _safetensors_files_complete(folder: str, name: str) -> bool:
+    if name == WEIGHTS_INDEX_NAME:
+        try:
+            with open(os.path.join(folder, name), encoding="utf-8") as f:
+                shards = set(json.load(f)["weight_map"].values())
+        except (OSError, ValueError, KeyError, AttributeError):
+            return False
+        return all(_safetensors_file_complete(os.path.join(folder, shard)) for shard in shards)
+    return not name.endswith(".safetensors") or _safetensors_file_complete(os.path.join(folder, name))
+
+
+def _safetensors_file_complete(path: str) -> bool:
+    """Reads only the header: 8 bytes of header length, a JSON header whose data offsets say how
+    long the file must be."""
+    try:
+        size = os.path.getsize(path)
+        with open(path, "rb") as f:
+            header_length = int.from_bytes(f.read(8), "little")
+            if size < 8 + header_length:
+                return False
+            header = json.loads(f.read(header_length))
+        data_end = max((entry["data_offsets"][1] for key, entry in header.items() if key != "__metadata__"), default=0)
+        return size >= 8 + header_length + data_end
+    except (OSError, ValueError, KeyError, TypeError, IndexError):
+        return False
 
 
 def sorted_checkpoints(output_dir: str) -> list[str]:
