@@ -73,16 +73,19 @@ def staging_path(final_path: str) -> str:
 
 
 def begin_staging(final_path: str) -> str:
-    """Create an empty staging folder beside `final_path` (removing one left by a crash)."""
+    """Create an empty staging folder beside `final_path`, removing every staging leftover of
+    earlier crashes first (not only this step's: a run resumed from an explicit path, or with
+    other save_steps, might never save that step again, and nothing else would delete them)."""
     parent = os.path.dirname(os.path.abspath(final_path))
     try:
         os.makedirs(parent, exist_ok=True)
         staging = staging_path(final_path)
+        remove_staging_leftovers(parent)
         if os.path.exists(staging):
-            shutil.rmtree(staging)
+            shutil.rmtree(staging)  # the clean-up above ignores errors; this folder must go, so raise
         os.makedirs(staging)
     except OSError as error:
-        raise OSError(f"Cannot create a checkpoint folder in {parent!r}: {error}. Check that output_dir is writable.") from error
+        raise _os_error(error, f"Cannot create a checkpoint folder in {parent!r}: {error}. Check that output_dir is writable.") from error
     return staging
 
 
@@ -131,12 +134,33 @@ def atomic_checkpoint(final_path: str, is_main_process: bool = True, barrier=Non
     except BaseException as error:
         if is_main_process:
             abort_staging(staging)
-        if isinstance(error, OSError):
-            raise OSError(
-                f"Saving checkpoint {final_path!r} failed ({error}); earlier checkpoints are intact. "
-                "Check free disk space and that the output folder is writable."
-            ) from error
+        if isinstance(error, Exception):
+            hint = (
+                f"Saving checkpoint {final_path!r} failed; earlier checkpoints are intact. "
+                f"Check free disk space ({_free_space(final_path)}) and that the output folder is writable."
+            )
+            if isinstance(error, OSError):
+                raise _os_error(error, f"{hint} Cause: {error}") from error
+            # torch.save reports a write that failed (full disk) as RuntimeError("[enforce fail at
+            # inline_container.cc...] unexpected pos ..."), which names neither the disk nor the path.
+            if hasattr(error, "add_note"):  # Python 3.11+
+                error.add_note(hint)
+            else:
+                logger.error(hint)
         raise
+
+
+def _os_error(error: OSError, message: str) -> OSError:
+    """`message` with the errno of `error` kept (ENOSPC, EACCES, ...: OSError(errno, ...) also
+    picks the matching subclass), so code that handles a full disk can still tell."""
+    return OSError(error.errno, message) if error.errno is not None else OSError(message)
+
+
+def _free_space(path: str) -> str:
+    try:
+        return f"{shutil.disk_usage(os.path.dirname(os.path.abspath(path))).free / 2**20:.0f} MiB free"
+    except OSError:
+        return "free space unknown"
 
 
 def is_complete_checkpoint(folder: str) -> bool:
