@@ -54,6 +54,15 @@ def test_encode_oneturn_is_the_multiturn_pairs_joined(word_tokenizer, name):
     assert answer == turns[1][1]
 
 
+def test_message_text_is_inserted_verbatim(word_tokenizer):
+    # LLaMA-Factory 0.9.5 also replaces "{{idx}}" inside a user message with the turn number; lathe does not
+    template = get_template_and_fix_tokenizer(word_tokenizer, data_args("default"))
+    messages = [{"role": "user", "content": "{{idx}} {{content}}"}, {"role": "assistant", "content": "hi"}]
+    prompt, _ = template.encode_oneturn(word_tokenizer, messages)
+    content = ["{", "{", "<unk>", "}", "}", "{", "{", "content", "}", "}"]  # idx is not in the vocabulary
+    assert word_tokenizer.convert_ids_to_tokens(prompt) == ["Human", ":"] + content + ["</s>", "\n", "Assistant", ":"]
+
+
 def test_tool_descriptions_are_written_out_exactly():
     for tool_format, text in TOOL_TEXT.items():
         assert tool_formats.describe_tools(tool_format, TOOLS) == text, tool_format
