@@ -220,6 +220,24 @@ def test_jinja_chat_template_renders_the_training_ids(tokenizer_name, name):
             template.encode_multiturn(tokenizer, messages, system)[-1][1])
 
 
+@pytest.mark.parametrize("enable_thinking", [True, False])
+def test_jinja_chat_template_of_a_reasoning_template_adds_the_empty_thought(word_tokenizer, enable_thinking):
+    template = get_template_and_fix_tokenizer(word_tokenizer, data_args("qwen3", enable_thinking=enable_thinking))
+    thought = {"role": "assistant", "content": "<think>\nok\n</think>\n\nhello"}
+    conversations = [
+        [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}],
+        [{"role": "user", "content": "hi"}, thought, {"role": "user", "content": "hi"}, {"role": "assistant",
+                                                                                        "content": "four"}],
+    ]
+    for messages in conversations:
+        turns = template.encode_multiturn(word_tokenizer, messages)
+        expected = [token for pair in turns for ids in pair for token in ids]
+        assert word_tokenizer.apply_chat_template(messages, tokenize=True, return_dict=False) == expected
+        prompt = word_tokenizer.apply_chat_template(messages[:-1], tokenize=True, return_dict=False,
+                                                    add_generation_prompt=True)
+        assert prompt + turns[-1][1] == expected  # the generation prompt is exactly what was trained as prompt
+
+
 def test_jinja_for_empty_gives_the_same_text(word_tokenizer):
     # `empty` puts nothing between messages, so a word tokenizer merges across them: text is what can match
     template = get_template_and_fix_tokenizer(word_tokenizer, data_args("empty"))

@@ -2,7 +2,7 @@
 reads the saved tokenizer) renders the same text, hence the same ids, the model was trained on.
 
 Roles: system (first message; empty content means the template's default system), user, assistant,
-and tool/observation (tool results). Tool descriptions and tool-call messages are not rendered: the
+and tool/observation (tool results); reasoning templates add the empty thought where training does. Tool descriptions and tool-call messages are not rendered: the
 template raises instead of silently producing a prompt the model never saw. Special tokens are written
 as their text (not `eos_token`), because the EOS variable may be replaced by a server.
 """
@@ -64,6 +64,12 @@ def build_jinja_chat_template(template: Template, tokenizer) -> str:
         system_part = "{% set content = " + first_system + " + content %}"
     else:
         system_part = "{{ " + expression(template.system, "system_message") + " }}"
+    assistant_part = "{{ " + expression(template.assistant) + " }}"
+    generation_part = ""
+    if template.reasoning:
+        assistant_part = _thought_handling(template) + assistant_part
+        if not template.enable_thinking:  # the empty thought was trained as prompt: the prompt ends with it
+            generation_part = "{% if add_generation_prompt %}{{ " + _empty_thought(template) + " }}{% endif %}"
     return (
         "{% if tools is defined and tools %}"
         "{{ raise_exception('This chat template (lathe template " + template.name + ") does not render tools.') }}"
@@ -78,9 +84,25 @@ def build_jinja_chat_template(template: Template, tokenizer) -> str:
         "{% set content = message['content'] %}"
         "{% if loop.first and system_message %}" + system_part + "{% endif %}"
         "{% if message['role'] == 'user' %}{{ " + expression(template.user) + " }}"
-        "{% elif message['role'] == 'assistant' %}{{ " + expression(template.assistant) + " }}"
+        "{% elif message['role'] == 'assistant' %}" + assistant_part +
         "{% elif message['role'] in ['tool', 'observation'] %}{{ " + expression(template.observation) + " }}"
         "{% else %}{{ raise_exception('Unsupported role: ' + message['role']) }}"
         "{% endif %}"
-        "{% endfor %}"
+        "{% endfor %}" + generation_part
     )
+
+
+def _empty_thought(template: Template) -> str:
+    return jinja_literal(template.thought_words[0] + template.thought_words[1])
+
+
+def _thought_handling(template: Template) -> str:
+    """Reasoning templates: answers are trained with an empty thought where they have none, and with
+    thinking disabled their own thoughts are removed first (the text after the closing thought word)."""
+    start, end = (jinja_literal(word.strip()) for word in template.thought_words)
+    handling = ""
+    if template.enable_thinking is False:
+        handling += ("{% if " + end + " in content %}{% set content = content.split(" + jinja_literal(
+            template.thought_words[1]) + ")[-1].lstrip('\\n') %}{% endif %}")
+    return handling + ("{% if " + start + " not in content and " + end + " not in content %}"
+                       "{% set content = " + _empty_thought(template) + " + content %}{% endif %}")
