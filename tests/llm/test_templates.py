@@ -300,7 +300,9 @@ def test_templates_and_tokenizer_fixes_equal_llamafactory(monkeypatch):
         elif "oneturn_error" in expected:
             with pytest.raises(InvalidMessage):
                 template.encode_oneturn(tokenizer, messages, example["_system"], example["_tools"])
-        if "chat_template_text" in expected:
+        # LLaMA-Factory's export leaves out the empty thought its reasoning templates train with; ours
+        # renders it (test_jinja_chat_template_of_a_reasoning_template_adds_the_empty_thought)
+        if "chat_template_text" in expected and not template.reasoning:
             assert tokenizer.apply_chat_template(probe, tokenize=False) == expected["chat_template_text"], where
         checked += 1
     assert checked > 400

@@ -2,7 +2,8 @@
 reads the saved tokenizer) renders the same text, hence the same ids, the model was trained on.
 
 Roles: system (first message; empty content means the template's default system), user, assistant,
-and tool/observation (tool results); reasoning templates add the empty thought where training does. Tool descriptions and tool-call messages are not rendered: the
+and tool/observation (tool results); reasoning templates add the empty thought where training does
+(LLaMA-Factory's export does not). Tool descriptions and tool-call messages are not rendered: the
 template raises instead of silently producing a prompt the model never saw. Special tokens are written
 as their text (not `eos_token`), because the EOS variable may be replaced by a server.
 """
