@@ -123,3 +123,41 @@ def test_predictions_file_and_exact_match(tiny_tokenizer_dir, tmp_path):
     lines = [json.loads(line) for line in open(path, encoding="utf-8")]
     assert lines[0] == {"prompt": "What is two plus two?", "predict": "four", "label": "four"}
     assert lines[1]["predict"] == "five"
+
+
+@pytest.mark.filterwarnings("ignore:.*is_gradient_checkpointing:FutureWarning")
+def test_sft_trainer_generates_after_the_prompt_only(tiny_model_dir, tmp_path):
+    """predict_with_generate on prompt-only rows: the prompt is blanked from the generated ids and
+    the labels (the reference answer, a different length) are returned untouched."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from lathe.llm.workflows.sft import SFTTrainer
+    from lathe.train import DataCollatorForSeq2Seq, Seq2SeqTrainingArguments
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir, padding_side="left")
+    tokenizer.pad_token = tokenizer.eos_token
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    rows = [
+        {"input_ids": tokenizer.encode("What is two plus two?"), "labels": tokenizer.encode(" four")},
+        {"input_ids": tokenizer.encode("Reverse abc:"), "labels": tokenizer.encode(" cba.")},
+    ]
+    args = Seq2SeqTrainingArguments(output_dir=str(tmp_path), predict_with_generate=True, per_device_eval_batch_size=2,
+                                    report_to="none", remove_unused_columns=False)
+    trainer = SFTTrainer(model=model, args=args, processing_class=tokenizer,
+                         data_collator=DataCollatorForSeq2Seq(tokenizer), compute_metrics=ExactMatch(tokenizer))
+    # An EOS id outside the vocabulary: the random model cannot stop early, so each row gets 3 new tokens.
+    results = trainer.predict(rows, max_new_tokens=3, do_sample=False, eos_token_id=[999], pad_token_id=tokenizer.pad_token_id)
+
+    prompt_width = max(len(row["input_ids"]) for row in rows)
+    predictions = torch.as_tensor(results.predictions)
+    assert (predictions[:, :prompt_width] == tokenizer.pad_token_id).all()
+    assert (predictions[:, prompt_width:] != tokenizer.pad_token_id).any()  # three new tokens each
+    labels = np.asarray(results.label_ids)
+    assert [tokenizer.decode([t for t in row if t >= 0]) for row in labels] == [" four", " cba."]
+    assert "test_exact_match" in results.metrics
+
+    path = save_predictions(str(tmp_path), {"input_ids": [row["input_ids"] for row in rows]}, results, tokenizer)
+    lines = [json.loads(line) for line in open(path, encoding="utf-8")]
+    assert [line["label"] for line in lines] == ["four", "cba."]
+    assert lines[1]["prompt"] == "Reverse abc:"
