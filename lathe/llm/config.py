@@ -8,15 +8,14 @@ name the key and the file.
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import json
-import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, Union
+from typing import Any, Literal
 
-from lathe.llm.config_keys import SUPPORTED_FINETUNING_TYPES, SUPPORTED_STAGES, UNSUPPORTED_KEYS
+from lathe.llm.config_keys import SUPPORTED_FINETUNING_TYPES, SUPPORTED_STAGES
+from lathe.llm.config_values import check_keys, coerce_value, parse_overrides, read_source, split_commas
 
 __all__ = [
     "DataArguments",
@@ -24,6 +23,7 @@ __all__ = [
     "GeneratingArguments",
     "ModelArguments",
     "TrainConfig",
+    "parse_overrides",
     "parse_train_config",
     "split_commas",
 ]
@@ -31,13 +31,6 @@ __all__ = [
 
 def _help(text: str) -> dict:
     return {"help": text}
-
-
-def split_commas(value: Any) -> Any:
-    """LLaMA-Factory's comma lists: "a, b" -> ["a", "b"]; lists and None pass through."""
-    if isinstance(value, str):
-        return [item.strip() for item in value.split(",") if item.strip()]
-    return value
 
 
 @dataclass
@@ -248,11 +241,6 @@ def _jsonable(values: dict[str, Any]) -> dict[str, Any]:
 # Parsing
 
 
-_SECTIONS = (ModelArguments, DataArguments, None, FinetuningArguments, GeneratingArguments)
-# YAML 1.1 reads an unquoted `no` as False; these fields take the string "no".
-_STRATEGY_KEYS = ("eval_strategy", "save_strategy", "logging_strategy", "evaluation_strategy", "hub_strategy")
-
-
 def _training_arguments_class():
     from lathe.train.args import Seq2SeqTrainingArguments
 
@@ -264,191 +252,47 @@ def _field_hints(dtype: type) -> dict[str, Any]:
     return {f.name: hints[f.name] for f in dataclasses.fields(dtype) if f.init}
 
 
-def _read_source(source: str | Path | dict) -> tuple[dict[str, Any], str | None]:
-    if isinstance(source, dict):
-        return dict(source), None
-    path = Path(source)
-    if not path.is_file():
-        raise FileNotFoundError(f"Config file {str(path)!r} not found.")
-    text = path.read_text(encoding="utf-8")
-    if path.suffix == ".json":
-        try:
-            data = json.loads(text)
-        except ValueError as error:
-            raise ValueError(f"{path} is not valid JSON: {error}") from None
-    else:
-        import yaml
-
-        try:
-            data = yaml.safe_load(text)
-        except yaml.YAMLError as error:
-            raise ValueError(f"{path} is not valid YAML: {error}") from None
-    if data is None:
-        data = {}
-    if not isinstance(data, dict):
-        raise ValueError(f"{path} must hold a mapping of keys to values (like `stage: sft`), not a {type(data).__name__}.")
-    return data, str(path)
-
-
-def parse_overrides(overrides: list[str] | tuple[str, ...]) -> dict[str, str]:
-    """`key=value`, `--key value`, `--key=value` and a bare `--flag` (true) into a dict of strings."""
-    result: dict[str, str] = {}
-    items = list(overrides)
-    index = 0
-    while index < len(items):
-        item = items[index]
-        index += 1
-        if item.startswith("--"):
-            key, equals, value = item[2:].partition("=")
-            if not equals:
-                if index < len(items) and not items[index].startswith("--"):
-                    value = items[index]
-                    index += 1
-                else:
-                    value = "true"
-        else:
-            key, equals, value = item.partition("=")
-            if not equals:
-                raise ValueError(f"Override {item!r} is not key=value (nor --key value).")
-        key = key.strip().replace("-", "_")
-        if not key:
-            raise ValueError(f"Override {item!r} has no key.")
-        result[key] = value
-    return result
-
-
-def _members(hint: Any) -> tuple[list[Any], bool]:
-    """(the non-None members of a type hint, whether None is allowed)."""
-    if typing.get_origin(hint) in (Union, types.UnionType):
-        args = typing.get_args(hint)
-        return [a for a in args if a is not type(None)], type(None) in args
-    return [hint], False
-
-
-def _coerce(key: str, value: Any, hint: Any, from_command_line: bool) -> Any:
-    """Convert a YAML/command-line value to the field's type; raise ValueError naming the key."""
-    members, nullable = _members(hint)
-    if value is None:
-        return value
-    if isinstance(value, str) and nullable and value in ("null", "None", "~") and (from_command_line or str not in members):
-        return None
-    if key in _STRATEGY_KEYS and value is False:
-        return "no"
-    for member in members:
-        if typing.get_origin(member) is Literal:
-            choices = typing.get_args(member)
-            if value in choices:
-                return value
-            if len(members) == 1:
-                raise ValueError(f"{key}: expected one of {list(choices)}, got {value!r}")
-    if bool in members:
-        if isinstance(value, bool):
-            return value
-        if isinstance(value, str):
-            from lathe.train.argparser import string_to_bool
-
-            try:
-                return string_to_bool(value)
-            except Exception:
-                if str not in members:
-                    raise ValueError(f"{key}: expected true or false, got {value!r}") from None
-        elif isinstance(value, int) and value in (0, 1) and str not in members:
-            return bool(value)
-    for number_type in (int, float):
-        if number_type in members and not isinstance(value, bool):
-            if isinstance(value, (int, float)) and (number_type is float or float(value).is_integer()):
-                return int(value) if number_type is int else value
-            if isinstance(value, str):
-                try:
-                    number = float(value)
-                except ValueError:
-                    if str not in members and float not in members:
-                        raise ValueError(f"{key}: expected a number, got {value!r}") from None
-                    continue
-                if number.is_integer() and "." not in value and "e" not in value.lower():
-                    return int(value)
-                if number_type is int:
-                    if number.is_integer():
-                        return int(number)
-                    raise ValueError(f"{key}: expected an integer, got {value!r}")
-                return number
-    if str in members and isinstance(value, (int, float)) and not isinstance(value, bool) and len(members) == 1:
-        return str(value)
-    if from_command_line and isinstance(value, str) and any(m is dict or typing.get_origin(m) is dict for m in members):
-        return value  # TrainingArguments parses JSON strings for its dict fields
-    if from_command_line and isinstance(value, str) and any(m is list or typing.get_origin(m) is list for m in members) and str not in members:
-        return split_commas(value)
-    return value
-
-
-def _unsupported_message(key: str, value: Any, where: str) -> str:
-    feature, _default = UNSUPPORTED_KEYS[key]
-    return f"{key}{where} is a LLaMA-Factory key for {feature}, which lathe does not support yet (got {value!r})."
-
-
-def _is_default(value: Any, default: Any) -> bool:
-    if value == default:
-        return True
-    return isinstance(value, str) and str(default) == value  # e.g. quantization_method: bnb
-
-
 def parse_train_config(source: str | Path | dict, overrides: list[str] | tuple[str, ...] = ()) -> TrainConfig:
     """Read a LLaMA-Factory-style config (file path or dict) plus command-line overrides into a TrainConfig.
 
     Precedence: dataclass defaults < file < overrides. `do_train` defaults to True.
     """
-    values, path = _read_source(source)
+    values, path = read_source(source)
     where = f" (in {path})" if path else ""
     from_command_line = parse_overrides(overrides)
     raw = {**values, **from_command_line}
-    raw = {str(key): value for key, value in raw.items()}
 
-    training_class = _training_arguments_class()
-    sections = [dtype or training_class for dtype in _SECTIONS]
-    hints_per_section = [_field_hints(dtype) for dtype in sections]
-    known = {name: hint for hints in hints_per_section for name, hint in hints.items()}
+    def origin(key: str) -> str:
+        return " (command line)" if key in from_command_line else where
 
-    errors = []
-    for key in list(raw):
-        origin = " (command line)" if key in from_command_line else where
-        if key in UNSUPPORTED_KEYS:
-            if _is_default(raw[key], UNSUPPORTED_KEYS[key][1]):
-                del raw[key]  # LLaMA-Factory's default: nothing to support
-            else:
-                errors.append(_unsupported_message(key, raw[key], origin))
-        elif key not in known:
-            closest = difflib.get_close_matches(key, list(known), n=1)
-            hint = f"; did you mean {closest[0]!r}?" if closest else ""
-            errors.append(f"Unknown key {key!r}{origin}{hint}")
-    if errors:
-        raise ValueError("\n".join(errors))
-
+    sections = {"model": ModelArguments, "data": DataArguments, "training": _training_arguments_class(),
+                "finetuning": FinetuningArguments, "generating": GeneratingArguments}
+    hints = {name: _field_hints(dtype) for name, dtype in sections.items()}
+    known = {key: hint for section in hints.values() for key, hint in section.items()}
+    check_keys(raw, list(known), origin)
     for key in list(raw):
         try:
-            raw[key] = _coerce(key, raw[key], known[key], key in from_command_line)
+            raw[key] = coerce_value(key, raw[key], known[key], key in from_command_line)
         except ValueError as error:
-            origin = " (command line)" if key in from_command_line else where
-            raise ValueError(f"{error}{origin}") from None
+            raise ValueError(f"{error}{origin(key)}") from None
 
-    _check_stage(raw, lambda key: " (command line)" if key in from_command_line else where)
+    _check_stage(raw, origin)
     raw.setdefault("do_train", True)
     overwrite_output_dir = bool(raw.pop("overwrite_output_dir", False))
-    _fill_training_defaults(raw, hints_per_section)
+    _fill_training_defaults(raw)
 
-    try:
-        model, data, finetuning, generating = (
-            dtype(**{k: v for k, v in raw.items() if k in hints}) for dtype, hints in
-            ((ModelArguments, hints_per_section[0]), (DataArguments, hints_per_section[1]),
-             (FinetuningArguments, hints_per_section[3]), (GeneratingArguments, hints_per_section[4]))
-        )
-        training = training_class(**{k: v for k, v in raw.items() if k in hints_per_section[2]})
-    except (TypeError, ValueError) as error:
-        raise ValueError(f"{error}{where}") from None
+    built = {}
+    for name, dtype in sections.items():
+        try:
+            built[name] = dtype(**{key: value for key, value in raw.items() if key in hints[name]})
+        except (TypeError, ValueError) as error:
+            raise ValueError(f"{error}{where}") from None
+    training = built["training"]
     # lathe's TrainingArguments ignores this transformers-4 key; LLaMA-Factory reads it to decide
     # whether an existing output_dir is resumed (see lathe.llm.workflows) or overwritten.
     training.overwrite_output_dir = overwrite_output_dir
 
-    config = TrainConfig(model, data, training, finetuning, generating, source=path)
+    config = TrainConfig(built["model"], built["data"], training, built["finetuning"], built["generating"], source=path)
     _resolve(config)
     _validate(config, where)
     return config
@@ -466,7 +310,7 @@ def _check_stage(raw: dict[str, Any], origin) -> None:
         )
 
 
-def _fill_training_defaults(raw: dict[str, Any], hints_per_section: list[dict]) -> None:
+def _fill_training_defaults(raw: dict[str, Any]) -> None:
     """Training values LLaMA-Factory derives from the other sections, set before validation runs."""
     cutoff_len = raw.get("cutoff_len", 2048)
     if raw.get("generation_max_length") is None:

@@ -1,0 +1,183 @@
+"""How raw config values become field values: reading the YAML/JSON file, `key=value` overrides,
+the key checks (unknown, not supported yet) and conversion to each field's type, with the YAML
+1.1 surprises smoothed over (`no` read as False, `1e-3` read as a string)."""
+from __future__ import annotations
+
+import difflib
+import json
+import types
+import typing
+from pathlib import Path
+from typing import Any, Literal, Union
+
+from lathe.llm.config_keys import UNSUPPORTED_KEYS
+
+__all__ = ["read_source", "parse_overrides", "check_keys", "coerce_value", "split_commas"]
+
+NULL_WORDS = ("null", "None", "~")
+# YAML 1.1 reads an unquoted `no` as False; these fields take the string "no".
+STRATEGY_KEYS = ("eval_strategy", "save_strategy", "logging_strategy", "evaluation_strategy", "hub_strategy")
+
+
+def split_commas(value: Any) -> Any:
+    """LLaMA-Factory's comma lists: "a, b" -> ["a", "b"]; lists and None pass through."""
+    if isinstance(value, str):
+        return [item.strip() for item in value.split(",") if item.strip()]
+    return value
+
+
+def read_source(source: str | Path | dict) -> tuple[dict[str, Any], str | None]:
+    """(the mapping, the file path or None for a dict)."""
+    if isinstance(source, dict):
+        return dict(source), None
+    path = Path(source)
+    if not path.is_file():
+        raise FileNotFoundError(f"Config file {str(path)!r} not found.")
+    text = path.read_text(encoding="utf-8")
+    if path.suffix == ".json":
+        try:
+            data = json.loads(text)
+        except ValueError as error:
+            raise ValueError(f"{path} is not valid JSON: {error}") from None
+    else:
+        import yaml
+
+        try:
+            data = yaml.safe_load(text)
+        except yaml.YAMLError as error:
+            raise ValueError(f"{path} is not valid YAML: {error}") from None
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ValueError(f"{path} must hold a mapping of keys to values (like `stage: sft`), not a {type(data).__name__}.")
+    return {str(key): value for key, value in data.items()}, str(path)
+
+
+def parse_overrides(overrides: list[str] | tuple[str, ...]) -> dict[str, str]:
+    """`key=value`, `--key value`, `--key=value` and a bare `--flag` (true) into a dict of strings."""
+    result: dict[str, str] = {}
+    items = list(overrides)
+    index = 0
+    while index < len(items):
+        item = items[index]
+        index += 1
+        if item.startswith("--"):
+            key, equals, value = item[2:].partition("=")
+            if not equals:
+                if index < len(items) and not items[index].startswith("--"):
+                    value = items[index]
+                    index += 1
+                else:
+                    value = "true"
+        else:
+            key, equals, value = item.partition("=")
+            if not equals:
+                raise ValueError(f"Override {item!r} is not key=value (nor --key value).")
+        key = key.strip().replace("-", "_")
+        if not key:
+            raise ValueError(f"Override {item!r} has no key.")
+        result[key] = value
+    return result
+
+
+def check_keys(raw: dict[str, Any], known: list[str], origin) -> None:
+    """Drop LLaMA-Factory keys that are set to LLaMA-Factory's default (they change nothing); raise
+    one error listing unknown keys (with the closest known one) and keys not supported yet.
+    `origin(key)` says where a key came from, for the message."""
+    errors = []
+    for key in list(raw):
+        if key in UNSUPPORTED_KEYS:
+            feature, default = UNSUPPORTED_KEYS[key]
+            if raw[key] == default or (isinstance(raw[key], str) and raw[key] == str(default)):
+                del raw[key]
+            else:
+                errors.append(f"{key}{origin(key)} is a LLaMA-Factory key for {feature}, which lathe does not "
+                              f"support yet (got {raw[key]!r}).")
+        elif key not in known:
+            closest = difflib.get_close_matches(key, known, n=1)
+            suggestion = f"; did you mean {closest[0]!r}?" if closest else ""
+            errors.append(f"Unknown key {key!r}{origin(key)}{suggestion}")
+    if errors:
+        raise ValueError("\n".join(errors))
+
+
+def _members(hint: Any) -> tuple[list[Any], bool]:
+    """(the non-None members of a type hint, whether None is allowed)."""
+    if typing.get_origin(hint) in (Union, types.UnionType):
+        args = typing.get_args(hint)
+        return [a for a in args if a is not type(None)], type(None) in args
+    return [hint], False
+
+
+def _to_bool(value: Any) -> bool | None:
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, int) and value in (0, 1):
+        return bool(value)
+    if isinstance(value, str):
+        from lathe.train.argparser import string_to_bool
+
+        try:
+            return string_to_bool(value)
+        except Exception:
+            return None
+    return None
+
+
+def _to_number(key: str, value: Any, integer: bool) -> int | float | None:
+    """The number `value` stands for (None when it is not one); an int field refuses fractions.
+    An int given for a float field stays an int (val_size: 100 means 100 examples)."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, str):
+        text = value.strip()
+        try:
+            value = int(text)
+        except ValueError:
+            try:
+                value = float(text)  # "1e-3", which PyYAML leaves as a string
+            except ValueError:
+                return None
+    if not isinstance(value, (int, float)):
+        return None
+    if integer and isinstance(value, float):
+        if not value.is_integer():
+            raise ValueError(f"{key}: expected an integer, got {value!r}")
+        return int(value)
+    return value
+
+
+def coerce_value(key: str, value: Any, hint: Any, from_command_line: bool) -> Any:
+    """`value` (from YAML or the command line) converted to the field's type `hint`; raises a
+    ValueError naming the key when it cannot be."""
+    members, nullable = _members(hint)
+    if value is None:
+        return None
+    if isinstance(value, str) and nullable and value in NULL_WORDS and (from_command_line or str not in members):
+        return None
+    if key in STRATEGY_KEYS and value is False:
+        return "no"
+    literal = next((m for m in members if typing.get_origin(m) is Literal), None)
+    if literal is not None:
+        if value in typing.get_args(literal):
+            return value
+        if len(members) == 1:
+            raise ValueError(f"{key}: expected one of {list(typing.get_args(literal))}, got {value!r}")
+    if bool in members:
+        converted = _to_bool(value)
+        if converted is not None:
+            return converted
+        if str not in members:
+            raise ValueError(f"{key}: expected true or false, got {value!r}")
+    if int in members or float in members:
+        number = _to_number(key, value, integer=float not in members)
+        if number is not None:
+            return number
+        if str not in members:
+            raise ValueError(f"{key}: expected a number, got {value!r}")
+    if members == [str] and isinstance(value, (int, float)) and not isinstance(value, bool):
+        return str(value)  # `template: 1` or `dataset: 2024` mean the names
+    is_list = any(m is list or typing.get_origin(m) is list for m in members)
+    if from_command_line and isinstance(value, str) and is_list and str not in members:
+        return split_commas(value)
+    return value
