@@ -177,7 +177,7 @@ def test_step_begin_clears_requests_made_before_the_step(tmp_path):
         logging_strategy="no", eval_strategy="no", save_strategy="no",
     )
     assert [entry["step"] for entry in trainer.state.log_history] == [2]  # the closing metrics only
-    assert "train_runtime" in trainer.state.log_history[0]
+    assert "train_loss" in trainer.state.log_history[0]
     assert not list(tmp_path.glob("**/checkpoint-*"))
     step_begins = [flags for event, _, flags in recorder.events if event == "on_step_begin"]
     assert step_begins == [(False,) * 5] * 2
@@ -255,7 +255,7 @@ def test_user_requested_log_evaluate_and_save_happen_at_that_step(tmp_path):
     )
     history = trainer.state.log_history
     assert [(e["step"], sorted(e)[:2]) for e in history[:-1]] == [(2, ["epoch", "grad_norm"]), (2, ["epoch", "eval_loss"])]
-    assert "train_runtime" in history[-1]
+    assert "train_loss" in history[-1]
     assert [e for e in recorder.events if e.startswith(("on_log", "on_evaluate", "on_save"))] == [
         "on_log:2", "on_log:2", "on_evaluate:2", "on_save:2", "on_log:4",
     ]

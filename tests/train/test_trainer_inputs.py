@@ -26,7 +26,7 @@ from tests.train.trainer_helpers import (
 
 
 def losses(trainer, key="loss"):
-    return [entry[key] for entry in trainer.state.log_history if key in entry and "train_runtime" not in entry]
+    return [entry[key] for entry in trainer.state.log_history if key in entry and "train_loss" not in entry]
 
 
 class Tagger(nn.Module):

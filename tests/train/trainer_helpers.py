@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib
 
+import pytest
 import torch
 from torch import nn
 
@@ -82,7 +83,7 @@ def max_weight_difference(first: nn.Module, second: nn.Module) -> float:
 def tiny_llama(seed: int = 0, **config_overrides):
     """A 2-layer LlamaForCausalLM (vocab 64, hidden 32): its forward takes **kwargs and divides the
     summed token loss by num_items_in_batch when given one."""
-    from transformers import LlamaConfig, LlamaForCausalLM
+    transformers = pytest.importorskip("transformers")  # these tests skip where transformers is missing
 
     config = dict(
         vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
@@ -90,7 +91,7 @@ def tiny_llama(seed: int = 0, **config_overrides):
     )
     config.update(config_overrides)
     torch.manual_seed(seed)
-    return LlamaForCausalLM(LlamaConfig(**config))
+    return transformers.LlamaForCausalLM(transformers.LlamaConfig(**config))
 
 
 def token_items(count: int = 12, min_length: int = 3, max_length: int = 10, seed: int = 0) -> list[dict]:
