@@ -51,6 +51,25 @@ def test_sft_rows_are_the_supervised_processor_applied_to_the_canonical_rows(set
     assert first["labels"][0] == -100 and word_tokenizer.decode(trained).split() == ["5", "<|im_end|>"]
 
 
+def test_pretraining_rows_are_the_pretrain_processor_applied_to_the_documents(setup, word_tokenizer):
+    pretrain = pytest.importorskip("lathe.llm.data.pretrain")
+    module, _, data_args = setup(stage="pt", dataset="pretrain_txt", cutoff_len=8, template=None)
+    (documents,) = canonical(["pretrain_txt"], data_args, stage="pt")
+    resolved = DataArguments(**{**vars(data_args), "packing": True})  # pt packs unless told otherwise
+    expected = pretrain.preprocess_pretrain_dataset(documents.to_dict(), word_tokenizer, resolved)
+    assert module["train_dataset"]["input_ids"] == expected["input_ids"]
+
+
+def test_packed_sft_rows_are_the_packing_processor_applied_to_the_canonical_rows(setup, word_tokenizer):
+    packing = pytest.importorskip("lathe.llm.data.packing")
+    module, template, data_args = setup(dataset="alpaca_json,sharegpt_json", packing=True)
+    rows = [row for part in canonical(["alpaca_json", "sharegpt_json"], data_args) for row in part.to_list()]
+    batch = {key: [row[key] for row in rows] for key in rows[0]}
+    expected = packing.preprocess_packed_supervised_dataset(batch, template, word_tokenizer, data_args)
+    assert module["train_dataset"]["input_ids"] == expected["input_ids"]
+    assert module["train_dataset"]["labels"] == expected["labels"]
+
+
 def test_val_size_gives_a_validation_split(setup):
     module, _, _ = setup(dataset="alpaca_json,sharegpt_json,openai_json", val_size=0.25)
     assert (len(module["train_dataset"]), len(module["eval_dataset"])) == (6, 3)
