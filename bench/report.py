@@ -98,7 +98,7 @@ def training_section(results: dict, table: dict) -> list[str]:
                                         "tokens." if any_entry.get("train_tokens") else ""), ""]
         pairs = [("lathe", "plain"), ("lathe", "hf"), ("hf", "plain")]
         lines += ["| ratio (lower is faster for the first) | train wall | train wall, paired | train CPU | process wall "
-                  "| start → 1st step |", "|---|---|---|---|---|---|"]
+                  "| start → 1st step | train wall difference per step |", "|---|---|---|---|---|---|---|"]
         for a, b in pairs:
             if (job, a) not in table or (job, b) not in table or not table[(job, a)]["ok"] or not table[(job, b)]["ok"]:
                 continue
@@ -106,7 +106,8 @@ def training_section(results: dict, table: dict) -> list[str]:
             lines.append(
                 f"| {NAMES[a]} / {NAMES[b]} | {fmt(ratio(ea['train_s'], eb['train_s']), 3)}× "
                 f"| {fmt(paired_ratio(ea, eb), 3)}× | {fmt(ratio(ea['train_cpu_s'], eb['train_cpu_s']), 3)}× | {fmt(ratio(ea['wall_s'], eb['wall_s']), 3)}× "
-                f"| {fmt(ratio(ea['first_step_s'], eb['first_step_s']), 3)}× |"
+                f"| {fmt(ratio(ea['first_step_s'], eb['first_step_s']), 3)}× "
+                f"| {fmt(1e6 * (ea['train_s'] - eb['train_s']) / ea['steps'], 0)} µs |"
             )
         lines += ["", "*Paired*: the median over repeats of the ratio within one round (the two runs ran back to "
                   "back, so they saw similar machine load).", ""]
@@ -257,6 +258,31 @@ def targets_section(table, import_medians, cli_best, eval_ratios, lathe_availabl
     return header + rows + [""]
 
 
+def profile_section(results: dict) -> list[str]:
+    profiles = [p for p in results.get("profiles", []) if "top" in p]
+    if not profiles:
+        return []
+    lines = ["## Where the time goes (cProfile, regression job)", "",
+             "One extra run per runner with cProfile around the training call (profiling inflates Python-heavy "
+             "code, so read these as shares, not times). Own time (`tottime`) summed by where the code lives:", ""]
+    packages = sorted({k for p in profiles for k in p["packages"]})
+    lines += ["| runner | total | " + " | ".join(packages) + " |", "|---|---|" + "---|" * len(packages)]
+    for p in profiles:
+        cells = [f"{1e6 * p['packages'].get(k, 0.0) / p['steps']:,.0f}" for k in packages]
+        lines.append(f"| {NAMES[p['runner']]} | {1e6 * p['total_s'] / p['steps']:,.0f} | " + " | ".join(cells) + " |")
+    lines += ["", "(µs per optimizer step.)", ""]
+    for p in profiles:
+        if p["runner"] != "lathe":
+            continue
+        lines += [f"Top functions by own time in {NAMES[p['runner']]}'s `train()`:", "",
+                  "| function | calls | own µs/step | cumulative µs/step |", "|---|---|---|---|"]
+        for row in p["top"]:
+            lines.append(f"| `{row['function']}` | {row['ncalls']:,} | {1e6 * row['tottime'] / p['steps']:,.1f} "
+                         f"| {1e6 * row['cumtime'] / p['steps']:,.1f} |")
+        lines.append("")
+    return lines
+
+
 def render(results: dict, results_path=None) -> str:
     meta = results["meta"]
     table = summarise_runs(results["runs"])
@@ -292,6 +318,7 @@ def render(results: dict, results_path=None) -> str:
               "(plain loop: after its first `optimizer.step()`). *Peak RSS* is the child's `ru_maxrss`.", ""]
     lines += training_section(results, table)
     lines += agreement_section(results, table)
+    lines += profile_section(results)
     lines += import_lines + cli_lines + eval_lines
     failures = [(k, e) for k, e in table.items() if e["errors"]]
     if failures:

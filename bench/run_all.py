@@ -202,6 +202,40 @@ def measure_eval_memory(python: str, runners: list[str], quick: bool) -> list[di
     return records
 
 
+def profile_runner(python: str, runner: str, job: str, quick: bool, top: int = 15) -> dict:
+    """One extra cProfile'd run of the training call; keep the top functions by own time and per-package totals."""
+    import pstats
+
+    profile_path = RESULTS_DIR / "tmp" / f"profile-{runner}-{job}.prof"
+    profile_path.parent.mkdir(parents=True, exist_ok=True)
+    os.environ["BENCH_PROFILE"] = str(profile_path)
+    try:
+        record = run_measured(python, runner, job, quick)
+    finally:
+        del os.environ["BENCH_PROFILE"]
+    if record["rc"] or not profile_path.exists():
+        return {"runner": runner, "job": job, "error": record.get("error", "no profile written")}
+    stats = pstats.Stats(str(profile_path)).stats  # {(file, line, name): (cc, ncalls, tottime, cumtime, callers)}
+
+    def where(file: str) -> str:
+        for marker, package in (("/lathe/", "lathe"), ("/transformers/", "transformers"), ("/accelerate/", "accelerate"),
+                                ("/torch/", "torch (Python)"), ("/bench/", "bench (model, dataset)")):
+            if marker in file:
+                return package
+        return "torch C++ / builtins" if file == "~" else "other Python"
+
+    packages: dict[str, float] = {}
+    for (file, _, _), (_, _, tottime, _, _) in stats.items():
+        packages[where(file)] = packages.get(where(file), 0.0) + tottime
+    rows = sorted(stats.items(), key=lambda item: item[1][2], reverse=True)[:top]
+    return {
+        "runner": runner, "job": job, "steps": record["result"]["global_step"],
+        "total_s": sum(v[2] for v in stats.values()), "packages": packages,
+        "top": [{"function": f"{os.path.relpath(f, REPO_ROOT) if f.startswith('/') else f}:{line}({name})",
+                 "ncalls": v[1], "tottime": v[2], "cumtime": v[3]} for (f, line, name), v in rows],
+    }
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="small jobs, 1 repeat: a smoke run")
@@ -209,7 +243,7 @@ def main():
     parser.add_argument("--jobs", default="regression,lm")
     parser.add_argument("--runners", default=",".join(RUNNERS))
     parser.add_argument("--python", default=str(DEFAULT_PYTHON), help="interpreter for every child process")
-    parser.add_argument("--skip", default="", help="comma list of: imports,cli,train,evalmem")
+    parser.add_argument("--skip", default="", help="comma list of: imports,cli,train,profile,evalmem")
     parser.add_argument("--nice", type=int, default=0,
                         help="run the children at this nice increment, e.g. -10 (root) on a machine shared with "
                              "other work, so that every runner gets a whole core")
@@ -236,7 +270,7 @@ def main():
         sys.exit("preparing the lm assets failed:\n" + prepare["stderr"])
 
     results = {"meta": meta, "lathe": lathe, "runners": runners, "imports": {}, "cli": {}, "runs": [],
-               "evalmem": []}
+               "profiles": [], "evalmem": []}
     import_repeats = 2 if args.quick else 5
     if "imports" not in skip:
         note("import times")
@@ -258,6 +292,10 @@ def main():
                          f"loss={summary.get('final_loss', float('nan')):.6f}")
                     if record["rc"]:
                         note("  error: " + record["error"].strip().splitlines()[-1])
+    if "profile" not in skip and "train" not in skip:
+        for runner in runners:
+            note(f"profile {runner} on regression")
+            results["profiles"].append(profile_runner(args.python, runner, "regression", args.quick))
     if "evalmem" not in skip:
         results["evalmem"] = measure_eval_memory(args.python, runners, args.quick)
     shutil.rmtree(RESULTS_DIR / "tmp", ignore_errors=True)
