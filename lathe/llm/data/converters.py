@@ -171,7 +171,8 @@ def convert_sharegpt(example: dict[str, Any], attr: DatasetAttr) -> dict[str, An
 def convert_openai(example: dict[str, Any], attr: DatasetAttr) -> dict[str, Any]:
     """OpenAI messages: assistant `tool_calls` become a function turn (the calls' `function` objects as
     JSON), consecutive tool results merge into one observation turn. LLaMA-Factory 0.9.5 also appends
-    "detailed thinking off" to the system prompt of every example; lathe does not (see the report)."""
+    "detailed thinking off" to the system prompt of examples without tools (a newline to those with
+    tools); lathe keeps the system prompt as the data gives it."""
     messages, system = _split_system(_messages(example, attr), example, attr)
     offset = 1 if len(messages) < len(example[attr.messages]) else 0
     roles = _tag_roles(attr)
