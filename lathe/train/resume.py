@@ -173,6 +173,7 @@ class TrainerCheckpointing:
         for name in ("max_steps", "num_train_epochs", "logging_steps", "eval_steps", "save_steps", "is_local_process_zero", "is_world_process_zero"):
             setattr(saved, name, getattr(self.state, name))
         saved.train_batch_size = self._train_batch_size
+        saved.best_model_checkpoint = _best_checkpoint_beside(saved.best_model_checkpoint, path, args.output_dir)
         self.state = saved
         if args.restore_callback_states_from_checkpoint:
             self._restore_callback_states()
@@ -261,6 +262,17 @@ class TrainerCheckpointing:
         width = max((len(k) for k in formatted), default=0)
         for key in sorted(formatted):
             print(f"  {key: <{width}} = {formatted[key]:>9}")
+
+
+def _best_checkpoint_beside(best: str | None, resumed_checkpoint: str, output_dir: str) -> str | None:
+    """lathe stores best_model_checkpoint relative to the output_dir of the run that saved it: the
+    folder holding the resumed checkpoint. Resuming by path into another output_dir, it is not
+    found there (load_best_model_at_end then kept the last weights): point at it where it is, as a
+    path (transformers stores such paths as given, so those are found either way)."""
+    if best is None or os.path.isdir(os.path.join(output_dir, best)) or os.path.isdir(best):
+        return best
+    beside = os.path.join(os.path.dirname(os.path.normpath(resumed_checkpoint)), os.path.basename(best))
+    return beside if os.path.isdir(beside) else best
 
 
 def _format_seconds(seconds: float) -> str:
