@@ -394,6 +394,63 @@ def test_trainer_state_counters_continue_across_resume(tmp_path):
     assert_resumed_exactly(full, resumed, 8)
 
 
+def scored_run(output_dir, scores: dict, resume=None, **overrides) -> Trainer:
+    """Evaluate (and save) every 2 steps; the metric is scripted by global step."""
+    holder = {}
+    options = dict(eval_strategy="steps", eval_steps=2, save_steps=2, metric_for_best_model="score")
+    options.update(overrides)
+    trainer = Trainer(
+        model=DropoutNet(), args=make_args(output_dir, **options), train_dataset=regression_items(),
+        eval_dataset=regression_items(4), compute_metrics=lambda prediction: {"score": scores[holder["trainer"].state.global_step]},
+    )
+    holder["trainer"] = trainer
+    trainer.train(resume_from_checkpoint=resume)
+    return trainer
+
+
+BEST_AT_4 = {2: 0.5, 4: 0.9, 6: 0.7, 8: 0.6}
+
+
+def test_best_model_is_found_after_resuming_elsewhere(tmp_path):
+    """load_best_model_at_end after a resume: best_model_checkpoint ("checkpoint-4", relative to the
+    output_dir that saved it) is found from another output_dir, from a moved output folder, and
+    as transformers writes it (a path, "<output_dir>/checkpoint-4")."""
+    options = dict(load_best_model_at_end=True, max_steps=8)
+    full = scored_run(tmp_path / "full", BEST_AT_4, **options)
+    assert full.state.best_model_checkpoint == "checkpoint-4" and full.state.best_metric == 0.9
+    best_weights = safetensors_weights(tmp_path / "full" / "checkpoint-4")
+    assert all(torch.equal(full.model.state_dict()[name], tensor) for name, tensor in best_weights.items())
+    # by path into a fresh output_dir
+    elsewhere = scored_run(tmp_path / "elsewhere", BEST_AT_4, resume=str(tmp_path / "full" / "checkpoint-6"), **options)
+    assert elsewhere.state.best_model_checkpoint == str(tmp_path / "full" / "checkpoint-4")
+    assert_same_weights(full.model, elsewhere.model)
+    assert logged(elsewhere, after_step=6) == logged(full, after_step=6)
+    # the output folder moved, then resume_from_checkpoint=True
+    moved = tmp_path / "moved"
+    shutil.copytree(tmp_path / "full", moved)
+    for name in os.listdir(moved):
+        if name.startswith("checkpoint-") and int(name.split("-")[1]) > 6:
+            shutil.rmtree(moved / name)
+    resumed = scored_run(moved, BEST_AT_4, resume=True, **options)
+    assert resumed.state.best_model_checkpoint == "checkpoint-4"
+    assert_same_weights(full.model, resumed.model)
+    # a checkpoint as transformers writes it: best_model_checkpoint is a path, and no manifest
+    theirs = tmp_path / "theirs" / "checkpoint-6"
+    shutil.copytree(tmp_path / "full" / "checkpoint-6", theirs)
+    (theirs / ckpt.MANIFEST_NAME).unlink()
+    state = json.loads((theirs / ckpt.TRAINER_STATE_NAME).read_text())
+    state["best_model_checkpoint"] = str(tmp_path / "full" / "checkpoint-4")
+    (theirs / ckpt.TRAINER_STATE_NAME).write_text(json.dumps(state, indent=2, sort_keys=True) + "\n")
+    from_theirs = scored_run(tmp_path / "from-theirs", BEST_AT_4, resume=str(theirs), **options)
+    assert_same_weights(full.model, from_theirs.model)
+
+
+def safetensors_weights(folder) -> dict:
+    from safetensors.torch import load_file
+
+    return load_file(str(folder / ckpt.WEIGHTS_NAME))
+
+
 # ---------------------------------------------------------------------------------------------
 # A transformers model: save_pretrained layout, variable-length padding, num_items_in_batch
 # ---------------------------------------------------------------------------------------------
