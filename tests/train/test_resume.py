@@ -362,7 +362,7 @@ def early_stopping_run(output_dir, resume=None, restore=False):
     return trainer, callback
 
 
-def test_early_stopping_patience_is_restored_only_when_asked(tmp_path, caplog):
+def test_early_stopping_patience_is_restored_only_when_asked(tmp_path):
     full, full_callback = early_stopping_run(tmp_path / "full")
     assert full.state.global_step == 4 and full_callback.early_stopping_patience_counter == 3
     saved = json.loads((tmp_path / "full" / "checkpoint-3" / ckpt.TRAINER_STATE_NAME).read_text())
@@ -506,6 +506,18 @@ def test_resume_a_transformers_causal_lm_with_padding_and_accumulation(tmp_path)
         for entry in logged_with_timings(resumed, after_step=4):
             session_tokens = entry["num_input_tokens_seen"] - tokens_at_resume
             assert entry["train_tokens_per_second"] * entry["train_runtime"] == pytest.approx(session_tokens, rel=0.05)
+
+
+def test_resume_with_length_grouped_batches(tmp_path):
+    # LengthGroupedSampler is seeded by (seed, epoch) like the shuffled sampler (transformers' draws
+    # from the global RNG instead, so this order is lathe's own).
+    options = dict(
+        train_sampling_strategy="group_by_length", num_train_epochs=2, save_steps=4, train_dataset=token_items(),
+        trainer_kwargs={"data_collator": pad_collate},
+    )
+    full = train(tmp_path / "full", model=tiny_llama(), **options)
+    resumed = train(tmp_path / "resumed", resume=str(tmp_path / "full" / "checkpoint-4"), model=tiny_llama(), **options)
+    assert_resumed_exactly(full, resumed, 4)
 
 
 # ---------------------------------------------------------------------------------------------
