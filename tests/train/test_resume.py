@@ -313,8 +313,10 @@ def test_random_augmentation_in_the_collator_is_reproduced_after_resume(tmp_path
 
 @pytest.mark.slow
 def test_resume_with_a_dataloader_worker(tmp_path):
-    # The worker's base seed is drawn from the global RNG at iter(), in the main process.
-    # (Randomness *inside* workers is not reproduced after a mid-epoch resume: see the report.)
+    # The worker's base seed is drawn from the global RNG at iter(), in the main process. Randomness
+    # *inside* workers (augmentation in a worker's collator) is not reproduced after a mid-epoch
+    # resume, here as in transformers: the resumed iterator's seed is drawn before the checkpoint's
+    # RNG is restored, and a worker's stream advances per batch it makes, skipped ones included.
     options = dict(dataloader_num_workers=1, save_steps=8)
     full = train(tmp_path / "full", **options)
     resumed = train(tmp_path / "resumed", resume=str(tmp_path / "full" / "checkpoint-8"), **options)
