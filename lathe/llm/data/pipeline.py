@@ -204,17 +204,21 @@ def build_and_cache(plan: DataPlan, root: str, key: str) -> dict[str, Any]:
 
 def tokenize_split(plan: DataPlan, name: str, dataset, staging: str):
     """One split through the stage's processor, written as arrow files inside the staging folder."""
-    is_eval = name != "train"
-    function = functools.partial(plan.processor(is_eval), template=plan.template, tokenizer=plan.tokenizer,
-                                 data_args=_resolved_data_args(plan))
-    processed = dataset.map(function, batched=True, remove_columns=dataset.column_names,
-                            batch_size=getattr(plan.data_args, "preprocessing_batch_size", 1000),
-                            num_proc=getattr(plan.data_args, "preprocessing_num_workers", None),
-                            cache_file_name=os.path.join(staging, f"{name}.arrow"), load_from_cache_file=False,
-                            new_fingerprint=cache.hash_text(f"{staging}/{name}")[:32],
-                            desc=f"Tokenizing the {name} split")
+    processor = plan.processor(is_eval=name != "train")
+    map_kwargs = dict(batch_size=getattr(plan.data_args, "preprocessing_batch_size", 1000),
+                      num_proc=getattr(plan.data_args, "preprocessing_num_workers", None),
+                      cache_file_name=os.path.join(staging, f"{name}.arrow"), load_from_cache_file=False,
+                      new_fingerprint=cache.hash_text(f"{staging}/{name}")[:32], desc=f"Tokenizing the {name} split")
+    if processor is _pretrain:  # blocks are cut from the whole split's token stream, not batch by batch
+        from lathe.llm.data.pretrain import pretrain_blocks
+
+        processed = pretrain_blocks(dataset, plan.tokenizer, _resolved_data_args(plan), map_kwargs)
+    else:
+        function = functools.partial(processor, template=plan.template, tokenizer=plan.tokenizer,
+                                     data_args=_resolved_data_args(plan))
+        processed = dataset.map(function, batched=True, remove_columns=dataset.column_names, **map_kwargs)
     if len(processed) == 0:
-        what = "long enough to fill one block" if plan.stage == "pt" else "usable after tokenization"
+        what = "with text" if plan.stage == "pt" else "usable after tokenization"
         raise ValueError(f"The {name} split has no examples {what} ({len(dataset)} rows before tokenization); "
                          f"see the warnings above for skipped rows.")
     if not processed.cache_files or any(not item["filename"].startswith(staging) for item in processed.cache_files):
