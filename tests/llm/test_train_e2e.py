@@ -105,6 +105,15 @@ def test_train_writes_the_expected_outputs(tiny_model_dir, data_dir, tmp_path, s
         assert f.read(4) == b"\x89PNG"
 
 
+@pytest.mark.parametrize("neat_packing", [False, True])
+def test_sft_with_packing_trains(tiny_model_dir, data_dir, tmp_path, neat_packing):
+    _needs("sft")
+    pytest.importorskip("lathe.llm.data.packing", reason="sft packing has not landed yet")
+    metrics = _train(tiny_model_dir, data_dir, tmp_path / "out", "sft", "lora", packing=True, neat_packing=neat_packing,
+                     cutoff_len=64, plot_loss=False)
+    assert torch.isfinite(torch.tensor([metrics["train_loss"], metrics["eval_loss"]])).all()
+
+
 def test_freeze_trains_only_the_chosen_layer(tiny_model_dir, data_dir, tmp_path):
     _needs("sft")
     from safetensors.torch import load_file
