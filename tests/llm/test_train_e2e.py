@@ -114,6 +114,17 @@ def test_sft_with_packing_trains(tiny_model_dir, data_dir, tmp_path, neat_packin
     assert torch.isfinite(torch.tensor([metrics["train_loss"], metrics["eval_loss"]])).all()
 
 
+def test_activation_checkpointing_gives_the_same_lora_update(tiny_model_dir, data_dir, tmp_path):
+    _needs("sft")
+    extra = {"plot_loss": False, "max_steps": 2, "eval_strategy": "no", "val_size": 0.0}
+    _train(tiny_model_dir, data_dir, tmp_path / "plain", "sft", "lora", **extra)
+    _train(tiny_model_dir, data_dir, tmp_path / "checkpointed", "sft", "lora", activation_checkpointing=True, **extra)
+    plain, checkpointed = _adapter(tmp_path / "plain"), _adapter(tmp_path / "checkpointed")
+    for name in plain:
+        torch.testing.assert_close(checkpointed[name], plain[name], rtol=0, atol=1e-6)
+    assert any(not torch.equal(value, torch.zeros_like(value)) for name, value in plain.items() if "lora_B" in name)
+
+
 def test_freeze_trains_only_the_chosen_layer(tiny_model_dir, data_dir, tmp_path):
     _needs("sft")
     from safetensors.torch import load_file
