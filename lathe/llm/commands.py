@@ -47,12 +47,12 @@ def run_train(config, dry_run: bool = False, callbacks: list | None = None) -> d
 def train_command(config_path: str, overrides: list[str], dry_run: bool = False, traceback: bool = False) -> int:
     """`lathe train CONFIG [key=value ...]`: print the resolved configuration and the plan, then train."""
     from lathe.llm.config import parse_train_config
-    from lathe.llm.workflows.plan import format_config
+    from lathe.llm.workflows.plan import format_config, print_once
 
     _setup_logging()
     try:
         config = parse_train_config(config_path, overrides)
-        print(format_config(config), flush=True)
+        print_once(config, format_config(config))
         run_train(config, dry_run=dry_run)
     except USER_ERRORS as error:
         if traceback:

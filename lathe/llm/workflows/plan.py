@@ -6,7 +6,7 @@ import dataclasses
 import math
 from dataclasses import dataclass
 
-__all__ = ["RunPlan", "make_plan", "format_plan", "format_config", "count_tokens"]
+__all__ = ["RunPlan", "make_plan", "format_plan", "format_config", "count_tokens", "print_once"]
 
 IGNORE_INDEX = -100
 
@@ -155,3 +155,9 @@ def format_config(config) -> str:
         for key in sorted(changed):
             lines.append(f"    {key}: {changed[key]}")
     return "\n".join(lines)
+
+
+def print_once(config, text: str) -> None:
+    """Print on the main process only (every rank of a torchrun launch runs the same recipe)."""
+    if config.training.process_index == 0:
+        print(text, flush=True)

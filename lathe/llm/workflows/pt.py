@@ -6,7 +6,7 @@ causal LM trained on every token.
 """
 from __future__ import annotations
 
-from lathe.llm.workflows.plan import format_plan, make_plan
+from lathe.llm.workflows.plan import format_plan, make_plan, print_once
 from lathe.llm.workflows.setup import (
     evaluate_and_save,
     finish_training,
@@ -67,7 +67,7 @@ def run_pt(config, dry_run: bool = False, callbacks: list | None = None) -> dict
     set_seed(training_args.seed)  # new weights (LoRA, train_from_scratch) are drawn while loading
     model = load_model(tokenizer, model_args, finetuning_args, is_trainable=training_args.do_train, meta=dry_run)
 
-    print(format_plan(make_plan(config, datasets, model, resume_from), config), flush=True)
+    print_once(config, format_plan(make_plan(config, datasets, model, resume_from), config))
     if dry_run:
         return {}
 
