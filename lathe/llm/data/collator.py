@@ -71,11 +71,10 @@ class SFTDataCollator:
     def _pad_rows(self, features) -> dict[str, Any]:
         """Inputs padded to the longest row; labels to the longest labels (as transformers'
         DataCollatorForSeq2Seq: generation rows hold the reference answer, not one label per token)."""
-        import torch
-
         right = padding_side(self.tokenizer) == "right"
         lengths = [len(feature["input_ids"]) for feature in features]
-        batch = {"input_ids": self._pad([feature["input_ids"] for feature in features], pad_token_id(self.tokenizer), right),
+        batch = {"input_ids": self._pad([feature["input_ids"] for feature in features], pad_token_id(self.tokenizer),
+                                        right),
                  "attention_mask": self._pad([[1] * size for size in lengths], 0, right)}
         if features[0].get("labels") is not None:
             batch["labels"] = self._pad([feature["labels"] for feature in features], self.label_pad_token_id, right)
@@ -99,7 +98,7 @@ class SFTDataCollator:
         length, right = batch["input_ids"].shape[1], padding_side(self.tokenizer) == "right"
         position_ids = torch.zeros_like(batch["input_ids"])
         for row, feature in enumerate(features):
-            size, padding = len(feature["input_ids"]), length - len(feature["input_ids"])
+            padding = length - len(feature["input_ids"])
             positions = torch.as_tensor(feature["position_ids"], dtype=torch.long)
             pad_positions = torch.arange(padding, dtype=torch.long)  # the padding is one more segment
             position_ids[row] = torch.cat([positions, pad_positions] if right else [pad_positions, positions])

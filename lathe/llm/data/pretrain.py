@@ -106,14 +106,16 @@ def pretrain_blocks(dataset, tokenizer, data_args, map_kwargs: dict[str, Any]):
         documents_kwargs["cache_file_name"] = f"{stem}-documents{extension}"
     if map_kwargs.get("new_fingerprint"):
         fingerprint = map_kwargs["new_fingerprint"]
-        documents_kwargs["new_fingerprint"] = hashlib.sha256(f"{fingerprint}-documents".encode()).hexdigest()[:len(fingerprint)]
+        digest = hashlib.sha256(f"{fingerprint}-documents".encode()).hexdigest()
+        documents_kwargs["new_fingerprint"] = digest[:len(fingerprint)]
     documents_kwargs["desc"] = "Tokenizing documents"
     documents = dataset.map(functools.partial(tokenize_documents, tokenizer=tokenizer, data_args=data_args),
                             batched=True, remove_columns=dataset.column_names, **documents_kwargs)
 
     import pyarrow.compute as compute
 
-    lengths = compute.list_value_length(documents.with_format("arrow")[:]["input_ids"]).to_numpy(zero_copy_only=False)
+    lengths = compute.list_value_length(documents.with_format("arrow")[:]["input_ids"])
+    lengths = lengths.to_numpy(zero_copy_only=False)
     offsets = np.concatenate([[0], np.cumsum(lengths, dtype=np.int64)])  # document i = stream[offsets[i]:offsets[i+1]]
     cut = functools.partial(_blocks_starting_in_batch, documents=documents, offsets=offsets,
                             size=block_content_size(tokenizer, data_args.cutoff_len),
