@@ -15,7 +15,9 @@ class LabelSmoother:
         self.epsilon = epsilon
         self.ignore_index = ignore_index
 
-    def __call__(self, model_output, labels: torch.Tensor, shift_labels: bool = False) -> torch.Tensor:
+    def __call__(self, model_output, labels: torch.Tensor, shift_labels: bool = False, num_items_in_batch=None) -> torch.Tensor:
+        """With num_items_in_batch (the label count of the whole accumulation window), the sums are
+        divided by it, so accumulated micro-batches add up to the loss of one big batch."""
         logits = model_output["logits"] if isinstance(model_output, dict) else model_output[0]
         if shift_labels:
             logits = logits[..., :-1, :].contiguous()
@@ -27,7 +29,10 @@ class LabelSmoother:
         safe_labels = labels.clamp(min=0)
         nll = log_probs.gather(dim=-1, index=safe_labels).masked_fill(padding, 0.0)
         smoothed = log_probs.sum(dim=-1, keepdim=True).masked_fill(padding, 0.0)
-        active = padding.numel() - padding.long().sum()
+        if num_items_in_batch is None:
+            active = padding.numel() - padding.long().sum()
+        else:
+            active = num_items_in_batch.to(nll.device) if torch.is_tensor(num_items_in_batch) else num_items_in_batch
         nll = nll.sum() / active
         smoothed = smoothed.sum() / (active * log_probs.shape[-1])
         return (1 - self.epsilon) * nll + self.epsilon * smoothed

@@ -225,16 +225,29 @@ class Trainer(TrainerDataLoaders, TrainerCheckpointing, TrainerEvaluation):
             epoch_batches = self._epoch_batches(train_dataloader, epoch, start)
             self.control = self.callback_handler.on_epoch_begin(args, self.state, self.control)
             first_update = start.updates_done_in_epoch if epoch == start.epoch else 0
+            steps_before = self.state.global_step
             for window in batching.update_windows(epoch_batches, plan, args.gradient_accumulation_steps, first_update):
                 self._update_step(model, window, epoch, plan)
                 self._maybe_log_save_evaluate(model, trial, ignore_keys_for_eval)
                 if self.control.should_epoch_stop or self.control.should_training_stop:
                     break
+            if self.state.global_step == steps_before and not self.control.should_training_stop:
+                self._stop_on_empty_pass(epoch)
             self.control = self.callback_handler.on_epoch_end(args, self.state, self.control)
             self._maybe_log_save_evaluate(model, trial, ignore_keys_for_eval)
             if self.control.should_training_stop or self.state.global_step >= plan.max_steps:
                 break
         return self._finish_run(plan)
+
+    def _stop_on_empty_pass(self, epoch: int) -> None:
+        """A pass over the data gave no batch (an exhausted or empty iterable dataset): stop rather
+        than loop forever waiting for max_steps."""
+        logger.warning(
+            "Pass %d over the training data yielded no batch, so training stops at step %d of %d. An iterable "
+            "dataset must be re-iterable (a generator is used up after one pass) and yield at least one batch.",
+            epoch, self.state.global_step, self.state.max_steps,
+        )
+        self.control.should_training_stop = True
 
     def _epoch_batches(self, dataloader, epoch: int, start):
         """The epoch's batch iterator; on the resumed epoch, already-trained batches are skipped at
@@ -301,7 +314,8 @@ class Trainer(TrainerDataLoaders, TrainerCheckpointing, TrainerEvaluation):
         model.zero_grad(set_to_none=True)
 
     def _counts_items(self) -> bool:
-        return (self.model_accepts_loss_kwargs and self.label_smoother is None) or self.compute_loss_func is not None
+        # Label smoothing divides by the count too (as in transformers 5), when the model takes loss kwargs.
+        return self.model_accepts_loss_kwargs or self.compute_loss_func is not None
 
     def training_step(self, model, inputs, num_items_in_batch=None) -> torch.Tensor:
         """Forward and backward for one micro-batch; returns the detached, normalised loss."""
@@ -322,7 +336,7 @@ class Trainer(TrainerDataLoaders, TrainerCheckpointing, TrainerEvaluation):
             inputs = dict(inputs)
             labels = inputs.pop("labels")
         if isinstance(inputs, Mapping):
-            if self.model_accepts_loss_kwargs and num_items_in_batch is not None and self.label_smoother is None:
+            if self.model_accepts_loss_kwargs and num_items_in_batch is not None:
                 inputs = {**inputs, "num_items_in_batch": num_items_in_batch}
             outputs = model(**inputs)
         else:
@@ -331,7 +345,7 @@ class Trainer(TrainerDataLoaders, TrainerCheckpointing, TrainerEvaluation):
             if self.compute_loss_func is not None:
                 loss = self.compute_loss_func(outputs, labels, num_items_in_batch=num_items_in_batch)
             else:
-                loss = self.label_smoother(outputs, labels, shift_labels=self._loss_shifts_labels)
+                loss = self.label_smoother(outputs, labels, shift_labels=self._loss_shifts_labels, num_items_in_batch=num_items_in_batch)
         else:
             loss = modeling.loss_from_outputs(outputs, inputs)
         return (loss, outputs) if return_outputs else loss
