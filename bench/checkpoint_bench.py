@@ -3,11 +3,12 @@ transformers.Trainer, on the lm job of bench/jobs.py.
 
     python bench/checkpoint_bench.py            # ~10 min -> docs/BENCHMARKS_checkpoints.md
     python bench/checkpoint_bench.py --quick    # smoke run on the quick lm job -> bench/results/
+    python bench/checkpoint_bench.py --render bench/results/checkpoints-<stamp>.json   # report only
 
 Every number comes from a fresh subprocess of bench/.venv-peers/bin/python (`--python`) with
 OMP_NUM_THREADS=1; the implementations take turns within each repeat. Workers (run by the above):
 
-    --worker prepare --impl X                 train to RESUME_STEP, save that checkpoint (untimed)
+    --worker prepare --impl X                 train 90% into epoch 1, save that checkpoint (untimed)
     --worker save --impl X [--no-fsync]       train 1 step, then time `_save_checkpoint` --saves times
     --worker resume --impl X --mode fresh|resume --dataset fast|slow
                                               time train() from the call to the first on_step_end
@@ -18,8 +19,8 @@ What is timed:
   lathe also fsyncs every file and renames a staging folder; transformers writes in place and
   does not fsync. `lathe-nofsync` (fsync patched out) shows what the durability costs.
 - resume: the `train()` call up to the first optimizer step's on_step_end, for a fresh run and for
-  a run resumed from a checkpoint RESUME_STEP steps in, where the data loader must skip to batch
-  2 * RESUME_STEP of the epoch. The `slow` dataset sleeps 1 ms in every __getitem__ and counts the
+  a run resumed from a checkpoint 90% into the first epoch (RESUME_FRACTION), where the data
+  loader must skip most of the epoch's batches. The `slow` dataset sleeps 1 ms in every __getitem__ and counts the
   calls, so any skipped sample that gets loaded shows up both as time and as a count.
 """
 from __future__ import annotations
@@ -40,7 +41,7 @@ BENCH_DIR = Path(__file__).resolve().parent
 REPOSITORY = BENCH_DIR.parent
 WORK_DIR = BENCH_DIR / "results" / "checkpoint-bench-work"  # not results/tmp: run_all.py wipes that
 DEFAULT_PYTHON = BENCH_DIR / ".venv-peers" / "bin" / "python"
-RESUME_STEP = {False: 70, True: 6}  # full lm job: 80 steps per epoch; quick: 8
+RESUME_FRACTION = 0.9  # resume from a checkpoint this far into the first epoch: most of it to skip
 SLOW_ITEM_S = 0.001
 
 
@@ -119,9 +120,13 @@ def _folder_size(path: Path) -> tuple[int, int]:
     return sum(p.stat().st_size for p in files), len(files)
 
 
-def worker_prepare(impl: str, job, quick: bool) -> dict:
+def resume_step(job) -> int:
+    return int(job.steps_per_epoch * RESUME_FRACTION)
+
+
+def worker_prepare(impl: str, job) -> dict:
     _, _, callback_class, _ = _trainer_classes(impl)
-    step = RESUME_STEP[quick]
+    step = resume_step(job)
 
     class StopAt(callback_class):
         def on_step_end(self, args, state, control, **kwargs):
@@ -133,7 +138,7 @@ def worker_prepare(impl: str, job, quick: bool) -> dict:
     shutil.rmtree(output_dir, ignore_errors=True)
     trainer, _ = _build(impl, job, str(output_dir), callbacks=[StopAt()])
     trainer.train()
-    return {"checkpoint": str(output_dir / f"checkpoint-{step}")}
+    return {"checkpoint": str(output_dir / f"checkpoint-{step}"), "step": step, "steps_per_epoch": job.steps_per_epoch}
 
 
 def worker_save(impl: str, job, saves: int, fsync: bool) -> dict:
@@ -191,7 +196,7 @@ def worker_main(args) -> None:
     jobs.prepare_process(threads=1)
     job = jobs.get_job("lm", args.quick)
     if args.worker == "prepare":
-        result = worker_prepare(args.impl, job, args.quick)
+        result = worker_prepare(args.impl, job)
     elif args.worker == "save":
         result = worker_save(args.impl, job, args.saves, fsync=not args.no_fsync)
     else:
@@ -237,7 +242,7 @@ def orchestrate(args) -> None:
     results = {"meta": {"started": datetime.now(timezone.utc).isoformat(timespec="seconds"), "python_path": python,
                         "command": " ".join(["python", "bench/checkpoint_bench.py", *sys.argv[1:]]),
                         "quick": args.quick, "repeats": args.repeats, "saves": args.saves,
-                        "resume_step": RESUME_STEP[args.quick], "commit": _git_commit(), "load_start": load_start,
+                        "commit": _git_commit(), "load_start": load_start,
                         "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, {platform.platform()}"}}
     subprocess.run([python, str(BENCH_DIR / "jobs.py"), "prepare"], cwd=REPOSITORY, check=True, capture_output=True,
                    env={**os.environ, "PYTHONPATH": str(REPOSITORY)})
@@ -253,7 +258,10 @@ def orchestrate(args) -> None:
                 print(f"save {name} repeat {repeat}: {', '.join(f'{t * 1000:.0f}' for t in result['save_s'])} ms", flush=True)
         results["save"] = save_runs
     if "resume" not in args.skip:
-        checkpoints = {impl: _run_worker(python, "--worker", "prepare", "--impl", impl, *quick)["checkpoint"] for impl in impls}
+        prepared = {impl: _run_worker(python, "--worker", "prepare", "--impl", impl, *quick) for impl in impls}
+        checkpoints = {impl: result["checkpoint"] for impl, result in prepared.items()}
+        results["meta"]["resume_step"] = prepared["lathe"]["step"]
+        results["meta"]["steps_per_epoch"] = prepared["lathe"]["steps_per_epoch"]
         resume_runs = []
         for repeat in range(args.repeats):
             for dataset in ("fast", "slow"):
@@ -291,7 +299,7 @@ def _ms(seconds: float) -> str:
 def render(results: dict, raw: Path) -> str:
     meta = results["meta"]
     versions = meta.get("versions", {})
-    lines = [
+    header = [
         "# Checkpoint benchmark: save time and resume time, lathe.Trainer vs transformers.Trainer", "",
         f"Generated by `bench/checkpoint_bench.py` on {meta['started']} (UTC); see the module docstring to reproduce.", "",
         f"- Command: `{meta['command']}` ({meta['minutes']:.1f} min)",
@@ -304,14 +312,14 @@ def render(results: dict, raw: Path) -> str:
         "vocabulary 1024, AdamW, batch 16, gradient accumulation 2.",
         f"- Raw results: `{raw.relative_to(REPOSITORY)}` (git-ignored)", "",
     ]
-    verdicts = []
+    verdicts, sections = [], []
     if "save" in results:
-        lines += _save_section(results["save"], meta, verdicts)
+        sections += _save_section(results["save"], meta, verdicts)
     if "resume" in results:
-        lines += _resume_section(results["resume"], meta, verdicts)
-    target_lines = ["## Targets", "", "| target | measured | verdict |", "|---|---|---|"]
-    target_lines += [f"| {target} | {measured} | {verdict} |" for target, measured, verdict in verdicts]
-    return "\n".join(lines[:10] + [""] + target_lines + [""] + lines[10:]) + "\n"
+        sections += _resume_section(results["resume"], meta, verdicts)
+    targets = ["## Targets", "", "| target | measured | verdict |", "|---|---|---|"]
+    targets += [f"| {target} | {measured} | {verdict} |" for target, measured, verdict in verdicts]
+    return "\n".join(header + targets + [""] + sections) + "\n"
 
 
 def _save_section(save_runs: dict, meta: dict, verdicts: list) -> list[str]:
@@ -332,9 +340,12 @@ def _save_section(save_runs: dict, meta: dict, verdicts: list) -> list[str]:
                      f"{_ms(statistics.median(first))} | {runs[0]['checkpoint_bytes'] / 2**20:.1f} MiB | {runs[0]['checkpoint_files']} |")
     ratio = medians["lathe"] / medians["hf"]
     lines += ["", f"lathe / transformers: {ratio:.2f}× (with fsync), "
-              f"{medians['lathe-nofsync'] / medians['hf']:.2f}× (fsync patched out). lathe flushes every file and the folder "
-              "to disk before one rename publishes the checkpoint; transformers writes into `checkpoint-N/` in place and "
-              "returns once the data is in the page cache, so a crash or power cut can leave it half-written.", ""]
+              f"{medians['lathe-nofsync'] / medians['hf']:.2f}× (fsync patched out). The difference is the fsyncs: lathe "
+              f"flushes every file, the staging folder and output_dir to disk (one `os.fsync` each, {save_runs['lathe'][0]['checkpoint_files'] + 2} for this checkpoint) "
+              "before one rename publishes the checkpoint, as the crash-safety design requires; transformers writes into "
+              "`checkpoint-N/` in place and returns once the data is in the page cache, so a process killed mid-save leaves "
+              "a half-written folder, and a power cut can lose the data of a folder that looks complete. The machine is "
+              "shared: the min–max ranges show how much other people's work moved the numbers.", ""]
     verdicts.append(("lathe save (model + optimizer + state) no slower than transformers'",
                      f"{_ms(medians['lathe'])} vs {_ms(medians['hf'])} ({ratio:.2f}×)",
                      "met" if ratio <= 1.0 else "**missed**"))
@@ -342,11 +353,11 @@ def _save_section(save_runs: dict, meta: dict, verdicts: list) -> list[str]:
 
 
 def _resume_section(runs: list, meta: dict, verdicts: list) -> list[str]:
-    skipped = 2 * meta["resume_step"]  # micro-batches: gradient accumulation 2
+    skipped = 2 * meta["resume_step"]  # micro-batches: the job accumulates 2 per step
     lines = [
         "## Time to the first step: fresh run vs resumed run", "",
         f"From the `train()` call to the first optimizer step's `on_step_end`. *resume* starts from a checkpoint at step "
-        f"{meta['resume_step']} of the first epoch (written by the same implementation), so {skipped} batches of 16 "
+        f"{meta['resume_step']} of the first epoch's {meta['steps_per_epoch']} (written by the same implementation), so {skipped} batches of 16 "
         f"({skipped * 16} samples) are skipped. *fast*: the job's in-memory dataset; *slow*: the same data with "
         f"{SLOW_ITEM_S * 1000:.0f} ms of sleep in every `__getitem__`. *Items fetched*: `__getitem__` calls before the first "
         f"step ends (the step needs 32, two micro-batches of 16; a loader that reads one batch ahead fetches 48). {meta['repeats']} processes per cell, medians.", "",
@@ -401,8 +412,14 @@ def main() -> None:
     parser.add_argument("--skip", default="", help="comma-separated: save,resume")
     parser.add_argument("--python", help="interpreter for the workers (default bench/.venv-peers/bin/python)")
     parser.add_argument("--report", help="markdown output (default docs/BENCHMARKS_checkpoints.md; --quick: bench/results/)")
+    parser.add_argument("--render", metavar="RAW_JSON", help="only re-render the report from saved raw results")
     args = parser.parse_args()
-    if args.worker:
+    if args.render:
+        raw = Path(args.render).resolve()
+        results = json.loads(raw.read_text())
+        default = REPOSITORY / "docs" / "BENCHMARKS_checkpoints.md"
+        Path(args.report or default).write_text(render(results, raw))
+    elif args.worker:
         worker_main(args)
     else:
         args.repeats = min(args.repeats, 2) if args.quick else args.repeats
