@@ -250,9 +250,9 @@ def targets_section(table, import_medians, cli_best, eval_ratios, lathe_availabl
         add(f"eval memory flat, `{metrics}`: peak RSS at 10× data ≤ 1.1× peak at 1×",
             eval_ratios.get(("lathe", metrics), NAN), None, 1.1)
     header = ["## Targets for lathe", "",
-              "Judged on the medians below. The machine is shared, so wall times carry other people's load; the "
-              "CPU-time column (process CPU seconds of the training phase, one thread) is the less noisy second "
-              "opinion." + ("" if lathe_available else " **lathe was not importable in this run: its numbers "
+              "Judged on the medians below (train time of the `train()` call). CPU time = process CPU seconds of "
+              "the same phase (one thread): it leaves out time spent waiting for a core, not the slow-down from "
+              "work on the other core, so on a shared machine it is a second opinion, not a cure." + ("" if lathe_available else " **lathe was not importable in this run: its numbers "
                             "are pending.**"), "",
               "| target | measured (wall) | verdict | measured (CPU time) |", "|---|---|---|---|"]
     return header + rows + [""]

@@ -2,7 +2,7 @@
 
     bench/setup_peers.sh                      # once: bench/.venv-peers
     python bench/run_all.py                   # full run (~15 min), writes docs/BENCHMARKS.md
-    python bench/run_all.py --quick           # smoke run (~1-2 min), writes bench/results/BENCHMARKS-quick.md
+    python bench/run_all.py --quick           # smoke run (~1 min), writes bench/results/BENCHMARKS-quick.md
 
 Every measurement is a fresh subprocess of the same interpreter (bench/.venv-peers/bin/python by
 default) with OMP_NUM_THREADS=1, and the runners are interleaved (plain, hf, lathe, plain, hf, ...)
@@ -150,10 +150,10 @@ def check_lathe(python: str) -> dict:
     return {"available": record["rc"] == 0, "error": record["stderr"][-2000:] if record["rc"] else None}
 
 
-def measure_imports(python: str, repeats: int, lathe_available: bool) -> dict:
+def measure_imports(python: str, repeats: int, lathe_available: bool, warm_up: bool = True) -> dict:
     """In-process import time and whole-process wall time of each statement, one fresh process each."""
     timings = {label: [] for label in IMPORT_STATEMENTS}
-    for round_index in range(repeats + 1):  # round 0 warms the page cache and is discarded
+    for round_index in range(0 if warm_up else 1, repeats + 1):  # round 0 warms the page cache, discarded
         for label, (setup, statement) in IMPORT_STATEMENTS.items():
             if "lathe" in statement and not lathe_available:
                 continue
@@ -188,7 +188,7 @@ def measure_cli(python: str, repeats: int) -> dict:
 
 def measure_eval_memory(python: str, runners: list[str], quick: bool) -> list[dict]:
     records = []
-    for metrics in ("loss", "accuracy"):
+    for metrics in ("loss",) if quick else ("loss", "accuracy"):
         for runner in runners:
             if runner == "plain" and metrics != "loss":
                 continue
@@ -239,7 +239,7 @@ def profile_runner(python: str, runner: str, job: str, quick: bool, top: int = 1
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="small jobs, 1 repeat: a smoke run")
-    parser.add_argument("--repeats", type=int, help="repeats per runner and job (default 7 regression / 3 lm)")
+    parser.add_argument("--repeats", type=int, help="repeats per runner and job (default 11 regression / 5 lm)")
     parser.add_argument("--jobs", default="regression,lm")
     parser.add_argument("--runners", default=",".join(RUNNERS))
     parser.add_argument("--python", default=str(DEFAULT_PYTHON), help="interpreter for every child process")
@@ -271,16 +271,16 @@ def main():
 
     results = {"meta": meta, "lathe": lathe, "runners": runners, "imports": {}, "cli": {}, "runs": [],
                "profiles": [], "evalmem": []}
-    import_repeats = 2 if args.quick else 5
+    import_repeats = 1 if args.quick else 5
     if "imports" not in skip:
         note("import times")
-        results["imports"] = measure_imports(args.python, import_repeats, lathe["available"])
+        results["imports"] = measure_imports(args.python, import_repeats, lathe["available"], warm_up=not args.quick)
     if "cli" not in skip and lathe["available"]:
         note("lathe --help")
         results["cli"] = measure_cli(args.python, import_repeats)
     if "train" not in skip:
         for job in args.jobs.split(","):
-            repeats = args.repeats or (1 if args.quick else (7 if job == "regression" else 3))
+            repeats = args.repeats or (1 if args.quick else (11 if job == "regression" else 5))
             for repeat in range(repeats):
                 for runner in runners:  # interleaved: plain, hf, lathe, plain, hf, lathe, ...
                     record = run_measured(args.python, runner, job, args.quick)
@@ -292,7 +292,7 @@ def main():
                          f"loss={summary.get('final_loss', float('nan')):.6f}")
                     if record["rc"]:
                         note("  error: " + record["error"].strip().splitlines()[-1])
-    if "profile" not in skip and "train" not in skip:
+    if not args.quick and "profile" not in skip and "train" not in skip:
         for runner in runners:
             note(f"profile {runner} on regression")
             results["profiles"].append(profile_runner(args.python, runner, "regression", args.quick))
