@@ -88,6 +88,51 @@ def observed_batch_size(inputs) -> int:
     return 1
 
 
+class WeightedLoss:
+    """eval_loss: the mean over samples of each batch's loss, weighted by the batch's real size (a
+    partial last batch counts once per sample). Accumulated on the device in float64 (exact to
+    float32 precision over large sets; MPS has no float64), with no host sync per batch. With
+    logging_nan_inf_filter, non-finite batch losses are left out, as transformers does."""
+
+    def __init__(self, nan_inf_filter: bool):
+        self.nan_inf_filter = nan_inf_filter
+        self.total = self.count = self.finite_total = self.finite_count = None
+
+    def add(self, loss: torch.Tensor, batch_size: int) -> None:
+        wide = torch.float32 if loss.device.type == "mps" else torch.float64
+        value = loss.detach().to(wide)
+        finite = torch.isfinite(value)
+        weighted = value * batch_size
+        finite_weighted = torch.where(finite, weighted, torch.zeros_like(weighted))
+        if self.total is None:
+            self.total, self.count = weighted, batch_size
+            self.finite_total, self.finite_count = finite_weighted, finite.to(wide) * batch_size
+        else:
+            self.total = self.total + weighted
+            self.count += batch_size
+            self.finite_total = self.finite_total + finite_weighted
+            self.finite_count = self.finite_count + finite.to(wide) * batch_size
+
+    def mean(self) -> float:
+        finite_count = self.finite_count.item()
+        if self.nan_inf_filter and finite_count > 0:
+            return (self.finite_total / finite_count).item()
+        return (self.total / self.count).item()
+
+
+def _mark_last(iterable):
+    """Yield (is_last, item), looking one item ahead: iterable datasets have no length."""
+    iterator = iter(iterable)
+    try:
+        current = next(iterator)
+    except StopIteration:
+        return
+    for following in iterator:
+        yield False, current
+        current = following
+    yield True, current
+
+
 def evaluation_loop(trainer, dataloader, description: str, prediction_loss_only, ignore_keys, metric_key_prefix: str) -> EvalLoopOutput:
     """Run `trainer.prediction_step` over `dataloader`. eval_loss is weighted by each batch's real
     size, so a partial last batch counts once per sample."""
@@ -100,38 +145,34 @@ def evaluation_loop(trainer, dataloader, description: str, prediction_loss_only,
             "labels": Gathered(args.eval_accumulation_steps, args.eval_do_concat_batches),
             "inputs": Gathered(args.eval_accumulation_steps, args.eval_do_concat_batches),
             "losses": Gathered(args.eval_accumulation_steps, args.eval_do_concat_batches)}
-    loss_sum = None
+    losses = WeightedLoss(args.logging_nan_inf_filter)
     num_samples = 0
     metrics = None
     batch_metrics_mode = args.batch_eval_metrics and trainer.compute_metrics is not None
-    num_batches = len(dataloader) if hasattr(dataloader, "__len__") else None
-    for step, inputs in enumerate(dataloader):
+    # predict() returns predictions even when metrics are computed batch by batch (transformers too).
+    keep_predictions = not batch_metrics_mode or description == "Prediction"
+    for is_last, inputs in _mark_last(dataloader):
         batch_size = observed_batch_size(inputs)
         num_samples += batch_size
         main_inputs = inputs.get(trainer.main_input_name) if isinstance(inputs, Mapping) and "inputs" in include else None
         loss, logits, labels = trainer.prediction_step(model, inputs, prediction_loss_only, ignore_keys=ignore_keys)
         if loss is not None:
-            # float64 keeps the weighted mean exact to float32 precision over large eval sets
-            # (MPS has no float64, so it stays float32 there).
-            wide = torch.float32 if loss.device.type == "mps" else torch.float64
-            weighted = loss.detach().to(wide) * batch_size
-            loss_sum = weighted if loss_sum is None else loss_sum + weighted
+            losses.add(loss, batch_size)
         if logits is not None and trainer.preprocess_logits_for_metrics is not None:
             logits = trainer.preprocess_logits_for_metrics(logits, labels)
+        if keep_predictions:
+            keep["preds"].add(logits)
+            keep["labels"].add(labels)
+            keep["inputs"].add(main_inputs)
+            if "loss" in include and loss is not None:
+                keep["losses"].add(loss.detach().repeat(batch_size))
         if batch_metrics_mode:
-            is_last = num_batches is not None and step == num_batches - 1
             prediction = EvalPrediction(
                 predictions=logits, label_ids=labels,
                 inputs=main_inputs if "inputs" in include else None,
                 losses=loss.detach().repeat(batch_size) if ("loss" in include and loss is not None) else None,
             )
             metrics = trainer.compute_metrics(prediction, compute_result=is_last)
-        else:
-            keep["preds"].add(logits)
-            keep["labels"].add(labels)
-            keep["inputs"].add(main_inputs)
-            if "loss" in include and loss is not None:
-                keep["losses"].add(loss.detach().repeat(batch_size))
         trainer.control = trainer.callback_handler.on_prediction_step(args, trainer.state, trainer.control)
 
     predictions = keep["preds"].result()
@@ -147,8 +188,8 @@ def evaluation_loop(trainer, dataloader, description: str, prediction_loss_only,
     else:
         metrics = {}
     metrics = denumpify_detensorize(dict(metrics))
-    if loss_sum is not None and num_samples > 0:
-        metrics[f"{metric_key_prefix}_loss"] = (loss_sum / num_samples).item()
+    if losses.count is not None:
+        metrics[f"{metric_key_prefix}_loss"] = losses.mean()
     for key in list(metrics):
         if not key.startswith(f"{metric_key_prefix}_"):
             metrics[f"{metric_key_prefix}_{key}"] = metrics.pop(key)

@@ -49,8 +49,9 @@ class TrainerCheckpointing:
         if state.best_global_step is not None:
             best_path = ckpt.checkpoint_path(output_dir, state.best_global_step)
             if state.best_global_step == state.global_step or os.path.isdir(best_path):
-                # Relative to output_dir, so a moved output folder still finds its best model.
-                state.best_model_checkpoint = os.path.basename(best_path)
+                # transformers' form (output_dir/checkpoint-N), so user code can open it; a moved
+                # output folder still finds it by folder name (see find_best_checkpoint).
+                state.best_model_checkpoint = best_path
         state.stateful_callbacks = TrainerState(stateful_callbacks=self._stateful_callbacks()).stateful_callbacks
         main = args.should_save
         with ckpt.atomic_checkpoint(final_path, is_main_process=main, barrier=runtime.barrier) as staging:
@@ -75,12 +76,7 @@ class TrainerCheckpointing:
         return [cb for cb in self.callback_handler.callbacks + [self.control] if isinstance(cb, ExportableState)]
 
     def _best_checkpoint_path(self) -> str | None:
-        best = self.state.best_model_checkpoint
-        if best is None:
-            return None
-        # Written by lathe: relative to output_dir. Written by transformers: a path as given.
-        candidate = os.path.join(self.args.output_dir, best)
-        return candidate if os.path.isdir(candidate) or not os.path.isdir(best) else best
+        return find_best_checkpoint(self.state.best_model_checkpoint, self.args.output_dir)
 
     def _final_rotation(self) -> None:
         """With save_total_limit=1 and a distinct best checkpoint, two were kept during training
@@ -173,7 +169,7 @@ class TrainerCheckpointing:
         for name in ("max_steps", "num_train_epochs", "logging_steps", "eval_steps", "save_steps", "is_local_process_zero", "is_world_process_zero"):
             setattr(saved, name, getattr(self.state, name))
         saved.train_batch_size = self._train_batch_size
-        saved.best_model_checkpoint = _best_checkpoint_beside(saved.best_model_checkpoint, path, args.output_dir)
+        saved.best_model_checkpoint = find_best_checkpoint(saved.best_model_checkpoint, os.path.dirname(os.path.normpath(path)), args.output_dir)
         self.state = saved
         if args.restore_callback_states_from_checkpoint:
             self._restore_callback_states()
@@ -264,15 +260,18 @@ class TrainerCheckpointing:
             print(f"  {key: <{width}} = {formatted[key]:>9}")
 
 
-def _best_checkpoint_beside(best: str | None, resumed_checkpoint: str, output_dir: str) -> str | None:
-    """lathe stores best_model_checkpoint relative to the output_dir of the run that saved it: the
-    folder holding the resumed checkpoint. Resuming by path into another output_dir, it is not
-    found there (load_best_model_at_end then kept the last weights): point at it where it is, as a
-    path (transformers stores such paths as given, so those are found either way)."""
-    if best is None or os.path.isdir(os.path.join(output_dir, best)) or os.path.isdir(best):
-        return best
-    beside = os.path.join(os.path.dirname(os.path.normpath(resumed_checkpoint)), os.path.basename(best))
-    return beside if os.path.isdir(beside) else best
+def find_best_checkpoint(best: str | None, *folders: str) -> str | None:
+    """best_model_checkpoint as saved (output_dir/checkpoint-N, or only "checkpoint-N" from older
+    lathe versions), found again after the output folder moved or the run resumed into another
+    output_dir: first by its folder name in `folders` (the run that wrote it first), then as given."""
+    if best is None:
+        return None
+    name = os.path.basename(os.path.normpath(best))
+    for folder in folders:
+        candidate = os.path.join(folder, name)
+        if os.path.isdir(candidate):
+            return candidate
+    return best
 
 
 def _format_seconds(seconds: float) -> str:

@@ -414,12 +414,13 @@ BEST_AT_4 = {2: 0.5, 4: 0.9, 6: 0.7, 8: 0.6}
 
 
 def test_best_model_is_found_after_resuming_elsewhere(tmp_path):
-    """load_best_model_at_end after a resume: best_model_checkpoint ("checkpoint-4", relative to the
-    output_dir that saved it) is found from another output_dir, from a moved output folder, and
-    as transformers writes it (a path, "<output_dir>/checkpoint-4")."""
+    """load_best_model_at_end after a resume: best_model_checkpoint ("<output_dir>/checkpoint-4", as
+    transformers writes it) is found from another output_dir, from a moved or copied output folder
+    (by its folder name, beside the resumed checkpoint first), and in a transformers checkpoint."""
     options = dict(load_best_model_at_end=True, max_steps=8)
     full = scored_run(tmp_path / "full", BEST_AT_4, **options)
-    assert full.state.best_model_checkpoint == "checkpoint-4" and full.state.best_metric == 0.9
+    assert os.path.samefile(full.state.best_model_checkpoint, tmp_path / "full" / "checkpoint-4")
+    assert full.state.best_metric == 0.9
     best_weights = safetensors_weights(tmp_path / "full" / "checkpoint-4")
     assert all(torch.equal(full.model.state_dict()[name], tensor) for name, tensor in best_weights.items())
     # by path into a fresh output_dir
@@ -434,7 +435,7 @@ def test_best_model_is_found_after_resuming_elsewhere(tmp_path):
         if name.startswith("checkpoint-") and int(name.split("-")[1]) > 6:
             shutil.rmtree(moved / name)
     resumed = scored_run(moved, BEST_AT_4, resume=True, **options)
-    assert resumed.state.best_model_checkpoint == "checkpoint-4"
+    assert resumed.state.best_model_checkpoint == str(moved / "checkpoint-4")  # the copy, not the original
     assert_same_weights(full.model, resumed.model)
     # a checkpoint as transformers writes it: best_model_checkpoint is a path, and no manifest
     theirs = tmp_path / "theirs" / "checkpoint-6"
