@@ -2,7 +2,7 @@
 resumable samplers of lathe.train.data, configured from TrainingArguments."""
 from __future__ import annotations
 
-from lathe.train import batching, data
+from lathe.train import batching, columns, data
 
 
 class TrainerDataLoaders:
@@ -10,15 +10,15 @@ class TrainerDataLoaders:
 
     def _signature_columns(self) -> list[str]:
         inner = getattr(self.model, "get_base_model", lambda: self.model)()
-        return data.signature_columns(inner, self.label_names)
+        return columns.signature_columns(inner, self.label_names)
 
     def _build_dataloader(self, dataset, description: str, batch_size: int, train: bool):
         args = self.args
         collate = self.data_collator
         if args.remove_unused_columns:
-            dataset, collate = data.prune_unused_columns(dataset, collate, self._signature_columns(), description, type(self.model).__name__)
+            dataset, collate = columns.prune_unused_columns(dataset, collate, self._signature_columns(), description, type(self.model).__name__)
         if self._default_collator_used:
-            data.validate_first_item(dataset)
+            columns.validate_first_item(dataset)
         strategy = getattr(args.train_sampling_strategy, "value", args.train_sampling_strategy)
         return data.build_dataloader(
             dataset, batch_size=batch_size, collate_fn=collate,

@@ -7,21 +7,24 @@ import pytest
 import torch
 from torch.utils.data import Dataset, IterableDataset
 
+from lathe.train.columns import (
+    RemoveColumnsCollator,
+    prune_unused_columns,
+    remove_unused_columns,
+    signature_columns,
+    validate_first_item,
+    validate_item,
+)
 from lathe.train.data import (
+    DirectDataLoader,
     EpochSampler,
     LengthGroupedSampler,
-    RemoveColumnsCollator,
     ResumableBatchSampler,
     build_dataloader,
     dataset_lengths,
     get_length_grouped_indices,
-    prune_unused_columns,
-    remove_unused_columns,
     set_epoch,
-    signature_columns,
     skip_batches,
-    validate_first_item,
-    validate_item,
 )
 
 
@@ -197,6 +200,28 @@ def test_getitems_is_used_once_per_batch_and_dataset_is_not_wrapped():
     assert sorted(dataset.fetched) == list(range(4, 10))
 
 
+def test_direct_loader_matches_torch_dataloader_batches_and_global_rng():
+    """The lean single-process iteration is torch's, minus bookkeeping: same batches (a collator that
+    draws random numbers included), the same global-RNG draw made when iter() is called (the
+    Trainer restores RNG state right after creating the iterator), and the same RNG state after."""
+    def noisy_collate(items):
+        return {"index": torch.tensor([item["index"] for item in items]), "noise": torch.rand(len(items))}
+
+    def run(loader_class):
+        torch.manual_seed(3)
+        loader = loader_class(CountingDataset(11), collate_fn=noisy_collate,
+                              batch_sampler=ResumableBatchSampler(EpochSampler(11, seed=5), 4))
+        iterator = iter(loader)
+        after_iter = torch.get_rng_state()
+        batches = [(batch["index"].tolist(), batch["noise"].tolist()) for batch in iterator]
+        return batches, after_iter, torch.get_rng_state()
+
+    direct, torch_loader = run(DirectDataLoader), run(torch.utils.data.DataLoader)
+    assert direct[0] == torch_loader[0] and [len(indices) for indices, _ in direct[0]] == [4, 4, 3]
+    assert torch.equal(direct[1], torch_loader[1]) and torch.equal(direct[2], torch_loader[2])
+    assert isinstance(build_dataloader(CountingDataset(4), batch_size=2), DirectDataLoader)
+
+
 def test_worker_only_options_are_dropped_without_workers():
     loader = build_dataloader(
         CountingDataset(4), batch_size=2, num_workers=0, persistent_workers=True, prefetch_factor=4,
@@ -326,7 +351,7 @@ def test_signature_columns():
 def test_remove_unused_columns_on_a_datasets_dataset(caplog):
     datasets = pytest.importorskip("datasets")
     data = datasets.Dataset.from_dict({"input_ids": [[1]], "text": ["a"], "label": [0], "idx": [5]})
-    with caplog.at_level(logging.INFO, logger="lathe.train.data"):
+    with caplog.at_level(logging.INFO, logger="lathe.train.columns"):
         pruned = remove_unused_columns(data, signature_columns(TinyModel()), "Training", "TinyModel")
     assert pruned.column_names == ["input_ids", "label"]
     assert "in the Training set" in caplog.text and "text, idx" in caplog.text
@@ -353,7 +378,7 @@ def test_collator_drops_keys_of_dict_items_only(caplog):
 
     collator = RemoveColumnsCollator(collate, ["input_ids", "labels"], "Training", "TinyModel")
     features = [{"input_ids": [1], "labels": 0, "text": "a"}, {"input_ids": [2], "labels": 1, "text": "b"}]
-    with caplog.at_level(logging.INFO, logger="lathe.train.data"):
+    with caplog.at_level(logging.INFO, logger="lathe.train.columns"):
         assert collator(features) == 2
         collator(features)
     assert seen[0] == [{"input_ids": [1], "labels": 0}, {"input_ids": [2], "labels": 1}]
