@@ -393,6 +393,49 @@ def test_full_disk_during_a_save_is_a_clear_error_and_the_previous_checkpoint_re
     assert_same_weights(weights_of(trainer.model), short_reference)
 
 
+def test_every_file_and_folder_is_flushed_before_the_rename(tmp_path, monkeypatch):
+    flushed_files, flushed_folders = [], []
+    monkeypatch.setattr(ckpt, "_fsync_file", flushed_files.append)
+    monkeypatch.setattr(ckpt, "_fsync_dir", flushed_folders.append)
+    final = tmp_path / "checkpoint-1"
+    with ckpt.atomic_checkpoint(str(final)) as staging:
+        for name in ("model.safetensors", "optimizer.pt", "trainer_state.json"):
+            Path(staging, name).write_bytes(b"x" * 10)
+        os.makedirs(os.path.join(staging, "adapter"))
+        Path(staging, "adapter", "adapter_model.safetensors").write_bytes(b"y")
+        staging_folder = staging
+    names = {"model.safetensors", "optimizer.pt", "trainer_state.json", ckpt.MANIFEST_NAME, "adapter/adapter_model.safetensors"}
+    assert sorted(os.path.relpath(path, staging_folder) for path in flushed_files) == sorted(names)
+    # Each folder after its files (the subfolder before the checkpoint folder), then output_dir after the rename.
+    assert flushed_folders == [os.path.join(staging_folder, "adapter"), staging_folder, str(tmp_path)]
+    assert sorted(os.listdir(final)) == sorted({"adapter", "model.safetensors", "optimizer.pt", "trainer_state.json", ckpt.MANIFEST_NAME})
+
+
+def test_a_failed_flush_is_a_clear_error_and_publishes_nothing(tmp_path, monkeypatch, short_reference):
+    real_fsync = os.fsync
+    saves = []
+
+    def fsync(fd):  # the 2nd checkpoint's weights cannot be flushed (I/O error), in a flushing thread
+        if os.readlink(f"/proc/self/fd/{fd}").endswith("model.safetensors"):
+            saves.append(fd)
+            if len(saves) == 2:
+                raise OSError(errno.EIO, "Input/output error")
+        return real_fsync(fd)
+
+    if not os.path.exists("/proc/self/fd"):
+        pytest.skip("needs /proc/self/fd to tell which file is flushed")
+    monkeypatch.setattr(os, "fsync", fsync)
+    output_dir = tmp_path / "output"
+    with pytest.raises(OSError) as raised:
+        trainer_for(output_dir).train()
+    assert raised.value.errno == errno.EIO and "earlier checkpoints are intact" in str(raised.value)
+    assert_only_committed_checkpoints(output_dir, [2])
+    monkeypatch.undo()
+    trainer = trainer_for(output_dir)
+    trainer.train(resume_from_checkpoint=True)
+    assert_same_weights(weights_of(trainer.model), short_reference)
+
+
 def test_output_dir_under_a_regular_file_is_a_clear_error(tmp_path):
     # Tests run as root, so permissions would not stop the writes; a file in the path does.
     blocker = tmp_path / "not-a-folder"
