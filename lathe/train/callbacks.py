@@ -179,6 +179,10 @@ class CallbackHandler(TrainerCallback):
     def on_push_begin(self, args, state, control, **kwargs):
         return self.call_event("on_push_begin", args, state, control, **kwargs)
 
+    def has_listeners(self, event: str) -> bool:
+        """Whether any callback overrides `event` (the Trainer skips work only listeners need)."""
+        return bool(self._listeners_of(event))
+
     def _listeners_of(self, event: str) -> list:
         # Only callbacks that override an event are called for it: calling the inherited no-op
         # would return None and change nothing, so skipping it is equivalent and saves the

@@ -130,14 +130,17 @@ def abort_staging(staging: str) -> None:
 
 
 @contextmanager
-def atomic_checkpoint(final_path: str, is_main_process: bool = True, barrier=None):
+def atomic_checkpoint(final_path: str, is_main_process: bool = True, barrier=None, committer=None, after_commit=None):
     """Yield a staging folder beside `final_path`; on success publish it with one rename.
 
     A crash at any moment leaves either the previous state or the complete new folder; a leftover
     staging folder is ignored by get_last_checkpoint and removed by the next save. With several
     processes, every rank writes its own files (e.g. rng_state_<rank>.pth) into the staging folder
     and only the main process creates and renames it, with `barrier` between the phases so the
-    rename never publishes a folder another rank is still writing.
+    rename never publishes a folder another rank is still writing. `after_commit` (rotation) runs
+    on the main process once the rename is done. With a `committer` (a
+    lathe.train.commit.BackgroundCommitter; single process only) the flush, rename and after_commit
+    run in its thread after the block, and their errors surface at its next wait().
     """
     wait = barrier or (lambda: None)
     staging = begin_staging(final_path) if is_main_process else staging_path(final_path)
@@ -145,26 +148,39 @@ def atomic_checkpoint(final_path: str, is_main_process: bool = True, barrier=Non
     try:
         yield staging
         wait()  # every rank has written its files
+        if is_main_process and committer is not None:
+            committer.start(staging, final_path, after_commit)
+            return
         if is_main_process:
             commit_staging(staging, final_path)
-        wait()  # nobody reads the new checkpoint (or rotates) before it is published
     except BaseException as error:
         if is_main_process:
             abort_staging(staging)
-        if isinstance(error, Exception):
-            hint = (
-                f"Saving checkpoint {final_path!r} failed; earlier checkpoints are intact. "
-                f"Check free disk space ({_free_space(final_path)}) and that the output folder is writable."
-            )
-            if isinstance(error, OSError):
-                raise _os_error(error, f"{hint} Cause: {error}") from error
-            # torch.save reports a write that failed (full disk) as RuntimeError("[enforce fail at
-            # inline_container.cc...] unexpected pos ..."), which names neither the disk nor the path.
-            if hasattr(error, "add_note"):  # Python 3.11+
-                error.add_note(hint)
-            else:
-                logger.error(hint)
-        raise
+        raise explain_save_error(error, final_path) from error
+    if is_main_process and after_commit is not None:
+        after_commit()  # only after the rename is committed may rotation delete anything
+    wait()  # nobody reads the new checkpoint (or rotates) before it is published
+
+
+def explain_save_error(error: BaseException, final_path: str) -> BaseException:
+    """The error to raise for a failed save: it names the checkpoint, says earlier ones are intact,
+    and points at disk space and permissions (an OSError keeps its errno)."""
+    if not isinstance(error, Exception):
+        return error  # KeyboardInterrupt, SystemExit: nothing to explain
+    hint = (
+        f"Saving checkpoint {final_path!r} failed; earlier checkpoints are intact. "
+        f"Check free disk space ({_free_space(final_path)}) and that the output folder is writable."
+    )
+    if isinstance(error, OSError):
+        return _os_error(error, f"{hint} Cause: {error}")
+    # torch.save reports a write that failed (full disk) as RuntimeError("[enforce fail at
+    # inline_container.cc...] unexpected pos ..."), which names neither the disk nor the path.
+    if hasattr(error, "add_note"):  # Python 3.11+
+        if hint not in getattr(error, "__notes__", []):
+            error.add_note(hint)
+    else:
+        logger.error(hint)
+    return error
 
 
 def _os_error(error: OSError, message: str) -> OSError:

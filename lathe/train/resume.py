@@ -42,8 +42,10 @@ class TrainerCheckpointing:
 
     def _save_checkpoint(self, model, trial) -> None:
         """checkpoint-<global_step>, written into a staging folder and published by one rename;
-        rotation deletes older checkpoints only after that rename."""
+        rotation deletes older checkpoints only after that rename. In a single process the flush
+        and rename overlap the next training steps (lathe.train.commit)."""
         args, state = self.args, self.state
+        self._checkpoint_commits.wait()  # the previous checkpoint is published before anything looks for it
         output_dir = args.output_dir
         final_path = ckpt.checkpoint_path(output_dir, state.global_step)
         if state.best_global_step is not None:
@@ -54,7 +56,14 @@ class TrainerCheckpointing:
                 state.best_model_checkpoint = best_path
         state.stateful_callbacks = TrainerState(stateful_callbacks=self._stateful_callbacks()).stateful_callbacks
         main = args.should_save
-        with ckpt.atomic_checkpoint(final_path, is_main_process=main, barrier=runtime.barrier) as staging:
+        best = state.best_model_checkpoint
+
+        def rotate():
+            ckpt.rotate_checkpoints(output_dir, args.save_total_limit, find_best_checkpoint(best, output_dir))
+
+        committer = self._checkpoint_commits if args.world_size == 1 else None
+        with ckpt.atomic_checkpoint(final_path, is_main_process=main, barrier=runtime.barrier, committer=committer,
+                                    after_commit=rotate) as staging:
             if main:
                 self.save_model(staging, _internal_call=True)
             if not args.save_only_model:
@@ -68,9 +77,8 @@ class TrainerCheckpointing:
                 torch.save(ckpt.capture_rng_state(), os.path.join(staging, rng_name))
             if main:
                 state.save_to_json(os.path.join(staging, ckpt.TRAINER_STATE_NAME))
-        if main:
-            # Only after the rename is committed may rotation delete anything.
-            ckpt.rotate_checkpoints(output_dir, args.save_total_limit, self._best_checkpoint_path())
+        if self.callback_handler.has_listeners("on_save"):
+            self._checkpoint_commits.wait()  # on_save may open the checkpoint, as under transformers
 
     def _stateful_callbacks(self) -> list:
         return [cb for cb in self.callback_handler.callbacks + [self.control] if isinstance(cb, ExportableState)]

@@ -13,6 +13,7 @@ from torch import nn
 
 from lathe.train import batching, checkpoint, data, modeling, runtime
 from lathe.train.callbacks import CallbackHandler
+from lathe.train.commit import BackgroundCommitter
 from lathe.train.flow import DefaultFlowCallback, PrinterCallback, ProgressCallback
 from lathe.train.outputs import TrainOutput
 from lathe.train.loaders import TrainerDataLoaders
@@ -92,6 +93,7 @@ class Trainer(TrainerDataLoaders, TrainerCheckpointing, TrainerEvaluation):
         default_callbacks += reporter_callbacks(args.report_to)
         self.callback_handler = CallbackHandler(default_callbacks + list(callbacks or []), self.model, processing_class, self.optimizer, self.lr_scheduler)
         self.current_flos = 0.0
+        self._checkpoint_commits = BackgroundCommitter()
         self.control = self.callback_handler.on_init_end(args, self.state, self.control)
 
     # ----- wiring -----
@@ -184,8 +186,9 @@ class Trainer(TrainerDataLoaders, TrainerCheckpointing, TrainerEvaluation):
         while True:
             try:
                 return self._train_with_batch_size(batch_size, resume_path, trial, ignore_keys_for_eval)
-            except Exception as error:
-                if not (self.args.auto_find_batch_size and runtime.is_out_of_memory(error)):
+            except BaseException as error:
+                self._checkpoint_commits.wait(raise_error=False)  # the last checkpoint still publishes
+                if not (isinstance(error, Exception) and self.args.auto_find_batch_size and runtime.is_out_of_memory(error)):
                     raise
                 batch_size = self._smaller_batch_size(batch_size, error)
 
@@ -409,6 +412,7 @@ class Trainer(TrainerDataLoaders, TrainerCheckpointing, TrainerEvaluation):
 
     def _finish_run(self, plan) -> TrainOutput:
         args, state = self.args, self.state
+        self._checkpoint_commits.wait()  # every checkpoint is published before train() returns
         self._total_loss += self._losses.take()
         if self._losses.nonfinite:
             logger.warning("%d micro-batches had a non-finite loss; the logged loss counts them as the running mean (logging_nan_inf_filter).", self._losses.nonfinite)

@@ -1,0 +1,62 @@
+"""Background checkpoint commits: the flush to disk, rename and rotation of a checkpoint whose files
+are written, run in a thread while training goes on."""
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+
+from lathe.train import checkpoint as ckpt
+
+logger = logging.getLogger(__name__)
+
+
+class BackgroundCommitter:
+    """At most one commit in flight. Writing a checkpoint's files needs the model and optimizer as
+    they are at that step, so it stays in the training loop; making them durable (fsync of every
+    file, ~15-50 ms here) and publishing them (rename, then rotation) does not, so it overlaps the
+    next steps instead of stalling them. A crash before the rename leaves the previous checkpoint
+    as the newest, exactly as a crash during a synchronous save would.
+
+    wait() joins the commit in flight and re-raises its error. Call it before anything reads the
+    checkpoint: the next save, on_save listeners, the end of train()."""
+
+    def __init__(self):
+        self._thread: threading.Thread | None = None
+        self._error: BaseException | None = None
+
+    def start(self, staging: str, final_path: str, after: Callable[[], None] | None = None) -> None:
+        """Commit `staging` as `final_path` in the background, then run `after` (e.g. rotation)."""
+        self.wait()
+        # Not a daemon: an exception that ends the program still lets the last checkpoint publish.
+        self._thread = threading.Thread(
+            target=self._commit, args=(staging, final_path, after), name="lathe-checkpoint-commit"
+        )
+        self._thread.start()
+
+    def _commit(self, staging: str, final_path: str, after) -> None:
+        try:
+            try:
+                ckpt.commit_staging(staging, final_path)
+            except BaseException as error:
+                ckpt.abort_staging(staging)
+                raise ckpt.explain_save_error(error, final_path) from error
+            if after is not None:
+                after()
+        except BaseException as error:  # handed to the training thread at its next wait()
+            self._error = error
+
+    @property
+    def busy(self) -> bool:
+        return self._thread is not None
+
+    def wait(self, raise_error: bool = True) -> None:
+        thread, self._thread = self._thread, None
+        if thread is not None:
+            thread.join()
+        error, self._error = self._error, None
+        if error is None:
+            return
+        if raise_error:
+            raise error
+        logger.error("A checkpoint commit failed while training was already stopping: %s", error)
