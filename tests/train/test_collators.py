@@ -19,6 +19,7 @@ from lathe.train.collators import (
     DefaultDataCollator,
     default_data_collator,
 )
+from lathe.train.padding import pad_batch
 
 PAD, UNK, MASK, EOS = 0, 1, 2, 3
 SENTENCES = ["the cat sat on the mat", "a dog ran in the park", "the bird sang a song", "my cat ran to the mat"]
@@ -272,6 +273,51 @@ def test_padding_matches_transformers(hf_tokenizer, hf_collators, side, options)
         hf_tokenizer.padding_side = "right"
     assert_batches_equal(dict(through_tokenizer), dict(expected))
     assert_batches_equal(own_padding, dict(expected))
+
+
+@pytest.mark.hf
+@pytest.mark.parametrize("side", ["right", "left"])
+@pytest.mark.parametrize("options", PADDING_CASES)
+@pytest.mark.parametrize("fields", ["input_ids", "with attention_mask", "all token fields"])
+def test_plain_token_lists_are_padded_without_tokenizer_pad_exactly_as_it_would(hf_tokenizer, monkeypatch, side, options, fields):
+    hf_tokenizer.padding_side = side
+    try:
+        extra = {"input_ids": {}, "with attention_mask": {"return_attention_mask": True},
+                 "all token fields": {"return_token_type_ids": True, "return_special_tokens_mask": True}}[fields]
+        features = [{key: list(value) for key, value in feature.items()}
+                    for feature in encode(hf_tokenizer, SENTENCES[:3] + ["cat"], **extra)]
+        if fields == "input_ids":
+            features = [{"input_ids": feature["input_ids"]} for feature in features]
+        expected = hf_tokenizer.pad(features, return_tensors="pt", padding=options.get("padding", True),
+                                    max_length=options.get("max_length"), pad_to_multiple_of=options.get("pad_to_multiple_of"))
+        calls = []
+        monkeypatch.setattr(hf_tokenizer, "pad", lambda *args, **kwargs: calls.append(args), raising=False)
+        padded = pad_batch(hf_tokenizer, features, options.get("padding", True), options.get("max_length"),
+                           options.get("pad_to_multiple_of"))
+    finally:
+        monkeypatch.undo()
+        hf_tokenizer.padding_side = "right"
+    assert calls == []  # lathe padded them itself
+    assert_batches_equal(padded, dict(expected))
+    assert all(padded[key].dtype == expected[key].dtype for key in expected)
+
+
+def test_items_that_are_not_plain_token_lists_still_go_to_tokenizer_pad():
+    calls = []
+
+    class Padder(MiniTokenizer):
+        model_input_names = ["input_ids", "attention_mask"]
+
+        def pad(self, features, **kwargs):
+            calls.append([sorted(feature) for feature in features])
+            return {"input_ids": torch.zeros(len(features), 1, dtype=torch.long)}
+
+    tokenizer = Padder()
+    pad_batch(tokenizer, [{"input_ids": [1]}, {"input_ids": [1, 2]}])
+    assert calls == []
+    pad_batch(tokenizer, [{"input_ids": [1], "labels": 0}, {"input_ids": [1, 2], "labels": 1}])  # another field
+    pad_batch(tokenizer, [{"input_ids": torch.tensor([1])}, {"input_ids": torch.tensor([1, 2])}])  # tensors
+    assert calls == [[["input_ids", "labels"], ["input_ids", "labels"]], [["input_ids"], ["input_ids"]]]
 
 
 def test_seq2seq_pads_labels_with_label_pad_token_id():
