@@ -97,6 +97,9 @@ def run_sft(config, dry_run: bool = False, callbacks: list | None = None) -> dic
         trainer.log_metrics("predict", results.metrics)
         trainer.save_metrics("predict", results.metrics)
         if trainer.is_world_process_zero():
-            save_predictions(training_args.output_dir, eval_dataset, results, tokenizer, config.generating.skip_special_tokens)
+            path = save_predictions(training_args.output_dir, eval_dataset, results, tokenizer, config.generating.skip_special_tokens)
+            # The run's headline number as its last line (the metrics block lists it among timings).
+            print(f"Exact match: {results.metrics['predict_exact_match']:.1f}% of {len(eval_dataset)} "
+                  f"held-out examples (predictions in {path})", flush=True)
         metrics.update(results.metrics)
     return metrics
