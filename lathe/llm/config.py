@@ -210,6 +210,10 @@ class GeneratingArguments:
             kwargs.pop("max_length")
         else:
             kwargs.pop("max_new_tokens")
+        if not self.do_sample:
+            # Greedy decoding ignores them; passed anyway, transformers warns on every generate().
+            for name in ("temperature", "top_p", "top_k"):
+                kwargs.pop(name)
         return kwargs
 
 

@@ -160,3 +160,12 @@ def test_early_stopping_watches_eval_loss_and_needs_evaluation():
     assert config.training.metric_for_best_model == "eval_loss" and config.training.greater_is_better is False
     with pytest.raises(ValueError, match="early_stopping_steps .*counts evaluations"):
         parse_train_config({**BASE, "early_stopping_steps": 2})
+
+
+def test_generation_kwargs_leave_out_sampling_settings_when_greedy():
+    sampling = parse_train_config({**BASE, "temperature": 0.5, "max_new_tokens": 8}).generating.generation_kwargs()
+    assert (sampling["do_sample"], sampling["temperature"], sampling["top_p"], sampling["top_k"]) == (True, 0.5, 0.7, 50)
+    assert sampling["max_new_tokens"] == 8 and "max_length" not in sampling
+    greedy = parse_train_config({**BASE, "do_sample": False, "max_new_tokens": 0}).generating.generation_kwargs()
+    assert greedy["do_sample"] is False and greedy["max_length"] == 1024 and "max_new_tokens" not in greedy
+    assert not {"temperature", "top_p", "top_k"} & greedy.keys()  # transformers would warn on every generate()
