@@ -5,6 +5,7 @@ import reprlib
 import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
+from operator import itemgetter
 from typing import Any
 
 import numpy as np
@@ -108,7 +109,7 @@ def _collate_dicts(features) -> dict:
     for key, value in first.items():
         if key in ("label", "label_ids") or value is None or isinstance(value, str):
             continue
-        batch[key] = to_tensor(key, [feature[key] for feature in features])
+        batch[key] = to_tensor(key, list(map(itemgetter(key), features)))
     return batch
 
 

@@ -3,6 +3,7 @@ check that dataset items are dicts or tuples."""
 from __future__ import annotations
 
 import inspect
+import itertools
 import logging
 from collections.abc import Callable, Mapping, Sequence
 
@@ -93,9 +94,9 @@ class RemoveColumnsCollator:
         return {key: value for key, value in feature.items() if key in self._keep}
 
     def __call__(self, features: list):
-        keep = self._keep
-        # The common case, items holding only model inputs, costs one set comparison per item.
-        if all(type(feature) is dict and feature.keys() <= keep for feature in features):
+        # The common case, plain dicts holding only model inputs, checked without a Python-level
+        # loop (iterating a dict gives its keys).
+        if set(map(type, features)) == {dict} and self._keep.issuperset(itertools.chain.from_iterable(features)):
             return self.data_collator(features)
         return self.data_collator([self._remove_columns(feature) for feature in features])
 

@@ -47,6 +47,13 @@ def clip_gradients(parameters, max_norm: float) -> torch.Tensor:
     return torch.nn.utils.clip_grad_norm_(parameters, max_norm)
 
 
+def clear_gradients(parameters: list) -> None:
+    """model.zero_grad(set_to_none=True) over a list made once: Module.zero_grad walks the module
+    tree on every call (~0.1 ms per step for a small MLP, a tenth of its whole step)."""
+    for parameter in parameters:
+        parameter.grad = None
+
+
 def enable_gradient_checkpointing(model, kwargs: dict | None) -> None:
     """transformers 5 calls it activation checkpointing (gradient_checkpointing_enable is its deprecated
     alias, which warns). every_n_layers and offload are options of that method, not of

@@ -65,7 +65,7 @@ class TrainerSteps:
         self._last_learning_rate = self._get_learning_rate()
         if not step_skipped and not isinstance(self.lr_scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau):
             self.lr_scheduler.step()
-        model.zero_grad(set_to_none=True)
+        runtime.clear_gradients(self._all_parameters)
 
     def _counts_items(self) -> bool:
         # Label smoothing divides by the count too (as in transformers 5), when the model takes loss kwargs.
@@ -118,14 +118,17 @@ class TrainerSteps:
         gave 0 for every transformers model); else the model's own floating_point_ops, if any."""
         if not isinstance(inputs, Mapping):
             return 0
-        main_input = getattr(self.model, "main_input_name", "input_ids")
-        if main_input in inputs and hasattr(self.model, "num_parameters"):
-            # Counting walks every module (~0.7 ms for a small LM): once per model, not per micro-batch.
-            counted = getattr(self, "_counted_parameters", None)
-            if counted is None or counted[0] is not self.model:
-                counted = self._counted_parameters = (self.model, self.model.num_parameters(exclude_embeddings=True))
-            return 6 * inputs[main_input].numel() * counted[1]
-        counter = getattr(self.model, "floating_point_ops", None)
+        model = self.model
+        # What to count with, looked up once per model: counting parameters walks every module
+        # (~0.7 ms for a small LM) and a missing attribute of an nn.Module costs a raised error.
+        facts = getattr(self, "_flops_facts", None)
+        if facts is None or facts[0] is not model:
+            count = model.num_parameters(exclude_embeddings=True) if hasattr(model, "num_parameters") else None
+            facts = self._flops_facts = (model, getattr(model, "main_input_name", "input_ids"), count,
+                                         getattr(model, "floating_point_ops", None))
+        _, main_input, count, counter = facts
+        if count is not None and main_input in inputs:
+            return 6 * inputs[main_input].numel() * count
         return counter(inputs) if counter is not None else 0
 
     def _get_learning_rate(self) -> float:

@@ -281,7 +281,8 @@ class Trainer(TrainerSteps, TrainerDataLoaders, TrainerCheckpointing, TrainerEva
     def _begin_run(self, plan) -> None:
         self._losses = batching.LossTracker(self.args.device, self.args.logging_nan_inf_filter)
         self._total_loss = 0.0
-        self._trainable_parameters = [p for p in self.model.parameters() if p.requires_grad]
+        self._all_parameters = list(self.model.parameters())
+        self._trainable_parameters = [p for p in self._all_parameters if p.requires_grad]
         self._globalstep_last_logged = self.state.global_step
         self._first_step_of_run = self.state.global_step
         self._initial_num_input_tokens_seen = self.state.num_input_tokens_seen
