@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import random
 import re
 import shutil
 from contextlib import contextmanager
@@ -380,25 +379,6 @@ def _check_missing(model, missing, unexpected, folder, strict):
 
 def rng_file_name(process_index: int, world_size: int) -> str:
     return "rng_state.pth" if world_size <= 1 else f"rng_state_{process_index}.pth"
-
-
-def capture_rng_state() -> dict:
-    state = {"python": random.getstate(), "numpy": np.random.get_state(), "cpu": torch.random.get_rng_state()}
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.random.get_rng_state_all()
-    return state
-
-
-def restore_rng_state(state: dict) -> None:
-    random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
-    torch.random.set_rng_state(state["cpu"])
-    if torch.cuda.is_available() and "cuda" in state:
-        cuda = state["cuda"]
-        if isinstance(cuda, (list, tuple)) and len(cuda) == torch.cuda.device_count():
-            torch.cuda.random.set_rng_state_all(cuda)
-        elif not isinstance(cuda, (list, tuple)):
-            torch.cuda.random.set_rng_state(cuda)
 
 
 def safe_torch_load(path: str, map_location=None):

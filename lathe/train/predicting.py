@@ -7,7 +7,7 @@ from collections.abc import Mapping
 
 import torch
 
-from lathe.train import checkpoint, evaluation, runtime
+from lathe.train import evaluation, runtime, seed
 from lathe.train.outputs import EvalLoopOutput, PredictionOutput
 
 
@@ -108,11 +108,11 @@ class TrainerEvaluation:
         the global RNG), so evaluating more or less often never changes the trained weights, and a
         run resumed from a checkpoint taken before an evaluation stays bit-exact. transformers'
         evaluation shifts the training RNG instead."""
-        rng_state = checkpoint.capture_rng_state()
+        rng_state = seed.capture_rng_state()
         try:
             metrics = self.evaluate(ignore_keys=ignore_keys_for_eval)
         finally:
-            checkpoint.restore_rng_state(rng_state)
+            seed.restore_rng_state(rng_state)
         if isinstance(self.lr_scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau) and not skip_scheduler:
             name = self.args.metric_for_best_model or "loss"
             key = name if name.startswith("eval_") else f"eval_{name}"

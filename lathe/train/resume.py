@@ -12,6 +12,7 @@ import torch
 from lathe.train import checkpoint as ckpt
 from lathe.train import runtime
 from lathe.train.evaluation import is_better
+from lathe.train.seed import capture_rng_state
 from lathe.train.state import ExportableState, TrainerState
 
 logger = logging.getLogger(__name__)
@@ -74,7 +75,7 @@ class TrainerCheckpointing:
                         torch.save(self.scaler.state_dict(), os.path.join(staging, ckpt.SCALER_NAME))
                 # every rank keeps its own RNG stream (dropout differs per rank)
                 rng_name = ckpt.rng_file_name(args.process_index, args.world_size)
-                torch.save(ckpt.capture_rng_state(), os.path.join(staging, rng_name))
+                torch.save(capture_rng_state(), os.path.join(staging, rng_name))
             if main:
                 state.save_to_json(os.path.join(staging, ckpt.TRAINER_STATE_NAME))
         if self.callback_handler.has_listeners("on_save"):

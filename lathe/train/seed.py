@@ -1,4 +1,5 @@
-"""Reproducibility: set_seed and enable_full_determinism (python, numpy, torch, CUDA)."""
+"""Reproducibility: set_seed and enable_full_determinism (python, numpy, torch, CUDA), and the
+capture and restore of every generator's state that exact resume needs."""
 from __future__ import annotations
 
 import os
@@ -32,3 +33,22 @@ def enable_full_determinism(seed: int, warn_only: bool = False) -> None:
     torch.use_deterministic_algorithms(True, warn_only=warn_only)
     torch.backends.cudnn.deterministic = True
     torch.backends.cudnn.benchmark = False
+
+
+def capture_rng_state() -> dict:
+    state = {"python": random.getstate(), "numpy": np.random.get_state(), "cpu": torch.random.get_rng_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.random.get_rng_state_all()
+    return state
+
+
+def restore_rng_state(state: dict) -> None:
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.random.set_rng_state(state["cpu"])
+    if torch.cuda.is_available() and "cuda" in state:
+        cuda = state["cuda"]
+        if isinstance(cuda, (list, tuple)) and len(cuda) == torch.cuda.device_count():
+            torch.cuda.random.set_rng_state_all(cuda)
+        elif not isinstance(cuda, (list, tuple)):
+            torch.cuda.random.set_rng_state(cuda)

@@ -11,7 +11,7 @@ import time
 import torch
 from torch import nn
 
-from lathe.train import batching, checkpoint, data, modeling, runtime
+from lathe.train import batching, data, modeling, runtime
 from lathe.train.callbacks import CallbackHandler
 from lathe.train.commit import BackgroundCommitter
 from lathe.train.flow import DefaultFlowCallback, PrinterCallback, ProgressCallback
@@ -20,7 +20,7 @@ from lathe.train.loaders import TrainerDataLoaders
 from lathe.train.predicting import TrainerEvaluation
 from lathe.train.resume import TrainerCheckpointing
 from lathe.train.stepping import TrainerSteps
-from lathe.train.seed import enable_full_determinism, set_seed
+from lathe.train.seed import enable_full_determinism, restore_rng_state, set_seed
 from lathe.train.state import TrainerControl, TrainerState
 
 logger = logging.getLogger(__name__)
@@ -238,10 +238,10 @@ class Trainer(TrainerSteps, TrainerDataLoaders, TrainerCheckpointing, TrainerEva
         if epoch == start.epoch:
             restore, self._pending_rng_state = self._pending_rng_state, None
         if restore is not None and skip == 0:
-            checkpoint.restore_rng_state(restore)
+            restore_rng_state(restore)
         iterator = iter(data.skip_batches(dataloader, skip))
         if restore is not None and skip > 0:
-            checkpoint.restore_rng_state(restore)
+            restore_rng_state(restore)
         return iterator
 
     def _update_step(self, model, window: list, epoch: int, plan) -> None:  # noqa: C901 (flat on purpose)
