@@ -46,10 +46,6 @@ class BackgroundCommitter:
         except BaseException as error:  # handed to the training thread at its next wait()
             self._error = error
 
-    @property
-    def busy(self) -> bool:
-        return self._thread is not None
-
     def wait(self, raise_error: bool = True) -> None:
         thread, self._thread = self._thread, None
         if thread is not None:
