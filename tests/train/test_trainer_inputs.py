@@ -536,3 +536,20 @@ def test_empty_train_dataset_is_a_clear_error(tmp_path, items, options):
     trainer = make_trainer(model=Regression(), args=training_args(tmp_path, **options), train_dataset=items)
     with pytest.raises(ValueError, match="training dataloader is empty"):
         trainer.train()
+
+
+@pytest.mark.parametrize("library", ["lathe", pytest.param("hf", marks=pytest.mark.hf)])
+def test_num_examples_counts_the_dataset_or_estimates_from_batches(tmp_path, library):
+    if library == "hf":
+        pytest.importorskip("transformers")
+    trainer = make_trainer(library, model=Regression(), args=training_args(tmp_path, library, per_device_train_batch_size=4),
+                           train_dataset=regression_items(10))
+    assert trainer.num_examples(trainer.get_train_dataloader()) == 10  # the dataset's length, not 3 batches x 4
+
+    class Batches:  # a loader whose dataset has no length: len(loader) x per-device batch size
+        dataset = Stream(regression_items(6))
+
+        def __len__(self):
+            return 2
+
+    assert trainer.num_examples(Batches()) == 8
