@@ -169,3 +169,27 @@ def test_generation_kwargs_leave_out_sampling_settings_when_greedy():
     greedy = parse_train_config({**BASE, "do_sample": False, "max_new_tokens": 0}).generating.generation_kwargs()
     assert greedy["do_sample"] is False and greedy["max_length"] == 1024 and "max_new_tokens" not in greedy
     assert not {"temperature", "top_p", "top_k"} & greedy.keys()  # transformers would warn on every generate()
+
+
+def test_activation_checkpointing_is_on_for_training_unless_disabled_as_in_llamafactory():
+    training = parse_train_config(BASE).training
+    assert training.gradient_checkpointing is True and training.activation_checkpointing is True
+    assert training.gradient_checkpointing_kwargs == {"use_reentrant": True}  # use_reentrant_gc defaults to True
+    assert parse_train_config({**BASE, "use_reentrant_gc": False}).training.gradient_checkpointing_kwargs == {"use_reentrant": False}
+    assert parse_train_config({**BASE, "disable_gradient_checkpointing": True}).training.gradient_checkpointing is False
+    assert parse_train_config({**BASE, "do_train": False}).training.gradient_checkpointing is False
+
+
+def test_models_that_cannot_checkpoint_train_without_it(caplog):
+    import logging
+    from types import SimpleNamespace
+
+    from lathe.llm.workflows.setup import checkpointing_for
+
+    training = parse_train_config(BASE).training
+    with caplog.at_level(logging.WARNING):
+        checkpointing_for(SimpleNamespace(supports_gradient_checkpointing=False), training)
+    assert training.gradient_checkpointing is False and "does not support gradient checkpointing" in caplog.text
+    training = parse_train_config(BASE).training
+    checkpointing_for(SimpleNamespace(supports_gradient_checkpointing=True), training)
+    assert training.gradient_checkpointing is True

@@ -39,6 +39,9 @@ def test_plan_counts_examples_tokens_steps_and_parameters(tmp_path):
     assert "evaluate: every 6 steps" in text  # half of the run
     assert "save: at the end of each epoch, keeping the last 2" in text
     assert "20 trainable of 30" in text and "fp32 on cpu" in text
+    assert "checkpointing   activations on (disable_gradient_checkpointing: true trades memory for speed)" in text
+    config.training.gradient_checkpointing = False
+    assert "checkpointing   activations off" in format_plan(plan, config)
 
 
 def test_config_print_shows_what_differs_from_the_defaults():

@@ -116,6 +116,8 @@ def format_plan(plan: RunPlan, config) -> str:
     if config.finetuning.pure_bf16:
         precision = "pure bf16"
     lines.append(f"  precision       {precision} on {training.device}")
+    checkpointing = "on (disable_gradient_checkpointing: true trades memory for speed)" if training.gradient_checkpointing else "off"
+    lines.append(f"  checkpointing   activations {checkpointing}")
     return "\n".join(lines)
 
 

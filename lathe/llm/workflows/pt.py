@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from lathe.llm.workflows.plan import format_plan, make_plan, print_once
 from lathe.llm.workflows.setup import (
+    checkpointing_for,
     evaluate_and_save,
     finish_training,
     make_callbacks,
@@ -66,6 +67,7 @@ def run_pt(config, dry_run: bool = False, callbacks: list | None = None) -> dict
     datasets = get_dataset(template, model_args, data_args, training_args, stage="pt", tokenizer=tokenizer)
     set_seed(training_args.seed)  # new weights (LoRA, train_from_scratch) are drawn while loading
     model = load_model(tokenizer, model_args, finetuning_args, is_trainable=training_args.do_train, meta=dry_run)
+    checkpointing_for(model, training_args)
 
     print_once(config, format_plan(make_plan(config, datasets, model, resume_from), config))
     if dry_run:

@@ -43,6 +43,14 @@ def resolve_resume_checkpoint(config) -> str | None:
     return last
 
 
+def checkpointing_for(model, training_args) -> None:
+    """Keep activation checkpointing only for a model that supports it (LLaMA-Factory warns and
+    trains without it; transformers would raise deep inside gradient_checkpointing_enable)."""
+    if training_args.gradient_checkpointing and not getattr(model, "supports_gradient_checkpointing", False):
+        logger.warning("%s does not support gradient checkpointing: training without it.", type(model).__name__)
+        training_args.activation_checkpointing = training_args.gradient_checkpointing = False
+
+
 def make_callbacks(config) -> list:
     """trainer_log.jsonl always; early stopping with early_stopping_steps."""
     callbacks = [TrainerLogCallback()]
