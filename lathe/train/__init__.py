@@ -36,7 +36,7 @@ _EXPORTS = {
     "DefaultDataCollator": "lathe.train.collators",
     "DataCollatorWithPadding": "lathe.train.collators",
     "DataCollatorForSeq2Seq": "lathe.train.collators",
-    "DataCollatorForLanguageModeling": "lathe.train.collators",
+    "DataCollatorForLanguageModeling": "lathe.train.masking",
     "DataCollatorWithFlattening": "lathe.train.collators",
     # reproducibility and checkpoints
     "set_seed": "lathe.train.seed",

@@ -11,6 +11,13 @@ _NO_LENGTH_LIMIT = int(1e20)
 _PADDING_STRATEGIES = ("longest", "max_length", "do_not_pad")
 
 
+def check_return_tensors(return_tensors) -> None:
+    if return_tensors != "pt":
+        raise ValueError(
+            f"lathe collators return PyTorch tensors only: return_tensors must be 'pt', got {return_tensors!r}."
+        )
+
+
 def as_list(value):
     """Tensors and arrays become nested lists, so padding can treat every input the same way."""
     return value.tolist() if hasattr(value, "tolist") else value
