@@ -42,14 +42,11 @@ def _fsync_tree(folder: str) -> None:
     for root, _dirs, names in os.walk(folder):
         files.extend(os.path.join(root, name) for name in names)
         folders.append(root)
-    if len(files) > 1:
+    if files:
         from concurrent.futures import ThreadPoolExecutor
 
         with ThreadPoolExecutor(max_workers=min(len(files), 16), thread_name_prefix="lathe-fsync") as pool:
             list(pool.map(_fsync_file, files))  # list(): re-raise the first error here
-    else:
-        for path in files:
-            _fsync_file(path)
     # Folders after their files: a folder entry must not become durable before what it names.
     for path in reversed(folders):
         _fsync_dir(path)
@@ -124,6 +121,15 @@ def commit_staging(staging: str, final_path: str) -> None:
     _fsync_dir(parent)
 
 
+def publish_staging(staging: str, final_path: str) -> None:
+    """commit_staging; if it fails, the staging folder goes and the error says what to check."""
+    try:
+        commit_staging(staging, final_path)
+    except BaseException as error:
+        abort_staging(staging)
+        raise explain_save_error(error, final_path) from error
+
+
 def abort_staging(staging: str) -> None:
     shutil.rmtree(staging, ignore_errors=True)
 
@@ -175,8 +181,7 @@ def explain_save_error(error: BaseException, final_path: str) -> BaseException:
     # torch.save reports a write that failed (full disk) as RuntimeError("[enforce fail at
     # inline_container.cc...] unexpected pos ..."), which names neither the disk nor the path.
     if hasattr(error, "add_note"):  # Python 3.11+
-        if hint not in getattr(error, "__notes__", []):
-            error.add_note(hint)
+        error.add_note(hint)
     else:
         logger.error(hint)
     return error

@@ -36,11 +36,7 @@ class BackgroundCommitter:
 
     def _commit(self, staging: str, final_path: str, after) -> None:
         try:
-            try:
-                ckpt.commit_staging(staging, final_path)
-            except BaseException as error:
-                ckpt.abort_staging(staging)
-                raise ckpt.explain_save_error(error, final_path) from error
+            ckpt.publish_staging(staging, final_path)
             if after is not None:
                 after()
         except BaseException as error:  # handed to the training thread at its next wait()
