@@ -121,9 +121,12 @@ def commit_staging(staging: str, final_path: str) -> None:
     _fsync_dir(parent)
 
 
-def publish_staging(staging: str, final_path: str) -> None:
-    """commit_staging; if it fails, the staging folder goes and the error says what to check."""
+def publish_staging(staging: str, final_path: str, write=None) -> None:
+    """write(staging) if given, then commit_staging; if either fails, the staging folder goes and
+    the error says what to check."""
     try:
+        if write is not None:
+            write(staging)
         commit_staging(staging, final_path)
     except BaseException as error:
         abort_staging(staging)
@@ -135,7 +138,7 @@ def abort_staging(staging: str) -> None:
 
 
 @contextmanager
-def atomic_checkpoint(final_path: str, is_main_process: bool = True, barrier=None, committer=None, after_commit=None):
+def atomic_checkpoint(final_path: str, is_main_process: bool = True, barrier=None, committer=None, after_commit=None, write=None):
     """Yield a staging folder beside `final_path`; on success publish it with one rename.
 
     A crash at any moment leaves either the previous state or the complete new folder; a leftover
@@ -143,19 +146,22 @@ def atomic_checkpoint(final_path: str, is_main_process: bool = True, barrier=Non
     processes, every rank writes its own files (e.g. rng_state_<rank>.pth) into the staging folder
     and only the main process creates and renames it, with `barrier` between the phases so the
     rename never publishes a folder another rank is still writing. `after_commit` (rotation) runs
-    on the main process once the rename is done. With a `committer` (a
-    lathe.train.commit.BackgroundCommitter; single process only) the flush, rename and after_commit
-    run in its thread after the block, and their errors surface at its next wait().
+    on the main process once the rename is done. `write(staging)`, if given, writes more files
+    after the block. With a `committer` (a lathe.train.commit.BackgroundCommitter; single process
+    only) that write, the flush, the rename and after_commit run in its thread after the block, and
+    their errors surface at its next wait().
     """
     wait = barrier or (lambda: None)
     staging = begin_staging(final_path) if is_main_process else staging_path(final_path)
     wait()  # the folder exists before any rank writes into it
     try:
         yield staging
-        wait()  # every rank has written its files
         if is_main_process and committer is not None:
-            committer.start(staging, final_path, after_commit)
+            committer.start(staging, final_path, after_commit, write=write)
             return
+        if write is not None:
+            write(staging)
+        wait()  # every rank has written its files
         if is_main_process:
             commit_staging(staging, final_path)
     except BaseException as error:
@@ -329,12 +335,20 @@ def save_model_weights(model, folder: str, state_dict=None) -> None:
     if hasattr(model, "save_pretrained"):
         model.save_pretrained(folder, state_dict=state_dict)
         return
-    from safetensors.torch import save_file, save_model
+    from safetensors.torch import save_model
 
-    if state_dict is None:
-        save_model(model, os.path.join(folder, WEIGHTS_NAME), metadata={"format": "pt"})
-    else:
-        save_file({k: v.contiguous() for k, v in state_dict.items()}, os.path.join(folder, WEIGHTS_NAME), metadata={"format": "pt"})
+    # save_model drops all but one name of tensors that share memory (tied weights); it only asks
+    # its argument for state_dict(), so a given state dict goes through the same rules.
+    source = model if state_dict is None else _StateDictSource(state_dict)
+    save_model(source, os.path.join(folder, WEIGHTS_NAME), metadata={"format": "pt"})
+
+
+class _StateDictSource:
+    def __init__(self, state_dict: dict):
+        self._state_dict = state_dict
+
+    def state_dict(self) -> dict:
+        return dict(self._state_dict)  # save_model deletes the duplicate names from what it gets
 
 
 def load_model_weights(model, folder: str, strict: bool = True) -> None:

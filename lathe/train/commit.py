@@ -1,5 +1,5 @@
-"""Background checkpoint commits: the flush to disk, rename and rotation of a checkpoint whose files
-are written, run in a thread while training goes on."""
+"""Background checkpoint commits: writing a checkpoint from a copy of the state, its flush to disk,
+rename and rotation, run in a thread while training goes on."""
 from __future__ import annotations
 
 import logging
@@ -12,11 +12,11 @@ logger = logging.getLogger(__name__)
 
 
 class BackgroundCommitter:
-    """At most one commit in flight. Writing a checkpoint's files needs the model and optimizer as
-    they are at that step, so it stays in the training loop; making them durable (fsync of every
-    file, ~15-50 ms here) and publishing them (rename, then rotation) does not, so it overlaps the
-    next steps instead of stalling them. A crash before the rename leaves the previous checkpoint
-    as the newest, exactly as a crash during a synchronous save would.
+    """At most one commit in flight. The loop takes a copy of the state (lathe.train.snapshot);
+    serializing it, making the files durable (fsync of every file, ~15-50 ms here) and publishing
+    them (rename, then rotation) overlap the next steps instead of stalling them. A crash before
+    the rename leaves the previous checkpoint as the newest, exactly as a crash during a
+    synchronous save would.
 
     wait() joins the commit in flight and re-raises its error. Call it before anything reads the
     checkpoint: the next save, on_save listeners, the end of train()."""
@@ -25,18 +25,20 @@ class BackgroundCommitter:
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
 
-    def start(self, staging: str, final_path: str, after: Callable[[], None] | None = None) -> None:
-        """Commit `staging` as `final_path` in the background, then run `after` (e.g. rotation)."""
+    def start(self, staging: str, final_path: str, after: Callable[[], None] | None = None,
+              write: Callable[[str], None] | None = None) -> None:
+        """Run write(staging) (files from a copy of the state), then commit `staging` as
+        `final_path` in the background, then run `after` (e.g. rotation)."""
         self.wait()
         # Not a daemon: an exception that ends the program still lets the last checkpoint publish.
         self._thread = threading.Thread(
-            target=self._commit, args=(staging, final_path, after), name="lathe-checkpoint-commit"
+            target=self._commit, args=(staging, final_path, after, write), name="lathe-checkpoint-commit"
         )
         self._thread.start()
 
-    def _commit(self, staging: str, final_path: str, after) -> None:
+    def _commit(self, staging: str, final_path: str, after, write) -> None:
         try:
-            ckpt.publish_staging(staging, final_path)
+            ckpt.publish_staging(staging, final_path, write=write)
             if after is not None:
                 after()
         except BaseException as error:  # handed to the training thread at its next wait()

@@ -10,9 +10,8 @@ import os
 import torch
 
 from lathe.train import checkpoint as ckpt
-from lathe.train import runtime
+from lathe.train import runtime, snapshot
 from lathe.train.evaluation import is_better
-from lathe.train.seed import capture_rng_state
 from lathe.train.state import ExportableState, TrainerState
 
 logger = logging.getLogger(__name__)
@@ -35,16 +34,20 @@ class TrainerCheckpointing:
             return
         os.makedirs(output_dir, exist_ok=True)
         ckpt.save_model_weights(self.model, output_dir)
-        if self.processing_class is not None and hasattr(self.processing_class, "save_pretrained"):
-            self.processing_class.save_pretrained(output_dir)
+        self._save_processing_class(output_dir)
         torch.save(self.args, os.path.join(output_dir, ckpt.TRAINING_ARGS_NAME))
         with open(os.path.join(output_dir, ckpt.TRAINING_ARGS_JSON), "w", encoding="utf-8") as f:
             f.write(self.args.to_json_string())
 
+    def _save_processing_class(self, output_dir: str) -> None:
+        if self.processing_class is not None and hasattr(self.processing_class, "save_pretrained"):
+            self.processing_class.save_pretrained(output_dir)
+
     def _save_checkpoint(self, model, trial) -> None:
         """checkpoint-<global_step>, written into a staging folder and published by one rename;
-        rotation deletes older checkpoints only after that rename. In a single process the flush
-        and rename overlap the next training steps (lathe.train.commit)."""
+        rotation deletes older checkpoints only after that rename. In a single process the files
+        are written from a copy of the state, flushed and renamed while the next training steps run
+        (lathe.train.snapshot, lathe.train.commit)."""
         args, state = self.args, self.state
         self._checkpoint_commits.wait()  # the previous checkpoint is published before anything looks for it
         output_dir = args.output_dir
@@ -62,22 +65,21 @@ class TrainerCheckpointing:
         def rotate():
             ckpt.rotate_checkpoints(output_dir, args.save_total_limit, find_best_checkpoint(best, output_dir))
 
-        committer = self._checkpoint_commits if args.world_size == 1 else None
-        with ckpt.atomic_checkpoint(final_path, is_main_process=main, barrier=runtime.barrier, committer=committer,
-                                    after_commit=rotate) as staging:
-            if main:
+        # One process: the files are written from a copy of the state by the commit thread. Several
+        # processes write in the loop (their barriers cannot run in a thread), as does a subclass
+        # that overrides save_model (its override must see the checkpoint's folder).
+        background = (args.world_size == 1 and type(self).save_model is TrainerCheckpointing.save_model
+                      and snapshot.copy_fits_in_memory(self.model, self.optimizer))
+        contents = snapshot.capture(self.model, self.optimizer, self.lr_scheduler, self.scaler, state, args, main=main,
+                                    with_training_state=not args.save_only_model, copy_state=background)
+        rng_name = ckpt.rng_file_name(args.process_index, args.world_size)
+        with ckpt.atomic_checkpoint(final_path, is_main_process=main, barrier=runtime.barrier,
+                                    committer=self._checkpoint_commits if background else None, after_commit=rotate,
+                                    write=lambda folder: contents.write(self.model, folder, rng_name)) as staging:
+            if main and background:
+                self._save_processing_class(staging)
+            elif main:
                 self.save_model(staging, _internal_call=True)
-            if not args.save_only_model:
-                if main:
-                    torch.save(self.optimizer.state_dict(), os.path.join(staging, ckpt.OPTIMIZER_NAME))
-                    torch.save(self.lr_scheduler.state_dict(), os.path.join(staging, ckpt.SCHEDULER_NAME))
-                    if self.scaler is not None:
-                        torch.save(self.scaler.state_dict(), os.path.join(staging, ckpt.SCALER_NAME))
-                # every rank keeps its own RNG stream (dropout differs per rank)
-                rng_name = ckpt.rng_file_name(args.process_index, args.world_size)
-                torch.save(capture_rng_state(), os.path.join(staging, rng_name))
-            if main:
-                state.save_to_json(os.path.join(staging, ckpt.TRAINER_STATE_NAME))
         if self.callback_handler.has_listeners("on_save"):
             self._checkpoint_commits.wait()  # on_save may open the checkpoint, as under transformers
 

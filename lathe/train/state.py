@@ -73,9 +73,12 @@ class TrainerState:
                 else:
                     self.stateful_callbacks[name] = callback.state()
 
+    def to_json_string(self) -> str:
+        """Sorted, indented JSON (byte-compatible layout with transformers)."""
+        return json.dumps(dataclasses.asdict(self), indent=2, sort_keys=True) + "\n"
+
     def save_to_json(self, json_path: str) -> None:
-        """Write the state as sorted, indented JSON (byte-compatible layout with transformers)."""
-        text = json.dumps(dataclasses.asdict(self), indent=2, sort_keys=True) + "\n"
+        text = self.to_json_string()
         with open(json_path, "w", encoding="utf-8") as f:
             f.write(text)
 

@@ -469,7 +469,8 @@ def test_rotation_never_deletes_before_the_new_checkpoint_is_committed(where, tm
 
     def crashes_at_checkpoint_3(real):
         def wrapper(target, *args, **kwargs):
-            if ".staging-checkpoint-3" in os.fspath(args[0] if where == "while writing" else target):
+            path = args[0] if where == "while writing" else target
+            if isinstance(path, (str, os.PathLike)) and ".staging-checkpoint-3" in os.fspath(path):
                 raise RuntimeError("simulated crash inside the save of checkpoint-3")
             return real(target, *args, **kwargs)
         return wrapper
