@@ -11,9 +11,9 @@ training) are referenced, not copied.
 from __future__ import annotations
 
 import copy
-import io
 import logging
 import os
+import weakref
 from dataclasses import dataclass
 
 import torch
@@ -33,8 +33,7 @@ class CheckpointContents:
     """None means: not this process's to write (or, for the weights and arguments, written by
     Trainer.save_model in the loop)."""
     model_state: dict | None
-    args_pickle: bytes | None  # training_args.bin
-    args_json: str | None  # training_args.json
+    args: object | None  # TrainingArguments: training_args.bin and .json (read-only during training)
     optimizer: dict | None
     scheduler: dict | None
     scaler: dict | None
@@ -46,10 +45,9 @@ class CheckpointContents:
         processing class is not here: the loop saves it, since the loop may be using it (padding)."""
         if self.model_state is not None:
             ckpt.save_model_weights(model, folder, state_dict=self.model_state)
-            with open(os.path.join(folder, ckpt.TRAINING_ARGS_NAME), "wb") as f:
-                f.write(self.args_pickle)
+            torch.save(self.args, os.path.join(folder, ckpt.TRAINING_ARGS_NAME))
             with open(os.path.join(folder, ckpt.TRAINING_ARGS_JSON), "w", encoding="utf-8") as f:
-                f.write(self.args_json)
+                f.write(self.args.to_json_string())
         for name, state in ((ckpt.OPTIMIZER_NAME, self.optimizer), (ckpt.SCHEDULER_NAME, self.scheduler),
                             (ckpt.SCALER_NAME, self.scaler), (rng_name, self.rng)):
             if state is not None:
@@ -66,12 +64,10 @@ def capture(model, optimizer, lr_scheduler, scaler, state, args, *, main: bool, 
     everything, to be written later by another thread."""
     memo: dict = {}
     take = (lambda value: _copy_tensors(value, memo)) if copy_state else (lambda value: value)
-    contents = CheckpointContents(None, None, None, None, None, None, None, None)
+    contents = CheckpointContents(None, None, None, None, None, None, None)
     if main and copy_state:
         contents.model_state = {name: tensor if frozen else _copy_tensor(tensor, memo) for name, tensor, frozen in _model_entries(model)}
-        buffer = io.BytesIO()
-        torch.save(args, buffer)
-        contents.args_pickle, contents.args_json = buffer.getvalue(), args.to_json_string()
+        contents.args = args
     if with_training_state:
         if main:
             contents.optimizer = take(optimizer.state_dict())
@@ -83,19 +79,25 @@ def capture(model, optimizer, lr_scheduler, scaler, state, args, *, main: bool, 
     return contents
 
 
+_fits_by_optimizer: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
 def copy_fits_in_memory(model, optimizer) -> bool:
-    """Whether a copy of the trainable weights, buffers and optimizer state fits comfortably."""
+    """Whether a copy of the trainable weights, buffers and optimizer state fits comfortably in the
+    free memory. Asked once per optimizer: after its first step the state's size stays the same."""
+    known = _fits_by_optimizer.get(optimizer)
+    if known is not None and known[0] == len(optimizer.state):
+        return known[1]
     free = _free_memory_bytes()
-    if free is None:
-        return True
     needed = sum(t.numel() * t.element_size() for _n, t, frozen in _model_entries(model) if not frozen)
     for values in optimizer.state.values():
         needed += sum(v.numel() * v.element_size() for v in values.values() if torch.is_tensor(v))
-    if needed > MAX_SHARE_OF_FREE_MEMORY * free:
+    fits = free is None or needed <= MAX_SHARE_OF_FREE_MEMORY * free
+    if not fits:
         logger.info("Checkpoint state (%.1f GB) is large against free memory (%.1f GB): saving in the training loop "
                     "instead of from a copy in the background.", needed / 1e9, free / 1e9)
-        return False
-    return True
+    _fits_by_optimizer[optimizer] = (len(optimizer.state), fits)
+    return fits
 
 
 def _model_entries(model):
@@ -116,18 +118,13 @@ def _copy_tensors(value, memo: dict):
 
 
 def _copy_tensor(tensor: torch.Tensor, memo: dict) -> torch.Tensor:
-    """A CPU copy; views of one storage (tied weights) come out as views of one copied storage, so
-    safetensors and save_pretrained see the same sharing and write the same files."""
+    """A CPU copy; the same view seen twice (tied weights) gives one copy, so safetensors and
+    save_pretrained see the same sharing and write the same files as from the live model."""
     tensor = tensor.detach()
-    storage = tensor.untyped_storage()
-    key = (storage.data_ptr(), tensor.device)
-    base = memo.get(key)
-    if base is None:
-        base = torch.empty(0, dtype=torch.uint8)
-        base.set_(storage.cpu() if tensor.device.type != "cpu" else storage.clone(), 0, (storage.nbytes(),))
-        memo[key] = base
-    copied = torch.empty(0, dtype=tensor.dtype)
-    copied.set_(base.untyped_storage(), tensor.storage_offset(), tensor.size(), tensor.stride())
+    key = (tensor.untyped_storage().data_ptr(), tensor.device, tensor.dtype, tensor.storage_offset(), tensor.shape, tensor.stride())
+    copied = memo.get(key)
+    if copied is None:
+        copied = memo[key] = tensor.to("cpu", copy=True)
     return copied
 
 
