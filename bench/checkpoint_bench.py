@@ -16,9 +16,10 @@ OMP_NUM_THREADS=1; the implementations take turns within each repeat. Workers (r
 What is timed:
 - save: `trainer._save_checkpoint(model, None)`, the method both trainers call at a save step:
   weights (safetensors), optimizer, scheduler, RNG, trainer state, training arguments, rotation.
-  That call is what the training loop waits for. lathe also fsyncs every file and renames a
-  staging folder, in a background thread that overlaps the next steps; *published* adds the wait
-  for that commit (the checkpoint is then on disk and visible). transformers writes in place and
+  That call is what the training loop waits for. In a single process lathe copies the state
+  there (a memcpy) and writes the files from the copy, fsyncs every file and renames a staging
+  folder in a background thread that overlaps the next steps; *published* adds the wait for that
+  thread (the checkpoint is then on disk and visible). transformers writes in place in the loop and
   does not fsync. `lathe-nofsync` (fsync patched out) shows what the durability costs.
 - resume: the `train()` call up to the first optimizer step's on_step_end, for a fresh run and for
   a run resumed from a checkpoint 90% into the first epoch (RESUME_FRACTION), where the data
@@ -349,11 +350,13 @@ def _save_section(save_runs: dict, meta: dict, verdicts: list) -> list[str]:
     ratio = medians["lathe"] / medians["hf"]
     lines += ["", f"lathe / transformers, time the training loop waits: {ratio:.2f}×; until the checkpoint is published: "
               f"{published['lathe'] / published['hf']:.2f}× ({published['lathe-nofsync'] / published['hf']:.2f}× with fsync patched out). "
-              "What lathe adds is durability: it flushes every file, the staging folder and output_dir to disk "
-              f"(one `os.fsync` each, {save_runs['lathe'][0]['checkpoint_files'] + 2} for this checkpoint, the files concurrently) "
-              "before one rename publishes the checkpoint, as the crash-safety design requires, and it does that in a "
-              "background thread while training goes on (the next save, an `on_save` callback and the end of `train()` "
-              "wait for it). transformers writes into `checkpoint-N/` in place and returns once the data is in the page "
+              "The loop waits only while lathe copies the weights, optimizer state and trainer state (lathe/train/snapshot.py); "
+              "a background thread writes the files from that copy, then flushes every file, the staging folder and "
+              f"output_dir to disk (one `os.fsync` each, {save_runs['lathe'][0]['checkpoint_files'] + 2} for this checkpoint, "
+              "the files concurrently) before one rename publishes the checkpoint, as the crash-safety design requires "
+              "(the next save, an `on_save` callback and the end of `train()` wait for that thread). The thread's CPU time "
+              "is not free: on a machine with no idle core it slows the steps it overlaps, so *published* is the upper "
+              "bound of what a save can cost a run. transformers writes into `checkpoint-N/` in place and returns once the data is in the page "
               "cache, so a process killed mid-save leaves a half-written folder, and a power cut can lose the data of a "
               "folder that looks complete. The machine is shared: the min–max ranges show how much other people's work "
               "moved the numbers.", ""]
