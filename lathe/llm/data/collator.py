@@ -11,9 +11,11 @@ cannot cross examples. What transformers 5.23 does with packed rows, checked on 
   and then silently lets examples attend to each other). So lathe builds the block-diagonal causal mask
   itself: boolean for sdpa (True = attend; 1 byte per pair), 0 / dtype-min in the model's dtype for eager
   (which adds the mask to the scores). Cost: batch x length^2 bytes (x4 in float32 for eager).
-- flash attention kernels take no 4-D mask; they find the boundaries from position_ids (varlen), only
-  for a batch of one row without attention_mask. For them (and flex_attention) the rows are flattened
-  into one row without padding, with position_ids and no attention_mask ("position_ids" mode).
+- flash attention kernels take no 4-D mask; they find the boundaries from position_ids or cu_seq_lens
+  (varlen), only for a batch of one row without attention_mask. For them, flex_attention and lathe's
+  per-example sdpa (lathe/llm/model/packed_attention.py, used for packed sdpa models: no mask at all)
+  the rows are flattened into one row without padding, with position_ids, the boundaries as
+  cu_seq_lens_q/k and no attention_mask ("position_ids" mode).
 Padding in a packed row is a segment of its own (positions 0, 1, ...), so it never mixes with an example.
 """
 from __future__ import annotations
@@ -61,7 +63,8 @@ class SFTDataCollator:
         if self.packed_attention != "auto":
             return self.packed_attention
         implementation = str(attention_implementation(self.model) or "eager")
-        return "position_ids" if "flash" in implementation or implementation == "flex_attention" else "mask"
+        flattened = "flash" in implementation or implementation in ("flex_attention", "lathe_packed_sdpa")
+        return "position_ids" if flattened else "mask"
 
     def _length(self, lengths: list[int]) -> int:
         longest = max(lengths)
@@ -118,6 +121,12 @@ class SFTDataCollator:
         position_ids += range(padding)
         batch = {"input_ids": torch.tensor([input_ids], dtype=torch.long),
                  "position_ids": torch.tensor([position_ids], dtype=torch.long)}
+        # The example boundaries, as transformers' varlen attention reads them (flash attention and
+        # lathe's per-example sdpa, lathe/llm/model/packed_attention.py).
+        starts = [index for index, position in enumerate(position_ids) if position == 0] + [len(position_ids)]
+        cu_seq_lens = torch.tensor(starts, dtype=torch.int32)
+        longest = max(end - start for start, end in zip(starts[:-1], starts[1:]))
+        batch.update(cu_seq_lens_q=cu_seq_lens, cu_seq_lens_k=cu_seq_lens, max_length_q=longest, max_length_k=longest)
         if labels is not None:
             batch["labels"] = torch.tensor([labels + [self.label_pad_token_id] * padding], dtype=torch.long)
         return batch

@@ -26,6 +26,7 @@ class RunPlan:
     trainable_parameters: int
     total_parameters: int
     resume_from: str | None
+    attention: str | None = None  # the model's attention implementation
 
 
 def count_tokens(dataset) -> tuple[int, int]:
@@ -64,7 +65,7 @@ def make_plan(config, dataset_module: dict, model, resume_from: str | None = Non
         train_tokens=tokens, trained_tokens=trained, eval_examples=eval_examples,
         batch_size=batch * training.gradient_accumulation_steps, steps_per_epoch=steps_per_epoch,
         total_steps=total_steps, epochs=epochs, trainable_parameters=trainable, total_parameters=total,
-        resume_from=resume_from,
+        resume_from=resume_from, attention=getattr(getattr(model, "config", None), "_attn_implementation", None),
     )
 
 
@@ -118,6 +119,9 @@ def format_plan(plan: RunPlan, config) -> str:
     lines.append(f"  precision       {precision} on {training.device}")
     checkpointing = "on (disable_gradient_checkpointing: true trades memory for speed)" if training.gradient_checkpointing else "off"
     lines.append(f"  checkpointing   activations {checkpointing}")
+    if plan.attention:
+        attention = "sdpa per packed example (no block mask)" if plan.attention == "lathe_packed_sdpa" else plan.attention
+        lines.append(f"  attention       {attention}")
     return "\n".join(lines)
 
 

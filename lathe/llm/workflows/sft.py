@@ -60,6 +60,10 @@ def run_sft(config, dry_run: bool = False, callbacks: list | None = None) -> dic
     set_seed(training_args.seed)  # new weights (LoRA, train_from_scratch) are drawn while loading
     model = load_model(tokenizer, model_args, finetuning_args, is_trainable=training_args.do_train, meta=dry_run)
     checkpointing_for(model, training_args)
+    if data_args.packing:
+        from lathe.llm.model.packed_attention import use_packed_attention
+
+        use_packed_attention(model)  # sdpa per packed example instead of over a block-diagonal mask
 
     print_once(config, format_plan(make_plan(config, datasets, model, resume_from), config))
     if dry_run:
