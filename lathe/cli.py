@@ -82,12 +82,32 @@ def _add_train_parsers(commands) -> None:
     preview.set_defaults(run=_data_preview)
 
 
+def _export(options) -> int:
+    overrides, flags = _pop_flags(options.overrides, "traceback")
+    from lathe.llm.commands import export_command
+
+    return export_command(options.config, overrides, traceback="traceback" in flags)
+
+
+def _add_inference_parsers(commands) -> None:
+    export = commands.add_parser(
+        "export", help="merge LoRA adapters into the base and write a checked, sharded safetensors model folder",
+        description="Export from a LLaMA-Factory-style inference config (model_name_or_path, adapter_name_or_path, "
+        "template, finetuning_type, export_dir, export_size, infer_dtype). Adapters are merged in float32 and "
+        "checked against base + adapter; the folder is loaded back and checked before success is reported.",
+    )
+    export.add_argument("config", help="YAML or JSON config file")
+    export.add_argument("overrides", nargs=argparse.REMAINDER, help="key=value or --key value pairs; --traceback shows the full error")
+    export.set_defaults(run=_export)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="lathe", description="Train and fine-tune PyTorch models.")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
     env = commands.add_parser("env", help="print versions of python, torch, lathe and optional packages, and the devices")
     env.set_defaults(run=_env)
     _add_train_parsers(commands)
+    _add_inference_parsers(commands)
     return parser
 
 

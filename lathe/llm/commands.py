@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import sys
 
-__all__ = ["train_command", "data_preview_command", "run_train"]
+__all__ = ["train_command", "data_preview_command", "export_command", "run_train"]
 
 # Errors that mean "the config or the files are wrong": shown as one message, not a traceback.
 USER_ERRORS = (ValueError, FileNotFoundError, NotADirectoryError, ImportError)
@@ -90,4 +90,20 @@ def data_preview_command(config_path: str, overrides: list[str], num_examples: i
         if traceback:
             raise
         return _report(error, "data preview")
+    return 0
+
+
+def export_command(config_path: str, overrides: list[str], traceback: bool = False) -> int:
+    """`lathe export CONFIG [key=value ...]`: merge, cast, shard, verify, write (lathe/llm/export.py)."""
+    from lathe.llm.export import export_command as run_export
+    from lathe.llm.export import format_report
+
+    _setup_logging()
+    try:
+        report = run_export(config_path, overrides)
+    except USER_ERRORS + (RuntimeError,) as error:
+        if traceback:
+            raise
+        return _report(error, "export")
+    print(format_report(report), flush=True)
     return 0

@@ -80,20 +80,27 @@ def parse_overrides(overrides: list[str] | tuple[str, ...]) -> dict[str, str]:
     return result
 
 
-def check_keys(raw: dict[str, Any], known: list[str], origin) -> None:
+def check_keys(raw: dict[str, Any], known: list[str], origin, hints: dict[str, str] | None = None,
+               unsupported: dict[str, tuple[str, object]] = UNSUPPORTED_KEYS) -> None:
     """Drop LLaMA-Factory keys that are set to LLaMA-Factory's default (they change nothing); raise
     one error listing unknown keys (with the closest known one) and keys not supported yet.
-    `origin(key)` says where a key came from, for the message."""
+    `origin(key)` says where a key came from, for the message; `hints` maps keys that belong to
+    another command to what to say about them."""
     errors = []
+    hints = hints or {}
     for key in list(raw):
-        if key in UNSUPPORTED_KEYS:
-            feature, default = UNSUPPORTED_KEYS[key]
+        if key in unsupported:
+            feature, default = unsupported[key]
             if raw[key] == default or (isinstance(raw[key], str) and raw[key] == str(default)):
                 del raw[key]
             else:
                 errors.append(f"{key}{origin(key)} is a LLaMA-Factory key for {feature}, which lathe does not "
                               f"support yet (got {raw[key]!r}).")
-        elif key not in known:
+        elif key in known:
+            continue
+        elif key in hints:
+            errors.append(f"{key}{origin(key)} {hints[key]}")
+        else:
             closest = difflib.get_close_matches(key, known, n=1)
             suggestion = f"; did you mean {closest[0]!r}?" if closest else ""
             errors.append(f"Unknown key {key!r}{origin(key)}{suggestion}")

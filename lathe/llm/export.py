@@ -1,0 +1,209 @@
+"""`lathe export CONFIG`: a self-contained model folder from a training run, checked before it is
+called done.
+
+    base model (+ LoRA adapters, merged in float32) -> cast to the export dtype
+    -> safetensors shards of at most export_size GB (+ index) -> tokenizer with the template's
+       chat_template and EOS -> generation_config.json with the template's stop tokens
+    -> verification: each merge equals base + adapter on probe prompts and changes the base; the
+       folder, loaded back with transformers, gives the merged model's logits.
+
+What goes wrong elsewhere and is checked here: a merge that silently changes nothing (an untrained
+or mismatched adapter), a served model that never stops (EOS of the template not in
+generation_config), a chat_template that renders differently from training.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+from dataclasses import dataclass
+
+logger = logging.getLogger(__name__)
+
+PROBE_MESSAGES = (
+    [{"role": "user", "content": "Hello! Who are you?"}],
+    [{"role": "user", "content": "Reverse the string: lathe"}],
+    [{"role": "user", "content": "1 + 1 ="}, {"role": "assistant", "content": "2"}, {"role": "user", "content": "And 2 + 2?"}],
+)
+# Merged vs unmerged LoRA in float32 differ by rounding only; a real adapter moves logits by far more.
+MERGE_TOLERANCE = 1e-3
+CHANGE_THRESHOLD = 1e-5
+
+
+@dataclass
+class ExportReport:
+    export_dir: str
+    dtype: str
+    shards: int
+    bytes: int
+    merged_adapters: list[str]
+    merge_error: float | None  # max |merged - base+adapter| over the probes (relative to the logits' scale)
+    change_from_base: float | None  # max |merged - base| over the probes
+    reload_error: float  # max |exported folder - merged model|, in the export dtype
+
+
+def export_command(config_path, overrides: list[str]) -> ExportReport:
+    from lathe.llm.inference.config import parse_infer_config
+
+    config = parse_infer_config(config_path, overrides, command="export")
+    return export_model(config)
+
+
+def export_model(config) -> ExportReport:
+    import torch
+
+    from lathe.llm.inference.loading import load_for_inference
+
+    export_dir = config.export.export_dir
+    if not export_dir:
+        raise ValueError("export_dir is required: the folder to write the exported model into.")
+    if os.path.isdir(export_dir) and os.listdir(export_dir):
+        raise ValueError(f"export_dir {export_dir!r} is not empty: choose a new folder (nothing is overwritten).")
+    adapters = list(config.model.adapter_name_or_path or [])
+    device = _export_device(config.export.export_device)
+
+    # Float32 for the merge: merging a low-rank update into half-precision weights rounds it away.
+    model, tokenizer, template = load_for_inference(config, dtype="float32", with_adapters=False)
+    model.to(device)
+    probes = _probe_inputs(tokenizer, template, device)
+    merge_error = change = None
+    if adapters:
+        model, merge_error, change = _merge_adapters(model, adapters, probes)
+    merged_logits = _logits(model, probes)
+
+    dtype = _export_dtype(config.model, model)
+    model = model.to(dtype)
+    model.config.dtype = dtype
+    _write(model, tokenizer, template, export_dir, config.export.export_size, config.data.template)
+    reload_error = _check_reloaded(export_dir, probes, merged_logits, dtype, device)
+    shards, size = _shard_facts(export_dir)
+    return ExportReport(export_dir, str(dtype).replace("torch.", ""), shards, size, adapters, merge_error, change, reload_error)
+
+
+def _export_device(name: str):
+    import torch
+
+    return torch.device("cuda" if name == "auto" and torch.cuda.is_available() else "cpu")
+
+
+def _probe_inputs(tokenizer, template, device) -> list:
+    """A few conversations rendered by the template up to the assistant's turn (what a served model sees)."""
+    import torch
+
+    rows = []
+    for messages in PROBE_MESSAGES:
+        prompt_ids, _ = template.encode_oneturn(tokenizer, list(messages) + [{"role": "assistant", "content": ""}])
+        rows.append(torch.tensor([prompt_ids], device=device))
+    return rows
+
+
+def _logits(model, probes) -> list:
+    import torch
+
+    with torch.no_grad():
+        return [model(input_ids=ids).logits.float() for ids in probes]
+
+
+def _max_difference(first: list, second: list) -> float:
+    return max(float((a - b).abs().max()) for a, b in zip(first, second))
+
+
+def _scale(logits: list) -> float:
+    return max(1.0, max(float(row.abs().max()) for row in logits))
+
+
+def _merge_adapters(model, adapters: list[str], probes):
+    """Merge each adapter in order, checking that merged == base + adapter, and that it changed something."""
+    from pathlib import Path
+
+    from peft import PeftModel
+
+    worst_error, smallest_change = 0.0, None
+    for adapter in adapters:
+        if not (Path(adapter) / "adapter_config.json").is_file():
+            raise FileNotFoundError(f"adapter_name_or_path: {adapter!r} has no adapter_config.json (a peft LoRA adapter folder is expected).")
+        before = _logits(model, probes)
+        with_adapter = PeftModel.from_pretrained(model, adapter)
+        unmerged = _logits(with_adapter, probes)
+        model = with_adapter.merge_and_unload()
+        merged = _logits(model, probes)
+        error = _max_difference(merged, unmerged) / _scale(unmerged)
+        change = _max_difference(merged, before)
+        if error > MERGE_TOLERANCE:
+            raise RuntimeError(f"Merging {adapter!r} changed the model's outputs: merged vs base + adapter differ by "
+                               f"{error:.2e} (relative; tolerance {MERGE_TOLERANCE}). Nothing was exported.")
+        if change <= CHANGE_THRESHOLD:
+            raise RuntimeError(f"The adapter {adapter!r} changes nothing: the merged model's logits equal the base "
+                               f"model's (max difference {change:.1e}). Was it trained, and for this base model "
+                               f"({adapter_base(adapter)})? Nothing was exported.")
+        worst_error = max(worst_error, error)
+        smallest_change = change if smallest_change is None else min(smallest_change, change)
+        logger.info("Merged %s: max |merged - (base + adapter)| = %.2e (relative), max change from the base %.3g",
+                    adapter, error, change)
+    return model, worst_error, smallest_change
+
+
+def adapter_base(adapter: str) -> str:
+    try:
+        with open(os.path.join(adapter, "adapter_config.json"), encoding="utf-8") as f:
+            return f"trained on {json.load(f).get('base_model_name_or_path')!r}"
+    except (OSError, ValueError):
+        return "base model unknown"
+
+
+def _export_dtype(model_args, model):
+    """infer_dtype when set; else the dtype the base checkpoint was saved in (float32 if unknown)."""
+    import torch
+
+    if model_args.infer_dtype != "auto":
+        return getattr(torch, model_args.infer_dtype)
+    from lathe.llm.model.loader import load_config
+
+    saved = getattr(load_config(model_args), "dtype", None)
+    if isinstance(saved, str):
+        saved = getattr(torch, saved, None)
+    return saved if isinstance(saved, torch.dtype) else torch.float32
+
+
+def _write(model, tokenizer, template, export_dir: str, export_size: float, template_name) -> None:
+    from lathe.llm.workflows.outputs import set_stop_tokens
+
+    os.makedirs(export_dir, exist_ok=True)
+    set_stop_tokens(model, tokenizer, template)
+    # safetensors, one shard up to export_size GB (transformers writes the index when there are several)
+    model.save_pretrained(export_dir, max_shard_size=max(1, int(export_size * 10**9)))
+    if template_name is not None:
+        # The folder's chat_template renders conversations as lathe's template did in training. (With no
+        # template named, the template was parsed from, and checked against, the tokenizer's own.)
+        tokenizer.chat_template = template.jinja_chat_template(tokenizer)
+    tokenizer.save_pretrained(export_dir)
+
+
+def _check_reloaded(export_dir: str, probes, merged_logits, dtype, device) -> float:
+    """Load the folder as any user would and compare its logits with the merged model's."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    reloaded = AutoModelForCausalLM.from_pretrained(export_dir, dtype=dtype, local_files_only=True).to(device).eval()
+    error = _max_difference(_logits(reloaded, probes), merged_logits) / _scale(merged_logits)
+    # A cast to half precision moves logits by about its precision; a wrong or missing tensor, by far more.
+    tolerance = MERGE_TOLERANCE if dtype == torch.float32 else 5e-2
+    if error > tolerance:
+        raise RuntimeError(f"The exported model in {export_dir!r} does not reproduce the merged model: logits differ by "
+                           f"{error:.2e} (relative; tolerance {tolerance}). Do not use it.")
+    return error
+
+
+def _shard_facts(export_dir: str) -> tuple[int, int]:
+    files = [name for name in os.listdir(export_dir) if name.endswith(".safetensors")]
+    return len(files), sum(os.path.getsize(os.path.join(export_dir, name)) for name in files)
+
+
+def format_report(report: ExportReport) -> str:
+    lines = [f"Exported to {report.export_dir}: {report.shards} safetensors shard(s), {report.bytes / 1e6:,.1f} MB, {report.dtype}"]
+    if report.merged_adapters:
+        lines.append(f"  merged          {', '.join(report.merged_adapters)}")
+        lines.append(f"  merge check     merged = base + adapter within {report.merge_error:.1e} (relative); "
+                     f"changes the base by up to {report.change_from_base:.3g}")
+    lines.append(f"  reload check    the folder loads with transformers and gives the merged logits within {report.reload_error:.1e}")
+    return "\n".join(lines)

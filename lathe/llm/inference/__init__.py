@@ -1,0 +1,1 @@
+"""Serving what was trained: the inference config, loading, generation (lathe chat, lathe api) and export."""

@@ -1,0 +1,110 @@
+"""The configuration of `lathe chat`, `lathe api` and `lathe export`: LLaMA-Factory's inference and
+export keys (model, template, adapters, generation, export_*), parsed like `lathe train`'s.
+
+LLaMA-Factory reads these files with the model, data, fine-tuning and generating arguments only, so a
+training key there is an error; lathe says which command reads it instead. The data and fine-tuning
+keys that matter here are `template` (how conversations are rendered, exactly as in training) and
+`finetuning_type` (lora: `adapter_name_or_path` is merged into the base).
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from lathe.llm.config import DataArguments, FinetuningArguments, GeneratingArguments, ModelArguments, _field_hints
+from lathe.llm.config_keys import UNSUPPORTED_KEYS
+from lathe.llm.config_values import check_keys, coerce_value, parse_overrides, read_source
+
+__all__ = ["ExportArguments", "InferConfig", "parse_infer_config"]
+
+# The export keys lathe supports; the rest of that group (quantization, the Hub) stays unsupported.
+_SUPPORTED_EXPORT_KEYS = ("export_dir", "export_size", "export_device", "export_legacy_format")
+
+@dataclass
+class ExportArguments:
+    """Where and how `lathe export` writes the model."""
+
+    _argument_group_name = "export"
+
+    export_dir: str | None = field(default=None, metadata={"help": "Folder to write the exported model into."})
+    export_size: float = field(default=5, metadata={"help": "Largest safetensors shard, in GB (1 GB = 10^9 bytes)."})
+    export_device: Literal["cpu", "auto"] = field(default="cpu", metadata={"help": "Where to merge: cpu, or auto (the GPU when there is one)."})
+    export_legacy_format: bool = field(default=False, metadata={"help": "Write pytorch_model.bin (pickle) instead of safetensors; not supported."})
+
+    def __post_init__(self):
+        if self.export_size <= 0:
+            raise ValueError(f"export_size must be a positive number of GB, got {self.export_size}")
+        if self.export_legacy_format:
+            raise ValueError("export_legacy_format: true (pickled .bin weights) is not supported: lathe writes safetensors.")
+
+@dataclass
+class InferConfig:
+    model: ModelArguments
+    data: DataArguments
+    finetuning: FinetuningArguments
+    generating: GeneratingArguments
+    export: ExportArguments
+    source: str | None = None
+
+    def to_dict(self) -> dict[str, dict[str, Any]]:
+        return {name: dataclasses.asdict(getattr(self, name)) for name in ("model", "data", "finetuning", "generating", "export")}
+
+_SECTIONS = {"model": ModelArguments, "data": DataArguments, "finetuning": FinetuningArguments,
+             "generating": GeneratingArguments, "export": ExportArguments}
+# Keys of the training sections that mean nothing to inference; they are left out of `known` so a
+# training YAML passed by mistake gets one clear message.
+_TRAINING_ONLY = {
+    "data": ("dataset", "eval_dataset", "dataset_dir", "cutoff_len", "train_on_prompt", "mask_history", "mix_strategy",
+             "interleave_probs", "overwrite_cache", "preprocessing_batch_size", "preprocessing_num_workers",
+             "max_samples", "eval_num_beams", "ignore_pad_token_for_loss", "val_size", "eval_on_each_dataset",
+             "packing", "neat_packing", "tokenized_path"),
+    "finetuning": ("stage", "freeze_trainable_layers", "freeze_trainable_modules", "freeze_extra_modules",
+                   "additional_target", "lora_alpha", "lora_dropout", "lora_rank", "lora_target", "use_rslora",
+                   "use_dora", "create_new_adapter", "pure_bf16", "early_stopping_steps", "plot_loss"),
+    "model": ("disable_gradient_checkpointing", "use_reentrant_gc", "upcast_layernorm", "upcast_lmhead_output",
+              "train_from_scratch", "resize_vocab"),
+}
+
+def _training_key_hints(command: str) -> dict[str, str]:
+    from lathe.llm.config import _training_arguments_class
+
+    message = (f"is a training key: `lathe {command}` reads the model, template, adapter, generation and export keys "
+               "(write a separate inference config, as for LLaMA-Factory's chat/export).")
+    keys = {key for section in _TRAINING_ONLY.values() for key in section}
+    keys |= {f.name for f in dataclasses.fields(_training_arguments_class()) if f.init}
+    return {key: message for key in keys}
+
+def parse_infer_config(source: str | Path | dict, overrides: list[str] | tuple[str, ...] = (), command: str = "chat") -> InferConfig:
+    """A LLaMA-Factory inference/export config (file or dict) plus `key=value` overrides."""
+    values, path = read_source(source)
+    where = f" (in {path})" if path else ""
+    from_command_line = parse_overrides(overrides)
+    raw = {**values, **from_command_line}
+
+    def origin(key: str) -> str:
+        return " (command line)" if key in from_command_line else where
+
+    hints = {name: _field_hints(dtype) for name, dtype in _SECTIONS.items()}
+    known = {key: hint for name, section in hints.items() for key, hint in section.items()
+             if key not in _TRAINING_ONLY.get(name, ())}
+    unsupported = {key: value for key, value in UNSUPPORTED_KEYS.items() if key not in _SUPPORTED_EXPORT_KEYS}
+    check_keys(raw, list(known), origin, hints=_training_key_hints(command), unsupported=unsupported)
+    for key in list(raw):
+        try:
+            raw[key] = coerce_value(key, raw[key], known[key], key in from_command_line)
+        except ValueError as error:
+            raise ValueError(f"{error}{origin(key)}") from None
+
+    built = {}
+    for name, dtype in _SECTIONS.items():
+        try:
+            built[name] = dtype(**{key: value for key, value in raw.items() if key in hints[name]})
+        except (TypeError, ValueError) as error:
+            raise ValueError(f"{error}{where}") from None
+    config = InferConfig(built["model"], built["data"], built["finetuning"], built["generating"], built["export"], source=path)
+    if config.model.adapter_name_or_path and config.finetuning.finetuning_type != "lora":
+        raise ValueError(f"adapter_name_or_path{where} needs finetuning_type: lora (got {config.finetuning.finetuning_type!r}).")
+    return config
+
