@@ -52,11 +52,13 @@ def packed_sdpa_attention(module, query, key, value, attention_mask, dropout: fl
     if bounds is None or len(bounds) <= 2:
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                                       is_causal=is_causal, **kwargs)
-    outputs = []
-    for start, end in zip(bounds[:-1], bounds[1:]):
-        output, _ = sdpa_attention_forward(module, query[:, :, start:end], key[:, :, start:end], value[:, :, start:end],
-                                           None, dropout=dropout, scaling=scaling, is_causal=True)
-        outputs.append(output)
+    # split, not slices: the backward of a split is one concatenation, of a slice a zero-filled
+    # full-size gradient per example (a sixth of the step here).
+    lengths = [end - start for start, end in zip(bounds[:-1], bounds[1:])]
+    outputs = [
+        sdpa_attention_forward(module, q, k, v, None, dropout=dropout, scaling=scaling, is_causal=True)[0]
+        for q, k, v in zip(query.split(lengths, dim=2), key.split(lengths, dim=2), value.split(lengths, dim=2))
+    ]
     return torch.cat(outputs, dim=1), None
 
 
