@@ -89,7 +89,62 @@ def _export(options) -> int:
     return export_command(options.config, overrides, traceback="traceback" in flags)
 
 
+def _chat(options) -> int:
+    overrides, flags = _pop_flags(options.overrides, "traceback")
+    from lathe.llm.commands import chat_command
+
+    return chat_command(options.config, overrides, traceback="traceback" in flags)
+
+
+API_OPTIONS = {"host": ("--host",), "port": ("--port",), "api_key": ("--api_key", "--api-key"),
+               "model_name": ("--model_name", "--model-name"), "max_tokens": ("--max_tokens", "--max-tokens"),
+               "max_batch": ("--max_batch", "--max-batch")}
+
+
+def _api(options) -> int:
+    import os
+
+    options.overrides = _pop_valued(options.overrides, options, API_OPTIONS)
+    overrides, flags = _pop_flags(options.overrides, "traceback")
+    server = {
+        # LLaMA-Factory's environment variables work too (API_HOST, API_PORT, API_KEY, API_MODEL_NAME).
+        "host": options.host or os.environ.get("API_HOST") or "127.0.0.1",
+        "port": int(options.port or os.environ.get("API_PORT") or 8000),
+        "api_key": options.api_key or os.environ.get("LATHE_API_KEY") or os.environ.get("API_KEY"),
+        "model_name": options.model_name or os.environ.get("API_MODEL_NAME"),
+        "max_tokens": int(options.max_tokens) if options.max_tokens else None,
+        "max_batch": int(options.max_batch) if options.max_batch else 16,
+    }
+    from lathe.llm.commands import api_command
+
+    return api_command(options.config, overrides, server, traceback="traceback" in flags)
+
+
 def _add_inference_parsers(commands) -> None:
+    chat = commands.add_parser(
+        "chat", help="chat with a model in the terminal, with its training template (streaming; clear, exit)",
+        description="Interactive chat from a LLaMA-Factory-style inference config (model_name_or_path, "
+        "adapter_name_or_path, template, finetuning_type, generation keys). Overrides such as temperature=0.2 "
+        "max_new_tokens=128 win over the file.",
+    )
+    chat.add_argument("config", help="YAML or JSON config file")
+    chat.add_argument("overrides", nargs=argparse.REMAINDER, help="key=value or --key value pairs; --traceback shows the full error")
+    chat.set_defaults(run=_chat)
+
+    api = commands.add_parser(
+        "api", help="serve the model with an OpenAI-compatible HTTP API (chat/completions, completions, models)",
+        description="An OpenAI-compatible server (FastAPI + uvicorn; pip install 'lathe[api]'). Listens on "
+        "127.0.0.1:8000 unless told otherwise; with an API key (--api_key or LATHE_API_KEY) every route needs "
+        "`Authorization: Bearer KEY`. Concurrent requests are decoded together in batches of up to --max_batch.",
+    )
+    api.add_argument("config", help="YAML or JSON config file")
+    for dest, spellings in API_OPTIONS.items():
+        api.add_argument(*spellings, dest=dest, default=None, help=argparse.SUPPRESS)
+    api.add_argument("overrides", nargs=argparse.REMAINDER,
+                     help="--host H --port P --api_key K --model_name NAME --max_tokens CAP --max_batch B, then "
+                     "key=value config overrides; --traceback shows the full error")
+    api.set_defaults(run=_api)
+
     export = commands.add_parser(
         "export", help="merge LoRA adapters into the base and write a checked, sharded safetensors model folder",
         description="Export from a LLaMA-Factory-style inference config (model_name_or_path, adapter_name_or_path, "

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import sys
 
-__all__ = ["train_command", "data_preview_command", "export_command", "run_train"]
+__all__ = ["train_command", "data_preview_command", "export_command", "chat_command", "api_command", "run_train"]
 
 # Errors that mean "the config or the files are wrong": shown as one message, not a traceback.
 USER_ERRORS = (ValueError, FileNotFoundError, NotADirectoryError, ImportError)
@@ -107,3 +107,29 @@ def export_command(config_path: str, overrides: list[str], traceback: bool = Fal
         return _report(error, "export")
     print(format_report(report), flush=True)
     return 0
+
+
+def chat_command(config_path: str, overrides: list[str], traceback: bool = False) -> int:
+    """`lathe chat CONFIG [key=value ...]`: an interactive terminal chat (lathe/llm/inference/chat.py)."""
+    from lathe.llm.inference.chat import chat_command as run_chat
+
+    _setup_logging()
+    try:
+        return run_chat(config_path, overrides)
+    except USER_ERRORS as error:
+        if traceback:
+            raise
+        return _report(error, "chat")
+
+
+def api_command(config_path: str, overrides: list[str], server: dict, traceback: bool = False) -> int:
+    """`lathe api CONFIG [key=value ...]`: the OpenAI-compatible server (lathe/llm/inference/api.py)."""
+    from lathe.llm.inference.api import api_command as run_api
+
+    _setup_logging()
+    try:
+        return run_api(config_path, overrides, **server)
+    except USER_ERRORS as error:
+        if traceback:
+            raise
+        return _report(error, "api")

@@ -1,0 +1,221 @@
+"""`lathe api CONFIG`: an OpenAI-compatible HTTP server (FastAPI + uvicorn) over the chat engine.
+
+Routes: GET /v1/models, POST /v1/chat/completions, POST /v1/completions, GET /health. Streaming uses
+server-sent events as OpenAI does (a role chunk, content deltas, a final chunk with finish_reason, a
+usage chunk when stream_options.include_usage, then [DONE]). Every error is OpenAI's error body with
+a 4xx status. With an API key every route needs `Authorization: Bearer KEY`.
+
+Concurrency: request handlers never generate; they queue jobs to the engine's worker thread, which
+decodes queued requests together (lathe/llm/inference/engine.py), and wait on asyncio queues fed
+from that thread.
+"""
+# No `from __future__ import annotations`: FastAPI reads the handlers' annotations at run time, and
+# they name fastapi.Request, imported inside create_app (lazily, so `import lathe` stays light).
+
+import asyncio
+import hmac
+import json
+import logging
+import os
+import time
+import uuid
+
+from lathe.llm.inference.engine import ChatEngine, InvalidRequest
+from lathe.llm.inference.requests import Limits, parse_chat, parse_completion
+
+logger = logging.getLogger(__name__)
+
+
+def _fastapi():
+    try:
+        import fastapi
+        import uvicorn  # noqa: F401
+    except ImportError as error:
+        raise ImportError(f"`lathe api` needs FastAPI and uvicorn: pip install 'lathe[api]' ({error}).") from None
+    return fastapi
+
+
+def error_body(message: str, kind: str = "invalid_request_error", param: str | None = None, code: str | None = None) -> dict:
+    return {"error": {"message": message, "type": kind, "param": param, "code": code}}
+
+
+def create_app(engine: ChatEngine, model_name: str, api_key: str | None = None, limits: Limits | None = None):
+    fastapi = _fastapi()
+    from fastapi.responses import JSONResponse, StreamingResponse
+    from starlette.exceptions import HTTPException
+
+    limits = limits or Limits(max_tokens=engine.generating.max_new_tokens)
+    app = fastapi.FastAPI(title="lathe api", docs_url=None, redoc_url=None)
+    created = int(time.time())
+
+    def fail(status: int, message: str, kind: str = "invalid_request_error", param=None, code=None):
+        return JSONResponse(error_body(message, kind, param, code), status_code=status)
+
+    @app.middleware("http")
+    async def guard(request, call_next):
+        if api_key is not None:
+            header = request.headers.get("authorization", "")
+            token = header[7:] if header.lower().startswith("bearer ") else ""
+            if not hmac.compare_digest(token.encode(), api_key.encode()):
+                return fail(401, "Missing or wrong API key: send `Authorization: Bearer KEY`.", "authentication_error",
+                            code="invalid_api_key")
+        length = request.headers.get("content-length")
+        if length is not None and (not length.isdigit() or int(length) > limits.max_body_bytes):
+            return fail(413, f"The request body is larger than {limits.max_body_bytes} bytes.", code="request_too_large")
+        return await call_next(request)
+
+    @app.exception_handler(HTTPException)
+    async def http_error(request, error):
+        return fail(error.status_code, str(error.detail), "invalid_request_error" if error.status_code < 500 else "server_error")
+
+    @app.exception_handler(Exception)
+    async def unexpected(request, error):
+        logger.exception("Unexpected error in %s", request.url.path)
+        return fail(500, f"Internal error: {type(error).__name__}: {error}", "server_error")
+
+    async def read_json(request) -> dict:
+        raw = await request.body()
+        if len(raw) > limits.max_body_bytes:
+            raise InvalidRequest(f"The request body is larger than {limits.max_body_bytes} bytes.", code="request_too_large")
+        try:
+            return json.loads(raw)
+        except (ValueError, UnicodeDecodeError) as error:
+            raise InvalidRequest(f"The request body is not valid JSON: {error}") from None
+
+    @app.get("/health")
+    async def health():
+        return {"status": "ok", "model": model_name, "queued": engine.pending}
+
+    @app.get("/v1/models")
+    async def models():
+        return {"object": "list", "data": [{"id": model_name, "object": "model", "created": created, "owned_by": "lathe"}]}
+
+    async def serve(request, parse, kind: str):
+        try:
+            body = await read_json(request)
+            prompt_ids, parsed = parse(body, engine, limits)
+        except InvalidRequest as error:
+            status = 413 if error.code == "request_too_large" else 400
+            return fail(status, str(error), param=error.param, code=error.code)
+        run = _Run(engine, prompt_ids, parsed, asyncio.get_running_loop())
+        reply = _Reply(kind, model_name, len(prompt_ids), parsed.n)
+        if parsed.stream:
+            return StreamingResponse(reply.stream(run, parsed.include_usage), media_type="text/event-stream")
+        return await reply.whole(run)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: fastapi.Request):
+        return await serve(request, parse_chat, "chat")
+
+    @app.post("/v1/completions")
+    async def completions(request: fastapi.Request):
+        return await serve(request, parse_completion, "text")
+
+    return app
+
+
+class _Run:
+    """The n jobs of one request, their text and ends delivered to an asyncio queue."""
+
+    def __init__(self, engine: ChatEngine, prompt_ids, parsed, loop):
+        self.events: asyncio.Queue = asyncio.Queue()
+        self.jobs = []
+        for index in range(parsed.n):
+            params = _copy_params(parsed.params, index)
+            on_text = (lambda text, i=index: loop.call_soon_threadsafe(self.events.put_nowait, ("text", i, text)))
+            on_done = (lambda job, i=index: loop.call_soon_threadsafe(self.events.put_nowait, ("done", i, job)))
+            self.jobs.append(engine.submit(prompt_ids, params, on_text=on_text if parsed.stream else None, on_done=on_done))
+
+    async def events_until_done(self):
+        remaining = len(self.jobs)
+        while remaining:
+            event = await self.events.get()
+            if event[0] == "done":
+                remaining -= 1
+                if event[2].error is not None:
+                    raise event[2].error
+            yield event
+
+
+def _copy_params(params, index: int):
+    import dataclasses
+
+    seed = None if params.seed is None else params.seed + index  # n choices differ, yet reproducibly
+    return dataclasses.replace(params, seed=seed, stop=list(params.stop))
+
+
+class _Reply:
+    def __init__(self, kind: str, model_name: str, prompt_tokens: int, n: int):
+        self.kind, self.model, self.prompt_tokens, self.n = kind, model_name, prompt_tokens, n
+        self.id = ("chatcmpl-" if kind == "chat" else "cmpl-") + uuid.uuid4().hex
+        self.created = int(time.time())
+        self.object = "chat.completion" if kind == "chat" else "text_completion"
+
+    def usage(self, completion_tokens: int) -> dict:
+        return {"prompt_tokens": self.prompt_tokens * self.n, "completion_tokens": completion_tokens,
+                "total_tokens": self.prompt_tokens * self.n + completion_tokens}
+
+    def _envelope(self, choices: list, chunk: bool = False, **extra) -> dict:
+        return {"id": self.id, "object": self.object + (".chunk" if chunk and self.kind == "chat" else ""),
+                "created": self.created, "model": self.model, "choices": choices, **extra}
+
+    async def whole(self, run: _Run) -> dict:
+        finished = {}
+        async for kind, index, payload in run.events_until_done():
+            if kind == "done":
+                finished[index] = payload.sequence
+        choices, used = [], 0
+        for index in range(self.n):
+            sequence = finished[index]
+            used += sequence.completion_tokens
+            if self.kind == "chat":
+                choices.append({"index": index, "message": {"role": "assistant", "content": sequence.text},
+                                "finish_reason": sequence.finish_reason, "logprobs": None})
+            else:
+                choices.append({"index": index, "text": sequence.text, "finish_reason": sequence.finish_reason, "logprobs": None})
+        return self._envelope(choices, usage=self.usage(used))
+
+    async def stream(self, run: _Run, include_usage: bool):
+        def event(payload: dict) -> str:
+            return f"data: {json.dumps(payload, ensure_ascii=False)}\n\n"
+
+        if self.kind == "chat":
+            for index in range(self.n):
+                yield event(self._envelope([{"index": index, "delta": {"role": "assistant", "content": ""},
+                                              "finish_reason": None}], chunk=True))
+        used = 0
+        try:
+            async for kind, index, payload in run.events_until_done():
+                if kind == "text":
+                    piece = {"delta": {"content": payload}} if self.kind == "chat" else {"text": payload}
+                    yield event(self._envelope([{"index": index, **piece, "finish_reason": None}], chunk=True))
+                else:
+                    sequence = payload.sequence
+                    used += sequence.completion_tokens
+                    end = {"delta": {}} if self.kind == "chat" else {"text": ""}
+                    yield event(self._envelope([{"index": index, **end, "finish_reason": sequence.finish_reason}], chunk=True))
+        except Exception as error:  # headers are sent: report in the stream, as OpenAI does
+            logger.exception("Generation failed while streaming")
+            yield event(error_body(f"Generation failed: {error}", "server_error"))
+        if include_usage:
+            yield event(self._envelope([], chunk=True, usage=self.usage(used)))
+        yield "data: [DONE]\n\n"
+
+
+def api_command(config_path: str, overrides: list[str], host: str = "127.0.0.1", port: int = 8000,
+                api_key: str | None = None, model_name: str | None = None, max_tokens: int | None = None,
+                max_batch: int = 16) -> int:
+    from lathe.llm.inference.config import parse_infer_config
+
+    _fastapi()
+    import uvicorn
+
+    config = parse_infer_config(config_path, overrides, command="api")
+    engine = ChatEngine.from_config(config, max_batch=max_batch)
+    name = model_name or os.path.basename(os.path.normpath(config.model.model_name_or_path))
+    limits = Limits(max_tokens=max_tokens or config.generating.max_new_tokens)
+    app = create_app(engine, name, api_key=api_key, limits=limits)
+    print(f"lathe api: serving {name!r} on http://{host}:{port}/v1 "
+          f"({'API key required' if api_key else 'no API key'}; max_tokens up to {limits.max_tokens})", flush=True)
+    uvicorn.run(app, host=host, port=port, log_level="warning")
+    return 0

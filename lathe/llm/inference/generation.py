@@ -1,0 +1,181 @@
+"""Decoding a batch of requests together, each with its own settings: the loop behind `lathe chat`
+and `lathe api`.
+
+One forward pass per generated token for the whole batch (prompts left-padded, a KV cache), and per
+row: OpenAI's presence/frequency penalties, transformers' repetition_penalty, temperature, top-k,
+top-p, its own random generator (seed), its own stop conditions (the template's stop tokens, stop
+strings, max_new_tokens). Text is streamed as it becomes final: never half a UTF-8 character, never
+the start of what may turn out to be a stop string.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+
+@dataclass
+class SamplingParams:
+    max_new_tokens: int = 256
+    temperature: float = 1.0  # 0 (or do_sample False): greedy
+    top_p: float = 1.0
+    top_k: int = 0  # 0: no limit
+    do_sample: bool = True
+    repetition_penalty: float = 1.0  # transformers' meaning: divides positive logits of seen tokens
+    presence_penalty: float = 0.0  # OpenAI's meaning: subtracted once from tokens already generated
+    frequency_penalty: float = 0.0  # OpenAI's meaning: subtracted per earlier occurrence in the output
+    stop: list[str] = field(default_factory=list)
+    seed: int | None = None
+
+    @property
+    def greedy(self) -> bool:
+        return not self.do_sample or self.temperature <= 0
+
+
+@dataclass
+class Sequence:
+    """One row of a batch: a prompt, its settings, and what has been generated so far."""
+    prompt_ids: list[int]
+    params: SamplingParams
+    on_text: Callable[[str], None] | None = None  # called with each new piece of final text
+    generated: list[int] = field(default_factory=list)
+    text: str = ""
+    sent: int = 0  # characters of `text` already passed to on_text
+    finish_reason: str | None = None  # stop (a stop token or string) or length (max_new_tokens)
+    completion_tokens: int = 0  # tokens the model produced, a final stop token included
+
+    @property
+    def done(self) -> bool:
+        return self.finish_reason is not None
+
+
+class BatchGenerator:
+    def __init__(self, model, tokenizer, stop_token_ids: list[int], skip_special_tokens: bool = True):
+        self.model = model
+        self.tokenizer = tokenizer
+        self.stop_token_ids = set(stop_token_ids)
+        self.skip_special_tokens = skip_special_tokens
+        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else next(iter(stop_token_ids))
+
+    def generate(self, sequences: list[Sequence]) -> list[Sequence]:
+        """Run every sequence to its end; each one's on_text streams its text as it is produced."""
+        import torch
+
+        device = next(self.model.parameters()).device
+        generators = [self._random(seq.params.seed, device) for seq in sequences]
+        input_ids, attention_mask = self._left_pad([seq.prompt_ids for seq in sequences], device)
+        position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
+        cache, steps = None, max(seq.params.max_new_tokens for seq in sequences)
+        with torch.inference_mode():
+            for _ in range(steps):
+                output = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                                    past_key_values=cache, use_cache=True)
+                cache = output.past_key_values
+                logits = output.logits[:, -1, :].float()
+                next_ids = []
+                for row, seq in enumerate(sequences):
+                    if seq.done:
+                        next_ids.append(self.pad_id)
+                        continue
+                    token = self._choose(logits[row], seq, generators[row])
+                    next_ids.append(token)
+                    self._append(seq, token)
+                if all(seq.done for seq in sequences):
+                    break
+                input_ids = torch.tensor(next_ids, device=device)[:, None]
+                attention_mask = torch.cat([attention_mask, attention_mask.new_ones((len(sequences), 1))], dim=-1)
+                position_ids = position_ids[:, -1:] + 1
+        return sequences
+
+    # ---- per row ----------------------------------------------------------------------------------
+    def _choose(self, logits, seq: Sequence, generator) -> int:
+        import torch
+
+        params = seq.params
+        if params.repetition_penalty != 1.0:
+            seen = torch.tensor(sorted(set(seq.prompt_ids + seq.generated)), device=logits.device)
+            values = logits[seen]
+            logits[seen] = torch.where(values > 0, values / params.repetition_penalty, values * params.repetition_penalty)
+        if seq.generated and (params.presence_penalty or params.frequency_penalty):
+            ids, counts = torch.tensor(seq.generated, device=logits.device).unique(return_counts=True)
+            logits[ids] -= params.presence_penalty + params.frequency_penalty * counts.to(logits.dtype)
+        if params.greedy:
+            return int(logits.argmax())
+        logits = logits / params.temperature
+        if 0 < params.top_k < logits.numel():
+            threshold = torch.topk(logits, params.top_k).values[-1]
+            logits = logits.masked_fill(logits < threshold, float("-inf"))
+        probabilities = torch.softmax(logits, dim=-1)
+        if params.top_p < 1.0:
+            sorted_probs, order = probabilities.sort(descending=True)
+            # keep the smallest set whose mass reaches top_p (the most likely token always stays)
+            drop = sorted_probs.cumsum(-1) - sorted_probs >= params.top_p
+            probabilities = probabilities.scatter(0, order, sorted_probs.masked_fill(drop, 0.0))
+        return int(torch.multinomial(probabilities, 1, generator=generator))
+
+    def _append(self, seq: Sequence, token: int) -> None:
+        seq.completion_tokens += 1
+        if token in self.stop_token_ids:  # it ends the text; it is not part of it
+            seq.finish_reason = "stop"
+        else:
+            seq.generated.append(token)
+            seq.text = self.tokenizer.decode(seq.generated, skip_special_tokens=self.skip_special_tokens)
+            cut = _first_stop(seq.text, seq.params.stop, seq.sent)
+            if cut is not None:
+                seq.text, seq.finish_reason = seq.text[:cut], "stop"
+        if seq.finish_reason is None and seq.completion_tokens >= seq.params.max_new_tokens:
+            seq.finish_reason = "length"
+        self._emit(seq)
+
+    def _emit(self, seq: Sequence) -> None:
+        """Pass on the text that can no longer change."""
+        final = len(seq.text)
+        if not seq.done:
+            if seq.text.endswith("\ufffd"):
+                final = len(seq.text.rstrip("\ufffd"))  # half a multi-byte character so far
+            final = min(final, _stop_prefix_start(seq.text, seq.params.stop, seq.sent))
+        if final > seq.sent and seq.on_text is not None:
+            try:
+                seq.on_text(seq.text[seq.sent:final])
+            except Exception:  # a listener that went away must not stop the other rows of the batch
+                seq.on_text = None
+        seq.sent = max(seq.sent, final)
+
+    # ---- batch helpers ----------------------------------------------------------------------------
+    def _left_pad(self, rows: list[list[int]], device):
+        import torch
+
+        length = max(len(row) for row in rows)
+        input_ids = torch.full((len(rows), length), self.pad_id, dtype=torch.long)
+        attention_mask = torch.zeros((len(rows), length), dtype=torch.long)
+        for index, row in enumerate(rows):
+            input_ids[index, length - len(row):] = torch.tensor(row, dtype=torch.long)
+            attention_mask[index, length - len(row):] = 1
+        return input_ids.to(device), attention_mask.to(device)
+
+    @staticmethod
+    def _random(seed: int | None, device):
+        import torch
+
+        generator = torch.Generator(device=device)
+        if seed is None:
+            generator.seed()
+        else:
+            generator.manual_seed(seed)
+        return generator
+
+
+def _first_stop(text: str, stops: list[str], start: int) -> int | None:
+    """Where the first stop string begins, looking at text not yet sent (and a stop's length before it)."""
+    found = [index for stop in stops if stop and (index := text.find(stop, max(0, start - len(stop) + 1))) >= 0]
+    return min(found) if found else None
+
+
+def _stop_prefix_start(text: str, stops: list[str], sent: int) -> int:
+    """The start of the longest text suffix that is a prefix of a stop string (held back), or len(text)."""
+    start = len(text)
+    for stop in stops:
+        for size in range(min(len(stop) - 1, len(text) - sent), 0, -1):
+            if stop.startswith(text[-size:]):
+                start = min(start, len(text) - size)
+                break
+    return start

@@ -1,0 +1,119 @@
+"""OpenAI request bodies -> what the engine needs, checked field by field: every mistake becomes an
+InvalidRequest naming the field (a 400 with OpenAI's error body), never a crash in the server."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from lathe.llm.inference.engine import InvalidRequest
+from lathe.llm.inference.generation import SamplingParams
+
+MAX_STOP_STRINGS = 4  # OpenAI's limit
+
+
+@dataclass
+class Limits:
+    max_tokens: int  # the largest max_tokens a request may ask for
+    max_n: int = 8  # choices per request
+    max_body_bytes: int = 1_000_000
+
+
+def _number(body: dict, name: str, low: float, high: float, integer: bool = False):
+    value = body.get(name)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or (integer and not isinstance(value, int)):
+        kind = "an integer" if integer else "a number"
+        raise InvalidRequest(f"{name} must be {kind}, got {value!r}.", param=name)
+    if not low <= value <= high:
+        raise InvalidRequest(f"{name} must be between {low} and {high}, got {value}.", param=name)
+    return value
+
+
+def _flag(body: dict, name: str) -> bool:
+    value = body.get(name, False)
+    if value is None:
+        return False
+    if not isinstance(value, bool):
+        raise InvalidRequest(f"{name} must be true or false, got {value!r}.", param=name)
+    return value
+
+
+def _stop(body: dict) -> list[str]:
+    stop = body.get("stop")
+    if stop is None:
+        return []
+    stops = [stop] if isinstance(stop, str) else stop
+    if not isinstance(stops, list) or not all(isinstance(s, str) and s for s in stops) or len(stops) > MAX_STOP_STRINGS:
+        raise InvalidRequest(f"stop must be a non-empty string or a list of at most {MAX_STOP_STRINGS} of them.", param="stop")
+    return stops
+
+
+@dataclass
+class ParsedRequest:
+    params: SamplingParams
+    n: int
+    stream: bool
+    include_usage: bool
+
+
+def parse_common(body: dict, engine, limits: Limits) -> ParsedRequest:
+    """The fields /v1/chat/completions and /v1/completions share."""
+    if not isinstance(body, dict):
+        raise InvalidRequest("The request body must be a JSON object.")
+    if body.get("model") is not None and not isinstance(body["model"], str):
+        raise InvalidRequest("model must be a string.", param="model")
+    if _flag(body, "logprobs") or body.get("logit_bias"):
+        raise InvalidRequest("logprobs and logit_bias are not supported.", param="logprobs" if body.get("logprobs") else "logit_bias")
+    max_tokens = _number(body, "max_completion_tokens", 1, float("inf"), integer=True)
+    if max_tokens is None:
+        max_tokens = _number(body, "max_tokens", 1, float("inf"), integer=True)
+    if max_tokens is not None and max_tokens > limits.max_tokens:
+        raise InvalidRequest(f"max_tokens {max_tokens} is above this server's limit of {limits.max_tokens}.",
+                             param="max_tokens")
+    temperature = _number(body, "temperature", 0, 2)
+    top_p = _number(body, "top_p", 0, 1)
+    if top_p == 0:
+        raise InvalidRequest("top_p must be above 0.", param="top_p")
+    n = _number(body, "n", 1, limits.max_n, integer=True) or 1
+    seed = _number(body, "seed", -(2**63), 2**63 - 1, integer=True)
+    stream = _flag(body, "stream")
+    options = body.get("stream_options")
+    if options is not None and (not isinstance(options, dict) or not isinstance(options.get("include_usage", False), bool)):
+        raise InvalidRequest("stream_options must be an object like {\"include_usage\": true}.", param="stream_options")
+    if options is not None and not stream:
+        raise InvalidRequest("stream_options is only allowed with stream: true.", param="stream_options")
+    params = engine.default_params(
+        max_new_tokens=min(max_tokens or engine.generating.max_new_tokens, limits.max_tokens),
+        temperature=temperature, top_p=top_p, seed=seed, stop=_stop(body),
+        presence_penalty=_number(body, "presence_penalty", -2, 2) or 0.0,
+        frequency_penalty=_number(body, "frequency_penalty", -2, 2) or 0.0,
+    )
+    if temperature == 0:
+        params.do_sample = False
+    elif temperature is not None:
+        params.do_sample = True  # the client asked for sampling at this temperature
+    return ParsedRequest(params, n, stream, bool((options or {}).get("include_usage", False)))
+
+
+def parse_chat(body: dict, engine, limits: Limits) -> tuple[list[int], ParsedRequest]:
+    parsed = parse_common(body, engine, limits)
+    tools = body.get("tools")
+    if tools is not None and not isinstance(tools, list):
+        raise InvalidRequest("tools must be a list of tool definitions.", param="tools")
+    functions = [tool.get("function", tool) for tool in tools or [] if isinstance(tool, dict)]
+    prompt_ids = engine.chat_prompt(body.get("messages"), tools=functions or None)
+    engine.check_length(prompt_ids, parsed.params)
+    return prompt_ids, parsed
+
+
+def parse_completion(body: dict, engine, limits: Limits) -> tuple[list[int], ParsedRequest]:
+    parsed = parse_common(body, engine, limits)
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
+        prompt = prompt[0]  # a one-prompt batch
+    prompt_ids = engine.text_prompt(prompt)
+    try:
+        engine.check_length(prompt_ids, parsed.params)
+    except InvalidRequest as error:
+        raise InvalidRequest(str(error), param="prompt", code=error.code) from None
+    return prompt_ids, parsed
