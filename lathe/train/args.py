@@ -466,21 +466,34 @@ class TrainingArguments(FluentSetters):
 
     @property
     def world_size(self) -> int:
-        group = _initialized_process_group()
+        group = self._process_group()
         return group.get_world_size() if group else 1
 
     @property
     def process_index(self) -> int:
-        group = _initialized_process_group()
+        group = self._process_group()
         return group.get_rank() if group else 0
 
     @property
     def local_process_index(self) -> int:
-        """Rank within this node. Until lathe launches multi-node runs itself, this is the global rank
-        unless a launcher passed `local_rank`."""
+        """Rank within this node: `local_rank` when given, else torchrun's LOCAL_RANK, else the global rank."""
         if self.local_rank >= 0:
             return self.local_rank
+        if self._process_group() is not None and os.environ.get("LOCAL_RANK", "").isdigit():
+            return int(os.environ["LOCAL_RANK"])
         return self.process_index
+
+    def _process_group(self):
+        """torch.distributed once the process group is up. Under a launcher (WORLD_SIZE > 1) the first
+        question joins the group, with ddp_backend and ddp_timeout, as transformers does when its
+        arguments first resolve the device; otherwise torch is not even imported."""
+        group = _initialized_process_group()
+        if group is None and os.environ.get("WORLD_SIZE", "1") not in ("", "0", "1"):
+            from lathe.train.distributed import init_process_group
+
+            init_process_group(self)
+            group = _initialized_process_group()
+        return group
 
     @property
     def should_log(self) -> bool:

@@ -121,14 +121,19 @@ def count_label_items(window: list, shift_labels: bool) -> torch.Tensor | None:
     return total
 
 
-def normalise_loss(loss: torch.Tensor, window_size: int, normalised_by_items: bool) -> torch.Tensor:
+def normalise_loss(loss: torch.Tensor, window_size: int, normalised_by_items: bool, world_scale: int = 1) -> torch.Tensor:
     """Make the sum of a window's micro-batch losses equal the loss of the whole window.
 
     When the model (or compute_loss_func) divided by num_items_in_batch, each micro-batch loss is
     already its share of the window; otherwise each is a mean over its micro-batch, and the mean
-    over the window divides by the window's real size (shorter at the end of an epoch)."""
+    over the window divides by the window's real size (shorter at the end of an epoch).
+    Under N processes whose count is summed over all of them (world_scale = N), a rank's loss is
+    its share of the global window; DDP averages gradients over ranks, so it is scaled by N (and
+    the mean over ranks of what is logged is the global loss)."""
+    if normalised_by_items:
+        return loss * world_scale if world_scale != 1 else loss
     # x / 1 is exact, so skipping it changes no bit and saves an op (and its backward) per micro-batch.
-    return loss if normalised_by_items or window_size == 1 else loss / window_size
+    return loss if window_size == 1 else loss / window_size
 
 
 def count_input_tokens(inputs, mode: str, main_input_name: str = "input_ids") -> int:

@@ -149,9 +149,21 @@ class ResumableBatchSampler(BatchSampler):
     skipped samples are never fetched or collated. `len()` is always the full epoch (step planning
     counts the skipped batches too)."""
 
-    def __init__(self, sampler: Sampler[int], batch_size: int, drop_last: bool = False):
+    def __init__(self, sampler: Sampler[int], batch_size: int, drop_last: bool = False, num_shards: int = 1,
+                 shard_index: int = 0):
         super().__init__(sampler, batch_size, drop_last)
+        if not 0 <= shard_index < num_shards:
+            raise ValueError(f"shard_index must be in [0, {num_shards}), got {shard_index}")
         self._batches_to_skip = 0
+        # Under N processes, shard r takes batches r, r + N, r + 2N, ... of the epoch's batches (as
+        # accelerate's BatchSamplerShard), the list first completed from its start so every shard
+        # has as many batches (even_batches): one update of N shards sees what one process with N
+        # times the batch size would.
+        self.num_shards, self.shard_index = num_shards, shard_index
+
+    def __len__(self) -> int:
+        total = super().__len__()
+        return -(-total // self.num_shards) if self.num_shards > 1 else total
 
     def set_epoch(self, epoch: int) -> None:
         if hasattr(self.sampler, "set_epoch"):
@@ -170,8 +182,18 @@ class ResumableBatchSampler(BatchSampler):
         skip, self._batches_to_skip = self._batches_to_skip, 0
         indices = list(self.sampler)
         end = len(indices) - len(indices) % self.batch_size if self.drop_last else len(indices)
+        if self.num_shards > 1:
+            yield from self._shard([indices[start : start + self.batch_size] for start in range(0, end, self.batch_size)])[skip:]
+            return
         for start in range(skip * self.batch_size, end, self.batch_size):
             yield indices[start : start + self.batch_size]
+
+    def _shard(self, batches: list[list[int]]) -> list[list[int]]:
+        if not batches:
+            return []
+        padded = -(-len(batches) // self.num_shards) * self.num_shards
+        batches = [batches[i % len(batches)] for i in range(padded)]
+        return batches[self.shard_index :: self.num_shards]
 
 
 class DirectDataLoader(DataLoader):
@@ -218,6 +240,8 @@ def build_dataloader(
     worker_init_fn: Callable | None = None,
     multiprocessing_context=None,
     generator: torch.Generator | None = None,
+    num_shards: int = 1,
+    shard_index: int = 0,
 ) -> DataLoader:
     """The Trainer's DataLoader. Map-style datasets get a ResumableBatchSampler over an EpochSampler
     (or a LengthGroupedSampler when `group_by_length`, which takes precedence over `shuffle` as in
@@ -243,6 +267,11 @@ def build_dataloader(
         options.update(persistent_workers=persistent_workers, prefetch_factor=prefetch_factor)
         options["multiprocessing_context"] = multiprocessing_context
     if isinstance(dataset, IterableDataset):
+        if num_shards > 1:
+            raise NotImplementedError(
+                "An IterableDataset under several processes is not supported yet: every rank would read the same "
+                "stream. Use a map-style dataset (with __len__ and __getitem__), or run one process."
+            )
         return DataLoader(dataset, batch_size=batch_size, drop_last=drop_last, **options)
     if group_by_length:
         if lengths is None:
@@ -252,7 +281,8 @@ def build_dataloader(
         sampler: Sampler[int] = LengthGroupedSampler(lengths, length_group_size or batch_size, seed)
     else:
         sampler = EpochSampler(len(dataset), seed, shuffle)
-    return DirectDataLoader(dataset, batch_sampler=ResumableBatchSampler(sampler, batch_size, drop_last), **options)
+    batch_sampler = ResumableBatchSampler(sampler, batch_size, drop_last, num_shards=num_shards, shard_index=shard_index)
+    return DirectDataLoader(dataset, batch_sampler=batch_sampler, **options)
 
 
 def _has_accelerator() -> bool:

@@ -70,11 +70,29 @@ class Gathered:
         self.on_cpu.extend(to_numpy(v) for v in self.on_device)
         self.on_device.clear()
 
-    def result(self):
+    def result(self, total: int | None = None):
+        """Everything gathered; under several processes, every rank's batches in dataset order,
+        cut to `total` rows (even sharding repeats a few samples at the end)."""
         self.flush()
+        from lathe.train import distributed
+
+        if distributed.is_distributed():
+            self.on_cpu = distributed.interleave_batches(distributed.gather_objects(self.on_cpu))
         if not self.on_cpu:
             return None
-        return pad_and_concatenate(self.on_cpu) if self.concatenate else self.on_cpu
+        if not self.concatenate:
+            return self.on_cpu
+        return _first_rows(pad_and_concatenate(self.on_cpu), total)
+
+
+def _first_rows(data, total: int | None):
+    if total is None:
+        return data
+    if isinstance(data, (list, tuple)):
+        return type(data)(_first_rows(d, total) for d in data)
+    if isinstance(data, Mapping):
+        return type(data)({k: _first_rows(v, total) for k, v in data.items()})
+    return data[:total]
 
 
 def observed_batch_size(inputs) -> int:
@@ -94,11 +112,34 @@ class WeightedLoss:
     float32 precision over large sets; MPS has no float64), with no host sync per batch. With
     logging_nan_inf_filter, non-finite batch losses are left out, as transformers does."""
 
-    def __init__(self, nan_inf_filter: bool):
+    def __init__(self, nan_inf_filter: bool, total_samples: int | None = None):
+        from lathe.train import distributed
+
         self.nan_inf_filter = nan_inf_filter
         self.total = self.count = self.finite_total = self.finite_count = None
+        # Under several processes: each batch's (loss, size), to weigh every rank's batches in dataset
+        # order and leave out the samples even sharding repeats.
+        self.per_batch = [] if distributed.is_distributed() else None
+        self.total_samples = total_samples
+
+    def _mean_over_ranks(self) -> float:
+        from lathe.train import distributed
+
+        batches = distributed.interleave_batches(distributed.gather_objects(self.per_batch))
+        remaining = self.total_samples if self.total_samples is not None else sum(size for _, size in batches)
+        total = count = 0.0
+        for loss, size in batches:
+            size = min(size, remaining)
+            remaining -= size
+            if size and not (self.nan_inf_filter and not math.isfinite(loss)):
+                total, count = total + loss * size, count + size
+        return total / count if count else float("nan")
 
     def add(self, loss: torch.Tensor, batch_size: int) -> None:
+        if self.per_batch is not None:
+            self.per_batch.append((float(loss.detach().double()), batch_size))
+            self.count = (self.count or 0) + batch_size
+            return
         wide = torch.float32 if loss.device.type == "mps" else torch.float64
         value = loss.detach().to(wide)
         finite = torch.isfinite(value)
@@ -114,6 +155,8 @@ class WeightedLoss:
             self.finite_count = self.finite_count + finite.to(wide) * batch_size
 
     def mean(self) -> float:
+        if self.per_batch is not None:
+            return self._mean_over_ranks()
         finite_count = self.finite_count.item()
         if self.nan_inf_filter and finite_count > 0:
             return (self.finite_total / finite_count).item()
@@ -145,10 +188,18 @@ def evaluation_loop(trainer, dataloader, description: str, prediction_loss_only,
             "labels": Gathered(args.eval_accumulation_steps, args.eval_do_concat_batches),
             "inputs": Gathered(args.eval_accumulation_steps, args.eval_do_concat_batches),
             "losses": Gathered(args.eval_accumulation_steps, args.eval_do_concat_batches)}
-    losses = WeightedLoss(args.logging_nan_inf_filter)
+    dataset = getattr(dataloader, "dataset", None)
+    try:
+        dataset_size = len(dataset) if dataset is not None else None
+    except TypeError:
+        dataset_size = None
+    losses = WeightedLoss(args.logging_nan_inf_filter, dataset_size)
     num_samples = 0
     metrics = None
     batch_metrics_mode = args.batch_eval_metrics and trainer.compute_metrics is not None
+    if batch_metrics_mode and losses.per_batch is not None:
+        raise NotImplementedError("batch_eval_metrics under several processes is not supported yet: evaluate with "
+                                  "compute_metrics on the gathered predictions (batch_eval_metrics=False).")
     # predict() returns predictions even when metrics are computed batch by batch (transformers too).
     keep_predictions = not batch_metrics_mode or description == "Prediction"
     for is_last, inputs in _mark_last(dataloader):
@@ -175,15 +226,15 @@ def evaluation_loop(trainer, dataloader, description: str, prediction_loss_only,
             metrics = trainer.compute_metrics(prediction, compute_result=is_last)
         trainer.control = trainer.callback_handler.on_prediction_step(args, trainer.state, trainer.control)
 
-    predictions = keep["preds"].result()
-    label_ids = keep["labels"].result()
+    predictions = keep["preds"].result(dataset_size)
+    label_ids = keep["labels"].result(dataset_size)
     if batch_metrics_mode:
         metrics = metrics or {}
     elif trainer.compute_metrics is not None and predictions is not None and label_ids is not None:
         metrics = trainer.compute_metrics(EvalPrediction(
             predictions=predictions, label_ids=label_ids,
-            inputs=keep["inputs"].result() if "inputs" in include else None,
-            losses=keep["losses"].result() if "loss" in include else None,
+            inputs=keep["inputs"].result(dataset_size) if "inputs" in include else None,
+            losses=keep["losses"].result(dataset_size) if "loss" in include else None,
         ))
     else:
         metrics = {}
@@ -193,11 +244,7 @@ def evaluation_loop(trainer, dataloader, description: str, prediction_loss_only,
     for key in list(metrics):
         if not key.startswith(f"{metric_key_prefix}_"):
             metrics[f"{metric_key_prefix}_{key}"] = metrics.pop(key)
-    dataset = getattr(dataloader, "dataset", None)
-    try:
-        total = len(dataset) if dataset is not None else num_samples
-    except TypeError:
-        total = num_samples
+    total = dataset_size if dataset_size is not None else num_samples
     return EvalLoopOutput(predictions=predictions, label_ids=label_ids, metrics=metrics, num_samples=total)
 
 

@@ -30,6 +30,7 @@ class TrainerDataLoaders:
             group_by_length=train and strategy == "group_by_length",
             length_column_name=args.length_column_name, model_input_name=self.main_input_name,
             length_group_size=batch_size * args.gradient_accumulation_steps,
+            num_shards=args.world_size, shard_index=args.process_index,
         )
 
     def get_train_dataloader(self):

@@ -79,7 +79,8 @@ class TrainerSteps:
         with runtime.autocast_context(self.args.device, self._autocast_dtype):
             loss = self.compute_loss(model, inputs, num_items_in_batch=num_items_in_batch)
         normalised_by_items = num_items_in_batch is not None and self._counts_items()
-        loss = batching.normalise_loss(loss, self.current_gradient_accumulation_steps, normalised_by_items)
+        loss = batching.normalise_loss(loss, self.current_gradient_accumulation_steps, normalised_by_items,
+                                       getattr(self, "_loss_world_scale", 1))
         (self.scaler.scale(loss) if self.scaler is not None else loss).backward()
         return loss.detach()
 

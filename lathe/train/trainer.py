@@ -11,7 +11,7 @@ import time
 import torch
 from torch import nn
 
-from lathe.train import batching, data, modeling, runtime
+from lathe.train import batching, data, distributed, modeling, runtime
 from lathe.train.callbacks import CallbackHandler
 from lathe.train.commit import BackgroundCommitter
 from lathe.train.flow import DefaultFlowCallback, PrinterCallback, ProgressCallback
@@ -249,9 +249,15 @@ class Trainer(TrainerSteps, TrainerDataLoaders, TrainerCheckpointing, TrainerEva
         args, state = self.args, self.state
         self.control = self.callback_handler.on_step_begin(args, state, self.control)
         num_items = batching.count_label_items(window, self._loss_shifts_labels) if self._counts_items() else None
+        self._loss_world_scale = 1
+        if num_items is not None and args.average_tokens_across_devices and distributed.is_distributed():
+            # every rank divides by the window's count over all ranks; DDP then averages the gradients
+            num_items = distributed.sum_across_ranks(num_items, args.device)
+            self._loss_world_scale = distributed.world_size()
         self.current_gradient_accumulation_steps = len(window)
         for index, inputs in enumerate(window):
-            loss = self.training_step(model, inputs, num_items)
+            with distributed.gradient_sync(model, sync=index == len(window) - 1):
+                loss = self.training_step(model, inputs, num_items)
             self._losses.add(loss, state.global_step - self._globalstep_last_logged)
             self.current_flos += float(self.floating_point_ops(inputs))
             if args.include_num_input_tokens_seen != "no":
@@ -270,7 +276,8 @@ class Trainer(TrainerSteps, TrainerDataLoaders, TrainerCheckpointing, TrainerEva
         args = self.args
         if args.gradient_checkpointing:
             runtime.enable_gradient_checkpointing(self.model, args.gradient_checkpointing_kwargs)
-        self.model_wrapped = runtime.compile_model(self.model, args) if args.torch_compile else self.model
+        wrapped = distributed.wrap_model(self.model, args)  # DDP under several processes
+        self.model_wrapped = runtime.compile_model(wrapped, args) if args.torch_compile else wrapped
         return self.model_wrapped
 
     def _attach_to_callbacks(self, train_dataloader) -> None:
@@ -294,7 +301,7 @@ class Trainer(TrainerSteps, TrainerDataLoaders, TrainerCheckpointing, TrainerEva
     def _finish_run(self, plan) -> TrainOutput:
         args, state = self.args, self.state
         self._checkpoint_commits.wait()  # every checkpoint is published before train() returns
-        self._total_loss += self._losses.take()
+        self._total_loss += distributed.mean_across_ranks(self._losses.take(), args.device)
         if self._losses.nonfinite:
             logger.warning("%d micro-batches had a non-finite loss; the logged loss counts them as the running mean (logging_nan_inf_filter).", self._losses.nonfinite)
         steps_run = max(state.global_step - self._first_step_of_run, 0)
@@ -318,7 +325,7 @@ class Trainer(TrainerSteps, TrainerDataLoaders, TrainerCheckpointing, TrainerEva
         """The one place where the Trainer acts on the flags the callbacks set."""
         state, control = self.state, self.control
         if control.should_log and state.global_step > self._globalstep_last_logged:
-            window_loss = self._losses.take()
+            window_loss = distributed.mean_across_ranks(self._losses.take(), self.args.device)
             logs = {"loss": window_loss / (state.global_step - self._globalstep_last_logged)}
             if self._grad_norm is not None:
                 logs["grad_norm"] = float(self._grad_norm)

@@ -1,0 +1,148 @@
+"""Several processes on torch.distributed, as `torchrun` launches them: the process group, the model
+wrapped in DistributedDataParallel, gradients synchronised only on the last micro-batch of an
+accumulation window, and the collectives the step maths and evaluation need. In a single process
+every function here is a no-op, and the Trainer's loop reads the same either way.
+
+What makes N processes train the model one process would (tests/train/test_distributed.py):
+- each rank takes every N-th batch of the same seeded epoch order (lathe.train.data), so one update
+  sees the samples a single process with N times the batch would see;
+- DDP averages gradients over ranks; losses normalised by a token count use the count summed over
+  ranks (average_tokens_across_devices), so they are scaled by N to undo that average;
+- the logged loss is the mean over ranks; evaluation gathers every rank's batches back into dataset
+  order and drops the repeated samples that even sharding adds.
+"""
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+
+def launched_world_size() -> int:
+    """How many processes torchrun (or another launcher that sets WORLD_SIZE) started."""
+    try:
+        return int(os.environ.get("WORLD_SIZE", "1"))
+    except ValueError:
+        return 1
+
+
+def init_process_group(args) -> None:
+    """Join the process group the launcher described (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT), once."""
+    import torch.distributed as dist
+
+    if launched_world_size() <= 1 or not dist.is_available() or dist.is_initialized():
+        return
+    backend = args.ddp_backend
+    if backend is None:
+        backend = "nccl" if torch.cuda.is_available() and not args.use_cpu else "gloo"
+    if backend == "nccl":
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    dist.init_process_group(backend=backend, timeout=args.ddp_timeout_delta)
+    logger.info("Process %d of %d joined the %s process group.", dist.get_rank(), dist.get_world_size(), backend)
+
+
+def is_distributed() -> bool:
+    import torch.distributed as dist
+
+    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+
+
+def world_size() -> int:
+    import torch.distributed as dist
+
+    return dist.get_world_size() if is_distributed() else 1
+
+
+def wrap_model(model, args):
+    """DistributedDataParallel around the model when there are several processes (else the model)."""
+    if not is_distributed():
+        return model
+    from lathe.train.fsdp import settings_from_args, shard_model
+
+    fsdp_settings = settings_from_args(args)
+    if fsdp_settings is not None:
+        return shard_model(model, args, fsdp_settings)  # in place: FSDP2 modules, not a wrapper
+    from torch.nn.parallel import DistributedDataParallel
+
+    find_unused = args.ddp_find_unused_parameters
+    if find_unused is None:
+        # transformers' rule: a transformers model uses all its parameters unless activation
+        # checkpointing hides them from autograd's first pass; any other module may not.
+        find_unused = (not args.gradient_checkpointing) if hasattr(model, "config") and hasattr(model, "save_pretrained") else True
+    options = {"find_unused_parameters": find_unused}
+    if args.ddp_bucket_cap_mb is not None:
+        options["bucket_cap_mb"] = args.ddp_bucket_cap_mb
+    if args.ddp_broadcast_buffers is not None:
+        options["broadcast_buffers"] = args.ddp_broadcast_buffers
+    if args.ddp_static_graph is not None:
+        options["static_graph"] = args.ddp_static_graph
+    device = next(model.parameters()).device
+    if device.type == "cuda":
+        options["device_ids"] = [device.index]
+    return DistributedDataParallel(model, **options)
+
+
+def gradient_sync(model, sync: bool):
+    """A context for one micro-batch's backward: DDP's all-reduce runs only when `sync` (the last
+    micro-batch of a window); before that gradients accumulate locally (no_sync)."""
+    if sync:
+        return contextlib.nullcontext()
+    if hasattr(model, "set_requires_gradient_sync"):  # FSDP2: accumulate unsharded gradients locally
+        return _fsdp_no_sync(model)
+    if not hasattr(model, "no_sync"):
+        return contextlib.nullcontext()
+    return model.no_sync()
+
+
+@contextlib.contextmanager
+def _fsdp_no_sync(model):
+    model.set_requires_gradient_sync(False)
+    try:
+        yield
+    finally:
+        model.set_requires_gradient_sync(True)
+
+
+def sum_across_ranks(value: int | torch.Tensor, device) -> int | torch.Tensor:
+    """The sum over ranks (e.g. label tokens of an update window)."""
+    if not is_distributed():
+        return value
+    import torch.distributed as dist
+
+    tensor = value.detach().clone() if torch.is_tensor(value) else torch.tensor(value, device=device)
+    dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
+    return tensor if torch.is_tensor(value) else int(tensor.item())
+
+
+def mean_across_ranks(value: float, device) -> float:
+    if not is_distributed():
+        return value
+    import torch.distributed as dist
+
+    tensor = torch.tensor(float(value), dtype=torch.float64, device=device)
+    dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
+    return float(tensor.item()) / dist.get_world_size()
+
+
+def gather_objects(value) -> list:
+    """Every rank's `value` (pickled), in rank order; [value] in a single process."""
+    if not is_distributed():
+        return [value]
+    import torch.distributed as dist
+
+    gathered = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, value)
+    return gathered
+
+
+def interleave_batches(per_rank: list[list]) -> list:
+    """Rank r's k-th batch is global batch k * N + r (lathe.train.data shards batches round robin):
+    put them back in that order."""
+    ordered = []
+    for k in range(max((len(batches) for batches in per_rank), default=0)):
+        ordered.extend(batches[k] for batches in per_rank if k < len(batches))
+    return ordered
