@@ -17,7 +17,6 @@ SUPPORTED_REPORTERS = ("jsonl", "tensorboard")
 
 _TOKENS_SEEN_CHOICES = ("no", "all", "non_padding")
 _METRIC_INPUTS = ("inputs", "loss")
-_FSDP_OPTIONS = ("full_shard", "shard_grad_op", "no_shard", "hybrid_shard", "hybrid_shard_zero2", "offload", "auto_wrap")
 
 # Fields that take a dict; on the command line they arrive as a JSON object string.
 _DICT_FIELDS = (
@@ -216,10 +215,9 @@ def convert_choice_fields(args) -> None:
     if unknown:
         raise ValueError(f"include_for_metrics has unknown entries {unknown}; allowed: {list(_METRIC_INPUTS)}")
 
-    if isinstance(args.fsdp, str):
-        unknown = [option for option in args.fsdp.split() if option not in _FSDP_OPTIONS]
-        if unknown:
-            raise ValueError(f"fsdp has unknown options {unknown}; use fsdp=True, or any of {list(_FSDP_OPTIONS)}")
+    from lathe.train.fsdp import settings_from_args
+
+    settings_from_args(args)  # fsdp / fsdp_config: unknown options, keys and values are errors here, not at train()
 
 
 def _check_choice(args, name: str, choices, optional: bool = False) -> None:
