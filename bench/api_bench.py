@@ -198,8 +198,28 @@ def report(results: dict, args, elapsed: float) -> str:
                 f"{failed[0]} / {failed[1]} | {right[0]}/{total[0]} / {right[1]}/{total[1]} |")
     lines += ["", "## Target", "",
               f"- lathe's throughput at 8 and 32 clients ≥ 2× LLaMA-Factory's, with no failed request: "
-              f"{'**met**' if verdict_ok else '**missed**'}", ""]
+              f"{'**met**' if verdict_ok else '**missed**'}", "", NOTES]
     return "\n".join(lines)
+
+
+NOTES = """## Reading the numbers
+
+- Where the difference comes from. With several clients, lathe decodes the queued requests as one batch
+  (left-padded prompts, one forward pass per token for all of them, each row with its own sampling
+  settings and stop conditions: lathe/llm/inference/engine.py, generation.py), so a step of a 538k-parameter
+  model serves up to 16 requests for little more than the cost of one. LLaMA-Factory's huggingface
+  engine runs one `model.generate` at a time (an asyncio semaphore, MAX_CONCURRENT=1 by default; raising
+  it only runs separate `generate` calls in threads that compete for the same cores), so its
+  throughput stays at its single-client rate and latency grows with the queue. With one client lathe is
+  also faster: its decode loop does less per token than `generate` with its logits processors and
+  streamer thread.
+- Every answer was checked (the model reverses strings; greedy decoding): both servers answered every
+  request correctly, and none failed.
+- Streaming costs both servers more per request (an event per token); lathe holds back text that could be
+  the start of a stop string or half a UTF-8 character, which costs nothing measurable here.
+- Not compared: LLaMA-Factory's vLLM/SGLang back-ends (no CPU build here). On a GPU, batching matters
+  even more (a decode step is memory-bound), but that was not measured: no GPU was lent to this task.
+"""
 
 
 def main() -> int:

@@ -198,3 +198,36 @@ def test_fifty_concurrent_clients_get_what_each_would_get_alone(client, engine, 
     for messages, answer in zip(questions[:: 7], answers[:: 7]):
         assert answer == alone(engine, messages, max_new_tokens=6, do_sample=False).text
     assert raw(server, "/health")[0] == 200  # still up
+
+
+@pytest.mark.slow
+def test_lathe_api_command_line_serves_with_a_key(tiny_model_dir, tmp_path, write_yaml):
+    import os
+    import subprocess
+    import sys
+
+    config = write_yaml(tmp_path / "serve.yaml", {"model_name_or_path": tiny_model_dir, "template": "chatml",
+                                                  "max_new_tokens": 4, "do_sample": False})
+    port = free_port()
+    env = dict(os.environ, LATHE_API_KEY="from-env")
+    process = subprocess.Popen([sys.executable, "-m", "lathe", "api", config, "--port", str(port), "--max_tokens", "8"],
+                               env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="from-env", max_retries=0, timeout=30)
+        deadline = time.time() + 120
+        while True:
+            assert process.poll() is None, process.stdout.read()[-2000:]
+            try:
+                models = client.models.list()
+                break
+            except openai.APIConnectionError:
+                assert time.time() < deadline, "lathe api did not start"
+                time.sleep(0.3)
+        assert [m.id for m in models.data] == [os.path.basename(tiny_model_dir)]
+        with pytest.raises(openai.BadRequestError, match="limit of 8"):
+            client.chat.completions.create(model="x", messages=HELLO, max_tokens=9)
+        with pytest.raises(openai.AuthenticationError):
+            openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="nope", max_retries=0).models.list()
+    finally:
+        process.terminate()
+        process.wait(timeout=30)
