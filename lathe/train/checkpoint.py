@@ -362,28 +362,34 @@ def load_model_weights(model, folder: str, strict: bool = True) -> None:
         set_peft_model_state_dict(model, load_file(adapter))
         return
     single = os.path.join(folder, WEIGHTS_NAME)
+    if os.path.isfile(single) and not hasattr(model, "save_pretrained"):
+        load_model(model, single, strict=strict)
+        return
+    # transformers drops tied weights from the file; load non-strictly and let tying restore them.
+    missing, unexpected = model.load_state_dict(read_model_weights(folder), strict=False)
+    check_missing(model, missing, unexpected, folder, strict)
+
+
+def read_model_weights(folder: str) -> dict:
+    """The state dict in `folder`'s model.safetensors, or in the shards its index lists."""
+    from safetensors.torch import load_file
+
+    single = os.path.join(folder, WEIGHTS_NAME)
     index = os.path.join(folder, WEIGHTS_INDEX_NAME)
     if os.path.isfile(single):
-        if hasattr(model, "save_pretrained"):
-            # transformers drops tied weights from the file; load non-strictly and let tying restore them.
-            missing, unexpected = model.load_state_dict(load_file(single), strict=False)
-            _check_missing(model, missing, unexpected, folder, strict)
-        else:
-            load_model(model, single, strict=strict)
-        return
+        return load_file(single)
     if os.path.isfile(index):
         with open(index, encoding="utf-8") as f:
             shards = sorted(set(json.load(f)["weight_map"].values()))
         state = {}
         for shard in shards:
             state.update(load_file(os.path.join(folder, shard)))
-        missing, unexpected = model.load_state_dict(state, strict=False)
-        _check_missing(model, missing, unexpected, folder, strict)
-        return
+        return state
     raise FileNotFoundError(f"No model weights ({WEIGHTS_NAME} or {WEIGHTS_INDEX_NAME}) in {folder!r}.")
 
 
-def _check_missing(model, missing, unexpected, folder, strict):
+def check_missing(model, missing, unexpected, folder, strict):
+    """Missing keys other than tied weights (transformers drops those from its files) are an error."""
     tied = set(getattr(model, "_tied_weights_keys", None) or [])
     if isinstance(getattr(model, "_tied_weights_keys", None), dict):
         tied = set(model._tied_weights_keys)

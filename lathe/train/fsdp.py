@@ -185,9 +185,11 @@ def _blocks_by_size(model: "torch.nn.Module", min_num_params: int) -> list["torc
 
 
 def is_sharded(model) -> bool:
-    from torch.distributed.fsdp import FSDPModule
+    """Whether fully_shard was applied to the model (without importing FSDP in a plain run)."""
+    import sys
 
-    return isinstance(model, FSDPModule)
+    module = sys.modules.get("torch.distributed.fsdp")
+    return module is not None and isinstance(model, module.FSDPModule)
 
 
 # ----- checkpoint state (collectives: every rank calls them) -----
@@ -216,15 +218,16 @@ def gather_state(model, optimizer=None) -> tuple[dict, dict | None]:
                      "param_groups": [{**group, "params": [index[name] for name in group["params"]]} for group in by_name["param_groups"]]}
 
 
-def load_state(model, weights: dict, optimizer=None, optimizer_state: dict | None = None) -> None:
+def load_state(model, weights: dict, optimizer=None, optimizer_state: dict | None = None):
     """Rank 0's full weights (and optimizer state as gather_state writes it, or as one process saves
     it) into the sharded model and its optimizer; the other ranks pass empty dicts and receive theirs
-    by broadcast."""
+    by broadcast. Returns the (missing, unexpected) weight names."""
     from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_optimizer_state_dict
 
-    set_model_state_dict(model, weights, options=_options(broadcast_from_rank0=True))
+    # strict=False: transformers leaves tied weights out of its files; the caller checks what is missing.
+    incompatible = set_model_state_dict(model, weights, options=_options(broadcast_from_rank0=True, strict=False))
     if optimizer is None:
-        return
+        return incompatible
     by_name = {}
     if optimizer_state:
         names = {id(parameter): name for name, parameter in model.named_parameters()}
@@ -236,4 +239,5 @@ def load_state(model, weights: dict, optimizer=None, optimizer_state: dict | Non
         by_name = {"state": {ordered[i]: value for i, value in optimizer_state["state"].items()},
                    "param_groups": [{**group, "params": [ordered[i] for i in group["params"]]} for group in optimizer_state["param_groups"]]}
     set_optimizer_state_dict(model, optimizer, by_name, options=_options(broadcast_from_rank0=True))
+    return incompatible
 

@@ -10,7 +10,7 @@ import os
 import torch
 
 from lathe.train import checkpoint as ckpt
-from lathe.train import runtime, snapshot
+from lathe.train import fsdp, runtime, snapshot
 from lathe.train.evaluation import is_better
 from lathe.train.state import ExportableState, TrainerState
 
@@ -30,10 +30,15 @@ class TrainerCheckpointing:
         """Weights (safetensors; save_pretrained for transformers/peft models), the processing
         class, and the training arguments (training_args.bin like transformers, plus readable JSON)."""
         output_dir = output_dir if output_dir is not None else self.args.output_dir
-        if not self.args.should_save:
+        weights = None
+        if fsdp.is_sharded(self.model):
+            weights, _ = fsdp.gather_state(self.model)  # a collective: every rank sends, rank 0 gets the full tensors
+            if self.args.process_index != 0:
+                return
+        elif not self.args.should_save:
             return
         os.makedirs(output_dir, exist_ok=True)
-        ckpt.save_model_weights(self.model, output_dir)
+        ckpt.save_model_weights(self.model, output_dir, state_dict=weights)
         self._save_processing_class(output_dir)
         torch.save(self.args, os.path.join(output_dir, ckpt.TRAINING_ARGS_NAME))
         with open(os.path.join(output_dir, ckpt.TRAINING_ARGS_JSON), "w", encoding="utf-8") as f:
@@ -61,6 +66,8 @@ class TrainerCheckpointing:
         state.stateful_callbacks = TrainerState(stateful_callbacks=self._stateful_callbacks()).stateful_callbacks
         main = args.should_save
         best = state.best_model_checkpoint
+        # FSDP2: full weights and optimizer state gathered from the shards to rank 0 (every rank takes part).
+        gathered = fsdp.gather_state(self.model, None if args.save_only_model else self.optimizer) if fsdp.is_sharded(self.model) else None
 
         def rotate():
             ckpt.rotate_checkpoints(output_dir, args.save_total_limit, find_best_checkpoint(best, output_dir))
@@ -68,15 +75,19 @@ class TrainerCheckpointing:
         # One process: the files are written from a copy of the state by the commit thread. Several
         # processes write in the loop (their barriers cannot run in a thread), as does a subclass
         # that overrides save_model (its override must see the checkpoint's folder).
-        background = (args.world_size == 1 and type(self).save_model is TrainerCheckpointing.save_model
+        background = (args.world_size == 1 and gathered is None and type(self).save_model is TrainerCheckpointing.save_model
                       and snapshot.copy_fits_in_memory(self.model, self.optimizer))
         contents = snapshot.capture(self.model, self.optimizer, self.lr_scheduler, self.scaler, state, args, main=main,
                                     with_training_state=not args.save_only_model, copy_state=background)
+        if gathered is not None and main:
+            contents.model_state, contents.args = gathered[0], args
+            if gathered[1] is not None:
+                contents.optimizer = gathered[1]
         rng_name = ckpt.rng_file_name(args.process_index, args.world_size)
         with ckpt.atomic_checkpoint(final_path, is_main_process=main, barrier=runtime.barrier,
                                     committer=self._checkpoint_commits if background else None, after_commit=rotate,
                                     write=lambda folder: contents.write(self.model, folder, rng_name)) as staging:
-            if main and background:
+            if main and (background or gathered is not None):
                 self._save_processing_class(staging)
             elif main:
                 self.save_model(staging, _internal_call=True)
@@ -123,7 +134,22 @@ class TrainerCheckpointing:
             logger.warning("load_best_model_at_end: the best checkpoint %r no longer exists; keeping the last weights.", self.state.best_model_checkpoint)
             return
         logger.info("Loading the best model from %s (%s = %s).", path, self.args.metric_for_best_model, self.state.best_metric)
-        ckpt.load_model_weights(self.model, path)
+        self._load_weights(path)
+
+    def _load_weights(self, path: str, optimizer_file: str | None = None) -> None:
+        """The checkpoint's weights (and optimizer state) into the model. Sharded by FSDP2: rank 0
+        reads the full tensors and every rank receives its shards, so a checkpoint written by any
+        number of processes (or one) loads under any other."""
+        if not fsdp.is_sharded(self.model):
+            ckpt.load_model_weights(self.model, path)
+            if optimizer_file is not None:
+                self.optimizer.load_state_dict(ckpt.safe_torch_load(optimizer_file, map_location=self.args.device))
+            return
+        first = self.args.process_index == 0
+        weights = ckpt.read_model_weights(path) if first else {}
+        optimizer_state = ckpt.safe_torch_load(optimizer_file) if first and optimizer_file is not None else {}
+        missing, unexpected = fsdp.load_state(self.model, weights, self.optimizer if optimizer_file else None, optimizer_state)
+        ckpt.check_missing(self.model, missing, unexpected, path, strict=True)
 
     # ----- resuming -----
 
@@ -158,9 +184,7 @@ class TrainerCheckpointing:
         """Weights, optimizer, scheduler, scaler, TrainerState, callback states; the RNG state is
         held back until the epoch's batch iterator exists (see Trainer._epoch_batches)."""
         args = self.args
-        ckpt.load_model_weights(self.model, path)
-        device = args.device
-        self.optimizer.load_state_dict(ckpt.safe_torch_load(os.path.join(path, ckpt.OPTIMIZER_NAME), map_location=device))
+        self._load_weights(path, os.path.join(path, ckpt.OPTIMIZER_NAME))
         scheduler_file = os.path.join(path, ckpt.SCHEDULER_NAME)
         if os.path.isfile(scheduler_file):
             self.lr_scheduler.load_state_dict(ckpt.safe_torch_load(scheduler_file))

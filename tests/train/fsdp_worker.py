@@ -1,0 +1,70 @@
+"""A tiny LLaMA trained by the Trainer, run under torchrun with FSDP2 by tests/train/test_fsdp.py
+(and in-process, unsharded, for the one-process reference): writes the final weights, the logged
+losses and eval metrics as JSON from rank 0."""
+from __future__ import annotations
+
+import json
+import sys
+
+import torch
+
+from lathe import Trainer, TrainingArguments
+
+
+def model():
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=32, hidden_size=16, intermediate_size=32, num_hidden_layers=2, num_attention_heads=2,
+                         num_key_value_heads=2, max_position_embeddings=16, tie_word_embeddings=False)
+    return LlamaForCausalLM(config)
+
+
+def dataset(count: int) -> list[dict]:
+    generator = torch.Generator().manual_seed(7)
+    items = []
+    for _ in range(count):
+        input_ids = torch.randint(0, 32, (8,), generator=generator)
+        labels = input_ids.clone()
+        # a different number of trained tokens per item: normalising by the global count matters
+        labels[: int(torch.randint(0, 6, (1,), generator=generator))] = -100
+        items.append({"input_ids": input_ids, "labels": labels, "attention_mask": torch.ones(8, dtype=torch.long)})
+    return items
+
+
+def arguments(output_dir: str, options: dict) -> TrainingArguments:
+    return TrainingArguments(
+        output_dir=output_dir, per_device_train_batch_size=options["batch"], per_device_eval_batch_size=2,
+        gradient_accumulation_steps=options.get("accumulation", 1), num_train_epochs=options.get("epochs", 2),
+        max_steps=options.get("max_steps", -1), learning_rate=0.01, logging_steps=1, report_to="none", disable_tqdm=True,
+        seed=3, use_cpu=True, dataloader_pin_memory=False, save_strategy=options.get("save_strategy", "no"),
+        save_steps=options.get("save_steps", 500), fsdp=options.get("fsdp"), fsdp_config=options.get("fsdp_config"),
+    )
+
+
+def run(output_dir: str, options: dict) -> dict:
+    args = arguments(output_dir, options)
+    trainer = Trainer(model=model(), args=args, train_dataset=dataset(24), eval_dataset=dataset(11))
+    trainer.train(resume_from_checkpoint=options.get("resume"))
+    metrics = trainer.evaluate()
+    trainer.save_model(output_dir + "/final")  # under FSDP: gathered from the shards, written by rank 0
+    result = {"losses": [entry["loss"] for entry in trainer.state.log_history if "loss" in entry],
+              "grad_norms": [entry["grad_norm"] for entry in trainer.state.log_history if "grad_norm" in entry],
+              "metrics": metrics, "world_size": args.world_size, "rank": args.process_index}
+    if args.should_save:
+        from safetensors.torch import load_file
+        from transformers import LlamaForCausalLM
+
+        weights = load_file(output_dir + "/final/model.safetensors")
+        result["weights"] = {k: v.tolist() for k, v in weights.items()}
+        loaded = LlamaForCausalLM.from_pretrained(output_dir + "/final").state_dict()
+        result["from_pretrained"] = all(torch.equal(loaded[k], v) for k, v in weights.items())
+    return result
+
+
+if __name__ == "__main__":
+    output_dir, result_file, options = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
+    result = run(output_dir, options)
+    if result["rank"] == 0:
+        with open(result_file, "w") as f:
+            json.dump(result, f)

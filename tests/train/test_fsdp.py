@@ -1,0 +1,114 @@
+"""FSDP2: fsdp/fsdp_config read as transformers 5 reads them (errors name the key), the blocks that
+are sharded, and two CPU processes (gloo, torchrun) with fully_shard training the tiny LLaMA one
+process trains with twice the batch: equal losses, final weights (a full model.safetensors that
+from_pretrained loads), eval metrics, and an exact resume from a checkpoint written by 2 ranks."""
+from __future__ import annotations
+
+import json
+import os
+import re
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from lathe import TrainingArguments
+from lathe.train import fsdp
+from tests.train import fsdp_worker
+
+REPOSITORY = Path(__file__).resolve().parents[2]
+
+
+def settings(**kwargs):
+    return fsdp.settings_from_args(TrainingArguments(output_dir="unused", report_to="none", **kwargs))
+
+
+def test_settings_read_like_transformers(tmp_path):
+    assert settings() is None
+    assert settings(fsdp="full_shard auto_wrap") == fsdp.FsdpSettings()
+    parsed = settings(fsdp="shard_grad_op offload", fsdp_config={"fsdp_transformer_layer_cls_to_wrap": "LlamaDecoderLayer",
+                                                                 "activation_checkpointing": "true", "min_num_params": "0"})
+    assert parsed == fsdp.FsdpSettings(layer_classes=("LlamaDecoderLayer",), reshard_after_forward=False, cpu_offload=True,
+                                       activation_checkpointing=True)
+    config = tmp_path / "fsdp.json"
+    config.write_text(json.dumps({"auto_wrap_policy": "size_based_wrap", "min_num_params": 100}))
+    assert settings(fsdp=True, fsdp_config=str(config)) == fsdp.FsdpSettings(auto_wrap_policy="SIZE_BASED_WRAP", min_num_params=100)
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(fsdp=True, fsdp_config={"transformer_layer_cls_to_warp": "X"}), "did you mean 'transformer_layer_cls_to_wrap'"),
+    (dict(fsdp=True, fsdp_config={"backward_prefetch": "BACKWARD_PRE"}), "fsdp_config['backward_prefetch'] is an FSDP1 setting"),
+    (dict(fsdp=True, fsdp_config={"version": 1}), "must be 2"),
+    (dict(fsdp="hybrid_shard"), "'hybrid_shard' is an FSDP1 option"),
+    (dict(fsdp=True, fsdp_config={"state_dict_type": "SHARDED_STATE_DICT"}), "state_dict_type"),
+    (dict(fsdp=True, fsdp_config={"cpu_offload": "maybe"}), "fsdp_config['cpu_offload'] must be true or false"),
+    (dict(fsdp=True, fsdp_config="missing.json"), "neither a dict nor the path"),
+])
+def test_bad_settings_are_errors_naming_the_key(kwargs, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        settings(**kwargs)
+
+
+def test_blocks_are_the_models_no_split_modules_or_the_named_classes():
+    model = fsdp_worker.model()
+    layers = list(model.model.layers)
+    assert fsdp.find_blocks(model, fsdp.FsdpSettings()) == layers  # LlamaForCausalLM._no_split_modules
+    assert fsdp.find_blocks(model, fsdp.FsdpSettings(layer_classes=("LlamaMLP",))) == [layer.mlp for layer in layers]
+    assert fsdp.find_blocks(model, fsdp.FsdpSettings(auto_wrap_policy="NO_WRAP")) == []
+    with pytest.raises(ValueError, match="names \\['Block'\\], but LlamaForCausalLM has no module of that class"):
+        fsdp.find_blocks(model, fsdp.FsdpSettings(layer_classes=("Block",)))
+    # size based: innermost modules first; each parameter belongs to one unit
+    by_size = fsdp.find_blocks(model, fsdp.FsdpSettings(auto_wrap_policy="SIZE_BASED_WRAP", min_num_params=512))
+    assert by_size and all(sum(p.numel() for p in block.parameters()) >= 512 for block in by_size)
+    assert model.model.layers[0].mlp.gate_proj in by_size and model.model.layers[0] not in by_size
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def torchrun(tmp_path: Path, name: str, options: dict) -> dict:
+    result_file = tmp_path / f"{name}.json"
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(REPOSITORY))
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={free_port()}",
+               str(REPOSITORY / "tests" / "train" / "fsdp_worker.py"), str(tmp_path / name), str(result_file), json.dumps(options)]
+    completed = subprocess.run(command, env=env, capture_output=True, text=True, timeout=240, cwd=REPOSITORY)
+    assert completed.returncode == 0, completed.stderr[-4000:]
+    return json.loads(result_file.read_text())
+
+
+def assert_same_weights(ours: dict, theirs: dict) -> None:
+    assert sorted(ours) == sorted(theirs)
+    for name, weights in theirs.items():
+        torch.testing.assert_close(torch.tensor(ours[name]), torch.tensor(weights), atol=1e-6, rtol=0)
+
+
+@pytest.mark.slow
+def test_two_fsdp_ranks_train_like_one_process_with_twice_the_batch_and_resume_exactly(tmp_path):
+    single = fsdp_worker.run(str(tmp_path / "single"), {"batch": 4, "accumulation": 2})
+    options = {"batch": 2, "accumulation": 2, "fsdp": "full_shard", "fsdp_config": {"activation_checkpointing": True},
+               "save_strategy": "steps", "save_steps": 2}
+    sharded = torchrun(tmp_path, "sharded", options)
+    assert sharded["world_size"] == 2 and single["world_size"] == 1
+    assert len(sharded["losses"]) == len(single["losses"]) == 6
+    for ours, theirs in zip(sharded["losses"], single["losses"]):
+        assert ours == pytest.approx(theirs, abs=1e-6)
+    for ours, theirs in zip(sharded["grad_norms"], single["grad_norms"]):
+        assert ours == pytest.approx(theirs, abs=1e-6)
+    assert_same_weights(sharded["weights"], single["weights"])  # the full model.safetensors written by rank 0
+    assert sharded["from_pretrained"] is True
+    # 11 eval items do not split evenly over 2 ranks x batch 2; the repeated one is dropped
+    assert sharded["metrics"]["eval_loss"] == pytest.approx(single["metrics"]["eval_loss"], abs=1e-6)
+
+    # the step-2 checkpoint of 2 ranks (full weights, optimizer keyed as in one process, an RNG state per
+    # rank) resumed under 2 ranks, mid-epoch: the uninterrupted run's losses after step 2 and its final weights
+    checkpoint = tmp_path / "sharded" / "checkpoint-2"
+    assert {"model.safetensors", "optimizer.pt", "rng_state_0.pth", "rng_state_1.pth"} <= set(os.listdir(checkpoint))
+    resumed = torchrun(tmp_path, "resumed", {**options, "resume": str(checkpoint)})
+    assert resumed["losses"] == pytest.approx(sharded["losses"], abs=1e-6)  # steps 1-2 from the checkpoint's log history
+    assert_same_weights(resumed["weights"], sharded["weights"])
