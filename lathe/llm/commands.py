@@ -47,10 +47,14 @@ def run_train(config, dry_run: bool = False, callbacks: list | None = None) -> d
 def train_command(config_path: str, overrides: list[str], dry_run: bool = False, traceback: bool = False) -> int:
     """`lathe train CONFIG [key=value ...]`: print the resolved configuration and the plan, then train."""
     from lathe.llm.config import parse_train_config
+    from lathe.llm.launch import relaunch
     from lathe.llm.workflows.plan import format_config, print_once
 
     _setup_logging()
     try:
+        code = None if dry_run else relaunch(config_path, overrides)  # under torchrun when several processes are asked for
+        if code is not None:
+            return code
         config = parse_train_config(config_path, overrides)
         print_once(config, format_config(config))
         run_train(config, dry_run=dry_run)

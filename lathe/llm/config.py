@@ -273,7 +273,11 @@ def parse_train_config(source: str | Path | dict, overrides: list[str] | tuple[s
                 "finetuning": FinetuningArguments, "generating": GeneratingArguments}
     hints = {name: _field_hints(dtype) for name, dtype in sections.items()}
     known = {key: hint for section in hints.values() for key, hint in section.items()}
-    check_keys(raw, list(known), origin)
+    from lathe.llm.launch import LAUNCH_KEYS
+
+    check_keys(raw, list(known) + list(LAUNCH_KEYS), origin)
+    for key in LAUNCH_KEYS:  # read by lathe.llm.launch before this process started the ranks
+        raw.pop(key, None)
     for key in list(raw):
         try:
             raw[key] = coerce_value(key, raw[key], known[key], key in from_command_line)

@@ -1,0 +1,112 @@
+"""`lathe train` on several processes: the command relaunches itself under torchrun
+(`python -m torch.distributed.run`), as `llamafactory-cli train` does, and every rank then runs the
+same recipe (lathe.train runs DDP / FSDP2 under it; lathe.llm.data preprocesses on rank 0 first).
+
+When: FORCE_TORCHRUN=1, or more than one process per node asked for (`nproc_per_node` in the config or
+on the command line, else NPROC_PER_NODE), or several nodes (NNODES), or more than one CUDA device
+(as LLaMA-Factory). Where: NNODES, NODE_RANK, MASTER_ADDR, MASTER_PORT (or the config keys nnodes,
+node_rank, master_addr, master_port), LLaMA-Factory's names. Never inside a torchrun launch already.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import subprocess
+import sys
+
+from lathe.llm.config_values import parse_overrides, read_source
+
+logger = logging.getLogger(__name__)
+
+# config key -> environment variable (LLaMA-Factory's) and default
+LAUNCH_KEYS = {"nproc_per_node": "NPROC_PER_NODE", "nnodes": "NNODES", "node_rank": "NODE_RANK",
+               "master_addr": "MASTER_ADDR", "master_port": "MASTER_PORT"}
+
+
+def under_launcher() -> bool:
+    return "LOCAL_RANK" in os.environ or "TORCHELASTIC_RUN_ID" in os.environ
+
+
+def _truthy(value: str | None) -> bool:
+    return (value or "").strip().lower() in ("1", "true", "y", "yes")
+
+
+def launch_settings(config_path, overrides: list[str], environ=None, cuda_devices=None) -> dict | None:
+    """torchrun's settings when this `lathe train` must run on several processes, else None."""
+    environ = os.environ if environ is None else environ
+    if under_launcher():
+        return None
+    values, _ = read_source(config_path)
+    values.update(parse_overrides(overrides))
+    chosen = {key: values.get(key, environ.get(variable)) for key, variable in LAUNCH_KEYS.items()}
+    for key in ("nproc_per_node", "nnodes", "node_rank", "master_port"):
+        if chosen[key] is not None and not str(chosen[key]).isdigit():
+            raise ValueError(f"{key} (or {LAUNCH_KEYS[key]}) must be a whole number, got {chosen[key]!r}.")
+    if chosen["nproc_per_node"] is None:
+        devices = _cuda_devices() if cuda_devices is None else cuda_devices
+        chosen["nproc_per_node"] = max(devices, 1)
+    settings = {"nproc_per_node": int(chosen["nproc_per_node"]), "nnodes": int(chosen["nnodes"] or 1),
+                "node_rank": int(chosen["node_rank"] or 0), "master_addr": chosen["master_addr"] or "127.0.0.1",
+                "master_port": int(chosen["master_port"] or 0)}
+    if settings["nproc_per_node"] < 1:
+        raise ValueError(f"nproc_per_node must be at least 1, got {settings['nproc_per_node']}.")
+    if not (_truthy(environ.get("FORCE_TORCHRUN")) or settings["nproc_per_node"] > 1 or settings["nnodes"] > 1):
+        return None
+    if not settings["master_port"]:
+        if settings["nnodes"] > 1:
+            raise ValueError("Several nodes (NNODES > 1) need MASTER_ADDR and MASTER_PORT: every node must name the same.")
+        settings["master_port"] = _free_port()
+    return settings
+
+
+def torchrun_command(settings: dict, config_path, overrides: list[str]) -> list[str]:
+    return [sys.executable, "-m", "torch.distributed.run", f"--nnodes={settings['nnodes']}",
+            f"--node_rank={settings['node_rank']}", f"--nproc_per_node={settings['nproc_per_node']}",
+            f"--master_addr={settings['master_addr']}", f"--master_port={settings['master_port']}",
+            "-m", "lathe", "train", str(config_path), *without_launch_keys(overrides)]
+
+
+def without_launch_keys(overrides: list[str]) -> list[str]:
+    """The overrides the ranks get: the launch keys (`nproc_per_node=2`, `--nnodes 2`) are the launcher's."""
+    result, skip_value = [], False
+    for item in overrides:
+        if skip_value:
+            skip_value = False
+            if not item.startswith("--"):
+                continue
+        key = item.lstrip("-").split("=", 1)[0].replace("-", "_")
+        if key in LAUNCH_KEYS:
+            skip_value = item.startswith("--") and "=" not in item
+            continue
+        result.append(item)
+    return result
+
+
+def relaunch(config_path, overrides: list[str]) -> int | None:
+    """Run `lathe train` under torchrun when asked to; its exit code, or None to train in this process."""
+    settings = launch_settings(config_path, overrides)
+    if settings is None:
+        return None
+    command = torchrun_command(settings, config_path, overrides)
+    print(f"lathe train: {settings['nproc_per_node']} process(es) per node x {settings['nnodes']} node(s), "
+          f"rendezvous at {settings['master_addr']}:{settings['master_port']}", flush=True)
+    try:
+        return subprocess.run(command).returncode
+    except KeyboardInterrupt:  # torchrun got the same signal and stops its workers
+        return 130
+
+
+def _cuda_devices() -> int:
+    try:
+        import torch
+
+        return torch.cuda.device_count() if torch.cuda.is_available() else 0
+    except ImportError:
+        return 0
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]

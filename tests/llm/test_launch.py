@@ -1,0 +1,95 @@
+"""`lathe train` on several processes: when it relaunches itself under torchrun, with which settings
+(config keys and LLaMA-Factory's environment variables), and a real 2-process run of the quickstart."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from lathe.llm.config import parse_train_config
+from lathe.llm.launch import launch_settings, torchrun_command, without_launch_keys
+
+REPOSITORY = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+def config(tmp_path, write_yaml):
+    return write_yaml(tmp_path / "c.yaml", {"model_name_or_path": "m", "dataset": "d"})
+
+
+@pytest.fixture(autouse=True)
+def not_under_torchrun(monkeypatch):
+    for name in ("LOCAL_RANK", "TORCHELASTIC_RUN_ID"):
+        monkeypatch.delenv(name, raising=False)
+
+
+def test_one_process_unless_asked(config):
+    assert launch_settings(config, [], environ={}, cuda_devices=0) is None
+    assert launch_settings(config, [], environ={}, cuda_devices=1) is None
+
+
+def test_several_processes_from_the_config_the_command_line_or_the_environment(config, tmp_path, write_yaml):
+    settings = launch_settings(config, ["nproc_per_node=2"], environ={}, cuda_devices=0)
+    assert settings["nproc_per_node"] == 2 and settings["nnodes"] == 1 and settings["master_addr"] == "127.0.0.1"
+    assert 0 < settings["master_port"] < 65536
+    assert launch_settings(config, [], environ={"NPROC_PER_NODE": "3"}, cuda_devices=0)["nproc_per_node"] == 3
+    in_file = write_yaml(tmp_path / "d.yaml", {"model_name_or_path": "m", "nproc_per_node": 4})
+    assert launch_settings(in_file, [], environ={"NPROC_PER_NODE": "3"}, cuda_devices=0)["nproc_per_node"] == 4
+    assert launch_settings(config, [], environ={}, cuda_devices=2)["nproc_per_node"] == 2  # every GPU, as LLaMA-Factory
+    forced = launch_settings(config, [], environ={"FORCE_TORCHRUN": "1", "MASTER_PORT": "29511"}, cuda_devices=0)
+    assert forced["nproc_per_node"] == 1 and forced["master_port"] == 29511
+
+
+def test_multi_node_settings_and_errors(config):
+    environ = {"NNODES": "2", "NODE_RANK": "1", "MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "29500", "NPROC_PER_NODE": "8"}
+    assert launch_settings(config, [], environ=environ, cuda_devices=0) == {
+        "nproc_per_node": 8, "nnodes": 2, "node_rank": 1, "master_addr": "10.0.0.1", "master_port": 29500}
+    with pytest.raises(ValueError, match="MASTER_ADDR and MASTER_PORT"):
+        launch_settings(config, [], environ={"NNODES": "2"}, cuda_devices=0)
+    with pytest.raises(ValueError, match="nproc_per_node .*whole number"):
+        launch_settings(config, ["nproc_per_node=two"], environ={}, cuda_devices=0)
+
+
+def test_never_relaunches_inside_torchrun(config, monkeypatch):
+    monkeypatch.setenv("LOCAL_RANK", "0")
+    assert launch_settings(config, ["nproc_per_node=2"], environ={"FORCE_TORCHRUN": "1"}, cuda_devices=0) is None
+
+
+def test_the_ranks_get_the_config_without_the_launch_keys(config):
+    overrides = ["nproc_per_node=2", "--nnodes", "1", "learning_rate=1e-3", "--master-port=29500", "--seed", "3"]
+    assert without_launch_keys(overrides) == ["learning_rate=1e-3", "--seed", "3"]
+    command = torchrun_command({"nproc_per_node": 2, "nnodes": 1, "node_rank": 0, "master_addr": "127.0.0.1",
+                                "master_port": 29500}, config, overrides)
+    assert command[1:3] == ["-m", "torch.distributed.run"] and "--nproc_per_node=2" in command
+    assert command[-6:] == ["lathe", "train", config, "learning_rate=1e-3", "--seed", "3"]
+
+
+def test_launch_keys_are_accepted_by_the_config_parser(tiny_model_dir):
+    config = parse_train_config({"model_name_or_path": tiny_model_dir, "dataset": "d", "nproc_per_node": 2,
+                                 "master_port": 29500, "output_dir": "x"})
+    assert config.training.output_dir == "x"
+
+
+@pytest.mark.slow
+def test_lathe_train_on_two_processes(tmp_path):
+    """The quickstart config on 2 CPU processes: rank 0 preprocesses, both train, one model is saved."""
+    output_dir = tmp_path / "out"
+    env = dict(os.environ, NPROC_PER_NODE="2", OMP_NUM_THREADS="1", HOME=str(tmp_path / "home"), PYTHONPATH=str(REPOSITORY))
+    result = subprocess.run(
+        [sys.executable, "-m", "lathe", "train", "examples/quickstart.yaml", f"output_dir={output_dir}", "max_samples=256",
+         "max_steps=4", "do_predict=false", "logging_steps=1", "per_device_train_batch_size=8"],
+        cwd=REPOSITORY, env=env, capture_output=True, text=True, timeout=400)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "2 process(es) per node" in result.stdout
+    assert result.stdout.count("Plan: stage sft") == 1  # printed by rank 0 only
+    assert "16 examples per step = 8 per device x 1 accumulation x 2 process(es)" in result.stdout
+    # rank 0 tokenizes, rank 1 waits and loads rank 0's cache
+    assert result.stderr.count("Tokenizing the train split: 100%") == 1
+    assert "Tokenized dataset loaded from the cache" in result.stderr
+    assert (output_dir / "model.safetensors").is_file()
+    results = json.loads((output_dir / "train_results.json").read_text())
+    assert results["epoch"] > 0 and len([json.loads(line) for line in (output_dir / "trainer_log.jsonl").read_text().splitlines()]) >= 4
