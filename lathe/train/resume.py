@@ -191,10 +191,10 @@ class TrainerCheckpointing:
         scaler_file = os.path.join(path, ckpt.SCALER_NAME)
         if self.scaler is not None and os.path.isfile(scaler_file):
             self.scaler.load_state_dict(ckpt.safe_torch_load(scaler_file))
-        rng_file = os.path.join(path, ckpt.rng_file_name(args.process_index, args.world_size))
-        if not os.path.isfile(rng_file):
-            rng_file = os.path.join(path, "rng_state.pth")
-        self._pending_rng_state = ckpt.safe_torch_load(rng_file) if os.path.isfile(rng_file) else None
+        # This rank's stream; under a different number of processes than wrote it, one process's or rank 0's.
+        candidates = (ckpt.rng_file_name(args.process_index, args.world_size), "rng_state.pth", "rng_state_0.pth")
+        rng_file = next((os.path.join(path, name) for name in candidates if os.path.isfile(os.path.join(path, name))), None)
+        self._pending_rng_state = ckpt.safe_torch_load(rng_file) if rng_file is not None else None
         if self._pending_rng_state is None:
             logger.warning("Checkpoint %s has no RNG state; dropout and shuffling after resume will differ from the original run.", path)
         saved = TrainerState.load_from_json(os.path.join(path, ckpt.TRAINER_STATE_NAME))
@@ -227,6 +227,7 @@ class TrainerCheckpointing:
                     changed.append(f"{name}: {old[name]} -> {new_value}")
         if saved.train_batch_size is not None and saved.train_batch_size != self._train_batch_size:
             changed.append(f"train batch size: {saved.train_batch_size} -> {self._train_batch_size}")
+        changed = self._compare_process_counts(path, saved, changed)
         if saved.max_steps and saved.max_steps != plan.max_steps:
             changed.append(f"total steps: {saved.max_steps} -> {plan.max_steps} (dataset size or epochs changed?)")
         if changed:
@@ -234,6 +235,21 @@ class TrainerCheckpointing:
                 "Resuming from %s with settings that differ from the run that wrote it, so the result will not equal "
                 "the uninterrupted run: %s.", path, "; ".join(changed),
             )
+
+    def _compare_process_counts(self, path: str, saved: TrainerState, changed: list[str]) -> list[str]:
+        """A checkpoint resumes under another number of processes (DDP checkpoints and FSDP's gathered
+        ones hold full tensors). What must match is the global batch, per-device batch x processes: then
+        every update sees the samples the interrupted run's would have, and a changed per-device batch is
+        no news. RNG streams are per rank, so randomness (dropout) after resume differs either way."""
+        before = len([name for name in os.listdir(path) if name.startswith("rng_state_") and name.endswith(".pth")]) or 1
+        now = self.args.world_size
+        if before == now or saved.train_batch_size is None:
+            return changed
+        old_global, new_global = saved.train_batch_size * before, self._train_batch_size * now
+        if old_global == new_global:
+            logger.info("Checkpoint %s was written by %d processes, resumed under %d with the same global batch (%d).", path, before, now, new_global)
+            return [entry for entry in changed if not entry.startswith(("per_device_train_batch_size:", "train batch size:"))]
+        return changed + [f"processes: {before} -> {now}, so the global batch (per-device batch x processes) is {new_global}, was {old_global}"]
 
     def _restore_callback_states(self) -> None:
         saved = self.state.stateful_callbacks or {}

@@ -1,14 +1,26 @@
-"""A tiny LLaMA trained by the Trainer, run under torchrun with FSDP2 by tests/train/test_fsdp.py
-(and in-process, unsharded, for the one-process reference): writes the final weights, the logged
-losses and eval metrics as JSON from rank 0."""
+"""A tiny LLaMA trained by the Trainer, run under torchrun (with DDP, or FSDP2 when options say
+fsdp) by tests/train/test_fsdp.py and test_distributed_checkpoints.py, and in-process for the
+one-process reference: writes the final weights, the logged losses and eval metrics as JSON from rank 0."""
 from __future__ import annotations
 
 import json
+import os
 import sys
 
 import torch
 
-from lathe import Trainer, TrainingArguments
+from lathe import Trainer, TrainerCallback, TrainingArguments
+
+
+class DieAt(TrainerCallback):
+    """Rank 1 dies (no clean-up, as when killed) at the end of update `step`."""
+
+    def __init__(self, step: int):
+        self.step = step
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if state.global_step == self.step and args.process_index == 1:
+            os._exit(3)
 
 
 def model():
@@ -39,12 +51,14 @@ def arguments(output_dir: str, options: dict) -> TrainingArguments:
         max_steps=options.get("max_steps", -1), learning_rate=0.01, logging_steps=1, report_to="none", disable_tqdm=True,
         seed=3, use_cpu=True, dataloader_pin_memory=False, save_strategy=options.get("save_strategy", "no"),
         save_steps=options.get("save_steps", 500), fsdp=options.get("fsdp"), fsdp_config=options.get("fsdp_config"),
+        ddp_timeout=options.get("ddp_timeout", 1800),
     )
 
 
 def run(output_dir: str, options: dict) -> dict:
     args = arguments(output_dir, options)
-    trainer = Trainer(model=model(), args=args, train_dataset=dataset(24), eval_dataset=dataset(11))
+    callbacks = [DieAt(options["die_at_step"])] if "die_at_step" in options else []
+    trainer = Trainer(model=model(), args=args, train_dataset=dataset(24), eval_dataset=dataset(11), callbacks=callbacks)
     trainer.train(resume_from_checkpoint=options.get("resume"))
     metrics = trainer.evaluate()
     trainer.save_model(output_dir + "/final")  # under FSDP: gathered from the shards, written by rank 0

@@ -7,19 +7,13 @@ from __future__ import annotations
 import json
 import os
 import re
-import socket
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
-import torch
 
 from lathe import TrainingArguments
 from lathe.train import fsdp
 from tests.train import fsdp_worker
-
-REPOSITORY = Path(__file__).resolve().parents[2]
+from tests.train.torchrun_helpers import assert_same_weights, torchrun
 
 
 def settings(**kwargs):
@@ -64,28 +58,6 @@ def test_blocks_are_the_models_no_split_modules_or_the_named_classes():
     by_size = fsdp.find_blocks(model, fsdp.FsdpSettings(auto_wrap_policy="SIZE_BASED_WRAP", min_num_params=512))
     assert by_size and all(sum(p.numel() for p in block.parameters()) >= 512 for block in by_size)
     assert model.model.layers[0].mlp.gate_proj in by_size and model.model.layers[0] not in by_size
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def torchrun(tmp_path: Path, name: str, options: dict) -> dict:
-    result_file = tmp_path / f"{name}.json"
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(REPOSITORY))
-    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={free_port()}",
-               str(REPOSITORY / "tests" / "train" / "fsdp_worker.py"), str(tmp_path / name), str(result_file), json.dumps(options)]
-    completed = subprocess.run(command, env=env, capture_output=True, text=True, timeout=240, cwd=REPOSITORY)
-    assert completed.returncode == 0, completed.stderr[-4000:]
-    return json.loads(result_file.read_text())
-
-
-def assert_same_weights(ours: dict, theirs: dict) -> None:
-    assert sorted(ours) == sorted(theirs)
-    for name, weights in theirs.items():
-        torch.testing.assert_close(torch.tensor(ours[name]), torch.tensor(weights), atol=1e-6, rtol=0)
 
 
 @pytest.mark.slow

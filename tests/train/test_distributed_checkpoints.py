@@ -1,0 +1,69 @@
+"""Data and checkpoints under several processes: the sharded batch order, and a DDP run of 2 CPU
+ranks (gloo, torchrun) whose rank 1 dies: the run stops, its last checkpoint stays valid and resumes
+under 2 ranks and under 1."""
+from __future__ import annotations
+
+import logging
+import os
+
+import pytest
+
+from lathe.train import checkpoint as ckpt
+from lathe.train.data import EpochSampler, ResumableBatchSampler
+from tests.train import fsdp_worker
+from tests.train.torchrun_helpers import assert_same_weights, launch, torchrun
+
+
+def shard_batches(num_samples: int, batch_size: int, shards: int, seed: int, epoch: int, skip: int = 0) -> list[list[list[int]]]:
+    per_shard = []
+    for index in range(shards):
+        sampler = ResumableBatchSampler(EpochSampler(num_samples, seed=seed), batch_size, num_shards=shards, shard_index=index)
+        sampler.set_epoch(epoch)
+        sampler.skip_batches(skip)
+        per_shard.append(list(sampler))
+    return per_shard
+
+
+def test_shards_split_one_process_order_without_overlap_and_skip_per_rank():
+    one = shard_batches(22, 2, 1, seed=4, epoch=1)[0]  # 11 batches
+    two = shard_batches(22, 2, 2, seed=4, epoch=1)
+    # rank r takes global batches r, r + 2, ...: together one process's order, the last rank completed
+    # from the epoch's start (even batches), so only that repeated batch overlaps
+    assert two[0] == one[0::2] and two[1] == one[1::2] + [one[0]]
+    assert len(two[0]) == len(two[1]) == len(ResumableBatchSampler(EpochSampler(22), 2, num_shards=2)) == 6
+    # the order depends only on (seed, epoch): built again, the same; another epoch or seed, another
+    assert shard_batches(22, 2, 2, seed=4, epoch=1) == two
+    assert shard_batches(22, 2, 2, seed=4, epoch=2) != two and shard_batches(22, 2, 2, seed=5, epoch=1) != two
+    # resuming after 2 batches per rank skips exactly those on every rank
+    assert shard_batches(22, 2, 2, seed=4, epoch=1, skip=2) == [two[0][2:], two[1][2:]]
+
+
+@pytest.mark.slow
+def test_killed_ddp_run_resumes_under_two_ranks_and_under_one(tmp_path, caplog):
+    options = {"batch": 2, "accumulation": 2, "save_strategy": "steps", "save_steps": 2}
+    # rank 1 dies at step 3; rank 0 waits in the next collective until torchrun ends it (or ddp_timeout)
+    completed = launch(tmp_path, "killed", {**options, "die_at_step": 3, "ddp_timeout": 30}, timeout=120)
+    assert completed.returncode != 0
+    assert "exitcode  : 3" in completed.stderr and "fsdp_worker.py FAILED" in completed.stderr
+    output = tmp_path / "killed"
+    checkpoint = output / "checkpoint-2"
+    assert ckpt.get_last_checkpoint(str(output)) == str(checkpoint) and ckpt.is_complete_checkpoint(str(checkpoint))
+    files = set(os.listdir(checkpoint))
+    assert {"rng_state_0.pth", "rng_state_1.pth", "optimizer.pt", "model.safetensors"} <= files and "rng_state.pth" not in files
+    assert not (output / "final").exists()
+
+    # the uninterrupted run (one process with twice the batch trains what 2 ranks do: test_distributed.py)
+    whole = fsdp_worker.run(str(tmp_path / "whole"), {"batch": 4, "accumulation": 2})
+    resumed = torchrun(tmp_path, "resumed", {**options, "resume": str(checkpoint)})
+    assert resumed["losses"] == pytest.approx(whole["losses"], abs=1e-6)
+    assert_same_weights(resumed["weights"], whole["weights"])
+    # one process with twice the per-device batch has the same global batch: the same run
+    with caplog.at_level(logging.INFO, logger="lathe.train.resume"):
+        alone = fsdp_worker.run(str(tmp_path / "alone"), {"batch": 4, "accumulation": 2, "resume": str(checkpoint)})
+    assert_same_weights(alone["weights"], whole["weights"])
+    assert "written by 2 processes, resumed under 1 with the same global batch (4)" in caplog.text
+    assert "differ from the run" not in caplog.text
+    # the same per-device batch under 1 process halves the global batch: resumed, with a warning saying so
+    caplog.clear()
+    fsdp_worker.run(str(tmp_path / "halved"), {"batch": 2, "accumulation": 2, "resume": str(checkpoint), "epochs": 1})
+    assert "processes: 2 -> 1, so the global batch (per-device batch x processes) is 2, was 4" in caplog.text

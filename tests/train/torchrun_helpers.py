@@ -1,0 +1,40 @@
+"""Launching a test worker on 2 CPU processes with torchrun (gloo), on a free port, with a timeout."""
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+
+REPOSITORY = Path(__file__).resolve().parents[2]
+WORKER = REPOSITORY / "tests" / "train" / "fsdp_worker.py"
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def launch(tmp_path: Path, name: str, options: dict, timeout: int = 240) -> subprocess.CompletedProcess:
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(REPOSITORY))
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={free_port()}",
+               str(WORKER), str(tmp_path / name), str(tmp_path / f"{name}.json"), json.dumps(options)]
+    return subprocess.run(command, env=env, capture_output=True, text=True, timeout=timeout, cwd=REPOSITORY)
+
+
+def torchrun(tmp_path: Path, name: str, options: dict) -> dict:
+    """Run fsdp_worker.py under 2 processes; rank 0's result."""
+    completed = launch(tmp_path, name, options)
+    assert completed.returncode == 0, completed.stderr[-4000:]
+    return json.loads((tmp_path / f"{name}.json").read_text())
+
+
+def assert_same_weights(ours: dict, theirs: dict) -> None:
+    assert sorted(ours) == sorted(theirs)
+    for name, weights in theirs.items():
+        torch.testing.assert_close(torch.tensor(ours[name]), torch.tensor(weights), atol=1e-6, rtol=0)
