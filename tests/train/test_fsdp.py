@@ -81,6 +81,7 @@ def test_two_fsdp_ranks_train_like_one_process_with_twice_the_batch_and_resume_e
     # rank) resumed under 2 ranks, mid-epoch: the uninterrupted run's losses after step 2 and its final weights
     checkpoint = tmp_path / "sharded" / "checkpoint-2"
     assert {"model.safetensors", "optimizer.pt", "rng_state_0.pth", "rng_state_1.pth"} <= set(os.listdir(checkpoint))
-    resumed = torchrun(tmp_path, "resumed", {**options, "resume": str(checkpoint)})
+    # resumed with the parameters offloaded to CPU between uses (cpu_offload): the same numbers
+    resumed = torchrun(tmp_path, "resumed", {**options, "fsdp": "full_shard offload", "resume": str(checkpoint)})
     assert resumed["losses"] == pytest.approx(sharded["losses"], abs=1e-6)  # steps 1-2 from the checkpoint's log history
     assert_same_weights(resumed["weights"], sharded["weights"])
