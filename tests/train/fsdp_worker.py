@@ -51,7 +51,7 @@ def arguments(output_dir: str, options: dict) -> TrainingArguments:
         max_steps=options.get("max_steps", -1), learning_rate=0.01, logging_steps=1, report_to="none", disable_tqdm=True,
         seed=3, use_cpu=True, dataloader_pin_memory=False, save_strategy=options.get("save_strategy", "no"),
         save_steps=options.get("save_steps", 500), fsdp=options.get("fsdp"), fsdp_config=options.get("fsdp_config"),
-        ddp_timeout=options.get("ddp_timeout", 1800),
+        ddp_timeout=options.get("ddp_timeout", 1800), **options.get("ddp", {}),
     )
 
 
@@ -65,6 +65,10 @@ def run(output_dir: str, options: dict) -> dict:
     result = {"losses": [entry["loss"] for entry in trainer.state.log_history if "loss" in entry],
               "grad_norms": [entry["grad_norm"] for entry in trainer.state.log_history if "grad_norm" in entry],
               "metrics": metrics, "world_size": args.world_size, "rank": args.process_index}
+    wrapper = trainer.model_wrapped
+    if hasattr(wrapper, "bucket_bytes_cap"):  # DistributedDataParallel: the options it was built with
+        result["ddp"] = {"find_unused_parameters": wrapper.find_unused_parameters, "broadcast_buffers": wrapper.broadcast_buffers,
+                         "bucket_bytes_cap": wrapper.bucket_bytes_cap}
     if args.should_save:
         from safetensors.torch import load_file
         from transformers import LlamaForCausalLM

@@ -54,7 +54,9 @@ def test_killed_ddp_run_resumes_under_two_ranks_and_under_one(tmp_path, caplog):
 
     # the uninterrupted run (one process with twice the batch trains what 2 ranks do: test_distributed.py)
     whole = fsdp_worker.run(str(tmp_path / "whole"), {"batch": 4, "accumulation": 2})
-    resumed = torchrun(tmp_path, "resumed", {**options, "resume": str(checkpoint)})
+    ddp = {"ddp_find_unused_parameters": True, "ddp_bucket_cap_mb": 5, "ddp_broadcast_buffers": False}
+    resumed = torchrun(tmp_path, "resumed", {**options, "resume": str(checkpoint), "ddp": ddp})
+    assert resumed["ddp"] == {"find_unused_parameters": True, "broadcast_buffers": False, "bucket_bytes_cap": 5 * 1024 * 1024}
     assert resumed["losses"] == pytest.approx(whole["losses"], abs=1e-6)
     assert_same_weights(resumed["weights"], whole["weights"])
     # one process with twice the per-device batch has the same global batch: the same run
