@@ -48,6 +48,10 @@ def settings_from_args(args) -> FsdpSettings | None:
     value is an error naming it and what is expected."""
     if not args.fsdp:
         return None
+    if args.save_on_each_node:
+        raise ValueError("save_on_each_node=True cannot be used with fsdp: the full weights and optimizer state are gathered to "
+                         "the first process only, so only its node can write checkpoints. Save to a filesystem every node "
+                         "shares (save_on_each_node=False), or train with DDP.")
     config = _read_config(args.fsdp_config)
     options = {}
     if isinstance(args.fsdp, str) and args.fsdp.strip().lower() not in ("true", "1"):

@@ -40,6 +40,7 @@ def test_settings_read_like_transformers(tmp_path):
     (dict(fsdp=True, fsdp_config={"state_dict_type": "SHARDED_STATE_DICT"}), "state_dict_type"),
     (dict(fsdp=True, fsdp_config={"cpu_offload": "maybe"}), "fsdp_config['cpu_offload'] must be true or false"),
     (dict(fsdp=True, fsdp_config="missing.json"), "neither a dict nor the path"),
+    (dict(fsdp=True, save_on_each_node=True), "save_on_each_node=True cannot be used with fsdp"),
 ])
 def test_bad_settings_are_errors_naming_the_key(kwargs, message):
     with pytest.raises(ValueError, match=re.escape(message)):
