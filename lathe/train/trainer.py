@@ -310,7 +310,7 @@ class Trainer(TrainerSteps, TrainerDataLoaders, TrainerCheckpointing, TrainerEva
             self._load_best_model()
         from lathe.train.evaluation import speed_metrics
 
-        samples_run = steps_run * self._train_batch_size * args.gradient_accumulation_steps
+        samples_run = steps_run * self._train_batch_size * args.gradient_accumulation_steps * args.world_size  # all ranks, as transformers
         metrics = speed_metrics("train", self._start_time, num_samples=samples_run, num_steps=steps_run)
         self.store_flos()
         metrics["total_flos"] = state.total_flos
