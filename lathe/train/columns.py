@@ -28,9 +28,10 @@ def is_datasets_dataset(dataset) -> bool:
 def signature_columns(model, label_names: Sequence[str] | None = None) -> list[str]:
     """The columns model.forward can take: its parameter names, plus "label", "label_ids" (the
     default collator renames those to "labels") and the Trainer's label_names."""
-    if hasattr(model, "peft_config"):
-        # A PEFT wrapper's forward is (*args, **kwargs); the base model's signature is the real one.
-        model = model.get_base_model() if hasattr(model, "get_base_model") else model.base_model.model
+    if hasattr(model, "get_base_model"):
+        # A PEFT wrapper's forward is (*args, **kwargs); the base model's signature is the real one. (The
+        # base model has a peft_config too, so that attribute does not tell the wrapper from what it wraps.)
+        model = model.get_base_model()
     parameters = list(inspect.signature(model.forward).parameters)
     return list(dict.fromkeys(parameters + ["label", "label_ids"] + list(label_names or [])))
 

@@ -245,3 +245,19 @@ def load_state(model, weights: dict, optimizer=None, optimizer_state: dict | Non
     set_optimizer_state_dict(model, optimizer, by_name, options=_options(broadcast_from_rank0=True))
     return incompatible
 
+
+
+def adapter_weights_by_name(model, folder: str) -> dict:
+    """A PEFT checkpoint's adapter_model.safetensors keyed by the wrapped model's parameter names: PEFT
+    drops the adapter's name from its file (lora_A.weight for lora_A.default.weight), and the
+    state-dict loading above needs the model's names."""
+    from safetensors.torch import load_file
+
+    adapter = getattr(model, "active_adapter", "default")
+    by_file_name = {name.replace(f".{adapter}.", "."): name for name in model.state_dict()}
+    saved = load_file(os.path.join(folder, "adapter_model.safetensors"))
+    unknown = [name for name in saved if name not in by_file_name]
+    if unknown:
+        raise ValueError(f"{folder}: adapter weights {unknown[:5]} match no parameter of {type(model).__name__} "
+                         f"(adapter {adapter!r}): the checkpoint was written for another model or adapter.")
+    return {by_file_name[name]: tensor for name, tensor in saved.items()}

@@ -146,10 +146,14 @@ class TrainerCheckpointing:
                 self.optimizer.load_state_dict(ckpt.safe_torch_load(optimizer_file, map_location=self.args.device))
             return
         first = self.args.process_index == 0
-        weights = ckpt.read_model_weights(path) if first else {}
+        adapter = os.path.isfile(os.path.join(path, ckpt.ADAPTER_WEIGHTS_NAME)) and hasattr(self.model, "load_adapter")
+        weights = {}
+        if first:
+            weights = fsdp.adapter_weights_by_name(self.model, path) if adapter else ckpt.read_model_weights(path)
         optimizer_state = ckpt.safe_torch_load(optimizer_file) if first and optimizer_file is not None else {}
         missing, unexpected = fsdp.load_state(self.model, weights, self.optimizer if optimizer_file else None, optimizer_state)
-        ckpt.check_missing(self.model, missing, unexpected, path, strict=True)
+        if not adapter:  # an adapter checkpoint leaves the (frozen) base weights as they are
+            ckpt.check_missing(self.model, missing, unexpected, path, strict=True)
 
     # ----- resuming -----
 

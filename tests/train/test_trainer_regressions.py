@@ -46,3 +46,16 @@ def test_an_iterable_dataset_that_yields_nothing_stops_instead_of_looping_foreve
     ''')
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd="/work/main")
     assert "global_step 0" in result.stdout
+
+
+def test_a_peft_model_keeps_its_base_models_columns(tmp_path):
+    # The base model of a PEFT wrapper carries a peft_config too; unwrapping it a second time failed
+    # ('LlamaModel' object has no attribute 'model') before any batch was built.
+    from peft import LoraConfig, get_peft_model
+
+    from lathe import Trainer
+
+    model = get_peft_model(tiny_llama(), LoraConfig(task_type="CAUSAL_LM", r=2, target_modules=["q_proj"]))
+    items = [{"input_ids": [1, 2, 3], "labels": [1, 2, 3], "attention_mask": [1, 1, 1], "note": "x"}] * 2
+    trainer = Trainer(model=model, args=training_args(tmp_path), train_dataset=items, data_collator=lambda rows: rows)
+    assert sorted(next(iter(trainer.get_train_dataloader()))[0]) == ["attention_mask", "input_ids", "labels"]
