@@ -20,10 +20,11 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def launch(tmp_path: Path, name: str, options: dict, timeout: int = 240) -> subprocess.CompletedProcess:
+def launch(tmp_path: Path, name: str, options: dict, timeout: int = 240, worker: Path = WORKER) -> subprocess.CompletedProcess:
+    """torchrun `worker` (argv: output folder, result file, options as JSON) on 2 processes."""
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(REPOSITORY))
     command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={free_port()}",
-               str(WORKER), str(tmp_path / name), str(tmp_path / f"{name}.json"), json.dumps(options)]
+               str(worker), str(tmp_path / name), str(tmp_path / f"{name}.json"), json.dumps(options)]
     return subprocess.run(command, env=env, capture_output=True, text=True, timeout=timeout, cwd=REPOSITORY)
 
 
@@ -38,3 +39,11 @@ def assert_same_weights(ours: dict, theirs: dict) -> None:
     assert sorted(ours) == sorted(theirs)
     for name, weights in theirs.items():
         torch.testing.assert_close(torch.tensor(ours[name]), torch.tensor(weights), atol=1e-6, rtol=0)
+
+
+def worker_main(run) -> None:
+    """A worker script's entry point: run(output_dir, options) on every rank; rank 0 writes the result."""
+    output_dir, result_file, options = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
+    result = run(output_dir, options)
+    if result["rank"] == 0:
+        Path(result_file).write_text(json.dumps(result))
