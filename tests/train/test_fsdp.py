@@ -87,6 +87,10 @@ def test_two_fsdp_ranks_train_like_one_process_with_twice_the_batch_and_resume_e
     resumed = torchrun(tmp_path, "resumed", {**options, "fsdp": "full_shard offload", "resume": str(checkpoint)})
     assert resumed["losses"] == pytest.approx(sharded["losses"], abs=1e-6)  # steps 1-2 from the checkpoint's log history
     assert_same_weights(resumed["weights"], sharded["weights"])
+    # the same checkpoint resumed by one process, unsharded (twice the batch: the same global batch)
+    alone = fsdp_worker.run(str(tmp_path / "alone"), {"batch": 4, "accumulation": 2, "resume": str(checkpoint)})
+    assert alone["losses"] == pytest.approx(single["losses"], abs=1e-6)
+    assert_same_weights(alone["weights"], single["weights"])
 
 
 def test_a_peft_checkpoint_maps_to_the_wrapped_models_parameter_names(tmp_path):
