@@ -211,7 +211,8 @@ def gather_state(model, optimizer=None) -> tuple[dict, dict | None]:
     param_groups order), so its optimizer.pt resumes under any number of processes, sharded or not."""
     from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
 
-    weights = get_model_state_dict(model, options=_options())
+    # Tied weights come back as separate full copies; keep one name, as a single process's save does.
+    weights = {name: tensor for name, tensor in get_model_state_dict(model, options=_options()).items() if name not in tied_aliases(model)}
     if optimizer is None:
         return weights, None
     by_name = get_optimizer_state_dict(model, optimizer, options=_options())
@@ -222,14 +223,21 @@ def gather_state(model, optimizer=None) -> tuple[dict, dict | None]:
                      "param_groups": [{**group, "params": [index[name] for name in group["params"]]} for group in by_name["param_groups"]]}
 
 
+def tied_aliases(model) -> set[str]:
+    """The second and later names of parameters shared between modules (tied embeddings)."""
+    return {name for name, _ in model.named_parameters(remove_duplicate=False)} - {name for name, _ in model.named_parameters()}
+
+
 def load_state(model, weights: dict, optimizer=None, optimizer_state: dict | None = None):
     """Rank 0's full weights (and optimizer state as gather_state writes it, or as one process saves
     it) into the sharded model and its optimizer; the other ranks pass empty dicts and receive theirs
-    by broadcast. Returns the (missing, unexpected) weight names."""
+    by broadcast. Returns the (missing, unexpected) weight names; tied aliases are not missing."""
     from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_optimizer_state_dict
 
     # strict=False: transformers leaves tied weights out of its files; the caller checks what is missing.
     incompatible = set_model_state_dict(model, weights, options=_options(broadcast_from_rank0=True, strict=False))
+    aliases = tied_aliases(model)
+    incompatible = ([name for name in incompatible[0] if name not in aliases], list(incompatible[1]))
     if optimizer is None:
         return incompatible
     by_name = {}
