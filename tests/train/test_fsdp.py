@@ -110,3 +110,12 @@ def test_a_peft_checkpoint_maps_to_the_wrapped_models_parameter_names(tmp_path):
     other = get_peft_model(fsdp_worker.model(), LoraConfig(task_type="CAUSAL_LM", r=4, target_modules=["k_proj"]))
     with pytest.raises(ValueError, match="match no parameter of PeftModelForCausalLM"):
         fsdp.adapter_weights_by_name(other, str(tmp_path))
+
+
+def test_tied_weights_are_saved_under_one_name():
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    tied = LlamaForCausalLM(LlamaConfig(vocab_size=32, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                                        num_attention_heads=2, tie_word_embeddings=True))
+    assert fsdp.tied_aliases(tied) == {"lm_head.weight"}
+    assert fsdp.tied_aliases(fsdp_worker.model()) == set()
