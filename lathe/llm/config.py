@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from lathe.llm.config_keys import SUPPORTED_FINETUNING_TYPES, SUPPORTED_STAGES
-from lathe.llm.config_values import check_keys, coerce_value, parse_overrides, read_source, split_commas
+from lathe.llm.config_values import RawConfig, build_sections, check_keys, parse_overrides, split_commas
 
 __all__ = [
     "DataArguments",
@@ -261,14 +261,8 @@ def parse_train_config(source: str | Path | dict, overrides: list[str] | tuple[s
 
     Precedence: dataclass defaults < file < overrides. `do_train` defaults to True.
     """
-    values, path = read_source(source)
-    where = f" (in {path})" if path else ""
-    from_command_line = parse_overrides(overrides)
-    raw = {**values, **from_command_line}
-
-    def origin(key: str) -> str:
-        return " (command line)" if key in from_command_line else where
-
+    config_input = RawConfig(source, overrides)
+    raw, origin, where, path = config_input.values, config_input.origin, config_input.where, config_input.path
     sections = {"model": ModelArguments, "data": DataArguments, "training": _training_arguments_class(),
                 "finetuning": FinetuningArguments, "generating": GeneratingArguments}
     hints = {name: _field_hints(dtype) for name, dtype in sections.items()}
@@ -278,23 +272,14 @@ def parse_train_config(source: str | Path | dict, overrides: list[str] | tuple[s
     check_keys(raw, list(known) + list(LAUNCH_KEYS), origin)
     for key in LAUNCH_KEYS:  # read by lathe.llm.launch before this process started the ranks
         raw.pop(key, None)
-    for key in list(raw):
-        try:
-            raw[key] = coerce_value(key, raw[key], known[key], key in from_command_line)
-        except ValueError as error:
-            raise ValueError(f"{error}{origin(key)}") from None
+    config_input.coerce(known)
 
     _check_stage(raw, origin)
     raw.setdefault("do_train", True)
     overwrite_output_dir = bool(raw.pop("overwrite_output_dir", False))
     _fill_training_defaults(raw)
 
-    built = {}
-    for name, dtype in sections.items():
-        try:
-            built[name] = dtype(**{key: value for key, value in raw.items() if key in hints[name]})
-        except (TypeError, ValueError) as error:
-            raise ValueError(f"{error}{where}") from None
+    built = build_sections(raw, sections, hints, where)
     training = built["training"]
     # lathe's TrainingArguments ignores this transformers-4 key; LLaMA-Factory reads it to decide
     # whether an existing output_dir is resumed (see lathe.llm.workflows) or overwritten.

@@ -12,7 +12,7 @@ from typing import Any, Literal, Union
 
 from lathe.llm.config_keys import UNSUPPORTED_KEYS
 
-__all__ = ["read_source", "parse_overrides", "check_keys", "coerce_value", "split_commas"]
+__all__ = ["read_source", "parse_overrides", "check_keys", "coerce_value", "split_commas", "RawConfig", "build_sections"]
 
 NULL_WORDS = ("null", "None", "~")
 # YAML 1.1 reads an unquoted `no` as False; these fields take the string "no".
@@ -51,6 +51,38 @@ def read_source(source: str | Path | dict) -> tuple[dict[str, Any], str | None]:
     if not isinstance(data, dict):
         raise ValueError(f"{path} must hold a mapping of keys to values (like `stage: sft`), not a {type(data).__name__}.")
     return {str(key): value for key, value in data.items()}, str(path)
+
+
+class RawConfig:
+    """A config file's values with the command-line overrides on top, and where each key came from."""
+
+    def __init__(self, source: str | Path | dict, overrides: list[str] | tuple[str, ...] = ()):
+        file_values, self.path = read_source(source)
+        self.from_command_line = parse_overrides(overrides)
+        self.values = {**file_values, **self.from_command_line}
+        self.where = f" (in {self.path})" if self.path else ""
+
+    def origin(self, key: str) -> str:
+        return " (command line)" if key in self.from_command_line else self.where
+
+    def coerce(self, known: dict[str, Any]) -> None:
+        """Convert every value to its field's type (`known`: key -> type hint), naming the key on error."""
+        for key in list(self.values):
+            try:
+                self.values[key] = coerce_value(key, self.values[key], known[key], key in self.from_command_line)
+            except ValueError as error:
+                raise ValueError(f"{error}{self.origin(key)}") from None
+
+
+def build_sections(values: dict[str, Any], sections: dict[str, type], hints: dict[str, dict], where: str) -> dict[str, Any]:
+    """One dataclass per section from the keys that belong to it; their own checks name the file."""
+    built = {}
+    for name, dtype in sections.items():
+        try:
+            built[name] = dtype(**{key: value for key, value in values.items() if key in hints[name]})
+        except (TypeError, ValueError) as error:
+            raise ValueError(f"{error}{where}") from None
+    return built
 
 
 def parse_overrides(overrides: list[str] | tuple[str, ...]) -> dict[str, str]:

@@ -15,7 +15,7 @@ from typing import Any, Literal
 
 from lathe.llm.config import DataArguments, FinetuningArguments, GeneratingArguments, ModelArguments, _field_hints
 from lathe.llm.config_keys import UNSUPPORTED_KEYS
-from lathe.llm.config_values import check_keys, coerce_value, parse_overrides, read_source
+from lathe.llm.config_values import RawConfig, build_sections, check_keys
 
 __all__ = ["ExportArguments", "InferConfig", "parse_infer_config"]
 
@@ -76,34 +76,20 @@ def _training_key_hints(command: str) -> dict[str, str]:
     keys |= {f.name for f in dataclasses.fields(_training_arguments_class()) if f.init}
     return {key: message for key in keys}
 
+
 def parse_infer_config(source: str | Path | dict, overrides: list[str] | tuple[str, ...] = (), command: str = "chat") -> InferConfig:
     """A LLaMA-Factory inference/export config (file or dict) plus `key=value` overrides."""
-    values, path = read_source(source)
-    where = f" (in {path})" if path else ""
-    from_command_line = parse_overrides(overrides)
-    raw = {**values, **from_command_line}
-
-    def origin(key: str) -> str:
-        return " (command line)" if key in from_command_line else where
-
+    config_input = RawConfig(source, overrides)
+    raw, where = config_input.values, config_input.where
     hints = {name: _field_hints(dtype) for name, dtype in _SECTIONS.items()}
     known = {key: hint for name, section in hints.items() for key, hint in section.items()
              if key not in _TRAINING_ONLY.get(name, ())}
     unsupported = {key: value for key, value in UNSUPPORTED_KEYS.items() if key not in _SUPPORTED_EXPORT_KEYS}
-    check_keys(raw, list(known), origin, hints=_training_key_hints(command), unsupported=unsupported)
-    for key in list(raw):
-        try:
-            raw[key] = coerce_value(key, raw[key], known[key], key in from_command_line)
-        except ValueError as error:
-            raise ValueError(f"{error}{origin(key)}") from None
-
-    built = {}
-    for name, dtype in _SECTIONS.items():
-        try:
-            built[name] = dtype(**{key: value for key, value in raw.items() if key in hints[name]})
-        except (TypeError, ValueError) as error:
-            raise ValueError(f"{error}{where}") from None
-    config = InferConfig(built["model"], built["data"], built["finetuning"], built["generating"], built["export"], source=path)
+    check_keys(raw, list(known), config_input.origin, hints=_training_key_hints(command), unsupported=unsupported)
+    config_input.coerce(known)
+    built = build_sections(raw, _SECTIONS, hints, where)
+    config = InferConfig(built["model"], built["data"], built["finetuning"], built["generating"], built["export"],
+                         source=config_input.path)
     if config.model.adapter_name_or_path and config.finetuning.finetuning_type != "lora":
         raise ValueError(f"adapter_name_or_path{where} needs finetuning_type: lora (got {config.finetuning.finetuning_type!r}).")
     return config
