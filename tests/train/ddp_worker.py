@@ -2,9 +2,6 @@
 one-process reference): writes the final weights, the logged losses and eval metrics as JSON."""
 from __future__ import annotations
 
-import json
-import sys
-
 import torch
 from torch import nn
 
@@ -65,8 +62,6 @@ def run(output_dir: str, options: dict) -> dict:
 
 
 if __name__ == "__main__":
-    output_dir, result_file, options = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
-    result = run(output_dir, options)
-    if result["rank"] == 0:
-        with open(result_file, "w") as f:
-            json.dump(result, f)
+    from tests.train.torchrun_helpers import worker_main
+
+    worker_main(run)

@@ -3,35 +3,20 @@ batch: equal losses and final weights; evaluation metrics equal one process's.""
 from __future__ import annotations
 
 import json
-import os
-import socket
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 
 from tests.train import ddp_worker
+from tests.train.torchrun_helpers import REPOSITORY, launch
 
 pytestmark = pytest.mark.slow
-REPOSITORY = Path(__file__).resolve().parents[2]
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def torchrun(tmp_path: Path, options: dict, processes: int = 2) -> dict:
-    result_file = tmp_path / "result.json"
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(REPOSITORY))
-    command = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={processes}", f"--master_port={free_port()}",
-               str(REPOSITORY / "tests" / "train" / "ddp_worker.py"), str(tmp_path / "out"), str(result_file), json.dumps(options)]
-    completed = subprocess.run(command, env=env, capture_output=True, text=True, timeout=240, cwd=REPOSITORY)
+def torchrun(tmp_path, options: dict) -> dict:
+    completed = launch(tmp_path, "ranks", options, worker=REPOSITORY / "tests" / "train" / "ddp_worker.py")
     assert completed.returncode == 0, completed.stderr[-3000:]
-    return json.loads(result_file.read_text())
+    return json.loads((tmp_path / "ranks.json").read_text())
 
 
 def assert_same_training(single: dict, ranks: dict) -> None:
