@@ -231,3 +231,37 @@ def test_lathe_api_command_line_serves_with_a_key(tiny_model_dir, tmp_path, writ
     finally:
         process.terminate()
         process.wait(timeout=30)
+
+
+def test_a_reply_in_the_tool_call_format_comes_back_as_tool_calls(client, engine, monkeypatch):
+    tools = [{"type": "function", "function": {"name": "get_weather", "description": "Weather of a city",
+                                               "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}]
+    real = engine.generator.generate
+
+    def answers_with_a_call(sequences):
+        for sequence in sequences:  # what a model trained on the template's tool format writes
+            sequence.text, sequence.finish_reason, sequence.completion_tokens = (
+                'Action: get_weather\nAction Input: {"city": "Paris"}', "stop", 12)
+        return sequences
+
+    monkeypatch.setattr(engine.generator, "generate", answers_with_a_call)
+    monkeypatch.setattr(engine, "context_length", 1024)  # the tool description is longer than the tiny model's 256
+    try:
+        messages = [{"role": "user", "content": "Weather in Paris?"}]
+        response = client.chat.completions.create(model="tiny", messages=messages, tools=tools)
+        choice = response.choices[0]
+        assert choice.finish_reason == "tool_calls" and choice.message.content is None
+        call = choice.message.tool_calls[0]
+        assert call.type == "function" and call.function.name == "get_weather"
+        assert json.loads(call.function.arguments) == {"city": "Paris"}
+        # the result goes back as a tool message, rendered through the template's observation slot
+        followup = messages + [{"role": "assistant", "content": None, "tool_calls": [call.model_dump()]},
+                               {"role": "tool", "tool_call_id": call.id, "content": "18 C, sunny"}]
+        assert client.chat.completions.create(model="tiny", messages=followup, tools=tools).choices[0].finish_reason == "tool_calls"
+        plain = client.chat.completions.create(model="tiny", messages=messages)  # no tools offered: plain text
+        assert plain.choices[0].message.content.startswith("Action: get_weather")
+        with pytest.raises(openai.BadRequestError, match="stream"):
+            client.chat.completions.create(model="tiny", messages=messages, tools=tools, stream=True)
+    finally:
+        monkeypatch.setattr(engine.generator, "generate", real)
+        monkeypatch.undo()

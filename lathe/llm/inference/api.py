@@ -98,7 +98,8 @@ def create_app(engine: ChatEngine, model_name: str, api_key: str | None = None, 
             status = 413 if error.code == "request_too_large" else 400
             return fail(status, str(error), param=error.param, code=error.code)
         run = _Run(engine, prompt_ids, parsed, asyncio.get_running_loop())
-        reply = _Reply(kind, model_name, len(prompt_ids), parsed.n)
+        reply = _Reply(kind, model_name, len(prompt_ids), parsed.n,
+                       extract_tool=engine.template.extract_tool if parsed.with_tools else None)
         if parsed.stream:
             return StreamingResponse(reply.stream(run, parsed.include_usage), media_type="text/event-stream")
         return await reply.whole(run)
@@ -145,8 +146,9 @@ def _copy_params(params, index: int):
 
 
 class _Reply:
-    def __init__(self, kind: str, model_name: str, prompt_tokens: int, n: int):
+    def __init__(self, kind: str, model_name: str, prompt_tokens: int, n: int, extract_tool=None):
         self.kind, self.model, self.prompt_tokens, self.n = kind, model_name, prompt_tokens, n
+        self.extract_tool = extract_tool  # the template's tool-call parser, when the request offered tools
         self.id = ("chatcmpl-" if kind == "chat" else "cmpl-") + uuid.uuid4().hex
         self.created = int(time.time())
         self.object = "chat.completion" if kind == "chat" else "text_completion"
@@ -169,11 +171,19 @@ class _Reply:
             sequence = finished[index]
             used += sequence.completion_tokens
             if self.kind == "chat":
-                choices.append({"index": index, "message": {"role": "assistant", "content": sequence.text},
-                                "finish_reason": sequence.finish_reason, "logprobs": None})
+                choices.append({"index": index, **self._message(sequence), "logprobs": None})
             else:
                 choices.append({"index": index, "text": sequence.text, "finish_reason": sequence.finish_reason, "logprobs": None})
         return self._envelope(choices, usage=self.usage(used))
+
+    def _message(self, sequence) -> dict:
+        """The assistant message; a reply in the template's tool-call format becomes OpenAI tool_calls."""
+        calls = self.extract_tool(sequence.text) if self.extract_tool is not None else sequence.text
+        if isinstance(calls, str) or not calls:
+            return {"message": {"role": "assistant", "content": sequence.text}, "finish_reason": sequence.finish_reason}
+        tool_calls = [{"id": "call_" + uuid.uuid4().hex[:24], "type": "function",
+                       "function": {"name": call.name, "arguments": call.arguments}} for call in calls]
+        return {"message": {"role": "assistant", "content": None, "tool_calls": tool_calls}, "finish_reason": "tool_calls"}
 
     async def stream(self, run: _Run, include_usage: bool):
         def event(payload: dict) -> str:

@@ -54,6 +54,7 @@ class ParsedRequest:
     n: int
     stream: bool
     include_usage: bool
+    with_tools: bool = False  # tools were offered: a reply in the template's tool-call format is a tool call
 
 
 def parse_common(body: dict, engine, limits: Limits) -> ParsedRequest:
@@ -101,6 +102,10 @@ def parse_chat(body: dict, engine, limits: Limits) -> tuple[list[int], ParsedReq
     if tools is not None and not isinstance(tools, list):
         raise InvalidRequest("tools must be a list of tool definitions.", param="tools")
     functions = [tool.get("function", tool) for tool in tools or [] if isinstance(tool, dict)]
+    if functions and parsed.stream:
+        # a reply is known to be a tool call only once it is complete (as LLaMA-Factory, which refuses too)
+        raise InvalidRequest("stream: true with tools is not supported: ask without streaming.", param="stream")
+    parsed.with_tools = bool(functions)
     prompt_ids = engine.chat_prompt(body.get("messages"), tools=functions or None)
     engine.check_length(prompt_ids, parsed.params)
     return prompt_ids, parsed
