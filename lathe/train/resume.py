@@ -10,6 +10,7 @@ import os
 import torch
 
 from lathe.train import checkpoint as ckpt
+from lathe.train import weights as weights_io
 from lathe.train import fsdp, runtime, snapshot
 from lathe.train.evaluation import is_better
 from lathe.train.state import ExportableState, TrainerState
@@ -38,7 +39,7 @@ class TrainerCheckpointing:
         elif not self.args.should_save:
             return
         os.makedirs(output_dir, exist_ok=True)
-        ckpt.save_model_weights(self.model, output_dir, state_dict=weights)
+        weights_io.save_model_weights(self.model, output_dir, state_dict=weights)
         self._save_processing_class(output_dir)
         torch.save(self.args, os.path.join(output_dir, ckpt.TRAINING_ARGS_NAME))
         with open(os.path.join(output_dir, ckpt.TRAINING_ARGS_JSON), "w", encoding="utf-8") as f:
@@ -141,7 +142,7 @@ class TrainerCheckpointing:
         reads the full tensors and every rank receives its shards, so a checkpoint written by any
         number of processes (or one) loads under any other."""
         if not fsdp.is_sharded(self.model):
-            ckpt.load_model_weights(self.model, path)
+            weights_io.load_model_weights(self.model, path)
             if optimizer_file is not None:
                 self.optimizer.load_state_dict(ckpt.safe_torch_load(optimizer_file, map_location=self.args.device))
             return
@@ -149,11 +150,11 @@ class TrainerCheckpointing:
         adapter = os.path.isfile(os.path.join(path, ckpt.ADAPTER_WEIGHTS_NAME)) and hasattr(self.model, "load_adapter")
         weights = {}
         if first:
-            weights = fsdp.adapter_weights_by_name(self.model, path) if adapter else ckpt.read_model_weights(path)
+            weights = fsdp.adapter_weights_by_name(self.model, path) if adapter else weights_io.read_model_weights(path)
         optimizer_state = ckpt.safe_torch_load(optimizer_file) if first and optimizer_file is not None else {}
         missing, unexpected = fsdp.load_state(self.model, weights, self.optimizer if optimizer_file else None, optimizer_state)
         if not adapter:  # an adapter checkpoint leaves the (frozen) base weights as they are
-            ckpt.check_missing(self.model, missing, unexpected, path, strict=True)
+            weights_io.check_missing(self.model, missing, unexpected, path, strict=True)
 
     # ----- resuming -----
 

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import torch
 
 from lathe.train import checkpoint as ckpt
+from lathe.train import weights as weights_io
 from lathe.train.seed import capture_rng_state
 
 logger = logging.getLogger(__name__)
@@ -44,7 +45,7 @@ class CheckpointContents:
         """Write into `folder` (the staging folder), in the order of a transformers save. The
         processing class is not here: the loop saves it, since the loop may be using it (padding)."""
         if self.model_state is not None:
-            ckpt.save_model_weights(model, folder, state_dict=self.model_state)
+            weights_io.save_model_weights(model, folder, state_dict=self.model_state)
             torch.save(self.args, os.path.join(folder, ckpt.TRAINING_ARGS_NAME))
             with open(os.path.join(folder, ckpt.TRAINING_ARGS_JSON), "w", encoding="utf-8") as f:
                 f.write(self.args.to_json_string())

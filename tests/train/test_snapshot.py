@@ -15,6 +15,7 @@ from torch import nn
 
 from lathe import Trainer, TrainingArguments
 from lathe.train import checkpoint as ckpt
+from lathe.train import weights as weights_io
 from lathe.train import snapshot
 from tests.train import crash_worker
 
@@ -127,7 +128,7 @@ def test_tied_weights_saved_from_a_copy_are_stored_once_and_load_back(tmp_path):
     saved = load_file(str(tmp_path / "out" / "checkpoint-2" / ckpt.WEIGHTS_NAME))
     assert len([k for k in saved if k in ("embed.weight", "head.weight")]) == 1
     fresh = Tied()
-    ckpt.load_model_weights(fresh, str(tmp_path / "out" / "checkpoint-2"))
+    weights_io.load_model_weights(fresh, str(tmp_path / "out" / "checkpoint-2"))
     assert fresh.head.weight is fresh.embed.weight
     assert torch.equal(fresh.embed.weight, trainer.model.embed.weight)
 
