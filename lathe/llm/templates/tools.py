@@ -197,7 +197,8 @@ def describe_tools(tool_format: str, tools: str) -> str:
     try:
         return get_tool_format(tool_format).describe_tools(parsed)
     except (KeyError, TypeError, AttributeError) as error:
-        raise InvalidMessage(f"tool description lacks a field or has the wrong type ({error!r})") from None
+        raise InvalidMessage(f"a tool description lacks a field or has the wrong type ({error!r}): each tool needs a "
+                             '"name" and JSON-schema "parameters" with "properties"') from None
 
 
 def _parse_calls(text: str) -> list[FunctionCall]:
