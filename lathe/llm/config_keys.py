@@ -72,9 +72,9 @@ UNSUPPORTED_BY_FEATURE: dict[str, dict[str, object]] = {
         "use_asft_loss": False, "asft_alpha": 0.1, "use_eaft_loss": False, "eaft_alpha": 1.0,
         "optim_target_modules": None,
     },
-    "other training back-ends (Megatron MCA, HyperParallel, Ray, DeepSpeed, FP8, accelerate config)": {
+    "other training back-ends (Megatron MCA, HyperParallel, Ray, FP8, accelerate config)": {
         "use_mca": False, "use_hyper_parallel": False, "hyper_parallel_args": None, "ray_num_workers": 1,
-        "ray_init_kwargs": None, "deepspeed": None, "fp8": False,
+        "ray_init_kwargs": None, "fp8": False,
         "fp8_backend": "auto", "fp8_enable_fsdp_float8_all_gather": False, "accelerator_config": None,
         "parallelism_config": None, "enable_jit_checkpoint": False, "debug": "",
     },

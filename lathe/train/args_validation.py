@@ -219,12 +219,9 @@ def convert_choice_fields(args) -> None:
 
     settings_from_args(args)  # fsdp / fsdp_config: unknown options, keys and values are errors here, not at train()
     if args.deepspeed is not None:
-        # Accepting the key and training without ZeRO would silently change what the user asked for.
-        raise ValueError(
-            "deepspeed: lathe does not integrate DeepSpeed yet (its ZeRO engine would take over the optimizer step "
-            "of lathe's training loop). For sharded training use fsdp (FSDP2: `fsdp='full_shard auto_wrap'`, "
-            "under torchrun); see docs/DISTRIBUTED.md."
-        )
+        from lathe.train.integrations.deepspeed_zero import validate
+
+        validate(args)  # the package, the config's keys, and no contradiction with these arguments
 
 
 def _check_choice(args, name: str, choices, optional: bool = False) -> None:

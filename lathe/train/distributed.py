@@ -58,8 +58,9 @@ def world_size() -> int:
 
 
 def wrap_model(model, args):
-    """DistributedDataParallel around the model when there are several processes (else the model)."""
-    if not is_distributed():
+    """DistributedDataParallel around the model when there are several processes (else the model).
+    Under DeepSpeed the engine does the data parallelism (lathe.train.integrations.deepspeed_zero)."""
+    if not is_distributed() or args.deepspeed:
         return model
     from lathe.train.fsdp import settings_from_args, shard_model
 
@@ -89,6 +90,9 @@ def wrap_model(model, args):
 def gradient_sync(model, sync: bool):
     """A context for one micro-batch's backward: DDP's all-reduce runs only when `sync` (the last
     micro-batch of a window); before that gradients accumulate locally (no_sync)."""
+    if hasattr(model, "set_gradient_accumulation_boundary"):  # DeepSpeed's engine reduces at the boundary
+        model.set_gradient_accumulation_boundary(sync)
+        return contextlib.nullcontext()
     if sync:
         return contextlib.nullcontext()
     if hasattr(model, "set_requires_gradient_sync"):  # FSDP2: accumulate unsharded gradients locally

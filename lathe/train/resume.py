@@ -32,8 +32,9 @@ class TrainerCheckpointing:
         class, and the training arguments (training_args.bin like transformers, plus readable JSON)."""
         output_dir = output_dir if output_dir is not None else self.args.output_dir
         weights = None
-        if fsdp.is_sharded(self.model):
-            weights, _ = fsdp.gather_state(self.model)  # a collective: every rank sends, rank 0 gets the full tensors
+        if fsdp.is_sharded(self.model) or getattr(self, "_zero_engine", None) is not None:
+            # a collective: every rank sends, rank 0 gets the full tensors
+            weights = fsdp.gather_state(self.model)[0] if fsdp.is_sharded(self.model) else _zero_module().full_state_dict(self._zero_engine)
             if self.args.process_index != 0:
                 return
         elif not self.args.should_save:
@@ -69,6 +70,9 @@ class TrainerCheckpointing:
         best = state.best_model_checkpoint
         # FSDP2: full weights and optimizer state gathered from the shards to rank 0 (every rank takes part).
         gathered = fsdp.gather_state(self.model, None if args.save_only_model else self.optimizer) if fsdp.is_sharded(self.model) else None
+        engine = getattr(self, "_zero_engine", None)  # DeepSpeed writes the optimizer state, each rank its partition
+        if _zero3(self):
+            gathered = (_zero_module().full_state_dict(engine), None)
 
         def rotate():
             ckpt.rotate_checkpoints(output_dir, args.save_total_limit, find_best_checkpoint(best, output_dir))
@@ -76,9 +80,10 @@ class TrainerCheckpointing:
         # One process: the files are written from a copy of the state by the commit thread. Several
         # processes write in the loop (their barriers cannot run in a thread), as does a subclass
         # that overrides save_model (its override must see the checkpoint's folder).
-        background = (args.world_size == 1 and gathered is None and type(self).save_model is TrainerCheckpointing.save_model
+        background = (args.world_size == 1 and gathered is None and engine is None and type(self).save_model is TrainerCheckpointing.save_model
                       and snapshot.copy_fits_in_memory(self.model, self.optimizer))
-        contents = snapshot.capture(self.model, self.optimizer, self.lr_scheduler, self.scaler, state, args, main=main,
+        optimizer, scheduler = (None, None) if engine is not None else (self.optimizer, self.lr_scheduler)
+        contents = snapshot.capture(self.model, optimizer, scheduler, self.scaler, state, args, main=main,
                                     with_training_state=not args.save_only_model, copy_state=background)
         if gathered is not None and main:
             contents.model_state, contents.args = gathered[0], args
@@ -88,6 +93,8 @@ class TrainerCheckpointing:
         with ckpt.atomic_checkpoint(final_path, is_main_process=main, barrier=runtime.barrier,
                                     committer=self._checkpoint_commits if background else None, after_commit=rotate,
                                     write=lambda folder: contents.write(self.model, folder, rng_name)) as staging:
+            if engine is not None and not args.save_only_model:
+                _zero_module().save(engine, staging, state.global_step, exclude_frozen=_has_frozen_parameters(self.model))
             if main and (background or gathered is not None):
                 self._save_processing_class(staging)
             elif main:
@@ -172,7 +179,14 @@ class TrainerCheckpointing:
                 raise ValueError(f"resume_from_checkpoint={path!r} is not a folder.")
             if not ckpt.is_complete_checkpoint(path):
                 raise ValueError(f"Checkpoint {path!r} is incomplete or corrupt (interrupted while saving?); resume from an earlier one.")
-        if not os.path.isfile(os.path.join(path, ckpt.OPTIMIZER_NAME)):
+        written_by_deepspeed = os.path.isfile(os.path.join(path, "latest"))
+        if self.args.deepspeed and not written_by_deepspeed:
+            raise ValueError(f"Checkpoint {path!r} was not written under deepspeed (it has no DeepSpeed `latest` file and "
+                             "global_stepN/ folder): resume it without deepspeed, or start a new run from its weights.")
+        if written_by_deepspeed and not self.args.deepspeed:
+            raise ValueError(f"Checkpoint {path!r} was written under deepspeed: its optimizer state is in DeepSpeed's "
+                             "global_stepN/ files. Resume it with the same deepspeed config, or start a new run from its weights.")
+        if not written_by_deepspeed and not os.path.isfile(os.path.join(path, ckpt.OPTIMIZER_NAME)):
             raise ValueError(
                 f"Checkpoint {path!r} has no optimizer state (saved with save_only_model=True?), so training cannot "
                 "resume exactly. Load its weights into the model (e.g. from_pretrained) and start a new run instead."
@@ -189,7 +203,10 @@ class TrainerCheckpointing:
         """Weights, optimizer, scheduler, scaler, TrainerState, callback states; the RNG state is
         held back until the epoch's batch iterator exists (see Trainer._epoch_batches)."""
         args = self.args
-        self._load_weights(path, os.path.join(path, ckpt.OPTIMIZER_NAME))
+        if getattr(self, "_zero_engine", None) is not None:  # weights, optimizer partitions and scheduler
+            _zero_module().load(self._zero_engine, path, strict=not _has_frozen_parameters(self.model))
+        else:
+            self._load_weights(path, os.path.join(path, ckpt.OPTIMIZER_NAME))
         scheduler_file = os.path.join(path, ckpt.SCHEDULER_NAME)
         if os.path.isfile(scheduler_file):
             self.lr_scheduler.load_state_dict(ckpt.safe_torch_load(scheduler_file))
@@ -314,6 +331,21 @@ class TrainerCheckpointing:
         width = max((len(k) for k in formatted), default=0)
         for key in sorted(formatted):
             print(f"  {key: <{width}} = {formatted[key]:>9}")
+
+
+def _zero_module():
+    from lathe.train.integrations import deepspeed_zero
+
+    return deepspeed_zero
+
+
+def _zero3(trainer) -> bool:
+    engine = getattr(trainer, "_zero_engine", None)
+    return engine is not None and engine.zero_optimization_stage() == 3
+
+
+def _has_frozen_parameters(model) -> bool:
+    return any(not parameter.requires_grad for parameter in model.parameters())
 
 
 def find_best_checkpoint(best: str | None, *folders: str) -> str | None:

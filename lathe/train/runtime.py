@@ -21,6 +21,8 @@ def move_to_device(data, device: torch.device):
 
 
 def autocast_dtype(args) -> torch.dtype | None:
+    if args.deepspeed:
+        return None  # DeepSpeed's engine casts the model itself (its fp16 / bf16 sections)
     if args.bf16:
         return torch.bfloat16
     if args.fp16:
@@ -37,8 +39,8 @@ def autocast_context(device: torch.device, dtype: torch.dtype | None):
 
 def make_grad_scaler(args, device: torch.device):
     """fp16 needs loss scaling to keep small gradients from underflowing; bf16 does not."""
-    if not args.fp16:
-        return None
+    if not args.fp16 or args.deepspeed:
+        return None  # DeepSpeed scales fp16 losses itself
     return torch.amp.GradScaler(device.type)
 
 

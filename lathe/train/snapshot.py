@@ -71,8 +71,9 @@ def capture(model, optimizer, lr_scheduler, scaler, state, args, *, main: bool, 
         contents.args = args
     if with_training_state:
         if main:
-            contents.optimizer = take(optimizer.state_dict())
-            contents.scheduler = take(lr_scheduler.state_dict())
+            # None: kept elsewhere (DeepSpeed writes its own optimizer and scheduler files)
+            contents.optimizer = take(optimizer.state_dict()) if optimizer is not None else None
+            contents.scheduler = take(lr_scheduler.state_dict()) if lr_scheduler is not None else None
             contents.scaler = take(scaler.state_dict()) if scaler is not None else None
         contents.rng = capture_rng_state()  # a copy already; every rank keeps its own stream
     if main:

@@ -49,6 +49,8 @@ class TrainerSteps:
         """Clip (pre-clip norm is what gets logged), step, schedule, zero. The learning rate logged
         for a step is the one that step used, read before the scheduler moves it."""
         args = self.args
+        if self._zero_engine is not None:
+            return self._zero_engine_step()
         if self.scaler is not None:
             self.scaler.unscale_(self.optimizer)
         self._grad_norm = runtime.clip_gradients(self._trainable_parameters, args.max_grad_norm) if args.max_grad_norm and args.max_grad_norm > 0 else None
@@ -67,6 +69,16 @@ class TrainerSteps:
             self.lr_scheduler.step()
         runtime.clear_gradients(self._all_parameters)
 
+    def _zero_engine_step(self) -> None:
+        """DeepSpeed's engine clips (gradient_clipping), steps the partitioned optimizer and the
+        scheduler (not after an fp16 overflow), and zeroes the gradients."""
+        from lathe.train.integrations import deepspeed_zero
+
+        self.control = self.callback_handler.on_pre_optimizer_step(self.args, self.state, self.control)
+        self._last_learning_rate = self._get_learning_rate()
+        self._grad_norm = deepspeed_zero.step(self._zero_engine)
+        self.control = self.callback_handler.on_optimizer_step(self.args, self.state, self.control)
+
     def _counts_items(self) -> bool:
         # Label smoothing divides by the count too (as in transformers 5), when the model takes loss kwargs.
         return self.model_accepts_loss_kwargs or self.compute_loss_func is not None
@@ -81,7 +93,12 @@ class TrainerSteps:
         normalised_by_items = num_items_in_batch is not None and self._counts_items()
         loss = batching.normalise_loss(loss, self.current_gradient_accumulation_steps, normalised_by_items,
                                        getattr(self, "_loss_world_scale", 1))
-        (self.scaler.scale(loss) if self.scaler is not None else loss).backward()
+        if getattr(self, "_zero_engine", None) is not None:
+            from lathe.train.integrations import deepspeed_zero
+
+            deepspeed_zero.backward(self._zero_engine, loss)
+        else:
+            (self.scaler.scale(loss) if self.scaler is not None else loss).backward()
         return loss.detach()
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):

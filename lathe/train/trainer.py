@@ -95,6 +95,7 @@ class Trainer(TrainerSteps, TrainerDataLoaders, TrainerCheckpointing, TrainerEva
         self.callback_handler = CallbackHandler(default_callbacks + list(callbacks or []), self.model, processing_class, self.optimizer, self.lr_scheduler)
         self.current_flos = 0.0
         self._checkpoint_commits = BackgroundCommitter()
+        self._zero_engine = None  # DeepSpeed's engine while train() runs with deepspeed=...
         self.control = self.callback_handler.on_init_end(args, self.state, self.control)
 
     # ----- wiring -----
@@ -184,6 +185,7 @@ class Trainer(TrainerSteps, TrainerDataLoaders, TrainerCheckpointing, TrainerEva
         plan = batching.plan_training(args, _length(train_dataloader), _length(train_dataloader.dataset), batch_size)
         model = self._prepare_model_for_training()
         self.create_optimizer_and_scheduler(plan.max_steps)
+        model = self._start_zero_engine(model)  # DeepSpeed, when configured, wraps model, optimizer and scheduler
         self.scaler = runtime.make_grad_scaler(args, args.device)
         self.state = TrainerState(train_batch_size=batch_size, stateful_callbacks=self._stateful_callbacks())
         self.state.compute_steps(args, plan.max_steps)
@@ -279,6 +281,18 @@ class Trainer(TrainerSteps, TrainerDataLoaders, TrainerCheckpointing, TrainerEva
         wrapped = distributed.wrap_model(self.model, args)  # DDP under several processes
         self.model_wrapped = runtime.compile_model(wrapped, args) if args.torch_compile else wrapped
         return self.model_wrapped
+
+    def _start_zero_engine(self, model):
+        self._zero_engine = None
+        if not self.args.deepspeed:
+            return model
+        from lathe.train.integrations import deepspeed_zero
+
+        self.floating_point_ops({})  # counts the parameters (for total_flos) before ZeRO-3 partitions them
+        engine = deepspeed_zero.initialize(model, self.optimizer, self.lr_scheduler, self.args)
+        self._zero_engine = self.model_wrapped = engine
+        self.optimizer, self.lr_scheduler = engine.optimizer, engine.lr_scheduler
+        return engine
 
     def _attach_to_callbacks(self, train_dataloader) -> None:
         handler = self.callback_handler

@@ -535,10 +535,3 @@ def test_main_process_first_makes_replicas_wait(tmp_path):
     mp.spawn(_two_rank_worker, args=(str(tmp_path / "init"), marker, results), nprocs=2, join=True)
     lines = sorted(open(f"{results}.{rank}").read().split() for rank in (0, 1))
     assert lines == [["0", "2", "0", "True", "True"], ["1", "2", "1", "False", "True"]]
-
-
-def test_deepspeed_is_an_error_that_points_to_fsdp_not_a_silent_no_op(tmp_path):
-    with pytest.raises(ValueError, match="deepspeed: lathe does not integrate DeepSpeed.*fsdp"):
-        TrainingArguments(output_dir=str(tmp_path), deepspeed={"zero_optimization": {"stage": 2}})
-    with pytest.raises(ValueError, match="deepspeed"):
-        TrainingArguments(output_dir=str(tmp_path), deepspeed="ds_z3_config.json")

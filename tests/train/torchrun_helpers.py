@@ -20,10 +20,11 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def launch(tmp_path: Path, name: str, options: dict, timeout: int = 240, worker: Path = WORKER) -> subprocess.CompletedProcess:
+def launch(tmp_path: Path, name: str, options: dict, timeout: int = 240, worker: Path = WORKER,
+           processes: int = 2) -> subprocess.CompletedProcess:
     """torchrun `worker` (argv: output folder, result file, options as JSON) on 2 processes."""
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(REPOSITORY))
-    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={free_port()}",
+    command = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={processes}", f"--master_port={free_port()}",
                str(worker), str(tmp_path / name), str(tmp_path / f"{name}.json"), json.dumps(options)]
     return subprocess.run(command, env=env, capture_output=True, text=True, timeout=timeout, cwd=REPOSITORY)
 

@@ -119,10 +119,21 @@ def format_plan(plan: RunPlan, config) -> str:
     lines.append(f"  precision       {precision} on {training.device}")
     checkpointing = "on (disable_gradient_checkpointing: true trades memory for speed)" if training.gradient_checkpointing else "off"
     lines.append(f"  checkpointing   activations {checkpointing}")
+    if training.fsdp or training.deepspeed:
+        lines.append(f"  sharding        {_sharding(training)}")
     if plan.attention:
         attention = "sdpa per packed example (no block mask)" if plan.attention == "lathe_packed_sdpa" else plan.attention
         lines.append(f"  attention       {attention}")
     return "\n".join(lines)
+
+
+def _sharding(training) -> str:
+    if training.fsdp:
+        return "FSDP2 (fully_shard)"
+    from lathe.train.integrations.deepspeed_zero import read_config, zero_stage
+
+    source = training.deepspeed if isinstance(training.deepspeed, str) else "config dict"
+    return f"DeepSpeed ZeRO stage {zero_stage(read_config(training.deepspeed))} ({source})"
 
 
 def _changed(instance) -> dict:
