@@ -143,6 +143,34 @@ def gather_objects(value) -> list:
     return gathered
 
 
+# What a collective's error says when the process at the other end is gone (gloo, NCCL) or stuck
+# past ddp_timeout: RuntimeErrors from deep inside the backend that do not tell the user what happened.
+_LOST_PEER_SIGNS = ("Connection reset by peer", "Connection closed by peer", "Broken pipe", "gloo/transport",
+                    "Timed out", "timed out", "NCCL", "DistBackendError", "DistNetworkError", "Socket Timeout")
+
+
+def explain_lost_process(error: BaseException, args, step: int) -> Exception | None:
+    """A clear error for a collective that failed because another process died or hung (None for
+    any other error): which process saw it and when, where to look, and what is safe to resume."""
+    if not is_distributed() or not isinstance(error, RuntimeError):
+        return None
+    message = str(error)
+    if not any(sign in message for sign in _LOST_PEER_SIGNS):
+        return None
+    from lathe.train.checkpoint import get_last_checkpoint
+
+    import torch.distributed as dist
+
+    last = get_last_checkpoint(args.output_dir) if os.path.isdir(args.output_dir) else None
+    resume = (f"The last complete checkpoint, {last}, is intact: resume from it with resume_from_checkpoint=True."
+              if last else "No checkpoint was completed yet, so a new run starts from the beginning.")
+    first_line = message.strip().splitlines()[0] if message.strip() else type(error).__name__
+    return RuntimeError(
+        f"Process {dist.get_rank()} of {dist.get_world_size()} lost contact with the other processes after step {step} "
+        f"({first_line[:300]}). Another process most likely died or hung: its own log, or torchrun's failure summary, says why. "
+        f"A process that hangs instead of dying is waited for ddp_timeout seconds ({args.ddp_timeout} now). {resume}")
+
+
 def interleave_batches(per_rank: list[list]) -> list:
     """Rank r's k-th batch is global batch k * N + r (lathe.train.data shards batches round robin):
     put them back in that order."""

@@ -161,6 +161,9 @@ class Trainer(TrainerSteps, TrainerDataLoaders, TrainerCheckpointing, TrainerEva
                 return self._train_with_batch_size(batch_size, resume_path, trial, ignore_keys_for_eval)
             except BaseException as error:
                 self._checkpoint_commits.wait(raise_error=False)  # the last checkpoint still publishes
+                lost = distributed.explain_lost_process(error, self.args, self.state.global_step)
+                if lost is not None:
+                    raise lost from error
                 if not (isinstance(error, Exception) and self.args.auto_find_batch_size and runtime.is_out_of_memory(error)):
                     raise
                 batch_size = self._smaller_batch_size(batch_size, error)

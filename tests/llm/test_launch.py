@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from lathe.llm.config import parse_train_config
 from lathe.llm.launch import launch_settings, torchrun_command, without_launch_keys
@@ -92,3 +93,30 @@ def test_lathe_train_on_two_processes(tmp_path):
     assert (output_dir / "model.safetensors").is_file()
     results = json.loads((output_dir / "train_results.json").read_text())
     assert results["epoch"] > 0 and len([json.loads(line) for line in (output_dir / "trainer_log.jsonl").read_text().splitlines()]) >= 4
+
+
+@pytest.mark.slow
+def test_lathe_train_with_deepspeed_zero3_on_two_processes(tmp_path):
+    """LLaMA-Factory's way to shard: `deepspeed: <ds_z3_config.json>` with "auto" values, on 2 processes."""
+    pytest.importorskip("deepspeed", reason="the deepspeed extra is not installed")
+    from transformers import AutoModelForCausalLM
+
+    output_dir = tmp_path / "out"
+    env = dict(os.environ, NPROC_PER_NODE="2", OMP_NUM_THREADS="1", PYTHONPATH=str(REPOSITORY))
+    result = subprocess.run(
+        [sys.executable, "-m", "lathe", "train", "examples/quickstart.yaml", f"output_dir={output_dir}", "max_samples=256",
+         "max_steps=4", "save_strategy=steps", "save_steps=2", "do_predict=false", "logging_steps=1",
+         "per_device_train_batch_size=8", "deepspeed=examples/deepspeed/ds_z3_config.json"],
+        cwd=REPOSITORY, env=env, capture_output=True, text=True, timeout=400)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "sharding        DeepSpeed ZeRO stage 3 (examples/deepspeed/ds_z3_config.json)" in result.stdout
+    checkpoint = output_dir / "checkpoint-4"
+    assert (checkpoint / "latest").read_text().strip() == "global_step4"
+    assert len(list((checkpoint / "global_step4").glob("*optim_states.pt"))) == 2  # one partition per rank
+    log = [json.loads(line) for line in (output_dir / "trainer_log.jsonl").read_text().splitlines()]
+    assert [entry["current_steps"] for entry in log if "loss" in entry] == [1, 2, 3, 4]
+    # the weights gathered from the ZeRO-3 partitions are the whole model, loadable by transformers
+    model = AutoModelForCausalLM.from_pretrained(output_dir)
+    reference = AutoModelForCausalLM.from_pretrained(checkpoint)
+    for (name, weight), (_, saved) in zip(model.state_dict().items(), reference.state_dict().items()):
+        assert weight.shape == saved.shape and torch.equal(weight, saved), name

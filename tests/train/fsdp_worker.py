@@ -4,6 +4,7 @@ one-process reference: writes the final weights, the logged losses and eval metr
 from __future__ import annotations
 
 import os
+import time
 
 import torch
 
@@ -11,13 +12,16 @@ from lathe import Trainer, TrainerCallback, TrainingArguments
 
 
 class DieAt(TrainerCallback):
-    """Rank 1 dies (no clean-up, as when killed) at the end of update `step`."""
+    """Rank 1 dies (no clean-up, as when killed) at the end of update `step`, or hangs there."""
 
-    def __init__(self, step: int):
+    def __init__(self, step: int, hang: bool = False):
         self.step = step
+        self.hang = hang
 
     def on_step_end(self, args, state, control, **kwargs):
         if state.global_step == self.step and args.process_index == 1:
+            if self.hang:
+                time.sleep(600)
             os._exit(3)
 
 
@@ -55,7 +59,7 @@ def arguments(output_dir: str, options: dict) -> TrainingArguments:
 
 def run(output_dir: str, options: dict) -> dict:
     args = arguments(output_dir, options)
-    callbacks = [DieAt(options["die_at_step"])] if "die_at_step" in options else []
+    callbacks = [DieAt(options["die_at_step"], options.get("hang", False))] if "die_at_step" in options else []
     trainer = Trainer(model=model(), args=args, train_dataset=dataset(24), eval_dataset=dataset(11), callbacks=callbacks)
     trainer.train(resume_from_checkpoint=options.get("resume"))
     metrics = trainer.evaluate()

@@ -1,6 +1,7 @@
 """Data and checkpoints under several processes: the sharded batch order, and a DDP run of 2 CPU
 ranks (gloo, torchrun) whose rank 1 dies: the run stops, its last checkpoint stays valid and resumes
-under 2 ranks and under 1."""
+under 2 ranks and under 1; and, with no torchrun to end the survivors, rank 0 stops by itself with a
+clear message when rank 1 dies or hangs."""
 from __future__ import annotations
 
 import logging
@@ -69,3 +70,42 @@ def test_killed_ddp_run_resumes_under_two_ranks_and_under_one(tmp_path, caplog):
     caplog.clear()
     fsdp_worker.run(str(tmp_path / "halved"), {"batch": 2, "accumulation": 2, "resume": str(checkpoint), "epochs": 1})
     assert "processes: 2 -> 1, so the global batch (per-device batch x processes) is 2, was 4" in caplog.text
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("hang", [False, True], ids=["dies", "hangs"])
+def test_a_lost_rank_stops_the_others_quickly_with_a_clear_message(tmp_path, hang):
+    """Without torchrun's agent to end the survivors (the ranks started by another launcher), rank 0
+    stops by itself: at once when rank 1 dies, after ddp_timeout when it hangs, and says what to do."""
+    import json
+    import subprocess
+    import sys
+    import time
+
+    from tests.train.torchrun_helpers import REPOSITORY, free_port
+
+    options = {"batch": 2, "accumulation": 2, "save_strategy": "steps", "save_steps": 2, "die_at_step": 3,
+               "hang": hang, "ddp_timeout": 5}
+    port = free_port()
+    ranks = []
+    for rank in (0, 1):
+        env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(REPOSITORY), RANK=str(rank), LOCAL_RANK=str(rank),
+                   WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+        ranks.append(subprocess.Popen([sys.executable, str(REPOSITORY / "tests" / "train" / "fsdp_worker.py"), str(tmp_path / "run"),
+                                       str(tmp_path / "run.json"), json.dumps(options)], env=env, cwd=REPOSITORY,
+                                      stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True))
+    try:
+        started = time.monotonic()
+        _, stderr = ranks[0].communicate(timeout=180)
+        waited = time.monotonic() - started
+    finally:
+        for process in ranks:
+            process.kill()
+    assert ranks[0].returncode != 0
+    checkpoint = tmp_path / "run" / "checkpoint-2"
+    assert ("Process 0 of 2 lost contact with the other processes after step 3" in stderr
+            and "(5 now)" in stderr and f"The last complete checkpoint, {checkpoint}, is intact" in stderr), stderr[-3000:]
+    if hang:
+        assert "Timed out" in stderr  # waited ddp_timeout (5 s), not the 1800 s default
+    assert waited < 150  # generous: start-up of two processes on a busy machine, plus the 5 s timeout
+    assert ckpt.get_last_checkpoint(str(tmp_path / "run")) == str(checkpoint) and ckpt.is_complete_checkpoint(str(checkpoint))
