@@ -25,12 +25,12 @@ class DieAt(TrainerCallback):
             os._exit(3)
 
 
-def model():
+def model(tied: bool = False):
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)
     config = LlamaConfig(vocab_size=32, hidden_size=16, intermediate_size=32, num_hidden_layers=2, num_attention_heads=2,
-                         num_key_value_heads=2, max_position_embeddings=16, tie_word_embeddings=False)
+                         num_key_value_heads=2, max_position_embeddings=16, tie_word_embeddings=tied)
     return LlamaForCausalLM(config)
 
 
@@ -53,14 +53,14 @@ def arguments(output_dir: str, options: dict) -> TrainingArguments:
         max_steps=options.get("max_steps", -1), learning_rate=0.01, logging_steps=1, report_to="none", disable_tqdm=True,
         seed=3, use_cpu=True, dataloader_pin_memory=False, save_strategy=options.get("save_strategy", "no"),
         save_steps=options.get("save_steps", 500), fsdp=options.get("fsdp"), fsdp_config=options.get("fsdp_config"),
-        ddp_timeout=options.get("ddp_timeout", 1800), **options.get("ddp", {}),
+        ddp_timeout=options.get("ddp_timeout", 1800), optim=options.get("optim", "adamw_torch"), **options.get("ddp", {}),
     )
 
 
 def run(output_dir: str, options: dict) -> dict:
     args = arguments(output_dir, options)
     callbacks = [DieAt(options["die_at_step"], options.get("hang", False))] if "die_at_step" in options else []
-    trainer = Trainer(model=model(), args=args, train_dataset=dataset(24), eval_dataset=dataset(11), callbacks=callbacks)
+    trainer = Trainer(model=model(options.get("tied", False)), args=args, train_dataset=dataset(24), eval_dataset=dataset(11), callbacks=callbacks)
     trainer.train(resume_from_checkpoint=options.get("resume"))
     metrics = trainer.evaluate()
     trainer.save_model(output_dir + "/final")  # under FSDP: gathered from the shards, written by rank 0
