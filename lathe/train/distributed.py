@@ -42,7 +42,27 @@ def init_process_group(args) -> None:
     if backend == "nccl":
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
     dist.init_process_group(backend=backend, timeout=args.ddp_timeout_delta)
+    leave_process_group_at_exit()
     logger.info("Process %d of %d joined the %s process group.", dist.get_rank(), dist.get_world_size(), backend)
+
+
+def leave_process_group_at_exit() -> None:
+    """Destroy the process group lathe joined when the interpreter exits, before Python tears down
+    the modules: a group left to the C++ destructors can abort the process at exit ("terminate called
+    without an active exception", seen with DeepSpeed's engine), turning a finished run into a failure."""
+    import atexit
+
+    atexit.register(_destroy_process_group)
+
+
+def _destroy_process_group() -> None:
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        try:
+            dist.destroy_process_group()
+        except Exception as error:  # exiting anyway; say why the clean-up failed, do not mask the exit code
+            logger.warning("Leaving the process group at exit failed: %s", error)
 
 
 def is_distributed() -> bool:

@@ -211,6 +211,9 @@ def ensure_process_group(args) -> None:
     for name, value in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1"), ("MASTER_ADDR", "127.0.0.1"), ("MASTER_PORT", str(port))):
         os.environ.setdefault(name, value)
     dist.init_process_group("gloo", rank=0, world_size=1)
+    from lathe.train.distributed import leave_process_group_at_exit
+
+    leave_process_group_at_exit()
 
 
 def initialize(model, optimizer, lr_scheduler, args):
