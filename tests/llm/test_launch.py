@@ -120,3 +120,31 @@ def test_lathe_train_with_deepspeed_zero3_on_two_processes(tmp_path):
     reference = AutoModelForCausalLM.from_pretrained(checkpoint)
     for (name, weight), (_, saved) in zip(model.state_dict().items(), reference.state_dict().items()):
         assert weight.shape == saved.shape and torch.equal(weight, saved), name
+
+
+@pytest.mark.slow
+def test_lora_under_deepspeed_zero2_resumes_exactly(tmp_path):
+    """The common LLaMA-Factory recipe, LoRA + ZeRO-2 on 2 processes: the checkpoint holds only the
+    adapter's state, and resuming it gives the uninterrupted run's adapter, bit for bit."""
+    pytest.importorskip("deepspeed", reason="the deepspeed extra is not installed")
+    from safetensors.torch import load_file
+
+    def train(output_dir, *extra):
+        env = dict(os.environ, NPROC_PER_NODE="2", OMP_NUM_THREADS="1", PYTHONPATH=str(REPOSITORY))
+        result = subprocess.run(
+            [sys.executable, "-m", "lathe", "train", "examples/quickstart.yaml", f"output_dir={output_dir}", "max_samples=256",
+             "max_steps=4", "save_strategy=steps", "save_steps=2", "do_predict=false", "finetuning_type=lora",
+             "lora_target=all", "deepspeed=examples/deepspeed/ds_z2_config.json", *extra],
+            cwd=REPOSITORY, env=env, capture_output=True, text=True, timeout=400)
+        assert result.returncode == 0, result.stderr[-3000:]
+
+    train(tmp_path / "whole")
+    checkpoint = tmp_path / "whole" / "checkpoint-2"
+    assert (checkpoint / "adapter_model.safetensors").is_file() and not (checkpoint / "model.safetensors").exists()
+    model_states = checkpoint / "global_step2" / "mp_rank_00_model_states.pt"
+    assert model_states.stat().st_size < 0.2 * 585_216 * 4  # the frozen base (585k parameters) is not in it
+    train(tmp_path / "resumed", f"resume_from_checkpoint={checkpoint}")
+    whole, resumed = load_file(tmp_path / "whole" / "adapter_model.safetensors"), load_file(tmp_path / "resumed" / "adapter_model.safetensors")
+    assert sorted(whole) == sorted(resumed) and len(whole) > 0
+    for name in whole:
+        assert torch.equal(whole[name], resumed[name]), name
