@@ -13,23 +13,15 @@ import torch
 
 from lathe import TrainingArguments
 from tests.train import ddp_worker
-from tests.train.torchrun_helpers import REPOSITORY, launch
+from tests.train.torchrun_helpers import REPOSITORY, assert_same_weights, torchrun
 
 pytest.importorskip("deepspeed", reason="the deepspeed extra is not installed")
 
 WORKER = REPOSITORY / "tests" / "train" / "deepspeed_worker.py"
 
 
-def run_ranks(tmp_path, name: str, options: dict, processes: int = 2) -> dict:
-    completed = launch(tmp_path, name, options, worker=WORKER, processes=processes)
-    assert completed.returncode == 0, completed.stderr[-4000:]
-    return json.loads((tmp_path / f"{name}.json").read_text())
-
-
-def assert_same_weights(ours: dict, theirs: dict) -> None:
-    assert sorted(ours) == sorted(theirs)
-    for name, weights in theirs.items():
-        torch.testing.assert_close(torch.tensor(ours[name]), torch.tensor(weights), atol=1e-6, rtol=0)
+def run_ranks(tmp_path, name: str, options: dict) -> dict:
+    return torchrun(tmp_path, name, options, worker=WORKER)
 
 
 @pytest.mark.slow

@@ -29,9 +29,9 @@ def launch(tmp_path: Path, name: str, options: dict, timeout: int = 240, worker:
     return subprocess.run(command, env=env, capture_output=True, text=True, timeout=timeout, cwd=REPOSITORY)
 
 
-def torchrun(tmp_path: Path, name: str, options: dict) -> dict:
-    """Run fsdp_worker.py under 2 processes; rank 0's result."""
-    completed = launch(tmp_path, name, options)
+def torchrun(tmp_path: Path, name: str, options: dict, worker: Path = WORKER, processes: int = 2) -> dict:
+    """Run `worker` (fsdp_worker.py by default) under 2 processes; rank 0's result."""
+    completed = launch(tmp_path, name, options, worker=worker, processes=processes)
     assert completed.returncode == 0, completed.stderr[-4000:]
     return json.loads((tmp_path / f"{name}.json").read_text())
 
