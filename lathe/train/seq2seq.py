@@ -41,7 +41,7 @@ class Seq2SeqTrainer(Trainer):
             # decoder inputs made from the labels (teacher forcing) must not prime generation
             generation_inputs.pop("decoder_input_ids")
             generation_inputs.pop("decoder_attention_mask", None)
-        with torch.no_grad():
+        with torch.no_grad(), self._whole_weights_for_generation():
             generated = model.generate(**generation_inputs, **gen_kwargs)
         target_length = self._padded_length(model, gen_kwargs)
         if target_length is not None and generated.shape[-1] < target_length:
@@ -82,3 +82,20 @@ class Seq2SeqTrainer(Trainer):
         padded = tensor.new_full((tensor.shape[0], max_length), pad_id)
         padded[:, : tensor.shape[-1]] = tensor
         return padded
+
+    def _whole_weights_for_generation(self):
+        """ZeRO-3 on several processes: every forward gathers each layer's weights from all ranks, so a
+        rank whose generations finished early would leave the others waiting in the gather (transformers'
+        synced_gpus lock-step mode, the alternative, fails with a mask size mismatch in transformers 5.23
+        once one rank is done). Gather the whole model once for the generate call instead: decoding then
+        runs without collectives, at the memory cost of one full copy of the weights per rank."""
+        import contextlib
+
+        from lathe.train import distributed
+
+        engine = getattr(self, "_zero_engine", None)
+        if engine is None or engine.zero_optimization_stage() != 3 or distributed.world_size() <= 1:
+            return contextlib.nullcontext()
+        from lathe.train.integrations.deepspeed_zero import gathered_parameters
+
+        return gathered_parameters(self.model)

@@ -49,3 +49,4 @@ def test_generations_equal_transformers(tmp_path):
     assert np.all(theirs.predictions[:, width:] == 0)
     np.testing.assert_array_equal(ours.label_ids, theirs.label_ids[:, :width])
     assert ours.metrics["test_loss"] == pytest.approx(theirs.metrics["test_loss"], rel=1e-6)
+

@@ -261,6 +261,12 @@ def full_state_dict(engine):
     return state
 
 
+def gathered_parameters(model):
+    """A context in which every ZeRO-3 partitioned weight of `model` is whole on every rank (read only)."""
+    deepspeed = import_deepspeed()
+    return deepspeed.zero.GatheredParameters(list(model.parameters()), modifier_rank=None)
+
+
 def tag(global_step: int) -> str:
     return f"global_step{global_step}"
 
