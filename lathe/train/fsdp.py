@@ -15,6 +15,7 @@ state_dict helpers: a checkpoint resumes under any number of processes, with or 
 """
 from __future__ import annotations
 
+import contextlib
 import difflib
 import json
 import logging
@@ -186,6 +187,25 @@ def _blocks_by_size(model: "torch.nn.Module", min_num_params: int) -> list["torc
 
     visit(model)
     return blocks
+
+
+@contextlib.contextmanager
+def whole_weights(model, reshard_after_forward: bool):
+    """Every FSDP2 module of `model` unsharded for the duration and kept whole across forwards, so that
+    forwards run without collectives (generation, where ranks finish at different steps); resharded
+    after, with `reshard_after_forward` (the sharding setting) restored."""
+    from torch.distributed.fsdp import FSDPModule
+
+    modules = [module for module in model.modules() if isinstance(module, FSDPModule)]
+    for module in modules:
+        module.set_reshard_after_forward(False, recurse=False)
+        module.unshard()
+    try:
+        yield
+    finally:
+        for module in modules:
+            module.reshard()
+            module.set_reshard_after_forward(reshard_after_forward, recurse=False)
 
 
 def is_sharded(model) -> bool:

@@ -2,6 +2,8 @@
 generation settings from Seq2SeqTrainingArguments or per call."""
 from __future__ import annotations
 
+import contextlib
+
 import torch
 
 from lathe.train.trainer import Trainer
@@ -41,7 +43,10 @@ class Seq2SeqTrainer(Trainer):
             # decoder inputs made from the labels (teacher forcing) must not prime generation
             generation_inputs.pop("decoder_input_ids")
             generation_inputs.pop("decoder_attention_mask", None)
-        with torch.no_grad(), self._whole_weights_for_generation():
+        whole_weights = self._whole_weights_for_generation()
+        if whole_weights is not None:  # no collectives while decoding, so no lock-step between ranks either
+            gen_kwargs = {"synced_gpus": False, **gen_kwargs}
+        with torch.no_grad(), whole_weights or contextlib.nullcontext():
             generated = model.generate(**generation_inputs, **gen_kwargs)
         target_length = self._padded_length(model, gen_kwargs)
         if target_length is not None and generated.shape[-1] < target_length:
@@ -84,18 +89,23 @@ class Seq2SeqTrainer(Trainer):
         return padded
 
     def _whole_weights_for_generation(self):
-        """ZeRO-3 on several processes: every forward gathers each layer's weights from all ranks, so a
+        """ZeRO-3 or FSDP2 on several processes: every forward gathers each layer's weights from all ranks, so a
         rank whose generations finished early would leave the others waiting in the gather (transformers'
         synced_gpus lock-step mode, the alternative, fails with a mask size mismatch in transformers 5.23
         once one rank is done). Gather the whole model once for the generate call instead: decoding then
-        runs without collectives, at the memory cost of one full copy of the weights per rank."""
-        import contextlib
-
+        runs without collectives, at the memory cost of one full copy of the weights per rank. None
+        when the weights are whole already."""
         from lathe.train import distributed
 
+        if distributed.world_size() <= 1:
+            return None
+        from lathe.train import fsdp
+
+        if fsdp.is_sharded(self.model):  # the same for FSDP2 (transformers turns synced_gpus on for it)
+            return fsdp.whole_weights(self.model, fsdp.settings_from_args(self.args).reshard_after_forward)
         engine = getattr(self, "_zero_engine", None)
-        if engine is None or engine.zero_optimization_stage() != 3 or distributed.world_size() <= 1:
-            return contextlib.nullcontext()
+        if engine is None or engine.zero_optimization_stage() != 3:
+            return None
         from lathe.train.integrations.deepspeed_zero import gathered_parameters
 
         return gathered_parameters(self.model)

@@ -151,21 +151,22 @@ def test_lora_under_deepspeed_zero2_resumes_exactly(tmp_path):
 
 
 @pytest.mark.slow
-def test_generation_under_zero3_equals_zero2_on_two_processes(tmp_path):
-    """do_predict with generation when the weights are partitioned (ZeRO-3): ranks whose answers end at
-    different lengths neither hang nor fail, and the answers equal ZeRO-2's (whole weights per rank)."""
+def test_generation_with_sharded_weights_on_two_processes(tmp_path):
+    """do_predict with generation when the weights are sharded (ZeRO-3, FSDP2): ranks whose answers end
+    at different lengths neither hang nor fail, and the answers equal ZeRO-2's (whole weights per rank)."""
     pytest.importorskip("deepspeed", reason="the deepspeed extra is not installed")
 
-    def predictions(stage):
-        output_dir = tmp_path / f"z{stage}"
+    def predictions(name, sharding):
+        output_dir = tmp_path / name
         env = dict(os.environ, NPROC_PER_NODE="2", OMP_NUM_THREADS="1", PYTHONPATH=str(REPOSITORY))
         result = subprocess.run(
             [sys.executable, "-m", "lathe", "train", "examples/quickstart.yaml", f"output_dir={output_dir}", "max_samples=64",
-             "max_steps=30", "per_device_eval_batch_size=16", f"deepspeed=examples/deepspeed/ds_z{stage}_config.json"],
+             "max_steps=30", "per_device_eval_batch_size=16", sharding],
             cwd=REPOSITORY, env=env, capture_output=True, text=True, timeout=400)
         assert result.returncode == 0, result.stderr[-3000:]
         return [json.loads(line)["predict"] for line in (output_dir / "generated_predictions.jsonl").read_text().splitlines()]
 
-    zero3 = predictions(3)
-    assert len(zero3) == 64 and len({len(answer) for answer in zero3}) > 3  # the ranks finish at different steps
-    assert zero3 == predictions(2)
+    zero2 = predictions("zero2", "deepspeed=examples/deepspeed/ds_z2_config.json")
+    assert len(zero2) == 64 and len({len(answer) for answer in zero2}) > 3  # the ranks finish at different steps
+    assert predictions("zero3", "deepspeed=examples/deepspeed/ds_z3_config.json") == zero2
+    assert predictions("fsdp", "fsdp=full_shard auto_wrap") == zero2
