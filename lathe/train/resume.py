@@ -179,7 +179,7 @@ class TrainerCheckpointing:
                 raise ValueError(f"resume_from_checkpoint={path!r} is not a folder.")
             if not ckpt.is_complete_checkpoint(path):
                 raise ValueError(f"Checkpoint {path!r} is incomplete or corrupt (interrupted while saving?); resume from an earlier one.")
-        written_by_deepspeed = os.path.isfile(os.path.join(path, "latest"))
+        written_by_deepspeed = _zero_module().has_checkpoint(path)
         if self.args.deepspeed and not written_by_deepspeed:
             raise ValueError(f"Checkpoint {path!r} was not written under deepspeed (it has no DeepSpeed `latest` file and "
                              "global_stepN/ folder): resume it without deepspeed, or start a new run from its weights.")

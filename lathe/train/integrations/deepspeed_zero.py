@@ -240,11 +240,6 @@ def step(engine):
     return None if norm is None else float(norm)
 
 
-def step_was_skipped(engine) -> bool:
-    """fp16 overflow: DeepSpeed skipped the update (and the scheduler step)."""
-    return bool(getattr(engine, "was_step_applied", lambda: True)() is False)
-
-
 def full_state_dict(engine):
     """The model's full weights, on rank 0 (a collective under stage 3: every rank calls it).
     Stages 0-2 keep the weights whole on every rank, but as views into one flat buffer, which
