@@ -340,8 +340,7 @@ def _zero_module():
 
 
 def _zero3(trainer) -> bool:
-    engine = getattr(trainer, "_zero_engine", None)
-    return engine is not None and engine.zero_optimization_stage() == 3
+    return _zero_module().partitions_weights(getattr(trainer, "_zero_engine", None))
 
 
 def _has_frozen_parameters(model) -> bool:

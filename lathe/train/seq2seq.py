@@ -103,9 +103,8 @@ class Seq2SeqTrainer(Trainer):
 
         if fsdp.is_sharded(self.model):  # the same for FSDP2 (transformers turns synced_gpus on for it)
             return fsdp.whole_weights(self.model, fsdp.settings_from_args(self.args).reshard_after_forward)
-        engine = getattr(self, "_zero_engine", None)
-        if engine is None or engine.zero_optimization_stage() != 3:
-            return None
-        from lathe.train.integrations.deepspeed_zero import gathered_parameters
+        from lathe.train.integrations import deepspeed_zero
 
-        return gathered_parameters(self.model)
+        if not deepspeed_zero.partitions_weights(getattr(self, "_zero_engine", None)):
+            return None
+        return deepspeed_zero.gathered_parameters(self.model)

@@ -240,12 +240,17 @@ def step(engine):
     return None if norm is None else float(norm)
 
 
+def partitions_weights(engine) -> bool:
+    """Whether `engine` (None: no DeepSpeed) keeps each weight in pieces across ranks (ZeRO-3)."""
+    return engine is not None and engine.zero_optimization_stage() == 3
+
+
 def full_state_dict(engine):
     """The model's full weights, on rank 0 (a collective under stage 3: every rank calls it).
     Stages 0-2 keep the weights whole on every rank, but as views into one flat buffer, which
     safetensors refuses to save: each is copied (tied weights stay one tensor). None on other
     ranks under stage 3."""
-    if engine.zero_optimization_stage() == 3:
+    if partitions_weights(engine):
         return engine._zero3_consolidated_16bit_state_dict()
     copies, state = {}, {}
     for name, tensor in engine.module.state_dict().items():
