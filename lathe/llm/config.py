@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from lathe.llm.config_keys import SUPPORTED_FINETUNING_TYPES, SUPPORTED_STAGES
+from lathe.llm.config_optim import OptimizerMethodArguments, validate_methods
 from lathe.llm.config_values import RawConfig, build_sections, check_keys, parse_overrides, split_commas
 
 __all__ = [
@@ -139,8 +140,8 @@ class DataArguments:
 
 
 @dataclass
-class FinetuningArguments:
-    """Which stage and method: full, freeze or LoRA (LLaMA-Factory's fine-tuning arguments that lathe supports)."""
+class FinetuningArguments(OptimizerMethodArguments):
+    """Which stage and method: full, freeze or LoRA, and the optimizer and loss keys (lathe.llm.config_optim)."""
 
     _argument_group_name = "finetuning"
 
@@ -183,6 +184,7 @@ class FinetuningArguments:
         if self.lora_rank <= 0:
             raise ValueError(f"lora_rank must be a positive integer, got {self.lora_rank}")
         self.lora_alpha = self.lora_alpha or self.lora_rank * 2
+        self.check_methods()
 
 
 @dataclass
@@ -365,6 +367,7 @@ def _validate(config: TrainConfig, where: str) -> None:
         raise ValueError(f"adapter_name_or_path{where} needs finetuning_type: lora (got {finetuning.finetuning_type!r}).")
     if training.fp16 and finetuning.pure_bf16:
         raise ValueError(f"fp16 and pure_bf16{where} contradict each other.")
+    validate_methods(config, where)
     if finetuning.early_stopping_steps is not None:
         if finetuning.early_stopping_steps <= 0:
             raise ValueError(f"early_stopping_steps{where} must be a positive number of evaluations.")

@@ -89,11 +89,15 @@ class TrainingArguments(FluentSetters):
     # --- Optimizer ---
     optim: OptimizerNames | str = field(
         default="adamw_torch_fused",
-        metadata=_help("Optimizer name; lathe builds adamw_torch, adamw_torch_fused, sgd, adagrad, rmsprop and adafactor."),
+        metadata=_help("Optimizer name; lathe builds adamw_torch, adamw_torch_fused, sgd, adagrad, rmsprop, adafactor, galore_* and apollo_*."),
     )
     optim_args: str | None = field(
         default=None,
         metadata=_help("Extra optimizer arguments as a 'key=value,key=value' string."),
+    )
+    optim_target_modules: str | list[str] | None = field(
+        default=None,
+        metadata=_help("GaLore / APOLLO optimizers: the nn.Linear modules they project, as names, a regex or 'all-linear'."),
     )
     weight_decay: float = field(
         default=0.0, metadata=_help("Decoupled weight decay, applied to every parameter except biases and norm weights.")

@@ -53,7 +53,9 @@ class TrainerSteps:
             return self._zero_engine_step()
         if self.scaler is not None:
             self.scaler.unscale_(self.optimizer)
-        self._grad_norm = runtime.clip_gradients(self._trainable_parameters, args.max_grad_norm) if args.max_grad_norm and args.max_grad_norm > 0 else None
+        if self._optimizer_flips_requires_grad:  # BAdam trains one block at a time: clip what trains now
+            self._trainable_parameters = [p for p in self._all_parameters if p.requires_grad]
+        self._grad_norm = runtime.clip_gradients(self._trainable_parameters, args.max_grad_norm, self._sparse_gradients) if args.max_grad_norm and args.max_grad_norm > 0 else None
         self.control = self.callback_handler.on_pre_optimizer_step(args, self.state, self.control)
         if self.scaler is not None:
             scale_before = self.scaler.get_scale()

@@ -307,6 +307,9 @@ class Trainer(TrainerSteps, TrainerDataLoaders, TrainerCheckpointing, TrainerEva
         self._total_loss = 0.0
         self._all_parameters = list(self.model.parameters())
         self._trainable_parameters = [p for p in self._all_parameters if p.requires_grad]
+        # Optimizers that change which parameters train (BAdam's blocks) or give sparse gradients say so.
+        self._optimizer_flips_requires_grad = bool(getattr(self.optimizer, "changes_requires_grad", False))
+        self._sparse_gradients = bool(getattr(self.optimizer, "sparse_gradients", False))
         self._globalstep_last_logged = self.state.global_step
         self._first_step_of_run = self.state.global_step
         self._initial_num_input_tokens_seen = self.state.num_input_tokens_seen

@@ -15,10 +15,11 @@ from lathe.llm.workflows.setup import (
     resolve_resume_checkpoint,
     write_run_config,
 )
+from lathe.llm.workflows.methods import MethodsMixin, load_reference_model
 from lathe.train.seq2seq import Seq2SeqTrainer
 
 
-class SFTTrainer(Seq2SeqTrainer):
+class SFTTrainer(MethodsMixin, Seq2SeqTrainer):
     """Seq2SeqTrainer for decoder-only models: with predict_with_generate, the rows hold the prompt
     only and the labels the reference answer, so generation runs without labels (their length
     differs from the prompt's) and the prompt is blanked out of what generate() returns."""
@@ -81,7 +82,8 @@ def run_sft(config, dry_run: bool = False, callbacks: list | None = None) -> dic
         model=model, args=training_args, data_collator=collator, processing_class=tokenizer,
         train_dataset=datasets["train_dataset"], eval_dataset=datasets["eval_dataset"],
         compute_metrics=ExactMatch(tokenizer, config.generating.skip_special_tokens) if training_args.predict_with_generate else None,
-        callbacks=make_callbacks(config) + list(callbacks or []),
+        callbacks=make_callbacks(config) + list(callbacks or []), finetuning_args=finetuning_args,
+        ref_model=load_reference_model(tokenizer, model_args, finetuning_args),
     )
     metrics = {}
     if training_args.do_train:

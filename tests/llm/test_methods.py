@@ -1,0 +1,69 @@
+"""LLaMA-Factory's optimizer and loss keys (GaLore, APOLLO, BAdam, Adam-mini, Muon, DFT, EAFT, ASFT) train the
+same numbers in `lathe train` as in LLaMA-Factory 0.9.5: every step's loss, grad_norm and learning rate, and
+the saved weights, against tests/llm/golden/llamafactory_methods.json (made by make_llamafactory_methods.py
+with LLaMA-Factory installed beside)."""
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from lathe.llm.commands import run_train
+from lathe.llm.config import parse_train_config
+from lathe.train.callbacks import TrainerCallback
+from tests.llm.golden.make_llamafactory_methods import CASES, GOLDEN, build_assets, case_config
+
+pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore::UserWarning", "ignore::FutureWarning")]
+
+GOLDENS = json.loads(GOLDEN.read_text(encoding="utf-8"))
+PACKAGES = {"use_galore": "galore_torch", "use_apollo": "apollo_torch", "use_badam": "badam", "use_adam_mini": "adam_mini"}
+
+
+@pytest.fixture(scope="module")
+def assets(tmp_path_factory):
+    return build_assets(tmp_path_factory.mktemp("methods"))
+
+
+@pytest.fixture(autouse=True)
+def private_cache(tmp_path_factory, monkeypatch):
+    monkeypatch.setenv("HOME", str(tmp_path_factory.getbasetemp() / "home"))
+
+
+class Recorder(TrainerCallback):
+    def __init__(self):
+        self.steps = []
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if logs and "loss" in logs:
+            self.steps.append({key: logs[key] for key in ("loss", "grad_norm", "learning_rate") if key in logs})
+
+
+def _train(name, assets, output_dir, **extra):
+    for key, package in PACKAGES.items():
+        if CASES[name].get(key):
+            pytest.importorskip(package)
+    recorder = Recorder()
+    config = parse_train_config({**case_config(name, *assets, str(output_dir)), **extra})
+    run_train(config, callbacks=[recorder])
+    return recorder.steps
+
+
+def _fingerprint(folder: Path) -> dict:
+    from safetensors.torch import load_file
+
+    tensors = load_file(str(folder / "model.safetensors"))
+    return {name: [float(t.double().sum()), float(t.double().square().sum())] for name, t in sorted(tensors.items())}
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_step_losses_equal_llamafactory(name, assets, tmp_path):
+    golden = GOLDENS["cases"][name]
+    assert golden["config"] == CASES[name], f"{name}: the golden file is stale; rerun make_llamafactory_methods.py"
+    steps = _train(name, assets, tmp_path / "out")
+    assert [s["loss"] for s in steps] == pytest.approx([s["loss"] for s in golden["steps"]], rel=0, abs=0)
+    assert [s["learning_rate"] for s in steps] == [s["learning_rate"] for s in golden["steps"]]
+    assert [s["grad_norm"] for s in steps] == pytest.approx([s["grad_norm"] for s in golden["steps"]], rel=1e-6)
+    weights = _fingerprint(tmp_path / "out")
+    assert weights.keys() == golden["weights"].keys()
+    for key, (total, squares) in golden["weights"].items():
+        assert weights[key] == pytest.approx([total, squares], rel=1e-6, abs=1e-9), key
