@@ -332,10 +332,11 @@ def rng_file_name(process_index: int, world_size: int) -> str:
     return "rng_state.pth" if world_size <= 1 else f"rng_state_{process_index}.pth"
 
 
-def safe_torch_load(path: str, map_location=None):
+def safe_torch_load(path: str, map_location=None, allowed_classes=()):
     """torch.load with weights_only=True; numpy's RNG state (an ndarray inside a tuple) needs its
-    reconstruction functions allow-listed, nothing else is."""
-    allowed = [np.ndarray, np.dtype, type(np.dtype(np.uint32))]
+    reconstruction functions allow-listed, and `allowed_classes` (an optimizer's state objects, such as
+    GaLore's projectors) are; nothing else is."""
+    allowed = [np.ndarray, np.dtype, type(np.dtype(np.uint32)), *allowed_classes]
     try:
         allowed.append(np._core.multiarray._reconstruct)
     except AttributeError:  # numpy < 2

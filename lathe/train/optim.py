@@ -18,6 +18,7 @@ __all__ = [
     "get_decay_parameter_names",
     "get_optimizer_cls_and_kwargs",
     "get_scheduler",
+    "optimizer_state_classes",
     "parse_optim_args",
 ]
 
@@ -289,3 +290,22 @@ def create_optimizer(
     if not groups:
         raise ValueError("create_optimizer: the model has no parameters with requires_grad=True")
     return optimizer_cls(groups, **optimizer_kwargs)
+
+
+def optimizer_state_classes(optimizer) -> list[type]:
+    """Classes other than tensors and containers in `optimizer`'s state_dict, which loading a checkpoint
+    must allow (torch.load(weights_only=True)): GaLore's and APOLLO's gradient projectors."""
+    from lathe.train.layerwise import is_layerwise
+
+    inner = list(optimizer.optimizer_dict.values()) if is_layerwise(optimizer) else [optimizer]
+    packages = {type(each).__module__.split(".")[0] for each in inner}
+    classes = []
+    if "galore_torch" in packages:
+        from lathe.train.integrations import galore
+
+        classes += galore.state_classes()
+    if "apollo_torch" in packages:
+        from lathe.train.integrations import apollo
+
+        classes += apollo.state_classes()
+    return classes

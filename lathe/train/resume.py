@@ -151,7 +151,11 @@ class TrainerCheckpointing:
         if not fsdp.is_sharded(self.model):
             weights_io.load_model_weights(self.model, path)
             if optimizer_file is not None:
-                self.optimizer.load_state_dict(ckpt.safe_torch_load(optimizer_file, map_location=self.args.device))
+                from lathe.train.optim import optimizer_state_classes
+
+                state = ckpt.safe_torch_load(optimizer_file, map_location=self.args.device,
+                                             allowed_classes=optimizer_state_classes(self.optimizer))
+                self.optimizer.load_state_dict(state)
             return
         first = self.args.process_index == 0
         adapter = os.path.isfile(os.path.join(path, ckpt.ADAPTER_WEIGHTS_NAME)) and hasattr(self.model, "load_adapter")

@@ -21,3 +21,11 @@ def group_options(rank: int, proj: str, proj_type: str, update_proj_gap: int, sc
     if scale_front is not None:
         options["scale_front"] = scale_front
     return options
+
+
+def state_classes() -> list[type]:
+    """The objects apollo_torch keeps in optimizer state (random or SVD projectors), for safe loading."""
+    from apollo_torch.random_projector import GradientProjector
+    from apollo_torch.svd_projector import GaLoreProjector
+
+    return [GradientProjector, GaLoreProjector]

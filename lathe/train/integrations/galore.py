@@ -20,3 +20,10 @@ def optimizer_class(kind: str, who: str):
 def group_options(rank: int, update_proj_gap: int, scale: float, proj_type: str) -> dict:
     """The param-group keys galore_torch reads to project a group's gradients."""
     return {"rank": rank, "update_proj_gap": update_proj_gap, "scale": scale, "proj_type": proj_type}
+
+
+def state_classes() -> list[type]:
+    """The objects galore_torch keeps in optimizer state (one projector per matrix), for safe loading."""
+    from galore_torch.galore_projector import GaLoreProjector
+
+    return [GaLoreProjector]
