@@ -10,7 +10,7 @@ import typing
 from pathlib import Path
 from typing import Any, Literal, Union
 
-from lathe.llm.config_keys import UNSUPPORTED_KEYS
+from lathe.llm.config_keys import ANY_VALUE, REFUSED_KEYS, UNSUPPORTED_KEYS, refusal_reason
 
 __all__ = ["read_source", "parse_overrides", "check_keys", "coerce_value", "split_commas", "RawConfig", "build_sections"]
 
@@ -118,6 +118,7 @@ def check_keys(raw: dict[str, Any], known: list[str], origin, hints: dict[str, s
     one error listing unknown keys (with the closest known one) and keys not supported yet.
     `origin(key)` says where a key came from, for the message; `hints` maps keys that belong to
     another command to what to say about them."""
+    _refuse_what_cannot_run(raw, origin)
     errors = []
     hints = hints or {}
     for key in list(raw):
@@ -138,6 +139,17 @@ def check_keys(raw: dict[str, Any], known: list[str], origin, hints: dict[str, s
             errors.append(f"Unknown key {key!r}{origin(key)}{suggestion}")
     if errors:
         raise ValueError("\n".join(errors))
+
+
+def _refuse_what_cannot_run(raw: dict[str, Any], origin) -> None:
+    """The first key (in file order) asking for what cannot run here stops the run, with one line saying
+    why; such keys left at LLaMA-Factory's default change nothing and are dropped."""
+    for key in [key for key in raw if key in REFUSED_KEYS]:
+        default, value = REFUSED_KEYS[key][0], raw[key]
+        if default is not ANY_VALUE and (value == default or (isinstance(value, str) and value == str(default))):
+            del raw[key]
+            continue
+        raise ValueError(f"{key}{origin(key)}: {refusal_reason(key)}")
 
 
 def _members(hint: Any) -> tuple[list[Any], bool]:
