@@ -261,7 +261,8 @@ def _field_hints(dtype: type) -> dict[str, Any]:
 def parse_train_config(source: str | Path | dict, overrides: list[str] | tuple[str, ...] = ()) -> TrainConfig:
     """Read a LLaMA-Factory-style config (file path or dict) plus command-line overrides into a TrainConfig.
 
-    Precedence: dataclass defaults < file < overrides. `do_train` defaults to True.
+    Precedence: dataclass defaults < file < overrides. `do_train` defaults to True unless the config asks
+    for do_eval or do_predict (then, as in LLaMA-Factory, it only evaluates or predicts).
     """
     config_input = RawConfig(source, overrides)
     raw, origin, where, path = config_input.values, config_input.origin, config_input.where, config_input.path
@@ -277,7 +278,8 @@ def parse_train_config(source: str | Path | dict, overrides: list[str] | tuple[s
     config_input.coerce(known)
 
     _check_stage(raw, origin)
-    raw.setdefault("do_train", True)
+    if not (raw.get("do_eval") or raw.get("do_predict")):
+        raw.setdefault("do_train", True)  # a config that asks for nothing trains; with do_eval / do_predict only, not
     overwrite_output_dir = bool(raw.pop("overwrite_output_dir", False))
     _fill_training_defaults(raw)
 

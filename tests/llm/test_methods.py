@@ -1,17 +1,27 @@
 """LLaMA-Factory's optimizer and loss keys (GaLore, APOLLO, BAdam, Adam-mini, Muon, DFT, EAFT, ASFT) train the
 same numbers in `lathe train` as in LLaMA-Factory 0.9.5: every step's loss, grad_norm and learning rate, and
-the saved weights, against tests/llm/golden/llamafactory_methods.json (made by make_llamafactory_methods.py
-with LLaMA-Factory installed beside)."""
+the saved weights; a prediction-only config (its nlg_eval example: an adapter, do_predict, no do_train) writes
+the same generated_predictions.jsonl and BLEU-4 / ROUGE scores. Against tests/llm/golden/llamafactory_methods.json
+(made by make_llamafactory_methods.py with LLaMA-Factory installed beside)."""
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
 from lathe.llm.commands import run_train
 from lathe.llm.config import parse_train_config
 from lathe.train.callbacks import TrainerCallback
-from tests.llm.golden.make_llamafactory_methods import CASES, GOLDEN, build_assets, case_config
+from tests.llm.golden.make_llamafactory_methods import (
+    CASES,
+    GOLDEN,
+    PREDICT_CASES,
+    TOKENIZER,
+    build_assets,
+    case_config,
+    encoded_pairs,
+)
 
 pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore::UserWarning", "ignore::FutureWarning")]
 
@@ -67,3 +77,36 @@ def test_step_losses_equal_llamafactory(name, assets, tmp_path):
     assert weights.keys() == golden["weights"].keys()
     for key, (total, squares) in golden["weights"].items():
         assert weights[key] == pytest.approx([total, squares], rel=1e-6, abs=1e-9), key
+
+
+@pytest.mark.parametrize("name", list(PREDICT_CASES))
+def test_prediction_only_equals_llamafactory(name, assets, tmp_path):
+    pytest.importorskip("jieba")
+    golden = GOLDENS["cases"][name]
+    assert golden["config"] == PREDICT_CASES[name], f"{name}: the golden file is stale"
+    output = tmp_path / "out"
+    config = parse_train_config(case_config(name, *assets, str(output)))
+    assert not config.training.do_train  # do_predict without do_train predicts only
+    metrics = run_train(config)
+    lines = [json.loads(line) for line in (output / "generated_predictions.jsonl").read_text(encoding="utf-8").splitlines()]
+    assert lines == golden["predictions"]
+    saved = json.loads((output / "predict_results.json").read_text(encoding="utf-8"))
+    for key, value in golden["metrics"].items():
+        assert metrics[key] == value and saved[key] == value, key
+    assert not any(path.name.startswith("checkpoint") or path.name == "model.safetensors" for path in output.iterdir())
+
+
+def test_bleu_and_rouge_equal_llamafactory():
+    pytest.importorskip("jieba")
+    from transformers import AutoTokenizer
+
+    from lathe.llm.workflows.metrics import GenerationMetrics
+    from lathe.train.outputs import EvalPrediction
+
+    tokenizer = AutoTokenizer.from_pretrained(str(TOKENIZER))
+    tokenizer.pad_token = tokenizer.eos_token
+    predictions, labels = encoded_pairs(tokenizer)
+    scores = GenerationMetrics(tokenizer)(EvalPrediction(predictions=np.array(predictions), label_ids=np.array(labels)))
+    golden = GOLDENS["cases"]["similarity"]["scores"]
+    assert {key: scores[key] for key in golden} == golden
+    assert scores["exact_match"] == 16.6667  # lathe's own addition: 1 of 6 equal

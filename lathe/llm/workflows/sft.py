@@ -48,7 +48,8 @@ def run_sft(config, dry_run: bool = False, callbacks: list | None = None) -> dic
     from lathe.llm.data.pipeline import get_dataset
     from lathe.llm.model.loader import load_model, load_tokenizer
     from lathe.llm.templates import get_template_and_fix_tokenizer
-    from lathe.llm.workflows.outputs import ExactMatch, save_predictions, set_stop_tokens
+    from lathe.llm.workflows.metrics import GenerationMetrics
+    from lathe.llm.workflows.outputs import save_predictions, set_stop_tokens
     from lathe.train.seed import set_seed
 
     model_args, data_args, training_args, finetuning_args = config.model, config.data, config.training, config.finetuning
@@ -81,7 +82,7 @@ def run_sft(config, dry_run: bool = False, callbacks: list | None = None) -> dic
     trainer = SFTTrainer(
         model=model, args=training_args, data_collator=collator, processing_class=tokenizer,
         train_dataset=datasets["train_dataset"], eval_dataset=datasets["eval_dataset"],
-        compute_metrics=ExactMatch(tokenizer, config.generating.skip_special_tokens) if training_args.predict_with_generate else None,
+        compute_metrics=GenerationMetrics(tokenizer, config.generating.skip_special_tokens) if training_args.predict_with_generate else None,
         callbacks=make_callbacks(config) + list(callbacks or []), finetuning_args=finetuning_args,
         ref_model=load_reference_model(tokenizer, model_args, finetuning_args),
     )

@@ -7,9 +7,11 @@ are drawn from a seeded generator, the committed BPE tokenizer, a small alpaca d
 folder, then runs this same file in LLaMA-Factory's environment (`--worker`, where lathe is not imported):
 each case below is one `llamafactory.train.tuner.run_exp` (stage sft, full fine-tuning unless the case says
 otherwise, fp32 on CPU), with a callback that records every log line. Writes
-tests/llm/golden/llamafactory_methods.json: per case the config keys, the logged loss, grad_norm and
-learning_rate of every step, and a fingerprint of the saved weights, with the versions that produced it.
-LLaMA-Factory's venv needs the method packages: galore-torch, apollo-torch, badam, adam-mini.
+tests/llm/golden/llamafactory_methods.json: per training case the config keys, the logged loss, grad_norm and
+learning_rate of every step, and a fingerprint of the saved weights; per prediction case (a LoRA adapter,
+no do_train) the BLEU-4 / ROUGE scores and generated_predictions.jsonl; with the versions that produced it.
+LLaMA-Factory's venv needs the method packages: galore-torch, apollo-torch, badam, adam-mini, jieba, nltk,
+rouge-chinese.
 """
 from __future__ import annotations
 
@@ -68,6 +70,30 @@ CASES = {
     "asft": {"use_asft_loss": True, "asft_alpha": 0.2},
 }
 
+# Prediction only (LLaMA-Factory's examples/extras/nlg_eval): no do_train, a LoRA adapter, generation on the
+# eval set, generated_predictions.jsonl and BLEU-4 / ROUGE. Greedy, and sampled with the default settings.
+PREDICT_BASE = {
+    "stage": "sft", "do_predict": True, "finetuning_type": "lora", "eval_dataset": "arith", "template": "qwen",
+    "cutoff_len": 128, "max_samples": 10, "overwrite_cache": True, "per_device_eval_batch_size": 2,
+    "predict_with_generate": True, "overwrite_output_dir": True, "report_to": "none", "use_cpu": True, "bf16": False,
+    "disable_tqdm": True, "max_new_tokens": 12, "seed": 42,
+}
+PREDICT_CASES = {
+    "predict_greedy": {"do_sample": False},
+    "predict_sampled": {"per_device_eval_batch_size": 1},
+}
+
+# LLaMA-Factory's ComputeSimilarity on fixed (prediction, reference) texts, encoded with the committed tokenizer:
+# English and Chinese (jieba's words), partial overlap, an empty prediction, identical texts.
+SIMILARITY_PAIRS = [
+    ("the quick brown fox jumps over the lazy dog", "the quick brown fox jumped over a lazy dog"),
+    ("13 plus 1 is 14.", "13 plus 1 is 14. Yes."),
+    ("今天天气很好，我们去公园散步吧", "今天天气不错，我们去公园走走"),
+    ("", "something to say"),
+    ("reverse the string: olleh", "reverse the string: olleh"),
+    ("机器学习是人工智能的一个分支", "深度学习是机器学习的一个分支"),
+]
+
 
 # ---- assets (built with lathe's environment; the tests build them the same way) --------------------------
 def alpaca_rows(count: int = 24) -> list[dict]:
@@ -109,12 +135,29 @@ def build_model(folder: Path) -> None:
     tokenizer.save_pretrained(str(folder))
 
 
+def build_adapter(model_dir: Path, folder: Path) -> None:
+    """A LoRA adapter (rank 4 on q_proj and v_proj) with seeded weights, B non-zero so it changes the model."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    model = get_peft_model(AutoModelForCausalLM.from_pretrained(str(model_dir)),
+                           LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM"))
+    generator = torch.Generator().manual_seed(99)
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if "lora_" in name:
+                parameter.copy_(torch.randn(parameter.shape, generator=generator) * 0.5)
+    model.save_pretrained(str(folder))
+
+
 def build_assets(folder: Path) -> tuple[str, str]:
-    """(model folder, dataset folder) under `folder`."""
+    """(model folder, dataset folder) under `folder`; the LoRA adapter is `folder`/adapter."""
     model_dir, data_dir = folder / "model", folder / "data"
     if not (model_dir / "config.json").exists():
         model_dir.mkdir(parents=True, exist_ok=True)
         build_model(model_dir)
+        build_adapter(model_dir, folder / "adapter")
     data_dir.mkdir(parents=True, exist_ok=True)
     (data_dir / "arith.json").write_text(json.dumps(alpaca_rows()), encoding="utf-8")
     (data_dir / "dataset_info.json").write_text(json.dumps({"arith": {"file_name": "arith.json"}}), encoding="utf-8")
@@ -122,6 +165,10 @@ def build_assets(folder: Path) -> tuple[str, str]:
 
 
 def case_config(name: str, model_dir: str, data_dir: str, output_dir: str) -> dict:
+    if name in PREDICT_CASES:
+        adapter = str(Path(model_dir).parent / "adapter")
+        return {"model_name_or_path": model_dir, "adapter_name_or_path": adapter, "dataset_dir": data_dir,
+                "output_dir": output_dir, **PREDICT_BASE, **PREDICT_CASES[name]}
     return {"model_name_or_path": model_dir, "dataset_dir": data_dir, "output_dir": output_dir, **BASE, **CASES[name]}
 
 
@@ -132,6 +179,38 @@ def weights_fingerprint(folder: str) -> dict:
 
     tensors = load_file(os.path.join(folder, "model.safetensors"))
     return {name: [float(t.double().sum()), float(t.double().square().sum())] for name, t in sorted(tensors.items())}
+
+
+def prediction_outputs(folder: str) -> dict:
+    """predict_results.json's scores (not its timings) and generated_predictions.jsonl's lines."""
+    with open(os.path.join(folder, "predict_results.json"), encoding="utf-8") as f:
+        metrics = {key: value for key, value in json.load(f).items() if key.split("_", 1)[1] in SCORES}
+    with open(os.path.join(folder, "generated_predictions.jsonl"), encoding="utf-8") as f:
+        lines = [json.loads(line) for line in f]
+    return {"metrics": metrics, "predictions": lines}
+
+
+SCORES = ("bleu-4", "rouge-1", "rouge-2", "rouge-l")
+
+
+def encoded_pairs(tokenizer) -> tuple[list[list[int]], list[list[int]]]:
+    """SIMILARITY_PAIRS as token rows padded with -100 to one length (as prediction loops return them)."""
+    rows = [[tokenizer.encode(text, add_special_tokens=False) for text in pair] for pair in SIMILARITY_PAIRS]
+    width = max(len(row) for pair in rows for row in pair)
+    padded = [[row + [-100] * (width - len(row)) for row in pair] for pair in rows]
+    return [pair[0] for pair in padded], [pair[1] for pair in padded]
+
+
+def similarity_with_llamafactory() -> dict:
+    import numpy as np
+    from llamafactory.train.sft.metric import ComputeSimilarity
+    from transformers import AutoTokenizer, EvalPrediction
+
+    tokenizer = AutoTokenizer.from_pretrained(str(TOKENIZER))
+    tokenizer.pad_token = tokenizer.eos_token  # as LLaMA-Factory's template fix leaves it
+    predictions, labels = encoded_pairs(tokenizer)
+    scores = ComputeSimilarity(tokenizer=tokenizer)(EvalPrediction(np.array(predictions), np.array(labels)))
+    return {"pairs": SIMILARITY_PAIRS, "scores": scores}
 
 
 def run_llamafactory(names: list[str], model_dir: str, data_dir: str, scratch: str) -> dict:
@@ -153,17 +232,24 @@ def run_llamafactory(names: list[str], model_dir: str, data_dir: str, scratch: s
         output_dir = os.path.join(scratch, name)
         recorder = Recorder()
         run_exp(args=case_config(name, model_dir, data_dir, output_dir), callbacks=[recorder])
+        if name in PREDICT_CASES:
+            results[name] = {"config": PREDICT_CASES[name], **prediction_outputs(output_dir)}
+            print(f"{name}: {results[name]['metrics']}", file=sys.stderr, flush=True)
+            continue
         results[name] = {"config": CASES[name], "steps": recorder.logs, "weights": weights_fingerprint(output_dir)}
         print(f"{name}: {[round(line['loss'], 6) for line in recorder.logs]}", file=sys.stderr, flush=True)
+    results["similarity"] = similarity_with_llamafactory()
     versions = {"llamafactory": llamafactory.__version__, "transformers": transformers.__version__}
-    for package in ("galore_torch", "apollo_torch", "badam", "adam_mini"):
-        from importlib.metadata import PackageNotFoundError, version
+    from importlib.metadata import PackageNotFoundError, version
 
+    for package in ("galore_torch", "apollo_torch", "badam", "adam_mini"):
         try:
             versions[package] = version(package.replace("_", "-"))
         except PackageNotFoundError:
             pass
-    return {"versions": versions, "base": BASE, "cases": results}
+    for package in ("jieba", "nltk", "rouge-chinese"):
+        versions[package] = version(package)
+    return {"versions": versions, "base": BASE, "predict_base": PREDICT_BASE, "cases": results}
 
 
 def main() -> None:
@@ -179,7 +265,7 @@ def main() -> None:
             result = run_llamafactory(names.split(","), model_dir, data_dir, scratch)
         Path(out).write_text(json.dumps(result), encoding="utf-8")
         return
-    names = args.only.split(",") if args.only else list(CASES)
+    names = args.only.split(",") if args.only else [*CASES, *PREDICT_CASES]
     with tempfile.TemporaryDirectory() as folder:
         model_dir, data_dir = build_assets(Path(folder))
         out = Path(folder) / "result.json"
@@ -192,7 +278,8 @@ def main() -> None:
     if args.only and GOLDEN.exists():
         previous = json.loads(GOLDEN.read_text(encoding="utf-8"))
         result["cases"] = {**previous["cases"], **result["cases"]}
-    result["cases"] = {name: result["cases"][name] for name in CASES if name in result["cases"]}
+    order = [*CASES, *PREDICT_CASES, "similarity"]
+    result["cases"] = {name: result["cases"][name] for name in order if name in result["cases"]}
     GOLDEN.write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
     print(f"wrote {GOLDEN}")
 
