@@ -196,9 +196,8 @@ def _decode_rows(tokenizer, rows, skip_special_tokens: bool) -> list[str]:
 
 
 class ExactMatch:
-    """compute_metrics for generation: the share of predictions equal to the reference after
-    stripping whitespace (BLEU/ROUGE are not computed: LLaMA-Factory's need jieba, nltk and
-    rouge-chinese, which lathe does not depend on)."""
+    """The share of predictions equal to the reference after stripping whitespace (lathe's addition to
+    LLaMA-Factory's BLEU-4 / ROUGE, which lathe.llm.workflows.metrics computes)."""
 
     def __init__(self, tokenizer, skip_special_tokens: bool = True):
         self.tokenizer = tokenizer

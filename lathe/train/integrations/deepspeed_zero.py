@@ -31,16 +31,24 @@ logger = logging.getLogger(__name__)
 
 INSTALL_HINT = "pip install 'lathe[deepspeed]'  (or: pip install deepspeed)"
 
-# Top-level keys of a DeepSpeed config that this integration reads or passes through (DeepSpeed
-# validates its own sections); a misspelt one would be ignored by DeepSpeed, so it is an error here.
+# Every top-level key DeepSpeed 0.19's config parser reads (DeepSpeedConfig._initialize_params and the
+# section parsers it calls); the sections' own keys DeepSpeed validates itself. A key outside this list
+# DeepSpeed would ignore without a word, so a misspelt one is an error here.
 _KNOWN_KEYS = (
     "train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps", "gradient_clipping",
     "zero_optimization", "zero_allow_untested_optimizer", "zero_force_ds_cpu_optimizer", "fp16", "bf16",
-    "amp", "steps_per_print", "wall_clock_breakdown", "dump_state", "prescale_gradients",
-    "gradient_predivide_factor", "communication_data_type", "seq_parallel_communication_data_type",
-    "activation_checkpointing", "flops_profiler", "comms_logger", "checkpoint", "data_types",
-    "memory_breakdown", "tensorboard", "wandb", "csv_monitor", "aio", "torch_autocast", "compile",
+    "steps_per_print", "wall_clock_breakdown", "memory_breakdown", "dump_state", "prescale_gradients",
+    "gradient_predivide_factor", "gradient_allreduce_op", "communication_data_type",
+    "seq_parallel_communication_data_type", "activation_checkpointing", "flops_profiler", "comms_logger",
+    "checkpoint", "data_types", "tensorboard", "wandb", "csv_monitor", "comet", "aio", "torch_autocast",
+    "compile", "autotuning", "data_efficiency", "datastates_ckpt", "dataloader_drop_last", "disable_allgather",
+    "disable_python_gc", "expert_parallel", "hybrid_engine", "log_level", "managed_gradient_accumulation",
+    "pipeline", "tensor_parallel", "timers", "use_data_before_expert_parallelism", "weight_quantization",
 )
+# Keys LLaMA-Factory's example configs carry that DeepSpeed 0.19 never reads (its communication logger
+# and monitors are configured by comms_logger, tensorboard, wandb, csv_monitor, comet): accepted, with a
+# warning that they do nothing, as DeepSpeed would silently do nothing with them.
+_NOT_READ_BY_DEEPSPEED = ("comms_config", "monitor_config")
 # Sections where DeepSpeed would build its own optimizer / scheduler instead of lathe's.
 _OWN_OPTIMIZER_SECTIONS = ("optimizer", "scheduler")
 # The classes DeepSpeed's checkpoint files hold besides tensors and plain containers.
@@ -90,15 +98,28 @@ def validate(args) -> dict:
     config = read_config(args.deepspeed)
     where = f"deepspeed config {args.deepspeed!r}" if not isinstance(args.deepspeed, dict) else "deepspeed config"
     for key in config:
+        if key.startswith("_"):
+            continue  # a JSON comment ("_comment"), by the usual convention; DeepSpeed skips it too
+        if key in _NOT_READ_BY_DEEPSPEED:
+            logger.warning("%s: DeepSpeed does not read %r, so it has no effect (its settings belong in %s).", where, key,
+                           "comms_logger" if key == "comms_config" else "tensorboard / wandb / csv_monitor / comet")
+            continue
         if key in _OWN_OPTIMIZER_SECTIONS:
             raise ValueError(
                 f"{where}: the {key!r} section is not supported. lathe builds the optimizer and scheduler from TrainingArguments "
                 "(optim, learning_rate, weight_decay, adam_beta1/2, adam_epsilon, lr_scheduler_type, warmup_steps) and DeepSpeed "
                 f"wraps them: remove {key!r} from the config and set those arguments instead.")
         if key not in _KNOWN_KEYS:
+            removed = _removed_by_deepspeed().get(key)
+            if removed:
+                raise ValueError(f"{where}: {key!r}: {removed}")
             close = difflib.get_close_matches(key, _KNOWN_KEYS, n=1)
             hint = f"; did you mean {close[0]!r}?" if close else ""
             raise ValueError(f"{where} has an unknown key {key!r}{hint}")
+    if int((config.get("tensor_parallel") or {}).get("autotp_size") or 0) > 1:
+        raise ValueError(
+            f"{where}: tensor_parallel.autotp_size > 1 (DeepSpeed AutoTP) is not supported: lathe gives every process its "
+            "own share of the data, while tensor-parallel ranks must see the same batch. Shard with ZeRO-3 or FSDP2 instead.")
     stage = zero_stage(config)
     if stage not in (0, 1, 2, 3):
         raise ValueError(f"{where}: zero_optimization.stage must be 0, 1, 2 or 3, got {stage!r}.")
@@ -113,6 +134,16 @@ def validate(args) -> dict:
     _fill(config, args, world_size=None, hidden_size=None, where=where)  # mismatches are errors now, not at train()
     import_deepspeed()
     return config
+
+
+def _removed_by_deepspeed() -> dict:
+    """DeepSpeed's own explanations for the keys of features it removed (amp, elasticity, ...)."""
+    try:
+        import_deepspeed()
+        from deepspeed.runtime.config import _REMOVED_TOP_LEVEL_CONFIG_KEYS
+    except ImportError:
+        return {}
+    return dict(_REMOVED_TOP_LEVEL_CONFIG_KEYS)
 
 
 def zero_stage(config: dict):
@@ -223,9 +254,32 @@ def initialize(model, optimizer, lr_scheduler, args):
     import torch.distributed as dist
 
     config = engine_config(args, dist.get_world_size(), model)
+    optimizer = _offloaded(optimizer, config)
     engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, lr_scheduler=lr_scheduler, config=config)
     engine.checkpoint_engine = _safe_checkpoint_engine(engine.checkpoint_engine)
     return engine
+
+
+def _offloaded(optimizer, config: dict):
+    """With the optimizer offloaded to the CPU (zero_optimization.offload_optimizer), DeepSpeed insists on its
+    own CPU kernels unless zero_force_ds_cpu_optimizer is false: the optimizer becomes DeepSpeed's CPU Adam
+    (AdamW mode for AdamW) or CPU Adagrad over the same parameter groups, as accelerate does for transformers."""
+    device = ((config.get("zero_optimization") or {}).get("offload_optimizer") or {}).get("device", "none")
+    if device in (None, "none") or not config.get("zero_force_ds_cpu_optimizer", True):
+        return optimizer
+    import torch
+
+    defaults = {key: value for key, value in optimizer.defaults.items() if key in ("lr", "weight_decay")}
+    if isinstance(optimizer, (torch.optim.Adam, torch.optim.AdamW)):
+        from deepspeed.ops.adam import DeepSpeedCPUAdam
+
+        return DeepSpeedCPUAdam(optimizer.param_groups, adamw_mode=isinstance(optimizer, torch.optim.AdamW), **defaults)
+    if isinstance(optimizer, torch.optim.Adagrad):
+        from deepspeed.ops.adagrad import DeepSpeedCPUAdagrad
+
+        return DeepSpeedCPUAdagrad(optimizer.param_groups, **defaults)
+    raise ValueError(f"ZeRO-Offload (zero_optimization.offload_optimizer) runs DeepSpeed's CPU Adam or Adagrad, not "
+                     f"{type(optimizer).__name__}: use optim adamw_torch / adagrad, or set zero_force_ds_cpu_optimizer: false.")
 
 
 def backward(engine, loss) -> None:
