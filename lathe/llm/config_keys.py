@@ -112,8 +112,8 @@ REFUSED_KEYS: dict[str, tuple[object, str]] = {
         "crop_to_patches": False, "video_max_pixels": 256 * 256, "video_min_pixels": 16 * 16, "video_fps": 2.0,
         "video_maxlen": 128, "use_audio_in_video": False, "audio_sampling_rate": 16000, "freeze_vision_tower": True,
         "freeze_multi_modal_projector": True, "freeze_language_model": False}.items()},
-    "use_v1_kernels": (False, "LLaMA-Factory's v1 kernels are fused operators for Ascend NPUs (torch_npu); lathe "
-                              "runs on CPUs and CUDA GPUs."),
+    "use_v1_kernels": (False, "LLaMA-Factory's v1 kernels (fused Ascend NPU operators through torch_npu, Triton MoE "
+                              "kernels) are not part of lathe; remove the key (on a CPU LLaMA-Factory applies none)."),
     **{key: (default, _KTRANSFORMERS) for key, default in {
         "use_kt": False, "kt_weight_path": None, "kt_expert_checkpoint_path": None, "kt_use_lora_experts": None,
         "kt_lora_expert_num": None, "kt_lora_expert_intermediate_size": None}.items()},

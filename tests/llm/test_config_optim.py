@@ -85,7 +85,7 @@ def test_mixture_of_depths_names_its_package():
 
 @pytest.mark.parametrize("values, message", [
     ({"image_max_pixels": 262144}, "image_max_pixels: images, video and audio .*not supported"),
-    ({"use_v1_kernels": True}, "use_v1_kernels: .*Ascend NPUs"),
+    ({"use_v1_kernels": True}, "use_v1_kernels: .*Ascend NPU operators"),
     ({"use_kt": True}, "use_kt: KTransformers"),
     ({"tensor_model_parallel_size": 1, "pipeline_model_parallel_size": 4}, "tensor_model_parallel_size: a Megatron-Core key"),
     ({"ray_num_workers": 4}, "ray_num_workers: Ray is not supported"),

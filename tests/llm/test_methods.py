@@ -110,3 +110,30 @@ def test_bleu_and_rouge_equal_llamafactory():
     golden = GOLDENS["cases"]["similarity"]["scores"]
     assert {key: scores[key] for key in golden} == golden
     assert scores["exact_match"] == 16.6667  # lathe's own addition: 1 of 6 equal
+
+
+class StopAfter(TrainerCallback):
+    def __init__(self, step):
+        self.step = step
+
+    def on_step_end(self, args, state, control, **kwargs):
+        control.should_training_stop = state.global_step >= self.step
+
+
+@pytest.mark.parametrize("name", ["badam_layer", "galore_layerwise"])
+def test_interrupted_run_resumes_to_llamafactorys_weights(name, assets, tmp_path):
+    """Stopped after step 3 (a checkpoint there), resumed: the weights of the uninterrupted run. For BAdam the
+    checkpoint records the active block (BAdam's own state does not: it would restart at the first block)."""
+    output = tmp_path / "out"
+    for key, package in PACKAGES.items():
+        if CASES[name].get(key):
+            pytest.importorskip(package)
+    values = {**case_config(name, *assets, str(output)), "save_strategy": "steps", "save_steps": 3}
+    run_train(parse_train_config(values), callbacks=[StopAfter(3)])
+    recorder = Recorder()
+    run_train(parse_train_config({**values, "resume_from_checkpoint": str(output / "checkpoint-3")}), callbacks=[recorder])
+    golden = GOLDENS["cases"][name]
+    assert [s["loss"] for s in recorder.steps] == [s["loss"] for s in golden["steps"][3:]]
+    weights = _fingerprint(output)
+    for key, (total, squares) in golden["weights"].items():
+        assert weights[key] == pytest.approx([total, squares], rel=1e-6, abs=1e-9), key

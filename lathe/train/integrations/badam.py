@@ -28,7 +28,48 @@ def create_block_optimizer(base_optimizer, named_parameters: list, switch_block_
         switch_block_every=switch_block_every, start_block=start_block, switch_mode=switch_mode, verbose=verbose,
     )
     block_optimizer.changes_requires_grad = True
+    _make_resumable(block_optimizer)
     return block_optimizer
+
+
+def _make_resumable(block_optimizer) -> None:
+    """BAdam's own state_dict is the inner optimizer's alone: a resumed run would restart at the first block,
+    with float32 copies taken from the weights before the checkpoint was loaded. Here the checkpoint also
+    records which block is active, which comes next (and the random order's rest), the step count and the
+    learning rates of the groups the scheduler drives; loading re-activates that block from the loaded weights
+    before its Adam state is restored."""
+    base = block_optimizer.base_optimizer
+
+    def active_block() -> int:
+        own = len(block_optimizer.active_param_prefixs) - len(block_optimizer.active_modules)
+        return block_optimizer.block_prefix_list.index(block_optimizer.active_param_prefixs[:own])
+
+    def state_dict() -> dict:
+        state = base.state_dict()
+        order = getattr(block_optimizer, "block_order", None)
+        # The outer groups are the ones the LR scheduler drives; their rates are copied in at each step.
+        outer = [{key: value for key, value in group.items() if key != "params"} for group in block_optimizer.param_groups]
+        state["badam"] = {"active_block": active_block(), "next_block": block_optimizer.current_block_idx,
+                          "block_order": list(order) if order is not None else None,
+                          "global_step": block_optimizer.global_step, "outer_groups": outer}
+        return state
+
+    def load_state_dict(state: dict) -> None:
+        state = dict(state)
+        position = state.pop("badam", None)
+        if position is not None:
+            block_optimizer.current_block_idx = position["active_block"]
+            block_optimizer.switch_trainable_params(verbose=block_optimizer.verbose)
+            block_optimizer.current_block_idx = position["next_block"]
+            if position["block_order"] is not None:
+                block_optimizer.block_order = list(position["block_order"])
+            block_optimizer.global_step = position["global_step"]
+            for group, saved in zip(block_optimizer.param_groups, position["outer_groups"]):
+                group.update(saved)
+        base.load_state_dict(state)
+
+    block_optimizer.state_dict = state_dict
+    block_optimizer.load_state_dict = load_state_dict
 
 
 def create_ratio_optimizer(param_groups: list, named_parameters: list, update_ratio: float, mask_mode: str,
