@@ -11,7 +11,7 @@ bench/.cache/examples/assets with a tokenizer that has every template's chat mar
 (a seeded LoRA adapter for that model), output_dir, max_steps (2), logging_steps (1, so the first step is
 logged), and fp32 on CPU (bf16 / fp16 / pure_bf16 off, use_cpu on). Both run from the LLaMA-Factory checkout,
 so its relative dataset_dir (data/) and deepspeed paths resolve; with a deepspeed key LLaMA-Factory also gets
-FORCE_TORCHRUN=1, which it requires. Per example it prints: whether each tool ran or refused (with its one
+FORCE_TORCHRUN=1 (and NPROC_PER_NODE=1), which it requires. Per example it prints: whether each tool ran or refused (with its one
 line), the loss of step 1 of each, and whether both tokenize the training data the same (every input_ids and
 labels row, compared by hash, each tool's own pipeline; only where both ran).
 """
@@ -137,8 +137,8 @@ def environment(tool: str, config: dict) -> dict:
         env["PYTHONPATH"] = str(REPO)
     else:
         env["PYTHONPATH"] = str(LF_STUBS)
-        if config.get("deepspeed"):
-            env["FORCE_TORCHRUN"] = "1"
+        if config.get("deepspeed"):  # LLaMA-Factory runs DeepSpeed under its torchrun launcher only
+            env.update(FORCE_TORCHRUN="1", NPROC_PER_NODE="1")  # one process: it counts no GPU here
     return env
 
 
@@ -313,7 +313,12 @@ def main() -> int:
         records.append(record)
         print(f"{record['example']}\n  lathe:         {cell(record['lathe'])}\n  LLaMA-Factory: {cell(record['llamafactory'])}\n"
               f"  tokenization:  {tokens_cell(record)}", flush=True)
-    (WORK / "results.json").write_text(json.dumps(records, indent=1), encoding="utf-8")
+    results = WORK / "results.json"
+    if args.only and results.exists():  # a partial run updates those examples in the last full run's results
+        fresh = {record["example"]: record for record in records}
+        records = [fresh.pop(record["example"], record) for record in json.loads(results.read_text(encoding="utf-8"))]
+        records += list(fresh.values())
+    results.write_text(json.dumps(records, indent=1), encoding="utf-8")
     table = render(records)
     print("\n" + table)
     if args.report:

@@ -111,3 +111,10 @@ def test_cli_exits_2_without_a_traceback(tmp_path, write_yaml):
     result = subprocess.run([sys.executable, "-m", "lathe", "train", path], capture_output=True, text=True, timeout=120)
     assert result.returncode == 2 and "Traceback" not in result.stderr
     assert result.stderr.splitlines()[0].startswith("lathe train: error: ray_num_workers (in ")
+
+
+def test_inference_configs_call_them_training_keys():
+    from lathe.llm.inference.config import parse_infer_config
+
+    with pytest.raises(ValueError, match="use_badam is a training key"):
+        parse_infer_config({"model_name_or_path": "m", "template": "qwen", "use_badam": True})

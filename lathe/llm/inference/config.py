@@ -15,6 +15,7 @@ from typing import Any, Literal
 
 from lathe.llm.config import DataArguments, FinetuningArguments, GeneratingArguments, ModelArguments, _field_hints
 from lathe.llm.config_keys import UNSUPPORTED_KEYS
+from lathe.llm.config_optim import OptimizerMethodArguments
 from lathe.llm.config_values import RawConfig, build_sections, check_keys
 
 __all__ = ["ExportArguments", "InferConfig", "parse_infer_config"]
@@ -62,7 +63,8 @@ _TRAINING_ONLY = {
              "packing", "neat_packing", "tokenized_path"),
     "finetuning": ("stage", "freeze_trainable_layers", "freeze_trainable_modules", "freeze_extra_modules",
                    "additional_target", "lora_alpha", "lora_dropout", "lora_rank", "lora_target", "use_rslora",
-                   "use_dora", "create_new_adapter", "pure_bf16", "early_stopping_steps", "plot_loss"),
+                   "use_dora", "create_new_adapter", "pure_bf16", "early_stopping_steps", "plot_loss",
+                   *(f.name for f in dataclasses.fields(OptimizerMethodArguments))),
     "model": ("disable_gradient_checkpointing", "use_reentrant_gc", "upcast_layernorm", "upcast_lmhead_output",
               "train_from_scratch", "resize_vocab"),
 }
