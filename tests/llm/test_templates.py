@@ -15,7 +15,8 @@ pytest.importorskip("transformers")
 from lathe.llm.templates import (  # noqa: E402
     TEMPLATES, InvalidMessage, Template, get_template, get_template_and_fix_tokenizer, template_names,
 )
-from lathe.llm.templates import tools as tool_formats  # noqa: E402
+from lathe.llm.templates import tool_calls as tool_formats
+from lathe.llm.templates import tools as tool_registry  # noqa: E402
 from tests.llm.chat_goldens import (  # noqa: E402
     ADD_TOOL, GOLDEN_EFFICIENT_EOS, CALL, LLAMA3_DATE, SPECS, TOOL_TEXT, TOOLS, messages_of, spec_ids,
 )
@@ -65,11 +66,11 @@ def test_message_text_is_inserted_verbatim(word_tokenizer):
 
 def test_tool_descriptions_are_written_out_exactly():
     for tool_format, text in TOOL_TEXT.items():
-        assert tool_formats.describe_tools(tool_format, TOOLS) == text, tool_format
-    assert tool_formats.describe_tools("qwen", "[]") == ""
+        assert tool_registry.describe_tools(tool_format, TOOLS) == text, tool_format
+    assert tool_registry.describe_tools("qwen", "[]") == ""
     # an OpenAI-style {"type": "function", "function": ...} entry describes the same tool
     wrapped = json.dumps([{"type": "function", "function": ADD_TOOL}])
-    assert all(tool_formats.describe_tools(f, wrapped) == TOOL_TEXT[f] for f in TOOL_TEXT)
+    assert all(tool_registry.describe_tools(f, wrapped) == TOOL_TEXT[f] for f in TOOL_TEXT)
 
 
 @pytest.mark.parametrize("tool_format,expected", [
@@ -79,25 +80,25 @@ def test_tool_descriptions_are_written_out_exactly():
     ("mistral", '[{"name": "add", "arguments": {"a": 2, "b": 2}}]'),
 ])
 def test_function_calls_round_trip(tool_format, expected):
-    text = tool_formats.format_function_message(CALL, tool_format)
+    text = tool_registry.format_function_message(CALL, tool_format)
     assert text == expected
-    assert tool_formats.get_tool_format(tool_format).extract_calls(text) == [("add", '{"a": 2, "b": 2}')]
-    assert tool_formats.get_tool_format(tool_format).extract_calls("just text") == "just text"
+    assert tool_registry.get_tool_format(tool_format).extract_calls(text) == [("add", '{"a": 2, "b": 2}')]
+    assert tool_registry.get_tool_format(tool_format).extract_calls("just text") == "just text"
 
 
 def test_function_message_keeps_thought_and_text_around_a_tool_call_block():
     words = (("<think>\n", "\n</think>\n\n"), ("<tool_call>", "</tool_call>"))
-    thought = tool_formats.format_function_message(f"<think>\nhm\n</think>\n\n{CALL}", "default", *words)
+    thought = tool_registry.format_function_message(f"<think>\nhm\n</think>\n\n{CALL}", "default", *words)
     assert thought == '<think>\nhm\n</think>\n\nAction: add\nAction Input: {"a": 2, "b": 2}'
-    wrapped = tool_formats.format_function_message(f"sure <tool_call>{CALL}</tool_call>", "default", *words)
+    wrapped = tool_registry.format_function_message(f"sure <tool_call>{CALL}</tool_call>", "default", *words)
     assert wrapped == 'sure Action: add\nAction Input: {"a": 2, "b": 2}'
-    parallel = tool_formats.format_function_message(f"[{CALL}, {CALL}]", "qwen")
+    parallel = tool_registry.format_function_message(f"[{CALL}, {CALL}]", "qwen")
     assert parallel.count("<tool_call>") == 2
     for bad in ("{not json", '{"name": "add"}', "[1]"):
         with pytest.raises(InvalidMessage):
-            tool_formats.format_function_message(bad, "default")
+            tool_registry.format_function_message(bad, "default")
     with pytest.raises(InvalidMessage, match="tools are not valid JSON"):
-        tool_formats.describe_tools("default", "[{")
+        tool_registry.describe_tools("default", "[{")
 
 
 @pytest.mark.parametrize("name,eos,stops", [

@@ -68,6 +68,14 @@ class Template:
     reasoning: bool = False
     enable_thinking: Optional[bool] = True
     preserve_thinking: bool = False
+    # The empty thought's text; None: both thought words (GLM-4.7 writes only the closing one).
+    empty_thought: Optional[str] = None
+    # Phi-4-mini style: the raw tools JSON goes into these slots' {{content}} instead of a tool format's
+    # description (a data_args.tool_format switches back to the format's description).
+    raw_tools_slot: Optional[str] = None
+    # The multimodal plugin LLaMA-Factory pairs with this template (e.g. "qwen2_vl"); lathe trains such
+    # templates on text and refuses image / video / audio data.
+    multimodal: str = ""
 
     def __post_init__(self):
         default_answer = (CONTENT,) if self.efficient_eos else (CONTENT, EOS)
@@ -121,7 +129,7 @@ class Template:
             if index == 0:
                 elements += self.prefix
                 if system or tools:
-                    system_text = system + (describe_tools(self.tool_format, tools) if tools else "")
+                    system_text = system + (self._tools_text(tools) if tools else "")
                     if self.system_in_first_user:
                         # the first system slot only (a string), as the start of the user's content
                         content = _fill(self.system, system_text)[0] + content
@@ -141,6 +149,11 @@ class Template:
                 raise InvalidMessage(f"unexpected role {role!r}")
             encoded.append(self._elements_to_ids(tokenizer, elements))
         return encoded
+
+    def _tools_text(self, tools: str) -> str:
+        if self.raw_tools_slot is not None:
+            return self.raw_tools_slot.replace(CONTENT, tools, 1)
+        return describe_tools(self.tool_format, tools)
 
     @staticmethod
     def _elements_to_ids(tokenizer, elements) -> list[int]:
@@ -168,8 +181,11 @@ class Template:
         start, end = (word.strip() for word in self.thought_words)
         return start in content or end in content
 
+    def empty_thought_text(self) -> str:
+        return self.thought_words[0] + self.thought_words[1] if self.empty_thought is None else self.empty_thought
+
     def _empty_thought_ids(self, tokenizer) -> list[int]:
-        return tokenizer.encode(self.thought_words[0] + self.thought_words[1], add_special_tokens=False)
+        return tokenizer.encode(self.empty_thought_text(), add_special_tokens=False)
 
     def _prepare_thoughts(self, messages, oneturn: bool, discarding_history_cot: bool = False):
         """Reasoning templates drop thoughts from history answers (and from all answers when thinking
