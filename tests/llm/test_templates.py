@@ -222,21 +222,28 @@ def test_jinja_chat_template_renders_the_training_ids(tokenizer_name, name):
 
 
 @pytest.mark.parametrize("enable_thinking", [True, False])
-def test_jinja_chat_template_of_a_reasoning_template_adds_the_empty_thought(word_tokenizer, enable_thinking):
+def test_jinja_chat_template_of_a_reasoning_template_renders_history_as_llamafactory(word_tokenizer, enable_thinking):
+    """The serving template renders what LLaMA-Factory's chat engine generates from (encode_oneturn): history
+    answers without their thoughts and without an empty thought; the last answer with the empty thought
+    it was trained with; with thinking disabled the generation prompt ends with the empty thought."""
     template = get_template_and_fix_tokenizer(word_tokenizer, data_args("qwen3", enable_thinking=enable_thinking))
     thought = {"role": "assistant", "content": "<think>\nok\n</think>\n\nhello"}
-    conversations = [
-        [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}],
-        [{"role": "user", "content": "hi"}, thought, {"role": "user", "content": "hi"}, {"role": "assistant",
-                                                                                        "content": "four"}],
-    ]
-    for messages in conversations:
-        turns = template.encode_multiturn(word_tokenizer, messages)
-        expected = [token for pair in turns for ids in pair for token in ids]
-        assert word_tokenizer.apply_chat_template(messages, tokenize=True, return_dict=False) == expected
-        prompt = word_tokenizer.apply_chat_template(messages[:-1], tokenize=True, return_dict=False,
+    messages = [{"role": "user", "content": "hi"}, thought, {"role": "user", "content": "hi"},
+                {"role": "assistant", "content": "four"}]
+    prompt, answer = template.encode_oneturn(word_tokenizer, messages)
+    assert word_tokenizer.apply_chat_template(messages, tokenize=True, return_dict=False) == prompt + answer
+    generation = word_tokenizer.apply_chat_template(messages[:-1], tokenize=True, return_dict=False,
                                                     add_generation_prompt=True)
-        assert prompt + turns[-1][1] == expected  # the generation prompt is exactly what was trained as prompt
+    assert generation == template.encode_oneturn(word_tokenizer, messages[:-1] + [
+        {"role": "assistant", "content": ""}])[0]
+    text = word_tokenizer.apply_chat_template(messages, tokenize=False)
+    history, last = text.split("<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n")[1:]
+    assert history.startswith("hello<|im_end|>")  # no thought, no empty thought before an earlier answer
+    assert last == "<think>\n\n</think>\n\nfour<|im_end|>\n"
+    # the render argument overrides the template's setting, as with Qwen's own chat_template
+    flipped = word_tokenizer.apply_chat_template(messages[:-1], tokenize=False, add_generation_prompt=True,
+                                                 enable_thinking=not enable_thinking)
+    assert flipped.endswith("<think>\n\n</think>\n\n") == enable_thinking
 
 
 def test_jinja_for_empty_gives_the_same_text(word_tokenizer):
