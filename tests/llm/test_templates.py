@@ -179,15 +179,15 @@ def test_no_template_parses_the_tokenizers_chat_template(word_tokenizer, caplog)
                         word_tokenizer.convert_tokens_to_ids(["hello", "</s>"]))]
 
 
-def test_a_chat_template_the_parser_gets_wrong_is_reported(word_tokenizer, caplog):
+def test_a_chat_template_the_parser_gets_wrong_is_refused(word_tokenizer):
     # the answer of the last turn is rendered differently from earlier ones: slots cannot express that
     word_tokenizer.chat_template = (
         "{% for m in messages %}{{ m['role'] + ' : ' + m['content'] }}{% if not loop.last %}{{ '</s>' }}{% endif %}"
         "{% endfor %}{% if add_generation_prompt %}{{ 'assistant : ' }}{% endif %}"
     )
-    with caplog.at_level(logging.WARNING, logger="lathe.llm.templates"):
+    with pytest.raises(ValueError, match="cannot find the assistant turns") as error:
         get_template_and_fix_tokenizer(word_tokenizer, data_args(None))
-    assert "does not reproduce" in caplog.text
+    assert "do not reproduce it" in str(error.value) and "Set `template`" in str(error.value)
 
 
 def _jinja_conversations():

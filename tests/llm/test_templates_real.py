@@ -235,3 +235,56 @@ def test_saved_model_stops_at_the_end_of_the_trained_answer(family, tmp_path):
         assert written.startswith(template.empty_thought_text())
         written = written[len(template.empty_thought_text()):]
     assert written == messages[1]["content"]
+
+
+def rows(template, tokenizer, conversation):
+    system, messages = split(conversation)
+    return encode_supervised_example(messages[:-1], messages[-1:], system, "", template, tokenizer, 1024)
+
+
+@pytest.mark.parametrize("name", ["qwen3", "llama3"])
+def test_template_null_trains_the_assistant_turns_of_the_models_chat_template(name):
+    """`template: null` reads the template from the tokenizer's chat_template; its rows are those of the
+    named template: the trained spans are exactly the assistant answers."""
+    named = get_template_and_fix_tokenizer(load(name), data_args(FAMILIES[name]))
+    parsed = get_template_and_fix_tokenizer(load(name), data_args(None))
+    assert parsed.reasoning == named.reasoning
+    tokenizer = load(name)
+    for conversation in CONVERSATIONS.values():
+        assert rows(parsed, tokenizer, conversation) == rows(named, tokenizer, conversation)
+
+
+@pytest.mark.parametrize("name,matches", [("gemma3", ["gemma", "gemma2", "gemma3", "gemma3n"]), ("mistral", [])])
+def test_template_null_refuses_a_chat_template_whose_turns_it_cannot_find(name, matches):
+    # Gemma 3 writes the system text into the first user turn, Mistral's into the last one: slots read from
+    # a lone system message cannot express either. lathe says so and names what matches.
+    with pytest.raises(ValueError, match="cannot find the assistant turns") as error:
+        get_template_and_fix_tokenizer(load(name), data_args(None))
+    message = str(error.value)
+    if matches:
+        assert f"it renders like these templates: {', '.join(matches)})" in message
+    else:
+        assert "no template lathe knows renders like it" in message
+
+
+def test_template_null_uses_generation_masks_where_the_chat_template_has_them():
+    """Llama 3's chat_template with its answers marked by {% generation %}: the conversation is rendered by
+    the chat_template and the masked spans are trained: the same rows as the llama3 template."""
+    tokenizer = load("llama3")
+    marked = tokenizer.chat_template.replace(
+        "{{ content }}",
+        "{% if message['role'] == 'assistant' %}{{ content.split('<|end_header_id|>')[0] + '<|end_header_id|>\\n\\n' }}"
+        "{% generation %}{{ message['content'] | trim + '<|eot_id|>' }}{% endgeneration %}"
+        "{% else %}{{ content }}{% endif %}")
+    assert marked != tokenizer.chat_template
+    tokenizer.chat_template = marked
+    rendered = get_template_and_fix_tokenizer(tokenizer, data_args(None))
+    named = get_template_and_fix_tokenizer(load("llama3"), data_args("llama3"))
+    for name, conversation in CONVERSATIONS.items():
+        assert rows(rendered, tokenizer, conversation) == rows(named, tokenizer, conversation), name
+        system, messages = split(conversation)
+        assert (rendered.encode_oneturn(tokenizer, messages[:-1] + [assistant("")], system)[0]
+                == lathe_inference(named, tokenizer, conversation, True))
+    with_history = rows(rendered, tokenizer, CONVERSATIONS["multi"])[1]
+    trained = [token for token in with_history if token != IGNORE_INDEX]
+    assert tokenizer.decode(trained) == "Hello! How can I help?<|eot_id|>Four.<|eot_id|>"

@@ -121,6 +121,10 @@ class Template:
         return [(encoded[i], encoded[i + 1]) for i in range(0, len(encoded), 2)]
 
     def _encode(self, tokenizer, messages, system, tools) -> list[list[int]]:
+        return [self._elements_to_ids(tokenizer, elements) for elements in self._elements(messages, system, tools)]
+
+    def _elements(self, messages, system, tools) -> list[list]:
+        """Each message's slot elements, the first message's with the prefix and the system text."""
         system = system or self.default_system
         encoded = []
         for index, message in enumerate(messages):
@@ -147,13 +151,27 @@ class Template:
                 elements += _fill(self.function, format_function_message(content, self.tool_format, *words))
             else:
                 raise InvalidMessage(f"unexpected role {role!r}")
-            encoded.append(self._elements_to_ids(tokenizer, elements))
+            encoded.append(elements)
         return encoded
 
     def _tools_text(self, tools: str) -> str:
         if self.raw_tools_slot is not None:
             return self.raw_tools_slot.replace(CONTENT, tools, 1)
         return describe_tools(self.tool_format, tools)
+
+    def render_oneturn(self, tokenizer, messages, system=None, tools=None) -> tuple[str, str]:
+        """`encode_oneturn` as text, before tokenization: what a chat_template must render for the model to
+        see at inference what it was trained on (the prompt, and the answer that follows it)."""
+        messages = self._prepare_thoughts(messages, oneturn=True)
+        texts = ["".join(s if isinstance(s, str) else _special_text(s, tokenizer) for s in elements)
+                 for elements in self._elements(messages, system, tools)]
+        prompt, response = "".join(texts[:-1]), texts[-1]
+        if self.reasoning and not self._has_thought(messages[-1]["content"]):
+            if self.enable_thinking:
+                response = self.empty_thought_text() + response
+            else:
+                prompt += self.empty_thought_text()
+        return prompt, response
 
     @staticmethod
     def _elements_to_ids(tokenizer, elements) -> list[int]:
@@ -237,6 +255,13 @@ class Template:
 
     def extract_tool(self, content: str):
         return get_tool_format(self.tool_format).extract_calls(content)
+
+
+def _special_text(element: SpecialToken, tokenizer) -> str:
+    if element.kind == "token":
+        return element.text
+    token_id = tokenizer.bos_token_id if element.kind == "bos" else tokenizer.eos_token_id
+    return "" if token_id is None else (tokenizer.bos_token if element.kind == "bos" else tokenizer.eos_token)
 
 
 def _fill(slots: Slots, content: str) -> list:
