@@ -314,3 +314,21 @@ def test_templates_and_tokenizer_fixes_equal_llamafactory(monkeypatch):
             assert tokenizer.apply_chat_template(probe, tokenize=False) == expected["chat_template_text"], where
         checked += 1
     assert checked > 400
+
+
+def test_template_report_names_stop_tokens_and_flags_a_disagreeing_chat_template(word_tokenizer, caplog):
+    from lathe.llm.templates.check import template_report
+
+    template = get_template_and_fix_tokenizer(word_tokenizer, data_args("chatml"))
+    report = template_report(template, word_tokenizer)
+    im_end, im_start = word_tokenizer.convert_tokens_to_ids(["<|im_end|>", "<|im_start|>"])
+    assert f"stop tokens (generation_config eos_token_id): '<|im_end|>' ({im_end}), '<|im_start|>' ({im_start})" in report
+    assert "renders the probe conversations exactly" in report and "WARNING" not in report
+    # a model whose own chat_template (kept, as LLaMA-Factory keeps it, and saved) renders something else
+    word_tokenizer.chat_template = "{% for m in messages %}{{ m['content'] }}{% endfor %}"
+    with caplog.at_level(logging.WARNING, logger="lathe.llm.templates"):
+        template = get_template_and_fix_tokenizer(word_tokenizer, data_args("qwen"))
+    assert "renders conversations differently from template 'qwen'" in caplog.text
+    report = template_report(template, word_tokenizer)
+    assert "WARNING: the chat_template saved with the model disagrees with the training template on 4 probe(s)" in report
+    assert "generation prompt of" in report and "'<|im_start|>system" in report

@@ -288,3 +288,20 @@ def test_template_null_uses_generation_masks_where_the_chat_template_has_them():
     with_history = rows(rendered, tokenizer, CONVERSATIONS["multi"])[1]
     trained = [token for token in with_history if token != IGNORE_INDEX]
     assert tokenizer.decode(trained) == "Hello! How can I help?<|eot_id|>Four.<|eot_id|>"
+
+
+def test_the_check_flags_mistrals_own_chat_template_and_passes_the_others(family):
+    """What `lathe data preview` prints about the chat_template saved with the model: Qwen3's, Llama 3's and
+    Gemma 3's own render as their templates train; Mistral's puts the system prompt elsewhere."""
+    from lathe.llm.templates.check import chat_template_differences, template_report
+
+    name, tokenizer, template = family
+    report = template_report(template, tokenizer)
+    differences = chat_template_differences(template, tokenizer)
+    if name == "mistral":
+        assert [d.what for d in differences] == ["conversation", "generation prompt"]
+        assert "WARNING: the chat_template saved with the model disagrees" in report
+    else:
+        assert differences == [] and "renders the probe conversations exactly" in report
+    stop = tokenizer.convert_ids_to_tokens(template.get_stop_token_ids(tokenizer)[0])
+    assert stop == {"qwen3": "<|im_end|>", "llama3": "<|eot_id|>", "gemma3": "<end_of_turn>", "mistral": "</s>"}[name]

@@ -74,4 +74,18 @@ def get_template_and_fix_tokenizer(tokenizer, data_args) -> Template:
     template.fix_special_tokens(tokenizer)
     if getattr(tokenizer, "chat_template", None) is None or template.replace_jinja_template:
         tokenizer.chat_template = template.jinja_chat_template(tokenizer)
+    elif name is not None:
+        _warn_if_chat_template_disagrees(template, tokenizer)
     return template
+
+
+def _warn_if_chat_template_disagrees(template: Template, tokenizer) -> None:
+    """The tokenizer keeps its own chat_template (as in LLaMA-Factory) and is saved with it: say so when a server
+    rendering it would prompt the model differently from how it is trained."""
+    from lathe.llm.templates.check import chat_template_differences
+
+    differences = chat_template_differences(template, tokenizer)
+    if differences:
+        logger.warning("The tokenizer's own chat_template, which is saved with the model, renders conversations "
+                       "differently from template %r (`lathe data preview` shows how):\n%s", template.name,
+                       differences[0].describe())
