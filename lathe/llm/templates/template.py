@@ -140,6 +140,8 @@ class Template:
                     else:
                         elements += _fill(self.system, system_text)
             role = message["role"]
+            if self.multimodal:
+                _refuse_media_placeholders(self, index, content)
             if role == USER:
                 elements += _fill(self.user, content)
             elif role == ASSISTANT:
@@ -255,6 +257,17 @@ class Template:
 
     def extract_tool(self, content: str):
         return get_tool_format(self.tool_format).extract_calls(content)
+
+
+MEDIA_PLACEHOLDERS = ("<image>", "<video>", "<audio>")
+
+
+def _refuse_media_placeholders(template: Template, index: int, content: str) -> None:
+    """LLaMA-Factory's multimodal plugins refuse a placeholder without its media; lathe has no media."""
+    for placeholder in MEDIA_PLACEHOLDERS:
+        if placeholder in content:
+            raise InvalidMessage(f"message {index + 1} holds the {placeholder} placeholder of an image, video or audio "
+                                 f"input: multimodal is not supported yet (template {template.name!r} trains on text)")
 
 
 def _special_text(element: SpecialToken, tokenizer) -> str:
