@@ -47,11 +47,19 @@ def data_args(template, **overrides):
     return SimpleNamespace(**{**fields, **overrides})
 
 
+_LOADED = {}
+
+
 def load(family):
+    """One tokenizer per family for the whole module (Gemma 3's takes seconds to load, and as long to copy):
+    the template fixes are idempotent, and the one test that changes the chat_template puts it back."""
     from transformers import AutoTokenizer
 
-    folder = real_tokenizers.mistral_tekken_tokenizer() if family == "mistral" else real_tokenizers.npm_tokenizer(family)
-    return AutoTokenizer.from_pretrained(str(folder))
+    if family not in _LOADED:
+        folder = (real_tokenizers.mistral_tekken_tokenizer() if family == "mistral"
+                  else real_tokenizers.npm_tokenizer(family))
+        _LOADED[family] = AutoTokenizer.from_pretrained(str(folder))
+    return _LOADED[family]
 
 
 @pytest.fixture(scope="module", params=sorted(FAMILIES))
@@ -196,7 +204,7 @@ def test_saved_model_stops_at_the_end_of_the_trained_answer(family, tmp_path):
     saved chat_template's prompt, with a model scripted to write the trained answer and then what the
     training text has after it (the next turn), stops right after the answer's last trained token."""
     import torch
-    from transformers import AutoTokenizer, GenerationConfig, LlamaConfig, LlamaForCausalLM
+    from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
 
     from lathe.llm.workflows.outputs import save_generation_config, set_stop_tokens
 
@@ -217,7 +225,12 @@ def test_saved_model_stops_at_the_end_of_the_trained_answer(family, tmp_path):
     save_generation_config(model, str(tmp_path))
     tokenizer.save_pretrained(str(tmp_path))
 
-    saved = AutoTokenizer.from_pretrained(str(tmp_path))
+    # what was saved is what this tokenizer holds (reloading Gemma's 33 MB tokenizer.json costs seconds)
+    saved_config = json.loads((tmp_path / "tokenizer_config.json").read_text())
+    jinja = tmp_path / "chat_template.jinja"  # transformers 5; 4.x keeps it in tokenizer_config.json
+    saved_template = jinja.read_text() if jinja.exists() else saved_config["chat_template"]
+    assert saved_config["eos_token"] == tokenizer.eos_token and saved_template == tokenizer.chat_template
+    saved = tokenizer
     prompt = saved.apply_chat_template(([SYSTEM] if system else []) + messages[:1], add_generation_prompt=True,
                                        tokenize=True, return_dict=False)
     assert input_ids[:len(prompt)] == prompt
@@ -271,21 +284,25 @@ def test_template_null_uses_generation_masks_where_the_chat_template_has_them():
     """Llama 3's chat_template with its answers marked by {% generation %}: the conversation is rendered by
     the chat_template and the masked spans are trained: the same rows as the llama3 template."""
     tokenizer = load("llama3")
-    marked = tokenizer.chat_template.replace(
+    own = tokenizer.chat_template
+    marked = own.replace(
         "{{ content }}",
         "{% if message['role'] == 'assistant' %}{{ content.split('<|end_header_id|>')[0] + '<|end_header_id|>\\n\\n' }}"
         "{% generation %}{{ message['content'] | trim + '<|eot_id|>' }}{% endgeneration %}"
         "{% else %}{{ content }}{% endif %}")
-    assert marked != tokenizer.chat_template
+    assert marked != own
+    named = get_template_and_fix_tokenizer(tokenizer, data_args("llama3"))
     tokenizer.chat_template = marked
-    rendered = get_template_and_fix_tokenizer(tokenizer, data_args(None))
-    named = get_template_and_fix_tokenizer(load("llama3"), data_args("llama3"))
-    for name, conversation in CONVERSATIONS.items():
-        assert rows(rendered, tokenizer, conversation) == rows(named, tokenizer, conversation), name
-        system, messages = split(conversation)
-        assert (rendered.encode_oneturn(tokenizer, messages[:-1] + [assistant("")], system)[0]
-                == lathe_inference(named, tokenizer, conversation, True))
-    with_history = rows(rendered, tokenizer, CONVERSATIONS["multi"])[1]
+    try:
+        rendered = get_template_and_fix_tokenizer(tokenizer, data_args(None))
+        for name, conversation in CONVERSATIONS.items():
+            assert rows(rendered, tokenizer, conversation) == rows(named, tokenizer, conversation), name
+            system, messages = split(conversation)
+            assert (rendered.encode_oneturn(tokenizer, messages[:-1] + [assistant("")], system)[0]
+                    == lathe_inference(named, tokenizer, conversation, True))
+        with_history = rows(rendered, tokenizer, CONVERSATIONS["multi"])[1]
+    finally:
+        tokenizer.chat_template = own
     trained = [token for token in with_history if token != IGNORE_INDEX]
     assert tokenizer.decode(trained) == "Hello! How can I help?<|eot_id|>Four.<|eot_id|>"
 
