@@ -111,12 +111,14 @@ def environment(swap, results, swaplog):
     return env
 
 
-def run_side(python, tests_dir, work, swap, timeout):
-    """One pytest run; returns (records by nodeid, seconds, swap log)."""
+def run_side(python, tests_dir, work, swap, timeout, reuse=False):
+    """One pytest run (or, with reuse, the last one's records); returns (records by nodeid, seconds, swap log)."""
     side = "lathe" if swap else "transformers"
     scratch = work / side
     scratch.mkdir(parents=True, exist_ok=True)
     results, swaplog = work / f"{side}.jsonl", work / f"{side}-swap.json"
+    if reuse:
+        return _records(results), float((work / f"{side}.seconds").read_text()), _swap_log(swap, swaplog)
     results.unlink(missing_ok=True)
     command = [python, "-m", "pytest", "-p", "hf_trainer_swap", "-p", "no:cacheprovider", "-q", "-rN",
                "--timeout", str(timeout), "-o", "addopts=", "--rootdir", str(tests_dir),
@@ -126,14 +128,22 @@ def run_side(python, tests_dir, work, swap, timeout):
                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     seconds = time.perf_counter() - start
     (work / f"{side}.log").write_text(completed.stdout)
+    (work / f"{side}.seconds").write_text(f"{seconds:.1f}")
     if not results.exists():
         sys.exit(f"{side} run recorded nothing; see {work / f'{side}.log'}:\n{completed.stdout[-3000:]}")
+    return _records(results), seconds, _swap_log(swap, swaplog)
+
+
+def _records(results):
     records = {}
     for line in results.read_text().splitlines():
         record = json.loads(line)
         records.setdefault(record["nodeid"], record)  # first decisive phase wins (setup error before call)
-    log = json.loads(swaplog.read_text()) if swap and swaplog.exists() else {}
-    return records, seconds, log
+    return records
+
+
+def _swap_log(swap, swaplog):
+    return json.loads(swaplog.read_text()) if swap and swaplog.exists() else {}
 
 
 def census(python):
@@ -226,8 +236,9 @@ def run(arguments):
     files = check_tests(tests_dir)
     work = BENCH / ".cache" / "hf-trainer-runs"
     work.mkdir(parents=True, exist_ok=True)
-    upstream, upstream_seconds, _ = run_side(arguments.python, tests_dir, work, False, arguments.timeout)
-    ours, our_seconds, swap_log = run_side(arguments.python, tests_dir, work, True, arguments.timeout)
+    reuse = arguments.reuse_results
+    upstream, upstream_seconds, _ = run_side(arguments.python, tests_dir, work, False, arguments.timeout, reuse)
+    ours, our_seconds, swap_log = run_side(arguments.python, tests_dir, work, True, arguments.timeout, reuse)
     replaced = {n for group in ("replaced", "stubbed") for names in swap_log.get(group, {}).values() for n in names}
     tests = tally(upstream, ours, tests_dir, replaced)
     report = {
@@ -260,6 +271,8 @@ def main():
     run_parser.add_argument("--python", default=str(BENCH / ".venv-peers" / "bin" / "python"))
     run_parser.add_argument("--timeout", type=int, default=300, help="seconds per test before it counts as failed")
     run_parser.add_argument("--out", default=str(BENCH / "results" / "hf_trainer_tests"))
+    run_parser.add_argument("--reuse-results", action="store_true",
+                            help="classify and report the last runs' records again without running the tests")
     for sub in (fetch_parser, run_parser):
         sub.add_argument("--tests-dir", default=str(TESTS_DIR))
     arguments = parser.parse_args()
