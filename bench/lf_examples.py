@@ -137,6 +137,7 @@ def environment(tool: str, config: dict) -> dict:
         env["PYTHONPATH"] = str(REPO)
     else:
         env["PYTHONPATH"] = str(LF_STUBS)
+        env["PATH"] = f"{LF_PYTHON.parent}{os.pathsep}{env.get('PATH', '')}"  # its launcher calls `torchrun`
         if config.get("deepspeed"):  # LLaMA-Factory runs DeepSpeed under its torchrun launcher only
             env.update(FORCE_TORCHRUN="1", NPROC_PER_NODE="1")  # one process: it counts no GPU here
     return env
@@ -172,8 +173,11 @@ def refusal_line(tool: str, text: str) -> str:
         for line in text.splitlines():
             if line.startswith("lathe train: error: "):
                 return line.removeprefix("lathe train: error: ")
-    errors = [line for line in text.splitlines() if re.match(r"^[\w.]*(Error|Exception|Exit)\b[:(]", line.strip())]
-    return (errors[-1].strip() if errors else (text.strip().splitlines() or ["(no output)"])[-1])[:300]
+    # The worker's own error, not the launcher's report that a worker failed (torchrun prefixes "[rank0]: ").
+    lines = [re.sub(r"^\[rank\d+\]:\s*", "", line).strip() for line in text.splitlines()]
+    errors = [line for line in lines if re.match(r"^[\w.]*(Error|Exception|Exit)\b[:(]", line)
+              and not re.match(r"^(subprocess\.CalledProcessError|torch\.distributed\.elastic\S*ChildFailedError)", line)]
+    return (errors[-1] if errors else (text.strip().splitlines() or ["(no output)"])[-1])[:300]
 
 
 def outcome(output: Path) -> dict:
@@ -217,7 +221,8 @@ datasets = get_dataset(template, model_args, data_args, training_args, stage=fin
 """
 DIGEST = """
 split = datasets["train_dataset"] if datasets.get("train_dataset") is not None else datasets["eval_dataset"]
-rows = [[list(map(int, ids)), list(map(int, labels))] for ids, labels in zip(split["input_ids"], split["labels"])]
+labels = split["labels"] if "labels" in split.column_names else [[] for _ in range(len(split))]  # pt: none
+rows = [[list(map(int, ids)), list(map(int, row))] for ids, row in zip(split["input_ids"], labels)]
 print("DIGEST", json.dumps({"rows": len(rows), "tokens": sum(len(r[0]) for r in rows),
       "sha": hashlib.sha256(json.dumps(rows).encode()).hexdigest()[:16]}))
 """
@@ -254,13 +259,14 @@ def run_example(path: Path, lf_root: Path, assets: tuple[str, str], timeout: int
 
 def cell(result: dict) -> str:
     if not result["ran"]:
-        return f"refused: {result['line']}"
+        line = re.sub(r" \(in [^)]*\.yaml\)", "", result["line"])  # the config's path: ours, not the example's
+        return f"refused: {line[:220] + ' ...' if len(line) > 220 else line}"
     if "step1_loss" in result:
         later = "".join(f", step {step} {loss:.6f}" for step, loss in enumerate(result["losses"][1:], start=2))
         return f"ran, step-1 loss {result['step1_loss']:.6f}{later}"
     if "predict" in result:
         scores = ", ".join(f"{key.removeprefix('predict_')} {value:.4f}" for key, value in sorted(result["predict"].items()))
-        return f"ran (predict): {scores}"
+        return f"ran (predict): {scores}; generated_predictions.jsonl sha256 {result['predictions_sha']}"
     return "ran"
 
 
@@ -300,7 +306,14 @@ def main() -> int:
     parser.add_argument("--only", help="comma-separated substrings of example paths")
     parser.add_argument("--timeout", type=int, default=900, help="seconds per run")
     parser.add_argument("--report", help="also write the table (markdown) into this file, between the markers")
+    parser.add_argument("--from-results", action="store_true", help="run nothing: render the last results.json")
     args = parser.parse_args()
+    if args.from_results:
+        table = render(json.loads((WORK / "results.json").read_text(encoding="utf-8")))
+        print(table)
+        if args.report:
+            write_report(Path(args.report), table)
+        return 0
     LF_PYTHON, LF_STUBS = Path(args.lf_python), Path(args.lf_stubs)
     lf_root = Path(args.lf_root).resolve()
     if not (lf_root / "examples").is_dir():
