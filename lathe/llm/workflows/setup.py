@@ -8,7 +8,7 @@ import os
 
 from lathe.llm.workflows.outputs import TrainerLogCallback, plot_loss, save_generation_config
 
-__all__ = ["resolve_resume_checkpoint", "make_callbacks", "finish_training", "evaluate_and_save", "write_run_config"]
+__all__ = ["resolve_resume_checkpoint", "make_callbacks", "MethodOptimizerMixin", "finish_training", "evaluate_and_save", "write_run_config"]
 
 logger = logging.getLogger(__name__)
 
@@ -51,9 +51,30 @@ def checkpointing_for(model, training_args) -> None:
         training_args.activation_checkpointing = training_args.gradient_checkpointing = False
 
 
+class MethodOptimizerMixin:
+    """Mixed into the recipes' Trainers (before the Trainer class): `create_optimizer` builds the
+    optimizer a fine-tuning method needs, LoRA+'s parameter groups, and otherwise the Trainer's own."""
+
+    def __init__(self, *args, finetuning_args=None, **kwargs):
+        self.finetuning_args = finetuning_args
+        super().__init__(*args, **kwargs)
+
+    def create_optimizer(self, model=None):
+        method = self.finetuning_args
+        if self.optimizer is None and method is not None and method.loraplus_lr_ratio is not None:
+            from lathe.llm.loraplus import create_loraplus_optimizer
+
+            self.optimizer = create_loraplus_optimizer(model or self.model, self.args, method)
+        return super().create_optimizer(model)
+
+
 def make_callbacks(config) -> list:
-    """trainer_log.jsonl always; early stopping with early_stopping_steps."""
+    """trainer_log.jsonl always; early stopping with early_stopping_steps; the PiSSA conversion with pissa_convert."""
     callbacks = [TrainerLogCallback()]
+    if config.finetuning.pissa_convert:
+        from lathe.llm.workflows.pissa import PissaConvertCallback
+
+        callbacks.append(PissaConvertCallback())
     if config.finetuning.early_stopping_steps is not None:
         from lathe.train.flow import EarlyStoppingCallback
 
