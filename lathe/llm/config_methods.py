@@ -58,14 +58,17 @@ def check_quantization_bit(method: str, bits: int | None) -> None:
 
 
 def check_quantized_training(model, finetuning, training, where: str = "") -> None:
-    """What a quantized base allows (LLaMA-Factory's rules): adapters on top, nothing that writes its weights."""
-    if model.quantization_device_map == "auto" and training.do_train:
+    """What a quantized base allows (LLaMA-Factory's rules): adapters on top, nothing that writes its weights.
+    `training` is None for inference and export configs."""
+    if model.quantization_device_map == "auto" and training is not None and training.do_train:
         raise ValueError(f"quantization_device_map: auto{where} is for inference; training keeps the model on one device.")
     if model.quantization_bit is None:
         return
     if finetuning.finetuning_type not in ("lora", "oft"):
-        raise ValueError(f"quantization_bit{where}: a quantized base trains adapters only: set finetuning_type lora or oft "
+        raise ValueError(f"quantization_bit{where}: a quantized base takes adapters only: set finetuning_type lora or oft "
                          f"(got {finetuning.finetuning_type!r}).")
+    if model.train_from_scratch:
+        raise ValueError(f"train_from_scratch{where} builds random weights; quantization_bit quantizes loaded ones: set one of them.")
     if finetuning.pissa_init:
         raise ValueError(f"pissa_init{where} needs the full-precision weights: initialise PiSSA without quantization_bit "
                          "(or with LLaMA-Factory's scripts/pissa_init.py), then train that adapter via adapter_name_or_path.")
