@@ -146,3 +146,15 @@ def test_regex_lora_target_matches_whole_paths(assets):
         adapted(lora_target=r".*\.qkv_proj")
     with pytest.raises(ValueError, match="not a valid regular expression"):
         parse_train_config({**case_config("lora", assets, "unused"), "lora_target": "q_proj("})
+
+
+def test_dora_on_a_4bit_base_starts_where_qlora_does(assets, tmp_path, monkeypatch):
+    """LLaMA-Factory 0.9.5 refuses DoRA on bitsandbytes bases (it compares transformers' "bitsandbytes" with its
+    own "bnb"); peft supports it, so lathe trains it. DoRA starts as the identity (magnitude = |W|, B = 0):
+    the first step's loss is plain QLoRA's, and training then takes its own path."""
+    config = {**case_config("qlora_nf4", assets, str(tmp_path / "out")), "use_dora": True, "max_steps": 2}
+    losses, model = train(config, monkeypatch)
+    assert losses[0] == pytest.approx(GOLDEN_CASES["qlora_nf4"]["losses"][0], rel=1e-5)
+    assert losses[1] != pytest.approx(GOLDEN_CASES["qlora_nf4"]["losses"][1], rel=1e-5)
+    q_proj = model.get_base_model().model.layers[0].self_attn.q_proj
+    assert type(q_proj.base_layer).__name__ == "Linear4bit" and "default" in q_proj.lora_magnitude_vector

@@ -40,7 +40,7 @@ ADAPTER = "<adapter>"  # replaced by the assets' adapter folder
 CASES = {
     "lora": {"finetuning_type": "lora"},
     "loraplus": {"finetuning_type": "lora", "loraplus_lr_ratio": 16.0},
-    "loraplus_pt": {"stage": "pt", "dataset": "toy_pt", "finetuning_type": "lora", "loraplus_lr_ratio": 4.0,
+    "loraplus_pt": {"stage": "pt", "dataset": "toy_pt", "packing": False, "finetuning_type": "lora", "loraplus_lr_ratio": 4.0,
                     "loraplus_lr_embedding": 1e-3, "weight_decay": 0.1, "lora_target": "q_proj,v_proj"},
     "dora": {"finetuning_type": "lora", "use_dora": True},
     "rslora": {"finetuning_type": "lora", "use_rslora": True, "lora_rank": 4, "lora_alpha": 8},

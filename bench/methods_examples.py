@@ -1,0 +1,145 @@
+"""LLaMA-Factory 0.9.5's own example configs of the fine-tuning methods (QLoRA, LoRA+, PiSSA, OFT, LLaMA Pro),
+run by `lathe train` and by `llamafactory-cli train` with only the model path, output_dir, max_steps and fp32 changed.
+
+    python bench/methods_examples.py --lf_repo PATH     # a checkout of LLaMA-Factory at tag v0.9.5 (examples/, data/)
+
+The configs and data stay outside the repository (read from the checkout, written under bench/.cache/).
+The model is a tiny 8-layer Llama built from a config with the BPE test tokenizer (it has the llama3 and
+qwen special tokens); the LLaMA Pro example trains it expanded by `lathe expand` (8 blocks added, as its
+expand.sh does). Prints, per example: ran / refused (with lathe's one-line reason), each tool's logged step
+losses, and whether they are equal.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+BENCH_DIR = Path(__file__).resolve().parent
+REPO_ROOT = BENCH_DIR.parent
+WORK = BENCH_DIR / ".cache" / "methods-examples"
+LF_PYTHON = Path("/work/main/bench/.venv-lf/bin/python")
+EXAMPLES = [
+    "train_qlora/qwen3_lora_sft_otfq.yaml", "train_qlora/qwen3_lora_sft_bnb_npu.yaml",
+    "train_qlora/llama3_lora_sft_gptq.yaml", "train_qlora/llama3_lora_sft_awq.yaml", "train_qlora/llama3_lora_sft_aqlm.yaml",
+    "extras/loraplus/llama3_lora_sft.yaml", "extras/pissa/llama3_lora_sft.yaml", "extras/oft/llama3_oft_sft.yaml",
+    "extras/qoft/llama3_oft_sft_bnb_npu.yaml", "extras/qoft/llama3_oft_sft_awq.yaml", "extras/qoft/llama3_oft_sft_gptq.yaml",
+    "extras/llama_pro/llama3_freeze_sft.yaml", "extras/fsdp_qlora/llama3_lora_sft.yaml",
+]
+PREQUANTIZED = ("gptq", "awq", "aqlm")  # hub checkpoints quantized with those libraries: stand-ins below
+
+
+def build_model(folder: Path, layers: int = 8) -> None:
+    import torch
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    if (folder / "config.json").exists():
+        return
+    folder.mkdir(parents=True, exist_ok=True)
+    for item in (REPO_ROOT / "tests/llm/golden/tokenizers/bpe").iterdir():
+        shutil.copy(item, folder / item.name)
+    vocab = len(AutoTokenizer.from_pretrained(str(folder)))
+    torch.manual_seed(0)
+    LlamaForCausalLM(LlamaConfig(vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=layers,
+                                 num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048,
+                                 tie_word_embeddings=False)).save_pretrained(str(folder))
+
+
+def prequantized_stand_in(base: Path, method: str) -> Path:
+    """The tiny model with a `quantization_config` of `method` in its config.json: what a hub checkpoint of that
+    kind declares, so each tool's loader takes its pre-quantized path (and needs that library)."""
+    folder = WORK / f"model-{method}"
+    if not folder.exists():
+        shutil.copytree(base, folder)
+        config = json.loads((folder / "config.json").read_text())
+        config["quantization_config"] = {"quant_method": method, "bits": 4, "group_size": 32}
+        (folder / "config.json").write_text(json.dumps(config))
+    return folder
+
+
+def adapted(example: str, config: dict, models: dict, data_dir: Path, runner: str) -> dict:
+    import yaml  # noqa: F401  (the config was read with it)
+
+    config = dict(config)
+    kind = next((method for method in PREQUANTIZED if method in example), None)
+    config["model_name_or_path"] = str(models["pro"] if "llama_pro" in example else
+                                       prequantized_stand_in(models["base"], kind) if kind else models["base"])
+    config["output_dir"] = str(WORK / "out" / runner / example.replace("/", "_").removesuffix(".yaml"))
+    config["max_steps"] = 2
+    config["bf16"] = False  # fp32 on the CPU
+    config["dataset_dir"] = str(data_dir)
+    if runner == "llamafactory":
+        config["use_cpu"] = True
+    return config
+
+
+def run_lathe(config: dict) -> tuple[int, str]:
+    path = WORK / "config.json"
+    path.write_text(json.dumps(config))
+    env = dict(os.environ, PYTHONPATH=str(REPO_ROOT), OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1")
+    done = subprocess.run([sys.executable, "-m", "lathe", "train", str(path)], env=env, capture_output=True, text=True)
+    return done.returncode, done.stderr
+
+
+def run_llamafactory(config: dict) -> tuple[int, str]:
+    path = WORK / "config-lf.json"
+    path.write_text(json.dumps(config))
+    env = dict(os.environ, PYTHONPATH=str(LF_PYTHON.parents[2] / "lf_stubs"), OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1",
+               HF_DATASETS_OFFLINE="1")
+    code = f"import json; from llamafactory.train.tuner import run_exp; run_exp(json.load(open({str(path)!r})))"
+    done = subprocess.run([str(LF_PYTHON), "-c", code], env=env, capture_output=True, text=True)
+    return done.returncode, done.stderr
+
+
+def logged_losses(output_dir: str) -> list[float]:
+    log = Path(output_dir) / "trainer_log.jsonl"
+    if not log.exists():
+        return []
+    return [entry["loss"] for entry in map(json.loads, log.read_text().splitlines()) if "loss" in entry]
+
+
+def last_line(stderr: str) -> str:
+    lines = [line for line in stderr.splitlines() if line.strip() and not line.startswith((" ", "\t", "Traceback"))]
+    return lines[-1][:300] if lines else ""
+
+
+def main() -> None:
+    import yaml
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--lf_repo", required=True, help="LLaMA-Factory checkout at v0.9.5")
+    parser.add_argument("--only", nargs="*", help="these example paths (relative to examples/)")
+    parser.add_argument("--no_llamafactory", action="store_true", help="run lathe only")
+    args = parser.parse_args()
+    WORK.mkdir(parents=True, exist_ok=True)
+    repo = Path(args.lf_repo)
+    models = {"base": WORK / "model", "pro": WORK / "model-pro"}
+    build_model(models["base"])
+    if not models["pro"].exists():
+        from lathe.llm.model.llama_pro import expand_blocks
+
+        expand_blocks(str(models["base"]), str(models["pro"]), 8)
+    rows = []
+    for example in args.only or EXAMPLES:
+        config = yaml.safe_load((repo / "examples" / example).read_text())
+        lathe_config = adapted(example, config, models, repo / "data", "lathe")
+        code, stderr = run_lathe(lathe_config)
+        row = {"example": example, "lathe": "ran" if code == 0 else f"refused (exit {code}): {last_line(stderr)}",
+               "lathe_losses": logged_losses(lathe_config["output_dir"]) if code == 0 else []}
+        if not args.no_llamafactory:
+            lf_config = adapted(example, config, models, repo / "data", "llamafactory")
+            code, stderr = run_llamafactory(lf_config)
+            row["llamafactory"] = "ran" if code == 0 else f"failed (exit {code}): {last_line(stderr)}"
+            row["llamafactory_losses"] = logged_losses(lf_config["output_dir"]) if code == 0 else []
+            row["equal"] = bool(row["lathe_losses"]) and row["lathe_losses"] == row["llamafactory_losses"]
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    (WORK / "results.json").write_text(json.dumps(rows, indent=1))
+
+
+if __name__ == "__main__":
+    main()
