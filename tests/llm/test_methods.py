@@ -98,6 +98,29 @@ def test_loraplus_parameter_groups(assets):
     assert any("magnitude" in name for name in members[1]) and not members[2] and not members[3]
     assert set().union(*members) == {name for name, param in model.named_parameters() if param.requires_grad}
 
+    config = parse_train_config(case_config("loraplus_embedding", assets, "unused"))
+    model = load_model(load_tokenizer(config.model), config.model, config.finetuning, is_trainable=True)
+    groups = loraplus_parameter_groups(model, learning_rate=1e-3, weight_decay=0.0, lr_ratio=4.0, embedding_lr=1e-6)
+    names = {id(param): name for name, param in model.named_parameters()}
+    embedding = [names[id(param)] for param in groups[3]["params"]]
+    assert len(embedding) == 1 and "embed_tokens.lora_embedding_B" in embedding[0]
+    assert any("embed_tokens.lora_embedding_A" in names[id(param)] for param in groups[0]["params"])
+
+
+def test_loraplus_in_pretraining_builds_the_same_groups(assets, tmp_path):
+    from lathe.train.callbacks import TrainerCallback
+
+    seen = {}
+
+    class Capture(TrainerCallback):
+        def on_train_begin(self, args, state, control, optimizer=None, **kwargs):
+            seen["groups"] = [(group["lr"], group["weight_decay"], len(group["params"])) for group in optimizer.param_groups]
+
+    config = {**case_config("loraplus", assets, str(tmp_path / "out")), "stage": "pt", "max_steps": 1, "weight_decay": 0.1}
+    run_train(parse_train_config(config), callbacks=[Capture()])
+    assert [group[:2] for group in seen["groups"]] == [(0.01, 0.1), (0.16, 0.1), (0.16, 0.0), (1e-6, 0.1)]
+    assert seen["groups"][0][2] == seen["groups"][1][2] > 0  # one A and one B per adapted layer
+
 
 def test_pissa_convert_gives_a_lora_of_the_original_base(assets, tmp_path, monkeypatch):
     from peft import PeftModel

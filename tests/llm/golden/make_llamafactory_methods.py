@@ -40,8 +40,8 @@ ADAPTER = "<adapter>"  # replaced by the assets' adapter folder
 CASES = {
     "lora": {"finetuning_type": "lora"},
     "loraplus": {"finetuning_type": "lora", "loraplus_lr_ratio": 16.0},
-    "loraplus_pt": {"stage": "pt", "dataset": "toy_pt", "packing": False, "finetuning_type": "lora", "loraplus_lr_ratio": 4.0,
-                    "loraplus_lr_embedding": 1e-3, "weight_decay": 0.1, "lora_target": "q_proj,v_proj"},
+    "loraplus_embedding": {"finetuning_type": "lora", "loraplus_lr_ratio": 4.0, "loraplus_lr_embedding": 1e-3,
+                           "weight_decay": 0.1, "lora_target": "embed_tokens,q_proj,v_proj"},
     "dora": {"finetuning_type": "lora", "use_dora": True},
     "rslora": {"finetuning_type": "lora", "use_rslora": True, "lora_rank": 4, "lora_alpha": 8},
     "pissa": {"finetuning_type": "lora", "pissa_init": True, "pissa_iter": 16, "pissa_convert": True},
@@ -98,7 +98,6 @@ def build_assets(folder) -> dict:
     (data_dir / "train.json").write_text(json.dumps(rows()), encoding="utf-8")
     (data_dir / "dataset_info.json").write_text(json.dumps({
         "toy": {"file_name": "train.json"},
-        "toy_pt": {"file_name": "train.json", "columns": {"prompt": "output"}},
     }), encoding="utf-8")
     return {"model": str(model_dir), "data": str(data_dir), "adapter": str(adapter_dir)}
 
