@@ -96,15 +96,18 @@ def run_llamafactory(config: dict) -> tuple[int, str]:
 
 
 def logged_losses(output_dir: str) -> list[float]:
-    log = Path(output_dir) / "trainer_log.jsonl"
-    if not log.exists():
-        return []
-    return [entry["loss"] for entry in map(json.loads, log.read_text().splitlines()) if "loss" in entry]
+    """The step losses in trainer_log.jsonl, then train_loss (the mean over all steps) from all_results.json:
+    with the examples' logging_steps (10) and 2 steps, train_loss is what both tools report."""
+    log, results = Path(output_dir) / "trainer_log.jsonl", Path(output_dir) / "all_results.json"
+    losses = [entry["loss"] for entry in map(json.loads, log.read_text().splitlines()) if "loss" in entry] if log.exists() else []
+    return losses + ([json.loads(results.read_text())["train_loss"]] if results.exists() else [])
 
 
 def last_line(stderr: str) -> str:
+    """lathe's one-line error (`lathe train: error: ...`), else the last line of a traceback."""
     lines = [line for line in stderr.splitlines() if line.strip() and not line.startswith((" ", "\t", "Traceback"))]
-    return lines[-1][:300] if lines else ""
+    errors = [line for line in lines if "error:" in line or "Error" in line]
+    return (errors or lines or [""])[-1][:300]
 
 
 def main() -> None:
@@ -135,7 +138,8 @@ def main() -> None:
             code, stderr = run_llamafactory(lf_config)
             row["llamafactory"] = "ran" if code == 0 else f"failed (exit {code}): {last_line(stderr)}"
             row["llamafactory_losses"] = logged_losses(lf_config["output_dir"]) if code == 0 else []
-            row["equal"] = bool(row["lathe_losses"]) and row["lathe_losses"] == row["llamafactory_losses"]
+            # train_loss (the last value) must match; step losses only where both logged them
+            row["equal"] = bool(row["lathe_losses"]) and row["lathe_losses"][-1:] == row["llamafactory_losses"][-1:]
         rows.append(row)
         print(json.dumps(row), flush=True)
     (WORK / "results.json").write_text(json.dumps(rows, indent=1))

@@ -204,7 +204,7 @@ def _check_layer(name: str, quantized, plain) -> None:
     generator = torch.Generator().manual_seed(0)
     probe = torch.randn(4, plain.in_features, generator=generator).to(plain.weight.device)
     with torch.no_grad():
-        expected = quantized(probe.to(quantized.compute_dtype if hasattr(quantized, "compute_dtype") and quantized.compute_dtype else probe.dtype)).float()
+        expected = quantized(probe.to(getattr(quantized, "compute_dtype", None) or probe.dtype)).float()
         actual = plain(probe)
     error = float((actual - expected).abs().max()) / max(float(expected.abs().max()), 1e-6)
     if error > 2e-2:
