@@ -146,7 +146,10 @@ def write_report(results: dict, steps: int, path: Path) -> None:
         "- Quantized linear layers hold 4 (or 8) bits per weight; the embeddings (tied with the output head) and "
         "norms stay float32. bitsandbytes' CPU kernels dequantize each layer's weights per matmul, hence the slower steps.",
     ]
-    path.write_text("\n".join(lines) + "\n")
+    # methods_examples.py's section of the same report stays
+    marker = "## LLaMA-Factory's example configs of these methods"
+    kept = path.read_text().split(marker, 1)[1] if path.exists() and marker in path.read_text() else None
+    path.write_text("\n".join(lines) + "\n" + (f"\n{marker}{kept}" if kept else ""))
     print(f"wrote {path}")
 
 

@@ -110,6 +110,29 @@ def last_line(stderr: str) -> str:
     return (errors or lines or [""])[-1][:300]
 
 
+SECTION = "## LLaMA-Factory's example configs of these methods"
+REPORT = REPO_ROOT / "docs" / "BENCHMARKS_methods.md"
+
+
+def write_section(rows: list[dict]) -> None:
+    """Replace this script's section of docs/BENCHMARKS_methods.md (methods_bench.py keeps it)."""
+    lines = [SECTION, "",
+             "`python bench/methods_examples.py --lf_repo <LLaMA-Factory v0.9.5 checkout>`: each example config unchanged but "
+             "for model_name_or_path (a tiny 8-layer Llama; for LLaMA Pro the same grown by `lathe expand ... --num_expand 8`; "
+             "for the pre-quantized examples a copy whose config.json declares that quantization), output_dir, max_steps: 2 "
+             "and bf16: false. Both tools log no step loss with the examples' logging_steps (10), so the comparison is "
+             "`train_loss` (all_results.json, the mean of the 2 steps).", "",
+             "| example | lathe | LLaMA-Factory | train_loss lathe | train_loss LLaMA-Factory | equal |", "|---|---|---|---:|---:|---|"]
+    for row in rows:
+        ours, theirs = row.get("lathe_losses") or [None], row.get("llamafactory_losses") or [None]
+        lines.append(f"| {row['example']} | {row['lathe']} | {row.get('llamafactory', '')} | "
+                     f"{'' if ours[-1] is None else repr(ours[-1])} | {'' if theirs[-1] is None else repr(theirs[-1])} | "
+                     f"{'yes' if row.get('equal') else ''} |")
+    text = REPORT.read_text() if REPORT.exists() else ""
+    head = text.split(SECTION)[0].rstrip()
+    REPORT.write_text((head + "\n\n" if head else "") + "\n".join(lines) + "\n")
+
+
 def main() -> None:
     import yaml
 
@@ -143,6 +166,8 @@ def main() -> None:
         rows.append(row)
         print(json.dumps(row), flush=True)
     (WORK / "results.json").write_text(json.dumps(rows, indent=1))
+    if not args.no_llamafactory and not args.only:
+        write_section(rows)
 
 
 if __name__ == "__main__":

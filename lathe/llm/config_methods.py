@@ -79,3 +79,19 @@ def check_quantized_training(model, finetuning, training, where: str = "") -> No
         raise ValueError(f"create_new_adapter{where} would merge into quantized weights: merge the adapter first (lathe export).")
     if len(adapters) > 1:
         raise ValueError(f"adapter_name_or_path{where}: a quantized model takes a single adapter; merge the others first (lathe export).")
+
+
+def describe_method(model, finetuning) -> str:
+    """One phrase for the printed plan, e.g. "lora (DoRA, LoRA+ x16) on a 4-bit nf4 bitsandbytes base"."""
+    variants = [name for name, used in (
+        ("rsLoRA", finetuning.use_rslora), ("DoRA", finetuning.use_dora), ("PiSSA", finetuning.pissa_init),
+        (f"LoRA+ x{finetuning.loraplus_lr_ratio:g}" if finetuning.loraplus_lr_ratio else "", finetuning.loraplus_lr_ratio),
+        ("LLaMA Pro", finetuning.use_llama_pro),
+    ) if used]
+    text = finetuning.finetuning_type + (f" ({', '.join(variants)})" if variants else "")
+    if model.quantization_bit is not None:
+        kind = f" {model.quantization_type}" if model.quantization_method == "bnb" and model.quantization_bit == 4 else ""
+        library = {"bnb": "bitsandbytes", "hqq": "HQQ", "eetq": "EETQ"}[model.quantization_method]
+        article = "an" if model.quantization_bit == 8 else "a"
+        text += f" on {article} {model.quantization_bit}-bit{kind} {library} base"
+    return text

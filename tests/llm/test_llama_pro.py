@@ -34,6 +34,7 @@ def expanded(tiny_model_dir, tmp_path_factory):
     return str(folder)
 
 
+@pytest.mark.slow  # `lathe expand` in a fresh process (imports transformers): ~10 s
 def test_copies_follow_llamafactory_layout_and_start_as_the_identity(tiny_model_dir, expanded):
     source = transformers.AutoModelForCausalLM.from_pretrained(tiny_model_dir)
     model = transformers.AutoModelForCausalLM.from_pretrained(expanded)
@@ -51,6 +52,7 @@ def test_copies_follow_llamafactory_layout_and_start_as_the_identity(tiny_model_
                            source.generate(ids, max_new_tokens=5, do_sample=False))
 
 
+@pytest.mark.slow
 def test_use_llama_pro_trains_only_the_copies(expanded):
     def trainable(**values):
         config = parse_train_config({"model_name_or_path": expanded, "dataset": "d", "output_dir": "unused",

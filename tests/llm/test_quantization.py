@@ -45,6 +45,17 @@ def test_llamafactory_defaults_and_oft_are_accepted():
     assert parse_train_config({"model_name_or_path": "m", "dataset": "d", "quantization_bit": None}).model.quantization_bit is None
 
 
+def test_the_plan_names_the_method_and_the_quantization():
+    from lathe.llm.config_methods import describe_method
+
+    config = parse_train_config({**BASE, "use_dora": True, "loraplus_lr_ratio": 16})
+    assert describe_method(config.model, config.finetuning) == "lora (DoRA, LoRA+ x16) on a 4-bit nf4 bitsandbytes base"
+    config = parse_train_config({**BASE, "quantization_bit": 8, "finetuning_type": "oft"})
+    assert describe_method(config.model, config.finetuning) == "oft on an 8-bit bitsandbytes base"
+    config = parse_train_config({"model_name_or_path": "m", "dataset": "d", "finetuning_type": "freeze", "use_llama_pro": True})
+    assert describe_method(config.model, config.finetuning) == "freeze (LLaMA Pro)"
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU refusal")
 @pytest.mark.parametrize("method", ["hqq", "eetq"])
 def test_gpu_only_methods_are_refused_on_the_cpu(tiny_model_dir, method):
@@ -66,7 +77,7 @@ def test_prequantized_checkpoint_names_the_missing_package(tiny_model_dir, tmp_p
     config_file.write_text(json.dumps(saved))
     monkeypatch.setattr(quantization, "_missing", lambda package: True)  # as on a machine without them
     config = parse_train_config({"model_name_or_path": str(folder), "dataset": "d"})
-    with pytest.raises(ImportError, match=f"{method.upper()}-quantized checkpoint; loading it needs {names}: pip install"):
+    with pytest.raises(ImportError, match=f"checkpoint quantized with {method.upper()}; loading it needs {names}: pip install"):
         load_model(load_tokenizer(config.model), config.model, config.finetuning, is_trainable=True)
 
 

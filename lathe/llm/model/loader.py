@@ -119,7 +119,9 @@ def load_model(tokenizer, model_args: "ModelArguments", finetuning_args: "Finetu
     kwargs = {"dtype": dtype, "trust_remote_code": model_args.trust_remote_code}
     if attention is not None:
         kwargs["attn_implementation"] = attention
-    quantized = {} if model_args.train_from_scratch else configure_quantization(config, model_args, quantization_compute_dtype(model_args, config))
+    quantized = {}  # from_pretrained arguments that load the base quantized (quantization_bit, GPTQ/AWQ/AQLM)
+    if not model_args.train_from_scratch:
+        quantized = configure_quantization(config, model_args, quantization_compute_dtype(model_args, config))
     try:
         if meta:
             # The unquantized modules: parameter counts equal the quantized model's (see parameter_count).

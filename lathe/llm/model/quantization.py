@@ -131,8 +131,8 @@ def _prepare_prequantized(saved, model_args) -> None:
         packages, hint = PREQUANTIZED_PACKAGES[method]
         missing = [package for package in packages if _missing(package)]
         if missing:
-            raise ImportError(f"{model_args.model_name_or_path} is a {method.upper()}-quantized checkpoint; loading it needs "
-                              f"{' and '.join(missing)}: {hint}")
+            raise ImportError(f"{model_args.model_name_or_path} holds a checkpoint quantized with {method.upper()}; loading it "
+                              f"needs {' and '.join(missing)}: {hint}")
     if method == "gptq":
         saved.pop("disable_exllama", None)
         saved["use_exllama"] = False  # exllama kernels cannot train
