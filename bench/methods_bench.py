@@ -43,16 +43,55 @@ RUNS = {
 CHILD = r'''
 import json, sys, time
 sys.path.insert(0, sys.argv[3])
-from bench.measure import high_water_rss_mb, peak_rss_mb, reset_peak_rss
+from bench.measure import current_rss_mb, high_water_rss_mb, peak_rss_mb, reset_peak_rss
 from lathe.train.callbacks import TrainerCallback
 
 marks = {}
+anon = {"process": 0, "training": 0}
+
+
+def sample_anonymous_rss():
+    """RssAnon every 5 ms: memory only the process holds (file pages a mapping keeps resident are the kernel's
+    to drop, and transformers keeps the safetensors file mapped after quantized loading)."""
+    import threading
+
+    def loop():
+        while True:
+            with open("/proc/self/status") as status:
+                value = next(int(line.split()[1]) for line in status if line.startswith("RssAnon:")) / 1024
+            anon["process"] = max(anon["process"], value)
+            anon["training"] = max(anon["training"], value)
+            time.sleep(0.005)
+
+    threading.Thread(target=loop, daemon=True).start()
+
+
+sample_anonymous_rss()
+
+
+def checkpoint_pages_mb():
+    """Resident pages of mapped *.safetensors files (/proc/self/smaps): the checkpoint the model was read from."""
+    total, inside = 0, False
+    with open("/proc/self/smaps") as smaps:
+        for line in smaps:
+            first = line.split()[0]
+            if "-" in first and not first.endswith(":"):
+                inside = line.rstrip().endswith(".safetensors")
+            elif inside and first == "Rss:":
+                total += int(line.split()[1])
+    return total / 1024
 
 class Memory(TrainerCallback):
     def on_train_begin(self, args, state, control, model=None, optimizer=None, **kwargs):
-        marks["before_training_mb"] = peak_rss_mb()
+        import ctypes, gc
+        marks["loading_peak_mb"] = peak_rss_mb()
         marks["model_bytes"] = sum(t.numel() * t.element_size() for t in list(model.parameters()) + list(model.buffers()))
+        # Hand the heap that loading freed back to the kernel, so the training peak does not start from it.
+        gc.collect()
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+        marks["train_begin_mb"] = current_rss_mb()
         marks["reset"] = reset_peak_rss()
+        anon["training"] = 0
         marks["start"] = time.perf_counter()
 
     def on_step_end(self, args, state, control, optimizer=None, **kwargs):
@@ -61,6 +100,8 @@ class Memory(TrainerCallback):
 
     def on_train_end(self, args, state, control, **kwargs):
         marks["training_peak_mb"] = high_water_rss_mb()
+        marks["training_anonymous_peak_mb"] = anon["training"]
+        marks["checkpoint_pages_mb"] = checkpoint_pages_mb()
         marks["train_s"] = time.perf_counter() - marks.pop("start")
         marks["losses"] = [entry["loss"] for entry in state.log_history if "loss" in entry]
 
@@ -71,6 +112,7 @@ from lathe.llm.model.adapters import count_parameters
 config = parse_train_config(json.loads(open(sys.argv[1]).read()))
 run_train(config, callbacks=[Memory()])
 marks["process_peak_mb"] = peak_rss_mb()
+marks["process_anonymous_peak_mb"] = anon["process"]
 open(sys.argv[2], "w").write(json.dumps(marks))
 '''
 
@@ -111,7 +153,8 @@ def run(name: str, assets: dict, steps: int) -> dict:
     if done.returncode != 0:
         raise RuntimeError(f"{name} failed:\n{done.stderr[-3000:]}")
     result = json.loads(result_file.read_text())
-    print(f"{name}: process peak {result['process_peak_mb']:.0f} MB, training peak {result['training_peak_mb']:.0f} MB, "
+    print(f"{name}: process peak {result['process_peak_mb']:.0f} MB (anonymous {result['process_anonymous_peak_mb']:.0f}), "
+          f"training peak {result['training_peak_mb']:.0f} MB (anonymous {result['training_anonymous_peak_mb']:.0f}), "
           f"model {result['model_bytes'] / 2**20:.0f} MiB, optimizer {result.get('optimizer_bytes', 0) / 2**20:.1f} MiB, "
           f"losses {result['losses']}", flush=True)
     return result
@@ -131,20 +174,30 @@ def write_report(results: dict, steps: int, path: Path) -> None:
         f"Each method: `lathe train`, sft, batch {COMMON['per_device_train_batch_size']} x {COMMON['cutoff_len']} tokens, "
         f"AdamW, gradient checkpointing on (the default), {steps} steps, a fresh process each.",
         "",
-        "| method | process peak RSS MB | training peak RSS MB | model params+buffers MiB | optimizer state MiB | s/step | step losses |",
-        "|---|---:|---:|---:|---:|---:|---|",
+        "| method | peak RSS MB | of which checkpoint file pages MB | peak RSS without unused checkpoint pages MB | anonymous peak MB | RSS at first step MB | model params+buffers MiB | optimizer state MiB | s/step | step losses |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
     for name, result in results.items():
-        lines.append(f"| {name} | {result['process_peak_mb']:.0f} | {result['training_peak_mb']:.0f} | "
+        pages = result["checkpoint_pages_mb"]
+        # LoRA computes with the checkpoint's pages (its frozen weights); full training writes its weights into
+        # private copies and a quantized model holds its own, so for them the mapped pages are unused
+        needed = result["process_peak_mb"] - (0 if name == "lora" else pages)
+        lines.append(f"| {name} | {result['process_peak_mb']:.0f} | {pages:.0f} | {needed:.0f} | "
+                     f"{result['process_anonymous_peak_mb']:.0f} | {result['train_begin_mb']:.0f} | "
                      f"{result['model_bytes'] / 2**20:.0f} | {result.get('optimizer_bytes', 0) / 2**20:.1f} | "
                      f"{result['train_s'] / steps:.1f} | {', '.join(f'{loss:.4f}' for loss in result['losses'])} |")
     lines += [
         "",
-        "- *process peak* covers loading: QLoRA reads the float32 checkpoint and quantizes it layer by layer, so "
-        "the file's pages count once (safetensors maps it). *training peak* is the high-water mark from the first "
-        "step on (reset through /proc/self/clear_refs): what the method itself costs while it trains.",
+        "- *peak RSS* is what `top` shows; it counts the resident pages of mapped files. transformers maps the "
+        "safetensors checkpoint: LoRA computes with those pages (its frozen float32 weights), while full training "
+        "writes its weights into private copies and a quantized model holds its own, so for them the mapping stays "
+        "resident but unused: clean page cache the kernel drops under pressure. *without unused checkpoint pages* "
+        "subtracts them for every run but LoRA (measured in /proc/self/smaps at the end). *anonymous peak* (RssAnon, "
+        "sampled every 5 ms) leaves out every file page, LoRA's weights included.",
+        "- *RSS at first step*: after the heap that loading freed is handed back (malloc_trim); *training* peaks "
+        "count from there (high-water mark reset through /proc/self/clear_refs).",
         "- Quantized linear layers hold 4 (or 8) bits per weight; the embeddings (tied with the output head) and "
-        "norms stay float32. bitsandbytes' CPU kernels dequantize each layer's weights per matmul, hence the slower steps.",
+        "norms stay float32; bitsandbytes' CPU kernels dequantize a layer's weights for each matmul.",
     ]
     # methods_examples.py's section of the same report stays
     marker = "## LLaMA-Factory's example configs of these methods"

@@ -69,7 +69,7 @@ def adapted(example: str, config: dict, models: dict, data_dir: Path, runner: st
     config["model_name_or_path"] = str(models["pro"] if "llama_pro" in example else
                                        prequantized_stand_in(models["base"], kind) if kind else models["base"])
     config["output_dir"] = str(WORK / "out" / runner / example.replace("/", "_").removesuffix(".yaml"))
-    config["max_steps"] = 2
+    config["max_steps"] = 4  # warmup_ratio 0.1 makes step 1 a zero-rate step: steps 2-4 train
     config["bf16"] = False  # fp32 on the CPU
     config["dataset_dir"] = str(data_dir)
     if runner == "llamafactory":
@@ -119,9 +119,9 @@ def write_section(rows: list[dict]) -> None:
     lines = [SECTION, "",
              "`python bench/methods_examples.py --lf_repo <LLaMA-Factory v0.9.5 checkout>`: each example config unchanged but "
              "for model_name_or_path (a tiny 8-layer Llama; for LLaMA Pro the same grown by `lathe expand ... --num_expand 8`; "
-             "for the pre-quantized examples a copy whose config.json declares that quantization), output_dir, max_steps: 2 "
+             "for the pre-quantized examples a copy whose config.json declares that quantization), output_dir, max_steps: 4 "
              "and bf16: false. Both tools log no step loss with the examples' logging_steps (10), so the comparison is "
-             "`train_loss` (all_results.json, the mean of the 2 steps).", "",
+             "`train_loss` (all_results.json, the mean of the 4 steps; with warmup_ratio 0.1 the first step has rate 0, the next three train).", "",
              "| example | lathe | LLaMA-Factory | train_loss lathe | train_loss LLaMA-Factory | equal |", "|---|---|---|---:|---:|---|"]
     for row in rows:
         ours, theirs = row.get("lathe_losses") or [None], row.get("llamafactory_losses") or [None]
@@ -130,7 +130,8 @@ def write_section(rows: list[dict]) -> None:
                      f"{'yes' if row.get('equal') else ''} |")
     text = REPORT.read_text() if REPORT.exists() else ""
     head = text.split(SECTION)[0].rstrip()
-    REPORT.write_text((head + "\n\n" if head else "") + "\n".join(lines) + "\n")
+    section = "\n".join(lines).replace(str(REPO_ROOT) + "/", "")  # paths relative to the repository
+    REPORT.write_text((head + "\n\n" if head else "") + section + "\n")
 
 
 def main() -> None:
