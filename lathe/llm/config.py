@@ -371,9 +371,11 @@ def _validate(config: TrainConfig, where: str) -> None:
     if training.do_train and not data.dataset:
         raise ValueError(f"dataset{where} is required for training: name(s) from {data.dataset_dir}/dataset_info.json.")
     _check_output_dir(training.output_dir, where)
-    if (training.do_eval or training.do_predict or training.predict_with_generate) and not data.eval_dataset and data.val_size < 1e-6:
+    asked = [name for name in ("do_eval", "do_predict", "predict_with_generate") if getattr(training, name)]
+    if asked and not data.eval_dataset and data.val_size < 1e-6:
         raise ValueError(
-            f"Evaluation or prediction{where} needs data: set eval_dataset, or val_size to hold out part of the training data."
+            f"{' and '.join(asked)}{where}: evaluation or prediction needs data: set eval_dataset, or val_size to hold "
+            f"out part of the training data."
         )
     if model.adapter_name_or_path is not None and finetuning.finetuning_type != "lora":
         raise ValueError(f"adapter_name_or_path{where} needs finetuning_type: lora (got {finetuning.finetuning_type!r}).")
