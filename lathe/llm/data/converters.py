@@ -151,7 +151,7 @@ def _tag_roles(attr: DatasetAttr) -> dict[str, str]:
 
 
 def _role(tag: Any, roles: dict[str, str], number: int, attr: DatasetAttr) -> str:
-    if tag not in roles:
+    if not isinstance(tag, str) or tag not in roles:  # a list or object as the tag is no role either
         raise RowProblem("unknown role", f"message {number} has {attr.role_tag} '{tag}', which is none of the "
                                          f"tags {', '.join(repr(t) for t in roles)}")
     return roles[tag]

@@ -129,6 +129,8 @@ def read_json_files(files: list[str]) -> RawRows:
         before = len(rows)
         rows.extend(_json_rows(_decode(data, path), path))
         file_rows.append(len(rows) - before)
+    if rows and not any(rows):
+        raise ValueError(f"{', '.join(files)}: every row is an empty object: the data has no columns.")
     dataset, json_columns = rows_to_dataset(rows, fingerprint=digest.hexdigest()[:32])
     return RawRows(dataset, files, "json", json_columns, file_rows)
 
