@@ -209,3 +209,20 @@ def test_random_openai_rows_are_kept_as_written_or_counted(tmp_path_factory, row
     write(folder, "d.jsonl" if jsonl else "d.json", rows,
           {"formatting": "openai", "columns": {"messages": "messages"}, "tags": OPENAI_TAGS})
     tokenizes_or_counts(load(folder, rows, [openai_expected(row) for row in rows]))
+
+
+@pytest.mark.parametrize("tools, call", [
+    ("887", '{"name": "f", "arguments": {}}'),  # tools written as a JSON number (it crashed with TypeError: len())
+    ("null", '{"name": "f", "arguments": {}}'),
+    ('[{"name": "f", "parameters": {"type": "object", "properties": {}}}]', "[" * 50_000 + "]" * 50_000),  # RecursionError
+])
+def test_tools_and_calls_that_cannot_be_rendered_are_counted_skips(tools, call):
+    conversation = [{"role": "user", "content": "hi"}, {"role": "function", "content": call},
+                    {"role": "observation", "content": "1"}]
+    batch = {"_prompt": [conversation], "_response": [[{"role": "assistant", "content": "ok"}]], "_system": [""],
+             "_tools": [tools]}
+    tokenizer = build_word_tokenizer()
+    template = get_template_and_fix_tokenizer(tokenizer, DataArguments(template="qwen"))
+    skipped = Counter()
+    out = preprocess_supervised_dataset(batch, template, tokenizer, DataArguments(cutoff_len=64), skipped=skipped)
+    assert out["input_ids"] == [] and sum(skipped.values()) == 1
