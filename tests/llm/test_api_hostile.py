@@ -18,7 +18,7 @@ from hypothesis import strategies as st  # noqa: E402
 from lathe.llm.inference.api import create_app  # noqa: E402
 from lathe.llm.inference.config import parse_infer_config  # noqa: E402
 from lathe.llm.inference.engine import ChatEngine  # noqa: E402
-from lathe.llm.inference.requests import Limits, json_depth  # noqa: E402
+from lathe.llm.inference.requests import Limits  # noqa: E402
 from tests.llm.test_api import Server  # noqa: E402
 
 FUZZ = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow], derandomize=True)
@@ -73,6 +73,8 @@ def test_fifty_thousand_nested_lists_are_a_400_not_a_recursion_error(server):
 
 
 def test_brackets_inside_strings_do_not_count_as_nesting(server):
+    from lathe.llm.inference.requests import json_depth
+
     body = {"model": "tiny", "messages": [{"role": "user", "content": "[" * 100 + "{\\\"" * 20}], "max_tokens": 2}
     assert json_depth(json.dumps(body).encode()) == 3
     status, content_type, payload = post(server, "/v1/chat/completions", json.dumps(body).encode())

@@ -11,9 +11,7 @@ pytest.importorskip("transformers")
 
 from lathe.llm.config import DataArguments  # noqa: E402
 from lathe.llm.data.pipeline import get_dataset  # noqa: E402
-from lathe.llm.data.supervised import (  # noqa: E402
-    IGNORE_INDEX, encode_supervised_example, measure_supervised_example,
-)
+from lathe.llm.data.supervised import IGNORE_INDEX, encode_supervised_example  # noqa: E402
 from lathe.llm.templates.registry import get_template_and_fix_tokenizer  # noqa: E402
 
 WORDS = "what is two plus four add sum name result first second content".split()
@@ -38,6 +36,8 @@ def trained(labels):
 ])
 @pytest.mark.parametrize("cutoff_len", [7, 20, 45, 1000])
 def test_an_example_s_cut_is_its_whole_encoding_less_what_was_kept(word_tokenizer, template_name, flags, cutoff_len):
+    from lathe.llm.data.supervised import measure_supervised_example
+
     template = get_template_and_fix_tokenizer(word_tokenizer, DataArguments(template=template_name))
     messages = conversation(turns=3, words=6)
     args = (messages[:-1], messages[-1:], "", "", template, word_tokenizer)
