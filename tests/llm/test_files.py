@@ -2,7 +2,6 @@
 column holds, a bad row is reported with what the file really holds, and invalid UTF-8 names file, line
 and byte. Every file here is written by the test."""
 import json
-import os
 
 import numpy as np
 import pytest
