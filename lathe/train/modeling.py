@@ -66,7 +66,7 @@ def loss_from_outputs(outputs, inputs) -> torch.Tensor:
 
 # torch's messages when a loss gets labels of the wrong dtype; they name neither the batch key nor the fix.
 _LABEL_DTYPE_ERROR = re.compile(
-    r"expected (target dtype|scalar type) .*(Long|Int)|Expected dtype int64 for index|"
+    r"expected (target dtype|scalar type) .*(Long|Int)|Expected dtype int(32/int)?64 for index|"
     r"Expected floating point type for target|Target size \(.*\) must be the same as input size"
 )
 
