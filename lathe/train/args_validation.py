@@ -234,7 +234,7 @@ def _check_choice(args, name: str, choices, optional: bool = False) -> None:
     value = getattr(args, name)
     if optional and value is None:
         return
-    if value not in choices:
+    if not isinstance(value, (str, int, float, bool, type(None))) or value not in choices:
         raise ValueError(f"{name}={value!r} is not valid; choose one of {list(choices)}")
 
 
