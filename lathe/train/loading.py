@@ -1,5 +1,6 @@
 """Reading a checkpoint's files safely: torch.load(weights_only=True), with errors that name the
-file and say what is wrong (empty, corrupt, or objects lathe refuses to unpickle)."""
+file and say what is wrong (empty, corrupt, objects lathe refuses to unpickle, a state that does not
+fit the optimizer, scheduler or generators it is loaded into)."""
 from __future__ import annotations
 
 import os
@@ -9,6 +10,7 @@ import numpy as np
 import torch
 
 from lathe.train.checkpoint import CheckpointFileError
+from lathe.train.seed import rng_state_problem
 
 
 def safe_torch_load(path: str, map_location=None, allowed: list | None = None):
@@ -59,3 +61,29 @@ def _load_error_detail(error: Exception) -> str:
     kept = [line for line in lines if line and "weights_only" not in line and "documentation" not in line]
     detail = " ".join(kept) or type(error).__name__
     return detail if len(detail) <= 300 else detail[:300] + "..."
+
+
+def load_state_into(target, path: str, what: str, map_location=None) -> None:
+    """target.load_state_dict(the state in `path`), with a CheckpointFileError naming the file when it
+    does not fit (another optimizer's state, a scheduler state without its step count, ...)."""
+    state = safe_torch_load(path, map_location=map_location)
+    # A learning-rate scheduler takes any dict into its __dict__: without last_epoch it would silently restart.
+    if hasattr(target, "last_epoch") and not (isinstance(state, dict) and "last_epoch" in state):
+        raise _does_not_fit(path, what, "it has no 'last_epoch'")
+    try:
+        target.load_state_dict(state)
+    except (KeyError, ValueError, TypeError, RuntimeError, IndexError, AttributeError) as error:
+        raise _does_not_fit(path, what, f"{type(error).__name__}: {error}") from None
+
+
+def _does_not_fit(path: str, what: str, why: str) -> CheckpointFileError:
+    return CheckpointFileError(f"{path!r} does not fit this run's {what} ({why}). Was it written by another model or "
+                               "optimizer? Resume from a checkpoint of this run.")
+
+
+def load_rng_state(path: str) -> dict:
+    state = safe_torch_load(path)
+    problem = rng_state_problem(state)
+    if problem is not None:
+        raise CheckpointFileError(f"{path!r} is not an RNG state a Trainer saved: {problem}.")
+    return state

@@ -13,7 +13,6 @@ from lathe.train import checkpoint as ckpt
 from lathe.train import weights as weights_io
 from lathe.train import fsdp, loading, rotation, runtime, snapshot
 from lathe.train.evaluation import is_better
-from lathe.train.seed import rng_state_problem
 from lathe.train.state import ExportableState, TrainerState
 
 logger = logging.getLogger(__name__)
@@ -157,7 +156,7 @@ class TrainerCheckpointing:
         if not fsdp.is_sharded(self.model):
             weights_io.load_model_weights(self.model, path)
             if optimizer_file is not None:
-                load_state_into(self.optimizer, optimizer_file, "optimizer", map_location=self.args.device)
+                loading.load_state_into(self.optimizer, optimizer_file, "optimizer", map_location=self.args.device)
             return
         first = self.args.process_index == 0
         adapter = os.path.isfile(os.path.join(path, ckpt.ADAPTER_WEIGHTS_NAME)) and hasattr(self.model, "load_adapter")
@@ -217,14 +216,14 @@ class TrainerCheckpointing:
             self._load_weights(path, os.path.join(path, ckpt.OPTIMIZER_NAME))
         scheduler_file = os.path.join(path, ckpt.SCHEDULER_NAME)
         if os.path.isfile(scheduler_file):
-            load_state_into(self.lr_scheduler, scheduler_file, "learning-rate scheduler")
+            loading.load_state_into(self.lr_scheduler, scheduler_file, "learning-rate scheduler")
         scaler_file = os.path.join(path, ckpt.SCALER_NAME)
         if self.scaler is not None and os.path.isfile(scaler_file):
-            load_state_into(self.scaler, scaler_file, "gradient scaler")
+            loading.load_state_into(self.scaler, scaler_file, "gradient scaler")
         # This rank's stream; under a different number of processes than wrote it, one process's or rank 0's.
         candidates = (ckpt.rng_file_name(args.process_index, args.world_size), "rng_state.pth", "rng_state_0.pth")
         rng_file = next((os.path.join(path, name) for name in candidates if os.path.isfile(os.path.join(path, name))), None)
-        self._pending_rng_state = load_rng_state(rng_file) if rng_file is not None else None
+        self._pending_rng_state = loading.load_rng_state(rng_file) if rng_file is not None else None
         if self._pending_rng_state is None:
             logger.warning("Checkpoint %s has no RNG state; dropout and shuffling after resume will differ from the original run.", path)
         saved = TrainerState.load_from_json(os.path.join(path, ckpt.TRAINER_STATE_NAME))
@@ -352,31 +351,6 @@ def _zero3(trainer) -> bool:
 
 def _has_frozen_parameters(model) -> bool:
     return any(not parameter.requires_grad for parameter in model.parameters())
-
-
-def load_state_into(target, path: str, what: str, map_location=None) -> None:
-    """target.load_state_dict(the state in `path`), with a CheckpointFileError naming the file when it
-    does not fit (another optimizer, a scheduler state without a step count, ...)."""
-    state = loading.safe_torch_load(path, map_location=map_location)
-    # A learning-rate scheduler takes any dict into its __dict__; without last_epoch it would restart silently.
-    missing = [key for key in ("last_epoch",) if hasattr(target, key) and not (isinstance(state, dict) and key in state)]
-    try:
-        if missing:
-            raise KeyError(f"no {missing[0]!r}")
-        target.load_state_dict(state)
-    except (KeyError, ValueError, TypeError, RuntimeError, IndexError, AttributeError) as error:
-        raise ckpt.CheckpointFileError(
-            f"{path!r} does not fit this run's {what} ({type(error).__name__}: {error}). Was it written by another "
-            "model or optimizer? Resume from a checkpoint of this run."
-        ) from None
-
-
-def load_rng_state(path: str) -> dict:
-    state = loading.safe_torch_load(path)
-    problem = rng_state_problem(state)
-    if problem is not None:
-        raise ckpt.CheckpointFileError(f"{path!r} is not an RNG state a Trainer saved: {problem}.")
-    return state
 
 
 def _read_json_object(path: str) -> dict | None:

@@ -12,7 +12,6 @@ import os
 import shutil
 import tempfile
 import warnings
-from dataclasses import fields
 from pathlib import Path
 
 import pytest
