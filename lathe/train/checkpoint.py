@@ -10,7 +10,6 @@ import re
 import shutil
 from contextlib import contextmanager
 
-
 logger = logging.getLogger(__name__)
 
 PREFIX_CHECKPOINT_DIR = "checkpoint"
@@ -121,6 +120,8 @@ def commit_staging(staging: str, final_path: str) -> None:
     parent = os.path.dirname(os.path.abspath(final_path))
     _write_manifest(staging, step_in_name(final_path))
     _fsync_tree(staging)
+    if os.path.lexists(final_path) and (os.path.islink(final_path) or not os.path.isfile(os.path.join(final_path, MANIFEST_NAME))):
+        _move_aside(final_path)  # not lathe's to delete: a link, or a folder of transformers' or a person's
     if os.path.exists(final_path):
         # Saving the same step twice (e.g. a step save and an epoch save): move the old one aside
         # first; a crash in between leaves it there as a staging leftover, ignored and cleaned.
@@ -133,6 +134,16 @@ def commit_staging(staging: str, final_path: str) -> None:
     else:
         os.rename(staging, final_path)
     _fsync_dir(parent)
+
+
+def _move_aside(path: str) -> None:
+    """Rename `path` to `<path>.replaced-K` (a name no lookup matches) rather than delete it."""
+    number = 1
+    while os.path.lexists(f"{path}.replaced-{number}"):
+        number += 1
+    os.rename(path, f"{path}.replaced-{number}")
+    logger.warning("%s was in the way of the checkpoint being saved and was not written by lathe, so it was moved to %s, "
+                   "not deleted.", path, f"{path}.replaced-{number}")
 
 
 def publish_staging(staging: str, final_path: str, write=None) -> None:

@@ -186,3 +186,19 @@ def test_delete_checkpoint_never_deletes_a_link_or_what_it_leads_to(tmp_path):
     link.symlink_to(target, target_is_directory=True)
     rotation.delete_checkpoint(str(link))
     assert link.is_symlink() and (target / ckpt.WEIGHTS_NAME).exists()
+
+
+def test_a_foreign_folder_where_a_checkpoint_is_saved_is_moved_aside_not_deleted(tmp_path, caplog):
+    output_dir = tmp_path / "out"
+    mine = output_dir / "checkpoint-4"
+    mine.mkdir(parents=True)
+    (mine / "notes.txt").write_text("mine")
+    target = fake_checkpoint(tmp_path / "elsewhere", 6)
+    (output_dir / "checkpoint-6").symlink_to(target, target_is_directory=True)
+    with caplog.at_level(logging.WARNING, logger="lathe.train.checkpoint"):
+        trainer_for(output_dir, save_total_limit=None).train()
+    assert (output_dir / "checkpoint-4.replaced-1" / "notes.txt").read_text() == "mine"
+    assert (output_dir / "checkpoint-6.replaced-1").is_symlink() and (target / ckpt.WEIGHTS_NAME).exists()
+    assert names(output_dir) == ["checkpoint-2", "checkpoint-4", "checkpoint-4.replaced-1", "checkpoint-6", "checkpoint-6.replaced-1"]
+    assert all(ckpt.is_complete_checkpoint(str(output_dir / f"checkpoint-{step}")) for step in (2, 4, 6))
+    assert "moved to" in caplog.text
