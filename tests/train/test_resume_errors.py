@@ -187,6 +187,7 @@ def llama_trainer(output_dir: Path, model, **overrides) -> Trainer:
 
 
 @pytest.mark.hf
+@pytest.mark.slow
 def test_a_transformers_model_checkpoint_of_another_size_names_the_tensors(tmp_path):
     llama_trainer(tmp_path, tiny_llama(intermediate_size=64)).train()
     with pytest.raises(ValueError) as raised:
@@ -197,6 +198,7 @@ def test_a_transformers_model_checkpoint_of_another_size_names_the_tensors(tmp_p
 
 
 @pytest.mark.hf
+@pytest.mark.slow
 def test_a_lora_adapter_of_another_rank_names_the_adapter_file_and_tensors(tmp_path):
     from peft import LoraConfig, get_peft_model
 
