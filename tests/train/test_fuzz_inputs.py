@@ -132,16 +132,12 @@ def test_a_command_line_option_is_parsed_or_argparse_names_it(name, text):
 
 # ----- checkpoint files -----
 
-_pristine: dict[str, Path] = {}
-
-
-def pristine_checkpoint() -> Path:
-    """checkpoint-2 of crash_worker's job with fp16 (so scaler.pt too), made once per session."""
-    if "folder" not in _pristine:
-        root = Path(tempfile.mkdtemp(prefix="lathe-fuzz-"))
-        crash_worker.build_trainer(str(root), {"args": {"max_steps": 2, "save_steps": 2, "save_total_limit": None, "fp16": True}}).train()
-        _pristine["folder"] = root / "checkpoint-2"
-    return _pristine["folder"]
+@pytest.fixture(scope="module")
+def pristine(tmp_path_factory) -> Path:
+    """checkpoint-2 of crash_worker's job with fp16 (so scaler.pt too)."""
+    root = tmp_path_factory.mktemp("fuzz-checkpoint")
+    crash_worker.build_trainer(str(root), {"args": {"max_steps": 2, "save_steps": 2, "save_total_limit": None, "fp16": True}}).train()
+    return root / "checkpoint-2"
 
 
 CHECKPOINT_FILES = ["lathe_checkpoint.json", "model.safetensors", "optimizer.pt", "scheduler.pt", "scaler.pt", "rng_state.pth",
@@ -165,8 +161,8 @@ def damage(path: Path, how: str, change) -> None:
 
 
 @pytest.mark.parametrize("form", ["lathe", "transformers"])
-def test_damaged_checkpoint_files_give_an_error_naming_the_file_or_a_skipped_checkpoint(form):
-    sizes = {name: (pristine_checkpoint() / name).stat().st_size for name in CHECKPOINT_FILES}
+def test_damaged_checkpoint_files_give_an_error_naming_the_file_or_a_skipped_checkpoint(form, pristine):
+    sizes = {name: (pristine / name).stat().st_size for name in CHECKPOINT_FILES}
 
     @settings(FUZZ, max_examples=int(os.environ.get("LATHE_FUZZ_EXAMPLES", 45)))
     @given(damaged=damaged_files(sizes))
@@ -174,7 +170,7 @@ def test_damaged_checkpoint_files_give_an_error_naming_the_file_or_a_skipped_che
         name, how, change = damaged
         with tempfile.TemporaryDirectory() as folder:
             output_dir = Path(folder)
-            shutil.copytree(pristine_checkpoint(), output_dir / "checkpoint-2")
+            shutil.copytree(pristine, output_dir / "checkpoint-2")
             if form == "transformers":
                 (output_dir / "checkpoint-2" / ckpt.MANIFEST_NAME).unlink()
                 if name == ckpt.MANIFEST_NAME:
