@@ -66,7 +66,7 @@ def loss_from_outputs(outputs, inputs) -> torch.Tensor:
 
 # torch's messages when a loss gets labels of the wrong dtype; they name neither the batch key nor the fix.
 _LABEL_DTYPE_ERROR = re.compile(
-    r"expected (target dtype|scalar type) .*(Long|Int)|Expected dtype int(32/int)?64 for index|"
+    r"expected target dtype to be Long|expected scalar type Long but found|Expected dtype int(32/int)?64 for index|"
     r"Expected floating point type for target|Target size \(.*\) must be the same as input size"
 )
 
@@ -82,16 +82,16 @@ def explain_label_error(error: Exception, inputs, label_names: list[str]) -> Exc
     if name is None:
         return None
     labels, message = inputs[name], str(error)
+    ids = f"Make the dataset's {name!r} column integer class ids (or convert them in the data collator)."
     if "floating point type for target" in message:
-        expected = "a floating-point dtype (class probabilities)"
+        expected = "floats: labels with the logits' shape are read as class probabilities"
+        fix = "Give class ids without the class dimension, or float probabilities."
     elif "Target size" in message and labels.is_floating_point():
-        expected = ("torch.int64 class ids: transformers' classification models read float labels as multi-label "
-                    "targets, one 0/1 value per class")
+        expected, fix = ("torch.int64 class ids: transformers' classification models read float labels as multi-label "
+                         "targets, one 0/1 value per class"), ids
     elif labels.is_floating_point() or labels.dtype != torch.int64:
-        expected = "torch.int64 (long) class ids"
+        expected, fix = "torch.int64 (long) class ids", ids
     else:
         return None
-    return TypeError(
-        f"The model's loss cannot use `{name}` of dtype {labels.dtype} (shape {list(labels.shape)}): it expects {expected}. "
-        f"Make the dataset's {name!r} column integers (or convert them in the data collator). torch said: {message.splitlines()[0]}"
-    )
+    return TypeError(f"The model's loss cannot use `{name}` of dtype {labels.dtype} (shape {list(labels.shape)}): it "
+                     f"expects {expected}. {fix} torch said: {message.splitlines()[0]}")
