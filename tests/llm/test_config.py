@@ -207,7 +207,8 @@ def test_val_size_is_a_fraction_below_one_or_a_whole_count(val_size):
 
 def test_output_dir_that_is_a_file_is_one_clear_error(tmp_path):
     (tmp_path / "taken").write_text("not a folder")
-    with pytest.raises(ValueError, match=r"output_dir '.*taken' is an existing file; it must be a folder"):
+    # The exact path is caught where TrainingArguments is built (lathe.train's check, same for library users).
+    with pytest.raises(ValueError, match=r"output_dir='.*taken' is an existing file, not a folder"):
         parse_train_config({**BASE, "output_dir": str(tmp_path / "taken")})
     with pytest.raises(ValueError, match=r"output_dir '.*taken/run' is inside .*taken, which is a file"):
         parse_train_config({**BASE, "output_dir": str(tmp_path / "taken" / "run")})
@@ -221,5 +222,6 @@ def test_lathe_train_with_a_file_as_output_dir_exits_2_without_a_traceback(tmp_p
     config = write_yaml(tmp_path / "c.yaml", {**BASE, "output_dir": str(tmp_path / "taken")})
     assert main(["train", config]) == 2
     error = capsys.readouterr().err
-    assert error.startswith(f"lathe train: error: output_dir '{tmp_path / 'taken'}' (in {config}) is an existing file")
+    assert error.startswith(f"lathe train: error: output_dir='{tmp_path / 'taken'}' is an existing file, not a folder")
+    assert f"(in {config})" in error
     assert "Traceback" not in error
