@@ -62,7 +62,9 @@ _TRAINING_ONLY = {
              "packing", "neat_packing", "tokenized_path"),
     "finetuning": ("stage", "freeze_trainable_layers", "freeze_trainable_modules", "freeze_extra_modules",
                    "additional_target", "lora_alpha", "lora_dropout", "lora_rank", "lora_target", "use_rslora",
-                   "use_dora", "create_new_adapter", "pure_bf16", "early_stopping_steps", "plot_loss"),
+                   "use_dora", "create_new_adapter", "pure_bf16", "early_stopping_steps", "plot_loss",
+                   "pref_beta", "pref_ftx", "pref_bco_weight", "pref_loss", "dpo_label_smoothing", "kto_chosen_weight",
+                   "kto_rejected_weight", "simpo_gamma", "ref_model", "ref_model_adapters", "ld_alpha"),
     "model": ("disable_gradient_checkpointing", "use_reentrant_gc", "upcast_layernorm", "upcast_lmhead_output",
               "train_from_scratch", "resize_vocab"),
 }
