@@ -153,6 +153,9 @@ class TrainerCheckpointing:
             if optimizer_file is not None:
                 self.optimizer.load_state_dict(ckpt.safe_torch_load(optimizer_file, map_location=self.args.device))
             return
+        if hasattr(self.model, "load_saved_weights"):
+            raise NotImplementedError(f"Loading {type(self.model).__name__} weights from {path} into an FSDP2-sharded "
+                                      "model is not supported yet (its files are split): resume without fsdp.")
         first = self.args.process_index == 0
         adapter = os.path.isfile(os.path.join(path, ckpt.ADAPTER_WEIGHTS_NAME)) and hasattr(self.model, "load_adapter")
         weights = {}
