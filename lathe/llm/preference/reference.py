@@ -24,6 +24,22 @@ def needs_reference(finetuning_args) -> bool:
     return finetuning_args.stage == "kto" or finetuning_args.use_ref_model
 
 
+def describe_reference(finetuning_args, do_train: bool) -> str | None:
+    """The plan's line: what dpo / kto compare the policy with (None for the other stages)."""
+    if finetuning_args.stage == "dpo" and not finetuning_args.use_ref_model:
+        return f"none ({finetuning_args.pref_loss} compares the chosen and rejected answers only)"
+    if not needs_reference(finetuning_args):
+        return None
+    if finetuning_args.ref_model is not None:
+        adapters = finetuning_args.ref_model_adapters
+        return f"{finetuning_args.ref_model}" + (f" + {', '.join(adapters)}" if adapters else "") + " (frozen)"
+    if not do_train:
+        return "the model itself (evaluation only: rewards are left out)"
+    if finetuning_args.finetuning_type == "lora":
+        return "the model with its LoRA adapter switched off (no second copy)"
+    return "a frozen copy of the starting model"
+
+
 def create_reference_model(tokenizer, model_args, finetuning_args) -> nn.Module | None:
     """The frozen reference model to load for training, or None (the adapter-less policy, or no reference)."""
     if not needs_reference(finetuning_args):

@@ -90,6 +90,7 @@ class TrainerLogCallback(TrainerCallback):
         if state.num_input_tokens_seen:
             line["throughput"] = round(state.num_input_tokens_seen / max(elapsed, 1e-9), 2)
             line["total_tokens"] = state.num_input_tokens_seen
+        os.makedirs(args.output_dir, exist_ok=True)  # evaluation without training writes nothing before this
         with open(self._path(args), "a", encoding="utf-8") as f:
             f.write(json.dumps({k: v for k, v in line.items() if v is not None}) + "\n")
 
