@@ -103,8 +103,8 @@ class DPOTrainer(PreferenceTrainer):
         }
         if self.loss_type == "orpo":
             metrics["sft_loss"] = sft_loss.mean()
-            # The odds-ratio term alone (LLaMA-Factory also subtracts nothing for pref_ftx, so with
-            # pref_ftx > 0 its value there includes pref_ftx x sft_loss / beta).
+            # The odds-ratio term alone. LLaMA-Factory computes it after adding pref_ftx's term, so with
+            # pref_ftx > 0 its value also holds pref_ftx x sft_loss / beta; with pref_ftx 0 they agree.
             metrics["odds_ratio_loss"] = ((preference_only - sft_loss) / self.beta).mean()
         return values.mean(), {f"{prefix}{key}": value.detach() for key, value in metrics.items()}
 
