@@ -1,7 +1,8 @@
-"""Preference stages on 2 processes through `lathe train`: the same numbers as one process with the
-whole batch, which the golden file holds (LLaMA-Factory's single-process logs). KTO under DDP checks
-that the KL estimate is averaged over the ranks; DPO under FSDP2 with full fine-tuning checks the
-frozen reference copy, sharded like the policy.
+"""A preference stage on 2 processes through `lathe train`: the same numbers as one process with the
+whole batch, which the golden file holds (LLaMA-Factory's single-process logs). DPO under FSDP2 with
+full fine-tuning: the frozen reference copy is sharded like the policy, the metrics are averaged over
+the ranks. (One 2-process run keeps the suite fast; KTO under DDP, whose KL estimate is averaged over
+the ranks, was seen to equal one process too: docs/PREFERENCE.md.)
 
 Tolerance 1e-5 relative, or 1e-5 absolute: the ranks' gradients and metrics are summed by all-reduce in
 another order than one process sums its batch (float32 rounding, compounded over a few Adam steps; seen up
@@ -44,13 +45,6 @@ def _assert_close(ours: list[dict], theirs: list[dict]) -> None:
         assert {key for key in mine if key not in NOT_COMPARED} == keys
         for key in keys - {"logits/chosen", "logits/rejected"}:
             assert mine[key] == pytest.approx(peer[key], rel=1e-5, abs=1e-5), f"step {peer['step']} {key}"
-
-
-@pytest.mark.slow
-def test_kto_on_two_processes_equals_one_process(tmp_path):
-    with open(GOLDEN, encoding="utf-8") as handle:
-        golden = json.load(handle)["runs"]["kto_lora"]
-    _assert_close(_two_processes(tmp_path, "kto_lora", per_device_train_batch_size=2), golden)
 
 
 @pytest.mark.slow
