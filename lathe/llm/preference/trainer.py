@@ -22,6 +22,8 @@ class PreferenceTrainer(Trainer):
     training) compares the model with itself."""
 
     def __init__(self, model=None, args=None, ref_model=None, finetuning_args=None, **kwargs):
+        if finetuning_args is None:
+            raise ValueError(f"{type(self).__name__} needs finetuning_args (pref_beta, pref_loss, ...: lathe.llm.config.FinetuningArguments).")
         disable_dropout(model)
         if ref_model is not None and ref_model is not model:
             disable_dropout(ref_model)
