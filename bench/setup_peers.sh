@@ -15,6 +15,8 @@ fi
 "$venv/bin/pip" install --quiet "torch==2.13.0"
 "$venv/bin/pip" install --quiet "transformers==5.23.0" "accelerate==1.15.0" safetensors tokenizers \
     numpy pyyaml tqdm psutil
+# transformers' own Trainer tests (bench/hf_trainer_tests.py) need these to import and run.
+"$venv/bin/pip" install --quiet pytest pytest-timeout parameterized datasets
 "$venv/bin/python" - <<'PY'
 import torch, transformers, accelerate, tokenizers, safetensors
 print("torch", torch.__version__, "| transformers", transformers.__version__,

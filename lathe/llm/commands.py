@@ -78,18 +78,21 @@ def train_command(config_path: str, overrides: list[str], dry_run: bool = False,
 
 def data_preview_command(config_path: str, overrides: list[str], num_examples: int = 3, split: str = "train",
                          traceback: bool = False) -> int:
-    """`lathe data preview CONFIG`: a few tokenized examples with the trained spans marked."""
+    """`lathe data preview CONFIG`: the template, its stop tokens and whether the chat_template saved with the
+    model agrees with it; then a few tokenized examples with the trained spans marked."""
     from lathe.llm.config import parse_train_config
     from lathe.llm.data.pipeline import get_dataset
     from lathe.llm.data.preview import preview_examples
     from lathe.llm.model.loader import load_tokenizer
     from lathe.llm.templates import get_template_and_fix_tokenizer
+    from lathe.llm.templates.check import template_report
 
     _setup_logging()
     try:
         config = parse_train_config(config_path, overrides)
         tokenizer = load_tokenizer(config.model)
         template = get_template_and_fix_tokenizer(tokenizer, config.data)
+        print(template_report(template, tokenizer))
         datasets = get_dataset(template, config.model, config.data, config.training,
                                stage=config.finetuning.stage, tokenizer=tokenizer)
         dataset = datasets["train_dataset"] if split == "train" else datasets["eval_dataset"]

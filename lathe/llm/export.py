@@ -190,9 +190,17 @@ def _write(model, tokenizer, template, export_dir: str, export_size: float, temp
     # safetensors, one shard up to export_size GB (transformers writes the index when there are several)
     model.save_pretrained(export_dir, max_shard_size=max(1, int(export_size * 10**9)))
     if template_name is not None:
-        # The folder's chat_template renders conversations as lathe's template did in training. (With no
-        # template named, the template was parsed from, and checked against, the tokenizer's own.)
-        tokenizer.chat_template = template.jinja_chat_template(tokenizer)
+        # The folder's chat_template renders conversations as lathe's template did in training: the model's own
+        # when it does (it may render more, e.g. tools), else the template's. (With no template named, the
+        # template was parsed from, and checked against, the tokenizer's own.)
+        from lathe.llm.templates.check import chat_template_differences
+
+        own = tokenizer.chat_template
+        if not isinstance(own, str) or chat_template_differences(template, tokenizer):
+            tokenizer.chat_template = template.jinja_chat_template(tokenizer)
+            if isinstance(own, str):
+                logger.warning("The tokenizer's chat_template renders conversations differently from template %r: "
+                               "the exported folder gets the template's chat_template instead.", template_name)
     tokenizer.save_pretrained(export_dir)
 
 

@@ -114,7 +114,8 @@ def test_partial_tags_name_the_missing_tag():
 @pytest.mark.parametrize("name, text", [
     ("ranking_dataset", "(key 'columns'): ranking data needs the chosen and rejected columns: name them in "
                         '`columns`, e.g. {"chosen": "chosen", "rejected": "rejected"}.'),
-    ("multimodal_dataset", "(key 'columns'): 'images' means multimodal data, which lathe does not support yet."),
+    ("multimodal_dataset", "(key 'columns'): 'images' means multimodal data, which lathe does not support yet: "
+                           "multimodal is not supported yet."),
 ])
 def test_unsupported_kinds_of_data_say_so(name, text):
     assert error(name) == f"dataset '{name}' in {INFO} {text}"

@@ -18,7 +18,7 @@ from lathe.llm.data.supervised import (  # noqa: E402
     preprocess_unsupervised_dataset,
 )
 from lathe.llm.templates import TEMPLATES, Template, get_template_and_fix_tokenizer  # noqa: E402
-from lathe.llm.templates import tools as tool_formats  # noqa: E402
+from lathe.llm.templates import tool_calls as tool_formats  # noqa: E402
 from tests.llm.chat_goldens import GOLDEN_EFFICIENT_EOS, LLAMA3_DATE, SPECS, messages_of, spec_ids  # noqa: E402
 
 GOLDEN_DIR = Path(__file__).parent / "golden"

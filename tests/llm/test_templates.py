@@ -15,7 +15,8 @@ pytest.importorskip("transformers")
 from lathe.llm.templates import (  # noqa: E402
     TEMPLATES, InvalidMessage, Template, get_template, get_template_and_fix_tokenizer, template_names,
 )
-from lathe.llm.templates import tools as tool_formats  # noqa: E402
+from lathe.llm.templates import tool_calls as tool_formats
+from lathe.llm.templates import tools as tool_registry  # noqa: E402
 from tests.llm.chat_goldens import (  # noqa: E402
     ADD_TOOL, GOLDEN_EFFICIENT_EOS, CALL, LLAMA3_DATE, SPECS, TOOL_TEXT, TOOLS, messages_of, spec_ids,
 )
@@ -65,11 +66,11 @@ def test_message_text_is_inserted_verbatim(word_tokenizer):
 
 def test_tool_descriptions_are_written_out_exactly():
     for tool_format, text in TOOL_TEXT.items():
-        assert tool_formats.describe_tools(tool_format, TOOLS) == text, tool_format
-    assert tool_formats.describe_tools("qwen", "[]") == ""
+        assert tool_registry.describe_tools(tool_format, TOOLS) == text, tool_format
+    assert tool_registry.describe_tools("qwen", "[]") == ""
     # an OpenAI-style {"type": "function", "function": ...} entry describes the same tool
     wrapped = json.dumps([{"type": "function", "function": ADD_TOOL}])
-    assert all(tool_formats.describe_tools(f, wrapped) == TOOL_TEXT[f] for f in TOOL_TEXT)
+    assert all(tool_registry.describe_tools(f, wrapped) == TOOL_TEXT[f] for f in TOOL_TEXT)
 
 
 @pytest.mark.parametrize("tool_format,expected", [
@@ -79,25 +80,25 @@ def test_tool_descriptions_are_written_out_exactly():
     ("mistral", '[{"name": "add", "arguments": {"a": 2, "b": 2}}]'),
 ])
 def test_function_calls_round_trip(tool_format, expected):
-    text = tool_formats.format_function_message(CALL, tool_format)
+    text = tool_registry.format_function_message(CALL, tool_format)
     assert text == expected
-    assert tool_formats.get_tool_format(tool_format).extract_calls(text) == [("add", '{"a": 2, "b": 2}')]
-    assert tool_formats.get_tool_format(tool_format).extract_calls("just text") == "just text"
+    assert tool_registry.get_tool_format(tool_format).extract_calls(text) == [("add", '{"a": 2, "b": 2}')]
+    assert tool_registry.get_tool_format(tool_format).extract_calls("just text") == "just text"
 
 
 def test_function_message_keeps_thought_and_text_around_a_tool_call_block():
     words = (("<think>\n", "\n</think>\n\n"), ("<tool_call>", "</tool_call>"))
-    thought = tool_formats.format_function_message(f"<think>\nhm\n</think>\n\n{CALL}", "default", *words)
+    thought = tool_registry.format_function_message(f"<think>\nhm\n</think>\n\n{CALL}", "default", *words)
     assert thought == '<think>\nhm\n</think>\n\nAction: add\nAction Input: {"a": 2, "b": 2}'
-    wrapped = tool_formats.format_function_message(f"sure <tool_call>{CALL}</tool_call>", "default", *words)
+    wrapped = tool_registry.format_function_message(f"sure <tool_call>{CALL}</tool_call>", "default", *words)
     assert wrapped == 'sure Action: add\nAction Input: {"a": 2, "b": 2}'
-    parallel = tool_formats.format_function_message(f"[{CALL}, {CALL}]", "qwen")
+    parallel = tool_registry.format_function_message(f"[{CALL}, {CALL}]", "qwen")
     assert parallel.count("<tool_call>") == 2
     for bad in ("{not json", '{"name": "add"}', "[1]"):
         with pytest.raises(InvalidMessage):
-            tool_formats.format_function_message(bad, "default")
+            tool_registry.format_function_message(bad, "default")
     with pytest.raises(InvalidMessage, match="tools are not valid JSON"):
-        tool_formats.describe_tools("default", "[{")
+        tool_registry.describe_tools("default", "[{")
 
 
 @pytest.mark.parametrize("name,eos,stops", [
@@ -178,15 +179,15 @@ def test_no_template_parses_the_tokenizers_chat_template(word_tokenizer, caplog)
                         word_tokenizer.convert_tokens_to_ids(["hello", "</s>"]))]
 
 
-def test_a_chat_template_the_parser_gets_wrong_is_reported(word_tokenizer, caplog):
+def test_a_chat_template_the_parser_gets_wrong_is_refused(word_tokenizer):
     # the answer of the last turn is rendered differently from earlier ones: slots cannot express that
     word_tokenizer.chat_template = (
         "{% for m in messages %}{{ m['role'] + ' : ' + m['content'] }}{% if not loop.last %}{{ '</s>' }}{% endif %}"
         "{% endfor %}{% if add_generation_prompt %}{{ 'assistant : ' }}{% endif %}"
     )
-    with caplog.at_level(logging.WARNING, logger="lathe.llm.templates"):
+    with pytest.raises(ValueError, match="cannot find the assistant turns") as error:
         get_template_and_fix_tokenizer(word_tokenizer, data_args(None))
-    assert "does not reproduce" in caplog.text
+    assert "do not reproduce it" in str(error.value) and "Set `template`" in str(error.value)
 
 
 def _jinja_conversations():
@@ -221,21 +222,28 @@ def test_jinja_chat_template_renders_the_training_ids(tokenizer_name, name):
 
 
 @pytest.mark.parametrize("enable_thinking", [True, False])
-def test_jinja_chat_template_of_a_reasoning_template_adds_the_empty_thought(word_tokenizer, enable_thinking):
+def test_jinja_chat_template_of_a_reasoning_template_renders_history_as_llamafactory(word_tokenizer, enable_thinking):
+    """The serving template renders what LLaMA-Factory's chat engine generates from (encode_oneturn): history
+    answers without their thoughts and without an empty thought; the last answer with the empty thought
+    it was trained with; with thinking disabled the generation prompt ends with the empty thought."""
     template = get_template_and_fix_tokenizer(word_tokenizer, data_args("qwen3", enable_thinking=enable_thinking))
     thought = {"role": "assistant", "content": "<think>\nok\n</think>\n\nhello"}
-    conversations = [
-        [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}],
-        [{"role": "user", "content": "hi"}, thought, {"role": "user", "content": "hi"}, {"role": "assistant",
-                                                                                        "content": "four"}],
-    ]
-    for messages in conversations:
-        turns = template.encode_multiturn(word_tokenizer, messages)
-        expected = [token for pair in turns for ids in pair for token in ids]
-        assert word_tokenizer.apply_chat_template(messages, tokenize=True, return_dict=False) == expected
-        prompt = word_tokenizer.apply_chat_template(messages[:-1], tokenize=True, return_dict=False,
+    messages = [{"role": "user", "content": "hi"}, thought, {"role": "user", "content": "hi"},
+                {"role": "assistant", "content": "four"}]
+    prompt, answer = template.encode_oneturn(word_tokenizer, messages)
+    assert word_tokenizer.apply_chat_template(messages, tokenize=True, return_dict=False) == prompt + answer
+    generation = word_tokenizer.apply_chat_template(messages[:-1], tokenize=True, return_dict=False,
                                                     add_generation_prompt=True)
-        assert prompt + turns[-1][1] == expected  # the generation prompt is exactly what was trained as prompt
+    assert generation == template.encode_oneturn(word_tokenizer, messages[:-1] + [
+        {"role": "assistant", "content": ""}])[0]
+    text = word_tokenizer.apply_chat_template(messages, tokenize=False)
+    history, last = text.split("<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n")[1:]
+    assert history.startswith("hello<|im_end|>")  # no thought, no empty thought before an earlier answer
+    assert last == "<think>\n\n</think>\n\nfour<|im_end|>\n"
+    # the render argument overrides the template's setting, as with Qwen's own chat_template
+    flipped = word_tokenizer.apply_chat_template(messages[:-1], tokenize=False, add_generation_prompt=True,
+                                                 enable_thinking=not enable_thinking)
+    assert flipped.endswith("<think>\n\n</think>\n\n") == enable_thinking
 
 
 def test_jinja_for_empty_gives_the_same_text(word_tokenizer):
@@ -306,3 +314,21 @@ def test_templates_and_tokenizer_fixes_equal_llamafactory(monkeypatch):
             assert tokenizer.apply_chat_template(probe, tokenize=False) == expected["chat_template_text"], where
         checked += 1
     assert checked > 400
+
+
+def test_template_report_names_stop_tokens_and_flags_a_disagreeing_chat_template(word_tokenizer, caplog):
+    from lathe.llm.templates.check import template_report
+
+    template = get_template_and_fix_tokenizer(word_tokenizer, data_args("chatml"))
+    report = template_report(template, word_tokenizer)
+    im_end, im_start = word_tokenizer.convert_tokens_to_ids(["<|im_end|>", "<|im_start|>"])
+    assert f"stop tokens (generation_config eos_token_id): '<|im_end|>' ({im_end}), '<|im_start|>' ({im_start})" in report
+    assert "renders the probe conversations exactly" in report and "WARNING" not in report
+    # a model whose own chat_template (kept, as LLaMA-Factory keeps it, and saved) renders something else
+    word_tokenizer.chat_template = "{% for m in messages %}{{ m['content'] }}{% endfor %}"
+    with caplog.at_level(logging.WARNING, logger="lathe.llm.templates"):
+        template = get_template_and_fix_tokenizer(word_tokenizer, data_args("qwen"))
+    assert "renders conversations differently from template 'qwen'" in caplog.text
+    report = template_report(template, word_tokenizer)
+    assert "WARNING: the chat_template saved with the model disagrees with the training template on 4 probe(s)" in report
+    assert "generation prompt of" in report and "'<|im_start|>system" in report

@@ -243,3 +243,6 @@ def test_cli_data_preview_marks_trained_spans(tiny_model_dir, data_dir, tmp_path
     assert result.returncode == 0, result.stderr
     assert "[[" in result.stdout and "trained" in result.stdout
     assert result.stdout.count("--- example") == 2
+    # the template report: stop tokens and the saved chat_template's agreement with the training template
+    assert "template: chatml" in result.stdout and "stop tokens (generation_config eos_token_id): '<|im_end|>'" in result.stdout
+    assert "chat_template: renders the probe conversations exactly as the template trains on them" in result.stdout

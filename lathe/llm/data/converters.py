@@ -39,12 +39,21 @@ def _type_name(value: Any) -> str:
         type(value).__name__, type(value).__name__)
 
 
+MEDIA_PARTS = ("image", "image_url", "video", "video_url", "audio", "input_audio", "audio_url")
+MULTIMODAL = "multimodal"  # the problem kind that stops the run instead of skipping the row
+
+
 def _text(value: Any, what: str, allow_none: bool = True) -> str | None:
-    """A string field: str passes, None passes when allowed, anything else is a wrong-type row."""
+    """A string field: str passes, None passes when allowed, anything else is a wrong-type row (content
+    parts with an image, video or audio are refused: multimodal is not supported yet)."""
     if isinstance(value, str) or (value is None and allow_none):
         return value
     if value is None:
         raise RowProblem("missing value", f"{what} is missing")
+    media = [part.get("type") for part in value if isinstance(part, dict)] if isinstance(value, list) else []
+    if any(kind in MEDIA_PARTS for kind in media):
+        raise RowProblem(MULTIMODAL, f"{what} holds {'/'.join(k for k in media if k in MEDIA_PARTS)} content: "
+                                     "multimodal is not supported yet (lathe trains on text only)")
     raise RowProblem("wrong type", f"{what} is {_type_name(value)}, expected a string")
 
 
@@ -324,6 +333,10 @@ def convert_dataset(dataset, attr: DatasetAttr, require_response: bool, locate: 
         report.reasons = Counter(kind for kind, _ in kinds)
         places = locate(bad[:EXAMPLES_SHOWN])
         report.examples = [f"{place}: {detail}" for place, (_, detail) in zip(places, kinds)]
+        media = [i for i, (kind, _) in zip(bad, kinds) if kind == MULTIMODAL]
+        if media:  # not a malformed row to skip: the data set is multimodal
+            (place,), detail = locate(media[:1]), problems[media[0]].as_py().split("\t", 1)[1]
+            raise ValueError(f"{attr.where()}: {place}: {detail}; {len(media)} row(s) hold image, video or audio input.")
         if report.skipped == report.total:
             raise ValueError(f"{attr.where()}: no usable rows. " + report.summary())
         logger.warning(report.summary())

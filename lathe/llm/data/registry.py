@@ -163,7 +163,9 @@ def parse_entry(name: str, entry: Any, info_path: str) -> DatasetAttr:
         attr.implicit_columns = ()
         for column, what in UNSUPPORTED_COLUMNS.items():
             if entry["columns"].get(column):
-                raise ValueError(f"{where} (key 'columns'): '{column}' means {what}, which lathe does not support yet.")
+                suffix = ": multimodal is not supported yet" if what == "multimodal data" else ""
+                raise ValueError(f"{where} (key 'columns'): '{column}' means {what}, which lathe does not support "
+                                 f"yet{suffix}.")
     if "tags" in entry:
         _apply_names(attr, entry["tags"], TAG_NAMES, f"{where} (key 'tags')")
     _check_names(attr, where)

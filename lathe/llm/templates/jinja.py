@@ -1,11 +1,16 @@
 """A Template as a Jinja chat_template, so that `tokenizer.apply_chat_template` (and any server that
-reads the saved tokenizer) renders the same text, hence the same ids, the model was trained on.
+reads the saved tokenizer) renders the ids lathe's own chat engine and LLaMA-Factory's generate from.
 
-Roles: system (first message; empty content means the template's default system), user, assistant,
-and tool/observation (tool results); reasoning templates add the empty thought where training does
-(LLaMA-Factory's export does not). Tool descriptions and tool-call messages are not rendered: the
-template raises instead of silently producing a prompt the model never saw. Special tokens are written
-as their text (not `eos_token`), because the EOS variable may be replaced by a server.
+What it renders is `encode_oneturn` of the conversation: every message in the template's slots, and with
+`add_generation_prompt` the prompt for the next answer. Roles: system (first message; empty content means
+the template's default system), user, assistant, and tool/observation (tool results). Reasoning templates
+render history answers as LLaMA-Factory's inference does: their thoughts removed (kept with
+preserve_thinking) and no empty thought added; the last answer, when the conversation ends with one, gets
+the empty thought if it has none (what training writes), and with thinking disabled the generation prompt
+ends with the empty thought. An `enable_thinking` render argument overrides the template's setting, as
+with Qwen's own templates. Tool descriptions and tool-call messages are not rendered: the template raises
+instead of silently producing a prompt the model never saw. Special tokens are written as their text (not
+`eos_token`), because the EOS variable may be replaced by a server.
 """
 from __future__ import annotations
 
@@ -58,7 +63,6 @@ def slots_expression(slots, tokenizer, variable: str = "content") -> str:
 
 def build_jinja_chat_template(template: Template, tokenizer) -> str:
     expression = lambda slots, variable="content": slots_expression(slots, tokenizer, variable)  # noqa: E731
-    default_system = jinja_literal(template.default_system)
     if template.system_in_first_user:
         # only the first system slot, glued to the first message's content (as the encoder does)
         first_system = expression(template.system[:1], "system_message")
@@ -69,13 +73,14 @@ def build_jinja_chat_template(template: Template, tokenizer) -> str:
     generation_part = ""
     if template.reasoning:
         assistant_part = _thought_handling(template) + assistant_part
-        if not template.enable_thinking:  # the empty thought was trained as prompt: the prompt ends with it
-            generation_part = "{% if add_generation_prompt %}{{ " + _empty_thought(template) + " }}{% endif %}"
+        generation_part = ("{% if add_generation_prompt and not thinking %}{{ " + jinja_literal(
+            template.empty_thought_text()) + " }}{% endif %}")
     return (
         "{% if tools is defined and tools %}"
         "{{ raise_exception('This chat template (lathe template " + template.name + ") does not render tools.') }}"
         "{% endif %}"
-        "{% set system_message = " + default_system + " %}"
+        + _thinking_switch(template) +
+        "{% set system_message = " + jinja_literal(template.default_system) + " %}"
         "{% if messages and messages[0]['role'] == 'system' %}"
         "{% set loop_messages = messages[1:] %}"
         "{% if messages[0]['content'] %}{% set system_message = messages[0]['content'] %}{% endif %}"
@@ -93,17 +98,25 @@ def build_jinja_chat_template(template: Template, tokenizer) -> str:
     )
 
 
-def _empty_thought(template: Template) -> str:
-    return jinja_literal(template.thought_words[0] + template.thought_words[1])
+def _thinking_switch(template: Template) -> str:
+    if not template.reasoning:
+        return ""
+    default = "false" if template.enable_thinking is False else "true"
+    return ("{% if enable_thinking is defined and enable_thinking is not none %}{% set thinking = enable_thinking %}"
+            "{% else %}{% set thinking = " + default + " %}{% endif %}")
 
 
 def _thought_handling(template: Template) -> str:
-    """Reasoning templates: answers are trained with an empty thought where they have none, and with
-    thinking disabled their own thoughts are removed first (the text after the closing thought word)."""
-    start, end = (jinja_literal(word.strip()) for word in template.thought_words)
-    handling = ""
-    if template.enable_thinking is False:
-        handling += ("{% if " + end + " in content %}{% set content = content.split(" + jinja_literal(
-            template.thought_words[1]) + ")[-1].lstrip('\\n') %}{% endif %}")
-    return handling + ("{% if " + start + " not in content and " + end + " not in content %}"
-                       "{% set content = " + _empty_thought(template) + " + content %}{% endif %}")
+    """encode_oneturn's thoughts: history answers lose theirs (unless preserve_thinking), and with thinking
+    disabled the last answer too; the last answer without a thought gets the empty one (trained as the
+    answer's start when thinking, as the prompt's end when not: the same text either way)."""
+    start, end = template.thought_words
+    remove = ("{% set content = (content.split(" + jinja_literal(start) + ")[0] + content.split("
+              + jinja_literal(end) + ")[-1]).lstrip('\\n') if " + jinja_literal(end) + " in content and "
+              + jinja_literal(start) + " in content else content %}")
+    is_last = "loop.last"
+    history = "not " + is_last if not template.preserve_thinking else "false"
+    has_thought = (jinja_literal(start.strip()) + " in content or " + jinja_literal(end.strip()) + " in content")
+    return ("{% if " + history + " or (" + is_last + " and not thinking) %}" + remove + "{% endif %}"
+            "{% if " + is_last + " and not (" + has_thought + ") %}"
+            "{% set content = " + jinja_literal(template.empty_thought_text()) + " + content %}{% endif %}")

@@ -1,18 +1,17 @@
 """A Template read from a tokenizer's own Jinja chat_template (used when the config names no template).
 
-As LLaMA-Factory 0.9.5 does, the chat_template is rendered with a `{{content}}` placeholder for a lone
-system message, a lone user message (with and without an empty system message) and a user/assistant
-pair; the differences give the prefix, the slots and the default system text. Unlike LLaMA-Factory,
-the result is checked against the tokenizer's own rendering of a probe conversation and a mismatch is
-logged: a parsed template that trains on a format the chat_template does not produce is a silent bug.
+A chat_template that marks its assistant turns with {% generation %} is used as it is (rendered.py): its
+masks are the trained spans. Otherwise, as LLaMA-Factory 0.9.5 does, the chat_template is rendered with a
+`{{content}}` placeholder for a lone system message, a lone user message (with and without an empty
+system message) and a user/assistant pair; the differences give the prefix, the slots and the default
+system text. Unlike LLaMA-Factory, the result is then checked against the chat_template on probe
+conversations, and where the slots do not reproduce it (system text merged into a later message, answers
+rendered differently by position, a template that refuses a lone system message) lathe stops with an error
+that names the templates that do match, instead of training on spans it guessed.
 """
 from __future__ import annotations
 
-import logging
-
 from lathe.llm.templates.template import CONTENT, Template
-
-logger = logging.getLogger("lathe.llm.templates")
 
 
 def _inserted_text(short: str, long: str) -> str:
@@ -30,6 +29,34 @@ def _inserted_text(short: str, long: str) -> str:
 
 
 def template_from_chat_template(tokenizer) -> Template:
+    from lathe.llm.templates.check import chat_template_differences
+    from lathe.llm.templates.rendered import RenderedTemplate, has_generation_blocks
+
+    if has_generation_blocks(tokenizer.chat_template):
+        return RenderedTemplate(name="(tokenizer chat_template, {% generation %} masks)")
+    try:
+        template = _parse_slots(tokenizer)
+    except Exception as error:  # a placeholder that never comes out, a template that raises, ...
+        raise cannot_find_spans(tokenizer, f"reading its slots failed: {error}") from None
+    differences = chat_template_differences(template, tokenizer)
+    if differences:
+        raise cannot_find_spans(tokenizer, "the slots read from it do not reproduce it: " + differences[0].describe())
+    return template
+
+
+def cannot_find_spans(tokenizer, reason: str) -> ValueError:
+    from lathe.llm.templates.check import matching_templates
+
+    matches = matching_templates(tokenizer)
+    hint = (f"it renders like these templates: {', '.join(matches)}" if matches
+            else "no template lathe knows renders like it")
+    return ValueError(
+        "`template` is not set and lathe cannot find the assistant turns in the tokenizer's chat_template, so it "
+        f"will not guess which tokens to train on ({reason}). Set `template` ({hint}), or use a chat_template "
+        "that marks assistant turns with {% generation %} ... {% endgeneration %}.")
+
+
+def _parse_slots(tokenizer) -> Template:
     def render(messages, generation_prompt):
         text = tokenizer.apply_chat_template(messages, add_generation_prompt=generation_prompt, tokenize=False)
         return text[len(prefix):]
@@ -48,8 +75,7 @@ def template_from_chat_template(tokenizer) -> Template:
         # rendering has beyond the one with an empty system message.
         default_system = _inserted_text(user_after_empty_system, user_slot)
         user_slot = user_slot[len(system_slot.replace(CONTENT, default_system, 1)):]
-
-    template = Template(
+    return Template(
         name="(tokenizer chat_template)",
         user=(user_slot,),
         assistant=(assistant_slot,),
@@ -60,29 +86,3 @@ def template_from_chat_template(tokenizer) -> Template:
         default_system=default_system,
         reasoning=reasoning,
     )
-    _check_against_tokenizer(template, tokenizer)
-    return template
-
-
-def _check_against_tokenizer(template: Template, tokenizer) -> None:
-    from lathe.llm.templates.jinja import special_token_text
-
-    def text(slots, content):
-        return "".join(
-            s.replace(CONTENT, content, 1) if isinstance(s, str) else special_token_text(s, tokenizer) for s in slots
-        )
-
-    slots = {"system": template.system, "user": template.user, "assistant": template.assistant}
-    turns = [("user", "U1"), ("assistant", "A1"), ("user", "U2"), ("assistant", "A2")]
-    for system in ("S0", None):  # None: the default system text, if any, must appear as rendered
-        probe = ([("system", system)] if system else []) + turns
-        expected = tokenizer.apply_chat_template([{"role": r, "content": c} for r, c in probe], tokenize=False)
-        shown = system or template.default_system
-        parsed = text(template.prefix, "") + (text(template.system, shown) if shown else "")
-        parsed += "".join(text(slots[role], content) for role, content in turns)
-        if parsed != expected and not template.reasoning:
-            logger.warning(
-                "The template parsed from the tokenizer's chat_template does not reproduce it on a probe "
-                "conversation; name a template explicitly. chat_template: %r; parsed: %r", expected, parsed
-            )
-            return

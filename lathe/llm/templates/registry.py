@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 
-from lathe.llm.templates import alpaca, chatml, default, empty, llama3, mistral, qwen
+from lathe.llm.templates import chatml, deepseek, gemma, generic, glm, granite, llama, mistral, phi, qwen, tencent, vendors
 from lathe.llm.templates.template import EOS, Template
 from lathe.llm.templates.tools import get_tool_format
 
@@ -19,7 +19,8 @@ def register_template(template: Template) -> None:
     TEMPLATES[template.name] = template
 
 
-for _family in (alpaca, chatml, default, empty, llama3, mistral, qwen):
+# Every text template of LLaMA-Factory 0.9.5, and the text use of those it pairs with a multimodal plugin.
+for _family in (generic, chatml, qwen, llama, mistral, gemma, glm, deepseek, phi, granite, tencent, vendors):
     for _template in _family.TEMPLATES:
         register_template(_template)
 
@@ -59,7 +60,7 @@ def get_template_and_fix_tokenizer(tokenizer, data_args) -> Template:
         get_tool_format(tool_format)  # unknown names fail here, not at the first tool call
         # As LLaMA-Factory: an explicit tool_format also resets the tool-call slots to content + EOS.
         function = ("{{content}}",) if template.efficient_eos else ("{{content}}", EOS)
-        template = template.copy(tool_format=tool_format, function=function)
+        template = template.copy(tool_format=tool_format, function=function, raw_tools_slot=None)
     default_system = getattr(data_args, "default_system", None)
     if default_system is not None:
         template = template.copy(default_system=default_system)
@@ -73,4 +74,18 @@ def get_template_and_fix_tokenizer(tokenizer, data_args) -> Template:
     template.fix_special_tokens(tokenizer)
     if getattr(tokenizer, "chat_template", None) is None or template.replace_jinja_template:
         tokenizer.chat_template = template.jinja_chat_template(tokenizer)
+    elif name is not None:
+        _warn_if_chat_template_disagrees(template, tokenizer)
     return template
+
+
+def _warn_if_chat_template_disagrees(template: Template, tokenizer) -> None:
+    """The tokenizer keeps its own chat_template (as in LLaMA-Factory) and is saved with it: say so when a server
+    rendering it would prompt the model differently from how it is trained."""
+    from lathe.llm.templates.check import chat_template_differences
+
+    differences = chat_template_differences(template, tokenizer)
+    if differences:
+        logger.warning("The tokenizer's own chat_template, which is saved with the model, renders conversations "
+                       "differently from template %r (`lathe data preview` shows how):\n%s", template.name,
+                       differences[0].describe())

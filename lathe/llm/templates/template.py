@@ -68,6 +68,14 @@ class Template:
     reasoning: bool = False
     enable_thinking: Optional[bool] = True
     preserve_thinking: bool = False
+    # The empty thought's text; None: both thought words (GLM-4.7 writes only the closing one).
+    empty_thought: Optional[str] = None
+    # Phi-4-mini style: the raw tools JSON goes into these slots' {{content}} instead of a tool format's
+    # description (a data_args.tool_format switches back to the format's description).
+    raw_tools_slot: Optional[str] = None
+    # The multimodal plugin LLaMA-Factory pairs with this template (e.g. "qwen2_vl"); lathe trains such
+    # templates on text and refuses image / video / audio data.
+    multimodal: str = ""
 
     def __post_init__(self):
         default_answer = (CONTENT,) if self.efficient_eos else (CONTENT, EOS)
@@ -113,6 +121,10 @@ class Template:
         return [(encoded[i], encoded[i + 1]) for i in range(0, len(encoded), 2)]
 
     def _encode(self, tokenizer, messages, system, tools) -> list[list[int]]:
+        return [self._elements_to_ids(tokenizer, elements) for elements in self._elements(messages, system, tools)]
+
+    def _elements(self, messages, system, tools) -> list[list]:
+        """Each message's slot elements, the first message's with the prefix and the system text."""
         system = system or self.default_system
         encoded = []
         for index, message in enumerate(messages):
@@ -121,13 +133,15 @@ class Template:
             if index == 0:
                 elements += self.prefix
                 if system or tools:
-                    system_text = system + (describe_tools(self.tool_format, tools) if tools else "")
+                    system_text = system + (self._tools_text(tools) if tools else "")
                     if self.system_in_first_user:
                         # the first system slot only (a string), as the start of the user's content
                         content = _fill(self.system, system_text)[0] + content
                     else:
                         elements += _fill(self.system, system_text)
             role = message["role"]
+            if self.multimodal:
+                _refuse_media_placeholders(self, index, content)
             if role == USER:
                 elements += _fill(self.user, content)
             elif role == ASSISTANT:
@@ -139,8 +153,27 @@ class Template:
                 elements += _fill(self.function, format_function_message(content, self.tool_format, *words))
             else:
                 raise InvalidMessage(f"unexpected role {role!r}")
-            encoded.append(self._elements_to_ids(tokenizer, elements))
+            encoded.append(elements)
         return encoded
+
+    def _tools_text(self, tools: str) -> str:
+        if self.raw_tools_slot is not None:
+            return self.raw_tools_slot.replace(CONTENT, tools, 1)
+        return describe_tools(self.tool_format, tools)
+
+    def render_oneturn(self, tokenizer, messages, system=None, tools=None) -> tuple[str, str]:
+        """`encode_oneturn` as text, before tokenization: what a chat_template must render for the model to
+        see at inference what it was trained on (the prompt, and the answer that follows it)."""
+        messages = self._prepare_thoughts(messages, oneturn=True)
+        texts = ["".join(s if isinstance(s, str) else _special_text(s, tokenizer) for s in elements)
+                 for elements in self._elements(messages, system, tools)]
+        prompt, response = "".join(texts[:-1]), texts[-1]
+        if self.reasoning and not self._has_thought(messages[-1]["content"]):
+            if self.enable_thinking:
+                response = self.empty_thought_text() + response
+            else:
+                prompt += self.empty_thought_text()
+        return prompt, response
 
     @staticmethod
     def _elements_to_ids(tokenizer, elements) -> list[int]:
@@ -168,8 +201,11 @@ class Template:
         start, end = (word.strip() for word in self.thought_words)
         return start in content or end in content
 
+    def empty_thought_text(self) -> str:
+        return self.thought_words[0] + self.thought_words[1] if self.empty_thought is None else self.empty_thought
+
     def _empty_thought_ids(self, tokenizer) -> list[int]:
-        return tokenizer.encode(self.thought_words[0] + self.thought_words[1], add_special_tokens=False)
+        return tokenizer.encode(self.empty_thought_text(), add_special_tokens=False)
 
     def _prepare_thoughts(self, messages, oneturn: bool, discarding_history_cot: bool = False):
         """Reasoning templates drop thoughts from history answers (and from all answers when thinking
@@ -221,6 +257,24 @@ class Template:
 
     def extract_tool(self, content: str):
         return get_tool_format(self.tool_format).extract_calls(content)
+
+
+MEDIA_PLACEHOLDERS = ("<image>", "<video>", "<audio>")
+
+
+def _refuse_media_placeholders(template: Template, index: int, content: str) -> None:
+    """LLaMA-Factory's multimodal plugins refuse a placeholder without its media; lathe has no media."""
+    for placeholder in MEDIA_PLACEHOLDERS:
+        if placeholder in content:
+            raise InvalidMessage(f"message {index + 1} holds the {placeholder} placeholder of an image, video or audio "
+                                 f"input: multimodal is not supported yet (template {template.name!r} trains on text)")
+
+
+def _special_text(element: SpecialToken, tokenizer) -> str:
+    if element.kind == "token":
+        return element.text
+    token_id = tokenizer.bos_token_id if element.kind == "bos" else tokenizer.eos_token_id
+    return "" if token_id is None else (tokenizer.bos_token if element.kind == "bos" else tokenizer.eos_token)
 
 
 def _fill(slots: Slots, content: str) -> list:
