@@ -42,12 +42,14 @@ EXAMPLES = {"dpo": "examples/train_lora/qwen3_lora_dpo.yaml", "kto": "examples/t
             "rm": "examples/train_lora/qwen3_lora_reward.yaml"}
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<think>", "</think>"]
 # The DPO timing config: the demo pairs, 4 pairs per step, LLaMA-Factory's defaults otherwise.
-DPO_BENCH = {"stage": "dpo", "do_train": True, "dataset": "dpo_en_demo", "template": "qwen3_nothink", "cutoff_len": 256,
-             "max_samples": 200, "per_device_train_batch_size": 4, "gradient_accumulation_steps": 1, "max_steps": 24,
+DPO_BENCH = {"stage": "dpo", "do_train": True, "dataset": "dpo_en_demo", "template": "qwen3_nothink", "cutoff_len": 128,
+             "max_samples": 200, "per_device_train_batch_size": 4, "gradient_accumulation_steps": 1, "max_steps": 16,
              "learning_rate": 5.0e-6, "lr_scheduler_type": "cosine", "logging_steps": 1, "save_strategy": "no",
              "report_to": "none", "bf16": False, "overwrite_output_dir": True, "overwrite_cache": True,
              "dataloader_num_workers": 0, "lora_rank": 8, "lora_target": "all", "pref_beta": 0.1, "disable_tqdm": True}
-TIMED_FROM_STEP = 5  # steps before this warm up caches and allocators
+TIMED_FROM_STEP = 4  # steps before this warm up caches and allocators
+MODEL_FACTS = {"examples": "Qwen3 architecture, hidden 64, 2 layers",
+               "dpo": "Qwen3 architecture, hidden 512, 6 layers (21M parameters)"}
 
 
 # ---------------------------------------------------------------------------------------- assets
@@ -101,7 +103,7 @@ def measuring_callback(base):
 
     class Measure(base):
         def __init__(self):
-            self.steps, self.peak, self.start_rss, self.running = [], 0, 0, False
+            self.steps, self.cpu_steps, self.peak, self.start_rss, self.running = [], [], 0, 0, False
 
         def _sample(self):
             while self.running:
@@ -114,10 +116,12 @@ def measuring_callback(base):
             threading.Thread(target=self._sample, daemon=True).start()
 
         def on_step_begin(self, args, state, control, **kwargs):
-            self.step_start = time.perf_counter()
+            self.step_start, self.cpu_start = time.perf_counter(), time.process_time()
 
         def on_step_end(self, args, state, control, **kwargs):
+            # CPU time of the process (one thread): what the step computed, whatever else the machine runs
             self.steps.append(time.perf_counter() - self.step_start)
+            self.cpu_steps.append(time.process_time() - self.cpu_start)
 
         def on_train_end(self, args, state, control, **kwargs):
             self.running = False
@@ -156,7 +160,9 @@ def run_worker(runner: str, config: dict) -> dict:
     losses = [entry["loss"] for entry in callback.log_history if "loss" in entry]
     final = next(entry for entry in reversed(callback.log_history) if "train_loss" in entry)
     timed = callback.steps[TIMED_FROM_STEP - 1:] or callback.steps
-    return {"runner": runner, "wall_s": time.time() - started, "step_s": statistics.median(timed), "steps": len(callback.steps),
+    cpu = callback.cpu_steps[TIMED_FROM_STEP - 1:] or callback.cpu_steps
+    return {"runner": runner, "wall_s": time.time() - started, "step_s": statistics.median(timed),
+            "step_cpu_s": statistics.median(cpu), "steps": len(callback.steps),
             "peak_rss_mb": callback.peak / 2**20, "training_rss_mb": (callback.peak - callback.start_rss) / 2**20,
             "start_rss_mb": callback.start_rss / 2**20, "losses": losses, "train_loss": final["train_loss"]}
 
@@ -227,18 +233,39 @@ def report(examples: list[dict], dpo: list[dict], model_facts: dict) -> str:
         lines.append(f"| `{example}` | {ours['train_loss']:.6f} | {theirs['train_loss']:.6f} | {ours['wall_s']:.1f} | {theirs['wall_s']:.1f} |")
     lines += ["", "## DPO step time and memory", "",
               f"`{json.dumps({k: v for k, v in DPO_BENCH.items() if k not in ('report_to', 'disable_tqdm', 'overwrite_cache', 'overwrite_output_dir')})}`, "
-              f"median step time from step {TIMED_FROM_STEP}; peak resident memory of the process during training, and its rise "
-              "over the memory at the start of training (weights, reference, optimizer state, activations). Medians of the repeats.", "",
-              "| method | runner | step (ms) | peak RSS (MB) | rise during training (MB) | first losses |", "|---|---|---|---|---|---|"]
+              f"median step time from step {TIMED_FROM_STEP}: CPU time of the process (one thread, so what the step computed) "
+              "and wall time (which the other jobs on this shared machine inflate); peak resident memory of the process during "
+              "training, the memory at its start, and the rise (the weights are memory-mapped, so the reference copy and the "
+              "optimizer state show up in the rise). Medians of the repeats.", "",
+              "| method | runner | step CPU (ms) | step wall (ms) | peak RSS (MB) | RSS at train start (MB) | rise during training (MB) | first losses |",
+              "|---|---|---|---|---|---|---|---|"]
     for method in ("lora", "full"):
         for runner in ("lathe", "llamafactory"):
             runs = [row for row in dpo if row["method"] == method and row["runner"] == runner]
             step = statistics.median(row["step_s"] for row in runs) * 1000
+            cpu = statistics.median(row["step_cpu_s"] for row in runs) * 1000
             peak = statistics.median(row["peak_rss_mb"] for row in runs)
+            start = statistics.median(row["start_rss_mb"] for row in runs)
             rise = statistics.median(row["training_rss_mb"] for row in runs)
             losses = ", ".join(f"{loss:.6f}" for loss in runs[0]["losses"][:3])
-            lines.append(f"| {method} | {runner} | {step:.1f} | {peak:.0f} | {rise:.0f} | {losses} |")
+            lines.append(f"| {method} | {runner} | {cpu:.0f} | {step:.0f} | {peak:.0f} | {start:.0f} | {rise:.0f} | {losses} |")
+    lines += ["", _summary(dpo)]
     return "\n".join(lines) + "\n"
+
+
+def _summary(dpo: list[dict]) -> str:
+    def median(method, runner, key):
+        return statistics.median(row[key] for row in dpo if row["method"] == method and row["runner"] == runner)
+
+    parts = []
+    for runner in ("lathe", "llamafactory"):
+        saved = median("full", runner, "peak_rss_mb") - median("lora", runner, "peak_rss_mb")
+        parts.append(f"{runner}: LoRA, whose reference is the policy with its adapter off, peaks {saved:.0f} MB below full "
+                     f"fine-tuning (a frozen copy of the weights, plus their gradients and optimizer state)")
+    cpu = {method: median(method, "lathe", "step_cpu_s") / median(method, "llamafactory", "step_cpu_s") for method in ("lora", "full")}
+    return ("; ".join(parts) + ". lathe's CPU time per step is " +
+            ", ".join(f"{ratio:.3f}x LLaMA-Factory's ({method})" for method, ratio in cpu.items()) +
+            "; the first losses are the same numbers. Wall times vary with the other jobs on this shared machine.")
 
 
 def main() -> None:
@@ -248,6 +275,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--skip", default="", help="comma list: examples, dpo")
     parser.add_argument("--report", default=str(REPORT))
+    parser.add_argument("--report-only", action="store_true", help="rewrite the report from bench/.cache/preference/results.json")
     parser.add_argument("--worker", nargs=3, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
@@ -256,13 +284,20 @@ def main() -> None:
         Path(result_path).write_text(json.dumps(result))
         return
     LF_PYTHON[0] = args.llamafactory_python
+    if args.report_only:
+        saved = json.loads((CACHE / "results.json").read_text())
+        Path(args.report).write_text(report(saved["examples"], saved["dpo"], MODEL_FACTS))
+        print(f"wrote {args.report}")
+        return
     if not (LF_FILES / "data" / "dataset_info.json").is_file():
         if not args.llamafactory_git:
             raise SystemExit("--llamafactory-git PATH is needed once: a clone of github.com/hiyouga/LLaMA-Factory with tag v0.9.5")
         extract_llamafactory_files(args.llamafactory_git)
-    small, bigger = CACHE / "model-h64", CACHE / "model-h256"
+    # The timing model is large enough (21M parameters) for its weights, and a reference copy of them, to
+    # weigh in the memory; the sequences are short so that CPU steps stay at a few seconds.
+    small, bigger = CACHE / "model-h64", CACHE / "model-h512"
     build_model(small, hidden=64, layers=2)
-    build_model(bigger, hidden=256, layers=4)
+    build_model(bigger, hidden=512, layers=6)
     skip = set(filter(None, args.skip.split(",")))
     results_file = CACHE / "results.json"
     previous = json.loads(results_file.read_text()) if results_file.is_file() else {}  # what --skip leaves out
@@ -270,10 +305,9 @@ def main() -> None:
         work = Path(scratch)
         examples = previous.get("examples", []) if "examples" in skip else run_examples(small, work / "examples")
         dpo = previous.get("dpo", []) if "dpo" in skip else run_dpo(bigger, work / "dpo", args.repeats)
-    facts = {"examples": "Qwen3 architecture, hidden 64, 2 layers", "dpo": "Qwen3 architecture, hidden 256, 4 layers"}
     results_file.write_text(json.dumps({"examples": examples, "dpo": dpo}, indent=1))
     if examples and dpo:
-        Path(args.report).write_text(report(examples, dpo, facts))
+        Path(args.report).write_text(report(examples, dpo, MODEL_FACTS))
         print(f"wrote {args.report}")
     print(json.dumps({"examples": examples, "dpo": dpo}, indent=1)[:4000])
 
