@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -119,8 +120,10 @@ class DataArguments:
         self.eval_dataset = split_commas(self.eval_dataset)
         if self.cutoff_len <= 0:
             raise ValueError(f"cutoff_len must be a positive number of tokens, got {self.cutoff_len}")
-        if self.val_size < 0:
-            raise ValueError(f"val_size must be >= 0 (a fraction below 1 or a number of examples), got {self.val_size}")
+        if self.val_size < 0 or (self.val_size > 1 and self.val_size != int(self.val_size)):
+            # LLaMA-Factory would silently hold out int(1.5) = 1 example: a float above 1 is not a count.
+            raise ValueError(f"val_size must be a fraction below 1 (e.g. 0.1) or a whole number of examples "
+                             f"(e.g. 100), got {self.val_size}")
         if self.dataset is None and self.val_size > 1e-6:
             raise ValueError("val_size needs a training dataset to split: set dataset.")
         if self.eval_dataset is not None and self.val_size > 1e-6:
@@ -365,6 +368,16 @@ def _resolve(config: TrainConfig) -> None:
         training.activation_checkpointing_kwargs = training.gradient_checkpointing_kwargs = kwargs
 
 
+def _check_output_dir(output_dir: str, where: str) -> None:
+    """output_dir is a folder, or can become one: neither it nor a folder above it is an existing file."""
+    path = os.path.abspath(output_dir)
+    while not os.path.exists(path) and os.path.dirname(path) != path:
+        path = os.path.dirname(path)
+    if os.path.exists(path) and not os.path.isdir(path):
+        what = "is an existing file" if path == os.path.abspath(output_dir) else f"is inside {path}, which is a file"
+        raise ValueError(f"output_dir {output_dir!r}{where} {what}; it must be a folder (new or existing).")
+
+
 def _validate(config: TrainConfig, where: str) -> None:
     """Checks across sections, in LLaMA-Factory's order, with the fix in the message."""
     model, data, training, finetuning = config.model, config.data, config.training, config.finetuning
@@ -387,9 +400,12 @@ def _validate(config: TrainConfig, where: str) -> None:
         raise ValueError(f"load_best_model_at_end{where} is not supported for stage rm (as in LLaMA-Factory).")
     if training.do_train and not data.dataset:
         raise ValueError(f"dataset{where} is required for training: name(s) from {data.dataset_dir}/dataset_info.json.")
-    if (training.do_eval or training.do_predict or training.predict_with_generate) and not data.eval_dataset and data.val_size < 1e-6:
+    _check_output_dir(training.output_dir, where)
+    asked = [name for name in ("do_eval", "do_predict", "predict_with_generate") if getattr(training, name)]
+    if asked and not data.eval_dataset and data.val_size < 1e-6:
         raise ValueError(
-            f"Evaluation or prediction{where} needs data: set eval_dataset, or val_size to hold out part of the training data."
+            f"{' and '.join(asked)}{where}: evaluation or prediction needs data: set eval_dataset, or val_size to hold "
+            f"out part of the training data."
         )
     if model.adapter_name_or_path is not None and finetuning.finetuning_type != "lora":
         raise ValueError(f"adapter_name_or_path{where} needs finetuning_type: lora (got {finetuning.finetuning_type!r}).")

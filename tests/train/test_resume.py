@@ -17,6 +17,7 @@ from torch.utils.data import IterableDataset
 
 from lathe import EarlyStoppingCallback, Trainer, TrainingArguments
 from lathe.train import checkpoint as ckpt
+from lathe.train import loading
 
 ITEMS = 10  # with batch size 2: 5 batches per epoch
 TIMING_KEYS = ("runtime", "per_second")
@@ -169,7 +170,7 @@ def test_resume_with_frozen_parameters(tmp_path):
         assert torch.equal(resumed.model.hidden.weight, initial)
         assert not resumed.model.hidden.weight.requires_grad
     # the optimizer holds (and saved) state for the trainable tensors only
-    saved = ckpt.safe_torch_load(str(tmp_path / "full" / "checkpoint-8" / ckpt.OPTIMIZER_NAME))
+    saved = loading.safe_torch_load(str(tmp_path / "full" / "checkpoint-8" / ckpt.OPTIMIZER_NAME))
     assert len(saved["state"]) == 3  # hidden.bias, head.weight, head.bias
 
 
@@ -593,7 +594,7 @@ def test_checkpoint_layout(tmp_path):
         "training_args.bin", "training_args.json",
     } <= set(os.listdir(folder))
     assert not (folder / ckpt.SCALER_NAME).exists()  # no fp16 on CPU
-    rng = ckpt.safe_torch_load(str(folder / "rng_state.pth"))
+    rng = loading.safe_torch_load(str(folder / "rng_state.pth"))
     assert {"python", "numpy", "cpu"} <= rng.keys()
     for name in ("optimizer.pt", "scheduler.pt"):
         torch.load(folder / name, weights_only=True)

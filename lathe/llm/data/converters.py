@@ -15,6 +15,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from lathe.llm.data.files import decode_json_columns
 from lathe.llm.data.registry import DatasetAttr
 
 logger = logging.getLogger("lathe.llm.data")
@@ -46,7 +47,15 @@ MULTIMODAL = "multimodal"  # the problem kind that stops the run instead of skip
 def _text(value: Any, what: str, allow_none: bool = True) -> str | None:
     """A string field: str passes, None passes when allowed, anything else is a wrong-type row (content
     parts with an image, video or audio are refused: multimodal is not supported yet)."""
-    if isinstance(value, str) or (value is None and allow_none):
+    if isinstance(value, str):
+        if not value.isascii():
+            try:
+                value.encode("utf-8")
+            except UnicodeEncodeError as error:  # "\ud800" written in a JSON file: no tokenizer can take it
+                raise RowProblem("invalid text", f"{what} holds {value[error.start]!r}, a lone surrogate that is "
+                                                 f"not a Unicode character") from None
+        return value
+    if value is None and allow_none:
         return value
     if value is None:
         raise RowProblem("missing value", f"{what} is missing")
@@ -63,7 +72,7 @@ def _tools_text(value: Any, column: str) -> str:
     if value is None:
         return ""
     if isinstance(value, (list, dict)):
-        return json.dumps(value, ensure_ascii=False)
+        return _text(json.dumps(value, ensure_ascii=False), f"column '{column}'")
     return _text(value, f"column '{column}'")
 
 
@@ -157,7 +166,7 @@ def _tag_roles(attr: DatasetAttr) -> dict[str, str]:
 
 
 def _role(tag: Any, roles: dict[str, str], number: int, attr: DatasetAttr) -> str:
-    if tag not in roles:
+    if not isinstance(tag, str) or tag not in roles:  # a list or object as the tag is no role either
         raise RowProblem("unknown role", f"message {number} has {attr.role_tag} '{tag}', which is none of the "
                                          f"tags {', '.join(repr(t) for t in roles)}")
     return roles[tag]
@@ -249,15 +258,17 @@ class ConvertBatch:
 
     attr: DatasetAttr
     require_response: bool
+    json_columns: tuple[str, ...] = ()  # columns the reader stored as JSON text (files.py)
 
     def __call__(self, batch: dict[str, list[Any]]) -> dict[str, list[Any]]:
         size = len(next(iter(batch.values()))) if batch else 0
+        batch = decode_json_columns(batch, self.json_columns)
         rows = [convert_example({key: values[i] for key, values in batch.items()}, self.attr, self.require_response)
                 for i in range(size)]
         return {key: [row[key] for row in rows] for key in (*CANONICAL_COLUMNS, PROBLEM_COLUMN)}
 
 
-def _conversion_fingerprint(dataset, attr: DatasetAttr, require_response: bool) -> str:
+def _conversion_fingerprint(dataset, attr: DatasetAttr, require_response: bool, json_columns=()) -> str:
     """`datasets` caches the conversion under this name. Its own fingerprint of a function does not see
     the code that function calls, so a fixed converter would keep serving old rows: hash this file (and
     ranking.py, which converts preference answers) too."""
@@ -268,7 +279,7 @@ def _conversion_fingerprint(dataset, attr: DatasetAttr, require_response: bool) 
     for path in (__file__, os.path.join(os.path.dirname(__file__), "ranking.py")):
         with open(path, "rb") as handle:
             code += handle.read()
-    text = json.dumps([dataset._fingerprint, fields, require_response], sort_keys=True, default=str)
+    text = json.dumps([dataset._fingerprint, fields, require_response, list(json_columns)], sort_keys=True, default=str)
     return hashlib.sha256(code + text.encode()).hexdigest()[:32]
 
 
@@ -310,21 +321,23 @@ class ConversionReport:
 
 
 def convert_dataset(dataset, attr: DatasetAttr, require_response: bool, locate: Callable[[list[int]], list[str]],
-                    num_proc: int | None = None, load_from_cache_file: bool | None = None):
+                    num_proc: int | None = None, load_from_cache_file: bool | None = None,
+                    json_columns: tuple[str, ...] = ()):
     """Convert a loaded dataset to the canonical schema; returns (dataset, ConversionReport).
 
     Malformed rows are skipped and counted; `locate(positions)` names their file and row. Zero usable rows
-    is an error that quotes the first problems.
+    is an error that quotes the first problems. `json_columns` hold each value as JSON text (files.py).
     """
     import pyarrow.compute as compute
 
     report = ConversionReport(attr.name, total=len(dataset))
     if len(dataset) == 0:
         raise ValueError(f"{attr.where()}: the data file(s) hold no rows.")
-    converted = dataset.map(ConvertBatch(attr, require_response), batched=True, remove_columns=dataset.column_names,
+    converted = dataset.map(ConvertBatch(attr, require_response, tuple(json_columns)), batched=True,
+                            remove_columns=dataset.column_names,
                             features=canonical_features(), num_proc=num_proc,
                             load_from_cache_file=load_from_cache_file, desc=f"Converting {attr.name} ({attr.formatting})",
-                            new_fingerprint=_conversion_fingerprint(dataset, attr, require_response))
+                            new_fingerprint=_conversion_fingerprint(dataset, attr, require_response, json_columns))
     problems = converted.with_format("arrow")[PROBLEM_COLUMN]
     bad = compute.indices_nonzero(compute.not_equal(problems, "")).to_pylist()
     if bad:
