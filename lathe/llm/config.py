@@ -147,7 +147,9 @@ class FinetuningArguments:
 
     _argument_group_name = "finetuning"
 
-    stage: Literal["pt", "sft", "rm", "ppo", "dpo", "kto"] = field(default="sft", metadata=_help("Training stage: pt (pre-training) or sft."))
+    stage: Literal["pt", "sft", "rm", "ppo", "dpo", "kto"] = field(
+        default="sft", metadata=_help("Training stage: pt (pre-training), sft, rm (reward model), dpo or kto (preference training).")
+    )
     finetuning_type: Literal["lora", "oft", "freeze", "full"] = field(default="lora", metadata=_help("full, freeze or lora."))
     freeze_trainable_layers: int = field(
         default=2, metadata=_help("freeze: train the last n hidden layers (n > 0) or the first -n (n < 0).")
@@ -177,8 +179,30 @@ class FinetuningArguments:
         default=None, metadata=_help("Stop when metric_for_best_model has not improved for this many evaluations.")
     )
     plot_loss: bool = field(default=False, metadata=_help("Save training_loss.png (and training_eval_loss.png) in output_dir."))
+    # Preference training (dpo, kto); validated in lathe.llm.preference.settings.
+    pref_beta: float = field(default=0.1, metadata=_help("dpo/kto: beta, the strength of the pull towards the reference model."))
+    pref_ftx: float = field(default=0.0, metadata=_help("dpo/kto: weight of the SFT loss (chosen answers' mean token NLL) added to the preference loss."))
+    pref_bco_weight: float = field(default=0.0, metadata=_help("dpo: weight of the BCO loss mixed into the DPO loss."))
+    pref_loss: Literal["sigmoid", "hinge", "ipo", "kto_pair", "orpo", "simpo"] = field(
+        default="sigmoid", metadata=_help("dpo: the loss: sigmoid (DPO), hinge, ipo, orpo or simpo (orpo and simpo need no reference model).")
+    )
+    dpo_label_smoothing: float = field(default=0.0, metadata=_help("dpo sigmoid: label smoothing in [0, 0.5) (conservative DPO)."))
+    kto_chosen_weight: float = field(default=1.0, metadata=_help("kto: weight of the desirable examples' losses."))
+    kto_rejected_weight: float = field(default=1.0, metadata=_help("kto: weight of the undesirable examples' losses."))
+    simpo_gamma: float = field(default=0.5, metadata=_help("dpo simpo: the target reward margin."))
+    ref_model: str | None = field(default=None, metadata=_help("dpo/kto: folder of the reference model (default: the model being trained, before training)."))
+    ref_model_adapters: str | None = field(default=None, metadata=_help("dpo/kto: LoRA adapter folder(s) merged into ref_model, comma separated."))
+    ld_alpha: float | None = field(default=None, metadata=_help("dpo: LD-DPO weight of the response tokens past the shorter answer's length."))
+
+    # Derived in __post_init__; not settable from a config file.
+    use_ref_model: bool = field(default=False, init=False, metadata=_help("dpo with a loss that compares against a reference model."))
 
     def __post_init__(self):
+        from lathe.llm.preference.settings import check_preference_arguments
+
+        self.ref_model_adapters = split_commas(self.ref_model_adapters)
+        self.use_ref_model = self.stage == "dpo" and self.pref_loss not in ("orpo", "simpo")
+        check_preference_arguments(self)
         self.freeze_trainable_modules = split_commas(self.freeze_trainable_modules)
         self.freeze_extra_modules = split_commas(self.freeze_extra_modules)
         self.additional_target = split_commas(self.additional_target)
@@ -297,7 +321,7 @@ def parse_train_config(source: str | Path | dict, overrides: list[str] | tuple[s
 def _check_stage(raw: dict[str, Any], origin) -> None:
     stage = raw.get("stage", "sft")
     if stage not in SUPPORTED_STAGES:
-        raise ValueError(f"stage {stage!r}{origin('stage')} is not supported yet; lathe trains {' and '.join(SUPPORTED_STAGES)}.")
+        raise ValueError(f"stage {stage!r}{origin('stage')} is not supported yet; lathe trains {', '.join(SUPPORTED_STAGES)}.")
     method = raw.get("finetuning_type", "lora")
     if method not in SUPPORTED_FINETUNING_TYPES:
         raise ValueError(
@@ -368,6 +392,12 @@ def _validate(config: TrainConfig, where: str) -> None:
         raise ValueError(
             f"do_predict{where} writes generated_predictions.jsonl and needs predict_with_generate: true."
         )
+    if finetuning.stage in ("rm", "dpo", "kto") and data.packing:
+        raise ValueError(f"packing{where} applies to stages pt and sft; stage {finetuning.stage} keeps one example per row.")
+    if finetuning.stage in ("dpo", "kto") and training.do_predict:
+        raise ValueError(f"do_predict{where} is not read by stage {finetuning.stage}: predictions are written for stage sft (generated answers) and rm (scores).")
+    if finetuning.stage == "rm" and training.load_best_model_at_end:
+        raise ValueError(f"load_best_model_at_end{where} is not supported for stage rm (as in LLaMA-Factory).")
     if training.do_train and not data.dataset:
         raise ValueError(f"dataset{where} is required for training: name(s) from {data.dataset_dir}/dataset_info.json.")
     _check_output_dir(training.output_dir, where)

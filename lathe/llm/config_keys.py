@@ -52,13 +52,10 @@ UNSUPPORTED_BY_FEATURE: dict[str, dict[str, object]] = {
         "loraplus_lr_ratio": None, "loraplus_lr_embedding": 1e-6, "pissa_init": False, "pissa_iter": 16,
         "pissa_convert": False, "module_dropout": 0.0, "oft_rank": 0, "oft_block_size": 32, "oft_target": "all",
     },
-    "preference and reinforcement stages (rm, ppo, dpo, kto)": {
-        "pref_beta": 0.1, "pref_ftx": 0.0, "pref_bco_weight": 0.0, "pref_loss": "sigmoid",
-        "dpo_label_smoothing": 0.0, "kto_chosen_weight": 1.0, "kto_rejected_weight": 1.0, "simpo_gamma": 0.5,
+    "PPO (reinforcement learning with a reward model) and quantized reference models": {
         "ppo_buffer_size": 1, "ppo_epochs": 4, "ppo_score_norm": False, "ppo_target": 6.0,
-        "ppo_whiten_rewards": False, "ref_model": None, "ref_model_adapters": None,
-        "ref_model_quantization_bit": None, "reward_model": None, "reward_model_adapters": None,
-        "reward_model_quantization_bit": None, "reward_model_type": "lora", "ld_alpha": None,
+        "ppo_whiten_rewards": False, "ref_model_quantization_bit": None, "reward_model": None,
+        "reward_model_adapters": None, "reward_model_quantization_bit": None, "reward_model_type": "lora",
     },
     "special optimizers and losses (GaLore, APOLLO, BAdam, Adam-mini, Muon, LLaMA Pro, DFT/ASFT/EAFT)": {
         "use_galore": False, "galore_target": "all", "galore_rank": 16, "galore_update_interval": 200,
@@ -101,5 +98,5 @@ UNSUPPORTED_KEYS: dict[str, tuple[str, object]] = {
     key: (feature, default) for feature, keys in UNSUPPORTED_BY_FEATURE.items() for key, default in keys.items()
 }
 
-SUPPORTED_STAGES = ("pt", "sft")
+SUPPORTED_STAGES = ("pt", "sft", "rm", "dpo", "kto")
 SUPPORTED_FINETUNING_TYPES = ("full", "freeze", "lora")

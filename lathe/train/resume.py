@@ -158,6 +158,9 @@ class TrainerCheckpointing:
             if optimizer_file is not None:
                 loading.load_state_into(self.optimizer, optimizer_file, "optimizer", map_location=self.args.device)
             return
+        if hasattr(self.model, "load_saved_weights"):
+            raise NotImplementedError(f"Loading {type(self.model).__name__} weights from {path} into an FSDP2-sharded "
+                                      "model is not supported yet (its files are split): resume without fsdp.")
         first = self.args.process_index == 0
         adapter = os.path.isfile(os.path.join(path, ckpt.ADAPTER_WEIGHTS_NAME)) and hasattr(self.model, "load_adapter")
         weights = {}

@@ -32,9 +32,14 @@ class _StateDictSource:
 
 
 def load_model_weights(model, folder: str, strict: bool = True) -> None:
-    """Load weights saved by save_model_weights (or by transformers) into `model` in place."""
+    """Load weights saved by save_model_weights (or by transformers) into `model` in place. A model whose
+    save_pretrained splits its state over several files (a reward model's value head beside the language
+    model) reads them back with its own `load_saved_weights(folder)`."""
     from safetensors.torch import load_model
 
+    if hasattr(model, "load_saved_weights"):
+        model.load_saved_weights(folder)
+        return
     adapter = os.path.join(folder, ADAPTER_WEIGHTS_NAME)
     if os.path.isfile(adapter) and hasattr(model, "load_adapter"):
         from peft import get_peft_model_state_dict, set_peft_model_state_dict  # only PEFT models have adapter files

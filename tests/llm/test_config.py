@@ -81,10 +81,11 @@ def test_unsupported_llamafactory_keys_say_so():
     parse_train_config({**BASE, "quantization_bit": None, "flash_attn": "auto", "use_unsloth": False})
 
 
-@pytest.mark.parametrize("stage", ["dpo", "ppo", "rm", "kto"])
-def test_other_stages_are_not_supported_yet(stage):
-    with pytest.raises(ValueError, match=f"stage '{stage}' is not supported yet"):
-        parse_train_config({**BASE, "stage": stage})
+def test_ppo_is_not_supported_yet():
+    with pytest.raises(ValueError, match="stage 'ppo' is not supported yet; lathe trains pt, sft, rm, dpo, kto"):
+        parse_train_config({**BASE, "stage": "ppo"})
+    for stage in ("rm", "dpo", "kto"):
+        assert parse_train_config({**BASE, "stage": stage}).finetuning.stage == stage
 
 
 def test_bad_values_name_the_key():

@@ -621,3 +621,28 @@ def test_resume_never_unpickles_training_args_bin(tmp_path, monkeypatch):
     resumed = train(tmp_path / "resumed", resume=str(tmp_path / "full" / "checkpoint-4"), max_steps=6, save_steps=4)
     assert sorted(loaded) == ["optimizer.pt", "rng_state.pth", "scheduler.pt"]
     assert_resumed_exactly(full, resumed, 4)
+
+
+def test_a_model_with_split_files_loads_them_itself(tmp_path):
+    """The hook for models whose save_pretrained writes several files (lathe.llm's reward model: the
+    language model and value_head.safetensors): load_model_weights hands the folder to the model's own
+    load_saved_weights, used for resume and the best model."""
+    from lathe.train.weights import load_model_weights, save_model_weights
+
+    class SplitFiles(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.body, self.head = nn.Linear(2, 2), nn.Linear(2, 1)
+
+        def save_pretrained(self, folder, state_dict=None):
+            torch.save({"body": self.body.state_dict(), "head": self.head.state_dict()}, os.path.join(folder, "parts.pt"))
+
+        def load_saved_weights(self, folder):
+            parts = torch.load(os.path.join(folder, "parts.pt"), weights_only=True)
+            self.body.load_state_dict(parts["body"])
+            self.head.load_state_dict(parts["head"])
+
+    saved, loaded = SplitFiles(), SplitFiles()
+    save_model_weights(saved, str(tmp_path))
+    load_model_weights(loaded, str(tmp_path))
+    assert all(torch.equal(a, b) for a, b in zip(saved.state_dict().values(), loaded.state_dict().values()))

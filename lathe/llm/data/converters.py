@@ -136,8 +136,9 @@ def _split_system(messages: list[dict[str, Any]], example: dict[str, Any], attr:
     return messages, _text(_column(example, attr.system), f"column '{attr.system}' (system)") or ""
 
 
-def _check_turns(aligned: list[dict[str, str]], tags: list[str], offset: int, role_tag: str) -> None:
-    """Alternation (user/observation, then assistant/function, ...) and an even count."""
+def _check_turns(aligned: list[dict[str, str]], tags: list[str], offset: int, role_tag: str, ranking: bool = False) -> None:
+    """Alternation (user/observation, then assistant/function, ...) and an even count (odd for ranking
+    data, whose answers are in the chosen and rejected columns)."""
     if not aligned:
         raise RowProblem("empty conversation", "the conversation has no messages besides the system prompt")
     for index, message in enumerate(aligned):
@@ -146,7 +147,12 @@ def _check_turns(aligned: list[dict[str, str]], tags: list[str], offset: int, ro
             raise RowProblem("wrong role order", f"message {index + 1 + offset} has {role_tag} '{tags[index]}' "
                                                  f"({message['role']}) where {' or '.join(expected)} is expected "
                                                  f"(turns must alternate, starting with the user)")
-    if len(aligned) % 2:
+    if ranking and not len(aligned) % 2:
+        count = len(aligned)
+        raise RowProblem("even number of turns", f"the conversation ends with a {aligned[-1]['role']} turn ({count} "
+                                                  f"messages): ranking data ends with the prompt, the answers are "
+                                                  f"in the chosen and rejected columns")
+    if len(aligned) % 2 and not ranking:
         count = len(aligned)
         raise RowProblem("odd number of turns", f"the conversation ends with a {aligned[-1]['role']} turn "
                                                  f"({count} message{'s' if count > 1 else ''}): it must end with an answer")
@@ -166,7 +172,9 @@ def _role(tag: Any, roles: dict[str, str], number: int, attr: DatasetAttr) -> st
     return roles[tag]
 
 
-def _prompt_and_response(aligned: list[dict[str, str]]) -> dict[str, Any]:
+def _prompt_and_response(aligned: list[dict[str, str]], ranking: bool = False) -> dict[str, Any]:
+    if ranking:  # the answers come from the chosen and rejected columns (lathe.llm.data.ranking)
+        return {"_prompt": aligned, "_response": []}
     return {"_prompt": aligned[:-1], "_response": aligned[-1:]}
 
 
@@ -181,8 +189,8 @@ def convert_sharegpt(example: dict[str, Any], attr: DatasetAttr) -> dict[str, An
         role = _role(message[attr.role_tag], roles, number, attr)
         content = _text(message.get(attr.content_tag), f"message {number} content ('{attr.content_tag}')", False)
         aligned.append({"role": role, "content": content})
-    _check_turns(aligned, [message[attr.role_tag] for message in messages], offset, attr.role_tag)
-    return {**_prompt_and_response(aligned), "_system": system,
+    _check_turns(aligned, [message[attr.role_tag] for message in messages], offset, attr.role_tag, attr.ranking)
+    return {**_prompt_and_response(aligned, attr.ranking), "_system": system,
             "_tools": _tools_text(_column(example, attr.tools), attr.tools)}
 
 
@@ -218,8 +226,8 @@ def convert_openai(example: dict[str, Any], attr: DatasetAttr) -> dict[str, Any]
         aligned.append({"role": _role(tag, roles, number, attr), "content": content})
         tags.append(tag)
     # Tool results after the last message are dropped, as in LLaMA-Factory: nothing answers them.
-    _check_turns(aligned, tags, offset, attr.role_tag)
-    return {**_prompt_and_response(aligned), "_system": system,
+    _check_turns(aligned, tags, offset, attr.role_tag, attr.ranking)
+    return {**_prompt_and_response(aligned, attr.ranking), "_system": system,
             "_tools": _tools_text(_column(example, attr.tools), attr.tools)}
 
 
@@ -232,6 +240,10 @@ def convert_example(example: dict[str, Any], attr: DatasetAttr, require_response
     empty = {"_prompt": [], "_response": [], "_system": "", "_tools": ""}
     try:
         row = CONVERTERS[attr.formatting](example, attr)
+        if attr.ranking or attr.kto_tag:
+            from lathe.llm.data.ranking import preference_answers
+
+            row["_response"] = preference_answers(row, example, attr)
         if require_response and len(row["_response"]) != 1:
             raise RowProblem("missing response", f"column '{attr.response}' (response) is empty: "
                                                  f"supervised training needs an answer")
@@ -258,10 +270,15 @@ class ConvertBatch:
 
 def _conversion_fingerprint(dataset, attr: DatasetAttr, require_response: bool, json_columns=()) -> str:
     """`datasets` caches the conversion under this name. Its own fingerprint of a function does not see
-    the code that function calls, so a fixed converter would keep serving old rows: hash this file too."""
+    the code that function calls, so a fixed converter would keep serving old rows: hash this file (and
+    ranking.py, which converts preference answers) too."""
+    import os
+
     fields = {key: value for key, value in vars(attr).items() if key != "info_path"}
-    with open(__file__, "rb") as handle:
-        code = handle.read()
+    code = b""
+    for path in (__file__, os.path.join(os.path.dirname(__file__), "ranking.py")):
+        with open(path, "rb") as handle:
+            code += handle.read()
     text = json.dumps([dataset._fingerprint, fields, require_response, list(json_columns)], sort_keys=True, default=str)
     return hashlib.sha256(code + text.encode()).hexdigest()[:32]
 

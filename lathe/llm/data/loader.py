@@ -88,9 +88,9 @@ def _check_columns(attr: DatasetAttr, present: list[str], files: list[str], requ
     where = f"{attr.where('columns')}, file {files[0]}" + (f" (and {len(files) - 1} more)" if len(files) > 1 else "")
     listed = ", ".join(present)
     if attr.formatting == "alpaca":
-        roles = ("prompt", "query", "response", "history", "system", "tools")
+        roles = ("prompt", "query", "response", "history", "system", "tools", "chosen", "rejected", "kto_tag")
     else:
-        roles = ("messages", "system", "tools")
+        roles = ("messages", "system", "tools", "chosen", "rejected", "kto_tag")
     for role in roles:
         column = getattr(attr, role)
         if column and column not in present and role not in attr.implicit_columns:
@@ -142,8 +142,11 @@ def load_datasets(attrs: list[DatasetAttr], data_args: Any, stage: str, rng: np.
 
     Supervised rows need an answer, except evaluation rows that are generated from (`generate`), which
     may have none, as in LLaMA-Factory."""
+    from lathe.llm.data.ranking import check_stage_data
+
     loaded, reports = {}, []
     for attr in attrs:
+        check_stage_data(attr, stage)
         if attr.name in loaded:
             logger.warning("dataset '%s' is listed more than once; it is used once (as in LLaMA-Factory).", attr.name)
             continue

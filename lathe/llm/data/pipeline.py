@@ -27,7 +27,7 @@ from lathe.llm.data.registry import DatasetAttr, get_dataset_list, resolve_data_
 
 logger = logging.getLogger("lathe.llm.data")
 
-STAGES = ("pt", "sft")
+STAGES = ("pt", "sft", "rm", "dpo", "kto")
 DEFAULT_CACHE_DIR = os.path.join("~", ".cache", "lathe", "tokenized")
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -147,6 +147,14 @@ def select_processor(stage: str, packing: bool, generate: bool = False) -> Calla
     """The batched map function for a stage, with the uniform signature (examples, template, tokenizer, data_args)."""
     if stage == "pt":
         return _pretrain
+    if stage in ("rm", "dpo"):
+        from lathe.llm.data.pairwise import preprocess_pairwise_dataset
+
+        return preprocess_pairwise_dataset
+    if stage == "kto":
+        from lathe.llm.data.feedback import preprocess_feedback_dataset
+
+        return preprocess_feedback_dataset
     if generate:
         from lathe.llm.data.supervised import preprocess_unsupervised_dataset
 
@@ -194,7 +202,7 @@ def build_and_cache(plan: DataPlan, root: str, key: str) -> tuple[dict[str, Any]
             files[name] = [os.path.relpath(item["filename"], staging) for item in processed.cache_files]
             stats[name] = split_stats(processed, rows_before=len(dataset))
         manifest = {"key": key, "splits": files, "stats": stats, "created": time.time(),
-                    "one_row_per_example": plan.stage == "sft" and not plan.packing,
+                    "one_row_per_example": plan.stage != "pt" and not plan.packing,
                     "reports": [report.to_dict() for report in reports if report.skipped]}
         cache.write_manifest(staging, manifest)
     entry = cache.load_entry(root, key)

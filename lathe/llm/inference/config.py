@@ -60,9 +60,11 @@ _TRAINING_ONLY = {
              "interleave_probs", "overwrite_cache", "preprocessing_batch_size", "preprocessing_num_workers",
              "max_samples", "eval_num_beams", "ignore_pad_token_for_loss", "val_size", "eval_on_each_dataset",
              "packing", "neat_packing", "tokenized_path"),
-    "finetuning": ("stage", "freeze_trainable_layers", "freeze_trainable_modules", "freeze_extra_modules",
+    "finetuning": ("freeze_trainable_layers", "freeze_trainable_modules", "freeze_extra_modules",
                    "additional_target", "lora_alpha", "lora_dropout", "lora_rank", "lora_target", "use_rslora",
-                   "use_dora", "create_new_adapter", "pure_bf16", "early_stopping_steps", "plot_loss"),
+                   "use_dora", "create_new_adapter", "pure_bf16", "early_stopping_steps", "plot_loss",
+                   "pref_beta", "pref_ftx", "pref_bco_weight", "pref_loss", "dpo_label_smoothing", "kto_chosen_weight",
+                   "kto_rejected_weight", "simpo_gamma", "ref_model", "ref_model_adapters", "ld_alpha"),
     "model": ("disable_gradient_checkpointing", "use_reentrant_gc", "upcast_layernorm", "upcast_lmhead_output",
               "train_from_scratch", "resize_vocab"),
 }
@@ -92,5 +94,9 @@ def parse_infer_config(source: str | Path | dict, overrides: list[str] | tuple[s
                          source=config_input.path)
     if config.model.adapter_name_or_path and config.finetuning.finetuning_type != "lora":
         raise ValueError(f"adapter_name_or_path{where} needs finetuning_type: lora (got {config.finetuning.finetuning_type!r}).")
+    if config.finetuning.stage == "rm" and command != "export":
+        raise ValueError(f"stage: rm{where}: a reward model scores answers instead of writing them; `lathe {command}` "
+                         "serves generating models only (scoring is not supported yet). `lathe export` with stage: rm "
+                         "exports it with its value head.")
     return config
 

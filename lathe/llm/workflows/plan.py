@@ -29,6 +29,7 @@ class RunPlan:
     attention: str | None = None  # the model's attention implementation
     cutoff_len: int | None = None
     truncation: dict | None = None  # {split: what cutoff_len cut} (lathe.llm.data.truncation); None: unknown
+    reference: str | None = None  # dpo / kto: what the policy is compared with
 
 
 def count_tokens(dataset) -> tuple[int, int]:
@@ -69,7 +70,14 @@ def make_plan(config, dataset_module: dict, model, resume_from: str | None = Non
         total_steps=total_steps, epochs=epochs, trainable_parameters=trainable, total_parameters=total,
         resume_from=resume_from, attention=getattr(getattr(model, "config", None), "_attn_implementation", None),
         cutoff_len=config.data.cutoff_len, truncation=dataset_module.get("truncation"),
+        reference=_reference(config),
     )
+
+
+def _reference(config) -> str | None:
+    from lathe.llm.preference.reference import describe_reference
+
+    return describe_reference(config.finetuning, config.training.do_train)
 
 
 def _every(strategy, steps, total_steps: int, what: str) -> str:
@@ -125,6 +133,8 @@ def format_plan(plan: RunPlan, config) -> str:
     lines.append(f"  checkpointing   activations {checkpointing}")
     if training.fsdp or training.deepspeed:
         lines.append(f"  sharding        {_sharding(training)}")
+    if plan.reference:
+        lines.append(f"  reference       {plan.reference}")
     if plan.attention:
         attention = "sdpa per packed example (no block mask)" if plan.attention == "lathe_packed_sdpa" else plan.attention
         lines.append(f"  attention       {attention}")
