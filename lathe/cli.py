@@ -59,7 +59,7 @@ def _data_preview(options) -> int:
 
 def _add_train_parsers(commands) -> None:
     train = commands.add_parser(
-        "train", help="train a model from a LLaMA-Factory-style YAML config (stage pt or sft)",
+        "train", help="train a model from a LLaMA-Factory-style YAML config (stage pt, sft, rm, dpo or kto)",
         description="Train from a LLaMA-Factory-style config. Prints the resolved configuration and the plan "
         "(examples, tokens, steps, trainable parameters) first. Overrides win over the file: "
         "`lathe train c.yaml learning_rate=1e-4 --num_train_epochs 2`.",

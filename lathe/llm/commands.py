@@ -35,11 +35,20 @@ def _report(error: BaseException, command: str) -> int:
 
 
 def run_train(config, dry_run: bool = False, callbacks: list | None = None) -> dict:
-    """Run the stage the config names (pt or sft)."""
-    if config.finetuning.stage == "pt":
+    """Run the stage the config names (pt, sft, rm, dpo or kto)."""
+    stage = config.finetuning.stage
+    if stage == "pt":
         from lathe.llm.workflows.pt import run_pt
 
         return run_pt(config, dry_run=dry_run, callbacks=callbacks)
+    if stage == "rm":
+        from lathe.llm.workflows.rm import run_rm
+
+        return run_rm(config, dry_run=dry_run, callbacks=callbacks)
+    if stage in ("dpo", "kto"):
+        from lathe.llm.workflows.preference import run_preference
+
+        return run_preference(config, dry_run=dry_run, callbacks=callbacks)
     from lathe.llm.workflows.sft import run_sft
 
     return run_sft(config, dry_run=dry_run, callbacks=callbacks)

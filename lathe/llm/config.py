@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -132,8 +133,10 @@ class DataArguments:
         self.eval_dataset = split_commas(self.eval_dataset)
         if self.cutoff_len <= 0:
             raise ValueError(f"cutoff_len must be a positive number of tokens, got {self.cutoff_len}")
-        if self.val_size < 0:
-            raise ValueError(f"val_size must be >= 0 (a fraction below 1 or a number of examples), got {self.val_size}")
+        if self.val_size < 0 or (self.val_size > 1 and self.val_size != int(self.val_size)):
+            # LLaMA-Factory would silently hold out int(1.5) = 1 example: a float above 1 is not a count.
+            raise ValueError(f"val_size must be a fraction below 1 (e.g. 0.1) or a whole number of examples "
+                             f"(e.g. 100), got {self.val_size}")
         if self.dataset is None and self.val_size > 1e-6:
             raise ValueError("val_size needs a training dataset to split: set dataset.")
         if self.eval_dataset is not None and self.val_size > 1e-6:
@@ -157,7 +160,9 @@ class FinetuningArguments:
 
     _argument_group_name = "finetuning"
 
-    stage: Literal["pt", "sft", "rm", "ppo", "dpo", "kto"] = field(default="sft", metadata=_help("Training stage: pt (pre-training) or sft."))
+    stage: Literal["pt", "sft", "rm", "ppo", "dpo", "kto"] = field(
+        default="sft", metadata=_help("Training stage: pt (pre-training), sft, rm (reward model), dpo or kto (preference training).")
+    )
     finetuning_type: Literal["lora", "oft", "freeze", "full"] = field(default="lora", metadata=_help("full, freeze, lora or oft."))
     use_llama_pro: bool = field(
         default=False, metadata=_help("freeze/lora: train only the blocks `lathe expand` added (LLaMA Pro); freeze_trainable_layers = how many.")
@@ -205,8 +210,30 @@ class FinetuningArguments:
         default=None, metadata=_help("Stop when metric_for_best_model has not improved for this many evaluations.")
     )
     plot_loss: bool = field(default=False, metadata=_help("Save training_loss.png (and training_eval_loss.png) in output_dir."))
+    # Preference training (dpo, kto); validated in lathe.llm.preference.settings.
+    pref_beta: float = field(default=0.1, metadata=_help("dpo/kto: beta, the strength of the pull towards the reference model."))
+    pref_ftx: float = field(default=0.0, metadata=_help("dpo/kto: weight of the SFT loss (chosen answers' mean token NLL) added to the preference loss."))
+    pref_bco_weight: float = field(default=0.0, metadata=_help("dpo: weight of the BCO loss mixed into the DPO loss."))
+    pref_loss: Literal["sigmoid", "hinge", "ipo", "kto_pair", "orpo", "simpo"] = field(
+        default="sigmoid", metadata=_help("dpo: the loss: sigmoid (DPO), hinge, ipo, orpo or simpo (orpo and simpo need no reference model).")
+    )
+    dpo_label_smoothing: float = field(default=0.0, metadata=_help("dpo sigmoid: label smoothing in [0, 0.5) (conservative DPO)."))
+    kto_chosen_weight: float = field(default=1.0, metadata=_help("kto: weight of the desirable examples' losses."))
+    kto_rejected_weight: float = field(default=1.0, metadata=_help("kto: weight of the undesirable examples' losses."))
+    simpo_gamma: float = field(default=0.5, metadata=_help("dpo simpo: the target reward margin."))
+    ref_model: str | None = field(default=None, metadata=_help("dpo/kto: folder of the reference model (default: the model being trained, before training)."))
+    ref_model_adapters: str | None = field(default=None, metadata=_help("dpo/kto: LoRA adapter folder(s) merged into ref_model, comma separated."))
+    ld_alpha: float | None = field(default=None, metadata=_help("dpo: LD-DPO weight of the response tokens past the shorter answer's length."))
+
+    # Derived in __post_init__; not settable from a config file.
+    use_ref_model: bool = field(default=False, init=False, metadata=_help("dpo with a loss that compares against a reference model."))
 
     def __post_init__(self):
+        from lathe.llm.preference.settings import check_preference_arguments
+
+        self.ref_model_adapters = split_commas(self.ref_model_adapters)
+        self.use_ref_model = self.stage == "dpo" and self.pref_loss not in ("orpo", "simpo")
+        check_preference_arguments(self)
         self.freeze_trainable_modules = split_commas(self.freeze_trainable_modules)
         self.freeze_extra_modules = split_commas(self.freeze_extra_modules)
         self.additional_target = split_commas(self.additional_target)
@@ -327,7 +354,7 @@ def parse_train_config(source: str | Path | dict, overrides: list[str] | tuple[s
 def _check_stage(raw: dict[str, Any], origin) -> None:
     stage = raw.get("stage", "sft")
     if stage not in SUPPORTED_STAGES:
-        raise ValueError(f"stage {stage!r}{origin('stage')} is not supported yet; lathe trains {' and '.join(SUPPORTED_STAGES)}.")
+        raise ValueError(f"stage {stage!r}{origin('stage')} is not supported yet; lathe trains {', '.join(SUPPORTED_STAGES)}.")
     method = raw.get("finetuning_type", "lora")
     if method not in SUPPORTED_FINETUNING_TYPES:
         raise ValueError(
@@ -374,6 +401,16 @@ def _resolve(config: TrainConfig) -> None:
         training.activation_checkpointing_kwargs = training.gradient_checkpointing_kwargs = kwargs
 
 
+def _check_output_dir(output_dir: str, where: str) -> None:
+    """output_dir is a folder, or can become one: neither it nor a folder above it is an existing file."""
+    path = os.path.abspath(output_dir)
+    while not os.path.exists(path) and os.path.dirname(path) != path:
+        path = os.path.dirname(path)
+    if os.path.exists(path) and not os.path.isdir(path):
+        what = "is an existing file" if path == os.path.abspath(output_dir) else f"is inside {path}, which is a file"
+        raise ValueError(f"output_dir {output_dir!r}{where} {what}; it must be a folder (new or existing).")
+
+
 def _validate(config: TrainConfig, where: str) -> None:
     """Checks across sections, in LLaMA-Factory's order, with the fix in the message."""
     model, data, training, finetuning = config.model, config.data, config.training, config.finetuning
@@ -388,11 +425,20 @@ def _validate(config: TrainConfig, where: str) -> None:
         raise ValueError(
             f"do_predict{where} writes generated_predictions.jsonl and needs predict_with_generate: true."
         )
+    if finetuning.stage in ("rm", "dpo", "kto") and data.packing:
+        raise ValueError(f"packing{where} applies to stages pt and sft; stage {finetuning.stage} keeps one example per row.")
+    if finetuning.stage in ("dpo", "kto") and training.do_predict:
+        raise ValueError(f"do_predict{where} is not read by stage {finetuning.stage}: predictions are written for stage sft (generated answers) and rm (scores).")
+    if finetuning.stage == "rm" and training.load_best_model_at_end:
+        raise ValueError(f"load_best_model_at_end{where} is not supported for stage rm (as in LLaMA-Factory).")
     if training.do_train and not data.dataset:
         raise ValueError(f"dataset{where} is required for training: name(s) from {data.dataset_dir}/dataset_info.json.")
-    if (training.do_eval or training.do_predict or training.predict_with_generate) and not data.eval_dataset and data.val_size < 1e-6:
+    _check_output_dir(training.output_dir, where)
+    asked = [name for name in ("do_eval", "do_predict", "predict_with_generate") if getattr(training, name)]
+    if asked and not data.eval_dataset and data.val_size < 1e-6:
         raise ValueError(
-            f"Evaluation or prediction{where} needs data: set eval_dataset, or val_size to hold out part of the training data."
+            f"{' and '.join(asked)}{where}: evaluation or prediction needs data: set eval_dataset, or val_size to hold "
+            f"out part of the training data."
         )
     if model.adapter_name_or_path is not None and finetuning.finetuning_type not in ("lora", "oft"):
         raise ValueError(f"adapter_name_or_path{where} needs finetuning_type: lora or oft (got {finetuning.finetuning_type!r}).")

@@ -44,13 +44,10 @@ UNSUPPORTED_BY_FEATURE: dict[str, dict[str, object]] = {
     "dataset streaming and shared-file-system preprocessing": {
         "streaming": False, "buffer_size": 16384, "data_shared_file_system": False,
     },
-    "preference and reinforcement stages (rm, ppo, dpo, kto)": {
-        "pref_beta": 0.1, "pref_ftx": 0.0, "pref_bco_weight": 0.0, "pref_loss": "sigmoid",
-        "dpo_label_smoothing": 0.0, "kto_chosen_weight": 1.0, "kto_rejected_weight": 1.0, "simpo_gamma": 0.5,
+    "PPO (reinforcement learning with a reward model) and quantized reference models": {
         "ppo_buffer_size": 1, "ppo_epochs": 4, "ppo_score_norm": False, "ppo_target": 6.0,
-        "ppo_whiten_rewards": False, "ref_model": None, "ref_model_adapters": None,
-        "ref_model_quantization_bit": None, "reward_model": None, "reward_model_adapters": None,
-        "reward_model_quantization_bit": None, "reward_model_type": "lora", "ld_alpha": None,
+        "ppo_whiten_rewards": False, "ref_model_quantization_bit": None, "reward_model": None,
+        "reward_model_adapters": None, "reward_model_quantization_bit": None, "reward_model_type": "lora",
     },
     "special optimizers and losses (GaLore, APOLLO, BAdam, Adam-mini, Muon, DFT/ASFT/EAFT)": {
         "use_galore": False, "galore_target": "all", "galore_rank": 16, "galore_update_interval": 200,
@@ -93,5 +90,5 @@ UNSUPPORTED_KEYS: dict[str, tuple[str, object]] = {
     key: (feature, default) for feature, keys in UNSUPPORTED_BY_FEATURE.items() for key, default in keys.items()
 }
 
-SUPPORTED_STAGES = ("pt", "sft")
+SUPPORTED_STAGES = ("pt", "sft", "rm", "dpo", "kto")
 SUPPORTED_FINETUNING_TYPES = ("full", "freeze", "lora", "oft")

@@ -77,6 +77,8 @@ def export_model(config) -> ExportReport:
     model = model.to(dtype)
     model.config.dtype = dtype
     _write(model, tokenizer, template, export_dir, config.export.export_size, config.data.template)
+    if config.finetuning.stage == "rm":
+        _copy_value_head(config.model, export_dir)
     reload_error = _check_reloaded(export_dir, probes, merged_logits, dtype, device)
     shards, size = _shard_facts(export_dir)
     return ExportReport(export_dir, str(dtype).replace("torch.", ""), shards, size, adapters, merge_error, change, reload_error,
@@ -188,6 +190,21 @@ def _export_dtype(model_args, model):
     if isinstance(saved, str):
         saved = getattr(torch, saved, None)
     return saved if isinstance(saved, torch.dtype) else torch.float32
+
+
+def _copy_value_head(model_args, export_dir: str) -> None:
+    """A reward model's value_head.safetensors, from the last adapter folder or else the model folder
+    (LLaMA-Factory's export with stage: rm does the same)."""
+    import shutil
+
+    from lathe.llm.model.value_head import VALUE_HEAD_FILE
+
+    source = (model_args.adapter_name_or_path or [model_args.model_name_or_path])[-1]
+    path = os.path.join(source, VALUE_HEAD_FILE)
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"stage: rm, but {source} has no {VALUE_HEAD_FILE}: it is not a reward model's output.")
+    shutil.copy(path, os.path.join(export_dir, VALUE_HEAD_FILE))
+    logger.info("Copied the value head to %s", export_dir)
 
 
 def _write(model, tokenizer, template, export_dir: str, export_size: float, template_name) -> None:

@@ -1,10 +1,11 @@
 """LoRA+ (loraplus_lr_ratio): the optimizer with LLaMA-Factory's four parameter groups, the B matrices
-learning loraplus_lr_ratio times faster than the A matrices (Hayou et al., 2024)."""
+learning loraplus_lr_ratio times faster than the A matrices (Hayou et al., 2024); and the mixin that gives
+every recipe's Trainer (pt, sft, rm, dpo, kto) the `create_optimizer` that builds it."""
 from __future__ import annotations
 
 import logging
 
-__all__ = ["create_loraplus_optimizer", "loraplus_parameter_groups"]
+__all__ = ["MethodOptimizerMixin", "create_loraplus_optimizer", "loraplus_parameter_groups"]
 
 logger = logging.getLogger(__name__)
 
@@ -56,3 +57,22 @@ def create_loraplus_optimizer(model, training_args, finetuning_args):
                                        finetuning_args.loraplus_lr_ratio, finetuning_args.loraplus_lr_embedding)
     logger.info("LoRA+ optimizer: B matrices at %g x the learning rate.", finetuning_args.loraplus_lr_ratio)
     return optimizer_cls(groups, **dict(kwargs))
+
+
+class MethodOptimizerMixin:
+    """Mixed into the recipes' Trainers (before the Trainer class): `create_optimizer` builds the
+    optimizer a fine-tuning method needs, LoRA+'s parameter groups, and otherwise the Trainer's own.
+    Reads `self.finetuning_args`, set by the `finetuning_args=` argument or by the subclass."""
+
+    finetuning_args = None
+
+    def __init__(self, *args, finetuning_args=None, **kwargs):
+        if finetuning_args is not None:
+            self.finetuning_args = finetuning_args
+        super().__init__(*args, **kwargs)
+
+    def create_optimizer(self, model=None):
+        method = self.finetuning_args
+        if self.optimizer is None and method is not None and method.loraplus_lr_ratio is not None:
+            self.optimizer = create_loraplus_optimizer(model or self.model, self.args, method)
+        return super().create_optimizer(model)

@@ -181,3 +181,16 @@ def test_dora_on_a_4bit_base_starts_where_qlora_does(assets, tmp_path, monkeypat
     assert losses[1] != pytest.approx(GOLDEN_CASES["qlora_nf4"]["losses"][1], rel=1e-5)
     q_proj = model.get_base_model().model.layers[0].self_attn.q_proj
     assert type(q_proj.base_layer).__name__ == "Linear4bit" and "default" in q_proj.lora_magnitude_vector
+
+
+def test_every_recipe_trainer_builds_the_loraplus_optimizer():
+    """LLaMA-Factory's pt, sft, rm, dpo and kto trainers all take loraplus_lr_ratio (its create_custom_optimizer)."""
+    from lathe.llm.loraplus import MethodOptimizerMixin
+    from lathe.llm.preference.dpo import DPOTrainer
+    from lathe.llm.preference.kto import KTOTrainer
+    from lathe.llm.preference.reward import RewardTrainer
+    from lathe.llm.workflows.pt import PretrainTrainer
+    from lathe.llm.workflows.sft import SFTTrainer
+
+    for trainer in (PretrainTrainer, SFTTrainer, RewardTrainer, DPOTrainer, KTOTrainer):
+        assert issubclass(trainer, MethodOptimizerMixin), trainer

@@ -14,17 +14,27 @@ def _config(model_dir, **values):
 
 
 def _load(model_dir, is_trainable=True, **values):
+    from lathe.llm.templates import get_template_and_fix_tokenizer
+
     config = _config(model_dir, **values)
     tokenizer = load_tokenizer(config.model)
+    get_template_and_fix_tokenizer(tokenizer, config.data)
     return tokenizer, load_model(tokenizer, config.model, config.finetuning, is_trainable=is_trainable)
 
 
 def test_tokenizer_gets_eos_as_pad_and_right_padding(tiny_model_dir):
+    from lathe.llm.templates import get_template_and_fix_tokenizer
+
     config = _config(tiny_model_dir)
     tokenizer = load_tokenizer(config.model)
-    assert tokenizer.pad_token == tokenizer.eos_token == "</s>"
     assert tokenizer.padding_side == "right"
     assert tokenizer.model_max_length >= 2048
+    get_template_and_fix_tokenizer(tokenizer, config.data)
+    assert tokenizer.pad_token == tokenizer.eos_token == "</s>"
+    # The pad token is the template's EOS, chosen after the template replaced EOS (LLaMA-Factory's order).
+    tokenizer = load_tokenizer(_config(tiny_model_dir, template="chatml").model)
+    get_template_and_fix_tokenizer(tokenizer, _config(tiny_model_dir, template="chatml").data)
+    assert tokenizer.pad_token == tokenizer.eos_token == "<|im_end|>"
 
 
 def test_missing_folder_is_a_clear_error(tmp_path):

@@ -44,7 +44,9 @@ def fix_pad_token(tokenizer) -> None:
 
 
 def load_tokenizer(model_args: "ModelArguments"):
-    """The tokenizer of `model_name_or_path`, padding on the right, with a pad token and any added tokens."""
+    """The tokenizer of `model_name_or_path`, padding on the right, with any added tokens. The pad token
+    is chosen afterwards by the template (get_template_and_fix_tokenizer: EOS, after the template may
+    have replaced EOS), in LLaMA-Factory's order: chatml pads with <|im_end|>, not the original EOS."""
     from transformers import AutoTokenizer
 
     folder = _model_folder(model_args)
@@ -62,7 +64,6 @@ def load_tokenizer(model_args: "ModelArguments"):
         if tokens and tokenizer.add_tokens(tokens, special_tokens=special) > 0 and not model_args.resize_vocab:
             model_args.resize_vocab = True
             logger.info("Added tokens %s; the embeddings will be resized (resize_vocab).", ",".join(tokens))
-    fix_pad_token(tokenizer)
     return tokenizer
 
 

@@ -6,9 +6,9 @@ causal LM trained on every token.
 """
 from __future__ import annotations
 
+from lathe.llm.loraplus import MethodOptimizerMixin
 from lathe.llm.workflows.plan import format_plan, make_plan, print_once
 from lathe.llm.workflows.setup import (
-    MethodOptimizerMixin,
     checkpointing_for,
     evaluate_and_save,
     finish_training,

@@ -8,7 +8,7 @@ import os
 
 from lathe.llm.workflows.outputs import TrainerLogCallback, plot_loss, save_generation_config
 
-__all__ = ["resolve_resume_checkpoint", "make_callbacks", "MethodOptimizerMixin", "finish_training", "evaluate_and_save", "write_run_config"]
+__all__ = ["resolve_resume_checkpoint", "make_callbacks", "finish_training", "evaluate_and_save", "write_run_config"]
 
 logger = logging.getLogger(__name__)
 
@@ -51,23 +51,6 @@ def checkpointing_for(model, training_args) -> None:
         training_args.activation_checkpointing = training_args.gradient_checkpointing = False
 
 
-class MethodOptimizerMixin:
-    """Mixed into the recipes' Trainers (before the Trainer class): `create_optimizer` builds the
-    optimizer a fine-tuning method needs, LoRA+'s parameter groups, and otherwise the Trainer's own."""
-
-    def __init__(self, *args, finetuning_args=None, **kwargs):
-        self.finetuning_args = finetuning_args
-        super().__init__(*args, **kwargs)
-
-    def create_optimizer(self, model=None):
-        method = self.finetuning_args
-        if self.optimizer is None and method is not None and method.loraplus_lr_ratio is not None:
-            from lathe.llm.loraplus import create_loraplus_optimizer
-
-            self.optimizer = create_loraplus_optimizer(model or self.model, self.args, method)
-        return super().create_optimizer(model)
-
-
 def make_callbacks(config) -> list:
     """trainer_log.jsonl always; early stopping with early_stopping_steps; the PiSSA conversion with pissa_convert."""
     callbacks = [TrainerLogCallback()]
@@ -95,21 +78,22 @@ def write_run_config(config) -> str | None:
     return path
 
 
-def finish_training(trainer, config, train_result, eval_dataset) -> None:
+def finish_training(trainer, config, train_result, eval_dataset, train_keys=("loss",), eval_keys=("loss",)) -> None:
     """After train(): weights or adapter + tokenizer (save_model), generation_config.json with the
-    stop tokens, train_results.json / all_results.json, trainer_state.json, and the loss plots."""
+    stop tokens, train_results.json / all_results.json, trainer_state.json, and the plots of
+    `train_keys` and of the evaluation's `eval_keys` (LLaMA-Factory's choice per stage)."""
     trainer.save_model()
-    if trainer.is_world_process_zero():
+    if trainer.is_world_process_zero() and config.finetuning.stage != "rm":  # a reward model does not generate
         save_generation_config(trainer.model, config.training.output_dir)
     trainer.log_metrics("train", train_result.metrics)
     trainer.save_metrics("train", train_result.metrics)
     trainer.save_state()
     if trainer.is_world_process_zero() and config.finetuning.plot_loss:
-        keys = ["loss"]
+        keys = list(train_keys)
         if isinstance(eval_dataset, dict):  # eval_on_each_dataset: one curve per dataset
-            keys += [f"eval_{name}_loss" for name in eval_dataset]
+            keys += [f"eval_{name}_{key}" for name in eval_dataset for key in eval_keys]
         elif eval_dataset is not None:
-            keys.append("eval_loss")
+            keys += [f"eval_{key}" for key in eval_keys]
         plot_loss(config.training.output_dir, keys=tuple(keys))
 
 
