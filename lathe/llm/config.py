@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
 from lathe.llm.config_keys import SUPPORTED_FINETUNING_TYPES, SUPPORTED_STAGES
+from lathe.llm.config_methods import check_methods, check_quantization_bit, check_quantized_training, target_modules
 from lathe.llm.config_optim import OptimizerMethodArguments, validate_methods
 from lathe.llm.config_values import RawConfig, build_sections, check_keys, parse_overrides, split_commas
 
@@ -68,6 +70,17 @@ class ModelArguments:
     )
     print_param_status: bool = field(default=False, metadata=_help("Print every parameter's dtype, device and trainability."))
     trust_remote_code: bool = field(default=False, metadata=_help("Allow a model folder's own Python code to run."))
+    quantization_method: Literal["bnb", "hqq", "eetq"] = field(
+        default="bnb", metadata=_help("On-the-fly quantization of the base: bnb (bitsandbytes), hqq or eetq (GPU only).")
+    )
+    quantization_bit: int | None = field(
+        default=None, metadata=_help("Load the base quantized to this many bits (QLoRA): 4 or 8 for bnb; 1-8 for hqq; 8 for eetq.")
+    )
+    quantization_type: Literal["fp4", "nf4"] = field(default="nf4", metadata=_help("bnb 4-bit data type: nf4 or fp4."))
+    double_quantization: bool = field(default=True, metadata=_help("bnb 4-bit: quantize the quantization constants too."))
+    quantization_device_map: Literal["auto"] | None = field(
+        default=None, metadata=_help("auto: spread a 4-bit model over the devices for inference (not for training).")
+    )
 
     # Derived by parse_train_config; not settable from a config file.
     compute_dtype: str | None = field(default=None, init=False, metadata=_help("bfloat16/float16 from bf16/fp16/pure_bf16, else None."))
@@ -80,6 +93,7 @@ class ModelArguments:
         self.adapter_name_or_path = split_commas(self.adapter_name_or_path)
         self.add_tokens = split_commas(self.add_tokens)
         self.add_special_tokens = split_commas(self.add_special_tokens)
+        check_quantization_bit(self.quantization_method, self.quantization_bit)
 
 
 @dataclass
@@ -120,8 +134,10 @@ class DataArguments:
         self.eval_dataset = split_commas(self.eval_dataset)
         if self.cutoff_len <= 0:
             raise ValueError(f"cutoff_len must be a positive number of tokens, got {self.cutoff_len}")
-        if self.val_size < 0:
-            raise ValueError(f"val_size must be >= 0 (a fraction below 1 or a number of examples), got {self.val_size}")
+        if self.val_size < 0 or (self.val_size > 1 and self.val_size != int(self.val_size)):
+            # LLaMA-Factory would silently hold out int(1.5) = 1 example: a float above 1 is not a count.
+            raise ValueError(f"val_size must be a fraction below 1 (e.g. 0.1) or a whole number of examples "
+                             f"(e.g. 100), got {self.val_size}")
         if self.dataset is None and self.val_size > 1e-6:
             raise ValueError("val_size needs a training dataset to split: set dataset.")
         if self.eval_dataset is not None and self.val_size > 1e-6:
@@ -145,8 +161,13 @@ class FinetuningArguments(OptimizerMethodArguments):
 
     _argument_group_name = "finetuning"
 
-    stage: Literal["pt", "sft", "rm", "ppo", "dpo", "kto"] = field(default="sft", metadata=_help("Training stage: pt (pre-training) or sft."))
-    finetuning_type: Literal["lora", "oft", "freeze", "full"] = field(default="lora", metadata=_help("full, freeze or lora."))
+    stage: Literal["pt", "sft", "rm", "ppo", "dpo", "kto"] = field(
+        default="sft", metadata=_help("Training stage: pt (pre-training), sft, rm (reward model), dpo or kto (preference training).")
+    )
+    finetuning_type: Literal["lora", "oft", "freeze", "full"] = field(default="lora", metadata=_help("full, freeze, lora or oft."))
+    use_llama_pro: bool = field(
+        default=False, metadata=_help("freeze/lora: train only the blocks `lathe expand` added (LLaMA Pro); freeze_trainable_layers = how many.")
+    )
     freeze_trainable_layers: int = field(
         default=2, metadata=_help("freeze: train the last n hidden layers (n > 0) or the first -n (n < 0).")
     )
@@ -163,7 +184,22 @@ class FinetuningArguments(OptimizerMethodArguments):
     lora_dropout: float = field(default=0.0, metadata=_help("lora: dropout on the adapter input."))
     lora_rank: int = field(default=8, metadata=_help("lora: rank of the update matrices."))
     lora_target: str = field(
-        default="all", metadata=_help("lora: module names to adapt, comma separated; all = every linear layer but the output head.")
+        default="all",
+        metadata=_help("lora: module names to adapt, comma separated; all = every linear layer but the output head; "
+                       "or one regular expression matched against whole module paths (peft's rule)."),
+    )
+    loraplus_lr_ratio: float | None = field(default=None, metadata=_help("lora: LoRA+, learning rate of the B matrices = learning_rate x this."))
+    loraplus_lr_embedding: float = field(default=1e-6, metadata=_help("lora: LoRA+ learning rate of embedding adapters' B matrices."))
+    pissa_init: bool = field(default=False, metadata=_help("lora: initialise the adapter from the principal singular vectors (PiSSA)."))
+    pissa_iter: int = field(default=16, metadata=_help("lora: fast-SVD iterations for PiSSA; -1 = exact SVD."))
+    pissa_convert: bool = field(
+        default=False, metadata=_help("lora: also save the PiSSA adapter converted to a plain LoRA of the original base (pissa_converted/).")
+    )
+    module_dropout: float = field(default=0.0, metadata=_help("oft: probability of dropping a whole OFT block in training."))
+    oft_rank: int = field(default=0, metadata=_help("oft: number of OFT blocks (0: set by oft_block_size)."))
+    oft_block_size: int = field(default=32, metadata=_help("oft: size of each OFT block (0: set by oft_rank)."))
+    oft_target: str = field(
+        default="all", metadata=_help("oft: module names to adapt, comma separated; all = every linear layer but the output head.")
     )
     use_rslora: bool = field(default=False, metadata=_help("lora: rank-stabilised scaling alpha/sqrt(r)."))
     use_dora: bool = field(default=False, metadata=_help("lora: weight-decomposed LoRA (DoRA)."))
@@ -175,16 +211,40 @@ class FinetuningArguments(OptimizerMethodArguments):
         default=None, metadata=_help("Stop when metric_for_best_model has not improved for this many evaluations.")
     )
     plot_loss: bool = field(default=False, metadata=_help("Save training_loss.png (and training_eval_loss.png) in output_dir."))
+    # Preference training (dpo, kto); validated in lathe.llm.preference.settings.
+    pref_beta: float = field(default=0.1, metadata=_help("dpo/kto: beta, the strength of the pull towards the reference model."))
+    pref_ftx: float = field(default=0.0, metadata=_help("dpo/kto: weight of the SFT loss (chosen answers' mean token NLL) added to the preference loss."))
+    pref_bco_weight: float = field(default=0.0, metadata=_help("dpo: weight of the BCO loss mixed into the DPO loss."))
+    pref_loss: Literal["sigmoid", "hinge", "ipo", "kto_pair", "orpo", "simpo"] = field(
+        default="sigmoid", metadata=_help("dpo: the loss: sigmoid (DPO), hinge, ipo, orpo or simpo (orpo and simpo need no reference model).")
+    )
+    dpo_label_smoothing: float = field(default=0.0, metadata=_help("dpo sigmoid: label smoothing in [0, 0.5) (conservative DPO)."))
+    kto_chosen_weight: float = field(default=1.0, metadata=_help("kto: weight of the desirable examples' losses."))
+    kto_rejected_weight: float = field(default=1.0, metadata=_help("kto: weight of the undesirable examples' losses."))
+    simpo_gamma: float = field(default=0.5, metadata=_help("dpo simpo: the target reward margin."))
+    ref_model: str | None = field(default=None, metadata=_help("dpo/kto: folder of the reference model (default: the model being trained, before training)."))
+    ref_model_adapters: str | None = field(default=None, metadata=_help("dpo/kto: LoRA adapter folder(s) merged into ref_model, comma separated."))
+    ld_alpha: float | None = field(default=None, metadata=_help("dpo: LD-DPO weight of the response tokens past the shorter answer's length."))
+
+    # Derived in __post_init__; not settable from a config file.
+    use_ref_model: bool = field(default=False, init=False, metadata=_help("dpo with a loss that compares against a reference model."))
 
     def __post_init__(self):
+        from lathe.llm.preference.settings import check_preference_arguments
+
+        self.ref_model_adapters = split_commas(self.ref_model_adapters)
+        self.use_ref_model = self.stage == "dpo" and self.pref_loss not in ("orpo", "simpo")
+        check_preference_arguments(self)
         self.freeze_trainable_modules = split_commas(self.freeze_trainable_modules)
         self.freeze_extra_modules = split_commas(self.freeze_extra_modules)
         self.additional_target = split_commas(self.additional_target)
-        self.lora_target = split_commas(self.lora_target)
+        self.lora_target = target_modules(self.lora_target, "lora_target")
+        self.oft_target = target_modules(self.oft_target, "oft_target")
         if self.lora_rank <= 0:
             raise ValueError(f"lora_rank must be a positive integer, got {self.lora_rank}")
         self.lora_alpha = self.lora_alpha or self.lora_rank * 2
-        self.check_methods()
+        check_methods(self)
+        self.check_optimizer_keys()
 
 
 @dataclass
@@ -298,7 +358,7 @@ def parse_train_config(source: str | Path | dict, overrides: list[str] | tuple[s
 def _check_stage(raw: dict[str, Any], origin) -> None:
     stage = raw.get("stage", "sft")
     if stage not in SUPPORTED_STAGES:
-        raise ValueError(f"stage {stage!r}{origin('stage')} is not supported yet; lathe trains {' and '.join(SUPPORTED_STAGES)}.")
+        raise ValueError(f"stage {stage!r}{origin('stage')} is not supported yet; lathe trains {', '.join(SUPPORTED_STAGES)}.")
     method = raw.get("finetuning_type", "lora")
     if method not in SUPPORTED_FINETUNING_TYPES:
         raise ValueError(
@@ -318,7 +378,7 @@ def _fill_training_defaults(raw: dict[str, Any]) -> None:
     raw["remove_unused_columns"] = False
     if raw.get("early_stopping_steps") is not None and raw.get("metric_for_best_model") is None:
         raw["metric_for_best_model"] = "eval_loss"  # what early stopping watches unless told otherwise
-    if raw.get("finetuning_type", "lora") == "lora" and not raw.get("label_names"):
+    if raw.get("finetuning_type", "lora") in ("lora", "oft") and not raw.get("label_names"):
         raw["label_names"] = ["labels"]  # a PeftModel's forward hides `labels` from signature inspection
 
 
@@ -345,6 +405,16 @@ def _resolve(config: TrainConfig) -> None:
         training.activation_checkpointing_kwargs = training.gradient_checkpointing_kwargs = kwargs
 
 
+def _check_output_dir(output_dir: str, where: str) -> None:
+    """output_dir is a folder, or can become one: neither it nor a folder above it is an existing file."""
+    path = os.path.abspath(output_dir)
+    while not os.path.exists(path) and os.path.dirname(path) != path:
+        path = os.path.dirname(path)
+    if os.path.exists(path) and not os.path.isdir(path):
+        what = "is an existing file" if path == os.path.abspath(output_dir) else f"is inside {path}, which is a file"
+        raise ValueError(f"output_dir {output_dir!r}{where} {what}; it must be a folder (new or existing).")
+
+
 def _validate(config: TrainConfig, where: str) -> None:
     """Checks across sections, in LLaMA-Factory's order, with the fix in the message."""
     model, data, training, finetuning = config.model, config.data, config.training, config.finetuning
@@ -359,14 +429,24 @@ def _validate(config: TrainConfig, where: str) -> None:
         raise ValueError(
             f"do_predict{where} writes generated_predictions.jsonl and needs predict_with_generate: true."
         )
+    if finetuning.stage in ("rm", "dpo", "kto") and data.packing:
+        raise ValueError(f"packing{where} applies to stages pt and sft; stage {finetuning.stage} keeps one example per row.")
+    if finetuning.stage in ("dpo", "kto") and training.do_predict:
+        raise ValueError(f"do_predict{where} is not read by stage {finetuning.stage}: predictions are written for stage sft (generated answers) and rm (scores).")
+    if finetuning.stage == "rm" and training.load_best_model_at_end:
+        raise ValueError(f"load_best_model_at_end{where} is not supported for stage rm (as in LLaMA-Factory).")
     if training.do_train and not data.dataset:
         raise ValueError(f"dataset{where} is required for training: name(s) from {data.dataset_dir}/dataset_info.json.")
-    if (training.do_eval or training.do_predict or training.predict_with_generate) and not data.eval_dataset and data.val_size < 1e-6:
+    _check_output_dir(training.output_dir, where)
+    asked = [name for name in ("do_eval", "do_predict", "predict_with_generate") if getattr(training, name)]
+    if asked and not data.eval_dataset and data.val_size < 1e-6:
         raise ValueError(
-            f"Evaluation or prediction{where} needs data: set eval_dataset, or val_size to hold out part of the training data."
+            f"{' and '.join(asked)}{where}: evaluation or prediction needs data: set eval_dataset, or val_size to hold "
+            f"out part of the training data."
         )
-    if model.adapter_name_or_path is not None and finetuning.finetuning_type != "lora":
-        raise ValueError(f"adapter_name_or_path{where} needs finetuning_type: lora (got {finetuning.finetuning_type!r}).")
+    if model.adapter_name_or_path is not None and finetuning.finetuning_type not in ("lora", "oft"):
+        raise ValueError(f"adapter_name_or_path{where} needs finetuning_type: lora or oft (got {finetuning.finetuning_type!r}).")
+    check_quantized_training(model, finetuning, training, where)
     if training.fp16 and finetuning.pure_bf16:
         raise ValueError(f"fp16 and pure_bf16{where} contradict each other.")
     validate_methods(config, where)

@@ -27,10 +27,6 @@ UNSUPPORTED_BY_FEATURE: dict[str, dict[str, object]] = {
         "vllm_config": None, "sglang_maxlen": 4096, "sglang_mem_fraction": 0.7, "sglang_tp_size": -1,
         "sglang_config": None, "sglang_lora_backend": "triton",
     },
-    "quantization": {
-        "quantization_method": "bnb", "quantization_bit": None, "quantization_type": "nf4",
-        "double_quantization": True, "quantization_device_map": None,
-    },
     "export (in `lathe train`)": {
         "export_dir": None, "export_size": 5, "export_device": "cpu", "export_quantization_bit": None,
         "export_quantization_dataset": None, "export_quantization_nsamples": 128,
@@ -39,19 +35,11 @@ UNSUPPORTED_BY_FEATURE: dict[str, dict[str, object]] = {
     "dataset streaming and shared-file-system preprocessing": {
         "streaming": False, "buffer_size": 16384, "data_shared_file_system": False,
     },
-    "LoRA variants (LoRA+, PiSSA) and OFT": {
-        "loraplus_lr_ratio": None, "loraplus_lr_embedding": 1e-6, "pissa_init": False, "pissa_iter": 16,
-        "pissa_convert": False, "module_dropout": 0.0, "oft_rank": 0, "oft_block_size": 32, "oft_target": "all",
-    },
-    "preference and reinforcement stages (rm, ppo, dpo, kto)": {
-        "pref_beta": 0.1, "pref_ftx": 0.0, "pref_bco_weight": 0.0, "pref_loss": "sigmoid",
-        "dpo_label_smoothing": 0.0, "kto_chosen_weight": 1.0, "kto_rejected_weight": 1.0, "simpo_gamma": 0.5,
+    "PPO (reinforcement learning with a reward model) and quantized reference models": {
         "ppo_buffer_size": 1, "ppo_epochs": 4, "ppo_score_norm": False, "ppo_target": 6.0,
-        "ppo_whiten_rewards": False, "ref_model": None, "ref_model_adapters": None,
-        "ref_model_quantization_bit": None, "reward_model": None, "reward_model_adapters": None,
-        "reward_model_quantization_bit": None, "reward_model_type": "lora", "ld_alpha": None,
+        "ppo_whiten_rewards": False, "ref_model_quantization_bit": None, "reward_model": None,
+        "reward_model_adapters": None, "reward_model_quantization_bit": None, "reward_model_type": "lora",
     },
-    "LLaMA Pro block expansion": {"use_llama_pro": False},
     "other training settings (accelerate config, parallelism config, JIT checkpoints, debug)": {
         "accelerator_config": None, "parallelism_config": None, "enable_jit_checkpoint": False, "debug": "",
     },
@@ -78,8 +66,8 @@ UNSUPPORTED_KEYS: dict[str, tuple[str, object]] = {
     key: (feature, default) for feature, keys in UNSUPPORTED_BY_FEATURE.items() for key, default in keys.items()
 }
 
-SUPPORTED_STAGES = ("pt", "sft")
-SUPPORTED_FINETUNING_TYPES = ("full", "freeze", "lora")
+SUPPORTED_STAGES = ("pt", "sft", "rm", "dpo", "kto")
+SUPPORTED_FINETUNING_TYPES = ("full", "freeze", "lora", "oft")
 
 
 # ----------------------------------------------------------------------------------------------

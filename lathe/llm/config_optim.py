@@ -23,7 +23,7 @@ def _help(text: str) -> dict:
 
 @dataclass
 class OptimizerMethodArguments:
-    """The optimizer and loss keys; `check_methods` runs from FinetuningArguments.__post_init__."""
+    """The optimizer and loss keys; `check_optimizer_keys` runs from FinetuningArguments.__post_init__."""
 
     use_galore: bool = field(default=False, metadata=_help("GaLore: project the gradients of linear weights to a low rank."))
     galore_target: str = field(default="all", metadata=_help("GaLore: module names (comma separated), or all linear layers."))
@@ -60,7 +60,7 @@ class OptimizerMethodArguments:
     use_eaft_loss: bool = field(default=False, metadata=_help("EAFT: each token's loss weighted by (top-20 entropy / 3) ** eaft_alpha."))
     eaft_alpha: float = field(default=1.0, metadata=_help("EAFT: power of the entropy weight."))
 
-    def check_methods(self) -> None:
+    def check_optimizer_keys(self) -> None:
         """Checks within the section (LLaMA-Factory's, plus one error instead of each silent drop)."""
         self.galore_target = split_commas(self.galore_target)
         self.apollo_target = split_commas(self.apollo_target)

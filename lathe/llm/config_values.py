@@ -203,7 +203,9 @@ def coerce_value(key: str, value: Any, hint: Any, from_command_line: bool) -> An
     ValueError naming the key when it cannot be."""
     members, nullable = _members(hint)
     if value is None:
-        return None
+        if nullable or not members or any(m is Any for m in members):
+            return None
+        raise ValueError(f"{key}: expected {_expected(members)}, got null (leave the key out for its default)")
     if isinstance(value, str) and nullable and value in NULL_WORDS and (from_command_line or str not in members):
         return None
     if key in STRATEGY_KEYS and value is False:
@@ -231,4 +233,25 @@ def coerce_value(key: str, value: Any, hint: Any, from_command_line: bool) -> An
     is_list = any(m is list or typing.get_origin(m) is list for m in members)
     if from_command_line and isinstance(value, str) and is_list and str not in members:
         return split_commas(value)
+    if not _fits(value, members):
+        raise ValueError(f"{key}: expected {_expected(members)}, got {value!r}")
     return value
+
+
+def _fits(value: Any, members: list[Any]) -> bool:
+    """Whether `value` has one of the member types (containers by their outer type; Any takes anything)."""
+    for member in members:
+        origin = typing.get_origin(member) or member
+        if member is Any or origin is Literal:
+            return True
+        if isinstance(origin, type) and isinstance(value, origin) and not (isinstance(value, bool) and origin is not bool):
+            return True
+    return False
+
+
+def _expected(members: list[Any]) -> str:
+    names = {str: "a string", bool: "true or false", int: "an integer", float: "a number", list: "a list",
+             dict: "a mapping"}
+    described = [names.get(typing.get_origin(member) or member, getattr(member, "__name__", str(member)))
+                 for member in members]
+    return " or ".join(dict.fromkeys(described))

@@ -40,6 +40,7 @@ class ExportReport:
     merge_error: float | None  # max |merged - base+adapter| over the probes (relative to the logits' scale)
     change_from_base: float | None  # max |merged - base| over the probes
     reload_error: float  # max |exported folder - merged model|, in the export dtype
+    dequantized: str | None = None  # the quantization the base was loaded with and dequantized from (quantization_bit)
 
 
 def export_command(config_path, overrides: list[str]) -> ExportReport:
@@ -64,6 +65,7 @@ def export_model(config) -> ExportReport:
 
     # Float32 for the merge: merging a low-rank update into half-precision weights rounds it away.
     model, tokenizer, template = load_for_inference(config, dtype="float32", with_adapters=False)
+    model, dequantized = _dequantized(model, config.model)
     model.to(device)
     probes = _probe_inputs(tokenizer, template, device)
     merge_error = change = None
@@ -75,9 +77,34 @@ def export_model(config) -> ExportReport:
     model = model.to(dtype)
     model.config.dtype = dtype
     _write(model, tokenizer, template, export_dir, config.export.export_size, config.data.template)
+    if config.finetuning.stage == "rm":
+        _copy_value_head(config.model, export_dir)
     reload_error = _check_reloaded(export_dir, probes, merged_logits, dtype, device)
     shards, size = _shard_facts(export_dir)
-    return ExportReport(export_dir, str(dtype).replace("torch.", ""), shards, size, adapters, merge_error, change, reload_error)
+    return ExportReport(export_dir, str(dtype).replace("torch.", ""), shards, size, adapters, merge_error, change, reload_error,
+                        dequantized)
+
+
+def _dequantized(model, model_args):
+    """A base loaded quantized (quantization_bit, or a pre-quantized checkpoint) as plain float32 layers holding
+    the dequantized weights: the weights a QLoRA adapter was trained on, so the merge is exactly what was
+    trained. (Without quantization_bit, an adapter merges into the checkpoint's full-precision weights,
+    as in LLaMA-Factory; they differ from the trained base by the quantization error.)"""
+    import torch
+
+    from lathe.llm.model.quantization import dequantize, is_quantized
+
+    if not is_quantized(model):
+        return model, None
+    method = getattr(model, "quantization_method", None)
+    described = f"{model_args.quantization_bit}-bit {model_args.quantization_method}" if model_args.quantization_bit else str(method)
+    try:
+        model = dequantize(model, torch.float32)
+    except (NotImplementedError, ValueError, AttributeError) as error:
+        raise ValueError(f"This {described} model cannot be dequantized for export ({error}): export from the "
+                         "full-precision base instead (without quantization_bit).") from error
+    logger.info("Merging into the dequantized %s base.", described)
+    return model, described
 
 
 def _export_device(name: str):
@@ -165,6 +192,21 @@ def _export_dtype(model_args, model):
     return saved if isinstance(saved, torch.dtype) else torch.float32
 
 
+def _copy_value_head(model_args, export_dir: str) -> None:
+    """A reward model's value_head.safetensors, from the last adapter folder or else the model folder
+    (LLaMA-Factory's export with stage: rm does the same)."""
+    import shutil
+
+    from lathe.llm.model.value_head import VALUE_HEAD_FILE
+
+    source = (model_args.adapter_name_or_path or [model_args.model_name_or_path])[-1]
+    path = os.path.join(source, VALUE_HEAD_FILE)
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"stage: rm, but {source} has no {VALUE_HEAD_FILE}: it is not a reward model's output.")
+    shutil.copy(path, os.path.join(export_dir, VALUE_HEAD_FILE))
+    logger.info("Copied the value head to %s", export_dir)
+
+
 def _write(model, tokenizer, template, export_dir: str, export_size: float, template_name) -> None:
     from lathe.llm.workflows.outputs import set_stop_tokens
 
@@ -209,6 +251,8 @@ def _shard_facts(export_dir: str) -> tuple[int, int]:
 
 def format_report(report: ExportReport) -> str:
     lines = [f"Exported to {report.export_dir}: {report.shards} safetensors shard(s), {report.bytes / 1e6:,.1f} MB, {report.dtype}"]
+    if report.dequantized:
+        lines.append(f"  base            dequantized from {report.dequantized} (the weights the adapter was trained on)")
     if report.merged_adapters:
         lines.append(f"  merged          {', '.join(report.merged_adapters)}")
         lines.append(f"  merge check     merged = base + adapter within {report.merge_error:.1e} (relative); "

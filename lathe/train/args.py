@@ -46,8 +46,9 @@ def _deprecated(replacement: str | None, text: str) -> dict:
 class TrainingArguments(FluentSetters):
     """The options of `Trainer`, with transformers 5.23's names and defaults.
 
-    Validation happens once, in `__post_init__` (see `args_validation`): strategy fields become
-    enums, defaults that depend on other fields are filled in (`eval_steps`, `metric_for_best_model`,
+    Validation happens once, in `__post_init__` (see `args_validation`): numeric and boolean fields
+    hold their type (strings converted as HfArgumentParser converts them, see `args_types`), strategy
+    fields become enums, defaults that depend on other fields are filled in (`eval_steps`, `metric_for_best_model`,
     `greater_is_better`, `report_to`), and contradictory settings raise a ValueError naming the
     field. Device and rank properties never change the process: `lathe.train.runtime` acts on them.
     """

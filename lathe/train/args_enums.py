@@ -28,7 +28,7 @@ def to_enum(enum_cls: type[ExplicitEnum], value, field_name: str) -> ExplicitEnu
     """Convert `value` to `enum_cls`, or raise a ValueError naming the field and the allowed values."""
     try:
         return enum_cls(value)
-    except ValueError:
+    except (ValueError, TypeError):  # TypeError: an unhashable value such as a list
         raise ValueError(
             f"{field_name}={value!r} is not valid; choose one of {enum_cls.values()}"
         ) from None

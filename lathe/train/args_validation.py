@@ -2,11 +2,13 @@
 import importlib.util
 import json
 import logging
+import math
 import os
 import sys
 import warnings
 from dataclasses import MISSING, fields
 
+from lathe.train.args_types import coerce_field_types
 from lathe.train.args_enums import IntervalStrategy, OptimizerNames, SaveStrategy, SchedulerType, to_enum
 
 # Python logging levels by name; "passive" (-1) leaves the level the application set.
@@ -39,7 +41,11 @@ def normalize_and_validate(args) -> None:
     `dataclasses.replace(args, ...)` and `TrainingArguments(**args.to_dict())` give equal objects."""
     if args.output_dir is None:
         args.output_dir = "trainer_output"
+    if not isinstance(args.output_dir, (str, os.PathLike)):
+        raise TypeError(f"output_dir must be a path (str), got {args.output_dir!r} ({type(args.output_dir).__name__})")
     args.output_dir = os.path.expanduser(args.output_dir)
+    check_output_dir(args.output_dir)
+    coerce_field_types(args)
     if args.push_to_hub:
         raise ValueError("push_to_hub=True is not supported: lathe works offline. Copy output_dir to the Hub yourself.")
 
@@ -228,7 +234,7 @@ def _check_choice(args, name: str, choices, optional: bool = False) -> None:
     value = getattr(args, name)
     if optional and value is None:
         return
-    if value not in choices:
+    if not isinstance(value, (str, int, float, bool, type(None))) or value not in choices:
         raise ValueError(f"{name}={value!r} is not valid; choose one of {list(choices)}")
 
 
@@ -262,6 +268,7 @@ def fill_dependent_defaults(args) -> None:
     if args.eval_strategy == IntervalStrategy.STEPS and not args.eval_steps:
         if not args.logging_steps or args.logging_steps <= 0:
             raise ValueError("eval_strategy='steps' needs a positive eval_steps (or logging_steps to default from).")
+        logging.getLogger("lathe.train.args").info("eval_steps is unset: using logging_steps=%s.", args.logging_steps)
         args.eval_steps = args.logging_steps
 
     needs_metric = args.load_best_model_at_end or args.lr_scheduler_type in (
@@ -316,10 +323,21 @@ def check_training_length(args) -> None:
         raise ValueError(f"torch_empty_cache_steps must be a positive integer or None, got {args.torch_empty_cache_steps}")
 
 
+def check_output_dir(output_dir: str) -> None:
+    """Also called when training starts: the file may appear after the arguments were made."""
+    if os.path.exists(output_dir) and not os.path.isdir(output_dir):
+        raise ValueError(f"output_dir={output_dir!r} is an existing file, not a folder: checkpoints and results "
+                         "go into a folder there. Choose another output_dir, or move the file away.")
+
+
 def check_step_intervals(args) -> None:
     """logging/eval/save steps: a whole number of steps (10.0 becomes 10), or a fraction in (0, 1)."""
     if args.logging_strategy == IntervalStrategy.STEPS and args.logging_steps == 0:
         raise ValueError("logging_strategy='steps' needs a non-zero logging_steps.")
+    # transformers accepts save_steps=0 and then never saves; a save strategy that saves nothing is an error here.
+    if args.save_strategy == SaveStrategy.STEPS and args.save_steps == 0:
+        raise ValueError("save_strategy='steps' needs a positive save_steps (0 would never save); "
+                         "set save_strategy='no' to save no checkpoints.")
     for strategy, name in (
         (args.logging_strategy, "logging_steps"),
         (args.eval_strategy, "eval_steps"),
@@ -335,7 +353,7 @@ def check_step_intervals(args) -> None:
 
 
 def _whole_steps(name: str, value) -> int:
-    if value != int(value):
+    if not math.isfinite(value) or value != int(value):
         raise ValueError(f"{name} must be a whole number when >= 1 (below 1 it is a fraction of all steps), got {value}")
     return int(value)
 

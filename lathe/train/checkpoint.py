@@ -1,5 +1,6 @@
 """checkpoint-N folders: the transformers layout, written atomically (staging folder, fsync, one
-rename), found again (skipping incomplete ones), rotated, and loaded safely."""
+rename), checked for completeness and found again (skipping incomplete ones). Rotation is
+lathe.train.rotation; reading the files safely, lathe.train.loading."""
 from __future__ import annotations
 
 import json
@@ -8,9 +9,6 @@ import os
 import re
 import shutil
 from contextlib import contextmanager
-
-import numpy as np
-import torch
 
 logger = logging.getLogger(__name__)
 
@@ -29,8 +27,18 @@ WEIGHTS_INDEX_NAME = "model.safetensors.index.json"
 ADAPTER_WEIGHTS_NAME = "adapter_model.safetensors"
 
 
+class CheckpointFileError(ValueError):
+    """A checkpoint file lathe cannot use; the message names the file and says what is wrong."""
+
+
 def checkpoint_path(output_dir: str, step: int) -> str:
     return os.path.join(output_dir, f"{PREFIX_CHECKPOINT_DIR}-{step}")
+
+
+def step_in_name(path: str) -> int | None:
+    """N of a path named checkpoint-N, else None."""
+    match = CHECKPOINT_PATTERN.match(os.path.basename(os.path.normpath(path)))
+    return int(match.group(1)) if match else None
 
 
 def _fsync_tree(folder: str) -> None:
@@ -70,14 +78,19 @@ def _fsync_dir(folder: str) -> None:
         os.close(fd)
 
 
-def _write_manifest(folder: str) -> None:
+def _write_manifest(folder: str, step: int | None = None) -> None:
+    """Every file's size, and the step the checkpoint holds: rotation deletes only folders whose
+    manifest proves lathe wrote them as the checkpoint-N they are named (lathe.train.rotation)."""
     files = {}
     for root, _dirs, names in os.walk(folder):
         for name in names:
             path = os.path.join(root, name)
             files[os.path.relpath(path, folder)] = os.path.getsize(path)
+    manifest = {"format": 1, "complete": True, "files": files}
+    if step is not None:
+        manifest["step"] = step
     with open(os.path.join(folder, MANIFEST_NAME), "w", encoding="utf-8") as f:
-        json.dump({"format": 1, "complete": True, "files": files}, f, indent=2, sort_keys=True)
+        json.dump(manifest, f, indent=2, sort_keys=True)
 
 
 def staging_path(final_path: str) -> str:
@@ -105,8 +118,10 @@ def begin_staging(final_path: str) -> str:
 def commit_staging(staging: str, final_path: str) -> None:
     """Write the manifest, flush everything to disk, then publish with one rename."""
     parent = os.path.dirname(os.path.abspath(final_path))
-    _write_manifest(staging)
+    _write_manifest(staging, step_in_name(final_path))
     _fsync_tree(staging)
+    if os.path.lexists(final_path) and (os.path.islink(final_path) or not os.path.isfile(os.path.join(final_path, MANIFEST_NAME))):
+        _move_aside(final_path)  # not lathe's to delete: a link, or a folder of transformers' or a person's
     if os.path.exists(final_path):
         # Saving the same step twice (e.g. a step save and an epoch save): move the old one aside
         # first; a crash in between leaves it there as a staging leftover, ignored and cleaned.
@@ -119,6 +134,16 @@ def commit_staging(staging: str, final_path: str) -> None:
     else:
         os.rename(staging, final_path)
     _fsync_dir(parent)
+
+
+def _move_aside(path: str) -> None:
+    """Rename `path` to `<path>.replaced-K` (a name no lookup matches) rather than delete it."""
+    number = 1
+    while os.path.lexists(f"{path}.replaced-{number}"):
+        number += 1
+    os.rename(path, f"{path}.replaced-{number}")
+    logger.warning("%s was in the way of the checkpoint being saved and was not written by lathe, so it was moved to %s, "
+                   "not deleted.", path, f"{path}.replaced-{number}")
 
 
 def publish_staging(staging: str, final_path: str, write=None) -> None:
@@ -173,15 +198,14 @@ def atomic_checkpoint(final_path: str, is_main_process: bool = True, barrier=Non
     wait()  # nobody reads the new checkpoint (or rotates) before it is published
 
 
-def explain_save_error(error: BaseException, final_path: str) -> BaseException:
-    """The error to raise for a failed save: it names the checkpoint, says earlier ones are intact,
-    and points at disk space and permissions (an OSError keeps its errno)."""
+def explain_save_error(error: BaseException, final_path: str, summary: str | None = None) -> BaseException:
+    """The error to raise for a failed save: it names the checkpoint (or says `summary`), says
+    earlier ones are intact, and points at disk space and permissions (an OSError keeps its errno).
+    Raised `from error`, so lathe's message is what the traceback ends with."""
     if not isinstance(error, Exception):
         return error  # KeyboardInterrupt, SystemExit: nothing to explain
-    hint = (
-        f"Saving checkpoint {final_path!r} failed; earlier checkpoints are intact. "
-        f"Check free disk space ({_free_space(final_path)}) and that the output folder is writable."
-    )
+    summary = summary or f"Saving checkpoint {final_path!r} failed; earlier checkpoints are intact."
+    hint = f"{summary} Check free disk space ({_free_space(final_path)}) and that the output folder is writable."
     if isinstance(error, OSError):
         return _os_error(error, f"{hint} Cause: {error}")
     # torch.save reports a write that failed (full disk) as RuntimeError("[enforce fail at
@@ -207,29 +231,48 @@ def _free_space(path: str) -> str:
 
 
 def is_complete_checkpoint(folder: str) -> bool:
-    """lathe checkpoints carry a manifest of file sizes; checkpoints written by transformers do not,
-    so for those the trainer state and some model weights must exist and be non-empty."""
+    return checkpoint_problem(folder) is None
+
+
+def checkpoint_problem(folder: str) -> str | None:
+    """What makes `folder` unusable as a checkpoint, or None when it is complete. lathe checkpoints
+    carry a manifest of file sizes; checkpoints written by transformers do not, so for those the
+    trainer state must be JSON and some model weights must exist, at their full length."""
     manifest = os.path.join(folder, MANIFEST_NAME)
     if os.path.isfile(manifest):
-        try:
-            with open(manifest, encoding="utf-8") as f:
-                files = json.load(f)["files"]
-            return all(os.path.getsize(os.path.join(folder, name)) == size for name, size in files.items())
-        except (OSError, ValueError, KeyError):
-            return False
+        return _manifest_problem(folder, manifest)
     state = os.path.join(folder, TRAINER_STATE_NAME)
     if not os.path.isfile(state) or os.path.getsize(state) == 0:
-        return False
+        return f"{TRAINER_STATE_NAME} is {'empty' if os.path.isfile(state) else 'missing'}"
     try:
         with open(state, encoding="utf-8") as f:
             json.load(f)
-    except ValueError:
-        return False
+    except (OSError, ValueError) as error:
+        return f"{TRAINER_STATE_NAME} is not valid JSON ({error})"
     weights = [name for name in (WEIGHTS_NAME, WEIGHTS_INDEX_NAME, ADAPTER_WEIGHTS_NAME, "pytorch_model.bin")
                if os.path.isfile(os.path.join(folder, name)) and os.path.getsize(os.path.join(folder, name)) > 0]
+    if not weights:
+        return f"it has no model weights ({WEIGHTS_NAME}, {WEIGHTS_INDEX_NAME} or {ADAPTER_WEIGHTS_NAME})"
     # A transformers process killed while writing leaves truncated safetensors files, which
     # resume would then fail on ("SafetensorError: header too small"): check their lengths.
-    return bool(weights) and all(_safetensors_files_complete(folder, name) for name in weights)
+    truncated = [name for name in weights if not _safetensors_files_complete(folder, name)]
+    return f"{truncated[0]} is truncated or corrupt" if truncated else None
+
+
+def _manifest_problem(folder: str, manifest: str) -> str | None:
+    try:
+        with open(manifest, encoding="utf-8") as f:
+            files = json.load(f)["files"]
+        sizes = [(str(name), int(size)) for name, size in files.items()]
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as error:
+        return f"its {MANIFEST_NAME} is unreadable ({error!r})"
+    for name, size in sizes:
+        path = os.path.join(folder, name)
+        if not os.path.isfile(path):
+            return f"{name} is missing"
+        if os.path.getsize(path) != size:
+            return f"{name} has {os.path.getsize(path)} bytes, {MANIFEST_NAME} says {size}"
+    return None
 
 
 def _safetensors_files_complete(folder: str, name: str) -> bool:
@@ -237,9 +280,9 @@ def _safetensors_files_complete(folder: str, name: str) -> bool:
         try:
             with open(os.path.join(folder, name), encoding="utf-8") as f:
                 shards = set(json.load(f)["weight_map"].values())
-        except (OSError, ValueError, KeyError, AttributeError):
+        except (OSError, ValueError, KeyError, AttributeError, TypeError):
             return False
-        return all(_safetensors_file_complete(os.path.join(folder, shard)) for shard in shards)
+        return all(isinstance(shard, str) and _safetensors_file_complete(os.path.join(folder, shard)) for shard in shards)
     return not name.endswith(".safetensors") or _safetensors_file_complete(os.path.join(folder, name))
 
 
@@ -255,91 +298,72 @@ def _safetensors_file_complete(path: str) -> bool:
             header = json.loads(f.read(header_length))
         data_end = max((entry["data_offsets"][1] for key, entry in header.items() if key != "__metadata__"), default=0)
         return size >= 8 + header_length + data_end
-    except (OSError, ValueError, KeyError, TypeError, IndexError):
+    except (OSError, ValueError, KeyError, TypeError, IndexError, AttributeError):
         return False
 
 
-def sorted_checkpoints(output_dir: str) -> list[str]:
-    """checkpoint-N folders of output_dir, oldest step first (complete or not)."""
-    if not os.path.isdir(output_dir):
-        return []
-    found = []
-    for name in os.listdir(output_dir):
-        match = CHECKPOINT_PATTERN.match(name)
-        path = os.path.join(output_dir, name)
-        if match and os.path.isdir(path):
-            found.append((int(match.group(1)), path))
-    return [path for _step, path in sorted(found)]
-
-
-def get_last_checkpoint(folder: str) -> str | None:
-    """The newest *complete* checkpoint-N in `folder`; incomplete or corrupt ones are skipped with
-    a warning (transformers would return them and crash on resume)."""
-    for path in reversed(sorted_checkpoints(folder)):
-        if is_complete_checkpoint(path):
-            return path
-        logger.warning("Skipping incomplete or corrupt checkpoint %s (interrupted while saving?).", path)
+def checkpoint_step(folder: str) -> int | None:
+    """The step a checkpoint holds: its manifest's "step", else its trainer_state.json's global_step
+    (checkpoints of transformers and of older lathe versions); None when neither says."""
+    for name, key in ((MANIFEST_NAME, "step"), (TRAINER_STATE_NAME, "global_step")):
+        try:
+            with open(os.path.join(folder, name), encoding="utf-8") as f:
+                step = json.load(f).get(key)
+        except (OSError, ValueError, AttributeError):
+            continue
+        if isinstance(step, int) and not isinstance(step, bool):
+            return step
     return None
 
 
-def rotate_checkpoints(output_dir: str, save_total_limit: int | None, best_model_checkpoint: str | None) -> list[str]:
-    """Delete the oldest checkpoints beyond save_total_limit, never the best one (transformers'
-    rule: the best is kept, and with a limit of 1 and a distinct best, 2 remain so the newest can
-    still resume). Returns the deleted paths. Call only after the newest save is committed."""
-    if not save_total_limit or save_total_limit <= 0:
+def numbered_entries(output_dir: str) -> list[tuple[int, str]]:
+    """(N, path) of every entry of output_dir named checkpoint-N, whatever it is (folder, symbolic
+    link, file), lowest N first."""
+    if not os.path.isdir(output_dir):
         return []
-    checkpoints = sorted_checkpoints(output_dir)
-    best = os.path.abspath(best_model_checkpoint) if best_model_checkpoint else None
-    absolute = [os.path.abspath(p) for p in checkpoints]
-    limit = save_total_limit
-    if best in absolute:
-        # Keep the best by moving it just before the newest, so it falls inside the kept tail.
-        index = absolute.index(best)
-        if index < len(checkpoints) - 1:
-            checkpoints.insert(len(checkpoints) - 2, checkpoints.pop(index))
-        if save_total_limit == 1 and absolute[-1] != best:
-            limit = 2  # keep the newest too, so the run can still resume
-    to_delete = checkpoints[: max(0, len(checkpoints) - limit)]
-    for path in to_delete:
-        logger.info("Deleting older checkpoint %s (save_total_limit=%s).", path, save_total_limit)
-        delete_checkpoint(path)
-    return to_delete
+    found = [(step_in_name(name), os.path.join(output_dir, name)) for name in os.listdir(output_dir)]
+    return sorted((step, path) for step, path in found if step is not None)
 
 
-def delete_checkpoint(path: str) -> None:
-    """Rename out of the checkpoint-N namespace first, then delete: a process killed during the
-    (non-atomic) rmtree leaves a staging leftover, never a half-deleted checkpoint-N folder."""
-    trash = os.path.join(os.path.dirname(os.path.abspath(path)), STAGING_PREFIX + "deleting-" + os.path.basename(path))
-    try:
-        if os.path.exists(trash):
-            shutil.rmtree(trash)
-        os.rename(path, trash)
-    except OSError:
-        trash = path  # cannot rename (e.g. the filesystem refuses): delete in place as before
-    shutil.rmtree(trash, ignore_errors=True)
+def sorted_checkpoints(output_dir: str) -> list[str]:
+    """checkpoint-N folders of output_dir, oldest step first (complete or not); symbolic links are
+    not folders of output_dir and are left out."""
+    return [path for _step, path in numbered_entries(output_dir) if os.path.isdir(path) and not os.path.islink(path)]
+
+
+def get_last_checkpoint(folder: str) -> str | None:
+    """The newest *complete* checkpoint-N in `folder`. Skipped with a warning (transformers would
+    return them): incomplete or corrupt folders, a folder holding another step than its name says
+    (a copy or a renamed folder), and symbolic links, which may lead to another run's checkpoint
+    (pass such a path as resume_from_checkpoint to resume from it on purpose)."""
+    for step, path in reversed(numbered_entries(folder)):
+        if os.path.islink(path):
+            logger.warning("Not resuming from %s: it is a symbolic link (to %s), not a checkpoint this output_dir holds. "
+                           "Pass it as resume_from_checkpoint to resume from it.", path, os.path.realpath(path))
+            continue
+        if not os.path.isdir(path):
+            continue
+        problem = checkpoint_problem(path)
+        if problem is not None:
+            logger.warning("Skipping incomplete or corrupt checkpoint %s (interrupted while saving?): %s.", path, problem)
+            continue
+        held = checkpoint_step(path)
+        if held is not None and held != step:
+            logger.warning("Skipping %s: it holds the state of step %d (a copied or renamed checkpoint?).", path, held)
+            continue
+        return path
+    return None
 
 
 def remove_staging_leftovers(output_dir: str) -> None:
+    """Delete what interrupted saves and deletions left under the `.staging-` prefix, lathe's own
+    namespace; symbolic links are not followed."""
     if os.path.isdir(output_dir):
         for name in os.listdir(output_dir):
-            if name.startswith(STAGING_PREFIX):
-                shutil.rmtree(os.path.join(output_dir, name), ignore_errors=True)
+            path = os.path.join(output_dir, name)
+            if name.startswith(STAGING_PREFIX) and not os.path.islink(path):
+                shutil.rmtree(path, ignore_errors=True)
 
-
-# ----- RNG state -----
 
 def rng_file_name(process_index: int, world_size: int) -> str:
     return "rng_state.pth" if world_size <= 1 else f"rng_state_{process_index}.pth"
-
-
-def safe_torch_load(path: str, map_location=None, allowed_classes=()):
-    """torch.load with weights_only=True; numpy's RNG state (an ndarray inside a tuple) needs its
-    reconstruction functions allow-listed, and `allowed_classes` (an optimizer's state objects, such as
-    GaLore's projectors) are; nothing else is."""
-    allowed = [np.ndarray, np.dtype, type(np.dtype(np.uint32)), *allowed_classes]
-    try:
-        allowed.append(np._core.multiarray._reconstruct)
-    except AttributeError:  # numpy < 2
-        allowed.append(np.core.multiarray._reconstruct)
-    with torch.serialization.safe_globals(allowed):
-        return torch.load(path, map_location=map_location, weights_only=True)

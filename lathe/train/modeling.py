@@ -3,6 +3,7 @@ main input) and how to read the loss from whatever it returns."""
 from __future__ import annotations
 
 import inspect
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -61,3 +62,36 @@ def loss_from_outputs(outputs, inputs) -> torch.Tensor:
         f"The model returned {type(outputs).__name__}, which has no loss: return a scalar loss, a tuple "
         "whose first element is the loss, or a dict with a 'loss' key."
     )
+
+
+# torch's messages when a loss gets labels of the wrong dtype; they name neither the batch key nor the fix.
+_LABEL_DTYPE_ERROR = re.compile(
+    r"expected target dtype to be Long|expected scalar type Long but found|Expected dtype int(32/int)?64 for index|"
+    r"Expected floating point type for target|Target size \(.*\) must be the same as input size"
+)
+
+
+def explain_label_error(error: Exception, inputs, label_names: list[str]) -> Exception | None:
+    """A TypeError naming the labels, their dtype and the dtype the loss expects, when `error` is a
+    loss rejecting the labels' dtype; else None (the error is about something else)."""
+    if not isinstance(error, (RuntimeError, ValueError)) or not _LABEL_DTYPE_ERROR.search(str(error)):
+        return None
+    if not isinstance(inputs, Mapping):
+        return None
+    name = next((name for name in [*label_names, "labels"] if torch.is_tensor(inputs.get(name))), None)
+    if name is None:
+        return None
+    labels, message = inputs[name], str(error)
+    ids = f"Make the dataset's {name!r} column integer class ids (or convert them in the data collator)."
+    if "floating point type for target" in message:
+        expected = "floats: labels with the logits' shape are read as class probabilities"
+        fix = "Give class ids without the class dimension, or float probabilities."
+    elif "Target size" in message and labels.is_floating_point():
+        expected, fix = ("torch.int64 class ids: transformers' classification models read float labels as multi-label "
+                         "targets, one 0/1 value per class"), ids
+    elif labels.is_floating_point() or labels.dtype != torch.int64:
+        expected, fix = "torch.int64 (long) class ids", ids
+    else:
+        return None
+    return TypeError(f"The model's loss cannot use `{name}` of dtype {labels.dtype} (shape {list(labels.shape)}): it "
+                     f"expects {expected}. {fix} torch said: {message.splitlines()[0]}")

@@ -11,7 +11,7 @@ import torch
 
 from lathe.train import checkpoint as ckpt
 from lathe.train import weights as weights_io
-from lathe.train import fsdp, runtime, snapshot
+from lathe.train import fsdp, loading, rotation, runtime, snapshot
 from lathe.train.evaluation import is_better
 from lathe.train.state import ExportableState, TrainerState
 
@@ -39,12 +39,19 @@ class TrainerCheckpointing:
                 return
         elif not self.args.should_save:
             return
-        os.makedirs(output_dir, exist_ok=True)
-        weights_io.save_model_weights(self.model, output_dir, state_dict=weights)
-        self._save_processing_class(output_dir)
-        torch.save(self.args, os.path.join(output_dir, ckpt.TRAINING_ARGS_NAME))
-        with open(os.path.join(output_dir, ckpt.TRAINING_ARGS_JSON), "w", encoding="utf-8") as f:
-            f.write(self.args.to_json_string())
+        try:
+            os.makedirs(output_dir, exist_ok=True)
+            weights_io.save_model_weights(self.model, output_dir, state_dict=weights)
+            self._save_processing_class(output_dir)
+            torch.save(self.args, os.path.join(output_dir, ckpt.TRAINING_ARGS_NAME))
+            with open(os.path.join(output_dir, ckpt.TRAINING_ARGS_JSON), "w", encoding="utf-8") as f:
+                f.write(self.args.to_json_string())
+        except Exception as error:
+            if _internal_call:
+                raise  # inside a checkpoint save, which explains the error itself
+            # torch and safetensors report a full disk without naming the path or the disk.
+            raise ckpt.explain_save_error(error, os.path.join(output_dir, ckpt.WEIGHTS_NAME),
+                                          f"Saving the model to {output_dir!r} failed.") from error
 
     def _save_processing_class(self, output_dir: str) -> None:
         if self.processing_class is not None and hasattr(self.processing_class, "save_pretrained"):
@@ -75,7 +82,7 @@ class TrainerCheckpointing:
             gathered = (_zero_module().full_state_dict(engine), None)
 
         def rotate():
-            ckpt.rotate_checkpoints(output_dir, args.save_total_limit, find_best_checkpoint(best, output_dir))
+            rotation.rotate_checkpoints(output_dir, args.save_total_limit, find_best_checkpoint(best, output_dir), newest=final_path)
 
         # One process: the files are written from a copy of the state by the commit thread. Several
         # processes write in the loop (their barriers cannot run in a thread), as does a subclass
@@ -113,9 +120,7 @@ class TrainerCheckpointing:
         (so the newest could resume); at the end only the best remains, as in transformers."""
         best = self._best_checkpoint_path()
         if self.args.should_save and best is not None and self.args.save_total_limit == 1 and os.path.isdir(best):
-            for path in ckpt.sorted_checkpoints(self.args.output_dir):
-                if not os.path.samefile(path, best):
-                    ckpt.delete_checkpoint(path)
+            rotation.keep_only(self.args.output_dir, best)
 
     # ----- best model -----
 
@@ -153,16 +158,18 @@ class TrainerCheckpointing:
             if optimizer_file is not None:
                 from lathe.train.optim import optimizer_state_classes
 
-                state = ckpt.safe_torch_load(optimizer_file, map_location=self.args.device,
-                                             allowed_classes=optimizer_state_classes(self.optimizer))
-                self.optimizer.load_state_dict(state)
+                loading.load_state_into(self.optimizer, optimizer_file, "optimizer", map_location=self.args.device,
+                                        allowed=optimizer_state_classes(self.optimizer))
             return
+        if hasattr(self.model, "load_saved_weights"):
+            raise NotImplementedError(f"Loading {type(self.model).__name__} weights from {path} into an FSDP2-sharded "
+                                      "model is not supported yet (its files are split): resume without fsdp.")
         first = self.args.process_index == 0
         adapter = os.path.isfile(os.path.join(path, ckpt.ADAPTER_WEIGHTS_NAME)) and hasattr(self.model, "load_adapter")
         weights = {}
         if first:
             weights = fsdp.adapter_weights_by_name(self.model, path) if adapter else weights_io.read_model_weights(path)
-        optimizer_state = ckpt.safe_torch_load(optimizer_file) if first and optimizer_file is not None else {}
+        optimizer_state = loading.safe_torch_load(optimizer_file) if first and optimizer_file is not None else {}
         missing, unexpected = fsdp.load_state(self.model, weights, self.optimizer if optimizer_file else None, optimizer_state)
         if not adapter:  # an adapter checkpoint leaves the (frozen) base weights as they are
             weights_io.check_missing(self.model, missing, unexpected, path, strict=True)
@@ -181,8 +188,10 @@ class TrainerCheckpointing:
             path = str(resume_from_checkpoint)
             if not os.path.isdir(path):
                 raise ValueError(f"resume_from_checkpoint={path!r} is not a folder.")
-            if not ckpt.is_complete_checkpoint(path):
-                raise ValueError(f"Checkpoint {path!r} is incomplete or corrupt (interrupted while saving?); resume from an earlier one.")
+            problem = ckpt.checkpoint_problem(path)
+            if problem is not None:
+                raise ValueError(f"Checkpoint {path!r} is incomplete or corrupt (interrupted while saving?): {problem}. "
+                                 "Resume from an earlier one.")
         written_by_deepspeed = _zero_module().has_checkpoint(path)
         if self.args.deepspeed and not written_by_deepspeed:
             raise ValueError(f"Checkpoint {path!r} was not written under deepspeed (it has no DeepSpeed `latest` file and "
@@ -213,14 +222,14 @@ class TrainerCheckpointing:
             self._load_weights(path, os.path.join(path, ckpt.OPTIMIZER_NAME))
         scheduler_file = os.path.join(path, ckpt.SCHEDULER_NAME)
         if os.path.isfile(scheduler_file):
-            self.lr_scheduler.load_state_dict(ckpt.safe_torch_load(scheduler_file))
+            loading.load_state_into(self.lr_scheduler, scheduler_file, "learning-rate scheduler")
         scaler_file = os.path.join(path, ckpt.SCALER_NAME)
         if self.scaler is not None and os.path.isfile(scaler_file):
-            self.scaler.load_state_dict(ckpt.safe_torch_load(scaler_file))
+            loading.load_state_into(self.scaler, scaler_file, "gradient scaler")
         # This rank's stream; under a different number of processes than wrote it, one process's or rank 0's.
         candidates = (ckpt.rng_file_name(args.process_index, args.world_size), "rng_state.pth", "rng_state_0.pth")
         rng_file = next((os.path.join(path, name) for name in candidates if os.path.isfile(os.path.join(path, name))), None)
-        self._pending_rng_state = ckpt.safe_torch_load(rng_file) if rng_file is not None else None
+        self._pending_rng_state = loading.load_rng_state(rng_file) if rng_file is not None else None
         if self._pending_rng_state is None:
             logger.warning("Checkpoint %s has no RNG state; dropout and shuffling after resume will differ from the original run.", path)
         saved = TrainerState.load_from_json(os.path.join(path, ckpt.TRAINER_STATE_NAME))
@@ -243,9 +252,8 @@ class TrainerCheckpointing:
     def _warn_about_changed_arguments(self, path: str, saved: TrainerState, plan) -> None:
         changed = []
         args_file = os.path.join(path, ckpt.TRAINING_ARGS_JSON)
-        if os.path.isfile(args_file):
-            with open(args_file, encoding="utf-8") as f:
-                old = json.load(f)
+        old = _read_json_object(args_file) if os.path.isfile(args_file) else None
+        if old is not None:
             for name in _ARGS_THAT_CHANGE_THE_RUN:
                 new_value = getattr(self.args, name, None)
                 new_value = getattr(new_value, "value", new_value)
@@ -349,6 +357,17 @@ def _zero3(trainer) -> bool:
 
 def _has_frozen_parameters(model) -> bool:
     return any(not parameter.requires_grad for parameter in model.parameters())
+
+
+def _read_json_object(path: str) -> dict | None:
+    """training_args.json, only compared for a warning: unreadable, it is reported and skipped."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+    except (OSError, ValueError) as error:
+        logger.warning("Cannot read %s (%s): the arguments of the run that wrote it are not compared with these.", path, error)
+        return None
+    return data if isinstance(data, dict) else None
 
 
 def find_best_checkpoint(best: str | None, *folders: str) -> str | None:

@@ -52,3 +52,20 @@ def restore_rng_state(state: dict) -> None:
             torch.cuda.random.set_rng_state_all(cuda)
         elif not isinstance(cuda, (list, tuple)):
             torch.cuda.random.set_rng_state(cuda)
+
+
+def rng_state_problem(state) -> str | None:
+    """Why `state` (read from a checkpoint) cannot be restored, or None. Each part is tried on a
+    generator of its own, so the global ones stay untouched until resume restores them."""
+    if not isinstance(state, dict):
+        return f"it holds a {type(state).__name__}, not the dict of generator states a Trainer saves"
+    missing = [key for key in ("python", "numpy", "cpu") if key not in state]
+    if missing:
+        return f"it has no {', '.join(missing)} generator state"
+    try:
+        random.Random().setstate(state["python"])
+        np.random.RandomState().set_state(state["numpy"])
+        torch.Generator().set_state(state["cpu"])
+    except (TypeError, ValueError, RuntimeError, IndexError, KeyError, OverflowError) as error:
+        return f"its generator states cannot be restored ({type(error).__name__}: {error})"
+    return None

@@ -4,6 +4,8 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import types
+import typing
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -84,9 +86,20 @@ class TrainerState:
 
     @classmethod
     def load_from_json(cls, json_path: str) -> "TrainerState":
-        with open(json_path, encoding="utf-8") as f:
-            data = json.load(f)
+        """The state saved in `json_path`; a file that is not JSON, or holds a value of the wrong
+        type, is a CheckpointFileError naming it (rather than a failure steps later)."""
+        from lathe.train.checkpoint import CheckpointFileError
+
+        try:
+            with open(json_path, encoding="utf-8") as f:
+                data = json.load(f)
+        except ValueError as error:  # JSONDecodeError, UnicodeDecodeError
+            raise CheckpointFileError(f"{json_path!r} is not valid JSON ({error}); the checkpoint is corrupt. "
+                                      "Resume from an earlier checkpoint.") from None
         known = {f.name for f in dataclasses.fields(cls)}
+        problem = _json_type_problem(data, cls)
+        if problem is not None:
+            raise CheckpointFileError(f"{json_path!r} is not a trainer state: {problem}. Resume from an earlier checkpoint.")
         # Files written by newer or older transformers may carry extra keys; keep what we know.
         return cls(**{k: v for k, v in data.items() if k in known})
 
@@ -104,6 +117,36 @@ class TrainerState:
         self.num_train_epochs = num_train_epochs
         self.is_local_process_zero = trainer.is_local_process_zero()
         self.is_world_process_zero = trainer.is_world_process_zero()
+
+
+def _json_type_problem(data, cls) -> str | None:
+    """What in `data` (read from JSON) does not fit the field types of `cls`, or None."""
+    if not isinstance(data, dict):
+        return f"it holds a JSON {type(data).__name__}, not an object"
+    hints = typing.get_type_hints(cls)
+    for name, value in data.items():
+        allowed = _json_types(hints.get(name, Any))
+        if allowed is None:
+            continue
+        wrong_bool = isinstance(value, bool) and bool not in allowed
+        if wrong_bool or not isinstance(value, allowed):
+            shown = repr(value) if len(repr(value)) <= 60 else repr(value)[:60] + "..."
+            return f"{name} is {shown}, expected {' or '.join(t.__name__ for t in allowed)}"
+    if any(not isinstance(entry, dict) for entry in data.get("log_history") or []):
+        return "log_history holds an entry that is not an object"
+    return None
+
+
+def _json_types(hint) -> tuple | None:
+    """The JSON value types a field annotated `hint` accepts; None for any."""
+    if hint is Any:
+        return None
+    members = typing.get_args(hint) if typing.get_origin(hint) in (typing.Union, types.UnionType) else (hint,)
+    allowed = []
+    for member in members:
+        origin = typing.get_origin(member) or member
+        allowed += {float: [int, float], type(None): [type(None)]}.get(origin, [origin])
+    return tuple(allowed) if all(isinstance(t, type) for t in allowed) else None
 
 
 @dataclass

@@ -105,6 +105,15 @@ class TrainerSteps:
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         """The model's loss, or label smoothing / compute_loss_func applied to its outputs."""
+        try:
+            return self._compute_loss(model, inputs, return_outputs, num_items_in_batch)
+        except (RuntimeError, ValueError) as error:
+            explained = modeling.explain_label_error(error, inputs, self.label_names)
+            if explained is None:
+                raise
+            raise explained from error
+
+    def _compute_loss(self, model, inputs, return_outputs, num_items_in_batch):
         labels = None
         if (self.label_smoother is not None or self.compute_loss_func is not None) and isinstance(inputs, Mapping) and "labels" in inputs:
             inputs = dict(inputs)

@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 from lathe.train import batching, data, distributed, modeling, runtime
+from lathe.train.args_validation import check_output_dir
 from lathe.train.callbacks import CallbackHandler
 from lathe.train.commit import BackgroundCommitter
 from lathe.train.flow import DefaultFlowCallback, PrinterCallback, ProgressCallback
@@ -150,6 +151,7 @@ class Trainer(TrainerSteps, TrainerDataLoaders, TrainerCheckpointing, TrainerEva
         in output_dir) continue exactly where that run stopped."""
         if kwargs:
             raise TypeError(f"train() got unexpected keyword arguments: {sorted(kwargs)}")
+        check_output_dir(self.args.output_dir)  # a file may have appeared there since the arguments were made
         if self.model_init is not None:
             set_seed(self.args.seed)  # fresh, reproducible weights for each train() call
             self.model = self.model_wrapped = self._place_model(self.call_model_init(trial))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import os
 
-from lathe.train.checkpoint import ADAPTER_WEIGHTS_NAME, WEIGHTS_INDEX_NAME, WEIGHTS_NAME
+from lathe.train.checkpoint import ADAPTER_WEIGHTS_NAME, WEIGHTS_INDEX_NAME, WEIGHTS_NAME, CheckpointFileError
 
 
 def save_model_weights(model, folder: str, state_dict=None) -> None:
@@ -32,38 +32,91 @@ class _StateDictSource:
 
 
 def load_model_weights(model, folder: str, strict: bool = True) -> None:
-    """Load weights saved by save_model_weights (or by transformers) into `model` in place."""
-    from safetensors.torch import load_file, load_model
+    """Load weights saved by save_model_weights (or by transformers) into `model` in place. A model whose
+    save_pretrained splits its state over several files (a reward model's value head beside the language
+    model) reads them back with its own `load_saved_weights(folder)`."""
+    from safetensors.torch import load_model
 
+    if hasattr(model, "load_saved_weights"):
+        model.load_saved_weights(folder)
+        return
     adapter = os.path.join(folder, ADAPTER_WEIGHTS_NAME)
     if os.path.isfile(adapter) and hasattr(model, "load_adapter"):
-        from peft import set_peft_model_state_dict  # only PEFT models have adapter files
+        from peft import get_peft_model_state_dict, set_peft_model_state_dict  # only PEFT models have adapter files
 
-        set_peft_model_state_dict(model, load_file(adapter))
+        weights = _read_safetensors(adapter)
+        check_shapes(get_peft_model_state_dict(model), _shapes(weights), adapter)  # keys as the adapter file names them
+        set_peft_model_state_dict(model, weights)
         return
     single = os.path.join(folder, WEIGHTS_NAME)
     if os.path.isfile(single) and not hasattr(model, "save_pretrained"):
+        check_shapes(model.state_dict(), _safetensors_shapes(single), single)
         load_model(model, single, strict=strict)
         return
     # transformers drops tied weights from the file; load non-strictly and let tying restore them.
-    missing, unexpected = model.load_state_dict(read_model_weights(folder), strict=False)
+    weights = read_model_weights(folder)
+    source = single if os.path.isfile(single) else os.path.join(folder, WEIGHTS_INDEX_NAME)
+    check_shapes(model.state_dict(), _shapes(weights), source)
+    missing, unexpected = model.load_state_dict(weights, strict=False)
     check_missing(model, missing, unexpected, folder, strict)
+
+
+def check_shapes(expected: dict, found: dict, source: str) -> None:
+    """One clear error, naming `source` and every tensor whose shape in `found` (name -> shape)
+    differs from the model's tensor in `expected` (a checkpoint of another model size, or a LoRA
+    adapter of another rank), instead of torch's size-mismatch traceback."""
+    different = [(name, found[name], tuple(tensor.shape)) for name, tensor in expected.items()
+                 if name in found and found[name] != tuple(tensor.shape)]
+    if not different:
+        return
+    listed = "; ".join(f"{name}: {list(saved)} in the file, {list(model)} in the model" for name, saved, model in different[:8])
+    more = f"; and {len(different) - 8} more" if len(different) > 8 else ""
+    raise CheckpointFileError(
+        f"The weights in {source!r} do not fit the model: {len(different)} tensor(s) have other shapes ({listed}{more}). "
+        "Is it a checkpoint of another model configuration, or a LoRA adapter of another rank?"
+    )
+
+
+def _shapes(weights: dict) -> dict:
+    return {name: tuple(tensor.shape) for name, tensor in weights.items()}
+
+
+def _safetensors_shapes(path: str) -> dict:
+    """Tensor shapes from the file's header, without reading the data."""
+    from safetensors import SafetensorError, safe_open
+
+    try:
+        with safe_open(path, framework="pt") as f:
+            return {name: tuple(f.get_slice(name).get_shape()) for name in f.keys()}
+    except (SafetensorError, OSError, ValueError) as error:
+        raise CheckpointFileError(f"{path!r} is not a readable safetensors file ({error}); the checkpoint is corrupt.") from None
+
+
+def _read_safetensors(path: str) -> dict:
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    try:
+        return load_file(path)
+    except (SafetensorError, OSError, ValueError) as error:
+        raise CheckpointFileError(f"{path!r} is not a readable safetensors file ({error}); the checkpoint is corrupt.") from None
 
 
 def read_model_weights(folder: str) -> dict:
     """The state dict in `folder`'s model.safetensors, or in the shards its index lists."""
-    from safetensors.torch import load_file
-
     single = os.path.join(folder, WEIGHTS_NAME)
     index = os.path.join(folder, WEIGHTS_INDEX_NAME)
     if os.path.isfile(single):
-        return load_file(single)
+        return _read_safetensors(single)
     if os.path.isfile(index):
-        with open(index, encoding="utf-8") as f:
-            shards = sorted(set(json.load(f)["weight_map"].values()))
+        try:
+            with open(index, encoding="utf-8") as f:
+                shards = sorted(set(json.load(f)["weight_map"].values()))
+        except (ValueError, KeyError, TypeError, AttributeError) as error:
+            raise CheckpointFileError(f"{index!r} is not a safetensors index ({error!r}); the checkpoint is corrupt.") from None
         state = {}
         for shard in shards:
-            state.update(load_file(os.path.join(folder, shard)))
+            state.update(_read_safetensors(os.path.join(folder, shard)))
         return state
     raise FileNotFoundError(f"No model weights ({WEIGHTS_NAME} or {WEIGHTS_INDEX_NAME}) in {folder!r}.")
 

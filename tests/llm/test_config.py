@@ -73,18 +73,21 @@ def test_unknown_key_suggests_the_closest(tmp_path, write_yaml):
 
 
 def test_unsupported_llamafactory_keys_say_so():
-    with pytest.raises(ValueError, match="quantization_bit .* LLaMA-Factory key for quantization, which lathe does not support yet"):
-        parse_train_config({**BASE, "quantization_bit": 4})
+    with pytest.raises(ValueError, match="infer_backend .* LLaMA-Factory key for inference engines .*, which lathe does not support yet"):
+        parse_train_config({**BASE, "infer_backend": "vllm"})
+    with pytest.raises(ValueError, match="media_dir: images, video and audio .*not supported"):  # what cannot run here
+        parse_train_config({**BASE, "media_dir": "images"})
     with pytest.raises(ValueError, match="use_mca: a Megatron-Core key .*use FSDP2 .* or DeepSpeed"):
         parse_train_config({**BASE, "use_mca": True})
     # LLaMA-Factory's own default changes nothing, so it is accepted.
-    parse_train_config({**BASE, "quantization_bit": None, "flash_attn": "auto", "use_unsloth": False})
+    parse_train_config({**BASE, "media_dir": None, "flash_attn": "auto", "use_unsloth": False})
 
 
-@pytest.mark.parametrize("stage", ["dpo", "ppo", "rm", "kto"])
-def test_other_stages_are_not_supported_yet(stage):
-    with pytest.raises(ValueError, match=f"stage '{stage}' is not supported yet"):
-        parse_train_config({**BASE, "stage": stage})
+def test_ppo_is_not_supported_yet():
+    with pytest.raises(ValueError, match="stage 'ppo' is not supported yet; lathe trains pt, sft, rm, dpo, kto"):
+        parse_train_config({**BASE, "stage": "ppo"})
+    for stage in ("rm", "dpo", "kto"):
+        assert parse_train_config({**BASE, "stage": stage}).finetuning.stage == stage
 
 
 def test_bad_values_name_the_key():
@@ -193,3 +196,35 @@ def test_models_that_cannot_checkpoint_train_without_it(caplog):
     training = parse_train_config(BASE).training
     checkpointing_for(SimpleNamespace(supports_gradient_checkpointing=True), training)
     assert training.gradient_checkpointing is True
+
+
+@pytest.mark.parametrize("val_size", [1.5, 100.25, -0.1])
+def test_val_size_is_a_fraction_below_one_or_a_whole_count(val_size):
+    # LLaMA-Factory holds out int(1.5) = 1 example without a word.
+    with pytest.raises(ValueError, match=rf"val_size must be a fraction below 1 \(e.g. 0.1\) or a whole number of "
+                                         rf"examples \(e.g. 100\), got {val_size}"):
+        parse_train_config({**BASE, "val_size": val_size})
+    for fine in (0.1, 1, 100, 100.0):
+        assert parse_train_config({**BASE, "val_size": fine}).data.val_size == fine
+
+
+def test_output_dir_that_is_a_file_is_one_clear_error(tmp_path):
+    (tmp_path / "taken").write_text("not a folder")
+    # The exact path is caught where TrainingArguments is built (lathe.train's check, same for library users).
+    with pytest.raises(ValueError, match=r"output_dir='.*taken' is an existing file, not a folder"):
+        parse_train_config({**BASE, "output_dir": str(tmp_path / "taken")})
+    with pytest.raises(ValueError, match=r"output_dir '.*taken/run' is inside .*taken, which is a file"):
+        parse_train_config({**BASE, "output_dir": str(tmp_path / "taken" / "run")})
+    assert parse_train_config({**BASE, "output_dir": str(tmp_path / "new" / "run")}).training.output_dir.endswith("run")
+
+
+def test_lathe_train_with_a_file_as_output_dir_exits_2_without_a_traceback(tmp_path, write_yaml, capsys):
+    from lathe.cli import main
+
+    (tmp_path / "taken").write_text("not a folder")
+    config = write_yaml(tmp_path / "c.yaml", {**BASE, "output_dir": str(tmp_path / "taken")})
+    assert main(["train", config]) == 2
+    error = capsys.readouterr().err
+    assert error.startswith(f"lathe train: error: output_dir='{tmp_path / 'taken'}' is an existing file, not a folder")
+    assert f"(in {config})" in error
+    assert "Traceback" not in error

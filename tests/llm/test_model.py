@@ -14,17 +14,27 @@ def _config(model_dir, **values):
 
 
 def _load(model_dir, is_trainable=True, **values):
+    from lathe.llm.templates import get_template_and_fix_tokenizer
+
     config = _config(model_dir, **values)
     tokenizer = load_tokenizer(config.model)
+    get_template_and_fix_tokenizer(tokenizer, config.data)
     return tokenizer, load_model(tokenizer, config.model, config.finetuning, is_trainable=is_trainable)
 
 
 def test_tokenizer_gets_eos_as_pad_and_right_padding(tiny_model_dir):
+    from lathe.llm.templates import get_template_and_fix_tokenizer
+
     config = _config(tiny_model_dir)
     tokenizer = load_tokenizer(config.model)
-    assert tokenizer.pad_token == tokenizer.eos_token == "</s>"
     assert tokenizer.padding_side == "right"
     assert tokenizer.model_max_length >= 2048
+    get_template_and_fix_tokenizer(tokenizer, config.data)
+    assert tokenizer.pad_token == tokenizer.eos_token == "</s>"
+    # The pad token is the template's EOS, chosen after the template replaced EOS (LLaMA-Factory's order).
+    tokenizer = load_tokenizer(_config(tiny_model_dir, template="chatml").model)
+    get_template_and_fix_tokenizer(tokenizer, _config(tiny_model_dir, template="chatml").data)
+    assert tokenizer.pad_token == tokenizer.eos_token == "<|im_end|>"
 
 
 def test_missing_folder_is_a_clear_error(tmp_path):
@@ -95,10 +105,11 @@ def test_freeze_modules_and_extra_modules(tiny_model_dir):
         freeze_trainable_modules="mlp", freeze_extra_modules="embed_tokens,norm",
     )
     names = _trainable_names(model)
+    norms = {f"model.layers.{i}.{norm}.weight" for i in range(3) for norm in ("input_layernorm", "post_attention_layernorm")}
     assert names == {
         "model.layers.2.mlp.gate_proj.weight", "model.layers.2.mlp.up_proj.weight", "model.layers.2.mlp.down_proj.weight",
         "model.embed_tokens.weight", "model.norm.weight",
-    }  # "norm" is the final norm only, not every layer's input_layernorm
+    } | norms  # as in LLaMA-Factory, "norm" trains every parameter whose name holds it (each layer's norms too)
     with pytest.raises(ValueError, match="no module 'attn'.*choose from .*mlp"):
         _load(tiny_model_dir, finetuning_type="freeze", freeze_trainable_modules="attn")
     with pytest.raises(ValueError, match="freeze_extra_modules: no module 'wte'"):

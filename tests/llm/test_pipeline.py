@@ -105,7 +105,8 @@ def test_skipped_rows_are_reported_and_the_rest_kept(setup, caplog):
 
 
 @pytest.mark.parametrize("stage, values, message", [
-    ("dpo", {"dataset": "alpaca_json"}, "stage 'dpo' is not supported yet"),
+    ("ppo", {"dataset": "alpaca_json"}, "stage 'ppo' is not supported yet"),
+    ("dpo", {"dataset": "alpaca_json"}, "stage dpo trains on ranking data"),
     ("sft", {}, "No dataset: set `dataset`"),
     ("sft", {"dataset": "hub_dataset"}, "lathe works offline"),
 ])

@@ -112,7 +112,8 @@ def test_partial_tags_name_the_missing_tag():
 
 
 @pytest.mark.parametrize("name, text", [
-    ("ranking_dataset", "(key 'ranking'): preference (ranking) datasets are not supported yet."),
+    ("ranking_dataset", "(key 'columns'): ranking data needs the chosen and rejected columns: name them in "
+                        '`columns`, e.g. {"chosen": "chosen", "rejected": "rejected"}.'),
     ("multimodal_dataset", "(key 'columns'): 'images' means multimodal data, which lathe does not support yet: "
                            "multimodal is not supported yet."),
 ])

@@ -232,9 +232,9 @@ def test_cli_reports_config_errors_without_a_traceback(tmp_path, write_yaml):
     assert result.returncode == 2
     assert "Unknown key 'lora_rnak'" in result.stderr and "did you mean 'lora_rank'" in result.stderr
     assert "Traceback" not in result.stderr
-    path = write_yaml(tmp_path / "dpo.yaml", {"model_name_or_path": "m", "dataset": "d", "stage": "dpo"})
+    path = write_yaml(tmp_path / "ppo.yaml", {"model_name_or_path": "m", "dataset": "d", "stage": "ppo"})
     result = _cli("train", path)
-    assert result.returncode == 2 and "stage 'dpo'" in result.stderr and "is not supported yet" in result.stderr
+    assert result.returncode == 2 and "stage 'ppo'" in result.stderr and "is not supported yet" in result.stderr
 
 
 def test_cli_data_preview_marks_trained_spans(tiny_model_dir, data_dir, tmp_path, write_yaml):

@@ -41,6 +41,7 @@ from torch import nn
 
 from lathe import Trainer, TrainerCallback, TrainingArguments
 from lathe.train import checkpoint as ckpt
+from lathe.train import rotation
 from lathe.train.flow import GracefulStopCallback
 
 # Where a child can kill itself mid-save. Each names a moment of checkpoint.atomic_checkpoint /
@@ -127,10 +128,10 @@ def install_crash(phase: str, nth: int) -> None:
     elif phase == "before_manifest":
         real_manifest = ckpt._write_manifest
 
-        def write_manifest(folder):
+        def write_manifest(folder, *args, **kwargs):
             if due():
                 _kill_myself()
-            return real_manifest(folder)
+            return real_manifest(folder, *args, **kwargs)
 
         ckpt._write_manifest = write_manifest
     elif phase == "before_rename":
@@ -143,14 +144,14 @@ def install_crash(phase: str, nth: int) -> None:
 
         ckpt._fsync_tree = fsync_tree
     elif phase == "before_rotation":
-        real_rotate = ckpt.rotate_checkpoints
+        real_rotate = rotation.rotate_checkpoints
 
         def rotate(*args, **kwargs):
             if due():
                 _kill_myself()
             return real_rotate(*args, **kwargs)
 
-        ckpt.rotate_checkpoints = rotate
+        rotation.rotate_checkpoints = rotate
     elif phase == "mid_rotation":
         real_rmtree = shutil.rmtree
 

@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 
 from lathe.train import checkpoint as ckpt
 from lathe.train.commit import BackgroundCommitter
@@ -110,3 +111,57 @@ def test_a_failed_background_commit_is_raised_at_the_next_wait_and_publishes_not
     assert raised.value.errno == errno.EIO and "checkpoint-1" in str(raised.value)
     assert os.listdir(tmp_path) == []  # neither the checkpoint nor its staging folder
     committer.wait()  # the error is raised once
+
+
+# ----- what the user sees when a save fails: lathe's message last -----
+
+needs_dev_full = pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full (writes fail with ENOSPC)")
+
+
+def printed_traceback(error: BaseException) -> list[str]:
+    """The lines Python prints for the uncaught error, chained causes first."""
+    import traceback
+
+    return "".join(traceback.format_exception(error)).rstrip().splitlines()
+
+
+def torch_save_to_a_full_disk(monkeypatch, fragment: str) -> None:
+    """torch.save of any file whose path contains `fragment` writes to /dev/full instead: the real
+    error torch gives for a full disk."""
+    real = torch.save
+
+    def save(obj, path, *args, **kwargs):
+        return real(obj, "/dev/full" if fragment in os.fspath(path) else path, *args, **kwargs)
+
+    monkeypatch.setattr(torch, "save", save)
+
+
+@needs_dev_full
+@pytest.mark.parametrize("synchronous", [False, True], ids=["background commit", "save in the loop"])
+def test_a_full_disk_mid_save_ends_the_traceback_with_lathes_message(tmp_path, monkeypatch, synchronous):
+    torch_save_to_a_full_disk(monkeypatch, os.path.join(".staging-checkpoint-4", ckpt.SCHEDULER_NAME))
+    trainer = trainer_for(tmp_path / "out")
+    if synchronous:
+        class SavesInTheLoop(type(trainer)):
+            def save_model(self, output_dir=None, _internal_call=False):
+                return super().save_model(output_dir, _internal_call)
+
+        trainer.__class__ = SavesInTheLoop
+    with pytest.raises(RuntimeError) as raised:
+        trainer.train()
+    last = printed_traceback(raised.value)[-1]
+    assert last == (f"Saving checkpoint '{tmp_path / 'out' / 'checkpoint-4'}' failed; earlier checkpoints are intact. "
+                    f"Check free disk space ({ckpt._free_space(str(tmp_path / 'out' / 'checkpoint-4'))}) and that the "
+                    "output folder is writable.")
+    assert [os.path.basename(p) for p in ckpt.sorted_checkpoints(str(tmp_path / "out"))] == ["checkpoint-2"]
+
+
+@needs_dev_full
+def test_a_full_disk_in_save_model_ends_the_traceback_with_lathes_message(tmp_path, monkeypatch):
+    trainer = trainer_for(tmp_path / "out", max_steps=2, save_steps=2)
+    trainer.train()
+    torch_save_to_a_full_disk(monkeypatch, ckpt.TRAINING_ARGS_NAME)
+    with pytest.raises(RuntimeError) as raised:
+        trainer.save_model(str(tmp_path / "final"))
+    assert printed_traceback(raised.value)[-1].startswith(
+        f"Saving the model to '{tmp_path / 'final'}' failed. Check free disk space (")

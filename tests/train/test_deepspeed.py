@@ -164,9 +164,23 @@ def test_checkpoint_files_are_loaded_without_unpickling_code(tmp_path):
 
     evil = tmp_path / "evil.pt"
     torch.save({"state": Payload()}, evil)
-    with pytest.raises(ValueError, match=r"holds objects other than tensors and DeepSpeed's checkpoint classes \(.*makedirs\)"):
+    with pytest.raises(ValueError, match=r"lathe refused to unpickle .*evil.pt.*makedirs") as raised:
         engine.load(str(evil))
     assert not marker.exists()
+    assert "weights_only=False" not in str(raised.value) and raised.value.__cause__ is None
+
+
+def test_a_damaged_deepspeed_file_is_an_error_naming_it(tmp_path):
+    from deepspeed.runtime.checkpoint_engine.torch_checkpoint_engine import TorchCheckpointEngine
+
+    from lathe.train.integrations.deepspeed_zero import _safe_checkpoint_engine
+
+    engine = _safe_checkpoint_engine(TorchCheckpointEngine())
+    whole = tmp_path / "mp_rank_00_model_states.pt"
+    torch.save({"module": {"w": torch.ones(64)}}, whole)
+    whole.write_bytes(whole.read_bytes()[:100])
+    with pytest.raises(ValueError, match=r"mp_rank_00_model_states.pt' is corrupt or truncated: torch.load cannot read it"):
+        engine.load(str(whole))
 
 
 def test_every_key_deepspeed_reads_is_accepted(tmp_path, caplog):

@@ -17,6 +17,7 @@ from torch.utils.data import IterableDataset
 
 from lathe import EarlyStoppingCallback, Trainer, TrainingArguments
 from lathe.train import checkpoint as ckpt
+from lathe.train import loading
 
 ITEMS = 10  # with batch size 2: 5 batches per epoch
 TIMING_KEYS = ("runtime", "per_second")
@@ -169,7 +170,7 @@ def test_resume_with_frozen_parameters(tmp_path):
         assert torch.equal(resumed.model.hidden.weight, initial)
         assert not resumed.model.hidden.weight.requires_grad
     # the optimizer holds (and saved) state for the trainable tensors only
-    saved = ckpt.safe_torch_load(str(tmp_path / "full" / "checkpoint-8" / ckpt.OPTIMIZER_NAME))
+    saved = loading.safe_torch_load(str(tmp_path / "full" / "checkpoint-8" / ckpt.OPTIMIZER_NAME))
     assert len(saved["state"]) == 3  # hidden.bias, head.weight, head.bias
 
 
@@ -593,7 +594,7 @@ def test_checkpoint_layout(tmp_path):
         "training_args.bin", "training_args.json",
     } <= set(os.listdir(folder))
     assert not (folder / ckpt.SCALER_NAME).exists()  # no fp16 on CPU
-    rng = ckpt.safe_torch_load(str(folder / "rng_state.pth"))
+    rng = loading.safe_torch_load(str(folder / "rng_state.pth"))
     assert {"python", "numpy", "cpu"} <= rng.keys()
     for name in ("optimizer.pt", "scheduler.pt"):
         torch.load(folder / name, weights_only=True)
@@ -620,3 +621,28 @@ def test_resume_never_unpickles_training_args_bin(tmp_path, monkeypatch):
     resumed = train(tmp_path / "resumed", resume=str(tmp_path / "full" / "checkpoint-4"), max_steps=6, save_steps=4)
     assert sorted(loaded) == ["optimizer.pt", "rng_state.pth", "scheduler.pt"]
     assert_resumed_exactly(full, resumed, 4)
+
+
+def test_a_model_with_split_files_loads_them_itself(tmp_path):
+    """The hook for models whose save_pretrained writes several files (lathe.llm's reward model: the
+    language model and value_head.safetensors): load_model_weights hands the folder to the model's own
+    load_saved_weights, used for resume and the best model."""
+    from lathe.train.weights import load_model_weights, save_model_weights
+
+    class SplitFiles(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.body, self.head = nn.Linear(2, 2), nn.Linear(2, 1)
+
+        def save_pretrained(self, folder, state_dict=None):
+            torch.save({"body": self.body.state_dict(), "head": self.head.state_dict()}, os.path.join(folder, "parts.pt"))
+
+        def load_saved_weights(self, folder):
+            parts = torch.load(os.path.join(folder, "parts.pt"), weights_only=True)
+            self.body.load_state_dict(parts["body"])
+            self.head.load_state_dict(parts["head"])
+
+    saved, loaded = SplitFiles(), SplitFiles()
+    save_model_weights(saved, str(tmp_path))
+    load_model_weights(loaded, str(tmp_path))
+    assert all(torch.equal(a, b) for a, b in zip(saved.state_dict().values(), loaded.state_dict().values()))

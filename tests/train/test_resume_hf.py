@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from lathe.train import checkpoint as ckpt
+from lathe.train import loading
 
 pytestmark = pytest.mark.hf
 
@@ -113,7 +114,7 @@ def test_checkpoint_files_match_transformers(tmp_path):
     run("lathe", tmp_path / "lathe", max_steps=4)
     theirs, ours = tmp_path / "transformers" / "checkpoint-4", tmp_path / "lathe" / "checkpoint-4"
     assert set(os.listdir(ours)) - LATHE_ONLY_FILES == set(os.listdir(theirs))
-    assert ckpt.safe_torch_load(str(ours / "rng_state.pth")).keys() == ckpt.safe_torch_load(str(theirs / "rng_state.pth")).keys()
+    assert loading.safe_torch_load(str(ours / "rng_state.pth")).keys() == loading.safe_torch_load(str(theirs / "rng_state.pth")).keys()
     their_optimizer = torch.load(theirs / "optimizer.pt", weights_only=True)
     our_optimizer = torch.load(ours / "optimizer.pt", weights_only=True)
     assert our_optimizer["param_groups"] == their_optimizer["param_groups"]  # decay / no-decay groups, hyperparameters

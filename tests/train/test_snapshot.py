@@ -15,6 +15,7 @@ from torch import nn
 
 from lathe import Trainer, TrainingArguments
 from lathe.train import checkpoint as ckpt
+from lathe.train import loading
 from lathe.train import weights as weights_io
 from lathe.train import snapshot
 from tests.train import crash_worker
@@ -80,7 +81,7 @@ def test_background_and_synchronous_saves_write_the_same_files(tmp_path, monkeyp
                                                 ckpt.TRAINER_STATE_NAME, ckpt.TRAINING_ARGS_JSON}
     for name in (ckpt.WEIGHTS_NAME, ckpt.TRAINER_STATE_NAME):
         assert background[name] == loop[name], name
-    optimizer = [ckpt.safe_torch_load(str(tmp_path / run / "checkpoint-2" / ckpt.OPTIMIZER_NAME)) for run in ("background", "loop")]
+    optimizer = [loading.safe_torch_load(str(tmp_path / run / "checkpoint-2" / ckpt.OPTIMIZER_NAME)) for run in ("background", "loop")]
     assert optimizer[0]["param_groups"] == optimizer[1]["param_groups"]
     for index, state in optimizer[0]["state"].items():
         for key, value in state.items():

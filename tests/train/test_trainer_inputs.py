@@ -503,6 +503,38 @@ def test_dataset_without_the_labels_a_model_requires(tmp_path):
         trainer.train()
 
 
+def float_label_items(count: int = 4) -> list[dict]:
+    """classification_items (for Classifier, whose cross-entropy needs int64 class ids) with float labels."""
+    return [{"x": item["x"], "labels": torch.tensor(float(item["labels"]))} for item in classification_items(count)]
+
+
+@pytest.mark.parametrize("where", ["train", "evaluate", "label smoothing"])
+def test_float_labels_for_a_classification_loss_name_labels_and_the_dtype(tmp_path, where):
+    options = {"label_smoothing_factor": 0.1} if where == "label smoothing" else {}
+    trainer = make_trainer(model=Classifier(), args=training_args(tmp_path, **options), train_dataset=float_label_items(),
+                           eval_dataset=float_label_items())
+    with pytest.raises(TypeError) as raised:
+        trainer.evaluate() if where == "evaluate" else trainer.train()
+    message = str(raised.value)
+    assert "`labels` of dtype torch.float32 (shape [" in message and "expects torch.int64 (long) class ids" in message
+    # The same data with integer labels trains: the check only explains torch's error, it changes nothing.
+    for item in trainer.train_dataset:
+        item["labels"] = item["labels"].long()
+    trainer.train()
+
+
+@pytest.mark.hf
+def test_float_labels_for_a_transformers_classifier_say_they_read_as_multi_label(tmp_path):
+    transformers = pytest.importorskip("transformers")
+    config = transformers.LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                      num_attention_heads=4, num_key_value_heads=2, pad_token_id=0, num_labels=3)
+    model = transformers.LlamaForSequenceClassification(config)
+    items = [{"input_ids": [1, 2, 3], "labels": 1.0}, {"input_ids": [4, 5, 6], "labels": 2.0}]
+    trainer = make_trainer(model=model, args=training_args(tmp_path), train_dataset=items)
+    with pytest.raises(TypeError, match=r"`labels` of dtype torch.float32 .* multi-label targets"):
+        trainer.train()
+
+
 def test_eval_strategy_without_eval_dataset_fails_at_construction(tmp_path):
     for strategy in ("steps", "epoch"):
         with pytest.raises(ValueError, match=rf"eval_strategy='{strategy}' needs an eval_dataset"):

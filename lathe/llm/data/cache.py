@@ -160,12 +160,15 @@ def load_entry(root: str, key: str):
 
 
 def load_splits(folder: str, manifest: dict[str, Any]) -> dict[str, Any]:
+    """The entry's splits as the Trainer gets them (the per-row truncation counts left out)."""
     import datasets
+
+    from lathe.llm.data.truncation import without_columns
 
     splits = {}
     for name, files in manifest["splits"].items():
         parts = [datasets.Dataset.from_file(os.path.join(folder, file)) for file in files]
-        splits[name] = parts[0] if len(parts) == 1 else datasets.concatenate_datasets(parts)
+        splits[name] = without_columns(parts[0] if len(parts) == 1 else datasets.concatenate_datasets(parts))
     return splits
 
 
@@ -230,7 +233,7 @@ def load_tokenized_path(path: str) -> dict[str, Any]:
     return dict(loaded) if isinstance(loaded, datasets.DatasetDict) else {"train": loaded}
 
 
-def save_tokenized_path(splits: dict[str, Any], path: str, key: str | None) -> None:
+def save_tokenized_path(splits: dict[str, Any], path: str, key: str | None, stats: dict[str, Any] | None = None) -> None:
     """DatasetDict.save_to_disk into a sibling temporary folder, then one rename (LLaMA-Factory writes in
     place: a crash leaves a half-written folder that the next run loads)."""
     import datasets
@@ -241,7 +244,7 @@ def save_tokenized_path(splits: dict[str, Any], path: str, key: str | None) -> N
     try:
         target = os.path.join(staging, "data")
         datasets.DatasetDict(splits).save_to_disk(target)
-        write_manifest(target, {"key": key, "splits": None, "written": time.time()})
+        write_manifest(target, {"key": key, "splits": None, "written": time.time(), "stats": stats})
         replace_folder(target, path)
     finally:
         shutil.rmtree(staging, ignore_errors=True)

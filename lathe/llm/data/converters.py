@@ -15,6 +15,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from lathe.llm.data.files import decode_json_columns
 from lathe.llm.data.registry import DatasetAttr
 
 logger = logging.getLogger("lathe.llm.data")
@@ -46,7 +47,15 @@ MULTIMODAL = "multimodal"  # the problem kind that stops the run instead of skip
 def _text(value: Any, what: str, allow_none: bool = True) -> str | None:
     """A string field: str passes, None passes when allowed, anything else is a wrong-type row (content
     parts with an image, video or audio are refused: multimodal is not supported yet)."""
-    if isinstance(value, str) or (value is None and allow_none):
+    if isinstance(value, str):
+        if not value.isascii():
+            try:
+                value.encode("utf-8")
+            except UnicodeEncodeError as error:  # "\ud800" written in a JSON file: no tokenizer can take it
+                raise RowProblem("invalid text", f"{what} holds {value[error.start]!r}, a lone surrogate that is "
+                                                 f"not a Unicode character") from None
+        return value
+    if value is None and allow_none:
         return value
     if value is None:
         raise RowProblem("missing value", f"{what} is missing")
@@ -63,7 +72,7 @@ def _tools_text(value: Any, column: str) -> str:
     if value is None:
         return ""
     if isinstance(value, (list, dict)):
-        return json.dumps(value, ensure_ascii=False)
+        return _text(json.dumps(value, ensure_ascii=False), f"column '{column}'")
     return _text(value, f"column '{column}'")
 
 
@@ -127,8 +136,9 @@ def _split_system(messages: list[dict[str, Any]], example: dict[str, Any], attr:
     return messages, _text(_column(example, attr.system), f"column '{attr.system}' (system)") or ""
 
 
-def _check_turns(aligned: list[dict[str, str]], tags: list[str], offset: int, role_tag: str) -> None:
-    """Alternation (user/observation, then assistant/function, ...) and an even count."""
+def _check_turns(aligned: list[dict[str, str]], tags: list[str], offset: int, role_tag: str, ranking: bool = False) -> None:
+    """Alternation (user/observation, then assistant/function, ...) and an even count (odd for ranking
+    data, whose answers are in the chosen and rejected columns)."""
     if not aligned:
         raise RowProblem("empty conversation", "the conversation has no messages besides the system prompt")
     for index, message in enumerate(aligned):
@@ -137,7 +147,12 @@ def _check_turns(aligned: list[dict[str, str]], tags: list[str], offset: int, ro
             raise RowProblem("wrong role order", f"message {index + 1 + offset} has {role_tag} '{tags[index]}' "
                                                  f"({message['role']}) where {' or '.join(expected)} is expected "
                                                  f"(turns must alternate, starting with the user)")
-    if len(aligned) % 2:
+    if ranking and not len(aligned) % 2:
+        count = len(aligned)
+        raise RowProblem("even number of turns", f"the conversation ends with a {aligned[-1]['role']} turn ({count} "
+                                                  f"messages): ranking data ends with the prompt, the answers are "
+                                                  f"in the chosen and rejected columns")
+    if len(aligned) % 2 and not ranking:
         count = len(aligned)
         raise RowProblem("odd number of turns", f"the conversation ends with a {aligned[-1]['role']} turn "
                                                  f"({count} message{'s' if count > 1 else ''}): it must end with an answer")
@@ -151,13 +166,15 @@ def _tag_roles(attr: DatasetAttr) -> dict[str, str]:
 
 
 def _role(tag: Any, roles: dict[str, str], number: int, attr: DatasetAttr) -> str:
-    if tag not in roles:
+    if not isinstance(tag, str) or tag not in roles:  # a list or object as the tag is no role either
         raise RowProblem("unknown role", f"message {number} has {attr.role_tag} '{tag}', which is none of the "
                                          f"tags {', '.join(repr(t) for t in roles)}")
     return roles[tag]
 
 
-def _prompt_and_response(aligned: list[dict[str, str]]) -> dict[str, Any]:
+def _prompt_and_response(aligned: list[dict[str, str]], ranking: bool = False) -> dict[str, Any]:
+    if ranking:  # the answers come from the chosen and rejected columns (lathe.llm.data.ranking)
+        return {"_prompt": aligned, "_response": []}
     return {"_prompt": aligned[:-1], "_response": aligned[-1:]}
 
 
@@ -172,8 +189,8 @@ def convert_sharegpt(example: dict[str, Any], attr: DatasetAttr) -> dict[str, An
         role = _role(message[attr.role_tag], roles, number, attr)
         content = _text(message.get(attr.content_tag), f"message {number} content ('{attr.content_tag}')", False)
         aligned.append({"role": role, "content": content})
-    _check_turns(aligned, [message[attr.role_tag] for message in messages], offset, attr.role_tag)
-    return {**_prompt_and_response(aligned), "_system": system,
+    _check_turns(aligned, [message[attr.role_tag] for message in messages], offset, attr.role_tag, attr.ranking)
+    return {**_prompt_and_response(aligned, attr.ranking), "_system": system,
             "_tools": _tools_text(_column(example, attr.tools), attr.tools)}
 
 
@@ -209,8 +226,8 @@ def convert_openai(example: dict[str, Any], attr: DatasetAttr) -> dict[str, Any]
         aligned.append({"role": _role(tag, roles, number, attr), "content": content})
         tags.append(tag)
     # Tool results after the last message are dropped, as in LLaMA-Factory: nothing answers them.
-    _check_turns(aligned, tags, offset, attr.role_tag)
-    return {**_prompt_and_response(aligned), "_system": system,
+    _check_turns(aligned, tags, offset, attr.role_tag, attr.ranking)
+    return {**_prompt_and_response(aligned, attr.ranking), "_system": system,
             "_tools": _tools_text(_column(example, attr.tools), attr.tools)}
 
 
@@ -223,6 +240,10 @@ def convert_example(example: dict[str, Any], attr: DatasetAttr, require_response
     empty = {"_prompt": [], "_response": [], "_system": "", "_tools": ""}
     try:
         row = CONVERTERS[attr.formatting](example, attr)
+        if attr.ranking or attr.kto_tag:
+            from lathe.llm.data.ranking import preference_answers
+
+            row["_response"] = preference_answers(row, example, attr)
         if require_response and len(row["_response"]) != 1:
             raise RowProblem("missing response", f"column '{attr.response}' (response) is empty: "
                                                  f"supervised training needs an answer")
@@ -237,21 +258,28 @@ class ConvertBatch:
 
     attr: DatasetAttr
     require_response: bool
+    json_columns: tuple[str, ...] = ()  # columns the reader stored as JSON text (files.py)
 
     def __call__(self, batch: dict[str, list[Any]]) -> dict[str, list[Any]]:
         size = len(next(iter(batch.values()))) if batch else 0
+        batch = decode_json_columns(batch, self.json_columns)
         rows = [convert_example({key: values[i] for key, values in batch.items()}, self.attr, self.require_response)
                 for i in range(size)]
         return {key: [row[key] for row in rows] for key in (*CANONICAL_COLUMNS, PROBLEM_COLUMN)}
 
 
-def _conversion_fingerprint(dataset, attr: DatasetAttr, require_response: bool) -> str:
+def _conversion_fingerprint(dataset, attr: DatasetAttr, require_response: bool, json_columns=()) -> str:
     """`datasets` caches the conversion under this name. Its own fingerprint of a function does not see
-    the code that function calls, so a fixed converter would keep serving old rows: hash this file too."""
+    the code that function calls, so a fixed converter would keep serving old rows: hash this file (and
+    ranking.py, which converts preference answers) too."""
+    import os
+
     fields = {key: value for key, value in vars(attr).items() if key != "info_path"}
-    with open(__file__, "rb") as handle:
-        code = handle.read()
-    text = json.dumps([dataset._fingerprint, fields, require_response], sort_keys=True, default=str)
+    code = b""
+    for path in (__file__, os.path.join(os.path.dirname(__file__), "ranking.py")):
+        with open(path, "rb") as handle:
+            code += handle.read()
+    text = json.dumps([dataset._fingerprint, fields, require_response, list(json_columns)], sort_keys=True, default=str)
     return hashlib.sha256(code + text.encode()).hexdigest()[:32]
 
 
@@ -293,21 +321,23 @@ class ConversionReport:
 
 
 def convert_dataset(dataset, attr: DatasetAttr, require_response: bool, locate: Callable[[list[int]], list[str]],
-                    num_proc: int | None = None, load_from_cache_file: bool | None = None):
+                    num_proc: int | None = None, load_from_cache_file: bool | None = None,
+                    json_columns: tuple[str, ...] = ()):
     """Convert a loaded dataset to the canonical schema; returns (dataset, ConversionReport).
 
     Malformed rows are skipped and counted; `locate(positions)` names their file and row. Zero usable rows
-    is an error that quotes the first problems.
+    is an error that quotes the first problems. `json_columns` hold each value as JSON text (files.py).
     """
     import pyarrow.compute as compute
 
     report = ConversionReport(attr.name, total=len(dataset))
     if len(dataset) == 0:
         raise ValueError(f"{attr.where()}: the data file(s) hold no rows.")
-    converted = dataset.map(ConvertBatch(attr, require_response), batched=True, remove_columns=dataset.column_names,
+    converted = dataset.map(ConvertBatch(attr, require_response, tuple(json_columns)), batched=True,
+                            remove_columns=dataset.column_names,
                             features=canonical_features(), num_proc=num_proc,
                             load_from_cache_file=load_from_cache_file, desc=f"Converting {attr.name} ({attr.formatting})",
-                            new_fingerprint=_conversion_fingerprint(dataset, attr, require_response))
+                            new_fingerprint=_conversion_fingerprint(dataset, attr, require_response, json_columns))
     problems = converted.with_format("arrow")[PROBLEM_COLUMN]
     bad = compute.indices_nonzero(compute.not_equal(problems, "")).to_pylist()
     if bad:

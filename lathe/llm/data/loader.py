@@ -1,4 +1,4 @@
-"""Loading registered datasets: files through `datasets`, `num_samples` / `max_samples`, conversion to the
+"""Loading registered datasets: their files' rows (files.py), `num_samples` / `max_samples`, conversion to the
 canonical schema, mixing several datasets, and the `val_size` split.
 
 Sampling follows LLaMA-Factory 0.9.5 draw for draw: it uses numpy's global RNG right after
@@ -7,61 +7,19 @@ the evaluation datasets in order, which gives the same indices without touching 
 """
 from __future__ import annotations
 
-import json
 import logging
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
 from lathe.llm.data.converters import ConversionReport, convert_dataset
-from lathe.llm.data.registry import DatasetAttr, resolve_data_files
+from lathe.llm.data.files import file_row_counts, read_files
+from lathe.llm.data.registry import DatasetAttr
 
 logger = logging.getLogger("lathe.llm.data")
 
 INTERLEAVE_STRATEGIES = {"interleave_under": "first_exhausted", "interleave_over": "all_exhausted",
                          "interleave_once": "all_exhausted_without_replacement"}
-
-
-def read_files(attr: DatasetAttr, dataset_dir: str, cache_dir: str | None = None):
-    """The raw rows of one registry entry (every file of a folder, in name order); returns (dataset, files, builder)."""
-    import datasets
-
-    files, builder = resolve_data_files(attr, dataset_dir)
-    try:
-        dataset = datasets.load_dataset(builder, data_files=files, split=attr.split, cache_dir=cache_dir)
-    except Exception as error:  # datasets wraps parse errors several layers deep: say where, in one line
-        detail = _find_syntax_error(files) if builder == "json" else None
-        raise ValueError(f"{attr.where('file_name')}: could not read {', '.join(files)} as {builder}: "
-                         f"{detail or _innermost(error)}") from error
-    return dataset, files, builder
-
-
-def _innermost(error: BaseException) -> str:
-    while error.__cause__ is not None or error.__context__ is not None:
-        error = error.__cause__ or error.__context__
-    return f"{type(error).__name__}: {error}"
-
-
-def _find_syntax_error(files: list[str]) -> str | None:
-    """File, line and column of the first JSON syntax error (a .json file may also be JSON Lines)."""
-    for path in files:
-        with open(path, encoding="utf-8") as handle:
-            text = handle.read()
-        try:
-            json.loads(text)
-            continue
-        except json.JSONDecodeError as whole_error:
-            first_error = whole_error
-        for number, line in enumerate(text.splitlines(), start=1):
-            if not line.strip():
-                continue
-            try:
-                json.loads(line)
-            except json.JSONDecodeError as error:
-                if path.endswith(".jsonl") or number > 1:
-                    return f"{path} line {number} column {error.colno}: {error.msg}"
-                return f"{path} line {first_error.lineno} column {first_error.colno}: {first_error.msg}"
-    return None
 
 
 def sample_rows(num_rows: int, num_samples: int | None, max_samples: int | None,
@@ -83,18 +41,15 @@ def sample_rows(num_rows: int, num_samples: int | None, max_samples: int | None,
     return rows
 
 
-def row_locator(files: list[str], builder: str, split: str, rows: np.ndarray | None, cache_dir: str | None):
-    """A function naming the file and row (1-based, within that file) of positions in the sampled dataset."""
+def row_locator(files: list[str], rows: np.ndarray | None, count_rows: Callable[[], list[int]]):
+    """A function naming the file and row (1-based, within that file) of positions in the sampled dataset;
+    `count_rows()` gives the rows of each file (called only when there are several files)."""
 
     def locate(positions: list[int]) -> list[str]:
         originals = [int(rows[p]) if rows is not None else int(p) for p in positions]
         if len(files) == 1:
             return [f"{files[0]} row {row + 1}" for row in originals]
-        import datasets  # several files: count each file's rows (only on this error path)
-
-        counts = [len(datasets.load_dataset(builder, data_files=[path], split=split, cache_dir=cache_dir))
-                  for path in files]
-        starts = np.cumsum([0] + counts)
+        starts = np.cumsum([0] + count_rows())
         places = []
         for row in originals:
             index = int(np.searchsorted(starts, row, side="right") - 1)
@@ -110,7 +65,10 @@ def load_converted_dataset(attr: DatasetAttr, data_args: Any, require_response: 
 
     require_response: rows without exactly one answer are malformed (supervised training); pre-training
     and generation-only evaluation rows may have none."""
-    dataset, files, builder = read_files(attr, data_args.dataset_dir, cache_dir)
+    raw = read_files(attr, data_args.dataset_dir, cache_dir)
+    dataset, files = raw.dataset, raw.files
+    if len(dataset) == 0:
+        raise ValueError(f"{attr.where('file_name')}: {', '.join(files)} hold(s) no rows.")
     rows = sample_rows(len(dataset), attr.num_samples, data_args.max_samples, rng)
     if rows is not None:
         dataset = dataset.select(rows)
@@ -119,9 +77,9 @@ def load_converted_dataset(attr: DatasetAttr, data_args: Any, require_response: 
     _check_columns(attr, dataset.column_names, files, require_response)
     overwrite = bool(getattr(data_args, "overwrite_cache", False))
     return convert_dataset(dataset, attr, require_response=require_response,
-                           locate=row_locator(files, builder, attr.split, rows, cache_dir),
+                           locate=row_locator(files, rows, lambda: file_row_counts(raw, attr.split, cache_dir)),
                            num_proc=data_args.preprocessing_num_workers,
-                           load_from_cache_file=False if overwrite else None)
+                           load_from_cache_file=False if overwrite else None, json_columns=raw.json_columns)
 
 
 def _check_columns(attr: DatasetAttr, present: list[str], files: list[str], require_response: bool) -> None:
@@ -130,9 +88,9 @@ def _check_columns(attr: DatasetAttr, present: list[str], files: list[str], requ
     where = f"{attr.where('columns')}, file {files[0]}" + (f" (and {len(files) - 1} more)" if len(files) > 1 else "")
     listed = ", ".join(present)
     if attr.formatting == "alpaca":
-        roles = ("prompt", "query", "response", "history", "system", "tools")
+        roles = ("prompt", "query", "response", "history", "system", "tools", "chosen", "rejected", "kto_tag")
     else:
-        roles = ("messages", "system", "tools")
+        roles = ("messages", "system", "tools", "chosen", "rejected", "kto_tag")
     for role in roles:
         column = getattr(attr, role)
         if column and column not in present and role not in attr.implicit_columns:
@@ -184,8 +142,11 @@ def load_datasets(attrs: list[DatasetAttr], data_args: Any, stage: str, rng: np.
 
     Supervised rows need an answer, except evaluation rows that are generated from (`generate`), which
     may have none, as in LLaMA-Factory."""
+    from lathe.llm.data.ranking import check_stage_data
+
     loaded, reports = {}, []
     for attr in attrs:
+        check_stage_data(attr, stage)
         if attr.name in loaded:
             logger.warning("dataset '%s' is listed more than once; it is used once (as in LLaMA-Factory).", attr.name)
             continue

@@ -22,6 +22,7 @@ import logging
 from collections import Counter, defaultdict
 
 from lathe.llm.data.supervised import IGNORE_INDEX, describe_skips, encode_supervised_examples
+from lathe.llm.data.truncation import row_columns
 
 logger = logging.getLogger("lathe.llm.data")
 
@@ -53,10 +54,13 @@ def greedy_knapsack(lengths: list[int], capacity: int) -> list[list[int]]:
     return bins
 
 
-def pack_examples(encoded: list[tuple[list[int], list[int]]], cutoff_len: int, neat_packing: bool = False) -> dict:
-    """(input_ids, labels) pairs -> packed rows: input_ids, attention_mask, position_ids, labels."""
+def pack_examples(encoded: list[tuple[list[int], list[int]]], cutoff_len: int, neat_packing: bool = False,
+                  cuts: list | None = None) -> dict:
+    """(input_ids, labels) pairs -> packed rows: input_ids, attention_mask, position_ids, labels; with
+    `cuts` (an ExampleCut per pair) also truncation.COLUMNS summed over each row's examples."""
     rows = {"input_ids": [], "attention_mask": [], "position_ids": [], "labels": []}
-    for members in greedy_knapsack([len(input_ids) for input_ids, _ in encoded], cutoff_len):
+    bins = greedy_knapsack([len(input_ids) for input_ids, _ in encoded], cutoff_len)
+    for members in bins:
         input_ids, attention_mask, position_ids, labels = [], [], [], []
         for segment, index in enumerate(members, start=1):
             example_ids, example_labels = encoded[index]
@@ -68,16 +72,21 @@ def pack_examples(encoded: list[tuple[list[int], list[int]]], cutoff_len: int, n
         rows["attention_mask"].append(attention_mask)
         rows["position_ids"].append(position_ids)
         rows["labels"].append(labels)
+    if cuts is not None:
+        rows.update(row_columns([[cuts[index] for index in members] for members in bins]))
     return rows
 
 
 def preprocess_packed_supervised_dataset(examples: dict, template, tokenizer, data_args,
-                                         skipped: Counter | None = None) -> dict:
+                                         skipped: Counter | None = None, measure: bool = False) -> dict:
     """A batched `datasets.map` function: canonical columns -> packed rows (input_ids, attention_mask,
-    position_ids, labels). Skipped examples are counted and logged as for unpacked rows."""
-    encoded, batch_skipped = encode_supervised_examples(examples, template, tokenizer, data_args)
+    position_ids, labels). Skipped examples are counted and logged as for unpacked rows; `measure` adds
+    truncation.COLUMNS per packed row."""
+    cuts: list = []
+    encoded, batch_skipped = encode_supervised_examples(examples, template, tokenizer, data_args, cuts)
     if batch_skipped:
         logger.warning("Packed supervised preprocessing %s.", describe_skips(batch_skipped, len(examples["_prompt"])))
         if skipped is not None:
             skipped.update(batch_skipped)
-    return pack_examples(encoded, data_args.cutoff_len, getattr(data_args, "neat_packing", False))
+    return pack_examples(encoded, data_args.cutoff_len, getattr(data_args, "neat_packing", False),
+                         cuts if measure else None)

@@ -19,7 +19,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from lathe.llm.data import cache
+from lathe.llm.data import cache, truncation
 from lathe.llm.data.converters import ConversionReport
 from lathe.llm.data.preview import trained_fraction
 from lathe.llm.data.loader import load_datasets, merge_datasets, split_validation
@@ -27,7 +27,7 @@ from lathe.llm.data.registry import DatasetAttr, get_dataset_list, resolve_data_
 
 logger = logging.getLogger("lathe.llm.data")
 
-STAGES = ("pt", "sft")
+STAGES = ("pt", "sft", "rm", "dpo", "kto")
 DEFAULT_CACHE_DIR = os.path.join("~", ".cache", "lathe", "tokenized")
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -49,7 +49,8 @@ def get_dataset(template, model_args, data_args, training_args, stage: str, toke
     if tokenized_path and cache.has_tokenized_data(tokenized_path):
         logger.warning("Loading the tokenized dataset from tokenized_path %s: the data arguments are ignored "
                        "(as in LLaMA-Factory); remove that folder to tokenize again.", tokenized_path)
-        return dataset_module(cache.load_tokenized_path(tokenized_path))
+        stats = (cache.read_manifest(tokenized_path) or {}).get("stats")
+        return dataset_module(cache.load_tokenized_path(tokenized_path), stats)
     if not getattr(data_args, "dataset", None) and not getattr(data_args, "eval_dataset", None):
         raise ValueError("No dataset: set `dataset` (and/or `eval_dataset`) to names from dataset_info.json.")
 
@@ -64,13 +65,13 @@ def get_dataset(template, model_args, data_args, training_args, stage: str, toke
         if entry is not None:
             splits, manifest = entry
             logger.info("Tokenized dataset loaded from the cache: %s", cache.entry_path(root, key))
-            _log_reports(manifest, cached=True)
+            _log_reports(manifest, data_args.cutoff_len, cached=True)
         else:
-            splits = build_and_cache(plan, root, key)
+            splits, manifest = build_and_cache(plan, root, key)
     if tokenized_path and getattr(training_args, "should_save", True):
-        cache.save_tokenized_path(splits, tokenized_path, key)
+        cache.save_tokenized_path(splits, tokenized_path, key, manifest.get("stats"))
         logger.info("Tokenized dataset saved at %s; later runs with tokenized_path load it.", tokenized_path)
-    return dataset_module(splits)
+    return dataset_module(splits, manifest.get("stats"))
 
 
 @dataclass
@@ -146,6 +147,14 @@ def select_processor(stage: str, packing: bool, generate: bool = False) -> Calla
     """The batched map function for a stage, with the uniform signature (examples, template, tokenizer, data_args)."""
     if stage == "pt":
         return _pretrain
+    if stage in ("rm", "dpo"):
+        from lathe.llm.data.pairwise import preprocess_pairwise_dataset
+
+        return preprocess_pairwise_dataset
+    if stage == "kto":
+        from lathe.llm.data.feedback import preprocess_feedback_dataset
+
+        return preprocess_feedback_dataset
     if generate:
         from lathe.llm.data.supervised import preprocess_unsupervised_dataset
 
@@ -165,8 +174,9 @@ def _pretrain(examples, template, tokenizer, data_args):
     return preprocess_pretrain_dataset(examples, tokenizer, data_args)
 
 
-def build_and_cache(plan: DataPlan, root: str, key: str) -> dict[str, Any]:
-    """Load, convert, merge, split and tokenize into a staging folder, then publish it as the entry `key`."""
+def build_and_cache(plan: DataPlan, root: str, key: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Load, convert, merge, split and tokenize into a staging folder, then publish it as the entry `key`;
+    returns (splits, manifest)."""
     data_args = plan.data_args
     rng = np.random.RandomState(plan.seed)  # LLaMA-Factory's draws after set_seed(seed)
     raw_cache = os.path.join(root, "raw")
@@ -192,14 +202,14 @@ def build_and_cache(plan: DataPlan, root: str, key: str) -> dict[str, Any]:
             files[name] = [os.path.relpath(item["filename"], staging) for item in processed.cache_files]
             stats[name] = split_stats(processed, rows_before=len(dataset))
         manifest = {"key": key, "splits": files, "stats": stats, "created": time.time(),
-                    "one_row_per_example": plan.stage == "sft" and not plan.packing,
+                    "one_row_per_example": plan.stage != "pt" and not plan.packing,
                     "reports": [report.to_dict() for report in reports if report.skipped]}
         cache.write_manifest(staging, manifest)
     entry = cache.load_entry(root, key)
     if entry is None:
         raise RuntimeError(f"the tokenization cache entry {cache.entry_path(root, key)} was written but cannot be read")
-    _log_reports(manifest, cached=False)
-    return entry[0]
+    _log_reports(manifest, data_args.cutoff_len, cached=False)
+    return entry
 
 
 def tokenize_split(plan: DataPlan, name: str, dataset, staging: str):
@@ -209,14 +219,16 @@ def tokenize_split(plan: DataPlan, name: str, dataset, staging: str):
                       num_proc=getattr(plan.data_args, "preprocessing_num_workers", None),
                       cache_file_name=os.path.join(staging, f"{name}.arrow"), load_from_cache_file=False,
                       new_fingerprint=cache.hash_text(f"{staging}/{name}")[:32], desc=f"Tokenizing the {name} split")
-    if processor is _pretrain:  # blocks are cut from the whole split's token stream, not batch by batch
-        from lathe.llm.data.pretrain import pretrain_blocks
+    with truncation.quiet_length_warning(plan.tokenizer):  # lathe reports what cutoff_len cut instead
+        if processor is _pretrain:  # blocks are cut from the whole split's token stream, not batch by batch
+            from lathe.llm.data.pretrain import pretrain_blocks
 
-        processed = pretrain_blocks(dataset, plan.tokenizer, _resolved_data_args(plan), map_kwargs)
-    else:
-        function = functools.partial(processor, template=plan.template, tokenizer=plan.tokenizer,
-                                     data_args=_resolved_data_args(plan))
-        processed = dataset.map(function, batched=True, remove_columns=dataset.column_names, **map_kwargs)
+            processed = pretrain_blocks(dataset, plan.tokenizer, _resolved_data_args(plan), map_kwargs)
+        else:
+            options = {"measure": True} if _can_measure(processor) else {}  # sft: what cutoff_len cuts per row
+            function = functools.partial(processor, template=plan.template, tokenizer=plan.tokenizer,
+                                         data_args=_resolved_data_args(plan), **options)
+            processed = dataset.map(function, batched=True, remove_columns=dataset.column_names, **map_kwargs)
     if len(processed) == 0:
         what = "with text" if plan.stage == "pt" else "usable after tokenization"
         raise ValueError(f"The {name} split has no examples {what} ({len(dataset)} rows before tokenization); "
@@ -224,6 +236,12 @@ def tokenize_split(plan: DataPlan, name: str, dataset, staging: str):
     if not processed.cache_files or any(not item["filename"].startswith(staging) for item in processed.cache_files):
         processed = processed.flatten_indices(cache_file_name=os.path.join(staging, f"{name}-flat.arrow"))
     return processed
+
+
+def _can_measure(processor: Callable) -> bool:
+    import inspect
+
+    return "measure" in inspect.signature(processor).parameters
 
 
 def _resolved_data_args(plan: DataPlan):
@@ -237,13 +255,15 @@ def _resolved_data_args(plan: DataPlan):
     return resolved
 
 
-def split_stats(dataset, rows_before: int) -> dict[str, int]:
-    """Rows, tokens and trained tokens (labels != -100) of a tokenized split."""
+def split_stats(dataset, rows_before: int) -> dict[str, Any]:
+    """Rows, tokens and trained tokens (labels != -100) of a tokenized split, and what cutoff_len cut
+    ("truncation": truncation.split_truncation, None for pre-training, which cuts nothing)."""
     trained, tokens = trained_fraction(dataset)
-    return {"rows_before": rows_before, "rows": len(dataset), "tokens": tokens, "trained_tokens": trained}
+    return {"rows_before": rows_before, "rows": len(dataset), "tokens": tokens, "trained_tokens": trained,
+            "truncation": truncation.split_truncation(dataset)}
 
 
-def _log_reports(manifest: dict[str, Any], cached: bool) -> None:
+def _log_reports(manifest: dict[str, Any], cutoff_len: int, cached: bool) -> None:
     """Skipped rows were reported while converting; a cache hit repeats them, since they still apply."""
     for values in manifest.get("reports", []) if cached else []:
         logger.warning("when this cache entry was built, %s", ConversionReport.from_dict(values).summary())
@@ -254,13 +274,19 @@ def _log_reports(manifest: dict[str, Any], cached: bool) -> None:
                            name, dropped, stats["rows_before"])
         logger.info("%s split: %d rows (from %d), %d tokens%s", name, stats["rows"], stats["rows_before"],
                     stats["tokens"], f", {stats['trained_tokens']} trained")
+        cut = truncation.report(name, stats.get("truncation"), cutoff_len)
+        if cut is not None:
+            getattr(logger, cut[0])(cut[1])
 
 
-def dataset_module(splits: dict[str, Any]) -> dict[str, Any]:
+def dataset_module(splits: dict[str, Any], stats: dict[str, Any] | None = None) -> dict[str, Any]:
     """LLaMA-Factory's DatasetModule: "train" -> train_dataset; "validation" -> eval_dataset, or
-    "validation_<name>" splits -> eval_dataset as {name: Dataset}."""
+    "validation_<name>" splits -> eval_dataset as {name: Dataset}. With `stats` (the cache manifest's),
+    "truncation" holds what cutoff_len cut per split ({split: counts}, see truncation.py)."""
     module: dict[str, Any] = {"train_dataset": splits.get("train"), "eval_dataset": splits.get("validation")}
     if module["eval_dataset"] is None:
         named = {name[len("validation_"):]: dataset for name, dataset in splits.items() if name.startswith("validation_")}
         module["eval_dataset"] = named or None
+    if stats is not None:
+        module["truncation"] = {name: values.get("truncation") for name, values in stats.items()}
     return module

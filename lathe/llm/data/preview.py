@@ -1,5 +1,6 @@
 """What `lathe data preview` prints: a few tokenized examples decoded, with the trained spans marked,
-and the fraction of tokens that are trained."""
+and the fraction of tokens that are trained. Pairwise rows (rm, dpo) show the chosen and the rejected
+sequence; KTO rows the tagged answer and the mismatched pair of the KL term."""
 from __future__ import annotations
 
 from typing import Any
@@ -42,16 +43,28 @@ def mark_trained_spans(input_ids: list[int], labels: list[int] | None, tokenizer
     return "".join(pieces)
 
 
+# (input ids, labels) column pairs a row may hold: sft/pt/kto rows, and the two sides of a pairwise row.
+# A KTO row's KL pair (kl_input_ids) is not trained and not counted.
+SEQUENCE_COLUMNS = (("input_ids", "labels"), ("chosen_input_ids", "chosen_labels"), ("rejected_input_ids", "rejected_labels"))
+
+
 def trained_fraction(dataset) -> tuple[int, int]:
     """(trained tokens, all tokens) over the whole dataset, counted in arrow."""
     import pyarrow.compute as compute
 
     table = dataset.with_format("arrow")[:]
-    total = int(compute.sum(compute.list_value_length(table["input_ids"])).as_py() or 0)
-    if "labels" not in table.column_names:
-        return total, total
-    labels = compute.list_flatten(table["labels"])
-    return int(compute.sum(compute.not_equal(labels, IGNORE_INDEX)).as_py() or 0), total
+    trained = total = 0
+    for ids, labels in SEQUENCE_COLUMNS:
+        if ids not in table.column_names:
+            continue
+        tokens = int(compute.sum(compute.list_value_length(table[ids])).as_py() or 0)
+        total += tokens
+        if labels not in table.column_names:
+            trained += tokens
+            continue
+        flat = compute.list_flatten(table[labels])
+        trained += int(compute.sum(compute.not_equal(flat, IGNORE_INDEX)).as_py() or 0)
+    return trained, total
 
 
 def preview_examples(dataset, tokenizer, n: int = 3) -> str:
@@ -62,9 +75,22 @@ def preview_examples(dataset, tokenizer, n: int = 3) -> str:
              f"trained spans are shown between {OPEN} and {CLOSE}."]
     for index in range(min(n, len(dataset))):
         row: dict[str, Any] = dataset[index]
-        labels = row.get("labels")
-        row_trained = sum(label != IGNORE_INDEX for label in labels) if labels is not None else len(row["input_ids"])
-        lines.append(f"--- example {index + 1}: {len(row['input_ids'])} tokens, {row_trained} trained "
-                     f"({row_trained / max(len(row['input_ids']), 1):.1%})")
-        lines.append(mark_trained_spans(row["input_ids"], labels, tokenizer))
+        if "chosen_input_ids" in row:
+            lines.append(f"--- example {index + 1}")
+            for side in ("chosen", "rejected"):
+                lines += _sequence(f"{side}:", row[f"{side}_input_ids"], row[f"{side}_labels"], tokenizer)
+        elif "kto_tags" in row:
+            tag = "desirable" if row["kto_tags"] else "undesirable"
+            lines.append(f"--- example {index + 1}")
+            lines += _sequence(f"{tag} answer:", row["input_ids"], row["labels"], tokenizer)
+            lines += _sequence("KL pair (the previous row's answer, scored but not trained):", row["kl_input_ids"],
+                               row["kl_labels"], tokenizer, counted="scored")
+        else:
+            lines += _sequence(f"--- example {index + 1}:", row["input_ids"], row.get("labels"), tokenizer)
     return "\n".join(lines)
+
+
+def _sequence(title: str, input_ids: list[int], labels: list[int] | None, tokenizer, counted: str = "trained") -> list[str]:
+    trained = sum(label != IGNORE_INDEX for label in labels) if labels is not None else len(input_ids)
+    return [f"{title} {len(input_ids)} tokens, {trained} {counted} ({trained / max(len(input_ids), 1):.1%})",
+            mark_trained_spans(input_ids, labels, tokenizer)]

@@ -26,9 +26,7 @@ HUB_KEYS = ("hf_hub_url", "ms_hub_url", "om_hub_url", "script_url", "cloud_file_
 ENTRY_KEYS = ("file_name", "formatting", "ranking", "subset", "split", "folder", "num_samples",
               "columns", "tags", "file_sha1") + HUB_KEYS
 # Columns whose data lathe cannot train on yet: a clear error instead of silently ignoring them.
-UNSUPPORTED_COLUMNS = {"images": "multimodal data", "videos": "multimodal data", "audios": "multimodal data",
-                       "chosen": "preference (ranking) data", "rejected": "preference (ranking) data",
-                       "kto_tag": "KTO feedback data"}
+UNSUPPORTED_COLUMNS = {"images": "multimodal data", "videos": "multimodal data", "audios": "multimodal data"}
 OFFLINE_MESSAGE = "lathe works offline; download the dataset and point file_name at it"
 
 
@@ -40,6 +38,7 @@ class DatasetAttr:
     file_name: str
     info_path: str  # the dataset_info.json it came from (for messages)
     formatting: str = "alpaca"
+    ranking: bool = False  # preference pairs: the chosen and rejected columns hold the two answers
     split: str = "train"
     num_samples: int | None = None
     # Column names; `columns` in the registry replaces every default (LLaMA-Factory semantics).
@@ -50,6 +49,9 @@ class DatasetAttr:
     messages: str | None = DEFAULT_COLUMNS["messages"]
     system: str | None = None
     tools: str | None = None
+    chosen: str | None = None  # ranking: the preferred answer (alpaca: text; sharegpt/openai: one message)
+    rejected: str | None = None  # ranking: the other answer
+    kto_tag: str | None = None  # KTO: true (desirable answer) or false (undesirable)
     # Role tags (sharegpt / openai); `tags` in the registry replaces every default too.
     role_tag: str | None = DEFAULT_TAGS["role_tag"]
     content_tag: str | None = DEFAULT_TAGS["content_tag"]
@@ -140,10 +142,10 @@ def parse_entry(name: str, entry: Any, info_path: str) -> DatasetAttr:
         raise ValueError(f"{where}: no 'file_name' (a file or folder relative to the dataset_dir).")
     if not isinstance(entry["file_name"], str) or not entry["file_name"]:
         raise ValueError(f"{where} (key 'file_name'): must be a non-empty string, got {entry['file_name']!r}")
-    if entry.get("ranking"):
-        raise ValueError(f"{where} (key 'ranking'): preference (ranking) datasets are not supported yet.")
+    if not isinstance(entry.get("ranking", False), bool):
+        raise ValueError(f"{where} (key 'ranking'): must be true or false, got {entry['ranking']!r}")
 
-    attr = DatasetAttr(name=name, file_name=entry["file_name"], info_path=info_path)
+    attr = DatasetAttr(name=name, file_name=entry["file_name"], info_path=info_path, ranking=entry.get("ranking", False))
     attr.formatting = entry.get("formatting") or "alpaca"
     if attr.formatting not in FORMATTINGS:
         raise ValueError(f"{where} (key 'formatting'): unknown formatting '{attr.formatting}'"
@@ -167,6 +169,7 @@ def parse_entry(name: str, entry: Any, info_path: str) -> DatasetAttr:
     if "tags" in entry:
         _apply_names(attr, entry["tags"], TAG_NAMES, f"{where} (key 'tags')")
     _check_names(attr, where)
+    _check_preference_names(attr, where)
     return attr
 
 
@@ -199,6 +202,23 @@ def _check_names(attr: DatasetAttr, where: str) -> None:
             raise ValueError(f"{where} (key 'tags'): '{tag}' is not set; `tags` replaces every default tag "
                              f"(as in LLaMA-Factory), so list role_tag, content_tag, user_tag, assistant_tag "
                              f"(and observation_tag, function_tag, system_tag where the data has them).")
+
+
+def _check_preference_names(attr: DatasetAttr, where: str) -> None:
+    """Ranking entries name both answer columns (LLaMA-Factory crashes with KeyError: None otherwise);
+    a KTO tag and a ranking pair are two different kinds of data."""
+    if attr.ranking:
+        missing = [column for column in ("chosen", "rejected") if not getattr(attr, column)]
+        if missing:
+            raise ValueError(f"{where} (key 'columns'): ranking data needs the {' and '.join(missing)} column"
+                             f"{'s' if len(missing) > 1 else ''}: name them in `columns`, e.g. "
+                             '{"chosen": "chosen", "rejected": "rejected"}.')
+        if attr.kto_tag:
+            raise ValueError(f"{where} (key 'columns'): 'kto_tag' marks KTO data (one answer, good or bad), "
+                             f"which is not ranking data: remove 'ranking' or 'kto_tag'.")
+    elif attr.chosen or attr.rejected:
+        raise ValueError(f"{where} (key 'ranking'): the entry names chosen/rejected columns but is not marked "
+                         f"\"ranking\": true (LLaMA-Factory would ignore them).")
 
 
 def resolve_data_files(attr: DatasetAttr, dataset_dir: str) -> tuple[list[str], str]:

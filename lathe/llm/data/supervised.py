@@ -4,13 +4,15 @@ Labels are -100 on every prompt span (system, user, tool results) and the token 
 span, EOS included; `train_on_prompt` trains prompts too, `mask_history` only the last answer.
 Truncation to cutoff_len splits each turn's budget between prompt and answer as LLaMA-Factory 0.9.5
 does (`infer_seqlen`), so the ids are the same token for token. Examples that cannot be encoded, or
-that have no trained token left, are skipped and counted by reason, never dropped silently.
+that have no trained token left, are skipped and counted by reason, never dropped silently; with
+`measure`, each row also says what cutoff_len cut from it (truncation.py).
 """
 from __future__ import annotations
 
 import logging
 from collections import Counter
 
+from lathe.llm.data.truncation import ExampleCut, row_columns
 from lathe.llm.templates.template import ANSWER_ROLES, PROMPT_ROLES
 from lathe.llm.templates.tools import InvalidMessage
 
@@ -76,12 +78,38 @@ def encode_supervised_example(
     With an efficient_eos template the answers carry no EOS: the first token of each later prompt is
     labelled EOS instead, and one EOS is appended at the end. Raises SkippedExample for a message that
     cannot be encoded (e.g. tool-call JSON that does not parse)."""
-    efficient_eos = template.efficient_eos
+    turns = _encode_turns(prompt, response, system, tools, template, tokenizer, mask_history)
+    return assemble_turns(turns, template.efficient_eos, tokenizer.eos_token_id, cutoff_len, train_on_prompt, mask_history)
+
+
+def measure_supervised_example(
+    prompt, response, system, tools, template, tokenizer, cutoff_len: int, train_on_prompt: bool = False,
+    mask_history: bool = False,
+) -> tuple[list[int], list[int], ExampleCut]:
+    """`encode_supervised_example`, and what cutoff_len cut from it: tokens and trained tokens before and after."""
+    turns = _encode_turns(prompt, response, system, tools, template, tokenizer, mask_history)
+    assemble = (template.efficient_eos, tokenizer.eos_token_id)
+    input_ids, labels = assemble_turns(turns, *assemble, cutoff_len, train_on_prompt, mask_history)
+    trained = len(labels) - labels.count(IGNORE_INDEX)
+    full_length = sum(len(source) + len(target) for source, target in turns) + (1 if template.efficient_eos else 0)
+    if full_length <= cutoff_len:
+        return input_ids, labels, ExampleCut(len(input_ids), len(input_ids), trained, trained)
+    _, whole_labels = assemble_turns(turns, *assemble, full_length, train_on_prompt, mask_history)
+    return input_ids, labels, ExampleCut(full_length, len(input_ids), len(whole_labels) - whole_labels.count(IGNORE_INDEX),
+                                         trained)
+
+
+def _encode_turns(prompt, response, system, tools, template, tokenizer, mask_history: bool):
     discard_history_thoughts = mask_history and not template.preserve_thinking
     try:
-        turns = template.encode_multiturn(tokenizer, prompt + response, system, tools, discard_history_thoughts)
+        return template.encode_multiturn(tokenizer, prompt + response, system, tools, discard_history_thoughts)
     except InvalidMessage as error:
         raise SkippedExample(str(error)) from None
+
+
+def assemble_turns(turns, efficient_eos: bool, eos_token_id: int, cutoff_len: int, train_on_prompt: bool,
+                   mask_history: bool) -> tuple[list[int], list[int]]:
+    """Encoded turns [(prompt ids, answer ids)] -> (input_ids, labels) within cutoff_len (see above)."""
     if mask_history:
         turns = turns[::-1]  # the last turn first: it gets the budget before the history does
 
@@ -100,7 +128,7 @@ def encode_supervised_example(
         elif efficient_eos and turn_index != 0:
             # LLaMA-Factory's rule, kept for identical ids: "turn_index != 0" counts in processing order,
             # so with mask_history it is the earlier turns that get the EOS label, not the last one.
-            source_labels = [tokenizer.eos_token_id] + [IGNORE_INDEX] * (source_len - 1)
+            source_labels = [eos_token_id] + [IGNORE_INDEX] * (source_len - 1)
         else:
             source_labels = [IGNORE_INDEX] * source_len
         if mask_history and turn_index != 0:
@@ -116,14 +144,15 @@ def encode_supervised_example(
             labels += source_labels + target_labels
 
     if efficient_eos:
-        input_ids.append(tokenizer.eos_token_id)
-        labels.append(tokenizer.eos_token_id)
+        input_ids.append(eos_token_id)
+        labels.append(eos_token_id)
     return input_ids, labels
 
 
-def encode_supervised_examples(examples: dict, template, tokenizer, data_args):
+def encode_supervised_examples(examples: dict, template, tokenizer, data_args, cuts: list | None = None):
     """A batch in the canonical columns (_prompt, _response, _system, _tools) -> the encoded
-    (input_ids, labels) pairs of the examples kept, and a Counter of skip reasons for the others."""
+    (input_ids, labels) pairs of the examples kept, and a Counter of skip reasons for the others.
+    `cuts`, when given, receives an ExampleCut per kept example."""
     encoded, skipped = [], Counter()
     cutoff_len = data_args.cutoff_len
     train_on_prompt = getattr(data_args, "train_on_prompt", False)
@@ -134,7 +163,7 @@ def encode_supervised_examples(examples: dict, template, tokenizer, data_args):
     for prompt, response, system, tool_text in zip(examples["_prompt"], examples["_response"], systems, tools):
         try:
             check_supervised_example(prompt, response, system, tool_text)
-            input_ids, labels = encode_supervised_example(
+            input_ids, labels, cut = measure_supervised_example(
                 prompt, response, system, tool_text, template, tokenizer, cutoff_len, train_on_prompt, mask_history
             )
             if all(label == IGNORE_INDEX for label in labels):
@@ -143,6 +172,8 @@ def encode_supervised_examples(examples: dict, template, tokenizer, data_args):
             skipped[skip.reason] += 1
             continue
         encoded.append((input_ids, labels))
+        if cuts is not None:
+            cuts.append(cut)
     return encoded, skipped
 
 
@@ -152,27 +183,37 @@ def describe_skips(skipped: Counter, total: int) -> str:
     )
 
 
-def preprocess_supervised_dataset(examples: dict, template, tokenizer, data_args, skipped: Counter | None = None):
+def preprocess_supervised_dataset(examples: dict, template, tokenizer, data_args, skipped: Counter | None = None,
+                                  measure: bool = False):
     """A batched `datasets.map` function: canonical columns -> input_ids, attention_mask, labels.
 
     Skipped examples are logged per batch with their reasons and, when `skipped` is given, added to it
-    (in-process only: with several map workers, compare row counts before and after)."""
-    encoded, batch_skipped = encode_supervised_examples(examples, template, tokenizer, data_args)
+    (in-process only: with several map workers, compare row counts before and after). `measure` adds
+    truncation.COLUMNS: what cutoff_len cut from each row."""
+    cuts: list[ExampleCut] = []
+    encoded, batch_skipped = encode_supervised_examples(examples, template, tokenizer, data_args, cuts)
     if batch_skipped:
         logger.warning("Supervised preprocessing %s.", describe_skips(batch_skipped, len(examples["_prompt"])))
         if skipped is not None:
             skipped.update(batch_skipped)
-    return {
+    rows = {
         "input_ids": [input_ids for input_ids, _ in encoded],
         "attention_mask": [[1] * len(input_ids) for input_ids, _ in encoded],
         "labels": [labels for _, labels in encoded],
     }
+    return {**rows, **row_columns([[cut] for cut in cuts])} if measure else rows
 
 
 def encode_unsupervised_example(prompt, response, system, tools, template, tokenizer, cutoff_len: int):
     """Prompt-only rows for generation (predict_with_generate): input_ids = the prompt (ending with the
     assistant header), labels = the reference answer's ids (not masked: they are compared to the
     generated text). Without exactly one response, the reference is an empty answer."""
+    input_ids, labels, _ = measure_unsupervised_example(prompt, response, system, tools, template, tokenizer, cutoff_len)
+    return input_ids, labels
+
+
+def measure_unsupervised_example(prompt, response, system, tools, template, tokenizer, cutoff_len: int):
+    """`encode_unsupervised_example` and what cutoff_len cut from the prompt and the reference answer."""
     reference = response if len(response) == 1 else [{"role": "assistant", "content": ""}]
     try:
         input_ids, labels = template.encode_oneturn(tokenizer, prompt + reference, system, tools)
@@ -181,13 +222,17 @@ def encode_unsupervised_example(prompt, response, system, tools, template, token
     if template.efficient_eos:
         labels = labels + [tokenizer.eos_token_id]
     source_len, target_len = infer_seqlen(len(input_ids), len(labels), cutoff_len)
-    return input_ids[:source_len], labels[:target_len]
+    cut = ExampleCut(len(input_ids) + len(labels), source_len + target_len, len(labels), target_len)
+    return input_ids[:source_len], labels[:target_len], cut
 
 
-def preprocess_unsupervised_dataset(examples: dict, template, tokenizer, data_args, skipped: Counter | None = None):
+def preprocess_unsupervised_dataset(examples: dict, template, tokenizer, data_args, skipped: Counter | None = None,
+                                    measure: bool = False):
     """A batched `datasets.map` function for evaluation rows that are generated from: input_ids,
-    attention_mask and labels (the reference answer), with skips counted as for supervised rows."""
+    attention_mask and labels (the reference answer), with skips counted as for supervised rows;
+    `measure` as for supervised rows (the labels are the reference answers)."""
     model_inputs = {"input_ids": [], "attention_mask": [], "labels": []}
+    cuts: list[ExampleCut] = []
     batch_skipped = Counter()
     count = len(examples["_prompt"])
     systems = examples.get("_system") or [None] * count
@@ -196,12 +241,13 @@ def preprocess_unsupervised_dataset(examples: dict, template, tokenizer, data_ar
     for prompt, response, system, tool_text in zip(examples["_prompt"], responses, systems, tools):
         try:
             check_supervised_example(prompt, response or [], system, tool_text, need_response=False)
-            input_ids, labels = encode_unsupervised_example(
+            input_ids, labels, cut = measure_unsupervised_example(
                 prompt, response or [], system, tool_text, template, tokenizer, data_args.cutoff_len
             )
         except SkippedExample as skip:
             batch_skipped[skip.reason] += 1
             continue
+        cuts.append(cut)
         model_inputs["input_ids"].append(input_ids)
         model_inputs["attention_mask"].append([1] * len(input_ids))
         model_inputs["labels"].append(labels)
@@ -209,4 +255,4 @@ def preprocess_unsupervised_dataset(examples: dict, template, tokenizer, data_ar
         logger.warning("Unsupervised preprocessing %s.", describe_skips(batch_skipped, count))
         if skipped is not None:
             skipped.update(batch_skipped)
-    return model_inputs
+    return {**model_inputs, **row_columns([[cut] for cut in cuts])} if measure else model_inputs

@@ -21,7 +21,7 @@ import time
 import uuid
 
 from lathe.llm.inference.engine import ChatEngine, InvalidRequest
-from lathe.llm.inference.requests import Limits, parse_chat, parse_completion
+from lathe.llm.inference.requests import Limits, parse_body, parse_chat, parse_completion
 
 logger = logging.getLogger(__name__)
 
@@ -73,15 +73,6 @@ def create_app(engine: ChatEngine, model_name: str, api_key: str | None = None, 
         logger.exception("Unexpected error in %s", request.url.path)
         return fail(500, f"Internal error: {type(error).__name__}: {error}", "server_error")
 
-    async def read_json(request) -> dict:
-        raw = await request.body()
-        if len(raw) > limits.max_body_bytes:
-            raise InvalidRequest(f"The request body is larger than {limits.max_body_bytes} bytes.", code="request_too_large")
-        try:
-            return json.loads(raw)
-        except (ValueError, UnicodeDecodeError) as error:
-            raise InvalidRequest(f"The request body is not valid JSON: {error}") from None
-
     @app.get("/health")
     async def health():
         return {"status": "ok", "model": model_name, "queued": engine.pending}
@@ -92,7 +83,7 @@ def create_app(engine: ChatEngine, model_name: str, api_key: str | None = None, 
 
     async def serve(request, parse, kind: str):
         try:
-            body = await read_json(request)
+            body = parse_body(await request.body(), limits)
             prompt_ids, parsed = parse(body, engine, limits)
         except InvalidRequest as error:
             status = 413 if error.code == "request_too_large" else 400

@@ -100,7 +100,10 @@ class BatchGenerator:
             logits[ids] -= params.presence_penalty + params.frequency_penalty * counts.to(logits.dtype)
         if params.greedy:
             return int(logits.argmax())
-        logits = logits / params.temperature
+        scaled = logits / params.temperature
+        if not torch.isfinite(scaled.max()):  # a temperature so small (1e-310) that dividing overflows: its limit
+            return int(logits.argmax())
+        logits = scaled
         if 0 < params.top_k < logits.numel():
             threshold = torch.topk(logits, params.top_k).values[-1]
             logits = logits.masked_fill(logits < threshold, float("-inf"))

@@ -2,12 +2,15 @@
 InvalidRequest naming the field (a 400 with OpenAI's error body), never a crash in the server."""
 from __future__ import annotations
 
+import json
+import re
 from dataclasses import dataclass
 
 from lathe.llm.inference.engine import InvalidRequest
 from lathe.llm.inference.generation import SamplingParams
 
 MAX_STOP_STRINGS = 4  # OpenAI's limit
+JSON_STRING = re.compile(rb'"(?:[^"\\]|\\.)*+"', re.DOTALL)  # a JSON string literal, escapes included
 
 
 @dataclass
@@ -15,6 +18,40 @@ class Limits:
     max_tokens: int  # the largest max_tokens a request may ask for
     max_n: int = 8  # choices per request
     max_body_bytes: int = 1_000_000
+    max_json_depth: int = 64  # nesting of objects and lists; OpenAI bodies, tool schemas included, need far fewer
+
+
+def parse_body(raw: bytes, limits: Limits):
+    """The request body as JSON, its size and nesting depth checked before it is parsed: Python's parser
+    recurses once per level, so 50,000 nested lists would end in a RecursionError, not a 400."""
+    if len(raw) > limits.max_body_bytes:
+        raise InvalidRequest(f"The request body is larger than {limits.max_body_bytes} bytes.", code="request_too_large")
+    depth = json_depth(raw)
+    if depth > limits.max_json_depth:
+        raise InvalidRequest(f"The request body nests JSON {depth} levels deep; at most {limits.max_json_depth} "
+                             f"are allowed.")
+    try:
+        body = json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as error:
+        raise InvalidRequest(f"The request body is not valid JSON: {error}") from None
+    except RecursionError:  # cannot happen within max_json_depth; a 400 all the same
+        raise InvalidRequest("The request body nests JSON too deeply.") from None
+    try:  # "\ud800" is valid JSON but no character: the tokenizer could not take it
+        json.dumps(body, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError as error:
+        raise InvalidRequest(f"The request body holds {error.object[error.start]!r}, a lone surrogate that is not a "
+                             f"Unicode character.") from None
+    return body
+
+
+def json_depth(raw: bytes) -> int:
+    """The deepest nesting of [ and { outside string literals (of valid JSON; for invalid JSON an estimate
+    that only decides whether to try parsing it)."""
+    import numpy as np
+
+    structure = np.frombuffer(JSON_STRING.sub(b'""', raw), dtype=np.uint8)
+    steps = np.isin(structure, (ord("["), ord("{"))).astype(np.int32) - np.isin(structure, (ord("]"), ord("}")))
+    return int(np.cumsum(steps).max(initial=0))
 
 
 def _number(body: dict, name: str, low: float, high: float, integer: bool = False):
@@ -96,8 +133,21 @@ def parse_common(body: dict, engine, limits: Limits) -> ParsedRequest:
     return ParsedRequest(params, n, stream, bool((options or {}).get("include_usage", False)))
 
 
+def _check_tool_call_arguments(messages, limits: Limits) -> None:
+    """Tool-call arguments are JSON inside a string, unseen by parse_body's depth check: bound them too."""
+    for index, message in enumerate(messages if isinstance(messages, list) else []):
+        calls = message.get("tool_calls") if isinstance(message, dict) else None
+        for call in calls if isinstance(calls, list) else []:
+            function = call.get("function") if isinstance(call, dict) else None
+            arguments = function.get("arguments") if isinstance(function, dict) else None
+            if isinstance(arguments, str) and json_depth(arguments.encode("utf-8", "surrogatepass")) > limits.max_json_depth:
+                raise InvalidRequest(f"messages[{index}].tool_calls: the arguments nest JSON more than "
+                                     f"{limits.max_json_depth} levels deep.", param=f"messages[{index}].tool_calls")
+
+
 def parse_chat(body: dict, engine, limits: Limits) -> tuple[list[int], ParsedRequest]:
     parsed = parse_common(body, engine, limits)
+    _check_tool_call_arguments(body.get("messages"), limits)
     tools = body.get("tools")
     if tools is not None and not isinstance(tools, list):
         raise InvalidRequest("tools must be a list of tool definitions.", param="tools")

@@ -31,8 +31,12 @@ def describe_tools(tool_format: str, tools: str) -> str:
         parsed = json.loads(tools)
     except json.JSONDecodeError as error:
         raise InvalidMessage(f"tools are not valid JSON ({error.msg})") from None
-    if len(parsed) == 0:
+    except RecursionError:
+        raise InvalidMessage("tools nest JSON too deeply") from None
+    if isinstance(parsed, (list, dict)) and len(parsed) == 0:
         return ""
+    if not isinstance(parsed, list):
+        raise InvalidMessage(f"tools must be a JSON list of tool descriptions, got {type(parsed).__name__} {tools[:40]!r}")
     try:
         return get_tool_format(tool_format).describe_tools(parsed)
     except (KeyError, TypeError, AttributeError) as error:
@@ -45,6 +49,8 @@ def _parse_calls(text: str) -> list[FunctionCall]:
         parsed = json.loads(text)
     except json.JSONDecodeError as error:
         raise InvalidMessage(f"function call is not valid JSON ({error.msg})") from None
+    except RecursionError:
+        raise InvalidMessage("function call nests JSON too deeply") from None
     parsed = parsed if isinstance(parsed, list) else [parsed]  # a list is a parallel call
     try:
         return [FunctionCall(call["name"], dump(call["arguments"])) for call in parsed]
@@ -72,10 +78,13 @@ def format_function_message(content: str, tool_format: str, thought_words=None, 
     block) -> the text the model is trained to write. Text outside the tool-call block is kept before the
     calls, as LLaMA-Factory does (every occurrence of the matched block is removed from it)."""
     formatter = get_tool_format(tool_format)
-    block = _first_enclosed(content, tool_call_words)
-    if block is not None:
-        return content.replace(block.group(0), "") + _format_calls(formatter, _parse_calls(block.group(1)))
-    thought = _first_enclosed(content, thought_words)
-    calls_text = content.replace(thought.group(0), "") if thought else content
-    formatted = _format_calls(formatter, _parse_calls(calls_text))
+    try:  # arguments nested deeply enough to parse may still be too deep to write back
+        block = _first_enclosed(content, tool_call_words)
+        if block is not None:
+            return content.replace(block.group(0), "") + _format_calls(formatter, _parse_calls(block.group(1)))
+        thought = _first_enclosed(content, thought_words)
+        calls_text = content.replace(thought.group(0), "") if thought else content
+        formatted = _format_calls(formatter, _parse_calls(calls_text))
+    except RecursionError:
+        raise InvalidMessage("function call nests JSON too deeply") from None
     return thought.group(0) + formatted if thought else formatted

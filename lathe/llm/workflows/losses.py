@@ -1,4 +1,5 @@
-"""LLaMA-Factory 0.9.5's SFT loss variants, as `compute_loss_func`s for the Trainer (stage sft only).
+"""LLaMA-Factory 0.9.5's SFT loss variants (stage sft), and the mixin that puts them in the sft Trainer:
+compute_loss_func for DFT and EAFT, compute_loss for ASFT (which also runs a frozen reference model).
 
 - DFT (`use_dft_loss`): each target token's cross-entropy weighted by its probability under the model,
   detached: p * (-log p). Sums over the accumulation window's tokens / num_items_in_batch, like the plain loss.
@@ -11,12 +12,13 @@
 """
 from __future__ import annotations
 
+import copy
 from functools import partial
 
 import torch
 import torch.nn.functional as F
 
-__all__ = ["dft_loss", "eaft_loss", "asft_loss", "loss_function_for"]
+__all__ = ["LossVariantsMixin", "asft_loss", "dft_loss", "eaft_loss", "load_reference_model", "loss_function_for"]
 
 IGNORE_INDEX = -100
 
@@ -90,3 +92,44 @@ def loss_function_for(finetuning_args):
     if finetuning_args.use_eaft_loss:
         return partial(eaft_loss, alpha=finetuning_args.eaft_alpha)
     return None
+
+
+class LossVariantsMixin:
+    """Mixed into the sft Trainer: takes `finetuning_args` (passed on) and, for ASFT, `ref_model`."""
+
+    def __init__(self, *args, finetuning_args=None, ref_model=None, **kwargs):
+        super().__init__(*args, finetuning_args=finetuning_args, **kwargs)
+        self.ref_model = None
+        if finetuning_args is None:
+            return
+        loss_function = loss_function_for(finetuning_args)
+        if finetuning_args.use_asft_loss:
+            if ref_model is None:
+                raise ValueError("use_asft_loss needs the reference model (ref_model).")
+            # compute_loss below calls it; being set, it also tells the step maths not to divide the loss by
+            # the accumulation steps (LLaMA-Factory's ASFT loss is a per-micro-batch mean, summed).
+            loss_function = asft_loss
+            self.ref_model = ref_model.to(self.args.device)
+        if loss_function is not None:
+            self.compute_loss_func = loss_function
+
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        if self.ref_model is None:  # with ASFT, evaluation computes its loss too, as in LLaMA-Factory
+            return super().compute_loss(model, inputs, return_outputs=return_outputs, num_items_in_batch=num_items_in_batch)
+        with torch.no_grad():  # the reference sees what LLaMA-Factory gives it: ids and mask, no positions
+            reference = self.ref_model(input_ids=inputs["input_ids"], attention_mask=inputs.get("attention_mask")).logits
+        outputs = model(**inputs)
+        loss = self.compute_loss_func(outputs, inputs["labels"], reference, alpha=self.finetuning_args.asft_alpha)
+        return (loss, outputs) if return_outputs else loss
+
+
+def load_reference_model(tokenizer, model_args, finetuning_args):
+    """ASFT's reference: the starting model, frozen, in the training's compute dtype (None when not needed)."""
+    if not finetuning_args.use_asft_loss:
+        return None
+    from lathe.llm.config import FinetuningArguments
+    from lathe.llm.model.loader import load_model
+
+    reference_args = copy.copy(model_args)
+    reference_args.infer_dtype = model_args.compute_dtype or "float32"
+    return load_model(tokenizer, reference_args, FinetuningArguments(finetuning_type="full"), is_trainable=False)

@@ -33,8 +33,8 @@ IGNORE_INDEX = -100
 
 class TrainerLogCallback(TrainerCallback):
     """One JSON line per log event in output_dir/trainer_log.jsonl, with LLaMA-Factory's keys:
-    current_steps, total_steps, loss, eval_loss, lr, epoch, percentage, elapsed_time, remaining_time
-    (absent keys are left out, as LLaMA-Factory does).
+    current_steps, total_steps, loss, eval_loss, predict_loss, accuracy (dpo's rewards/accuracies), lr,
+    epoch, percentage, elapsed_time, remaining_time (absent keys are left out, as LLaMA-Factory does).
 
     Remaining time is extrapolated from the steps taken in *this* process, so a resumed run does not
     count the restored steps as free. On resume, lines past the checkpoint's step are dropped: they
@@ -80,6 +80,7 @@ class TrainerLogCallback(TrainerCallback):
             "loss": last.get("loss"),
             "eval_loss": last.get("eval_loss"),
             "predict_loss": last.get("predict_loss"),
+            "accuracy": last.get("rewards/accuracies"),
             "lr": last.get("learning_rate"),
             "epoch": last.get("epoch"),
             "percentage": round(state.global_step / state.max_steps * 100, 2) if state.max_steps else 100,
@@ -89,6 +90,7 @@ class TrainerLogCallback(TrainerCallback):
         if state.num_input_tokens_seen:
             line["throughput"] = round(state.num_input_tokens_seen / max(elapsed, 1e-9), 2)
             line["total_tokens"] = state.num_input_tokens_seen
+        os.makedirs(args.output_dir, exist_ok=True)  # evaluation without training writes nothing before this
         with open(self._path(args), "a", encoding="utf-8") as f:
             f.write(json.dumps({k: v for k, v in line.items() if v is not None}) + "\n")
 

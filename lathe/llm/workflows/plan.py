@@ -6,6 +6,8 @@ import dataclasses
 import math
 from dataclasses import dataclass
 
+from lathe.llm.config_methods import describe_method
+
 __all__ = ["RunPlan", "make_plan", "format_plan", "format_config", "count_tokens", "print_once"]
 
 IGNORE_INDEX = -100
@@ -27,6 +29,9 @@ class RunPlan:
     total_parameters: int
     resume_from: str | None
     attention: str | None = None  # the model's attention implementation
+    cutoff_len: int | None = None
+    truncation: dict | None = None  # {split: what cutoff_len cut} (lathe.llm.data.truncation); None: unknown
+    reference: str | None = None  # dpo / kto: what the policy is compared with
 
 
 def count_tokens(dataset) -> tuple[int, int]:
@@ -61,12 +66,20 @@ def make_plan(config, dataset_module: dict, model, resume_from: str | None = Non
     trainable, total = count_parameters(model)
     epochs = total_steps / steps_per_epoch if steps_per_epoch else 0.0
     return RunPlan(
-        stage=config.finetuning.stage, method=config.finetuning.finetuning_type, train_examples=train_examples,
+        stage=config.finetuning.stage, method=describe_method(config.model, config.finetuning), train_examples=train_examples,
         train_tokens=tokens, trained_tokens=trained, eval_examples=eval_examples,
         batch_size=batch * training.gradient_accumulation_steps, steps_per_epoch=steps_per_epoch,
         total_steps=total_steps, epochs=epochs, trainable_parameters=trainable, total_parameters=total,
         resume_from=resume_from, attention=getattr(getattr(model, "config", None), "_attn_implementation", None),
+        cutoff_len=config.data.cutoff_len, truncation=dataset_module.get("truncation"),
+        reference=_reference(config),
     )
+
+
+def _reference(config) -> str | None:
+    from lathe.llm.preference.reference import describe_reference
+
+    return describe_reference(config.finetuning, config.training.do_train)
 
 
 def _every(strategy, steps, total_steps: int, what: str) -> str:
@@ -95,6 +108,7 @@ def format_plan(plan: RunPlan, config) -> str:
             share = plan.trained_tokens / max(plan.train_tokens, 1)
             text += f" ({plan.trained_tokens:,} trained, {share:.1%})"
         lines.append(text)
+    lines += _truncation_lines(plan)
     if plan.eval_examples is not None:
         lines.append(f"  eval examples   {plan.eval_examples:,}")
     if training.do_train:
@@ -121,10 +135,32 @@ def format_plan(plan: RunPlan, config) -> str:
     lines.append(f"  checkpointing   activations {checkpointing}")
     if training.fsdp or training.deepspeed:
         lines.append(f"  sharding        {_sharding(training)}")
+    if plan.reference:
+        lines.append(f"  reference       {plan.reference}")
     if plan.attention:
         attention = "sdpa per packed example (no block mask)" if plan.attention == "lathe_packed_sdpa" else plan.attention
         lines.append(f"  attention       {attention}")
     return "\n".join(lines)
+
+
+def _truncation_lines(plan: RunPlan) -> list[str]:
+    """What cutoff_len does to the data: nothing is cut for pt; for sft, the train split's count (and any
+    evaluation split's that was cut), loud when most trained tokens are gone."""
+    from lathe.llm.data import truncation
+
+    if plan.stage == "pt":
+        return [f"  cutoff_len      {plan.cutoff_len}-token rows; no token is cut (a longer document continues "
+                f"in the next row)"]
+    lines = []
+    for split, stats in (plan.truncation or {}).items():
+        if not stats or (split != "train" and not stats["truncated_examples"]):
+            continue
+        label = "truncation" if split == "train" else f"{split} cut"
+        text = f"  {label:<15} {truncation.summary(stats, plan.cutoff_len, trained=split == 'train')}"
+        if truncation.mostly_cut(stats):
+            text += f" -- {truncation.advice(stats, plan.cutoff_len).upper()}"
+        lines.append(text)
+    return lines
 
 
 def _sharding(training) -> str:

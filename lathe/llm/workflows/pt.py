@@ -6,7 +6,7 @@ causal LM trained on every token.
 """
 from __future__ import annotations
 
-from lathe.llm.workflows.methods import MethodsMixin
+from lathe.llm.loraplus import MethodOptimizerMixin
 from lathe.llm.workflows.plan import format_plan, make_plan, print_once
 from lathe.llm.workflows.setup import (
     checkpointing_for,
@@ -16,13 +16,13 @@ from lathe.llm.workflows.setup import (
     resolve_resume_checkpoint,
     write_run_config,
 )
-from lathe.train import Trainer
+from lathe.train.trainer import Trainer
 
 IGNORE_INDEX = -100
 
 
-class PretrainTrainer(MethodsMixin, Trainer):
-    """The Trainer with LLaMA-Factory's optimizer keys (use_galore, use_badam, ...)."""
+class PretrainTrainer(MethodOptimizerMixin, Trainer):
+    """The Trainer with the fine-tuning methods' optimizers (LoRA+)."""
 
 
 class PretrainCollator:

@@ -52,8 +52,12 @@ def checkpointing_for(model, training_args) -> None:
 
 
 def make_callbacks(config) -> list:
-    """trainer_log.jsonl always; early stopping with early_stopping_steps."""
+    """trainer_log.jsonl always; early stopping with early_stopping_steps; the PiSSA conversion with pissa_convert."""
     callbacks = [TrainerLogCallback()]
+    if config.finetuning.pissa_convert:
+        from lathe.llm.workflows.pissa import PissaConvertCallback
+
+        callbacks.append(PissaConvertCallback())
     if config.finetuning.early_stopping_steps is not None:
         from lathe.train.flow import EarlyStoppingCallback
 
@@ -74,21 +78,22 @@ def write_run_config(config) -> str | None:
     return path
 
 
-def finish_training(trainer, config, train_result, eval_dataset) -> None:
+def finish_training(trainer, config, train_result, eval_dataset, train_keys=("loss",), eval_keys=("loss",)) -> None:
     """After train(): weights or adapter + tokenizer (save_model), generation_config.json with the
-    stop tokens, train_results.json / all_results.json, trainer_state.json, and the loss plots."""
+    stop tokens, train_results.json / all_results.json, trainer_state.json, and the plots of
+    `train_keys` and of the evaluation's `eval_keys` (LLaMA-Factory's choice per stage)."""
     trainer.save_model()
-    if trainer.is_world_process_zero():
+    if trainer.is_world_process_zero() and config.finetuning.stage != "rm":  # a reward model does not generate
         save_generation_config(trainer.model, config.training.output_dir)
     trainer.log_metrics("train", train_result.metrics)
     trainer.save_metrics("train", train_result.metrics)
     trainer.save_state()
     if trainer.is_world_process_zero() and config.finetuning.plot_loss:
-        keys = ["loss"]
+        keys = list(train_keys)
         if isinstance(eval_dataset, dict):  # eval_on_each_dataset: one curve per dataset
-            keys += [f"eval_{name}_loss" for name in eval_dataset]
+            keys += [f"eval_{name}_{key}" for name in eval_dataset for key in eval_keys]
         elif eval_dataset is not None:
-            keys.append("eval_loss")
+            keys += [f"eval_{key}" for key in eval_keys]
         plot_loss(config.training.output_dir, keys=tuple(keys))
 
 

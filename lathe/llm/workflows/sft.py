@@ -6,6 +6,7 @@ on assistant tokens only, and optionally generation on the held-out prompts.
 """
 from __future__ import annotations
 
+from lathe.llm.loraplus import MethodOptimizerMixin
 from lathe.llm.workflows.plan import format_plan, make_plan, print_once
 from lathe.llm.workflows.setup import (
     checkpointing_for,
@@ -15,11 +16,11 @@ from lathe.llm.workflows.setup import (
     resolve_resume_checkpoint,
     write_run_config,
 )
-from lathe.llm.workflows.methods import MethodsMixin, load_reference_model
+from lathe.llm.workflows.losses import LossVariantsMixin, load_reference_model
 from lathe.train.seq2seq import Seq2SeqTrainer
 
 
-class SFTTrainer(MethodsMixin, Seq2SeqTrainer):
+class SFTTrainer(LossVariantsMixin, MethodOptimizerMixin, Seq2SeqTrainer):
     """Seq2SeqTrainer for decoder-only models: with predict_with_generate, the rows hold the prompt
     only and the labels the reference answer, so generation runs without labels (their length
     differs from the prompt's) and the prompt is blanked out of what generate() returns."""

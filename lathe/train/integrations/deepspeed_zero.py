@@ -354,18 +354,14 @@ def load(engine, path: str, strict: bool) -> None:
 
 
 def _safe_checkpoint_engine(original):
-    """DeepSpeed's torch checkpoint engine, with load() on torch.load(weights_only=True)."""
-    import torch
+    """DeepSpeed's torch checkpoint engine, with load() on torch.load(weights_only=True) that allows
+    DeepSpeed's checkpoint classes and nothing else (lathe.train.loading: a file holding other
+    objects, or a damaged one, is an error naming it)."""
+    from lathe.train.loading import safe_torch_load
 
     class SafeTorchCheckpointEngine(type(original)):
         def load(self, path: str, map_location=None):
-            allowed = _allowed_classes()
-            unsafe = set(torch.serialization.get_unsafe_globals_in_checkpoint(path)) - {f"{m}.{n}" for m, n in _CHECKPOINT_CLASSES}
-            if unsafe:
-                raise ValueError(f"{path!r} holds objects other than tensors and DeepSpeed's checkpoint classes "
-                                 f"({', '.join(sorted(unsafe))}); lathe does not unpickle them. Was it written by DeepSpeed?")
-            with torch.serialization.safe_globals(allowed):
-                return torch.load(path, map_location=map_location, weights_only=True)
+            return safe_torch_load(path, map_location=map_location, allowed=_allowed_classes())
 
     original.__class__ = SafeTorchCheckpointEngine
     return original

@@ -1,17 +1,17 @@
-"""Regenerate the LLaMA-Factory step losses that tests/llm/test_methods.py compares `lathe train` against.
+"""Regenerate the step losses of LLaMA-Factory's fine-tuning methods that tests/llm/test_methods.py
+compares `lathe train` against: QLoRA (bitsandbytes 4-bit nf4/fp4, double quantization, 8-bit), LoRA+,
+DoRA, rsLoRA, PiSSA (+ conversion), OFT (+ on a 4-bit base), additional_target, continuing and merging
+an adapter, LLaMA Pro and the freeze cases.
 
-    python tests/llm/golden/make_llamafactory_methods.py [--python bench/.venv-lf/bin/python] [--only NAME,...]
+    python tests/llm/golden/make_llamafactory_methods.py [--python /work/main/bench/.venv-lf/bin/python]
 
-Run with lathe's Python from the repository root. It builds the shared assets (a 2-layer Llama whose weights
-are drawn from a seeded generator, the committed BPE tokenizer, a small alpaca dataset) into a temporary
-folder, then runs this same file in LLaMA-Factory's environment (`--worker`, where lathe is not imported):
-each case below is one `llamafactory.train.tuner.run_exp` (stage sft, full fine-tuning unless the case says
-otherwise, fp32 on CPU), with a callback that records every log line. Writes
-tests/llm/golden/llamafactory_methods.json: per training case the config keys, the logged loss, grad_norm and
-learning_rate of every step, and a fingerprint of the saved weights; per prediction case (a LoRA adapter,
-no do_train) the BLEU-4 / ROUGE scores and generated_predictions.jsonl; with the versions that produced it.
-LLaMA-Factory's venv needs the method packages: galore-torch, apollo-torch, badam, adam-mini, jieba, nltk,
-rouge-chinese.
+Run with lathe's Python from the repository root. It builds the assets (`build_assets`: a 4-layer Llama
+whose weights are drawn from a seeded generator, not from transformers' initialisers, the committed word
+tokenizer, 32 alpaca rows, a LoRA adapter), then runs each case through LLaMA-Factory 0.9.5's own
+`run_exp` in its environment (`--worker`, one process per case, lathe not imported) with its
+`compute_loss` wrapped to record every step's loss at full precision, and writes
+tests/llm/golden/llamafactory_methods.json with the versions that produced it. The LLaMA-Factory
+environment needs bitsandbytes (pip install bitsandbytes).
 """
 from __future__ import annotations
 
@@ -27,261 +27,165 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 GOLDEN = HERE / "llamafactory_methods.json"
-TOKENIZER = HERE / "tokenizers" / "bpe"
+TOKENIZER = HERE / "tokenizers" / "word"
 
-# What every case shares: the keys a user would write, fp32 on CPU, a step logged at a time.
+# Shared by every case; output_dir, model_name_or_path and dataset_dir are filled in per run.
 BASE = {
-    "stage": "sft", "do_train": True, "finetuning_type": "full", "dataset": "arith", "template": "qwen",
-    "cutoff_len": 48, "overwrite_cache": True, "per_device_train_batch_size": 2, "gradient_accumulation_steps": 2,
-    "learning_rate": 1.0e-3, "lr_scheduler_type": "cosine", "warmup_steps": 0, "max_steps": 5, "logging_steps": 1,
-    "save_strategy": "no", "report_to": "none", "overwrite_output_dir": True, "seed": 42, "use_cpu": True,
-    "bf16": False, "disable_tqdm": True, "dataloader_num_workers": 0, "weight_decay": 0.01,
+    "stage": "sft", "do_train": True, "dataset": "toy", "template": "qwen", "cutoff_len": 64,
+    "per_device_train_batch_size": 4, "learning_rate": 0.01, "lr_scheduler_type": "constant", "max_steps": 4,
+    "logging_steps": 1, "save_strategy": "no", "report_to": "none", "overwrite_output_dir": True, "seed": 42,
+    "disable_tqdm": True,
 }
-# LLaMA-Factory 0.9.5 builds GaLore / APOLLO only for optim adamw_torch (transformers 5 defaults to the fused
-# name, for which it raises NotImplementedError): the cases say adamw_torch so that it runs. Its layer-wise
-# variants never schedule the per-parameter learning rates under transformers 5 (the Trainer no longer passes
-# the optimizer to create_scheduler, where LLaMA-Factory attaches them): those cases use a constant rate, on
-# which both agree; tests/llm/test_methods.py checks lathe's scheduled layer-wise runs another way. BAdam's
-# ratio mode passes `fused` to a class that does not take it unless optim is adamw_torch.
+ADAPTER = "<adapter>"  # replaced by the assets' adapter folder
 CASES = {
-    "baseline": {},
-    "galore": {"use_galore": True, "galore_rank": 4, "galore_update_interval": 2, "galore_scale": 2.0,
-               "optim": "adamw_torch"},
-    "galore_target": {"use_galore": True, "galore_target": "mlp", "galore_rank": 4, "galore_proj_type": "left",
-                      "galore_update_interval": 3, "optim": "adamw_torch"},
-    "galore_layerwise": {"use_galore": True, "galore_layerwise": True, "galore_rank": 4, "galore_update_interval": 2,
-                         "gradient_accumulation_steps": 1, "optim": "adamw_torch", "lr_scheduler_type": "constant"},
-    "apollo": {"use_apollo": True, "apollo_rank": 4, "apollo_update_interval": 2, "apollo_scale": 8.0,
-               "optim": "adamw_torch"},
-    "apollo_svd_tensor": {"use_apollo": True, "apollo_rank": 4, "apollo_proj": "svd", "apollo_scale_type": "tensor",
-                          "apollo_update_interval": 2, "optim": "adamw_torch"},
-    "apollo_layerwise": {"use_apollo": True, "apollo_layerwise": True, "apollo_rank": 4, "apollo_update_interval": 2,
-                         "gradient_accumulation_steps": 1, "optim": "adamw_torch", "lr_scheduler_type": "constant"},
-    "badam_layer": {"use_badam": True, "badam_mode": "layer", "badam_switch_mode": "ascending",
-                    "badam_switch_interval": 2, "max_grad_norm": 0.5},
-    "badam_descending": {"use_badam": True, "badam_mode": "layer", "badam_switch_mode": "descending",
-                         "badam_switch_interval": 1, "badam_start_block": 1},
-    "badam_ratio": {"use_badam": True, "badam_mode": "ratio", "badam_update_ratio": 0.25,
-                    "badam_mask_mode": "adjacent", "optim": "adamw_torch"},
-    "adam_mini": {"use_adam_mini": True},
-    "muon": {"use_muon": True, "learning_rate": 2.0e-3},
-    "dft": {"use_dft_loss": True},
-    "eaft": {"use_eaft_loss": True, "eaft_alpha": 0.5},
-    "asft": {"use_asft_loss": True, "asft_alpha": 0.2},
+    "lora": {"finetuning_type": "lora"},
+    "loraplus": {"finetuning_type": "lora", "loraplus_lr_ratio": 16.0},
+    "loraplus_embedding": {"finetuning_type": "lora", "loraplus_lr_ratio": 4.0, "loraplus_lr_embedding": 1e-3,
+                           "weight_decay": 0.1, "lora_target": "embed_tokens,q_proj,v_proj"},
+    "dora": {"finetuning_type": "lora", "use_dora": True},
+    "rslora": {"finetuning_type": "lora", "use_rslora": True, "lora_rank": 4, "lora_alpha": 8},
+    "pissa": {"finetuning_type": "lora", "pissa_init": True, "pissa_iter": 16, "pissa_convert": True},
+    "pissa_exact_svd": {"finetuning_type": "lora", "pissa_init": True, "pissa_iter": -1},
+    "targets_additional": {"finetuning_type": "lora", "lora_target": "q_proj,v_proj", "additional_target": "lm_head"},
+    "adapter_continued": {"finetuning_type": "lora", "adapter_name_or_path": ADAPTER},
+    "adapter_merged_new": {"finetuning_type": "lora", "adapter_name_or_path": ADAPTER, "create_new_adapter": True,
+                           "lora_target": "q_proj,v_proj"},
+    "oft": {"finetuning_type": "oft", "oft_block_size": 32, "oft_target": "all"},
+    "oft_rank": {"finetuning_type": "oft", "oft_rank": 4, "oft_block_size": 0, "module_dropout": 0.0},
+    "qlora_nf4": {"finetuning_type": "lora", "quantization_bit": 4},
+    "qlora_fp4": {"finetuning_type": "lora", "quantization_bit": 4, "quantization_type": "fp4",
+                  "double_quantization": False},
+    "qlora_8bit": {"finetuning_type": "lora", "quantization_bit": 8},
+    "qlora_continued": {"finetuning_type": "lora", "quantization_bit": 4, "adapter_name_or_path": ADAPTER},
+    "qoft_nf4": {"finetuning_type": "oft", "quantization_bit": 4, "double_quantization": False},
+    "freeze": {"finetuning_type": "freeze"},
+    "freeze_first_attention": {"finetuning_type": "freeze", "freeze_trainable_layers": -1,
+                               "freeze_trainable_modules": "self_attn"},
+    "freeze_extra_modules": {"finetuning_type": "freeze", "freeze_trainable_layers": 1,
+                             "freeze_trainable_modules": "mlp", "freeze_extra_modules": "embed_tokens,norm"},
+    "llama_pro_freeze": {"finetuning_type": "freeze", "use_llama_pro": True, "freeze_trainable_layers": 2},
+    "llama_pro_lora": {"finetuning_type": "lora", "use_llama_pro": True, "freeze_trainable_layers": 2,
+                       "lora_target": "all"},
 }
 
-# Prediction only (LLaMA-Factory's examples/extras/nlg_eval): no do_train, a LoRA adapter, generation on the
-# eval set, generated_predictions.jsonl and BLEU-4 / ROUGE. Greedy, and sampled with the default settings.
-PREDICT_BASE = {
-    "stage": "sft", "do_predict": True, "finetuning_type": "lora", "eval_dataset": "arith", "template": "qwen",
-    "cutoff_len": 128, "max_samples": 10, "overwrite_cache": True, "per_device_eval_batch_size": 2,
-    "predict_with_generate": True, "overwrite_output_dir": True, "report_to": "none", "use_cpu": True, "bf16": False,
-    "disable_tqdm": True, "max_new_tokens": 12, "seed": 42,
-}
-PREDICT_CASES = {
-    "predict_greedy": {"do_sample": False},
-    "predict_sampled": {"per_device_eval_batch_size": 1},
-}
 
-# LLaMA-Factory's ComputeSimilarity on fixed (prediction, reference) texts, encoded with the committed tokenizer:
-# English and Chinese (jieba's words), partial overlap, an empty prediction, identical texts.
-SIMILARITY_PAIRS = [
-    ("the quick brown fox jumps over the lazy dog", "the quick brown fox jumped over a lazy dog"),
-    ("13 plus 1 is 14.", "13 plus 1 is 14. Yes."),
-    ("今天天气很好，我们去公园散步吧", "今天天气不错，我们去公园走走"),
-    ("", "something to say"),
-    ("reverse the string: olleh", "reverse the string: olleh"),
-    ("机器学习是人工智能的一个分支", "深度学习是机器学习的一个分支"),
-]
-
-
-# ---- assets (built with lathe's environment; the tests build them the same way) --------------------------
-def alpaca_rows(count: int = 24) -> list[dict]:
-    """Arithmetic and word reversal, answers of varied length, seeded."""
-    rng = random.Random(0)
-    words = ["lathe", "model", "token", "reverse", "string", "brown", "quick", "fox"]
-    rows = []
-    for index in range(count):
-        if index % 2:
-            a, b = rng.randint(0, 20), rng.randint(0, 20)
-            rows.append({"instruction": f"What is {a} plus {b}?", "input": "",
-                         "output": f"{a} plus {b} is {a + b}." + " Yes." * rng.randint(0, 3)})
-        else:
-            word = rng.choice(words)
-            rows.append({"instruction": "Reverse the string.", "input": word, "output": word[::-1]})
-    return rows
-
-
-def build_model(folder: Path) -> None:
-    """A 2-layer Llama (GQA 4/2 heads) with weights drawn from one seeded generator in parameter order, so
-    the file does not depend on how a transformers version initialises; plus the committed tokenizer."""
+def build_assets(folder) -> dict:
+    """model/ (tokenizer + 4-layer Llama), data/ (dataset_info.json, 32 rows), adapter/ (a LoRA on q_proj,v_proj)
+    in `folder`; every weight drawn from torch.Generator seeds, so both environments read the same files."""
     import torch
     from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
-    tokenizer = AutoTokenizer.from_pretrained(str(TOKENIZER))
-    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
-                         bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
-                         tie_word_embeddings=False)
+    folder = Path(folder)
+    model_dir, data_dir, adapter_dir = folder / "model", folder / "data", folder / "adapter"
+    model_dir.mkdir(parents=True, exist_ok=True)
+    for item in TOKENIZER.iterdir():
+        shutil.copy(item, model_dir / item.name)
+    tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
+    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=4,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256, bos_token_id=1,
+                         eos_token_id=2, tie_word_embeddings=False)
     model = LlamaForCausalLM(config)
-    generator = torch.Generator().manual_seed(1234)
-    with torch.no_grad():
-        for name, parameter in model.named_parameters():
-            if name.endswith("norm.weight"):
-                parameter.fill_(1.0)
-            else:
-                parameter.copy_(torch.randn(parameter.shape, generator=generator) * 0.05)
-    model.save_pretrained(str(folder))
-    tokenizer.save_pretrained(str(folder))
+    _draw(model, seed=0, scale=0.05)
+    model.save_pretrained(str(model_dir))
 
-
-def build_adapter(model_dir: Path, folder: Path) -> None:
-    """A LoRA adapter (rank 4 on q_proj and v_proj) with seeded weights, B non-zero so it changes the model."""
-    import torch
     from peft import LoraConfig, get_peft_model
-    from transformers import AutoModelForCausalLM
 
-    model = get_peft_model(AutoModelForCausalLM.from_pretrained(str(model_dir)),
-                           LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM"))
-    generator = torch.Generator().manual_seed(99)
+    adapted = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM"))
+    _draw(adapted, seed=1, scale=0.1, only="lora_")
+    adapted.save_pretrained(str(adapter_dir))
+
+    data_dir.mkdir(exist_ok=True)
+    (data_dir / "train.json").write_text(json.dumps(rows()), encoding="utf-8")
+    (data_dir / "dataset_info.json").write_text(json.dumps({
+        "toy": {"file_name": "train.json"},
+    }), encoding="utf-8")
+    return {"model": str(model_dir), "data": str(data_dir), "adapter": str(adapter_dir)}
+
+
+def _draw(model, seed: int, scale: float, only: str = "") -> None:
+    import torch
+
+    generator = torch.Generator().manual_seed(seed)
     with torch.no_grad():
-        for name, parameter in model.named_parameters():
-            if "lora_" in name:
-                parameter.copy_(torch.randn(parameter.shape, generator=generator) * 0.5)
-    model.save_pretrained(str(folder))
+        for name, param in sorted(model.named_parameters()):
+            if only not in name:
+                continue
+            if param.ndim == 1:
+                param.fill_(1.0)  # norm scales
+            else:
+                param.copy_(torch.randn(param.shape, generator=generator) * scale)
 
 
-def build_assets(folder: Path) -> tuple[str, str]:
-    """(model folder, dataset folder) under `folder`; the LoRA adapter is `folder`/adapter."""
-    model_dir, data_dir = folder / "model", folder / "data"
-    if not (model_dir / "config.json").exists():
-        model_dir.mkdir(parents=True, exist_ok=True)
-        build_model(model_dir)
-        build_adapter(model_dir, folder / "adapter")
-    data_dir.mkdir(parents=True, exist_ok=True)
-    (data_dir / "arith.json").write_text(json.dumps(alpaca_rows()), encoding="utf-8")
-    (data_dir / "dataset_info.json").write_text(json.dumps({"arith": {"file_name": "arith.json"}}), encoding="utf-8")
-    return str(model_dir), str(data_dir)
+def rows() -> list[dict]:
+    sys.path.insert(0, str(HERE.parents[2]))
+    from tests.llm.conftest import WORD_TEXT_TOKENS
+
+    words = [word for word in WORD_TEXT_TOKENS if word.isalpha()]
+    rng = random.Random(0)
+
+    def sentence(low, high):
+        return " ".join(rng.choice(words) for _ in range(rng.randint(low, high)))
+
+    return [{"instruction": sentence(3, 9), "input": "", "output": sentence(2, 12)} for _ in range(32)]
 
 
-def case_config(name: str, model_dir: str, data_dir: str, output_dir: str) -> dict:
-    if name in PREDICT_CASES:
-        adapter = str(Path(model_dir).parent / "adapter")
-        return {"model_name_or_path": model_dir, "adapter_name_or_path": adapter, "dataset_dir": data_dir,
-                "output_dir": output_dir, **PREDICT_BASE, **PREDICT_CASES[name]}
-    return {"model_name_or_path": model_dir, "dataset_dir": data_dir, "output_dir": output_dir, **BASE, **CASES[name]}
+def case_config(name: str, assets: dict, output_dir: str) -> dict:
+    config = {**BASE, **CASES[name], "model_name_or_path": assets["model"], "dataset_dir": assets["data"],
+              "output_dir": output_dir}
+    if config.get("adapter_name_or_path") == ADAPTER:
+        config["adapter_name_or_path"] = assets["adapter"]
+    return config
 
 
 # ---- the LLaMA-Factory side (runs in its environment) ----------------------------------------------------
-def weights_fingerprint(folder: str) -> dict:
-    """Sum and sum of squares of every saved tensor, in float64: equal weights give equal numbers."""
-    from safetensors.torch import load_file
-
-    tensors = load_file(os.path.join(folder, "model.safetensors"))
-    return {name: [float(t.double().sum()), float(t.double().square().sum())] for name, t in sorted(tensors.items())}
-
-
-def prediction_outputs(folder: str) -> dict:
-    """predict_results.json's scores (not its timings) and generated_predictions.jsonl's lines."""
-    with open(os.path.join(folder, "predict_results.json"), encoding="utf-8") as f:
-        metrics = {key: value for key, value in json.load(f).items() if key.split("_", 1)[1] in SCORES}
-    with open(os.path.join(folder, "generated_predictions.jsonl"), encoding="utf-8") as f:
-        lines = [json.loads(line) for line in f]
-    return {"metrics": metrics, "predictions": lines}
-
-
-SCORES = ("bleu-4", "rouge-1", "rouge-2", "rouge-l")
-
-
-def encoded_pairs(tokenizer) -> tuple[list[list[int]], list[list[int]]]:
-    """SIMILARITY_PAIRS as token rows padded with -100 to one length (as prediction loops return them)."""
-    rows = [[tokenizer.encode(text, add_special_tokens=False) for text in pair] for pair in SIMILARITY_PAIRS]
-    width = max(len(row) for pair in rows for row in pair)
-    padded = [[row + [-100] * (width - len(row)) for row in pair] for pair in rows]
-    return [pair[0] for pair in padded], [pair[1] for pair in padded]
-
-
-def similarity_with_llamafactory() -> dict:
-    import numpy as np
-    from llamafactory.train.sft.metric import ComputeSimilarity
-    from transformers import AutoTokenizer, EvalPrediction
-
-    tokenizer = AutoTokenizer.from_pretrained(str(TOKENIZER))
-    tokenizer.pad_token = tokenizer.eos_token  # as LLaMA-Factory's template fix leaves it
-    predictions, labels = encoded_pairs(tokenizer)
-    scores = ComputeSimilarity(tokenizer=tokenizer)(EvalPrediction(np.array(predictions), np.array(labels)))
-    return {"pairs": SIMILARITY_PAIRS, "scores": scores}
-
-
-def run_llamafactory(names: list[str], model_dir: str, data_dir: str, scratch: str) -> dict:
-    import llamafactory
+def run_llamafactory(config: dict) -> list[float]:
     import transformers
     from llamafactory.train.tuner import run_exp
-    from transformers import TrainerCallback
 
-    class Recorder(TrainerCallback):
-        def __init__(self):
-            self.logs = []
+    losses = []
+    compute_loss = transformers.Trainer.compute_loss
 
-        def on_log(self, args, state, control, logs=None, **kwargs):
-            if logs and "loss" in logs:
-                self.logs.append({key: logs[key] for key in ("loss", "grad_norm", "learning_rate") if key in logs})
+    def recording(self, model, inputs, return_outputs=False, **kwargs):
+        result = compute_loss(self, model, inputs, return_outputs=return_outputs, **kwargs)
+        if model.training:
+            losses.append((result[0] if return_outputs else result).item())
+        return result
 
-    results = {}
-    for name in names:
-        output_dir = os.path.join(scratch, name)
-        recorder = Recorder()
-        run_exp(args=case_config(name, model_dir, data_dir, output_dir), callbacks=[recorder])
-        if name in PREDICT_CASES:
-            results[name] = {"config": PREDICT_CASES[name], **prediction_outputs(output_dir)}
-            print(f"{name}: {results[name]['metrics']}", file=sys.stderr, flush=True)
-            continue
-        results[name] = {"config": CASES[name], "steps": recorder.logs, "weights": weights_fingerprint(output_dir)}
-        print(f"{name}: {[round(line['loss'], 6) for line in recorder.logs]}", file=sys.stderr, flush=True)
-    results["similarity"] = similarity_with_llamafactory()
-    versions = {"llamafactory": llamafactory.__version__, "transformers": transformers.__version__}
-    from importlib.metadata import PackageNotFoundError, version
+    transformers.Trainer.compute_loss = recording
+    run_exp({**config, "use_cpu": True})
+    return losses
 
-    for package in ("galore_torch", "apollo_torch", "badam", "adam_mini"):
-        try:
-            versions[package] = version(package.replace("_", "-"))
-        except PackageNotFoundError:
-            pass
-    for package in ("jieba", "nltk", "rouge-chinese"):
-        versions[package] = version(package)
-    return {"versions": versions, "base": BASE, "predict_base": PREDICT_BASE, "cases": results}
+
+def versions(python: str, env: dict) -> dict:
+    code = ("import json, llamafactory, transformers, peft, bitsandbytes, torch; print(json.dumps({m.__name__: m.__version__ "
+            "for m in (llamafactory, transformers, peft, bitsandbytes, torch)}))")
+    return json.loads(subprocess.run([python, "-c", code], check=True, env=env, capture_output=True, text=True).stdout)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--python", default=str(HERE.parents[2] / "bench/.venv-lf/bin/python"))
-    parser.add_argument("--stubs", default=str(HERE.parents[2] / "bench/lf_stubs"), help="LLaMA-Factory's stand-ins")
-    parser.add_argument("--only", help="comma-separated case names: regenerate these, keep the rest")
-    parser.add_argument("--worker", nargs=4, metavar=("NAMES", "MODEL", "DATA", "OUT"), help=argparse.SUPPRESS)
+    parser.add_argument("--python", default=str(Path("/work/main/bench/.venv-lf/bin/python")), help="LLaMA-Factory's Python")
+    parser.add_argument("--worker", nargs=2, metavar=("CONFIG", "OUT"), help=argparse.SUPPRESS)
+    parser.add_argument("--only", nargs="*", help="regenerate these cases, keep the others")
     args = parser.parse_args()
     if args.worker:
-        names, model_dir, data_dir, out = args.worker
-        with tempfile.TemporaryDirectory() as scratch:
-            result = run_llamafactory(names.split(","), model_dir, data_dir, scratch)
-        Path(out).write_text(json.dumps(result), encoding="utf-8")
+        Path(args.worker[1]).write_text(json.dumps(run_llamafactory(json.loads(Path(args.worker[0]).read_text()))))
         return
-    names = args.only.split(",") if args.only else [*CASES, *PREDICT_CASES]
+    env = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", OMP_NUM_THREADS="1",
+               PYTHONPATH=str(Path(args.python).absolute().parents[2] / "lf_stubs"), LLAMAFACTORY_VERBOSITY="WARN")
+    golden = json.loads(GOLDEN.read_text()) if GOLDEN.exists() and args.only else {"cases": {}}
     with tempfile.TemporaryDirectory() as folder:
-        model_dir, data_dir = build_assets(Path(folder))
-        out = Path(folder) / "result.json"
-        env = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", OMP_NUM_THREADS="1",
-                   PYTHONPATH=args.stubs, TRANSFORMERS_VERBOSITY="error", HOME=folder)
-        subprocess.run([args.python, __file__, "--worker", ",".join(names), model_dir, data_dir, str(out)],
-                       check=True, env=env, cwd=folder)
-        result = json.loads(out.read_text(encoding="utf-8"))
-        shutil.rmtree(Path(folder) / "model", ignore_errors=True)
-    if args.only and GOLDEN.exists():
-        previous = json.loads(GOLDEN.read_text(encoding="utf-8"))
-        result["cases"] = {**previous["cases"], **result["cases"]}
-    order = [*CASES, *PREDICT_CASES, "similarity"]
-    result["cases"] = {name: result["cases"][name] for name in order if name in result["cases"]}
-    GOLDEN.write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
-    print(f"wrote {GOLDEN}")
+        assets = build_assets(folder)
+        for name in args.only or CASES:
+            config_file, out_file = Path(folder, "config.json"), Path(folder, "losses.json")
+            config_file.write_text(json.dumps(case_config(name, assets, str(Path(folder, "out", name)))))
+            subprocess.run([args.python, __file__, "--worker", str(config_file), str(out_file)], check=True, env=env,
+                           cwd=folder, stdout=subprocess.DEVNULL)
+            golden["cases"][name] = {"config": CASES[name], "losses": json.loads(out_file.read_text())}
+            print(f"{name}: {golden['cases'][name]['losses']}")
+            golden.update(versions=versions(args.python, env), base=BASE)
+            GOLDEN.write_text(json.dumps(golden, indent=1) + "\n")  # after every case: a failure keeps the others
+    print(f"wrote {len(golden['cases'])} cases to {GOLDEN}")
 
 
 if __name__ == "__main__":

@@ -1,0 +1,103 @@
+"""The reference model of dpo and kto: which model it is, and how its log-probs are computed.
+
+- `ref_model` given: that folder (with `ref_model_adapters` merged), frozen.
+- LoRA without `ref_model`: none is loaded; the policy with its adapter switched off is the reference
+  (no second copy of the weights in memory).
+- full / freeze without `ref_model`: a frozen copy of the starting model (with adapter_name_or_path merged).
+- dpo with orpo / simpo: no reference at all.
+This is LLaMA-Factory 0.9.5's choice (create_ref_model), except that lathe loads the reference with the
+policy's tokenizer, so tokens a template added exist in both.
+"""
+from __future__ import annotations
+
+import contextlib
+import copy
+import logging
+
+import torch
+from torch import nn
+
+logger = logging.getLogger(__name__)
+
+
+def needs_reference(finetuning_args) -> bool:
+    return finetuning_args.stage == "kto" or finetuning_args.use_ref_model
+
+
+def describe_reference(finetuning_args, do_train: bool) -> str | None:
+    """The plan's line: what dpo / kto compare the policy with (None for the other stages)."""
+    if finetuning_args.stage == "dpo" and not finetuning_args.use_ref_model:
+        return f"none ({finetuning_args.pref_loss} compares the chosen and rejected answers only)"
+    if not needs_reference(finetuning_args):
+        return None
+    if finetuning_args.ref_model is not None:
+        adapters = finetuning_args.ref_model_adapters
+        return f"{finetuning_args.ref_model}" + (f" + {', '.join(adapters)}" if adapters else "") + " (frozen)"
+    if not do_train:
+        return "the model itself (evaluation only: rewards are left out)"
+    if finetuning_args.finetuning_type == "lora":
+        return "the model with its LoRA adapter switched off (no second copy)"
+    return "a frozen copy of the starting model"
+
+
+def create_reference_model(tokenizer, model_args, finetuning_args) -> nn.Module | None:
+    """The frozen reference model to load for training, or None (the adapter-less policy, or no reference)."""
+    if not needs_reference(finetuning_args):
+        return None
+    if finetuning_args.ref_model is None and finetuning_args.finetuning_type == "lora":
+        return None
+    from lathe.llm.config import FinetuningArguments
+    from lathe.llm.model.loader import load_model
+
+    reference_args = copy.copy(model_args)
+    # The frozen weights in the precision the policy computes in (its own frozen weights are loaded so).
+    reference_args.infer_dtype = model_args.compute_dtype or "float32"
+    reference_args.train_from_scratch = False
+    if finetuning_args.ref_model is not None:
+        reference_args.model_name_or_path = finetuning_args.ref_model
+        reference_args.adapter_name_or_path = finetuning_args.ref_model_adapters
+    # finetuning_type lora with is_trainable=False: every adapter listed is merged into the weights.
+    model = load_model(tokenizer, reference_args, FinetuningArguments(finetuning_type="lora"), is_trainable=False)
+    logger.info("Reference model: %s%s (frozen copy)", reference_args.model_name_or_path,
+                f" + {', '.join(reference_args.adapter_name_or_path)}" if reference_args.adapter_name_or_path else "")
+    return model
+
+
+def disable_dropout(model: nn.Module | None) -> None:
+    """Dropout off in every module (TRL's disable_dropout_in_model): the policy and reference log-probs of
+    one batch must be comparable, so dpo and kto train without dropout."""
+    if model is None:
+        return
+    for module in model.modules():
+        if isinstance(module, nn.Dropout):
+            module.p = 0
+
+
+def reference_context(policy: nn.Module, reference: nn.Module | None):
+    """(the module to run, a context to run it in) for the reference log-probs: a frozen reference
+    model as is, or the policy with its LoRA adapter switched off."""
+    if reference is not None:
+        return reference, contextlib.nullcontext()
+    if not hasattr(policy, "disable_adapter"):
+        raise ValueError(f"{type(policy).__name__} has no adapter to switch off: a reference model is needed "
+                         "(set ref_model, or train with finetuning_type: lora).")
+    return None, policy.disable_adapter()
+
+
+def shard_reference_like_policy(reference: nn.Module, args) -> nn.Module:
+    """Under FSDP2 the reference is sharded as the policy is (its forward gathers each block in turn);
+    under DDP and DeepSpeed every process holds the whole frozen reference."""
+    from lathe.train import distributed
+    from lathe.train.fsdp import settings_from_args, shard_model
+
+    settings = settings_from_args(args) if distributed.is_distributed() and not args.deepspeed else None
+    if settings is None:
+        return reference
+    return shard_model(reference, args, settings)
+
+
+@torch.no_grad()
+def frozen(model: nn.Module) -> nn.Module:
+    model.requires_grad_(False)
+    model.eval()
+    return model

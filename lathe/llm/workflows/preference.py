@@ -1,0 +1,82 @@
+"""The preference recipes (stage dpo and stage kto): pairs (dpo) or tagged answers (kto) against a
+reference model, on lathe's own DPOTrainer / KTOTrainer.
+
+    config -> tokenizer, template -> tokenized pairs / tagged answers -> model (full/freeze/lora)
+           -> reference (frozen copy, the adapter-less policy, or none) -> train -> save -> evaluate
+"""
+from __future__ import annotations
+
+from lathe.llm.workflows.plan import format_plan, make_plan, print_once
+from lathe.llm.workflows.setup import checkpointing_for, finish_training, make_callbacks, resolve_resume_checkpoint, write_run_config
+
+# What LLaMA-Factory plots besides the loss, per stage.
+PLOTTED = {"dpo": ("loss", "rewards/accuracies"), "kto": ("loss", "rewards/chosen")}
+
+
+def make_reference(model, tokenizer, config):
+    """The reference model: the model itself when only evaluating (rewards are then meaningless and
+    left out of the results, as in LLaMA-Factory), else create_reference_model's choice."""
+    from lathe.llm.preference.reference import create_reference_model, needs_reference
+
+    finetuning = config.finetuning
+    if needs_reference(finetuning) and finetuning.ref_model is None and not config.training.do_train:
+        return model
+    return create_reference_model(tokenizer, config.model, finetuning)
+
+
+def run_preference(config, dry_run: bool = False, callbacks: list | None = None) -> dict:
+    """Run stage dpo or kto as configured; returns the metrics of what ran ({} for a dry run)."""
+    from lathe.llm.data.pipeline import get_dataset
+    from lathe.llm.model.loader import load_model, load_tokenizer
+    from lathe.llm.templates import get_template_and_fix_tokenizer
+    from lathe.llm.workflows.outputs import set_stop_tokens
+    from lathe.train.seed import set_seed
+
+    model_args, data_args, training_args, finetuning_args = config.model, config.data, config.training, config.finetuning
+    stage = finetuning_args.stage
+    resume_from = resolve_resume_checkpoint(config)
+
+    tokenizer = load_tokenizer(model_args)
+    template = get_template_and_fix_tokenizer(tokenizer, data_args)
+    datasets = get_dataset(template, model_args, data_args, training_args, stage=stage, tokenizer=tokenizer)
+    set_seed(training_args.seed)  # new weights (LoRA) are drawn while loading
+    model = load_model(tokenizer, model_args, finetuning_args, is_trainable=training_args.do_train, meta=dry_run)
+    checkpointing_for(model, training_args)
+
+    print_once(config, format_plan(make_plan(config, datasets, model, resume_from), config))
+    if dry_run:
+        return {}
+
+    set_stop_tokens(model, tokenizer, template)
+    reference = make_reference(model, tokenizer, config)
+    trainer = _make_trainer(config, model, reference, tokenizer, datasets, callbacks)
+    metrics = {}
+    if training_args.do_train:
+        write_run_config(config)
+        result = trainer.train(resume_from_checkpoint=resume_from)
+        finish_training(trainer, config, result, datasets["eval_dataset"], train_keys=PLOTTED[stage])
+        metrics.update(result.metrics)
+    if training_args.do_eval:
+        results = trainer.evaluate(metric_key_prefix="eval")
+        if reference is model:  # compared with itself: every reward is 0
+            results = {key: value for key, value in results.items() if "rewards" not in key}
+        trainer.log_metrics("eval", results)
+        trainer.save_metrics("eval", results)
+        metrics.update(results)
+    return metrics
+
+
+def _make_trainer(config, model, reference, tokenizer, datasets, callbacks):
+    from lathe.llm.data.feedback import KTODataCollator
+    from lathe.llm.data.pairwise import PairwiseDataCollator
+    from lathe.llm.preference.dpo import DPOTrainer
+    from lathe.llm.preference.kto import KTOTrainer
+
+    dpo = config.finetuning.stage == "dpo"
+    label_pad = -100 if config.data.ignore_pad_token_for_loss else tokenizer.pad_token_id
+    collator = (PairwiseDataCollator if dpo else KTODataCollator)(tokenizer, pad_to_multiple_of=8, label_pad_token_id=label_pad)
+    return (DPOTrainer if dpo else KTOTrainer)(
+        model=model, ref_model=reference, finetuning_args=config.finetuning, args=config.training,
+        data_collator=collator, processing_class=tokenizer, train_dataset=datasets["train_dataset"],
+        eval_dataset=datasets["eval_dataset"], callbacks=make_callbacks(config) + list(callbacks or []),
+    )

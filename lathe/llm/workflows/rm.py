@@ -1,0 +1,68 @@
+"""The reward-model recipe (stage rm): a value head on the causal LM, trained so that the chosen answer
+of each pair scores above the rejected one; evaluation reports accuracy, do_predict writes the scores.
+
+    config -> tokenizer, template -> tokenized pairs -> model (full/freeze/lora) + value head
+           -> RewardTrainer.train() -> save (weights or adapter + value_head.safetensors) -> evaluate -> predict
+"""
+from __future__ import annotations
+
+from lathe.llm.workflows.plan import format_plan, make_plan, print_once
+from lathe.llm.workflows.setup import (
+    checkpointing_for,
+    evaluate_and_save,
+    finish_training,
+    make_callbacks,
+    resolve_resume_checkpoint,
+    write_run_config,
+)
+
+
+def run_rm(config, dry_run: bool = False, callbacks: list | None = None) -> dict:
+    """Run stage rm as configured; returns the metrics of what ran ({} for a dry run)."""
+    from lathe.llm.data.pairwise import PairwiseDataCollator
+    from lathe.llm.data.pipeline import get_dataset
+    from lathe.llm.model.loader import load_model, load_tokenizer
+    from lathe.llm.model.value_head import ValueHeadModel, add_value_head
+    from lathe.llm.preference.reward import RewardAccuracy, RewardTrainer
+    from lathe.llm.templates import get_template_and_fix_tokenizer
+    from lathe.train.seed import set_seed
+
+    model_args, data_args, training_args, finetuning_args = config.model, config.data, config.training, config.finetuning
+    resume_from = resolve_resume_checkpoint(config)
+
+    tokenizer = load_tokenizer(model_args)
+    template = get_template_and_fix_tokenizer(tokenizer, data_args)
+    datasets = get_dataset(template, model_args, data_args, training_args, stage="rm", tokenizer=tokenizer)
+    set_seed(training_args.seed)  # new weights (LoRA, then the value head) are drawn while loading
+    model = load_model(tokenizer, model_args, finetuning_args, is_trainable=training_args.do_train, meta=dry_run)
+    model = ValueHeadModel(model) if dry_run else add_value_head(model, model_args)
+    checkpointing_for(model, training_args)
+
+    print_once(config, format_plan(make_plan(config, datasets, model, resume_from), config))
+    if dry_run:
+        return {}
+
+    trainer = RewardTrainer(
+        model=model, args=training_args, data_collator=PairwiseDataCollator(tokenizer, pad_to_multiple_of=8),
+        processing_class=tokenizer, train_dataset=datasets["train_dataset"], eval_dataset=datasets["eval_dataset"],
+        compute_metrics=RewardAccuracy(), callbacks=make_callbacks(config) + list(callbacks or []),
+        finetuning_args=finetuning_args,
+    )
+    metrics = {}
+    if training_args.do_train:
+        write_run_config(config)
+        result = trainer.train(resume_from_checkpoint=resume_from)
+        finish_training(trainer, config, result, datasets["eval_dataset"], eval_keys=("loss", "accuracy"))
+        metrics.update(result.metrics)
+    if training_args.do_eval:
+        metrics.update(evaluate_and_save(trainer, with_perplexity=False))
+    if training_args.do_predict:
+        eval_dataset = datasets["eval_dataset"]
+        if isinstance(eval_dataset, dict):
+            raise ValueError("do_predict with eval_on_each_dataset is not supported yet: predict on one eval set.")
+        results = trainer.predict(eval_dataset, metric_key_prefix="predict")
+        trainer.log_metrics("predict", results.metrics)
+        trainer.save_metrics("predict", results.metrics)
+        trainer.save_predictions(results)
+        metrics.update(results.metrics)
+    return metrics

@@ -1,0 +1,88 @@
+"""Stages dpo, kto and rm against LLaMA-Factory 0.9.5: the tokenized pairs and KTO rows, and every logged
+number of the first training steps (loss, grad_norm, learning rate, rewards/*, logps/*, logits/*, kl,
+sft_loss, odds_ratio_loss, eval_* and eval_accuracy), from tests/llm/golden/llamafactory_preference.json
+(made by make_llamafactory_preference.py, which runs LLaMA-Factory beside lathe on the same tiny models,
+data and configs).
+
+Tolerance: training logs are compared exactly (0 difference: the same operations run in the same order,
+down to the float32 metric averages). Evaluation losses get 1e-7 relative: lathe's evaluation loop sums
+the batch losses in another order than transformers' (float rounding of the mean, seen up to 5e-8).
+"""
+import json
+import logging
+
+import pytest
+
+from tests.llm.golden.make_llamafactory_preference import CASES, GOLDEN, TOKENIZED, build_model, case_config
+
+pytestmark = pytest.mark.filterwarnings("ignore:.*is_gradient_checkpointing:FutureWarning")
+EVALUATION_TOLERANCE = 1e-7
+NOT_COMPARED = ("train_runtime", "train_samples_per_second", "train_steps_per_second", "total_flos", "eval_runtime",
+                "eval_samples_per_second", "eval_steps_per_second")
+
+
+@pytest.fixture(scope="module")
+def golden():
+    with open(GOLDEN, encoding="utf-8") as handle:
+        return json.load(handle)
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("preference_models")
+    build_model(folder / "model", seed=0)
+    build_model(folder / "model_b", seed=1)
+    return str(folder / "model"), str(folder / "model_b")
+
+
+def test_the_golden_file_matches_the_cases(golden):
+    assert golden["versions"]["llamafactory"] == "0.9.5"
+    assert golden["cases"] == json.loads(json.dumps(CASES))
+    assert golden["tokenized_cases"] == json.loads(json.dumps(TOKENIZED))
+
+
+@pytest.mark.parametrize("name", list(TOKENIZED))
+def test_tokenization_equals_llamafactory(name, golden, models, tmp_path):
+    from lathe.llm.config import parse_train_config
+    from lathe.llm.data.pipeline import get_dataset
+    from lathe.llm.model.loader import load_tokenizer
+    from lathe.llm.templates import get_template_and_fix_tokenizer
+
+    config = parse_train_config({**case_config(TOKENIZED[name], *models), "output_dir": str(tmp_path / "out")})
+    tokenizer = load_tokenizer(config.model)
+    template = get_template_and_fix_tokenizer(tokenizer, config.data)
+    train = get_dataset(template, config.model, config.data, config.training, stage=config.finetuning.stage,
+                        tokenizer=tokenizer, cache_dir=str(tmp_path / "cache"))["train_dataset"]
+    expected = golden["tokenized"][name]
+    assert sorted(train.column_names) == sorted(expected)
+    for column in expected:
+        assert train[column] == expected[column], f"{name}: column {column} differs"
+
+
+def _compare_logs(name: str, ours: list[dict], theirs: list[dict]) -> None:
+    assert len(ours) == len(theirs), f"{name}: {len(ours)} log entries, LLaMA-Factory {len(theirs)}"
+    for mine, peer in zip(ours, theirs):
+        keys = {key for key in peer if key not in NOT_COMPARED}
+        assert {key for key in mine if key not in NOT_COMPARED} == keys, f"{name} step {peer['step']}"
+        for key in keys:
+            if "eval_loss" in peer:
+                assert mine[key] == pytest.approx(peer[key], rel=EVALUATION_TOLERANCE), f"{name} step {peer['step']} {key}"
+            else:
+                assert mine[key] == peer[key], f"{name} step {peer['step']} {key}: {mine[key]!r} != {peer[key]!r}"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", list(CASES))
+def test_training_logs_equal_llamafactory(name, golden, models, tmp_path):
+    from lathe.llm.commands import run_train
+    from lathe.llm.config import parse_train_config
+
+    config = parse_train_config({**case_config(CASES[name], *models), "output_dir": str(tmp_path / "out")})
+    logging.disable(logging.WARNING)
+    try:
+        run_train(config)
+    finally:
+        logging.disable(logging.NOTSET)
+    with open(tmp_path / "out" / "trainer_state.json", encoding="utf-8") as handle:
+        ours = json.load(handle)["log_history"]
+    _compare_logs(name, ours, golden["runs"][name])
