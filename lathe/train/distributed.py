@@ -116,10 +116,9 @@ def wrap_model(model, args):
 
 def gradient_sync(model, sync: bool):
     """A context for one micro-batch's backward: DDP's all-reduce runs only when `sync` (the last
-    micro-batch of a window); before that gradients accumulate locally (no_sync)."""
-    if hasattr(model, "set_gradient_accumulation_boundary"):  # DeepSpeed's engine reduces at the boundary
-        model.set_gradient_accumulation_boundary(sync)
-        return contextlib.nullcontext()
+    micro-batch of a window); before that gradients accumulate locally (no_sync). Summing k local
+    gradients and then averaging over ranks equals averaging every micro-batch's over ranks, at one
+    all-reduce per update instead of k. (DeepSpeed: lathe.train.stepping.DeepSpeedBackend.)"""
     if sync:
         return contextlib.nullcontext()
     if hasattr(model, "set_requires_gradient_sync"):  # FSDP2: accumulate unsharded gradients locally
