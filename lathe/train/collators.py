@@ -63,6 +63,14 @@ def default_data_collator(features: list, return_tensors: str = "pt"):
     )
 
 
+def default_collator_for(processing_class):
+    """The Trainer's collator when none is given: padding with a tokenizer that has a pad token, else
+    default_data_collator (as transformers chooses)."""
+    if processing_class is not None and hasattr(processing_class, "pad") and getattr(processing_class, "pad_token_id", None) is not None:
+        return DataCollatorWithPadding(processing_class)
+    return default_data_collator
+
+
 def _is_tuple_of_tensors(item) -> bool:
     # A list of plain numbers is far more likely one token sequence than a tuple of scalar
     # fields, so at least one tensor or array is required before batching position by position.

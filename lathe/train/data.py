@@ -11,6 +11,7 @@ import torch
 from torch.utils.data import BatchSampler, DataLoader, IterableDataset, Sampler
 
 from lathe.train.columns import is_datasets_dataset
+from lathe.train.seed import restore_rng_state
 
 logger = logging.getLogger(__name__)
 
@@ -328,4 +329,22 @@ def skip_batches(dataloader, num_batches: int) -> Iterable:
     iterator = iter(dataloader)
     for _ in itertools.islice(iterator, num_batches):
         pass
+    return iterator
+
+
+def epoch_batches(dataloader, epoch: int, batches_to_skip: int, rng_state: dict | None) -> Iterator:
+    """The epoch's batch iterator, past the `batches_to_skip` a resumed run already trained on (skipped
+    at the sampler, or read and dropped where the loader cannot seek), with the checkpoint's RNG state
+    (`rng_state`, on the resumed epoch) restored at the point where the interrupted run saved it.
+
+    Why there: creating the iterator draws a seed from the global RNG. Mid-epoch, the interrupted run
+    had made that draw (and read the skipped batches) before it saved, so the state is restored after
+    them; at an epoch boundary (or with ignore_data_skip) it saved before this epoch's iterator
+    existed, so the state is restored first. Either way dropout and shuffling continue bit for bit."""
+    set_epoch(dataloader, epoch)
+    if rng_state is not None and batches_to_skip == 0:
+        restore_rng_state(rng_state)
+    iterator = iter(skip_batches(dataloader, batches_to_skip))
+    if rng_state is not None and batches_to_skip > 0:
+        restore_rng_state(rng_state)
     return iterator

@@ -1,6 +1,6 @@
 """The Trainer's dataloaders: column pruning by the model's signature, item checks, and the
-resumable samplers of lathe.train.data, configured from TrainingArguments. Trainer's
-get_train_dataloader / get_eval_dataloader / get_test_dataloader (trainer.py) call build_dataloader."""
+resumable samplers of lathe.train.data, configured from TrainingArguments. The functions that take
+`trainer` first are Trainer's methods of the same name (trainer.py lists them)."""
 from __future__ import annotations
 
 from lathe.train import batching, columns, data
@@ -35,18 +35,37 @@ def build_dataloader(trainer, dataset, description: str, batch_size: int, train:
     )
 
 
-def num_examples(dataloader, per_device_batch_size: int) -> int:
+def get_train_dataloader(trainer):
+    if trainer.train_dataset is None:
+        raise ValueError("Trainer.train() needs a train_dataset.")
+    return build_dataloader(trainer, trainer.train_dataset, "training", trainer._train_batch_size, train=True)
+
+
+def get_eval_dataloader(trainer, eval_dataset=None):
+    if isinstance(eval_dataset, str):
+        eval_dataset = trainer.eval_dataset[eval_dataset]
+    eval_dataset = eval_dataset if eval_dataset is not None else trainer.eval_dataset
+    if eval_dataset is None:
+        raise ValueError("Evaluation needs an eval_dataset (pass it to Trainer or to evaluate()).")
+    return build_dataloader(trainer, eval_dataset, "evaluation", trainer.args.eval_batch_size, train=False)
+
+
+def get_test_dataloader(trainer, test_dataset):
+    return build_dataloader(trainer, test_dataset, "test", trainer.args.eval_batch_size, train=False)
+
+
+def num_examples(trainer, dataloader) -> int:
     dataset = getattr(dataloader, "dataset", None)
     try:
         return len(dataset)
     except TypeError:
-        return len(dataloader) * per_device_batch_size
+        return len(dataloader) * trainer.args.per_device_train_batch_size
 
 
-def num_tokens(dataloader, main_input_name: str, max_steps: int | None = None) -> int:
+def num_tokens(trainer, dataloader, max_steps: int | None = None) -> int:
     tokens = 0
     for step, batch in enumerate(dataloader):
-        tokens += batching.count_input_tokens(batch, "all", main_input_name)
+        tokens += batching.count_input_tokens(batch, "all", trainer.main_input_name)
         if max_steps is not None and step + 1 >= max_steps:
             break
     return tokens

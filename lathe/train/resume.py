@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import os
 
 import torch
@@ -26,7 +25,7 @@ _ARGS_THAT_CHANGE_THE_RUN = ("per_device_train_batch_size", "gradient_accumulati
 # ----- saving -----
 
 
-def save_model(trainer, output_dir: str | None = None, internal_call: bool = False) -> None:
+def save_model(trainer, output_dir: str | None = None, _internal_call: bool = False) -> None:
     """Weights (safetensors; save_pretrained for transformers/peft models), the processing
     class, and the training arguments (training_args.bin like transformers, plus readable JSON)."""
     args, model = trainer.args, trainer.model
@@ -48,7 +47,7 @@ def save_model(trainer, output_dir: str | None = None, internal_call: bool = Fal
         with open(os.path.join(output_dir, ckpt.TRAINING_ARGS_JSON), "w", encoding="utf-8") as f:
             f.write(args.to_json_string())
     except Exception as error:
-        if internal_call:
+        if _internal_call:
             raise  # inside a checkpoint save, which explains the error itself
         # torch and safetensors report a full disk without naming the path or the disk.
         raise ckpt.explain_save_error(error, os.path.join(output_dir, ckpt.WEIGHTS_NAME),
@@ -60,7 +59,7 @@ def save_processing_class(processing_class, output_dir: str) -> None:
         processing_class.save_pretrained(output_dir)
 
 
-def save_checkpoint(trainer, model, save_model_overridden: bool) -> None:
+def save_checkpoint(trainer, model, trial=None) -> None:
     """checkpoint-<global_step>, written into a staging folder and published by one rename;
     rotation deletes older checkpoints only after that rename. In a single process the files
     are written from a copy of the state, flushed and renamed while the next training steps run
@@ -91,7 +90,7 @@ def save_checkpoint(trainer, model, save_model_overridden: bool) -> None:
     # One process: the files are written from a copy of the state by the commit thread. Several
     # processes write in the loop (their barriers cannot run in a thread), as does a subclass
     # that overrides save_model (its override must see the checkpoint's folder).
-    background = (args.world_size == 1 and gathered is None and engine is None and not save_model_overridden
+    background = (args.world_size == 1 and gathered is None and engine is None and type(trainer).save_model is save_model
                   and snapshot.copy_fits_in_memory(trainer.model, trainer.optimizer))
     optimizer, scheduler = (None, None) if engine is not None else (trainer.optimizer, trainer.lr_scheduler)
     contents = snapshot.capture(trainer.model, optimizer, scheduler, trainer.scaler, state, args, main=main,
@@ -117,6 +116,11 @@ def save_checkpoint(trainer, model, save_model_overridden: bool) -> None:
 def stateful_callbacks(trainer) -> list:
     """The callbacks (and the TrainerControl) whose state a checkpoint carries."""
     return [cb for cb in trainer.callback_handler.callbacks + [trainer.control] if isinstance(cb, ExportableState)]
+
+
+def best_checkpoint_path(trainer) -> str | None:
+    """The best checkpoint's folder now (found again if the output folder moved), or None."""
+    return find_best_checkpoint(trainer.state.best_model_checkpoint, trainer.args.output_dir)
 
 
 def final_rotation(args, best: str | None) -> None:
@@ -313,54 +317,6 @@ def _restore_callback_states(callbacks: list, saved: TrainerState) -> None:
         callback.__dict__.update(type(callback).from_state(entry).__dict__)
 
 
-# ----- run results -----
-
-
-def save_state(args, state) -> None:
-    if args.should_save:
-        os.makedirs(args.output_dir, exist_ok=True)
-        state.save_to_json(os.path.join(args.output_dir, ckpt.TRAINER_STATE_NAME))
-
-
-def save_metrics(args, split: str, metrics: dict, combined: bool = True) -> None:
-    """{split}_results.json, and all_results.json merged across splits (transformers' files)."""
-    if not args.should_save:
-        return
-    os.makedirs(args.output_dir, exist_ok=True)
-    with open(os.path.join(args.output_dir, f"{split}_results.json"), "w", encoding="utf-8") as f:
-        json.dump(metrics, f, indent=4, sort_keys=True)
-    if combined:
-        path = os.path.join(args.output_dir, "all_results.json")
-        merged = {}
-        if os.path.isfile(path):
-            with open(path, encoding="utf-8") as f:
-                merged = json.load(f)
-        merged.update(metrics)
-        with open(path, "w", encoding="utf-8") as f:
-            json.dump(merged, f, indent=4, sort_keys=True)
-
-
-def metrics_format(metrics: dict) -> dict:
-    formatted = dict(metrics)
-    for key, value in formatted.items():
-        if "_mem_" in key:
-            formatted[key] = f"{value >> 20}MB"
-        elif "_runtime" in key:
-            formatted[key] = _format_seconds(value)
-        elif key == "total_flos":
-            formatted[key] = f"{int(value) >> 30}GF"
-        elif isinstance(value, float):
-            formatted[key] = round(value, 4)
-    return formatted
-
-
-def print_metrics(split: str, formatted: dict) -> None:
-    print(f"***** {split} metrics *****")
-    width = max((len(k) for k in formatted), default=0)
-    for key in sorted(formatted):
-        print(f"  {key: <{width}} = {formatted[key]:>9}")
-
-
 def _zero_module():
     from lathe.train.integrations import deepspeed_zero
 
@@ -394,10 +350,3 @@ def find_best_checkpoint(best: str | None, *folders: str) -> str | None:
         if os.path.isdir(candidate):
             return candidate
     return best
-
-
-def _format_seconds(seconds: float) -> str:
-    whole = int(seconds)
-    hours, rest = divmod(whole, 3600)
-    minutes, secs = divmod(rest, 60)
-    return f"{hours}:{minutes:02d}:{secs:02d}.{int(round((seconds - math.floor(seconds)) * 100)):02d}"
