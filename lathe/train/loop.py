@@ -27,12 +27,12 @@ def training_loop(trainer, batch_size: int, resume_path: str | None, trial, igno
     model = prepare_for_training(trainer, plan)
     trainer.state = new_state(trainer, batch_size, plan, trial)
     rng_state = None
-    if resume_path is not None:
+    if resume_path is not None:  # after the optimizer, scheduler and engine exist: their states load into them
         trainer.state, rng_state = resume.load_checkpoint(trainer, resume_path, plan)
     start = batching.resume_position(trainer.state.global_step, plan, args.gradient_accumulation_steps, args.ignore_data_skip, trainer.state.epoch)
     begin_run(trainer, train_dataloader)
     trainer.control = trainer.callback_handler.on_train_begin(args, trainer.state, trainer.control)
-    if args.eval_on_start:
+    if args.eval_on_start:  # a baseline metric; ReduceLROnPlateau must not count it as an epoch's result
         trainer._evaluate(trial, ignore_keys_for_eval, skip_scheduler=True)
     for epoch in range(start.epoch, plan.num_train_epochs):
         # The resumed epoch skips what the interrupted run trained on and restores its RNG (data.epoch_batches says where).
@@ -50,7 +50,7 @@ def training_loop(trainer, batch_size: int, resume_path: str | None, trial, igno
         if trainer.state.global_step == steps_before and not trainer.control.should_training_stop:
             stop_on_empty_pass(trainer, epoch)
         trainer.control = trainer.callback_handler.on_epoch_end(args, trainer.state, trainer.control)
-        trainer._maybe_log_save_evaluate(model, trial, ignore_keys_for_eval)
+        trainer._maybe_log_save_evaluate(model, trial, ignore_keys_for_eval)  # the "epoch" strategies act here
         if trainer.control.should_training_stop or trainer.state.global_step >= plan.max_steps:
             break
     return finish_run(trainer)
@@ -60,20 +60,22 @@ def update_step(trainer, model, window: list, epoch: int, plan) -> None:
     """One optimizer update over an accumulation window of micro-batches."""
     args, state, run, backend, events = trainer.args, trainer.state, trainer._run, trainer._backend, trainer.callback_handler
     trainer.control = events.on_step_begin(args, state, trainer.control)
-    num_items = count_window_items(trainer, window)
-    trainer.current_gradient_accumulation_steps = len(window)  # training_step divides by it (a short last window too)
+    num_items = count_window_items(trainer, window)  # the loss denominator: label tokens of the whole window
+    trainer.current_gradient_accumulation_steps = len(window)  # or, without a count, the window's size
     for index, inputs in enumerate(window):
         is_last = index == len(window) - 1
+        # Gradients are summed locally and reduced across ranks once, on the window's last backward.
         with backend.gradient_sync(model, is_last):
-            loss = trainer.training_step(model, inputs, num_items)  # forward (compute_loss) and backward
+            loss = trainer.training_step(model, inputs, num_items)  # forward (compute_loss), then backward
         tally_micro_batch(trainer, inputs, loss)
         if not is_last:
             trainer.control = events.on_substep_end(args, state, trainer.control)
-    backend.clip_gradients(args.max_grad_norm)  # grad_norm logged is the norm before clipping
+    # Clipped before on_pre_optimizer_step (transformers' order); the logged grad_norm is the norm before clipping.
+    backend.clip_gradients(args.max_grad_norm)
     trainer.control = events.on_pre_optimizer_step(args, state, trainer.control)
     run.learning_rate = trainer._get_learning_rate()  # the rate this update uses: read before the scheduler moves it
     updated = backend.optimizer_step()  # False after an fp16 overflow: no update, so no schedule step either
-    trainer.control = events.on_optimizer_step(args, state, trainer.control)
+    trainer.control = events.on_optimizer_step(args, state, trainer.control)  # gradients still there to inspect
     if updated:
         backend.scheduler_step()
     backend.zero_grad()
@@ -82,7 +84,7 @@ def update_step(trainer, model, window: list, epoch: int, plan) -> None:
     # Iterable datasets have no epoch length; like transformers, count max_steps windows as one.
     batches_per_epoch = plan.batches_per_epoch or plan.max_steps * args.gradient_accumulation_steps
     state.epoch = epoch + run.batches_done_in_epoch / batches_per_epoch
-    trainer.control = events.on_step_end(args, state, trainer.control)
+    trainer.control = events.on_step_end(args, state, trainer.control)  # the flow callback decides log/eval/save here
 
 
 def count_window_items(trainer, window: list):
