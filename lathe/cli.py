@@ -120,6 +120,31 @@ def _api(options) -> int:
     return api_command(options.config, overrides, server, traceback="traceback" in flags)
 
 
+def _expand(options) -> int:
+    from lathe.llm.commands import expand_command
+
+    return expand_command(options.model_name_or_path, options.output_dir, options.num_expand,
+                          max_shard_size=options.max_shard_size, trust_remote_code=options.trust_remote_code,
+                          traceback=options.traceback)
+
+
+def _add_expand_parser(commands) -> None:
+    expand = commands.add_parser(
+        "expand", help="LLaMA Pro block expansion: add identity-initialised copies of blocks (train them with use_llama_pro)",
+        description="Write MODEL with NUM_EXPAND more hidden layers: after every (layers / NUM_EXPAND)-th block, a copy "
+        "of it whose o_proj and down_proj are zero, so the new model computes what MODEL does (checked before "
+        "anything is written). Then train with finetuning_type freeze (or lora), use_llama_pro: true and "
+        "freeze_trainable_layers: NUM_EXPAND, as with LLaMA-Factory's scripts/llama_pro.py.",
+    )
+    expand.add_argument("model_name_or_path", help="local model folder")
+    expand.add_argument("output_dir", help="new folder for the expanded model")
+    expand.add_argument("--num_expand", "--num-expand", type=int, required=True, help="blocks to add; divides the layer count")
+    expand.add_argument("--max_shard_size", "--max-shard-size", default="5GB", help="largest safetensors shard (5GB)")
+    expand.add_argument("--trust_remote_code", "--trust-remote-code", action="store_true", help="allow the folder's own code")
+    expand.add_argument("--traceback", action="store_true", help="show the full error")
+    expand.set_defaults(run=_expand)
+
+
 def _add_inference_parsers(commands) -> None:
     chat = commands.add_parser(
         "chat", help="chat with a model in the terminal, with its training template (streaming; clear, exit)",
@@ -163,6 +188,7 @@ def build_parser() -> argparse.ArgumentParser:
     env.set_defaults(run=_env)
     _add_train_parsers(commands)
     _add_inference_parsers(commands)
+    _add_expand_parser(commands)
     return parser
 
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 import logging
 import sys
 
-__all__ = ["train_command", "data_preview_command", "export_command", "chat_command", "api_command", "run_train"]
+__all__ = ["train_command", "data_preview_command", "export_command", "expand_command", "chat_command", "api_command",
+           "run_train"]
 
 # Errors that mean "the config or the files are wrong": shown as one message, not a traceback.
 USER_ERRORS = (ValueError, FileNotFoundError, NotADirectoryError, ImportError)
@@ -122,6 +123,25 @@ def export_command(config_path: str, overrides: list[str], traceback: bool = Fal
             raise
         return _report(error, "export")
     print(format_report(report), flush=True)
+    return 0
+
+
+def expand_command(model_name_or_path: str, output_dir: str, num_expand: int, max_shard_size: str = "5GB",
+                   trust_remote_code: bool = False, traceback: bool = False) -> int:
+    """`lathe expand MODEL OUTPUT_DIR --num_expand N`: LLaMA Pro block expansion (lathe/llm/model/llama_pro.py)."""
+    from lathe.llm.model.llama_pro import expand_blocks
+
+    _setup_logging()
+    try:
+        result = expand_blocks(model_name_or_path, output_dir, num_expand, max_shard_size, trust_remote_code)
+    except USER_ERRORS + (RuntimeError, OSError) as error:
+        if traceback:
+            raise
+        return _report(error, "expand")
+    before, after = result["layers"]
+    print(f"Expanded {model_name_or_path} from {before} to {after} layers into {output_dir} (the copies start as the "
+          f"identity: logits equal the original's). Fine-tune it with:\n  model_name_or_path: {output_dir}\n"
+          f"  finetuning_type: freeze\n  freeze_trainable_layers: {num_expand}\n  use_llama_pro: true", flush=True)
     return 0
 
 

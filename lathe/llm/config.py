@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from lathe.llm.config_keys import SUPPORTED_FINETUNING_TYPES, SUPPORTED_STAGES
+from lathe.llm.config_methods import check_methods, check_quantization_bit, check_quantized_training, target_modules
 from lathe.llm.config_values import RawConfig, build_sections, check_keys, parse_overrides, split_commas
 
 __all__ = [
@@ -68,6 +69,17 @@ class ModelArguments:
     )
     print_param_status: bool = field(default=False, metadata=_help("Print every parameter's dtype, device and trainability."))
     trust_remote_code: bool = field(default=False, metadata=_help("Allow a model folder's own Python code to run."))
+    quantization_method: Literal["bnb", "hqq", "eetq"] = field(
+        default="bnb", metadata=_help("On-the-fly quantization of the base: bnb (bitsandbytes), hqq or eetq (GPU only).")
+    )
+    quantization_bit: int | None = field(
+        default=None, metadata=_help("Load the base quantized to this many bits (QLoRA): 4 or 8 for bnb; 1-8 for hqq; 8 for eetq.")
+    )
+    quantization_type: Literal["fp4", "nf4"] = field(default="nf4", metadata=_help("bnb 4-bit data type: nf4 or fp4."))
+    double_quantization: bool = field(default=True, metadata=_help("bnb 4-bit: quantize the quantization constants too."))
+    quantization_device_map: Literal["auto"] | None = field(
+        default=None, metadata=_help("auto: spread a 4-bit model over the devices for inference (not for training).")
+    )
 
     # Derived by parse_train_config; not settable from a config file.
     compute_dtype: str | None = field(default=None, init=False, metadata=_help("bfloat16/float16 from bf16/fp16/pure_bf16, else None."))
@@ -80,6 +92,7 @@ class ModelArguments:
         self.adapter_name_or_path = split_commas(self.adapter_name_or_path)
         self.add_tokens = split_commas(self.add_tokens)
         self.add_special_tokens = split_commas(self.add_special_tokens)
+        check_quantization_bit(self.quantization_method, self.quantization_bit)
 
 
 @dataclass
@@ -150,7 +163,10 @@ class FinetuningArguments:
     stage: Literal["pt", "sft", "rm", "ppo", "dpo", "kto"] = field(
         default="sft", metadata=_help("Training stage: pt (pre-training), sft, rm (reward model), dpo or kto (preference training).")
     )
-    finetuning_type: Literal["lora", "oft", "freeze", "full"] = field(default="lora", metadata=_help("full, freeze or lora."))
+    finetuning_type: Literal["lora", "oft", "freeze", "full"] = field(default="lora", metadata=_help("full, freeze, lora or oft."))
+    use_llama_pro: bool = field(
+        default=False, metadata=_help("freeze/lora: train only the blocks `lathe expand` added (LLaMA Pro); freeze_trainable_layers = how many.")
+    )
     freeze_trainable_layers: int = field(
         default=2, metadata=_help("freeze: train the last n hidden layers (n > 0) or the first -n (n < 0).")
     )
@@ -167,7 +183,22 @@ class FinetuningArguments:
     lora_dropout: float = field(default=0.0, metadata=_help("lora: dropout on the adapter input."))
     lora_rank: int = field(default=8, metadata=_help("lora: rank of the update matrices."))
     lora_target: str = field(
-        default="all", metadata=_help("lora: module names to adapt, comma separated; all = every linear layer but the output head.")
+        default="all",
+        metadata=_help("lora: module names to adapt, comma separated; all = every linear layer but the output head; "
+                       "or one regular expression matched against whole module paths (peft's rule)."),
+    )
+    loraplus_lr_ratio: float | None = field(default=None, metadata=_help("lora: LoRA+, learning rate of the B matrices = learning_rate x this."))
+    loraplus_lr_embedding: float = field(default=1e-6, metadata=_help("lora: LoRA+ learning rate of embedding adapters' B matrices."))
+    pissa_init: bool = field(default=False, metadata=_help("lora: initialise the adapter from the principal singular vectors (PiSSA)."))
+    pissa_iter: int = field(default=16, metadata=_help("lora: fast-SVD iterations for PiSSA; -1 = exact SVD."))
+    pissa_convert: bool = field(
+        default=False, metadata=_help("lora: also save the PiSSA adapter converted to a plain LoRA of the original base (pissa_converted/).")
+    )
+    module_dropout: float = field(default=0.0, metadata=_help("oft: probability of dropping a whole OFT block in training."))
+    oft_rank: int = field(default=0, metadata=_help("oft: number of OFT blocks (0: set by oft_block_size)."))
+    oft_block_size: int = field(default=32, metadata=_help("oft: size of each OFT block (0: set by oft_rank)."))
+    oft_target: str = field(
+        default="all", metadata=_help("oft: module names to adapt, comma separated; all = every linear layer but the output head.")
     )
     use_rslora: bool = field(default=False, metadata=_help("lora: rank-stabilised scaling alpha/sqrt(r)."))
     use_dora: bool = field(default=False, metadata=_help("lora: weight-decomposed LoRA (DoRA)."))
@@ -206,10 +237,12 @@ class FinetuningArguments:
         self.freeze_trainable_modules = split_commas(self.freeze_trainable_modules)
         self.freeze_extra_modules = split_commas(self.freeze_extra_modules)
         self.additional_target = split_commas(self.additional_target)
-        self.lora_target = split_commas(self.lora_target)
+        self.lora_target = target_modules(self.lora_target, "lora_target")
+        self.oft_target = target_modules(self.oft_target, "oft_target")
         if self.lora_rank <= 0:
             raise ValueError(f"lora_rank must be a positive integer, got {self.lora_rank}")
         self.lora_alpha = self.lora_alpha or self.lora_rank * 2
+        check_methods(self)
 
 
 @dataclass
@@ -341,7 +374,7 @@ def _fill_training_defaults(raw: dict[str, Any]) -> None:
     raw["remove_unused_columns"] = False
     if raw.get("early_stopping_steps") is not None and raw.get("metric_for_best_model") is None:
         raw["metric_for_best_model"] = "eval_loss"  # what early stopping watches unless told otherwise
-    if raw.get("finetuning_type", "lora") == "lora" and not raw.get("label_names"):
+    if raw.get("finetuning_type", "lora") in ("lora", "oft") and not raw.get("label_names"):
         raw["label_names"] = ["labels"]  # a PeftModel's forward hides `labels` from signature inspection
 
 
@@ -407,8 +440,9 @@ def _validate(config: TrainConfig, where: str) -> None:
             f"{' and '.join(asked)}{where}: evaluation or prediction needs data: set eval_dataset, or val_size to hold "
             f"out part of the training data."
         )
-    if model.adapter_name_or_path is not None and finetuning.finetuning_type != "lora":
-        raise ValueError(f"adapter_name_or_path{where} needs finetuning_type: lora (got {finetuning.finetuning_type!r}).")
+    if model.adapter_name_or_path is not None and finetuning.finetuning_type not in ("lora", "oft"):
+        raise ValueError(f"adapter_name_or_path{where} needs finetuning_type: lora or oft (got {finetuning.finetuning_type!r}).")
+    check_quantized_training(model, finetuning, training, where)
     if training.fp16 and finetuning.pure_bf16:
         raise ValueError(f"fp16 and pure_bf16{where} contradict each other.")
     if finetuning.early_stopping_steps is not None:

@@ -29,10 +29,6 @@ UNSUPPORTED_BY_FEATURE: dict[str, dict[str, object]] = {
         "kt_expert_checkpoint_path": None, "kt_use_lora_experts": None, "kt_lora_expert_num": None,
         "kt_lora_expert_intermediate_size": None,
     },
-    "quantization": {
-        "quantization_method": "bnb", "quantization_bit": None, "quantization_type": "nf4",
-        "double_quantization": True, "quantization_device_map": None,
-    },
     "multimodal inputs (images, video, audio)": {
         "media_dir": None, "image_max_pixels": 768 * 768, "image_min_pixels": 32 * 32,
         "image_do_pan_and_scan": False, "crop_to_patches": False, "video_max_pixels": 256 * 256,
@@ -48,16 +44,12 @@ UNSUPPORTED_BY_FEATURE: dict[str, dict[str, object]] = {
     "dataset streaming and shared-file-system preprocessing": {
         "streaming": False, "buffer_size": 16384, "data_shared_file_system": False,
     },
-    "LoRA variants (LoRA+, PiSSA) and OFT": {
-        "loraplus_lr_ratio": None, "loraplus_lr_embedding": 1e-6, "pissa_init": False, "pissa_iter": 16,
-        "pissa_convert": False, "module_dropout": 0.0, "oft_rank": 0, "oft_block_size": 32, "oft_target": "all",
-    },
     "PPO (reinforcement learning with a reward model) and quantized reference models": {
         "ppo_buffer_size": 1, "ppo_epochs": 4, "ppo_score_norm": False, "ppo_target": 6.0,
         "ppo_whiten_rewards": False, "ref_model_quantization_bit": None, "reward_model": None,
         "reward_model_adapters": None, "reward_model_quantization_bit": None, "reward_model_type": "lora",
     },
-    "special optimizers and losses (GaLore, APOLLO, BAdam, Adam-mini, Muon, LLaMA Pro, DFT/ASFT/EAFT)": {
+    "special optimizers and losses (GaLore, APOLLO, BAdam, Adam-mini, Muon, DFT/ASFT/EAFT)": {
         "use_galore": False, "galore_target": "all", "galore_rank": 16, "galore_update_interval": 200,
         "galore_scale": 2.0, "galore_proj_type": "std", "galore_layerwise": False,
         "use_apollo": False, "apollo_target": "all", "apollo_rank": 16, "apollo_update_interval": 200,
@@ -65,7 +57,7 @@ UNSUPPORTED_BY_FEATURE: dict[str, dict[str, object]] = {
         "apollo_layerwise": False, "apollo_scale_front": False,
         "use_badam": False, "badam_mode": "layer", "badam_start_block": None, "badam_switch_mode": "ascending",
         "badam_switch_interval": 50, "badam_update_ratio": 0.05, "badam_mask_mode": "adjacent", "badam_verbose": 0,
-        "use_adam_mini": False, "use_muon": False, "use_llama_pro": False, "use_dft_loss": False,
+        "use_adam_mini": False, "use_muon": False, "use_dft_loss": False,
         "use_asft_loss": False, "asft_alpha": 0.1, "use_eaft_loss": False, "eaft_alpha": 1.0,
         "optim_target_modules": None,
     },
@@ -99,4 +91,4 @@ UNSUPPORTED_KEYS: dict[str, tuple[str, object]] = {
 }
 
 SUPPORTED_STAGES = ("pt", "sft", "rm", "dpo", "kto")
-SUPPORTED_FINETUNING_TYPES = ("full", "freeze", "lora")
+SUPPORTED_FINETUNING_TYPES = ("full", "freeze", "lora", "oft")

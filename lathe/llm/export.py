@@ -40,6 +40,7 @@ class ExportReport:
     merge_error: float | None  # max |merged - base+adapter| over the probes (relative to the logits' scale)
     change_from_base: float | None  # max |merged - base| over the probes
     reload_error: float  # max |exported folder - merged model|, in the export dtype
+    dequantized: str | None = None  # the quantization the base was loaded with and dequantized from (quantization_bit)
 
 
 def export_command(config_path, overrides: list[str]) -> ExportReport:
@@ -64,6 +65,7 @@ def export_model(config) -> ExportReport:
 
     # Float32 for the merge: merging a low-rank update into half-precision weights rounds it away.
     model, tokenizer, template = load_for_inference(config, dtype="float32", with_adapters=False)
+    model, dequantized = _dequantized(model, config.model)
     model.to(device)
     probes = _probe_inputs(tokenizer, template, device)
     merge_error = change = None
@@ -79,7 +81,30 @@ def export_model(config) -> ExportReport:
         _copy_value_head(config.model, export_dir)
     reload_error = _check_reloaded(export_dir, probes, merged_logits, dtype, device)
     shards, size = _shard_facts(export_dir)
-    return ExportReport(export_dir, str(dtype).replace("torch.", ""), shards, size, adapters, merge_error, change, reload_error)
+    return ExportReport(export_dir, str(dtype).replace("torch.", ""), shards, size, adapters, merge_error, change, reload_error,
+                        dequantized)
+
+
+def _dequantized(model, model_args):
+    """A base loaded quantized (quantization_bit, or a pre-quantized checkpoint) as plain float32 layers holding
+    the dequantized weights: the weights a QLoRA adapter was trained on, so the merge is exactly what was
+    trained. (Without quantization_bit, an adapter merges into the checkpoint's full-precision weights,
+    as in LLaMA-Factory; they differ from the trained base by the quantization error.)"""
+    import torch
+
+    from lathe.llm.model.quantization import dequantize, is_quantized
+
+    if not is_quantized(model):
+        return model, None
+    method = getattr(model, "quantization_method", None)
+    described = f"{model_args.quantization_bit}-bit {model_args.quantization_method}" if model_args.quantization_bit else str(method)
+    try:
+        model = dequantize(model, torch.float32)
+    except (NotImplementedError, ValueError, AttributeError) as error:
+        raise ValueError(f"This {described} model cannot be dequantized for export ({error}): export from the "
+                         "full-precision base instead (without quantization_bit).") from error
+    logger.info("Merging into the dequantized %s base.", described)
+    return model, described
 
 
 def _export_device(name: str):
@@ -226,6 +251,8 @@ def _shard_facts(export_dir: str) -> tuple[int, int]:
 
 def format_report(report: ExportReport) -> str:
     lines = [f"Exported to {report.export_dir}: {report.shards} safetensors shard(s), {report.bytes / 1e6:,.1f} MB, {report.dtype}"]
+    if report.dequantized:
+        lines.append(f"  base            dequantized from {report.dequantized} (the weights the adapter was trained on)")
     if report.merged_adapters:
         lines.append(f"  merged          {', '.join(report.merged_adapters)}")
         lines.append(f"  merge check     merged = base + adapter within {report.merge_error:.1e} (relative); "

@@ -73,12 +73,12 @@ def test_unknown_key_suggests_the_closest(tmp_path, write_yaml):
 
 
 def test_unsupported_llamafactory_keys_say_so():
-    with pytest.raises(ValueError, match="quantization_bit .* LLaMA-Factory key for quantization, which lathe does not support yet"):
-        parse_train_config({**BASE, "quantization_bit": 4})
+    with pytest.raises(ValueError, match="media_dir .* LLaMA-Factory key for multimodal inputs .*, which lathe does not support yet"):
+        parse_train_config({**BASE, "media_dir": "images"})
     with pytest.raises(ValueError, match="use_mca .*not support yet"):
         parse_train_config({**BASE, "use_mca": True})
     # LLaMA-Factory's own default changes nothing, so it is accepted.
-    parse_train_config({**BASE, "quantization_bit": None, "flash_attn": "auto", "use_unsloth": False})
+    parse_train_config({**BASE, "media_dir": None, "flash_attn": "auto", "use_unsloth": False})
 
 
 def test_ppo_is_not_supported_yet():

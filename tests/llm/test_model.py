@@ -105,10 +105,11 @@ def test_freeze_modules_and_extra_modules(tiny_model_dir):
         freeze_trainable_modules="mlp", freeze_extra_modules="embed_tokens,norm",
     )
     names = _trainable_names(model)
+    norms = {f"model.layers.{i}.{norm}.weight" for i in range(3) for norm in ("input_layernorm", "post_attention_layernorm")}
     assert names == {
         "model.layers.2.mlp.gate_proj.weight", "model.layers.2.mlp.up_proj.weight", "model.layers.2.mlp.down_proj.weight",
         "model.embed_tokens.weight", "model.norm.weight",
-    }  # "norm" is the final norm only, not every layer's input_layernorm
+    } | norms  # as in LLaMA-Factory, "norm" trains every parameter whose name holds it (each layer's norms too)
     with pytest.raises(ValueError, match="no module 'attn'.*choose from .*mlp"):
         _load(tiny_model_dir, finetuning_type="freeze", freeze_trainable_modules="attn")
     with pytest.raises(ValueError, match="freeze_extra_modules: no module 'wte'"):

@@ -15,6 +15,7 @@ from typing import Any, Literal
 
 from lathe.llm.config import DataArguments, FinetuningArguments, GeneratingArguments, ModelArguments, _field_hints
 from lathe.llm.config_keys import UNSUPPORTED_KEYS
+from lathe.llm.config_methods import check_quantized_training
 from lathe.llm.config_values import RawConfig, build_sections, check_keys
 
 __all__ = ["ExportArguments", "InferConfig", "parse_infer_config"]
@@ -62,7 +63,9 @@ _TRAINING_ONLY = {
              "packing", "neat_packing", "tokenized_path"),
     "finetuning": ("freeze_trainable_layers", "freeze_trainable_modules", "freeze_extra_modules",
                    "additional_target", "lora_alpha", "lora_dropout", "lora_rank", "lora_target", "use_rslora",
-                   "use_dora", "create_new_adapter", "pure_bf16", "early_stopping_steps", "plot_loss",
+                   "use_dora", "create_new_adapter", "pure_bf16", "early_stopping_steps", "plot_loss", "loraplus_lr_ratio",
+                   "loraplus_lr_embedding", "pissa_init", "pissa_iter", "pissa_convert", "module_dropout", "oft_rank",
+                   "oft_block_size", "oft_target", "use_llama_pro",
                    "pref_beta", "pref_ftx", "pref_bco_weight", "pref_loss", "dpo_label_smoothing", "kto_chosen_weight",
                    "kto_rejected_weight", "simpo_gamma", "ref_model", "ref_model_adapters", "ld_alpha"),
     "model": ("disable_gradient_checkpointing", "use_reentrant_gc", "upcast_layernorm", "upcast_lmhead_output",
@@ -92,11 +95,12 @@ def parse_infer_config(source: str | Path | dict, overrides: list[str] | tuple[s
     built = build_sections(raw, _SECTIONS, hints, where)
     config = InferConfig(built["model"], built["data"], built["finetuning"], built["generating"], built["export"],
                          source=config_input.path)
-    if config.model.adapter_name_or_path and config.finetuning.finetuning_type != "lora":
-        raise ValueError(f"adapter_name_or_path{where} needs finetuning_type: lora (got {config.finetuning.finetuning_type!r}).")
+    if config.model.adapter_name_or_path and config.finetuning.finetuning_type not in ("lora", "oft"):
+        raise ValueError(f"adapter_name_or_path{where} needs finetuning_type: lora or oft (got {config.finetuning.finetuning_type!r}).")
     if config.finetuning.stage == "rm" and command != "export":
         raise ValueError(f"stage: rm{where}: a reward model scores answers instead of writing them; `lathe {command}` "
                          "serves generating models only (scoring is not supported yet). `lathe export` with stage: rm "
                          "exports it with its value head.")
+    check_quantized_training(config.model, config.finetuning, None, where)
     return config
 

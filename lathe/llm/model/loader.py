@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from lathe.llm.model.adapters import count_parameters, init_adapter
+from lathe.llm.model.quantization import configure_quantization, is_quantized, quantization_compute_dtype
 
 if TYPE_CHECKING:
     from lathe.llm.config import FinetuningArguments, ModelArguments
@@ -119,15 +120,20 @@ def load_model(tokenizer, model_args: "ModelArguments", finetuning_args: "Finetu
     kwargs = {"dtype": dtype, "trust_remote_code": model_args.trust_remote_code}
     if attention is not None:
         kwargs["attn_implementation"] = attention
+    quantized = {}  # from_pretrained arguments that load the base quantized (quantization_bit, GPTQ/AWQ/AQLM)
+    if not model_args.train_from_scratch:
+        quantized = configure_quantization(config, model_args, quantization_compute_dtype(model_args, config))
     try:
         if meta:
+            # The unquantized modules: parameter counts equal the quantized model's (see parameter_count).
             with torch.device("meta"):
-                model = AutoModelForCausalLM.from_config(config, **kwargs)
+                model = AutoModelForCausalLM.from_config(_without_quantization(config), **kwargs)
         elif model_args.train_from_scratch:
             model = AutoModelForCausalLM.from_config(config, **kwargs)
         else:
+            low_cpu_mem_usage = model_args.low_cpu_mem_usage or "device_map" in quantized  # a device map needs it
             model = AutoModelForCausalLM.from_pretrained(
-                folder, config=config, low_cpu_mem_usage=model_args.low_cpu_mem_usage, local_files_only=True, **kwargs
+                folder, config=config, low_cpu_mem_usage=low_cpu_mem_usage, local_files_only=True, **quantized, **kwargs
             )
     except ImportError as error:
         if attention is not None and "flash" in attention:
@@ -139,6 +145,10 @@ def load_model(tokenizer, model_args: "ModelArguments", finetuning_args: "Finetu
 
     if len(tokenizer) > model.get_input_embeddings().weight.size(0) and not model_args.resize_vocab:
         # The template (or add_tokens) gave the tokenizer ids the embeddings have no rows for.
+        if is_quantized(model):
+            raise ValueError(f"The tokenizer has {len(tokenizer)} tokens but the quantized model only "
+                             f"{model.get_input_embeddings().weight.size(0)} embedding rows, and quantized embeddings "
+                             "cannot be resized: train without quantization_bit, or with a template that adds no tokens.")
         logger.warning("The tokenizer has %d tokens but the model only %d embedding rows: resizing (resize_vocab).",
                        len(tokenizer), model.get_input_embeddings().weight.size(0))
         model_args.resize_vocab = True
@@ -162,6 +172,17 @@ def load_model(tokenizer, model_args: "ModelArguments", finetuning_args: "Finetu
         for name, param in model.named_parameters():
             print(f"name: {name}, dtype: {param.dtype}, device: {param.device}, trainable: {param.requires_grad}")
     return model
+
+
+def _without_quantization(config):
+    """A copy of a pre-quantized checkpoint's config that from_config builds as plain modules."""
+    if not getattr(config, "quantization_config", None):
+        return config
+    import copy
+
+    config = copy.deepcopy(config)
+    del config.quantization_config
+    return config
 
 
 def _resize_embeddings(model, tokenizer) -> None:

@@ -9,6 +9,7 @@ import os
 import numpy as np
 import torch
 
+from lathe.llm.loraplus import MethodOptimizerMixin
 from lathe.llm.preference.losses import pairwise_reward_loss
 from lathe.train.trainer import Trainer
 
@@ -28,7 +29,7 @@ class RewardAccuracy:
         return {"accuracy": float(np.mean(chosen > rejected))}
 
 
-class RewardTrainer(Trainer):
+class RewardTrainer(MethodOptimizerMixin, Trainer):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.model_accepts_loss_kwargs = False  # a mean over pairs, divided by accumulation only

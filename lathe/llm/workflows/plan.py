@@ -6,6 +6,8 @@ import dataclasses
 import math
 from dataclasses import dataclass
 
+from lathe.llm.config_methods import describe_method
+
 __all__ = ["RunPlan", "make_plan", "format_plan", "format_config", "count_tokens", "print_once"]
 
 IGNORE_INDEX = -100
@@ -64,7 +66,7 @@ def make_plan(config, dataset_module: dict, model, resume_from: str | None = Non
     trainable, total = count_parameters(model)
     epochs = total_steps / steps_per_epoch if steps_per_epoch else 0.0
     return RunPlan(
-        stage=config.finetuning.stage, method=config.finetuning.finetuning_type, train_examples=train_examples,
+        stage=config.finetuning.stage, method=describe_method(config.model, config.finetuning), train_examples=train_examples,
         train_tokens=tokens, trained_tokens=trained, eval_examples=eval_examples,
         batch_size=batch * training.gradient_accumulation_steps, steps_per_epoch=steps_per_epoch,
         total_steps=total_steps, epochs=epochs, trainable_parameters=trainable, total_parameters=total,

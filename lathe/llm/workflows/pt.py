@@ -6,6 +6,7 @@ causal LM trained on every token.
 """
 from __future__ import annotations
 
+from lathe.llm.loraplus import MethodOptimizerMixin
 from lathe.llm.workflows.plan import format_plan, make_plan, print_once
 from lathe.llm.workflows.setup import (
     checkpointing_for,
@@ -15,8 +16,13 @@ from lathe.llm.workflows.setup import (
     resolve_resume_checkpoint,
     write_run_config,
 )
+from lathe.train.trainer import Trainer
 
 IGNORE_INDEX = -100
+
+
+class PretrainTrainer(MethodOptimizerMixin, Trainer):
+    """The Trainer with the fine-tuning methods' optimizers (LoRA+)."""
 
 
 class PretrainCollator:
@@ -55,7 +61,6 @@ def run_pt(config, dry_run: bool = False, callbacks: list | None = None) -> dict
     from lathe.llm.model.loader import load_model, load_tokenizer
     from lathe.llm.templates import get_template_and_fix_tokenizer
     from lathe.llm.workflows.outputs import set_stop_tokens
-    from lathe.train import Trainer
     from lathe.train.seed import set_seed
 
     model_args, data_args, training_args, finetuning_args = config.model, config.data, config.training, config.finetuning
@@ -74,10 +79,10 @@ def run_pt(config, dry_run: bool = False, callbacks: list | None = None) -> dict
         return {}
 
     set_stop_tokens(model, tokenizer, template)
-    trainer = Trainer(
+    trainer = PretrainTrainer(
         model=model, args=training_args, data_collator=PretrainCollator(tokenizer), processing_class=tokenizer,
         train_dataset=datasets["train_dataset"], eval_dataset=datasets["eval_dataset"],
-        callbacks=make_callbacks(config) + list(callbacks or []),
+        callbacks=make_callbacks(config) + list(callbacks or []), finetuning_args=finetuning_args,
     )
     metrics = {}
     if training_args.do_train:

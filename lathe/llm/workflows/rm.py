@@ -46,6 +46,7 @@ def run_rm(config, dry_run: bool = False, callbacks: list | None = None) -> dict
         model=model, args=training_args, data_collator=PairwiseDataCollator(tokenizer, pad_to_multiple_of=8),
         processing_class=tokenizer, train_dataset=datasets["train_dataset"], eval_dataset=datasets["eval_dataset"],
         compute_metrics=RewardAccuracy(), callbacks=make_callbacks(config) + list(callbacks or []),
+        finetuning_args=finetuning_args,
     )
     metrics = {}
     if training_args.do_train:

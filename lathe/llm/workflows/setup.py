@@ -52,8 +52,12 @@ def checkpointing_for(model, training_args) -> None:
 
 
 def make_callbacks(config) -> list:
-    """trainer_log.jsonl always; early stopping with early_stopping_steps."""
+    """trainer_log.jsonl always; early stopping with early_stopping_steps; the PiSSA conversion with pissa_convert."""
     callbacks = [TrainerLogCallback()]
+    if config.finetuning.pissa_convert:
+        from lathe.llm.workflows.pissa import PissaConvertCallback
+
+        callbacks.append(PissaConvertCallback())
     if config.finetuning.early_stopping_steps is not None:
         from lathe.train.flow import EarlyStoppingCallback
 

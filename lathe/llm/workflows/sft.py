@@ -6,6 +6,7 @@ on assistant tokens only, and optionally generation on the held-out prompts.
 """
 from __future__ import annotations
 
+from lathe.llm.loraplus import MethodOptimizerMixin
 from lathe.llm.workflows.plan import format_plan, make_plan, print_once
 from lathe.llm.workflows.setup import (
     checkpointing_for,
@@ -18,7 +19,7 @@ from lathe.llm.workflows.setup import (
 from lathe.train.seq2seq import Seq2SeqTrainer
 
 
-class SFTTrainer(Seq2SeqTrainer):
+class SFTTrainer(MethodOptimizerMixin, Seq2SeqTrainer):
     """Seq2SeqTrainer for decoder-only models: with predict_with_generate, the rows hold the prompt
     only and the labels the reference answer, so generation runs without labels (their length
     differs from the prompt's) and the prompt is blanked out of what generate() returns."""
@@ -81,7 +82,7 @@ def run_sft(config, dry_run: bool = False, callbacks: list | None = None) -> dic
         model=model, args=training_args, data_collator=collator, processing_class=tokenizer,
         train_dataset=datasets["train_dataset"], eval_dataset=datasets["eval_dataset"],
         compute_metrics=ExactMatch(tokenizer, config.generating.skip_special_tokens) if training_args.predict_with_generate else None,
-        callbacks=make_callbacks(config) + list(callbacks or []),
+        callbacks=make_callbacks(config) + list(callbacks or []), finetuning_args=finetuning_args,
     )
     metrics = {}
     if training_args.do_train:
