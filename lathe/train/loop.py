@@ -30,7 +30,7 @@ def training_loop(trainer, batch_size: int, resume_path: str | None, trial, igno
     if resume_path is not None:  # after the optimizer, scheduler and engine exist: their states load into them
         trainer.state, rng_state = resume.load_checkpoint(trainer, resume_path, plan)
     start = batching.resume_position(trainer.state.global_step, plan, args.gradient_accumulation_steps, args.ignore_data_skip, trainer.state.epoch)
-    begin_run(trainer, train_dataloader)
+    begin_run(trainer, model, train_dataloader)
     trainer.control = trainer.callback_handler.on_train_begin(args, trainer.state, trainer.control)
     if args.eval_on_start:  # a baseline metric; ReduceLROnPlateau must not count it as an epoch's result
         trainer._evaluate(trial, ignore_keys_for_eval, skip_scheduler=True)
@@ -65,7 +65,7 @@ def update_step(trainer, model, window: list, epoch: int, plan) -> None:
     for index, inputs in enumerate(window):
         is_last = index == len(window) - 1
         # Gradients are summed locally and reduced across ranks once, on the window's last backward.
-        with backend.gradient_sync(model, is_last):
+        with backend.gradient_sync(is_last):
             loss = trainer.training_step(model, inputs, num_items)  # forward (compute_loss), then backward
         tally_micro_batch(trainer, inputs, loss)
         if not is_last:
@@ -148,13 +148,13 @@ def new_state(trainer, batch_size: int, plan, trial) -> TrainerState:
     return state
 
 
-def begin_run(trainer, train_dataloader) -> None:
+def begin_run(trainer, model, train_dataloader) -> None:
     """Hand the run's objects to the callbacks, choose the back-end, start the tally."""
     handler = trainer.callback_handler
     handler.model, handler.optimizer, handler.lr_scheduler = trainer.model, trainer.optimizer, trainer.lr_scheduler
     handler.train_dataloader = train_dataloader
-    trainer._backend = stepping.choose_backend(list(trainer.model.parameters()), trainer.optimizer, trainer.lr_scheduler,
-                                               trainer.scaler, trainer._zero_engine)
+    parameters = list(trainer.model.parameters())
+    trainer._backend = stepping.choose_backend(model, parameters, trainer.optimizer, trainer.lr_scheduler, trainer.scaler, trainer._zero_engine)
     trainer._run = TrainingRun.start(trainer.state, trainer.args)
     trainer.model.zero_grad(set_to_none=True)
 

@@ -3,7 +3,7 @@
 Trainer._update_step (trainer.py) is the update itself, the same for every back-end; it calls these
 methods in this order, which is the order of this file:
 
-    gradient_sync -> backward     once per micro-batch (training_step calls backward)
+    gradient_sync, backward       once per micro-batch (training_step calls backward)
     clip_gradients                once per update, before on_pre_optimizer_step
     optimizer_step                between on_pre_optimizer_step and on_optimizer_step
     scheduler_step, zero_grad     after on_optimizer_step
@@ -27,7 +27,8 @@ from lathe.train import distributed, runtime
 class PlainBackend:
     """torch autograd and the optimizer as given (also under DDP and FSDP2)."""
 
-    def __init__(self, parameters: list, optimizer, lr_scheduler):
+    def __init__(self, model, parameters: list, optimizer, lr_scheduler):
+        self.accumulate_locally = distributed.local_accumulation(model)  # DDP / FSDP2 / one process
         # Lists made once: walking the module tree on every step costs more than the step of a small model.
         self.parameters = list(parameters)
         self.trainable_parameters = [parameter for parameter in self.parameters if parameter.requires_grad]
@@ -35,11 +36,11 @@ class PlainBackend:
         self.lr_scheduler = lr_scheduler
         self.grad_norm = None  # the total norm before clipping of the last update (logged as grad_norm)
 
-    def gradient_sync(self, model, sync: bool):
+    def gradient_sync(self, sync: bool):
         """The context of one micro-batch's forward and backward. Gradients are reduced across ranks
         only when `sync` (the window's last micro-batch): the earlier ones accumulate locally, so an
         update costs one all-reduce however many micro-batches it has."""
-        return distributed.gradient_sync(model, sync)
+        return contextlib.nullcontext() if sync else self.accumulate_locally()
 
     def backward(self, loss: torch.Tensor) -> None:
         loss.backward()
@@ -67,8 +68,8 @@ class GradScalerBackend(PlainBackend):
     the gradients are divided by it again before clipping, so clipping and the logged norm see the true
     values. A step whose gradients overflowed (inf / nan) is skipped and the scale lowered."""
 
-    def __init__(self, parameters: list, optimizer, lr_scheduler, scaler):
-        super().__init__(parameters, optimizer, lr_scheduler)
+    def __init__(self, model, parameters: list, optimizer, lr_scheduler, scaler):
+        super().__init__(model, parameters, optimizer, lr_scheduler)
         self.scaler = scaler
 
     def backward(self, loss: torch.Tensor) -> None:
@@ -94,7 +95,7 @@ class DeepSpeedBackend:
         self.engine = engine
         self.grad_norm = None
 
-    def gradient_sync(self, model, sync: bool):
+    def gradient_sync(self, sync: bool):
         self.engine.set_gradient_accumulation_boundary(sync)  # the engine reduces at the window's end
         return contextlib.nullcontext()
 
@@ -119,11 +120,12 @@ class DeepSpeedBackend:
         pass  # engine.step() zeroed them
 
 
-def choose_backend(parameters: list, optimizer, lr_scheduler, scaler=None, engine=None):
-    """The back-end of a run: DeepSpeed's engine when there is one, else fp16 loss scaling when there is
-    a GradScaler, else plain autograd."""
+def choose_backend(model, parameters: list, optimizer, lr_scheduler, scaler=None, engine=None):
+    """The back-end of a run over `model` (as trained: wrapped in DDP, sharded by FSDP2 or compiled):
+    DeepSpeed's engine when there is one, else fp16 loss scaling when there is a GradScaler, else plain
+    autograd. `parameters`: the model's own, in a list (the ones the back-end clips and zeroes)."""
     if engine is not None:
         return DeepSpeedBackend(engine)
     if scaler is not None:
-        return GradScalerBackend(parameters, optimizer, lr_scheduler, scaler)
-    return PlainBackend(parameters, optimizer, lr_scheduler)
+        return GradScalerBackend(model, parameters, optimizer, lr_scheduler, scaler)
+    return PlainBackend(model, parameters, optimizer, lr_scheduler)

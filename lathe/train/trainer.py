@@ -69,7 +69,7 @@ class Trainer:
         self.hp_search_backend = None
         # Set while train() runs: the fp16 GradScaler, DeepSpeed's engine, the run's tally (run.TrainingRun).
         self.scaler = self._zero_engine = self._run = None
-        self._backend = stepping.PlainBackend([], None, None)  # the run's back-end (stepping.choose_backend)
+        self._backend = stepping.PlainBackend(None, [], None, None)  # the run's back-end (stepping.choose_backend)
         self.state = TrainerState(is_local_process_zero=self.is_local_process_zero(), is_world_process_zero=self.is_world_process_zero())
         self.control = TrainerControl()
         self.callback_handler = default_callback_handler(args, callbacks, self.model, processing_class, self.optimizer, self.lr_scheduler)
