@@ -21,6 +21,10 @@ import json
 import logging
 import os
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # annotations only: torch is imported where FSDP2 is used
+    import torch
 
 logger = logging.getLogger(__name__)
 
