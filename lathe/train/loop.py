@@ -8,12 +8,12 @@ import logging
 
 import torch
 
-from lathe.train import batching, data, distributed, resume, runtime, stepping
+from lathe.train import batching, data, distributed, resume, runtime, saving, stepping
 from lathe.train.outputs import TrainOutput
 from lathe.train.run import TrainingRun
 from lathe.train.state import TrainerState
 
-logger = logging.getLogger(__name__)
+logger = logging.getLogger("lathe.train.trainer")  # the Trainer's logger, whose name users filter on
 
 
 def training_loop(trainer, batch_size: int, resume_path: str | None, trial, ignore_keys_for_eval) -> TrainOutput:
@@ -142,7 +142,7 @@ def prepare_for_training(trainer, plan):
 
 
 def new_state(trainer, batch_size: int, plan, trial) -> TrainerState:
-    state = TrainerState(train_batch_size=batch_size, stateful_callbacks=resume.stateful_callbacks(trainer))
+    state = TrainerState(train_batch_size=batch_size, stateful_callbacks=saving.stateful_callbacks(trainer))
     state.compute_steps(trainer.args, plan.max_steps)
     state.init_training_references(trainer, plan.max_steps, plan.num_train_epochs, trial)
     return state
@@ -178,7 +178,7 @@ def finish_run(trainer) -> TrainOutput:
     metrics["train_loss"] = train_loss
     trainer.is_in_train = False
     trainer.log(metrics)
-    resume.final_rotation(args, trainer._best_checkpoint_path())
+    saving.final_rotation(args, trainer._best_checkpoint_path())
     trainer.control = trainer.callback_handler.on_train_end(args, state, trainer.control)
     return TrainOutput(state.global_step, train_loss, metrics)
 

@@ -1,155 +1,25 @@
-"""The Trainer's side of checkpoints: what goes into checkpoint-N, exact resume from one, the best
-model, rotation, and what save_model / save_state / save_metrics write. Trainer's methods of those
-names (trainer.py) call these functions."""
+"""Exact resume from checkpoint-N: which checkpoint (resume_from_checkpoint), whether it can resume this
+run, and loading every state back (weights, optimizer, scheduler, scaler, TrainerState, callbacks),
+with the RNG state returned for the loop to restore at the right point; loading the best model at the
+end. What a checkpoint holds and how it is written is saving.py."""
 from __future__ import annotations
 
 import json
 import logging
 import os
 
-import torch
 
 from lathe.train import checkpoint as ckpt
 from lathe.train import weights as weights_io
-from lathe.train import fsdp, loading, rotation, runtime, snapshot
-from lathe.train.evaluation import is_better
-from lathe.train.state import ExportableState, TrainerState
+from lathe.train import fsdp, loading
+from lathe.train.saving import find_best_checkpoint, has_frozen_parameters, stateful_callbacks, zero_module
+from lathe.train.state import TrainerState
 
 logger = logging.getLogger(__name__)
 
 # Arguments that change the data order or step arithmetic: a resume with different values is
 # not the interrupted run any more, so the user hears about it.
 _ARGS_THAT_CHANGE_THE_RUN = ("per_device_train_batch_size", "gradient_accumulation_steps", "max_steps", "num_train_epochs", "seed", "data_seed", "train_sampling_strategy")
-
-
-# ----- saving -----
-
-
-def save_model(trainer, output_dir: str | None = None, _internal_call: bool = False) -> None:
-    """Weights (safetensors; save_pretrained for transformers/peft models), the processing
-    class, and the training arguments (training_args.bin like transformers, plus readable JSON)."""
-    args, model = trainer.args, trainer.model
-    output_dir = output_dir if output_dir is not None else args.output_dir
-    weights = None
-    engine = trainer._zero_engine
-    if fsdp.is_sharded(model) or engine is not None:
-        # a collective: every rank sends, rank 0 gets the full tensors
-        weights = fsdp.gather_state(model)[0] if fsdp.is_sharded(model) else _zero_module().full_state_dict(engine)
-        if args.process_index != 0:
-            return
-    elif not args.should_save:
-        return
-    try:
-        os.makedirs(output_dir, exist_ok=True)
-        weights_io.save_model_weights(model, output_dir, state_dict=weights)
-        save_processing_class(trainer.processing_class, output_dir)
-        torch.save(args, os.path.join(output_dir, ckpt.TRAINING_ARGS_NAME))
-        with open(os.path.join(output_dir, ckpt.TRAINING_ARGS_JSON), "w", encoding="utf-8") as f:
-            f.write(args.to_json_string())
-    except Exception as error:
-        if _internal_call:
-            raise  # inside a checkpoint save, which explains the error itself
-        # torch and safetensors report a full disk without naming the path or the disk.
-        raise ckpt.explain_save_error(error, os.path.join(output_dir, ckpt.WEIGHTS_NAME),
-                                      f"Saving the model to {output_dir!r} failed.") from error
-
-
-def save_processing_class(processing_class, output_dir: str) -> None:
-    if processing_class is not None and hasattr(processing_class, "save_pretrained"):
-        processing_class.save_pretrained(output_dir)
-
-
-def save_checkpoint(trainer, model, trial=None) -> None:
-    """checkpoint-<global_step>, written into a staging folder and published by one rename;
-    rotation deletes older checkpoints only after that rename. In a single process the files
-    are written from a copy of the state, flushed and renamed while the next training steps run
-    (lathe.train.snapshot, lathe.train.commit)."""
-    args, state = trainer.args, trainer.state
-    commits = trainer._checkpoint_commits
-    commits.wait()  # the previous checkpoint is published before anything looks for it
-    output_dir = args.output_dir
-    final_path = ckpt.checkpoint_path(output_dir, state.global_step)
-    if state.best_global_step is not None:
-        best_path = ckpt.checkpoint_path(output_dir, state.best_global_step)
-        if state.best_global_step == state.global_step or os.path.isdir(best_path):
-            # transformers' form (output_dir/checkpoint-N), so user code can open it; a moved
-            # output folder still finds it by folder name (see find_best_checkpoint).
-            state.best_model_checkpoint = best_path
-    state.stateful_callbacks = TrainerState(stateful_callbacks=stateful_callbacks(trainer)).stateful_callbacks
-    main = args.should_save
-    best = state.best_model_checkpoint
-    # FSDP2: full weights and optimizer state gathered from the shards to rank 0 (every rank takes part).
-    gathered = fsdp.gather_state(trainer.model, None if args.save_only_model else trainer.optimizer) if fsdp.is_sharded(trainer.model) else None
-    engine = trainer._zero_engine  # DeepSpeed writes the optimizer state, each rank its partition
-    if _zero_module().partitions_weights(engine):
-        gathered = (_zero_module().full_state_dict(engine), None)
-
-    def rotate():
-        rotation.rotate_checkpoints(output_dir, args.save_total_limit, find_best_checkpoint(best, output_dir), newest=final_path)
-
-    # One process: the files are written from a copy of the state by the commit thread. Several
-    # processes write in the loop (their barriers cannot run in a thread), as does a subclass
-    # that overrides save_model (its override must see the checkpoint's folder).
-    background = (args.world_size == 1 and gathered is None and engine is None and type(trainer).save_model is save_model
-                  and snapshot.copy_fits_in_memory(trainer.model, trainer.optimizer))
-    optimizer, scheduler = (None, None) if engine is not None else (trainer.optimizer, trainer.lr_scheduler)
-    contents = snapshot.capture(trainer.model, optimizer, scheduler, trainer.scaler, state, args, main=main,
-                                with_training_state=not args.save_only_model, copy_state=background)
-    if gathered is not None and main:
-        contents.model_state, contents.args = gathered[0], args
-        if gathered[1] is not None:
-            contents.optimizer = gathered[1]
-    rng_name = ckpt.rng_file_name(args.process_index, args.world_size)
-    with ckpt.atomic_checkpoint(final_path, is_main_process=main, barrier=runtime.barrier,
-                                committer=commits if background else None, after_commit=rotate,
-                                write=lambda folder: contents.write(trainer.model, folder, rng_name)) as staging:
-        if engine is not None and not args.save_only_model:
-            _zero_module().save(engine, staging, state.global_step, exclude_frozen=_has_frozen_parameters(trainer.model))
-        if main and (background or gathered is not None):
-            save_processing_class(trainer.processing_class, staging)
-        elif main:
-            trainer.save_model(staging, _internal_call=True)
-    if trainer.callback_handler.has_listeners("on_save"):
-        commits.wait()  # on_save may open the checkpoint, as under transformers
-
-
-def stateful_callbacks(trainer) -> list:
-    """The callbacks (and the TrainerControl) whose state a checkpoint carries."""
-    return [cb for cb in trainer.callback_handler.callbacks + [trainer.control] if isinstance(cb, ExportableState)]
-
-
-def best_checkpoint_path(trainer) -> str | None:
-    """The best checkpoint's folder now (found again if the output folder moved), or None."""
-    return find_best_checkpoint(trainer.state.best_model_checkpoint, trainer.args.output_dir)
-
-
-def final_rotation(args, best: str | None) -> None:
-    """With save_total_limit=1 and a distinct best checkpoint, two were kept during training
-    (so the newest could resume); at the end only the best remains, as in transformers."""
-    if args.should_save and best is not None and args.save_total_limit == 1 and os.path.isdir(best):
-        rotation.keep_only(args.output_dir, best)
-
-
-# ----- best model -----
-
-
-def update_best_metric(args, state, metrics: dict) -> bool:
-    """Record `metrics` as the best so far when they are; True when they are."""
-    name = args.metric_for_best_model
-    if name is None:
-        return False
-    key = name if name.startswith("eval_") else f"eval_{name}"
-    if key not in metrics:
-        raise KeyError(
-            f"metric_for_best_model={name!r} was not returned by evaluation (got {sorted(metrics)}). "
-            "Set metric_for_best_model to one of those, or return it from compute_metrics."
-        )
-    value = metrics[key]
-    if is_better(value, state.best_metric, args.greater_is_better):
-        state.best_metric = value
-        state.best_global_step = state.global_step
-        return True
-    return False
 
 
 def load_best_model(trainer) -> None:
@@ -204,7 +74,7 @@ def resolve_resume_path(args, resume_from_checkpoint) -> str | None:
         if problem is not None:
             raise ValueError(f"Checkpoint {path!r} is incomplete or corrupt (interrupted while saving?): {problem}. "
                              "Resume from an earlier one.")
-    written_by_deepspeed = _zero_module().has_checkpoint(path)
+    written_by_deepspeed = zero_module().has_checkpoint(path)
     if args.deepspeed and not written_by_deepspeed:
         raise ValueError(f"Checkpoint {path!r} was not written under deepspeed (it has no DeepSpeed `latest` file and "
                          "global_stepN/ folder): resume it without deepspeed, or start a new run from its weights.")
@@ -232,7 +102,7 @@ def load_checkpoint(trainer, path: str, plan) -> tuple[TrainerState, dict | None
     batch iterator exists (see Trainer._epoch_batches for why there)."""
     args = trainer.args
     if trainer._zero_engine is not None:  # weights, optimizer partitions and scheduler
-        _zero_module().load(trainer._zero_engine, path, strict=not _has_frozen_parameters(trainer.model))
+        zero_module().load(trainer._zero_engine, path, strict=not has_frozen_parameters(trainer.model))
     else:
         load_weights(trainer.model, args, path, trainer.optimizer, os.path.join(path, ckpt.OPTIMIZER_NAME))
     scheduler_file = os.path.join(path, ckpt.SCHEDULER_NAME)
@@ -317,16 +187,6 @@ def _restore_callback_states(callbacks: list, saved: TrainerState) -> None:
         callback.__dict__.update(type(callback).from_state(entry).__dict__)
 
 
-def _zero_module():
-    from lathe.train.integrations import deepspeed_zero
-
-    return deepspeed_zero
-
-
-def _has_frozen_parameters(model) -> bool:
-    return any(not parameter.requires_grad for parameter in model.parameters())
-
-
 def _read_json_object(path: str) -> dict | None:
     """training_args.json, only compared for a warning: unreadable, it is reported and skipped."""
     try:
@@ -338,15 +198,3 @@ def _read_json_object(path: str) -> dict | None:
     return data if isinstance(data, dict) else None
 
 
-def find_best_checkpoint(best: str | None, *folders: str) -> str | None:
-    """best_model_checkpoint as saved (output_dir/checkpoint-N, or only "checkpoint-N" from older
-    lathe versions), found again after the output folder moved or the run resumed into another
-    output_dir: first by its folder name in `folders` (the run that wrote it first), then as given."""
-    if best is None:
-        return None
-    name = os.path.basename(os.path.normpath(best))
-    for folder in folders:
-        candidate = os.path.join(folder, name)
-        if os.path.isdir(candidate):
-            return candidate
-    return best

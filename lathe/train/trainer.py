@@ -12,7 +12,7 @@ from collections.abc import Mapping
 import torch
 from torch import nn
 
-from lathe.train import batching, distributed, loaders, loop, modeling, predicting, results, resume, runtime, stepping
+from lathe.train import batching, distributed, loaders, loop, modeling, predicting, results, resume, runtime, saving, stepping
 from lathe.train.args_validation import check_output_dir
 from lathe.train.collators import default_collator_for
 from lathe.train.commit import BackgroundCommitter
@@ -192,7 +192,7 @@ class Trainer:
             self.log(logs, run.start_time)
         if self.control.should_evaluate:
             metrics = self._evaluate(trial, ignore_keys_for_eval)
-            is_new_best = resume.update_best_metric(self.args, self.state, metrics)
+            is_new_best = saving.update_best_metric(self.args, self.state, metrics)
             if self.args.save_strategy == "best":
                 self.control.should_save = is_new_best
         if self.control.should_save:
@@ -321,9 +321,9 @@ class Trainer:
     prediction_step = predicting.prediction_step
     _evaluate = predicting.evaluate_during_training  # evaluation inside train(), RNG left as it was
 
-    save_model = resume.save_model
-    _save_checkpoint = resume.save_checkpoint
-    _best_checkpoint_path = resume.best_checkpoint_path
+    save_model = saving.save_model
+    _save_checkpoint = saving.save_checkpoint
+    _best_checkpoint_path = saving.best_checkpoint_path
 
     save_state = results.save_state
     save_metrics = results.save_metrics
