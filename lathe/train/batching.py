@@ -10,7 +10,7 @@ from itertools import islice
 
 import torch
 
-IGNORE_INDEX = -100
+from lathe.train.labels import IGNORE_INDEX
 
 
 @dataclass(frozen=True)

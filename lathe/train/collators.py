@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from lathe.train.labels import IGNORE_INDEX
 from lathe.train.masking import DataCollatorForLanguageModeling
 from lathe.train.padding import (
     as_list,
@@ -163,7 +164,7 @@ class DataCollatorForSeq2Seq:
     padding: bool | str = True
     max_length: int | None = None
     pad_to_multiple_of: int | None = None
-    label_pad_token_id: int = -100
+    label_pad_token_id: int = IGNORE_INDEX
     return_tensors: str = "pt"
 
     def __post_init__(self):
@@ -210,7 +211,7 @@ class DataCollatorWithFlattening(DefaultDataCollator):
         self,
         *args,
         return_position_ids=True,
-        separator_id=-100,
+        separator_id=IGNORE_INDEX,
         return_flash_attn_kwargs=False,
         return_seq_idx=False,
         position_ids_start=0,

@@ -9,9 +9,9 @@ from collections.abc import Mapping
 import numpy as np
 import torch
 
+from lathe.train.labels import IGNORE_INDEX
 from lathe.train.outputs import EvalLoopOutput, EvalPrediction, denumpify_detensorize
 
-PAD_INDEX = -100
 
 
 def to_numpy(data):
@@ -28,7 +28,7 @@ def to_numpy(data):
     return data
 
 
-def pad_and_concatenate(arrays: list, padding_index: int = PAD_INDEX):
+def pad_and_concatenate(arrays: list, padding_index: int = IGNORE_INDEX):
     """Concatenate per-batch arrays on axis 0, padding the other axes to the largest shape with
     `padding_index` (e.g. sequence lengths that differ between batches). Done once at the end, so
     gathering is linear in the data instead of re-copying on every batch."""

@@ -22,8 +22,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from typing import Any
+from lathe.train.labels import IGNORE_INDEX
 
-IGNORE_INDEX = -100
 PACKED_ATTENTION_MODES = ("auto", "mask", "position_ids")
 
 

@@ -12,7 +12,8 @@ import logging
 from collections import Counter
 
 from lathe.llm.data.pairwise import check_preference_example, encode_one_answer
-from lathe.llm.data.supervised import IGNORE_INDEX, SkippedExample, describe_skips, infer_seqlen
+from lathe.llm.data.supervised import SkippedExample, describe_skips, infer_seqlen
+from lathe.train.labels import IGNORE_INDEX
 
 logger = logging.getLogger("lathe.llm.data")
 

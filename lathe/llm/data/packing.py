@@ -21,7 +21,8 @@ import bisect
 import logging
 from collections import Counter, defaultdict
 
-from lathe.llm.data.supervised import IGNORE_INDEX, describe_skips, encode_supervised_examples
+from lathe.llm.data.supervised import describe_skips, encode_supervised_examples
+from lathe.train.labels import IGNORE_INDEX
 from lathe.llm.data.truncation import row_columns
 
 logger = logging.getLogger("lathe.llm.data")

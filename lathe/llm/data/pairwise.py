@@ -14,7 +14,8 @@ from __future__ import annotations
 import logging
 from collections import Counter
 
-from lathe.llm.data.supervised import IGNORE_INDEX, SkippedExample, check_supervised_example, describe_skips, infer_seqlen
+from lathe.llm.data.supervised import SkippedExample, check_supervised_example, describe_skips, infer_seqlen
+from lathe.train.labels import IGNORE_INDEX
 from lathe.llm.templates.tools import InvalidMessage
 
 logger = logging.getLogger("lathe.llm.data")
