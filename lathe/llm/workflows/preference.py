@@ -25,7 +25,7 @@ def make_reference(model, tokenizer, config):
     return create_reference_model(tokenizer, config.model, finetuning)
 
 
-def run_preference(config, dry_run: bool = False, callbacks: list | None = None) -> dict:
+def run(config, dry_run: bool = False, callbacks: list | None = None) -> dict:
     """Run stage dpo or kto as configured; returns the metrics of what ran ({} for a dry run)."""
     from lathe.llm.data.pipeline import get_dataset
     from lathe.llm.model.loader import load_model, load_tokenizer
