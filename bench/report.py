@@ -297,8 +297,8 @@ def render(results: dict, results_path=None) -> str:
         f"- Load average at start / end: {', '.join(f'{v:.1f}' for v in meta['load_average_start'])} / "
         f"{', '.join(f'{v:.1f}' for v in meta.get('load_average_end', []))}",
         f"- {meta['python']}; {version_text}; lathe at commit {meta['lathe_commit']}",
-        f"- Threads: `OMP_NUM_THREADS=1` and `torch.set_num_threads(1)` in every process; every number is from "
-        f"a fresh subprocess; runners interleaved (plain, HF, lathe, plain, ...)"
+        "- Threads: `OMP_NUM_THREADS=1` and `torch.set_num_threads(1)` in every process; every number is from "
+        "a fresh subprocess; runners interleaved (plain, HF, lathe, plain, ...)"
         + (f"; children ran at nice {meta['nice']} to get a whole core on the shared machine." if meta.get("nice")
            else "."),
         f"- Raw results: `{meta.get('results_file', results_path)}` (git-ignored)",

@@ -11,7 +11,6 @@ _T0 = time.perf_counter()
 import argparse  # noqa: E402
 import gc  # noqa: E402
 import shutil  # noqa: E402
-from pathlib import Path  # noqa: E402
 
 parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
 parser.add_argument("--impl", choices=["hf", "lathe"], required=True)

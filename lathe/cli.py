@@ -57,18 +57,26 @@ def _data_preview(options) -> int:
                                 traceback="traceback" in flags)
 
 
+_OVERRIDES_HELP = "key=value or --key value pairs; --traceback shows the full error"
+
+
+def _add_config_command(commands, name: str, run, help: str, description: str, overrides_help: str = _OVERRIDES_HELP):
+    """A sub-command that reads CONFIG, then key=value overrides (and its own flags) in any order."""
+    command = commands.add_parser(name, help=help, description=description)
+    command.add_argument("config", help="YAML or JSON config file")
+    command.add_argument("overrides", nargs=argparse.REMAINDER, help=overrides_help)
+    command.set_defaults(run=run)
+    return command
+
+
 def _add_train_parsers(commands) -> None:
-    train = commands.add_parser(
-        "train", help="train a model from a LLaMA-Factory-style YAML config (stage pt, sft, rm, dpo or kto)",
+    _add_config_command(
+        commands, "train", _train, help="train a model from a LLaMA-Factory-style YAML config (stage pt, sft, rm, dpo or kto)",
         description="Train from a LLaMA-Factory-style config. Prints the resolved configuration and the plan "
         "(examples, tokens, steps, trainable parameters) first. Overrides win over the file: "
         "`lathe train c.yaml learning_rate=1e-4 --num_train_epochs 2`.",
+        overrides_help="key=value or --key value pairs; --dry_run prints the plan and stops; --traceback shows the full error",
     )
-    train.add_argument("config", help="YAML or JSON config file")
-    train.add_argument("overrides", nargs=argparse.REMAINDER,
-                       help="key=value or --key value pairs; --dry_run prints the plan and stops; --traceback shows "
-                       "the full error")
-    train.set_defaults(run=_train)
 
     data = commands.add_parser("data", help="inspect the data a config trains on")
     data_commands = data.add_subparsers(dest="data_command", metavar="COMMAND", required=True)
@@ -146,15 +154,12 @@ def _add_expand_parser(commands) -> None:
 
 
 def _add_inference_parsers(commands) -> None:
-    chat = commands.add_parser(
-        "chat", help="chat with a model in the terminal, with its training template (streaming; clear, exit)",
+    _add_config_command(
+        commands, "chat", _chat, help="chat with a model in the terminal, with its training template (streaming; clear, exit)",
         description="Interactive chat from a LLaMA-Factory-style inference config (model_name_or_path, "
         "adapter_name_or_path, template, finetuning_type, generation keys). Overrides such as temperature=0.2 "
         "max_new_tokens=128 win over the file.",
     )
-    chat.add_argument("config", help="YAML or JSON config file")
-    chat.add_argument("overrides", nargs=argparse.REMAINDER, help="key=value or --key value pairs; --traceback shows the full error")
-    chat.set_defaults(run=_chat)
 
     api = commands.add_parser(
         "api", help="serve the model with an OpenAI-compatible HTTP API (chat/completions, completions, models)",
@@ -170,15 +175,12 @@ def _add_inference_parsers(commands) -> None:
                      "key=value config overrides; --traceback shows the full error")
     api.set_defaults(run=_api)
 
-    export = commands.add_parser(
-        "export", help="merge LoRA adapters into the base and write a checked, sharded safetensors model folder",
+    _add_config_command(
+        commands, "export", _export, help="merge LoRA adapters into the base and write a checked, sharded safetensors model folder",
         description="Export from a LLaMA-Factory-style inference config (model_name_or_path, adapter_name_or_path, "
         "template, finetuning_type, export_dir, export_size, infer_dtype). Adapters are merged in float32 and "
         "checked against base + adapter; the folder is loaded back and checked before success is reported.",
     )
-    export.add_argument("config", help="YAML or JSON config file")
-    export.add_argument("overrides", nargs=argparse.REMAINDER, help="key=value or --key value pairs; --traceback shows the full error")
-    export.set_defaults(run=_export)
 
 
 def build_parser() -> argparse.ArgumentParser:

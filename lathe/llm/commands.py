@@ -5,6 +5,8 @@ from __future__ import annotations
 import logging
 import sys
 
+from lathe.llm.workflows.stages import run_train
+
 __all__ = ["train_command", "data_preview_command", "export_command", "expand_command", "chat_command", "api_command",
            "run_train"]
 
@@ -34,24 +36,16 @@ def _report(error: BaseException, command: str) -> int:
     return 2
 
 
-def run_train(config, dry_run: bool = False, callbacks: list | None = None) -> dict:
-    """Run the stage the config names (pt, sft, rm, dpo or kto)."""
-    stage = config.finetuning.stage
-    if stage == "pt":
-        from lathe.llm.workflows.pt import run_pt
-
-        return run_pt(config, dry_run=dry_run, callbacks=callbacks)
-    if stage == "rm":
-        from lathe.llm.workflows.rm import run_rm
-
-        return run_rm(config, dry_run=dry_run, callbacks=callbacks)
-    if stage in ("dpo", "kto"):
-        from lathe.llm.workflows.preference import run_preference
-
-        return run_preference(config, dry_run=dry_run, callbacks=callbacks)
-    from lathe.llm.workflows.sft import run_sft
-
-    return run_sft(config, dry_run=dry_run, callbacks=callbacks)
+def _reported(command: str, traceback: bool, run, errors: tuple = USER_ERRORS) -> int:
+    """run()'s exit code; an error that means "the config or the files are wrong" is one message and exit
+    code 2 instead of a traceback (unless --traceback)."""
+    _setup_logging()
+    try:
+        return run()
+    except errors as error:
+        if traceback:
+            raise
+        return _report(error, command)
 
 
 def train_command(config_path: str, overrides: list[str], dry_run: bool = False, traceback: bool = False) -> int:
@@ -60,21 +54,18 @@ def train_command(config_path: str, overrides: list[str], dry_run: bool = False,
     from lathe.llm.launch import relaunch
     from lathe.llm.workflows.plan import format_config, print_once
 
-    _setup_logging()
-    try:
+    def train() -> int:
         code = None if dry_run else relaunch(config_path, overrides)  # under torchrun when several processes are asked for
         if code is not None:
             return code
         config = parse_train_config(config_path, overrides)
         print_once(config, format_config(config))
         run_train(config, dry_run=dry_run)
-    except USER_ERRORS as error:
-        if traceback:
-            raise
-        return _report(error, "train")
-    if dry_run:
-        print("Dry run: nothing was trained.")
-    return 0
+        if dry_run:
+            print("Dry run: nothing was trained.")
+        return 0
+
+    return _reported("train", traceback, train)
 
 
 def data_preview_command(config_path: str, overrides: list[str], num_examples: int = 3, split: str = "train",
@@ -88,8 +79,7 @@ def data_preview_command(config_path: str, overrides: list[str], num_examples: i
     from lathe.llm.templates import get_template_and_fix_tokenizer
     from lathe.llm.templates.check import template_report
 
-    _setup_logging()
-    try:
+    def preview() -> int:
         config = parse_train_config(config_path, overrides)
         tokenizer = load_tokenizer(config.model)
         template = get_template_and_fix_tokenizer(tokenizer, config.data)
@@ -103,11 +93,9 @@ def data_preview_command(config_path: str, overrides: list[str], num_examples: i
         for name, part in parts:
             print(f"== {name} (stage {config.finetuning.stage}, template {config.data.template or 'from the tokenizer'})")
             print(preview_examples(part, tokenizer, n=num_examples))
-    except USER_ERRORS as error:
-        if traceback:
-            raise
-        return _report(error, "data preview")
-    return 0
+        return 0
+
+    return _reported("data preview", traceback, preview)
 
 
 def export_command(config_path: str, overrides: list[str], traceback: bool = False) -> int:
@@ -115,15 +103,11 @@ def export_command(config_path: str, overrides: list[str], traceback: bool = Fal
     from lathe.llm.export import export_command as run_export
     from lathe.llm.export import format_report
 
-    _setup_logging()
-    try:
-        report = run_export(config_path, overrides)
-    except USER_ERRORS + (RuntimeError,) as error:
-        if traceback:
-            raise
-        return _report(error, "export")
-    print(format_report(report), flush=True)
-    return 0
+    def export() -> int:
+        print(format_report(run_export(config_path, overrides)), flush=True)
+        return 0
+
+    return _reported("export", traceback, export, USER_ERRORS + (RuntimeError,))
 
 
 def expand_command(model_name_or_path: str, output_dir: str, num_expand: int, max_shard_size: str = "5GB",
@@ -131,41 +115,26 @@ def expand_command(model_name_or_path: str, output_dir: str, num_expand: int, ma
     """`lathe expand MODEL OUTPUT_DIR --num_expand N`: LLaMA Pro block expansion (lathe/llm/model/llama_pro.py)."""
     from lathe.llm.model.llama_pro import expand_blocks
 
-    _setup_logging()
-    try:
+    def expand() -> int:
         result = expand_blocks(model_name_or_path, output_dir, num_expand, max_shard_size, trust_remote_code)
-    except USER_ERRORS + (RuntimeError, OSError) as error:
-        if traceback:
-            raise
-        return _report(error, "expand")
-    before, after = result["layers"]
-    print(f"Expanded {model_name_or_path} from {before} to {after} layers into {output_dir} (the copies start as the "
-          f"identity: logits equal the original's). Fine-tune it with:\n  model_name_or_path: {output_dir}\n"
-          f"  finetuning_type: freeze\n  freeze_trainable_layers: {num_expand}\n  use_llama_pro: true", flush=True)
-    return 0
+        before, after = result["layers"]
+        print(f"Expanded {model_name_or_path} from {before} to {after} layers into {output_dir} (the copies start as the "
+              f"identity: logits equal the original's). Fine-tune it with:\n  model_name_or_path: {output_dir}\n"
+              f"  finetuning_type: freeze\n  freeze_trainable_layers: {num_expand}\n  use_llama_pro: true", flush=True)
+        return 0
+
+    return _reported("expand", traceback, expand, USER_ERRORS + (RuntimeError, OSError))
 
 
 def chat_command(config_path: str, overrides: list[str], traceback: bool = False) -> int:
     """`lathe chat CONFIG [key=value ...]`: an interactive terminal chat (lathe/llm/inference/chat.py)."""
     from lathe.llm.inference.chat import chat_command as run_chat
 
-    _setup_logging()
-    try:
-        return run_chat(config_path, overrides)
-    except USER_ERRORS as error:
-        if traceback:
-            raise
-        return _report(error, "chat")
+    return _reported("chat", traceback, lambda: run_chat(config_path, overrides))
 
 
 def api_command(config_path: str, overrides: list[str], server: dict, traceback: bool = False) -> int:
     """`lathe api CONFIG [key=value ...]`: the OpenAI-compatible server (lathe/llm/inference/api.py)."""
     from lathe.llm.inference.api import api_command as run_api
 
-    _setup_logging()
-    try:
-        return run_api(config_path, overrides, **server)
-    except USER_ERRORS as error:
-        if traceback:
-            raise
-        return _report(error, "api")
+    return _reported("api", traceback, lambda: run_api(config_path, overrides, **server))

@@ -16,8 +16,10 @@ from pathlib import Path
 from typing import Any, Literal
 
 from lathe.llm.config_keys import SUPPORTED_FINETUNING_TYPES, SUPPORTED_STAGES
-from lathe.llm.config_methods import check_methods, check_quantization_bit, check_quantized_training, target_modules
+from lathe.llm.config_methods import check_methods, check_quantized_training, target_modules
 from lathe.llm.config_optim import OptimizerMethodArguments, validate_methods
+from lathe.llm.config_sections import DataArguments, ModelArguments
+from lathe.llm.config_sections import help_text as _help
 from lathe.llm.config_values import RawConfig, build_sections, check_keys, parse_overrides, split_commas
 
 __all__ = [
@@ -30,129 +32,6 @@ __all__ = [
     "parse_train_config",
     "split_commas",
 ]
-
-
-def _help(text: str) -> dict:
-    return {"help": text}
-
-
-@dataclass
-class ModelArguments:
-    """Which model and tokenizer to load, and how (LLaMA-Factory's model arguments that lathe supports)."""
-
-    _argument_group_name = "model"
-
-    model_name_or_path: str | None = field(default=None, metadata=_help("Local folder of the model and tokenizer (from save_pretrained)."))
-    adapter_name_or_path: str | None = field(
-        default=None,
-        metadata=_help("LoRA adapter folder(s), comma separated: all but the last are merged; the last is trained further (or merged too with create_new_adapter)."),
-    )
-    use_fast_tokenizer: bool = field(default=True, metadata=_help("Use the fast (tokenizers-backed) tokenizer."))
-    resize_vocab: bool = field(default=False, metadata=_help("Resize the embeddings to the tokenizer's vocabulary size."))
-    split_special_tokens: bool = field(default=False, metadata=_help("Tokenize special-token text as ordinary text."))
-    add_tokens: str | None = field(default=None, metadata=_help("Ordinary tokens to add to the vocabulary, comma separated (resizes the embeddings)."))
-    add_special_tokens: str | None = field(default=None, metadata=_help("Special tokens to add to the vocabulary, comma separated (resizes the embeddings)."))
-    low_cpu_mem_usage: bool = field(default=True, metadata=_help("Load weights without first building a randomly initialised copy."))
-    flash_attn: Literal["auto", "disabled", "sdpa", "fa2", "fa3"] = field(
-        default="auto",
-        metadata=_help("Attention implementation: auto (the model's default), disabled (eager), sdpa, fa2 (flash_attention_2), fa3 (flash_attention_3)."),
-    )
-    disable_gradient_checkpointing: bool = field(
-        default=False, metadata=_help("Train without activation (gradient) checkpointing: faster, more memory. It is on by default, as in LLaMA-Factory.")
-    )
-    use_reentrant_gc: bool = field(default=True, metadata=_help("Use reentrant gradient checkpointing."))
-    upcast_layernorm: bool = field(default=False, metadata=_help("Keep normalisation weights in float32."))
-    upcast_lmhead_output: bool = field(default=False, metadata=_help("Compute the output head's logits in float32."))
-    train_from_scratch: bool = field(default=False, metadata=_help("Build the model from its config with random weights instead of loading them."))
-    use_kv_cache: bool = field(default=True, metadata=_help("Use the KV cache when generating (it is always off while training)."))
-    infer_dtype: Literal["auto", "float16", "bfloat16", "float32"] = field(
-        default="auto", metadata=_help("Weights dtype when not training (auto: the checkpoint's dtype, float32 on CPU).")
-    )
-    print_param_status: bool = field(default=False, metadata=_help("Print every parameter's dtype, device and trainability."))
-    trust_remote_code: bool = field(default=False, metadata=_help("Allow a model folder's own Python code to run."))
-    quantization_method: Literal["bnb", "hqq", "eetq"] = field(
-        default="bnb", metadata=_help("On-the-fly quantization of the base: bnb (bitsandbytes), hqq or eetq (GPU only).")
-    )
-    quantization_bit: int | None = field(
-        default=None, metadata=_help("Load the base quantized to this many bits (QLoRA): 4 or 8 for bnb; 1-8 for hqq; 8 for eetq.")
-    )
-    quantization_type: Literal["fp4", "nf4"] = field(default="nf4", metadata=_help("bnb 4-bit data type: nf4 or fp4."))
-    double_quantization: bool = field(default=True, metadata=_help("bnb 4-bit: quantize the quantization constants too."))
-    quantization_device_map: Literal["auto"] | None = field(
-        default=None, metadata=_help("auto: spread a 4-bit model over the devices for inference (not for training).")
-    )
-
-    # Derived by parse_train_config; not settable from a config file.
-    compute_dtype: str | None = field(default=None, init=False, metadata=_help("bfloat16/float16 from bf16/fp16/pure_bf16, else None."))
-    model_max_length: int | None = field(default=None, init=False, metadata=_help("cutoff_len, for the tokenizer."))
-    block_diag_attn: bool = field(default=False, init=False, metadata=_help("neat_packing: attention may not cross packed examples."))
-
-    def __post_init__(self):
-        if self.model_name_or_path is None:
-            raise ValueError("model_name_or_path is required: a local folder holding the model (config.json) and its tokenizer.")
-        self.adapter_name_or_path = split_commas(self.adapter_name_or_path)
-        self.add_tokens = split_commas(self.add_tokens)
-        self.add_special_tokens = split_commas(self.add_special_tokens)
-        check_quantization_bit(self.quantization_method, self.quantization_bit)
-
-
-@dataclass
-class DataArguments:
-    """Which datasets, how they are templated, truncated and packed (LLaMA-Factory's data arguments)."""
-
-    _argument_group_name = "data"
-
-    template: str | None = field(default=None, metadata=_help("Chat template name; None uses the tokenizer's own chat_template."))
-    dataset: str | None = field(default=None, metadata=_help("Training dataset name(s) from dataset_info.json, comma separated."))
-    eval_dataset: str | None = field(default=None, metadata=_help("Evaluation dataset name(s), comma separated."))
-    dataset_dir: str = field(default="data", metadata=_help("Folder holding dataset_info.json and the data files."))
-    cutoff_len: int = field(default=2048, metadata=_help("Maximum tokens per example (prompt + response)."))
-    train_on_prompt: bool = field(default=False, metadata=_help("Train on prompt tokens too (no prompt masking)."))
-    mask_history: bool = field(default=False, metadata=_help("Train on the last assistant turn only."))
-    mix_strategy: Literal["concat", "interleave_under", "interleave_over", "interleave_once"] = field(
-        default="concat", metadata=_help("How several datasets are mixed.")
-    )
-    interleave_probs: str | None = field(default=None, metadata=_help("Sampling probabilities per dataset for interleaving, comma separated."))
-    overwrite_cache: bool = field(default=False, metadata=_help("Re-tokenize even when a cache entry exists."))
-    preprocessing_batch_size: int = field(default=1000, metadata=_help("Examples per batch in preprocessing."))
-    preprocessing_num_workers: int | None = field(default=None, metadata=_help("Processes for preprocessing."))
-    max_samples: int | None = field(default=None, metadata=_help("Keep at most this many examples of each dataset."))
-    eval_num_beams: int | None = field(default=None, metadata=_help("Beams for generation in evaluation (generation_num_beams)."))
-    ignore_pad_token_for_loss: bool = field(default=True, metadata=_help("Pad labels with -100 so padding is not trained."))
-    val_size: float = field(default=0.0, metadata=_help("Held-out part of the training data: a fraction in [0, 1) or a number of examples."))
-    eval_on_each_dataset: bool = field(default=False, metadata=_help("Evaluate each eval dataset separately."))
-    packing: bool | None = field(default=None, metadata=_help("Pack examples into cutoff_len rows (default: true for pt, false for sft)."))
-    neat_packing: bool = field(default=False, metadata=_help("Packing where attention cannot cross examples (implies packing)."))
-    tool_format: str | None = field(default=None, metadata=_help("Tool-call format for function-calling examples."))
-    default_system: str | None = field(default=None, metadata=_help("Override the template's default system message."))
-    enable_thinking: bool | None = field(default=True, metadata=_help("Thinking mode for reasoning templates."))
-    preserve_thinking: bool = field(default=False, metadata=_help("Keep thinking content in earlier turns."))
-    tokenized_path: str | None = field(default=None, metadata=_help("Save the tokenized datasets here, or load them when it exists."))
-
-    def __post_init__(self):
-        self.dataset = split_commas(self.dataset)
-        self.eval_dataset = split_commas(self.eval_dataset)
-        if self.cutoff_len <= 0:
-            raise ValueError(f"cutoff_len must be a positive number of tokens, got {self.cutoff_len}")
-        if self.val_size < 0 or (self.val_size > 1 and self.val_size != int(self.val_size)):
-            # LLaMA-Factory would silently hold out int(1.5) = 1 example: a float above 1 is not a count.
-            raise ValueError(f"val_size must be a fraction below 1 (e.g. 0.1) or a whole number of examples "
-                             f"(e.g. 100), got {self.val_size}")
-        if self.dataset is None and self.val_size > 1e-6:
-            raise ValueError("val_size needs a training dataset to split: set dataset.")
-        if self.eval_dataset is not None and self.val_size > 1e-6:
-            raise ValueError("Set either val_size (split the training data) or eval_dataset, not both.")
-        if self.interleave_probs is not None:
-            if self.mix_strategy == "concat":
-                raise ValueError("interleave_probs only applies to mix_strategy interleave_under/interleave_over/interleave_once.")
-            self.interleave_probs = [float(p) for p in split_commas(self.interleave_probs)]
-            for name, names in (("dataset", self.dataset), ("eval_dataset", self.eval_dataset)):
-                if names is not None and len(names) != len(self.interleave_probs):
-                    raise ValueError(f"interleave_probs has {len(self.interleave_probs)} values but {name} names {len(names)} datasets.")
-        if self.mask_history and self.train_on_prompt:
-            raise ValueError("mask_history and train_on_prompt contradict each other: set at most one.")
-        if self.neat_packing:
-            self.packing = True
 
 
 @dataclass
@@ -418,23 +297,7 @@ def _check_output_dir(output_dir: str, where: str) -> None:
 def _validate(config: TrainConfig, where: str) -> None:
     """Checks across sections, in LLaMA-Factory's order, with the fix in the message."""
     model, data, training, finetuning = config.model, config.data, config.training, config.finetuning
-    if finetuning.stage != "sft":
-        if training.predict_with_generate:
-            raise ValueError(f"predict_with_generate{where} only applies to stage sft.")
-        if data.neat_packing:
-            raise ValueError(f"neat_packing{where} only applies to stage sft (pt always concatenates documents).")
-        if data.train_on_prompt or data.mask_history:
-            raise ValueError(f"train_on_prompt and mask_history{where} only apply to stage sft.")
-    if finetuning.stage == "sft" and training.do_predict and not training.predict_with_generate:
-        raise ValueError(
-            f"do_predict{where} writes generated_predictions.jsonl and needs predict_with_generate: true."
-        )
-    if finetuning.stage in ("rm", "dpo", "kto") and data.packing:
-        raise ValueError(f"packing{where} applies to stages pt and sft; stage {finetuning.stage} keeps one example per row.")
-    if finetuning.stage in ("dpo", "kto") and training.do_predict:
-        raise ValueError(f"do_predict{where} is not read by stage {finetuning.stage}: predictions are written for stage sft (generated answers) and rm (scores).")
-    if finetuning.stage == "rm" and training.load_best_model_at_end:
-        raise ValueError(f"load_best_model_at_end{where} is not supported for stage rm (as in LLaMA-Factory).")
+    _check_stage_options(data, training, finetuning, where)
     if training.do_train and not data.dataset:
         raise ValueError(f"dataset{where} is required for training: name(s) from {data.dataset_dir}/dataset_info.json.")
     _check_output_dir(training.output_dir, where)
@@ -455,3 +318,24 @@ def _validate(config: TrainConfig, where: str) -> None:
             raise ValueError(f"early_stopping_steps{where} must be a positive number of evaluations.")
         if getattr(training.eval_strategy, "value", training.eval_strategy) == "no":
             raise ValueError(f"early_stopping_steps{where} counts evaluations: set eval_strategy to steps or epoch.")
+
+
+def _check_stage_options(data, training, finetuning, where: str) -> None:
+    """Options that only some stages read: set for another stage, they are errors (nothing would read them)."""
+    if finetuning.stage != "sft":
+        if training.predict_with_generate:
+            raise ValueError(f"predict_with_generate{where} only applies to stage sft.")
+        if data.neat_packing:
+            raise ValueError(f"neat_packing{where} only applies to stage sft (pt always concatenates documents).")
+        if data.train_on_prompt or data.mask_history:
+            raise ValueError(f"train_on_prompt and mask_history{where} only apply to stage sft.")
+    if finetuning.stage == "sft" and training.do_predict and not training.predict_with_generate:
+        raise ValueError(
+            f"do_predict{where} writes generated_predictions.jsonl and needs predict_with_generate: true."
+        )
+    if finetuning.stage in ("rm", "dpo", "kto") and data.packing:
+        raise ValueError(f"packing{where} applies to stages pt and sft; stage {finetuning.stage} keeps one example per row.")
+    if finetuning.stage in ("dpo", "kto") and training.do_predict:
+        raise ValueError(f"do_predict{where} is not read by stage {finetuning.stage}: predictions are written for stage sft (generated answers) and rm (scores).")
+    if finetuning.stage == "rm" and training.load_best_model_at_end:
+        raise ValueError(f"load_best_model_at_end{where} is not supported for stage rm (as in LLaMA-Factory).")

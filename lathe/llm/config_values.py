@@ -210,6 +210,25 @@ def coerce_value(key: str, value: Any, hint: Any, from_command_line: bool) -> An
         return None
     if key in STRATEGY_KEYS and value is False:
         return "no"
+    scalar = _scalar(key, value, members)
+    if scalar is not _NOT_A_SCALAR:
+        return scalar
+    if members == [str] and isinstance(value, (int, float)) and not isinstance(value, bool):
+        return str(value)  # `template: 1` or `dataset: 2024` mean the names
+    is_list = any(m is list or typing.get_origin(m) is list for m in members)
+    if from_command_line and isinstance(value, str) and is_list and str not in members:
+        return split_commas(value)
+    if not _fits(value, members):
+        raise ValueError(f"{key}: expected {_expected(members)}, got {value!r}")
+    return value
+
+
+_NOT_A_SCALAR = object()
+
+
+def _scalar(key: str, value: Any, members: list[Any]) -> Any:
+    """`value` as the Literal choice, bool or number the type allows, _NOT_A_SCALAR when the type
+    also allows what `value` is (a string, a list); a ValueError when nothing fits."""
     literal = next((m for m in members if typing.get_origin(m) is Literal), None)
     if literal is not None:
         if value in typing.get_args(literal):
@@ -228,14 +247,7 @@ def coerce_value(key: str, value: Any, hint: Any, from_command_line: bool) -> An
             return number
         if str not in members:
             raise ValueError(f"{key}: expected a number, got {value!r}")
-    if members == [str] and isinstance(value, (int, float)) and not isinstance(value, bool):
-        return str(value)  # `template: 1` or `dataset: 2024` mean the names
-    is_list = any(m is list or typing.get_origin(m) is list for m in members)
-    if from_command_line and isinstance(value, str) and is_list and str not in members:
-        return split_commas(value)
-    if not _fits(value, members):
-        raise ValueError(f"{key}: expected {_expected(members)}, got {value!r}")
-    return value
+    return _NOT_A_SCALAR
 
 
 def _fits(value: Any, members: list[Any]) -> bool:

@@ -51,7 +51,6 @@ def export_command(config_path, overrides: list[str]) -> ExportReport:
 
 
 def export_model(config) -> ExportReport:
-    import torch
 
     from lathe.llm.inference.loading import load_for_inference
 

@@ -1,16 +1,14 @@
-"""TrainingArguments: every training option with its HF name, default and help, plus derived values."""
-import contextlib
-import json
-import logging
-import math
+"""TrainingArguments: every training option with its HF name, default and help. The first fields are
+in args_core.py, the derived values (device, ranks, batch sizes, JSON) in args_derived.py."""
 import os
-import sys
-from dataclasses import dataclass, field, fields
-from datetime import timedelta
-from enum import Enum
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
+from lathe.train.args_core import BARE_FLAG_IS_TRUE as _BARE_FLAG_IS_TRUE
+from lathe.train.args_core import CoreArguments
+from lathe.train.args_core import deprecated as _deprecated
+from lathe.train.args_core import help_text as _help
+from lathe.train.args_derived import DerivedValues
 from lathe.train.args_enums import ExplicitEnum, IntervalStrategy, OptimizerNames, SaveStrategy, SchedulerType
 from lathe.train.args_setters import FluentSetters
 from lathe.train.args_validation import LOG_LEVELS, normalize_and_validate
@@ -26,24 +24,9 @@ __all__ = [
     "default_logging_dir",
 ]
 
-logger = logging.getLogger(__name__)
 
-# transformers marks `bool | None` flags this way so that a bare `--flag` on the command line means True.
-_BARE_FLAG_IS_TRUE = {"nargs": "?", "const": True}
-
-
-def _help(text: str, **extra) -> dict:
-    return {"help": text, **extra}
-
-
-def _deprecated(replacement: str | None, text: str) -> dict:
-    # `replacement` names the field that took over, or None when the value is ignored;
-    # the argument parser reads this key to list the option under "deprecated".
-    return {"help": text, "deprecated": replacement}
-
-
-@dataclass
-class TrainingArguments(FluentSetters):
+@dataclass(repr=False)  # printed by DerivedValues.__str__ (sorted fields), as before the split
+class TrainingArguments(CoreArguments, FluentSetters, DerivedValues):
     """The options of `Trainer`, with transformers 5.23's names and defaults.
 
     Validation happens once, in `__post_init__` (see `args_validation`): numeric and boolean fields
@@ -52,132 +35,6 @@ class TrainingArguments(FluentSetters):
     `greater_is_better`, `report_to`), and contradictory settings raise a ValueError naming the
     field. Device and rank properties never change the process: `lathe.train.runtime` acts on them.
     """
-
-    # --- Output ---
-    output_dir: str | None = field(
-        default=None, metadata=_help("Directory for checkpoints and predictions; defaults to 'trainer_output'.")
-    )
-
-    # --- Training length and batch size ---
-    per_device_train_batch_size: int = field(default=8, metadata=_help("Training batch size per device."))
-    num_train_epochs: float = field(
-        default=3.0, metadata=_help("Number of passes over the training set; a fraction stops part-way through the last one.")
-    )
-    max_steps: int = field(
-        default=-1,
-        metadata=_help(
-            "Total number of optimizer steps; when positive it overrides num_train_epochs."
-            " Required for datasets without a length."
-        ),
-    )
-
-    # --- Learning rate and schedule ---
-    learning_rate: float = field(default=5e-5, metadata=_help("Peak learning rate, reached at the end of warmup."))
-    lr_scheduler_type: SchedulerType | str = field(
-        default="linear", metadata=_help(f"Learning-rate schedule, one of {SchedulerType.values()}.")
-    )
-    lr_scheduler_kwargs: dict | str | None = field(
-        default=None,
-        metadata=_help("Extra keyword arguments for the schedule, as a dict or a JSON object string."),
-    )
-    warmup_steps: float = field(
-        default=0,
-        metadata=_help(
-            "Linear warmup length: a whole number of steps, or a float in [0, 1) read as a fraction of all training steps."
-        ),
-    )
-
-    # --- Optimizer ---
-    optim: OptimizerNames | str = field(
-        default="adamw_torch_fused",
-        metadata=_help("Optimizer name; lathe builds adamw_torch, adamw_torch_fused, sgd, adagrad, rmsprop, adafactor, galore_* and apollo_*."),
-    )
-    optim_args: str | None = field(
-        default=None,
-        metadata=_help("Extra optimizer arguments as a 'key=value,key=value' string."),
-    )
-    optim_target_modules: str | list[str] | None = field(
-        default=None,
-        metadata=_help("GaLore / APOLLO optimizers: the nn.Linear modules they project, as names, a regex or 'all-linear'."),
-    )
-    weight_decay: float = field(
-        default=0.0, metadata=_help("Decoupled weight decay, applied to every parameter except biases and norm weights.")
-    )
-    adam_beta1: float = field(default=0.9, metadata=_help("Adam's decay rate for the running mean of gradients."))
-    adam_beta2: float = field(default=0.999, metadata=_help("Adam's decay rate for the running mean of squared gradients."))
-    adam_epsilon: float = field(default=1e-8, metadata=_help("Adam's epsilon, added to the denominator for stability."))
-
-    # --- Step maths and stability ---
-    gradient_accumulation_steps: int = field(
-        default=1,
-        metadata=_help(
-            "Number of micro-batches whose gradients are summed before one optimizer step; steps count optimizer updates."
-        ),
-    )
-    average_tokens_across_devices: bool = field(
-        default=True,
-        metadata=_help(
-            "Sum the token count of a step over all processes so the loss is normalised by the global number of tokens."
-        ),
-    )
-    max_grad_norm: float = field(default=1.0, metadata=_help("Clip the total gradient norm to this value; 0 disables clipping."))
-    label_smoothing_factor: float = field(
-        default=0.0, metadata=_help("Label smoothing for the cross-entropy loss; 0 means none.")
-    )
-
-    # --- Mixed precision ---
-    bf16: bool = field(default=False, metadata=_help("Train with bfloat16 autocast (weights stay in float32)."))
-    fp16: bool = field(default=False, metadata=_help("Train with float16 autocast and loss scaling."))
-    bf16_full_eval: bool = field(default=False, metadata=_help("Evaluate with the model cast to bfloat16."))
-    fp16_full_eval: bool = field(default=False, metadata=_help("Evaluate with the model cast to float16."))
-    tf32: bool | None = field(
-        default=None, metadata=_help("Allow TF32 matrix multiplies on Ampere or newer GPUs; None leaves torch's setting alone.")
-    )
-
-    # --- Activation checkpointing ---
-    activation_checkpointing: bool | None = field(
-        default=None,
-        metadata=_help("Recompute activations in the backward pass to save memory at the cost of speed.", **_BARE_FLAG_IS_TRUE),
-    )
-    activation_checkpointing_kwargs: dict | str | None = field(
-        default=None,
-        metadata=_help("Keyword arguments for the model's gradient_checkpointing_enable(), as a dict or JSON string."),
-    )
-    gradient_checkpointing: bool | None = field(
-        default=None,
-        metadata={
-            **_deprecated("activation_checkpointing", "Old name of activation_checkpointing; it mirrors that field."),
-            **_BARE_FLAG_IS_TRUE,
-        },
-    )
-    gradient_checkpointing_kwargs: dict | str | None = field(
-        default=None,
-        metadata=_deprecated(
-            "activation_checkpointing_kwargs", "Old name of activation_checkpointing_kwargs; it mirrors that field."
-        ),
-    )
-
-    # --- Compilation and memory ---
-    torch_compile: bool = field(default=False, metadata=_help("Wrap the model with torch.compile()."))
-    torch_compile_backend: str | None = field(
-        default=None, metadata=_help("Backend for torch.compile(); setting it turns torch_compile on.")
-    )
-    torch_compile_mode: str | None = field(
-        default=None, metadata=_help("Mode for torch.compile(); setting it turns torch_compile on.")
-    )
-    use_cache: bool = field(
-        default=False, metadata=_help("Leave the model's key/value cache on during training (rarely needed).")
-    )
-    neftune_noise_alpha: float | None = field(
-        default=None, metadata=_help("Scale of the NEFTune noise added to input embeddings during training; None disables it.")
-    )
-    torch_empty_cache_steps: int | None = field(
-        default=None, metadata=_help("Empty the accelerator's memory cache every this many steps; None never does.")
-    )
-    auto_find_batch_size: bool = field(
-        default=False,
-        metadata=_help("Halve the training batch size and retry whenever a step runs out of accelerator memory."),
-    )
 
     # --- Logging ---
     logging_strategy: IntervalStrategy | str = field(
@@ -427,142 +284,6 @@ class TrainingArguments(FluentSetters):
     def __post_init__(self):
         normalize_and_validate(self)
 
-    # --- Derived values ---
-
-    @property
-    def train_batch_size(self) -> int:
-        """Samples per device per micro-batch. lathe never uses DataParallel, so this is the per-device size."""
-        return self.per_device_train_batch_size
-
-    @property
-    def eval_batch_size(self) -> int:
-        """Samples per device per evaluation batch."""
-        return self.per_device_eval_batch_size
-
-    @property
-    def ddp_timeout_delta(self) -> timedelta:
-        return timedelta(seconds=self.ddp_timeout)
-
-    @property
-    def device(self) -> "torch.device":  # noqa: F821 (torch is imported lazily)
-        """cuda:<local rank> when CUDA is usable, else mps, else cpu; use_cpu forces cpu.
-        Computed once (the loop reads it on every step), like transformers' cached device."""
-        cached = self.__dict__.get("_cached_device")
-        if cached is None or cached[0] != (self.use_cpu, self.local_process_index):
-            cached = ((self.use_cpu, self.local_process_index), self._find_device())
-            self.__dict__["_cached_device"] = cached
-        return cached[1]
-
-    def _find_device(self) -> "torch.device":  # noqa: F821
-        import torch
-
-        if not self.use_cpu:
-            if torch.cuda.is_available():
-                return torch.device("cuda", self.local_process_index)
-            mps = getattr(torch.backends, "mps", None)
-            if mps is not None and mps.is_available():
-                return torch.device("mps")
-        return torch.device("cpu")
-
-    @property
-    def n_gpu(self) -> int:
-        """Accelerators this process drives: 1 on cuda or mps, 0 on cpu (never more: no DataParallel)."""
-        return 0 if self.device.type == "cpu" else 1
-
-    @property
-    def world_size(self) -> int:
-        group = self._process_group()
-        return group.get_world_size() if group else 1
-
-    @property
-    def process_index(self) -> int:
-        group = self._process_group()
-        return group.get_rank() if group else 0
-
-    @property
-    def local_process_index(self) -> int:
-        """Rank within this node: `local_rank` when given, else torchrun's LOCAL_RANK, else the global rank."""
-        if self.local_rank >= 0:
-            return self.local_rank
-        if self._process_group() is not None and os.environ.get("LOCAL_RANK", "").isdigit():
-            return int(os.environ["LOCAL_RANK"])
-        return self.process_index
-
-    def _process_group(self):
-        """torch.distributed once the process group is up. Under a launcher (WORLD_SIZE > 1) the first
-        question joins the group, with ddp_backend and ddp_timeout, as transformers does when its
-        arguments first resolve the device; otherwise torch is not even imported."""
-        group = _initialized_process_group()
-        if group is None and os.environ.get("WORLD_SIZE", "1") not in ("", "0", "1"):
-            from lathe.train.distributed import init_process_group
-
-            init_process_group(self)
-            group = _initialized_process_group()
-        return group
-
-    @property
-    def should_log(self) -> bool:
-        return (self.local_process_index if self.log_on_each_node else self.process_index) == 0
-
-    @property
-    def should_save(self) -> bool:
-        return (self.local_process_index if self.save_on_each_node else self.process_index) == 0
-
-    def get_process_log_level(self) -> int:
-        """The `logging` level for this process: log_level on the logging process, log_level_replica elsewhere;
-        'passive' keeps the current level of the 'lathe' logger."""
-        name = self.log_level if self.should_log else self.log_level_replica
-        level = LOG_LEVELS[name]
-        return logging.getLogger("lathe").getEffectiveLevel() if level < 0 else level
-
-    @contextlib.contextmanager
-    def main_process_first(self, local: bool = True, desc: str = "work"):
-        """Run the body on the main process (of the node when `local`) before the others.
-
-        Used around dataset preprocessing: the main process fills the cache, the replicas then read it.
-        Without a process group this is a no-op.
-        """
-        if self.world_size <= 1:
-            yield
-            return
-        import torch.distributed as dist
-
-        is_main = (self.local_process_index if local else self.process_index) == 0
-        if not is_main:
-            logger.debug("rank %d waits for the main process to finish %s", self.process_index, desc)
-            dist.barrier()  # replicas wait here until the main process reaches its barrier below
-        try:
-            yield
-        finally:
-            if is_main:
-                dist.barrier()  # releases the replicas waiting above
-
-    def get_warmup_steps(self, num_training_steps: int) -> int:
-        """Warmup length in steps: warmup_steps itself when >= 1, else that fraction of all steps, rounded up."""
-        if self.warmup_steps >= 1:
-            return int(self.warmup_steps)
-        return math.ceil(num_training_steps * self.warmup_steps)
-
-    # --- Serialisation ---
-
-    def to_dict(self) -> dict[str, Any]:
-        """All fields as JSON-safe values: enums become their strings, config objects their dicts."""
-        return {f.name: _json_safe(getattr(self, f.name)) for f in fields(self) if f.init}
-
-    def to_json_string(self) -> str:
-        return json.dumps(self.to_dict(), indent=2)
-
-    def to_sanitized_dict(self) -> dict[str, Any]:
-        """Flat scalars only (anything else as its str), for TensorBoard's hparams."""
-        d = {**self.to_dict(), "train_batch_size": self.train_batch_size, "eval_batch_size": self.eval_batch_size}
-        return {k: v if type(v) in (bool, int, float, str) else str(v) for k, v in d.items()}
-
-    def __str__(self) -> str:
-        lines = "".join(f"{k}={v},\n" for k, v in sorted(self.to_dict().items()))
-        return f"{type(self).__name__}(\n{lines})"
-
-    __repr__ = __str__
-
 
 @dataclass(repr=False)  # keep the parent's sorted __str__/__repr__ instead of a generated repr
 class Seq2SeqTrainingArguments(TrainingArguments):
@@ -594,31 +315,3 @@ def default_logging_dir(output_dir: str) -> str:
 
     stamp = datetime.now().strftime("%b%d_%H-%M-%S")
     return os.path.join(output_dir, "runs", f"{stamp}_{socket.gethostname()}")
-
-
-def _initialized_process_group():
-    """torch.distributed when a process group is up, else None.
-
-    A process group cannot exist unless torch.distributed was imported, so looking in sys.modules
-    first keeps rank queries (should_log, should_save) from importing torch.
-    """
-    dist = sys.modules.get("torch.distributed")
-    if dist is not None and dist.is_available() and dist.is_initialized():
-        return dist
-    return None
-
-
-def _json_safe(value):
-    if isinstance(value, Enum):
-        return value.value
-    if isinstance(value, (list, tuple)):
-        return [_json_safe(v) for v in value]
-    if isinstance(value, dict):
-        return {k: _json_safe(v) for k, v in value.items()}
-    if isinstance(value, Path):
-        return str(value)
-    if type(value).__module__ == "torch" and type(value).__name__ == "dtype":
-        return str(value).removeprefix("torch.")  # torch.bfloat16 -> "bfloat16", as transformers writes dtypes
-    if hasattr(value, "to_dict"):  # e.g. a GenerationConfig in Seq2SeqTrainingArguments
-        return _json_safe(value.to_dict())
-    return value

@@ -4,10 +4,9 @@ import json
 import logging
 import math
 import os
-import sys
-import warnings
-from dataclasses import MISSING, fields
+from dataclasses import fields
 
+from lathe.train.args_deprecated import map_deprecated_names, warn_from_user_code, yaml_no
 from lathe.train.args_types import coerce_field_types
 from lathe.train.args_enums import IntervalStrategy, OptimizerNames, SaveStrategy, SchedulerType, to_enum
 
@@ -30,11 +29,6 @@ _DICT_FIELDS = (
 )
 # Of those, these may also name a JSON file, which the FSDP / DeepSpeed set-up reads later.
 _DICT_OR_PATH_FIELDS = ("fsdp_config", "deepspeed")
-
-# Frames skipped when a warning picks the line to blame: this package's argument modules and the
-# dataclass-generated __init__ (whose file name is "<string>").
-_OWN_FILES = (__file__, os.path.join(os.path.dirname(__file__), "args.py"))
-
 
 def normalize_and_validate(args) -> None:
     """Everything TrainingArguments.__post_init__ does, in order. Idempotent, so that
@@ -61,88 +55,6 @@ def normalize_and_validate(args) -> None:
     check_precision(args)
     check_scheduler(args)
     check_dataloader(args)
-
-
-# --- Names removed in transformers 5 ---
-
-
-def map_deprecated_names(args) -> None:
-    """Move each deprecated 4.x field into its 5.x field with a FutureWarning, then reset it to None,
-    so that copies of the arguments neither warn again nor see a conflict."""
-    defaults = _field_defaults(args)
-
-    if args.evaluation_strategy is not None:
-        _rename(args, defaults, "evaluation_strategy", "eval_strategy", _yaml_no(args.evaluation_strategy))
-    if args.warmup_ratio is not None:
-        if not 0 <= args.warmup_ratio < 1:
-            raise ValueError(f"warmup_ratio={args.warmup_ratio} must be in [0, 1); for a step count use warmup_steps.")
-        _rename(args, defaults, "warmup_ratio", "warmup_steps", args.warmup_ratio)
-    if args.no_cuda is not None:
-        _rename(args, defaults, "no_cuda", "use_cpu", bool(args.no_cuda))
-    if args.group_by_length is not None:
-        if args.group_by_length:
-            _rename(args, defaults, "group_by_length", "train_sampling_strategy", "group_by_length")
-        elif args.train_sampling_strategy == "group_by_length":
-            raise ValueError(
-                "group_by_length=False (deprecated) contradicts train_sampling_strategy='group_by_length'; "
-                "set only train_sampling_strategy."
-            )
-        else:
-            _warn_renamed("group_by_length", "train_sampling_strategy")
-            args.group_by_length = None
-
-    if args.overwrite_output_dir is not None:
-        _warn("`overwrite_output_dir` was removed in transformers 5 and is ignored: output_dir is always reused.")
-        args.overwrite_output_dir = None
-    if args.save_safetensors is not None:
-        if args.save_safetensors:
-            _warn("`save_safetensors` was removed in transformers 5: weights are always saved as safetensors.")
-        else:
-            _warn("`save_safetensors=False` is ignored: lathe always saves weights as safetensors.")
-        args.save_safetensors = None
-    if args.logging_dir is not None:
-        # Kept (not reset): the TensorBoard reporter writes there. Only portability is at stake.
-        _warn(
-            "`logging_dir` was removed in transformers 5; lathe still passes it to the tensorboard reporter, "
-            "but code that sets it will not run on transformers 5."
-        )
-        args.logging_dir = os.path.expanduser(args.logging_dir)
-
-
-def _rename(args, defaults: dict, old: str, new: str, value) -> None:
-    current = getattr(args, new)
-    if current != defaults[new] and current != value:
-        raise ValueError(
-            f"{old}={getattr(args, old)!r} (deprecated) and {new}={current!r} disagree; set only {new}."
-        )
-    _warn_renamed(old, new)
-    setattr(args, new, value)
-    setattr(args, old, None)
-
-
-def _warn_renamed(old: str, new: str) -> None:
-    _warn(f"`{old}` was removed in transformers 5; use `{new}` instead.")
-
-
-def _warn(message: str) -> None:
-    # Point at the user's line that built the arguments, however deep inside __post_init__ we are.
-    frame, level = sys._getframe(0), 1
-    while frame is not None and (frame.f_code.co_filename in _OWN_FILES or frame.f_code.co_filename.startswith("<")):
-        frame, level = frame.f_back, level + 1
-    warnings.warn(message, FutureWarning, stacklevel=level)
-
-
-def _field_defaults(args) -> dict:
-    return {
-        f.name: f.default if f.default is not MISSING else f.default_factory()
-        for f in fields(args)
-        if f.default is not MISSING or f.default_factory is not MISSING
-    }
-
-
-def _yaml_no(value):
-    # YAML 1.1 reads an unquoted `no` as False; for a strategy field it can only have meant "no".
-    return "no" if value is False else value
 
 
 # --- Conversions ---
@@ -190,7 +102,7 @@ def resolve_checkpointing_alias(args) -> None:
         ("gradient_checkpointing_kwargs", "activation_checkpointing_kwargs"),
     ):
         if getattr(args, new) is None and getattr(args, old) is not None:
-            _warn(f"`{old}` is deprecated in transformers 5 (removed in 6); use `{new}` instead.")
+            warn_from_user_code(f"`{old}` is deprecated in transformers 5 (removed in 6); use `{new}` instead.")
             setattr(args, new, getattr(args, old))
         setattr(args, old, getattr(args, new))
     if args.activation_checkpointing is None:
@@ -198,9 +110,9 @@ def resolve_checkpointing_alias(args) -> None:
 
 
 def convert_choice_fields(args) -> None:
-    args.eval_strategy = to_enum(IntervalStrategy, _yaml_no(args.eval_strategy), "eval_strategy")
-    args.logging_strategy = to_enum(IntervalStrategy, _yaml_no(args.logging_strategy), "logging_strategy")
-    args.save_strategy = to_enum(SaveStrategy, _yaml_no(args.save_strategy), "save_strategy")
+    args.eval_strategy = to_enum(IntervalStrategy, yaml_no(args.eval_strategy), "eval_strategy")
+    args.logging_strategy = to_enum(IntervalStrategy, yaml_no(args.logging_strategy), "logging_strategy")
+    args.save_strategy = to_enum(SaveStrategy, yaml_no(args.save_strategy), "save_strategy")
     args.lr_scheduler_type = to_enum(SchedulerType, args.lr_scheduler_type, "lr_scheduler_type")
     args.optim = to_enum(OptimizerNames, args.optim, "optim")
 

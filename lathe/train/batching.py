@@ -10,7 +10,7 @@ from itertools import islice
 
 import torch
 
-IGNORE_INDEX = -100
+from lathe.train.labels import IGNORE_INDEX
 
 
 @dataclass(frozen=True)
@@ -34,6 +34,8 @@ def plan_training(args, batches_per_epoch: int | None, dataset_size: int | None,
                 "The training dataloader is empty: the train dataset has no examples, or fewer than "
                 "per_device_train_batch_size with dataloader_drop_last=True."
             )
+        # A remainder of micro-batches still makes an update (a short last window), as in transformers:
+        # dropping it would leave examples untrained every epoch.
         updates_per_epoch = max(math.ceil(batches_per_epoch / accumulation), 1)
         if args.max_steps > 0:
             max_steps = args.max_steps
@@ -81,6 +83,8 @@ def resume_position(global_step: int, plan: TrainingPlan, accumulation: int, ign
             return ResumePosition(0, 0, global_step * accumulation)
         whole = int(epoch)
         return ResumePosition(whole, 0, round((epoch - whole) * plan.max_steps * accumulation))
+    # Every window but an epoch's last is full, and a checkpoint is only taken between updates, so the
+    # micro-batches done in the current epoch are exactly updates_done * accumulation.
     epoch, updates_done = divmod(global_step, plan.updates_per_epoch)
     batches = 0 if ignore_data_skip else updates_done * accumulation
     return ResumePosition(epoch, 0 if ignore_data_skip else updates_done, batches)
@@ -93,6 +97,9 @@ def update_windows(batches: Iterator, plan: TrainingPlan, accumulation: int, fir
         while window := list(islice(batches, accumulation)):
             yield window
         return
+    # The window sizes are known before the batches are read: full windows, then the remainder.
+    # Taking the windows from the plan (not from whatever the iterator yields) keeps a resumed
+    # epoch's windows aligned with the interrupted run's.
     remainder = plan.batches_per_epoch % accumulation or accumulation
     for update in range(first_update, plan.updates_per_epoch):
         size = remainder if update == plan.updates_per_epoch - 1 else accumulation
@@ -109,13 +116,14 @@ def count_label_items(window: list, shift_labels: bool) -> torch.Tensor | None:
     for batch in window:
         if not isinstance(batch, Mapping) or batch.get("labels") is None:
             return None
-        labels = batch.get("shift_labels")
+        labels = batch.get("shift_labels")  # already shifted by the collator: every position counts
         if labels is None:
             labels = batch["labels"]
             if not torch.is_tensor(labels):
                 return None
             if shift_labels:
                 labels = labels[..., 1:]
+        # Kept a tensor (no .item()): reading it would force a device sync on every update.
         count = labels.ne(IGNORE_INDEX).sum()
         total = count if total is None else total + count
     return total
@@ -131,6 +139,9 @@ def normalise_loss(loss: torch.Tensor, window_size: int, normalised_by_items: bo
     its share of the global window; DDP averages gradients over ranks, so it is scaled by N (and
     the mean over ranks of what is logged is the global loss)."""
     if normalised_by_items:
+        # sum over the window of (micro-batch token-loss sum / window tokens) = the window's mean token
+        # loss, exactly. A mean of per-micro-batch means would weigh a micro-batch of 10 label tokens
+        # like one of 1,000 (the gradient-accumulation bug transformers fixed in 4.46).
         return loss * world_scale if world_scale != 1 else loss
     # x / 1 is exact, so skipping it changes no bit and saves an op (and its backward) per micro-batch.
     return loss if window_size == 1 else loss / window_size
@@ -144,42 +155,3 @@ def count_input_tokens(inputs, mode: str, main_input_name: str = "input_ids") ->
         return int(inputs["attention_mask"].sum())
     tensor = inputs.get(main_input_name)
     return int(tensor.numel()) if tensor is not None else 0
-
-
-class LossTracker:
-    """Sums micro-batch losses between logging points, as transformers does (float32, in order),
-    without a finiteness check per micro-batch: that check forces a host sync on GPU and costs
-    ~20 µs on CPU. logging_nan_inf_filter is applied when the window is read: a non-finite window
-    sum is replayed from the kept losses with transformers' rule (a non-finite loss counts as the
-    window's running mean), so logged numbers are the same, bit for bit."""
-
-    def __init__(self, device, nan_inf_filter: bool):
-        self.nan_inf_filter = nan_inf_filter
-        self.window_sum = torch.zeros((), device=device)
-        self.window: list[tuple[torch.Tensor, int]] = []  # (loss, updates done in this window so far)
-        self.nonfinite = 0
-
-    def add(self, loss: torch.Tensor, updates_in_window: int) -> None:
-        self.window_sum += loss
-        if self.nan_inf_filter:
-            self.window.append((loss, updates_in_window))
-
-    def take(self) -> float:
-        """The window's loss sum (filtered), then start a new window."""
-        total = self.window_sum.item()
-        if self.nan_inf_filter and not math.isfinite(total):
-            total = self._replay()
-        self.window_sum.zero_()
-        self.window.clear()
-        return total
-
-    def _replay(self) -> float:
-        running = torch.zeros((), dtype=self.window_sum.dtype)
-        for loss, updates in self.window:
-            loss = loss.detach().cpu()
-            if torch.isfinite(loss):
-                running += loss
-            else:
-                running += running / (1 + updates)
-                self.nonfinite += 1
-        return running.item()

@@ -82,13 +82,6 @@ class CallbackHandler(TrainerCallback):
         self.lr_scheduler = lr_scheduler
         self.train_dataloader = None
         self.eval_dataloader = None
-        from lathe.train.flow import DefaultFlowCallback
-
-        if not any(isinstance(cb, DefaultFlowCallback) for cb in self.callbacks):
-            logger.warning(
-                "The Trainer will not log, evaluate, save or stop at max_steps without a DefaultFlowCallback; "
-                "add one with trainer.add_callback(DefaultFlowCallback). Current callbacks:\n%s", self.callback_list
-            )
 
     def add_callback(self, callback):
         instance = callback() if isinstance(callback, type) else callback

@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from lathe.train.labels import IGNORE_INDEX
 from lathe.train.masking import DataCollatorForLanguageModeling
 from lathe.train.padding import (
     as_list,
@@ -61,6 +62,14 @@ def default_data_collator(features: list, return_tensors: str = "pt"):
         f"({reprlib.repr(first)}). Each item must be a dict of fields, e.g. {{'input_ids': [...], "
         f"'labels': ...}}, or a tuple of tensors, e.g. (inputs, target).{hint}"
     )
+
+
+def default_collator_for(processing_class):
+    """The Trainer's collator when none is given: padding with a tokenizer that has a pad token, else
+    default_data_collator (as transformers chooses)."""
+    if processing_class is not None and hasattr(processing_class, "pad") and getattr(processing_class, "pad_token_id", None) is not None:
+        return DataCollatorWithPadding(processing_class)
+    return default_data_collator
 
 
 def _is_tuple_of_tensors(item) -> bool:
@@ -155,7 +164,7 @@ class DataCollatorForSeq2Seq:
     padding: bool | str = True
     max_length: int | None = None
     pad_to_multiple_of: int | None = None
-    label_pad_token_id: int = -100
+    label_pad_token_id: int = IGNORE_INDEX
     return_tensors: str = "pt"
 
     def __post_init__(self):
@@ -202,7 +211,7 @@ class DataCollatorWithFlattening(DefaultDataCollator):
         self,
         *args,
         return_position_ids=True,
-        separator_id=-100,
+        separator_id=IGNORE_INDEX,
         return_flash_attn_kwargs=False,
         return_seq_idx=False,
         position_ids_start=0,

@@ -11,6 +11,7 @@ import torch
 from torch.utils.data import BatchSampler, DataLoader, IterableDataset, Sampler
 
 from lathe.train.columns import is_datasets_dataset
+from lathe.train.seed import restore_rng_state
 
 logger = logging.getLogger(__name__)
 
@@ -254,6 +255,32 @@ def build_dataloader(
     global RNG once per iter(), exactly as under HF, which keeps the two RNG streams in step.
     Do not use `in_order=False`: out-of-order batches would make resume inexact.
     """
+    options = _loader_options(collate_fn, num_workers, pin_memory, worker_init_fn, generator, persistent_workers,
+                              prefetch_factor, multiprocessing_context)
+    if isinstance(dataset, IterableDataset):
+        if num_shards > 1:
+            raise NotImplementedError(
+                "An IterableDataset under several processes is not supported yet: every rank would read the same "
+                "stream. Use a map-style dataset (with __len__ and __getitem__), or run one process."
+            )
+        return DataLoader(dataset, batch_size=batch_size, drop_last=drop_last, **options)
+    if group_by_length:
+        lengths = lengths if lengths is not None else dataset_lengths(dataset, length_column_name, model_input_name)
+        sampler = _length_grouped_sampler(dataset, lengths, length_group_size or batch_size, seed)
+    else:
+        sampler = EpochSampler(len(dataset), seed, shuffle)
+    batch_sampler = ResumableBatchSampler(sampler, batch_size, drop_last, num_shards=num_shards, shard_index=shard_index)
+    return DirectDataLoader(dataset, batch_sampler=batch_sampler, **options)
+
+
+def _length_grouped_sampler(dataset, lengths: Sequence[int], group_size: int, seed: int) -> Sampler[int]:
+    if len(lengths) != len(dataset):
+        raise ValueError(f"lengths has {len(lengths)} entries but the dataset has {len(dataset)} items.")
+    return LengthGroupedSampler(lengths, group_size, seed)
+
+
+def _loader_options(collate_fn, num_workers: int, pin_memory: bool, worker_init_fn, generator, persistent_workers: bool,
+                    prefetch_factor: int | None, multiprocessing_context) -> dict[str, Any]:
     options: dict[str, Any] = {
         "collate_fn": collate_fn,
         "num_workers": num_workers,
@@ -266,23 +293,7 @@ def build_dataloader(
         # torch rejects these three with num_workers=0.
         options.update(persistent_workers=persistent_workers, prefetch_factor=prefetch_factor)
         options["multiprocessing_context"] = multiprocessing_context
-    if isinstance(dataset, IterableDataset):
-        if num_shards > 1:
-            raise NotImplementedError(
-                "An IterableDataset under several processes is not supported yet: every rank would read the same "
-                "stream. Use a map-style dataset (with __len__ and __getitem__), or run one process."
-            )
-        return DataLoader(dataset, batch_size=batch_size, drop_last=drop_last, **options)
-    if group_by_length:
-        if lengths is None:
-            lengths = dataset_lengths(dataset, length_column_name, model_input_name)
-        if len(lengths) != len(dataset):
-            raise ValueError(f"lengths has {len(lengths)} entries but the dataset has {len(dataset)} items.")
-        sampler: Sampler[int] = LengthGroupedSampler(lengths, length_group_size or batch_size, seed)
-    else:
-        sampler = EpochSampler(len(dataset), seed, shuffle)
-    batch_sampler = ResumableBatchSampler(sampler, batch_size, drop_last, num_shards=num_shards, shard_index=shard_index)
-    return DirectDataLoader(dataset, batch_sampler=batch_sampler, **options)
+    return options
 
 
 def _has_accelerator() -> bool:
@@ -328,4 +339,22 @@ def skip_batches(dataloader, num_batches: int) -> Iterable:
     iterator = iter(dataloader)
     for _ in itertools.islice(iterator, num_batches):
         pass
+    return iterator
+
+
+def epoch_batches(dataloader, epoch: int, batches_to_skip: int, rng_state: dict | None) -> Iterator:
+    """The epoch's batch iterator, past the `batches_to_skip` a resumed run already trained on (skipped
+    at the sampler, or read and dropped where the loader cannot seek), with the checkpoint's RNG state
+    (`rng_state`, on the resumed epoch) restored at the point where the interrupted run saved it.
+
+    Why there: creating the iterator draws a seed from the global RNG. Mid-epoch, the interrupted run
+    had made that draw (and read the skipped batches) before it saved, so the state is restored after
+    them; at an epoch boundary (or with ignore_data_skip) it saved before this epoch's iterator
+    existed, so the state is restored first. Either way dropout and shuffling continue bit for bit."""
+    set_epoch(dataloader, epoch)
+    if rng_state is not None and batches_to_skip == 0:
+        restore_rng_state(rng_state)
+    iterator = iter(skip_batches(dataloader, batches_to_skip))
+    if rng_state is not None and batches_to_skip > 0:
+        restore_rng_state(rng_state)
     return iterator

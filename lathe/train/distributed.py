@@ -114,19 +114,17 @@ def wrap_model(model, args):
     return DistributedDataParallel(model, **options)
 
 
-def gradient_sync(model, sync: bool):
-    """A context for one micro-batch's backward: DDP's all-reduce runs only when `sync` (the last
-    micro-batch of a window); before that gradients accumulate locally (no_sync)."""
-    if hasattr(model, "set_gradient_accumulation_boundary"):  # DeepSpeed's engine reduces at the boundary
-        model.set_gradient_accumulation_boundary(sync)
-        return contextlib.nullcontext()
-    if sync:
-        return contextlib.nullcontext()
-    if hasattr(model, "set_requires_gradient_sync"):  # FSDP2: accumulate unsharded gradients locally
-        return _fsdp_no_sync(model)
-    if not hasattr(model, "no_sync"):
-        return contextlib.nullcontext()
-    return model.no_sync()
+def local_accumulation(model):
+    """The context in which `model`'s backward accumulates gradients locally, without reducing them
+    across ranks: DDP's no_sync, FSDP2's set_requires_gradient_sync(False), or nothing in one process.
+    The back-end (stepping.py) enters it on every micro-batch of a window but the last: summing k local
+    gradients and then averaging over ranks equals averaging every micro-batch's over ranks, at one
+    all-reduce per update instead of k. (DeepSpeed's engine: stepping.DeepSpeedBackend.)"""
+    if hasattr(model, "set_requires_gradient_sync"):
+        return lambda: _fsdp_no_sync(model)
+    if hasattr(model, "no_sync"):
+        return model.no_sync
+    return contextlib.nullcontext
 
 
 @contextlib.contextmanager

@@ -9,9 +9,9 @@ from collections.abc import Mapping
 import numpy as np
 import torch
 
+from lathe.train.labels import IGNORE_INDEX
 from lathe.train.outputs import EvalLoopOutput, EvalPrediction, denumpify_detensorize
 
-PAD_INDEX = -100
 
 
 def to_numpy(data):
@@ -28,7 +28,7 @@ def to_numpy(data):
     return data
 
 
-def pad_and_concatenate(arrays: list, padding_index: int = PAD_INDEX):
+def pad_and_concatenate(arrays: list, padding_index: int = IGNORE_INDEX):
     """Concatenate per-batch arrays on axis 0, padding the other axes to the largest shape with
     `padding_index` (e.g. sequence lengths that differ between batches). Done once at the end, so
     gathering is linear in the data instead of re-copying on every batch."""
@@ -176,76 +176,103 @@ def _mark_last(iterable):
     yield True, current
 
 
+class _Collected:
+    """What an evaluation keeps of its batches: the weighted loss, and (unless only the loss is wanted)
+    predictions, labels and, per include_for_metrics, the main inputs and per-sample losses."""
+
+    def __init__(self, args, dataset_size: int | None):
+        every, concatenate = args.eval_accumulation_steps, args.eval_do_concat_batches
+        self.preds, self.labels = Gathered(every, concatenate), Gathered(every, concatenate)
+        self.inputs, self.losses = Gathered(every, concatenate), Gathered(every, concatenate)
+        self.include = set(args.include_for_metrics or [])
+        self.loss = WeightedLoss(args.logging_nan_inf_filter, dataset_size)
+        self.dataset_size = dataset_size
+        self.num_samples = 0
+
+    def add(self, loss, logits, labels, main_inputs, batch_size: int, keep_predictions: bool) -> None:
+        self.num_samples += batch_size
+        if loss is not None:
+            self.loss.add(loss, batch_size)
+        if keep_predictions:
+            self.preds.add(logits)
+            self.labels.add(labels)
+            self.inputs.add(main_inputs)
+            if "loss" in self.include and loss is not None:
+                self.losses.add(loss.detach().repeat(batch_size))
+
+    def prediction(self, logits, labels, main_inputs, loss, batch_size: int) -> EvalPrediction:
+        """One batch's EvalPrediction, for batch_eval_metrics."""
+        return EvalPrediction(
+            predictions=logits, label_ids=labels,
+            inputs=main_inputs if "inputs" in self.include else None,
+            losses=loss.detach().repeat(batch_size) if ("loss" in self.include and loss is not None) else None,
+        )
+
+    def final_prediction(self, predictions, label_ids) -> EvalPrediction:
+        """The whole evaluation's EvalPrediction, for compute_metrics."""
+        size = self.dataset_size
+        return EvalPrediction(
+            predictions=predictions, label_ids=label_ids,
+            inputs=self.inputs.result(size) if "inputs" in self.include else None,
+            losses=self.losses.result(size) if "loss" in self.include else None,
+        )
+
+
 def evaluation_loop(trainer, dataloader, description: str, prediction_loss_only, ignore_keys, metric_key_prefix: str) -> EvalLoopOutput:
     """Run `trainer.prediction_step` over `dataloader`. eval_loss is weighted by each batch's real
     size, so a partial last batch counts once per sample."""
-    args = trainer.args
-    model = trainer.model
+    args, model = trainer.args, trainer.model
     model.eval()
     trainer.callback_handler.eval_dataloader = dataloader
-    include = set(args.include_for_metrics or [])
-    keep = {"preds": Gathered(args.eval_accumulation_steps, args.eval_do_concat_batches),
-            "labels": Gathered(args.eval_accumulation_steps, args.eval_do_concat_batches),
-            "inputs": Gathered(args.eval_accumulation_steps, args.eval_do_concat_batches),
-            "losses": Gathered(args.eval_accumulation_steps, args.eval_do_concat_batches)}
-    dataset = getattr(dataloader, "dataset", None)
-    try:
-        dataset_size = len(dataset) if dataset is not None else None
-    except TypeError:
-        dataset_size = None
-    losses = WeightedLoss(args.logging_nan_inf_filter, dataset_size)
-    num_samples = 0
-    metrics = None
+    collected = _Collected(args, _dataset_size(dataloader))
     batch_metrics_mode = args.batch_eval_metrics and trainer.compute_metrics is not None
-    if batch_metrics_mode and losses.per_batch is not None:
+    if batch_metrics_mode and collected.loss.per_batch is not None:
         raise NotImplementedError("batch_eval_metrics under several processes is not supported yet: evaluate with "
                                   "compute_metrics on the gathered predictions (batch_eval_metrics=False).")
     # predict() returns predictions even when metrics are computed batch by batch (transformers too).
     keep_predictions = not batch_metrics_mode or description == "Prediction"
+    metrics = None
     for is_last, inputs in _mark_last(dataloader):
         batch_size = observed_batch_size(inputs)
-        num_samples += batch_size
-        main_inputs = inputs.get(trainer.main_input_name) if isinstance(inputs, Mapping) and "inputs" in include else None
+        wanted = isinstance(inputs, Mapping) and "inputs" in collected.include
+        main_inputs = inputs.get(trainer.main_input_name) if wanted else None
         loss, logits, labels = trainer.prediction_step(model, inputs, prediction_loss_only, ignore_keys=ignore_keys)
-        if loss is not None:
-            losses.add(loss, batch_size)
         if logits is not None and trainer.preprocess_logits_for_metrics is not None:
             logits = trainer.preprocess_logits_for_metrics(logits, labels)
-        if keep_predictions:
-            keep["preds"].add(logits)
-            keep["labels"].add(labels)
-            keep["inputs"].add(main_inputs)
-            if "loss" in include and loss is not None:
-                keep["losses"].add(loss.detach().repeat(batch_size))
+        collected.add(loss, logits, labels, main_inputs, batch_size, keep_predictions)
         if batch_metrics_mode:
-            prediction = EvalPrediction(
-                predictions=logits, label_ids=labels,
-                inputs=main_inputs if "inputs" in include else None,
-                losses=loss.detach().repeat(batch_size) if ("loss" in include and loss is not None) else None,
-            )
+            prediction = collected.prediction(logits, labels, main_inputs, loss, batch_size)
             metrics = trainer.compute_metrics(prediction, compute_result=is_last)
         trainer.control = trainer.callback_handler.on_prediction_step(args, trainer.state, trainer.control)
+    return _loop_output(trainer, collected, metrics if batch_metrics_mode else None, batch_metrics_mode, metric_key_prefix)
 
-    predictions = keep["preds"].result(dataset_size)
-    label_ids = keep["labels"].result(dataset_size)
+
+def _loop_output(trainer, collected: _Collected, batch_metrics, batch_metrics_mode: bool, prefix: str) -> EvalLoopOutput:
+    """Gather what the batches left, compute the metrics (unless batch by batch), prefix their names."""
+    predictions = collected.preds.result(collected.dataset_size)
+    label_ids = collected.labels.result(collected.dataset_size)
     if batch_metrics_mode:
-        metrics = metrics or {}
+        metrics = batch_metrics or {}
     elif trainer.compute_metrics is not None and predictions is not None and label_ids is not None:
-        metrics = trainer.compute_metrics(EvalPrediction(
-            predictions=predictions, label_ids=label_ids,
-            inputs=keep["inputs"].result(dataset_size) if "inputs" in include else None,
-            losses=keep["losses"].result(dataset_size) if "loss" in include else None,
-        ))
+        metrics = trainer.compute_metrics(collected.final_prediction(predictions, label_ids))
     else:
         metrics = {}
     metrics = denumpify_detensorize(dict(metrics))
-    if losses.count is not None:
-        metrics[f"{metric_key_prefix}_loss"] = losses.mean()
+    if collected.loss.count is not None:
+        metrics[f"{prefix}_loss"] = collected.loss.mean()
     for key in list(metrics):
-        if not key.startswith(f"{metric_key_prefix}_"):
-            metrics[f"{metric_key_prefix}_{key}"] = metrics.pop(key)
-    total = dataset_size if dataset_size is not None else num_samples
+        if not key.startswith(f"{prefix}_"):
+            metrics[f"{prefix}_{key}"] = metrics.pop(key)
+    total = collected.dataset_size if collected.dataset_size is not None else collected.num_samples
     return EvalLoopOutput(predictions=predictions, label_ids=label_ids, metrics=metrics, num_samples=total)
+
+
+def _dataset_size(dataloader) -> int | None:
+    dataset = getattr(dataloader, "dataset", None)
+    try:
+        return len(dataset) if dataset is not None else None
+    except TypeError:
+        return None
 
 
 def speed_metrics(split: str, start_time: float, num_samples: int | None = None, num_steps: int | None = None, num_tokens: int | None = None) -> dict:

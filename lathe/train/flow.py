@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 
-from lathe.train.callbacks import TrainerCallback
+from lathe.train.callbacks import CallbackHandler, TrainerCallback
 from lathe.train.state import ExportableState
 
 logger = logging.getLogger(__name__)
@@ -228,3 +228,19 @@ class GracefulStopCallback(TrainerCallback):
         for signum, previous in self._previous.items():
             signal.signal(signum, previous)
         self._previous.clear()
+
+
+def default_callback_handler(args, callbacks, model, processing_class, optimizer, lr_scheduler) -> CallbackHandler:
+    """The Trainer's callbacks, in the order they run: flow, then the printer or progress bar, then the
+    report_to reporters, then the user's."""
+    from lathe.train.integrations import reporter_callbacks
+
+    defaults = [DefaultFlowCallback, PrinterCallback if args.disable_tqdm else ProgressCallback]
+    defaults += reporter_callbacks(args.report_to)
+    handler = CallbackHandler(defaults + list(callbacks or []), model, processing_class, optimizer, lr_scheduler)
+    if not any(isinstance(callback, DefaultFlowCallback) for callback in handler.callbacks):
+        logger.warning(
+            "The Trainer will not log, evaluate, save or stop at max_steps without a DefaultFlowCallback; "
+            "add one with trainer.add_callback(DefaultFlowCallback). Current callbacks:\n%s", handler.callback_list
+        )
+    return handler

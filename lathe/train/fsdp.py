@@ -21,6 +21,10 @@ import json
 import logging
 import os
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # annotations only: torch is imported where FSDP2 is used
+    import torch
 
 logger = logging.getLogger(__name__)
 
@@ -53,25 +57,8 @@ def settings_from_args(args) -> FsdpSettings | None:
         raise ValueError("save_on_each_node=True cannot be used with fsdp: the full weights and optimizer state are gathered to "
                          "the first process only, so only its node can write checkpoints. Save to a filesystem every node "
                          "shares (save_on_each_node=False), or train with DDP.")
-    config = _read_config(args.fsdp_config)
-    options = {}
-    if isinstance(args.fsdp, str) and args.fsdp.strip().lower() not in ("true", "1"):
-        for item in args.fsdp.split():  # transformers' legacy option string
-            if item == "offload":
-                options["cpu_offload"] = True
-            elif item in ("full_shard", "shard_grad_op"):
-                options["reshard_after_forward"] = item == "full_shard"
-            elif item != "auto_wrap":
-                raise ValueError(f"fsdp={args.fsdp!r}: {item!r} is an FSDP1 option; FSDP2 (fully_shard) takes full_shard, "
-                                 "shard_grad_op, offload or auto_wrap (or fsdp=True with fsdp_config).")
-    for key, value in config.items():
-        if key in _FSDP1_ONLY:
-            raise ValueError(f"fsdp_config[{key!r}] is an FSDP1 setting; lathe shards with FSDP2 (fully_shard), which has no such option. Remove it.")
-        if key not in _KEYS:
-            close = difflib.get_close_matches(key, _KEYS, n=1)
-            hint = f"; did you mean {close[0]!r}?" if close else f"; valid keys: {', '.join(_KEYS)}"
-            raise ValueError(f"fsdp_config has an unknown key {key!r}{hint}")
-        options[key] = value
+    options = _options_from_string(args.fsdp)
+    options.update(_checked_config(_read_config(args.fsdp_config)))
     if int(options.pop("version", 2)) != 2:
         raise ValueError("fsdp_config['version'] must be 2: lathe shards with FSDP2 (torch.distributed.fsdp.fully_shard) only.")
     options.pop("cpu_ram_efficient_loading", None)  # every rank builds the model; nothing to save here
@@ -86,6 +73,33 @@ def settings_from_args(args) -> FsdpSettings | None:
     if "min_num_params" in options:
         options["min_num_params"] = int(options["min_num_params"])
     return FsdpSettings(**options)
+
+
+def _options_from_string(fsdp) -> dict:
+    """transformers' legacy option string (fsdp="full_shard offload auto_wrap") as FSDP2 settings."""
+    options = {}
+    if not isinstance(fsdp, str) or fsdp.strip().lower() in ("true", "1"):
+        return options
+    for item in fsdp.split():
+        if item == "offload":
+            options["cpu_offload"] = True
+        elif item in ("full_shard", "shard_grad_op"):
+            options["reshard_after_forward"] = item == "full_shard"
+        elif item != "auto_wrap":
+            raise ValueError(f"fsdp={fsdp!r}: {item!r} is an FSDP1 option; FSDP2 (fully_shard) takes full_shard, "
+                             "shard_grad_op, offload or auto_wrap (or fsdp=True with fsdp_config).")
+    return options
+
+
+def _checked_config(config: dict) -> dict:
+    for key in config:
+        if key in _FSDP1_ONLY:
+            raise ValueError(f"fsdp_config[{key!r}] is an FSDP1 setting; lathe shards with FSDP2 (fully_shard), which has no such option. Remove it.")
+        if key not in _KEYS:
+            close = difflib.get_close_matches(key, _KEYS, n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else f"; valid keys: {', '.join(_KEYS)}"
+            raise ValueError(f"fsdp_config has an unknown key {key!r}{hint}")
+    return config
 
 
 def _read_config(config) -> dict:

@@ -4,7 +4,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from lathe.train.batching import IGNORE_INDEX
+from lathe.train.labels import IGNORE_INDEX
 
 
 class LabelSmoother:

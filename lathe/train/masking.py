@@ -9,6 +9,7 @@ from typing import Any
 
 import torch
 
+from lathe.train.labels import IGNORE_INDEX
 from lathe.train.padding import as_list, check_return_tensors, pad_batch, stack_or_pad_sequences
 
 
@@ -122,7 +123,7 @@ class DataCollatorForLanguageModeling:
             pad_token_id = getattr(self.tokenizer, "pad_token_id", None)
             # As in transformers, this also hides eos from the loss when pad_token is set to eos.
             if pad_token_id is not None:
-                labels[labels == pad_token_id] = -100
+                labels[labels == pad_token_id] = IGNORE_INDEX
             batch["labels"] = labels
         return batch
 
@@ -145,7 +146,7 @@ class DataCollatorForLanguageModeling:
         masked = torch.bernoulli(probability, generator=self.generator).bool()
         if self.whole_word_mask:
             masked = _spread_to_whole_words(word_ids, masked)
-        labels[~masked] = -100
+        labels[~masked] = IGNORE_INDEX
 
         draw = torch.full(labels.shape, self.mask_replace_prob)
         replaced = torch.bernoulli(draw, generator=self.generator).bool() & masked

@@ -95,3 +95,45 @@ def explain_label_error(error: Exception, inputs, label_names: list[str]) -> Exc
         return None
     return TypeError(f"The model's loss cannot use `{name}` of dtype {labels.dtype} (shape {list(labels.shape)}): it "
                      f"expects {expected}. {fix} torch said: {message.splitlines()[0]}")
+
+
+def compute_loss(model, inputs, num_items_in_batch=None, *, label_smoother=None, compute_loss_func=None,
+                 accepts_loss_kwargs: bool = False, shifts_labels: bool = False):
+    """(loss, outputs) of one forward pass, as transformers' Trainer.compute_loss computes it: the model's
+    own loss, or label smoothing / compute_loss_func applied to its outputs with the labels taken out
+    of the inputs. num_items_in_batch (label tokens of the whole accumulation window) reaches whichever
+    computes the loss, so it can divide by the window's count instead of the micro-batch's."""
+    labels = None
+    if (label_smoother is not None or compute_loss_func is not None) and isinstance(inputs, Mapping) and "labels" in inputs:
+        inputs = dict(inputs)
+        labels = inputs.pop("labels")
+    if isinstance(inputs, Mapping):
+        if accepts_loss_kwargs and num_items_in_batch is not None:
+            inputs = {**inputs, "num_items_in_batch": num_items_in_batch}
+        outputs = model(**inputs)
+    else:
+        outputs = model(*inputs)
+    if labels is None:
+        return loss_from_outputs(outputs, inputs), outputs
+    if compute_loss_func is not None:
+        return compute_loss_func(outputs, labels, num_items_in_batch=num_items_in_batch), outputs
+    return label_smoother(outputs, labels, shift_labels=shifts_labels, num_items_in_batch=num_items_in_batch), outputs
+
+
+class FlopsEstimate:
+    """Floating-point operations of a forward + backward pass, for total_flos: transformers 5's estimate,
+    6 x input positions x non-embedding parameters, for models with num_parameters (its PreTrainedModel
+    no longer has floating_point_ops, so asking the model gave 0 for every transformers model); else the
+    model's own floating_point_ops, if any. What to count with is looked up once per model: counting
+    parameters walks every module (~0.7 ms for a small LM) and a missing attribute costs a raised error."""
+
+    def __init__(self, model):
+        self.model = model
+        self.main_input = getattr(model, "main_input_name", "input_ids")
+        self.parameters = model.num_parameters(exclude_embeddings=True) if hasattr(model, "num_parameters") else None
+        self.counter = getattr(model, "floating_point_ops", None)
+
+    def __call__(self, inputs: Mapping) -> int:
+        if self.parameters is not None and self.main_input in inputs:
+            return 6 * inputs[self.main_input].numel() * self.parameters
+        return self.counter(inputs) if self.counter is not None else 0

@@ -147,6 +147,16 @@ def pad_batch(tokenizer, features: list, padding=True, max_length=None, pad_to_m
     return batch
 
 
+def pad_rows(rows: list, value: int, length: int, side: str) -> torch.Tensor:
+    """Token-id rows (lists) into one (len(rows), length) long tensor, filled with `value` on `side`."""
+    padded = torch.full((len(rows), length), value, dtype=torch.long)
+    for index, row in enumerate(rows):
+        if len(row):
+            columns = slice(0, len(row)) if side == "right" else slice(length - len(row), length)
+            padded[index, columns] = torch.as_tensor(row, dtype=torch.long)
+    return padded
+
+
 def stack_or_pad_sequences(examples: list, tokenizer, pad_to_multiple_of: int | None) -> torch.Tensor:
     """Batch bare token sequences, padding (with the tokenizer's pad id and side) only when needed."""
     if isinstance(examples[0], (list, tuple, np.ndarray)):

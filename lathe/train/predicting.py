@@ -1,5 +1,6 @@
-"""The Trainer's evaluate() / predict() API and prediction_step (one batch through the model without
-gradients); the batch loop itself is lathe.train.evaluation.evaluation_loop."""
+"""What the Trainer's evaluate(), predict() and prediction_step() do (one batch through the model
+without gradients); the batch loop itself is lathe.train.evaluation.evaluation_loop. Trainer's methods
+of those names (trainer.py) call these functions, so overriding any of them changes what the others do."""
 from __future__ import annotations
 
 import time
@@ -11,115 +12,116 @@ from lathe.train import evaluation, runtime, seed
 from lathe.train.outputs import EvalLoopOutput, PredictionOutput
 
 
-class TrainerEvaluation:
-    """Mixed into Trainer; override evaluate / evaluation_loop / prediction_step as in transformers."""
-
-    def evaluate(self, eval_dataset=None, ignore_keys=None, metric_key_prefix: str = "eval") -> dict[str, float]:
-        """Metrics prefixed with `metric_key_prefix`; a dict of eval datasets gives `eval_<name>_*`."""
-        datasets = eval_dataset if eval_dataset is not None else self.eval_dataset
-        if isinstance(datasets, Mapping):
-            metrics = {}
-            for name, dataset in datasets.items():
-                metrics.update(self.evaluate(dataset, ignore_keys, f"{metric_key_prefix}_{name}"))
-            return metrics
-        dataloader = self.get_eval_dataloader(eval_dataset)
-        start = time.time()
-        output = self.evaluation_loop(
-            dataloader, description="Evaluation",
-            # Without compute_metrics there is nothing to do with predictions: keep only the loss.
-            prediction_loss_only=True if self.compute_metrics is None else None,
-            ignore_keys=ignore_keys, metric_key_prefix=metric_key_prefix,
-        )
-        output.metrics.update(evaluation.speed_metrics(
-            metric_key_prefix, start, num_samples=output.num_samples,
-            num_steps=_steps(output.num_samples, self.args.eval_batch_size),
-        ))
-        self.log(output.metrics)
-        self.control = self.callback_handler.on_evaluate(self.args, self.state, self.control, output.metrics)
-        return output.metrics
-
-    def predict(self, test_dataset, ignore_keys=None, metric_key_prefix: str = "test") -> PredictionOutput:
-        dataloader = self.get_test_dataloader(test_dataset)
-        start = time.time()
-        output = self.evaluation_loop(dataloader, description="Prediction", ignore_keys=ignore_keys, metric_key_prefix=metric_key_prefix)
-        output.metrics.update(evaluation.speed_metrics(
-            metric_key_prefix, start, num_samples=output.num_samples,
-            num_steps=_steps(output.num_samples, self.args.eval_batch_size),
-        ))
-        self.control = self.callback_handler.on_predict(self.args, self.state, self.control, output.metrics)
-        return PredictionOutput(predictions=output.predictions, label_ids=output.label_ids, metrics=output.metrics)
-
-    def evaluation_loop(self, dataloader, description: str, prediction_loss_only: bool | None = None,
-                        ignore_keys=None, metric_key_prefix: str = "eval") -> EvalLoopOutput:
-        if prediction_loss_only is None:
-            prediction_loss_only = self.args.prediction_loss_only
-        with torch.no_grad():
-            return evaluation.evaluation_loop(self, dataloader, description, prediction_loss_only, ignore_keys, metric_key_prefix)
-
-    def prediction_step(self, model, inputs, prediction_loss_only: bool, ignore_keys=None):
-        """(loss, logits, labels) for one batch; loss is None when the batch has no labels."""
-        if not isinstance(inputs, Mapping):
-            # A tuple batch goes to model(*batch), which returns the loss first (the tuple contract).
-            inputs = self._prepare_inputs(inputs)
-            with torch.no_grad(), runtime.autocast_context(self.args.device, self._autocast_dtype):
-                outputs = model(*inputs)
-            loss, logits = _split_tuple_outputs(outputs)
-            return (loss, None, None) if prediction_loss_only else (loss, logits, None)
-        has_labels = bool(self.label_names) and all(inputs.get(name) is not None for name in self.label_names)
-        return_loss = inputs.get("return_loss")
-        if return_loss is None:
-            return_loss = self.can_return_loss
-        loss_without_labels = not self.label_names and return_loss
-        inputs = self._prepare_inputs(inputs)
-        if ignore_keys is None:
-            ignore_keys = list(getattr(getattr(model, "config", None), "keys_to_ignore_at_inference", None) or [])
-        labels = None
-        if has_labels or loss_without_labels:
-            labels = tuple(inputs.get(name).detach() for name in self.label_names if inputs.get(name) is not None)
-            labels = labels[0] if len(labels) == 1 else (labels or None)
-        with torch.no_grad(), runtime.autocast_context(self.args.device, self._autocast_dtype):
-            if has_labels or loss_without_labels:
-                loss, outputs = self.compute_loss(model, inputs, return_outputs=True)
-                loss = loss.detach().mean()
-                skip = set(ignore_keys) | {"loss"}
-            else:
-                loss = None
-                outputs = model(**inputs)
-                skip = set(ignore_keys)
-        if prediction_loss_only:
-            return loss, None, None
-        if isinstance(outputs, Mapping):
-            logits = tuple(value for key, value in outputs.items() if key not in skip and value is not None)
-        elif isinstance(outputs, (tuple, list)):
-            logits = tuple(outputs[1:] if loss is not None else outputs)
-        else:
-            logits = (outputs,)
-        logits = tuple(v.detach() if torch.is_tensor(v) else v for v in logits)
-        if len(logits) == 1:
-            logits = logits[0]
-        elif len(logits) == 0:
-            logits = None
-        return loss, logits, labels
-
-    def _evaluate(self, trial, ignore_keys_for_eval, skip_scheduler: bool = False) -> dict:
-        """Evaluation during training; also feeds ReduceLROnPlateau its metric.
-
-        It leaves the RNG as it found it (creating the eval dataloader's iterator draws a seed from
-        the global RNG), so evaluating more or less often never changes the trained weights, and a
-        run resumed from a checkpoint taken before an evaluation stays bit-exact. transformers'
-        evaluation shifts the training RNG instead."""
-        rng_state = seed.capture_rng_state()
-        try:
-            metrics = self.evaluate(ignore_keys=ignore_keys_for_eval)
-        finally:
-            seed.restore_rng_state(rng_state)
-        if isinstance(self.lr_scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau) and not skip_scheduler:
-            name = self.args.metric_for_best_model or "loss"
-            key = name if name.startswith("eval_") else f"eval_{name}"
-            if key not in metrics:
-                raise KeyError(f"reduce_lr_on_plateau watches {key!r}, which evaluation did not return (got {sorted(metrics)}).")
-            self.lr_scheduler.step(metrics[key])
+def evaluate(trainer, eval_dataset=None, ignore_keys=None, metric_key_prefix: str = "eval") -> dict[str, float]:
+    """Metrics prefixed with `metric_key_prefix`; a dict of eval datasets gives `eval_<name>_*`."""
+    datasets = eval_dataset if eval_dataset is not None else trainer.eval_dataset
+    if isinstance(datasets, Mapping):
+        metrics = {}
+        for name, dataset in datasets.items():
+            metrics.update(trainer.evaluate(dataset, ignore_keys, f"{metric_key_prefix}_{name}"))
         return metrics
+    dataloader = trainer.get_eval_dataloader(eval_dataset)
+    start = time.time()
+    output = trainer.evaluation_loop(
+        dataloader, description="Evaluation",
+        # Without compute_metrics there is nothing to do with predictions: keep only the loss.
+        prediction_loss_only=True if trainer.compute_metrics is None else None,
+        ignore_keys=ignore_keys, metric_key_prefix=metric_key_prefix,
+    )
+    output.metrics.update(evaluation.speed_metrics(
+        metric_key_prefix, start, num_samples=output.num_samples,
+        num_steps=_steps(output.num_samples, trainer.args.eval_batch_size),
+    ))
+    trainer.log(output.metrics)
+    trainer.control = trainer.callback_handler.on_evaluate(trainer.args, trainer.state, trainer.control, output.metrics)
+    return output.metrics
+
+
+def predict(trainer, test_dataset, ignore_keys=None, metric_key_prefix: str = "test") -> PredictionOutput:
+    dataloader = trainer.get_test_dataloader(test_dataset)
+    start = time.time()
+    output = trainer.evaluation_loop(dataloader, description="Prediction", ignore_keys=ignore_keys, metric_key_prefix=metric_key_prefix)
+    output.metrics.update(evaluation.speed_metrics(
+        metric_key_prefix, start, num_samples=output.num_samples,
+        num_steps=_steps(output.num_samples, trainer.args.eval_batch_size),
+    ))
+    trainer.control = trainer.callback_handler.on_predict(trainer.args, trainer.state, trainer.control, output.metrics)
+    return PredictionOutput(predictions=output.predictions, label_ids=output.label_ids, metrics=output.metrics)
+
+
+def evaluation_loop(trainer, dataloader, description: str, prediction_loss_only: bool | None = None,
+                    ignore_keys=None, metric_key_prefix: str = "eval") -> EvalLoopOutput:
+    if prediction_loss_only is None:
+        prediction_loss_only = trainer.args.prediction_loss_only
+    with torch.no_grad():
+        return evaluation.evaluation_loop(trainer, dataloader, description, prediction_loss_only, ignore_keys, metric_key_prefix)
+
+
+def prediction_step(trainer, model, inputs, prediction_loss_only: bool, ignore_keys=None):
+    """(loss, logits, labels) for one batch; loss is None when the batch has no labels."""
+    if not isinstance(inputs, Mapping):
+        # A tuple batch goes to model(*batch), which returns the loss first (the tuple contract).
+        inputs = trainer._prepare_inputs(inputs)
+        with torch.no_grad(), runtime.autocast_context(trainer.args.device, trainer._autocast_dtype):
+            outputs = model(*inputs)
+        loss, logits = _split_tuple_outputs(outputs)
+        return (loss, None, None) if prediction_loss_only else (loss, logits, None)
+    has_labels = bool(trainer.label_names) and all(inputs.get(name) is not None for name in trainer.label_names)
+    return_loss = inputs.get("return_loss")
+    if return_loss is None:
+        return_loss = trainer.can_return_loss
+    loss_without_labels = not trainer.label_names and return_loss
+    inputs = trainer._prepare_inputs(inputs)
+    if ignore_keys is None:
+        ignore_keys = list(getattr(getattr(model, "config", None), "keys_to_ignore_at_inference", None) or [])
+    labels = None
+    if has_labels or loss_without_labels:
+        labels = tuple(inputs.get(name).detach() for name in trainer.label_names if inputs.get(name) is not None)
+        labels = labels[0] if len(labels) == 1 else (labels or None)
+    with torch.no_grad(), runtime.autocast_context(trainer.args.device, trainer._autocast_dtype):
+        if has_labels or loss_without_labels:
+            loss, outputs = trainer.compute_loss(model, inputs, return_outputs=True)
+            loss = loss.detach().mean()
+            skip = set(ignore_keys) | {"loss"}
+        else:
+            loss = None
+            outputs = model(**inputs)
+            skip = set(ignore_keys)
+    if prediction_loss_only:
+        return loss, None, None
+    if isinstance(outputs, Mapping):
+        logits = tuple(value for key, value in outputs.items() if key not in skip and value is not None)
+    elif isinstance(outputs, (tuple, list)):
+        logits = tuple(outputs[1:] if loss is not None else outputs)
+    else:
+        logits = (outputs,)
+    logits = tuple(v.detach() if torch.is_tensor(v) else v for v in logits)
+    if len(logits) == 1:
+        logits = logits[0]
+    elif len(logits) == 0:
+        logits = None
+    return loss, logits, labels
+
+
+def evaluate_during_training(trainer, trial, ignore_keys_for_eval, skip_scheduler: bool = False) -> dict:
+    """Evaluation during training; also feeds ReduceLROnPlateau its metric.
+
+    It leaves the RNG as it found it (creating the eval dataloader's iterator draws a seed from
+    the global RNG), so evaluating more or less often never changes the trained weights, and a
+    run resumed from a checkpoint taken before an evaluation stays bit-exact. transformers'
+    evaluation shifts the training RNG instead."""
+    rng_state = seed.capture_rng_state()
+    try:
+        metrics = trainer.evaluate(ignore_keys=ignore_keys_for_eval)
+    finally:
+        seed.restore_rng_state(rng_state)
+    if isinstance(trainer.lr_scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau) and not skip_scheduler:
+        name = trainer.args.metric_for_best_model or "loss"
+        key = name if name.startswith("eval_") else f"eval_{name}"
+        if key not in metrics:
+            raise KeyError(f"reduce_lr_on_plateau watches {key!r}, which evaluation did not return (got {sorted(metrics)}).")
+        trainer.lr_scheduler.step(metrics[key])
+    return metrics
 
 
 def _steps(num_samples: int, batch_size: int) -> int:

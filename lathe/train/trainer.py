@@ -1,36 +1,39 @@
-"""Trainer: wires model, data, optimizer and callbacks, and runs train() — the training loop itself,
-readable top to bottom. One update's forward, backward and optimizer step live in
-lathe.train.stepping (TrainerSteps); evaluation and prediction in lathe.train.predicting."""
+"""Trainer: wires model, data, optimizer and callbacks, and is the list of its methods: the documented
+override points and the rest of the transformers API. The methods whose work is elsewhere name the
+module on the line that attaches them; the training loop and one update are lathe/train/loop.py."""
 from __future__ import annotations
 
 import gc
 import inspect
 import logging
-import time
+import warnings
+from collections.abc import Mapping
 
 import torch
 from torch import nn
 
-from lathe.train import batching, data, distributed, modeling, runtime
+from lathe.train import batching, distributed, loaders, loop, modeling, predicting, results, resume, runtime, saving, stepping
 from lathe.train.args_validation import check_output_dir
-from lathe.train.callbacks import CallbackHandler
+from lathe.train.collators import default_collator_for
 from lathe.train.commit import BackgroundCommitter
-from lathe.train.flow import DefaultFlowCallback, PrinterCallback, ProgressCallback
-from lathe.train.outputs import TrainOutput
-from lathe.train.loaders import TrainerDataLoaders
-from lathe.train.predicting import TrainerEvaluation
-from lathe.train.resume import TrainerCheckpointing
-from lathe.train.stepping import TrainerSteps
-from lathe.train.seed import enable_full_determinism, restore_rng_state, set_seed
+from lathe.train.flow import default_callback_handler
+from lathe.train.loss import LabelSmoother
+from lathe.train.seed import enable_full_determinism, set_seed
 from lathe.train.state import TrainerControl, TrainerState
 
 logger = logging.getLogger(__name__)
 
 
-class Trainer(TrainerSteps, TrainerDataLoaders, TrainerCheckpointing, TrainerEvaluation):
-    """The transformers.Trainer API on plain PyTorch. Override points (each tested): compute_loss,
-    training_step, prediction_step, evaluate, evaluation_loop, create_optimizer, create_scheduler,
-    get_train_dataloader, get_eval_dataloader, get_test_dataloader, log."""
+class Trainer:
+    """The transformers.Trainer API on plain PyTorch.
+
+    Where things happen: train() retries on out-of-memory around _training_loop (loop.py: the epochs),
+    whose update_step is one optimizer update: each micro-batch through training_step (forward in
+    compute_loss, backward through the run's back-end, stepping.py), then clip, optimizer step,
+    scheduler step and zero through the back-end, in transformers' event order. After each update
+    _maybe_log_save_evaluate acts on the flags the callbacks set. The documented override points (each
+    tested): compute_loss, training_step, prediction_step, evaluate, evaluation_loop, create_optimizer,
+    create_scheduler, get_train_dataloader, get_eval_dataloader, get_test_dataloader, log."""
 
     def __init__(self, model=None, args=None, data_collator=None, train_dataset=None, eval_dataset=None,
                  processing_class=None, model_init=None, compute_loss_func=None, compute_metrics=None,
@@ -43,13 +46,50 @@ class Trainer(TrainerSteps, TrainerDataLoaders, TrainerCheckpointing, TrainerEva
             logger.info("No TrainingArguments passed; using defaults with output_dir=%r.", args.output_dir)
         self.args = args
         if tokenizer is not None:
-            import warnings
-
-            warnings.warn("Trainer(tokenizer=...) is deprecated; use processing_class=... (transformers 5 name).", FutureWarning, stacklevel=2)
+            message = "Trainer(tokenizer=...) is deprecated; use processing_class=... (transformers 5 name)."
+            warnings.warn(message, FutureWarning, stacklevel=2)
             processing_class = processing_class or tokenizer
         # Seed before model_init so the initial weights are reproducible.
         enable_full_determinism(args.seed) if args.full_determinism else set_seed(args.seed)
         self.model_init = model_init
+        self.model = self.model_wrapped = self._place_model(self._given_or_initial_model(model, model_init))
+        self.processing_class = processing_class
+        self.data_collator = data_collator if data_collator is not None else default_collator_for(processing_class)
+        self._default_collator_used = data_collator is None
+        self.train_dataset, self.eval_dataset = train_dataset, eval_dataset
+        self.compute_loss_func, self.compute_metrics = compute_loss_func, compute_metrics
+        self.preprocess_logits_for_metrics = preprocess_logits_for_metrics
+        self.optimizer, self.lr_scheduler = optimizers
+        self.optimizer_cls_and_kwargs = optimizer_cls_and_kwargs
+        self._check_what_was_given()
+        self._inspect_model(self.model)
+        self.label_smoother = LabelSmoother(epsilon=args.label_smoothing_factor) if args.label_smoothing_factor else None
+        self._train_batch_size = args.train_batch_size
+        self.is_in_train = False
+        self.hp_search_backend = None
+        # Set while train() runs: the fp16 GradScaler, DeepSpeed's engine, the run's tally (run.TrainingRun).
+        self.scaler = self._zero_engine = self._run = None
+        self._backend = stepping.PlainBackend(None, [], None, None)  # the run's back-end (stepping.choose_backend)
+        self.state = TrainerState(is_local_process_zero=self.is_local_process_zero(), is_world_process_zero=self.is_world_process_zero())
+        self.control = TrainerControl()
+        self.callback_handler = default_callback_handler(args, callbacks, self.model, processing_class, self.optimizer, self.lr_scheduler)
+        self.current_flos, self._flops_estimate = 0.0, None
+        self._checkpoint_commits = BackgroundCommitter()
+        self.control = self.callback_handler.on_init_end(args, self.state, self.control)
+
+    # ----- wiring -----
+
+    def _check_what_was_given(self) -> None:
+        args = self.args
+        if args.eval_strategy != "no" and self.eval_dataset is None and type(self).get_eval_dataloader is Trainer.get_eval_dataloader:
+            raise ValueError(
+                f"eval_strategy={getattr(args.eval_strategy, 'value', args.eval_strategy)!r} needs an eval_dataset: pass "
+                "eval_dataset to Trainer, or set eval_strategy='no'."
+            )
+        if self.optimizer is not None and self.optimizer_cls_and_kwargs is not None:
+            raise ValueError("Pass either optimizers=(optimizer, scheduler) or optimizer_cls_and_kwargs, not both.")
+
+    def _given_or_initial_model(self, model, model_init) -> nn.Module:
         if model is None:
             if model_init is None:
                 raise ValueError("Trainer needs a model or a model_init function.")
@@ -58,48 +98,7 @@ class Trainer(TrainerSteps, TrainerDataLoaders, TrainerCheckpointing, TrainerEva
             raise ValueError("Pass either model or model_init to Trainer, not both.")
         if not isinstance(model, nn.Module):
             raise TypeError(f"Trainer's model must be a torch.nn.Module, got {type(model).__name__}.")
-        self.model = self._place_model(model)
-        self.model_wrapped = self.model
-        self.processing_class = processing_class
-        self.data_collator = data_collator if data_collator is not None else self._default_collator(processing_class)
-        self._default_collator_used = data_collator is None
-        self.train_dataset = train_dataset
-        self.eval_dataset = eval_dataset
-        if args.eval_strategy != "no" and eval_dataset is None and type(self).get_eval_dataloader is Trainer.get_eval_dataloader:
-            raise ValueError(
-                f"eval_strategy={getattr(args.eval_strategy, 'value', args.eval_strategy)!r} needs an eval_dataset: pass "
-                "eval_dataset to Trainer, or set eval_strategy='no'."
-            )
-        self.compute_loss_func = compute_loss_func
-        self.compute_metrics = compute_metrics
-        self.preprocess_logits_for_metrics = preprocess_logits_for_metrics
-        self.optimizer, self.lr_scheduler = optimizers
-        self.optimizer_cls_and_kwargs = optimizer_cls_and_kwargs
-        if self.optimizer is not None and optimizer_cls_and_kwargs is not None:
-            raise ValueError("Pass either optimizers=(optimizer, scheduler) or optimizer_cls_and_kwargs, not both.")
-        self._inspect_model(self.model)
-        self.label_smoother = None
-        if args.label_smoothing_factor:
-            from lathe.train.loss import LabelSmoother
-
-            self.label_smoother = LabelSmoother(epsilon=args.label_smoothing_factor)
-        self._train_batch_size = args.train_batch_size
-        self.is_in_train = False
-        self.hp_search_backend = None
-        self.scaler = None
-        self.state = TrainerState(is_local_process_zero=self.is_local_process_zero(), is_world_process_zero=self.is_world_process_zero())
-        self.control = TrainerControl()
-        default_callbacks = [DefaultFlowCallback, PrinterCallback if args.disable_tqdm else ProgressCallback]
-        from lathe.train.integrations import reporter_callbacks
-
-        default_callbacks += reporter_callbacks(args.report_to)
-        self.callback_handler = CallbackHandler(default_callbacks + list(callbacks or []), self.model, processing_class, self.optimizer, self.lr_scheduler)
-        self.current_flos = 0.0
-        self._checkpoint_commits = BackgroundCommitter()
-        self._zero_engine = None  # DeepSpeed's engine while train() runs with deepspeed=...
-        self.control = self.callback_handler.on_init_end(args, self.state, self.control)
-
-    # ----- wiring -----
+        return model
 
     def _place_model(self, model: nn.Module) -> nn.Module:
         if getattr(model, "hf_device_map", None) is not None or getattr(model, "is_loaded_in_4bit", False):
@@ -113,14 +112,6 @@ class Trainer(TrainerSteps, TrainerDataLoaders, TrainerCheckpointing, TrainerEva
         self.can_return_loss = facts.can_return_loss
         self.main_input_name = facts.main_input_name
         self._loss_shifts_labels = facts.shifts_labels
-
-    @staticmethod
-    def _default_collator(processing_class):
-        from lathe.train.collators import DataCollatorWithPadding, default_data_collator
-
-        if processing_class is not None and hasattr(processing_class, "pad") and getattr(processing_class, "pad_token_id", None) is not None:
-            return DataCollatorWithPadding(processing_class)
-        return default_data_collator
 
     def call_model_init(self, trial=None):
         parameters = inspect.signature(self.model_init).parameters
@@ -148,7 +139,11 @@ class Trainer(TrainerSteps, TrainerDataLoaders, TrainerCheckpointing, TrainerEva
 
     def train(self, resume_from_checkpoint: str | bool | None = None, trial=None, ignore_keys_for_eval=None, **kwargs):
         """Train; with resume_from_checkpoint (a path, or True for the newest complete checkpoint
-        in output_dir) continue exactly where that run stopped."""
+        in output_dir) continue exactly where that run stopped.
+
+        This method resolves the checkpoint and retries with a smaller batch on out-of-memory
+        (auto_find_batch_size). The loop is _training_loop, in lathe/train/loop.py: training_loop runs
+        the epochs, update_step one optimizer update (forward and backward in training_step, below)."""
         if kwargs:
             raise TypeError(f"train() got unexpected keyword arguments: {sorted(kwargs)}")
         check_output_dir(self.args.output_dir)  # a file may have appeared there since the arguments were made
@@ -156,11 +151,11 @@ class Trainer(TrainerSteps, TrainerDataLoaders, TrainerCheckpointing, TrainerEva
             set_seed(self.args.seed)  # fresh, reproducible weights for each train() call
             self.model = self.model_wrapped = self._place_model(self.call_model_init(trial))
             self.optimizer = self.lr_scheduler = None
-        resume_path = self._resolve_resume_path(resume_from_checkpoint)
-        batch_size = self._restore_batch_size(resume_path) or self._train_batch_size
+        resume_path = resume.resolve_resume_path(self.args, resume_from_checkpoint)
+        batch_size = resume.restore_batch_size(self.args, resume_path) or self._train_batch_size
         while True:
             try:
-                return self._train_with_batch_size(batch_size, resume_path, trial, ignore_keys_for_eval)
+                return self._training_loop(batch_size, resume_path, trial, ignore_keys_for_eval)
             except BaseException as error:
                 self._checkpoint_commits.wait(raise_error=False)  # the last checkpoint still publishes
                 lost = distributed.explain_lost_process(error, self.args, self.state.global_step)
@@ -181,184 +176,23 @@ class Trainer(TrainerSteps, TrainerDataLoaders, TrainerCheckpointing, TrainerEva
             torch.cuda.empty_cache()
         return smaller
 
-    def _train_with_batch_size(self, batch_size, resume_path, trial, ignore_keys_for_eval):
-        args = self.args
-        self.is_in_train = True
-        self._pending_rng_state = None
-        self._train_batch_size = batch_size
-        train_dataloader = self.get_train_dataloader()
-        plan = batching.plan_training(args, _length(train_dataloader), _length(train_dataloader.dataset), batch_size)
-        model = self._prepare_model_for_training()
-        self.create_optimizer_and_scheduler(plan.max_steps)
-        model = self._start_zero_engine(model)  # DeepSpeed, when configured, wraps model, optimizer and scheduler
-        self.scaler = runtime.make_grad_scaler(args, args.device)
-        self.state = TrainerState(train_batch_size=batch_size, stateful_callbacks=self._stateful_callbacks())
-        self.state.compute_steps(args, plan.max_steps)
-        self.state.init_training_references(self, plan.max_steps, plan.num_train_epochs, trial)
-        if resume_path is not None:
-            self._load_checkpoint(resume_path, plan)
-        start = batching.resume_position(self.state.global_step, plan, args.gradient_accumulation_steps, args.ignore_data_skip, self.state.epoch)
-        self._attach_to_callbacks(train_dataloader)
-        self._begin_run(plan)
-        self.control = self.callback_handler.on_train_begin(args, self.state, self.control)
-        if args.eval_on_start:
-            self._evaluate(trial, ignore_keys_for_eval, skip_scheduler=True)
-        for epoch in range(start.epoch, plan.num_train_epochs):
-            epoch_batches = self._epoch_batches(train_dataloader, epoch, start)
-            self.control = self.callback_handler.on_epoch_begin(args, self.state, self.control)
-            first_update = start.updates_done_in_epoch if epoch == start.epoch else 0
-            steps_before = self.state.global_step
-            for window in batching.update_windows(epoch_batches, plan, args.gradient_accumulation_steps, first_update):
-                self._update_step(model, window, epoch, plan)
-                self._maybe_log_save_evaluate(model, trial, ignore_keys_for_eval)
-                if self.control.should_epoch_stop or self.control.should_training_stop:
-                    break
-            if self.state.global_step == steps_before and not self.control.should_training_stop:
-                self._stop_on_empty_pass(epoch)
-            self.control = self.callback_handler.on_epoch_end(args, self.state, self.control)
-            self._maybe_log_save_evaluate(model, trial, ignore_keys_for_eval)
-            if self.control.should_training_stop or self.state.global_step >= plan.max_steps:
-                break
-        return self._finish_run(plan)
-
-    def _stop_on_empty_pass(self, epoch: int) -> None:
-        """A pass over the data gave no batch (an exhausted or empty iterable dataset): stop rather
-        than loop forever waiting for max_steps."""
-        logger.warning(
-            "Pass %d over the training data yielded no batch, so training stops at step %d of %d. An iterable "
-            "dataset must be re-iterable (a generator is used up after one pass) and yield at least one batch.",
-            epoch, self.state.global_step, self.state.max_steps,
-        )
-        self.control.should_training_stop = True
-
-    def _epoch_batches(self, dataloader, epoch: int, start):
-        """The epoch's batch iterator; on the resumed epoch, already-trained batches are skipped at
-        the sampler (or read and dropped where the loader cannot seek), and the checkpoint's RNG
-        state is restored at the point of the epoch where the interrupted run saved it. Creating the
-        iterator draws a seed from the global RNG: mid-epoch the interrupted run had made that draw
-        (and read the skipped batches) before saving, so restore after them; at an epoch boundary
-        (or with ignore_data_skip) it saved before this epoch's iterator existed, so restore first."""
-        data.set_epoch(dataloader, epoch)
-        skip = start.batches_to_skip if epoch == start.epoch else 0
-        self._batches_done_in_epoch = skip
-        restore = None
-        if epoch == start.epoch:
-            restore, self._pending_rng_state = self._pending_rng_state, None
-        if restore is not None and skip == 0:
-            restore_rng_state(restore)
-        iterator = iter(data.skip_batches(dataloader, skip))
-        if restore is not None and skip > 0:
-            restore_rng_state(restore)
-        return iterator
-
-    def _update_step(self, model, window: list, epoch: int, plan) -> None:  # noqa: C901 (flat on purpose)
-        """One optimizer update over an accumulation window of micro-batches."""
-        args, state = self.args, self.state
-        self.control = self.callback_handler.on_step_begin(args, state, self.control)
-        num_items = batching.count_label_items(window, self._loss_shifts_labels) if self._counts_items() else None
-        self._loss_world_scale = 1
-        if num_items is not None and args.average_tokens_across_devices and distributed.is_distributed():
-            # every rank divides by the window's count over all ranks; DDP then averages the gradients
-            num_items = distributed.sum_across_ranks(num_items, args.device)
-            self._loss_world_scale = distributed.world_size()
-        self.current_gradient_accumulation_steps = len(window)
-        for index, inputs in enumerate(window):
-            with distributed.gradient_sync(model, sync=index == len(window) - 1):
-                loss = self.training_step(model, inputs, num_items)
-            self._losses.add(loss, state.global_step - self._globalstep_last_logged)
-            self.current_flos += float(self.floating_point_ops(inputs))
-            if args.include_num_input_tokens_seen != "no":
-                state.num_input_tokens_seen += batching.count_input_tokens(inputs, args.include_num_input_tokens_seen, self.main_input_name)
-            if index < len(window) - 1:
-                self.control = self.callback_handler.on_substep_end(args, state, self.control)
-        self._optimizer_step(model)
-        state.global_step += 1
-        self._batches_done_in_epoch += len(window)
-        # Iterable datasets have no epoch length; like transformers, count max_steps windows as one.
-        batches_per_epoch = plan.batches_per_epoch or plan.max_steps * args.gradient_accumulation_steps
-        state.epoch = epoch + self._batches_done_in_epoch / batches_per_epoch
-        self.control = self.callback_handler.on_step_end(args, state, self.control)
-
-    def _prepare_model_for_training(self):
-        args = self.args
-        if args.gradient_checkpointing:
-            runtime.enable_gradient_checkpointing(self.model, args.gradient_checkpointing_kwargs)
-        wrapped = distributed.wrap_model(self.model, args)  # DDP under several processes
-        self.model_wrapped = runtime.compile_model(wrapped, args) if args.torch_compile else wrapped
-        return self.model_wrapped
-
-    def _start_zero_engine(self, model):
-        self._zero_engine = None
-        if not self.args.deepspeed:
-            return model
-        from lathe.train.integrations import deepspeed_zero
-
-        self.floating_point_ops({})  # counts the parameters (for total_flos) before ZeRO-3 partitions them
-        engine = deepspeed_zero.initialize(model, self.optimizer, self.lr_scheduler, self.args)
-        self._zero_engine = self.model_wrapped = engine
-        self.optimizer, self.lr_scheduler = engine.optimizer, engine.lr_scheduler
-        return engine
-
-    def _attach_to_callbacks(self, train_dataloader) -> None:
-        handler = self.callback_handler
-        handler.model, handler.optimizer, handler.lr_scheduler = self.model, self.optimizer, self.lr_scheduler
-        handler.train_dataloader = train_dataloader
-
-    def _begin_run(self, plan) -> None:
-        self._losses = batching.LossTracker(self.args.device, self.args.logging_nan_inf_filter)
-        self._total_loss = 0.0
-        self._all_parameters = list(self.model.parameters())
-        self._trainable_parameters = [p for p in self._all_parameters if p.requires_grad]
-        # Optimizers that change which parameters train (BAdam's blocks) or give sparse gradients say so.
-        self._optimizer_flips_requires_grad = bool(getattr(self.optimizer, "changes_requires_grad", False))
-        self._sparse_gradients = bool(getattr(self.optimizer, "sparse_gradients", False))
-        self._globalstep_last_logged = self.state.global_step
-        self._first_step_of_run = self.state.global_step
-        self._initial_num_input_tokens_seen = self.state.num_input_tokens_seen
-        self._grad_norm = None
-        self._last_learning_rate = None
-        self._start_time = time.time()
-        self.model.zero_grad(set_to_none=True)
-
-    def _finish_run(self, plan) -> TrainOutput:
-        args, state = self.args, self.state
-        self._checkpoint_commits.wait()  # every checkpoint is published before train() returns
-        self._total_loss += distributed.mean_across_ranks(self._losses.take(), args.device)
-        if self._losses.nonfinite:
-            logger.warning("%d micro-batches had a non-finite loss; the logged loss counts them as the running mean (logging_nan_inf_filter).", self._losses.nonfinite)
-        steps_run = max(state.global_step - self._first_step_of_run, 0)
-        train_loss = self._total_loss / steps_run if steps_run else 0.0
-        if args.load_best_model_at_end and state.best_model_checkpoint is not None:
-            self._load_best_model()
-        from lathe.train.evaluation import speed_metrics
-
-        samples_run = steps_run * self._train_batch_size * args.gradient_accumulation_steps * args.world_size  # all ranks, as transformers
-        metrics = speed_metrics("train", self._start_time, num_samples=samples_run, num_steps=steps_run)
-        self.store_flos()
-        metrics["total_flos"] = state.total_flos
-        metrics["train_loss"] = train_loss
-        self.is_in_train = False
-        self.log(metrics)
-        self._final_rotation()
-        self.control = self.callback_handler.on_train_end(args, state, self.control)
-        return TrainOutput(state.global_step, train_loss, metrics)
+    def _counts_items(self) -> bool:
+        # Label smoothing divides by the count too (as in transformers 5), when the model takes loss kwargs.
+        return self.model_accepts_loss_kwargs or self.compute_loss_func is not None
 
     def _maybe_log_save_evaluate(self, model, trial, ignore_keys_for_eval) -> None:
         """The one place where the Trainer acts on the flags the callbacks set."""
-        state, control = self.state, self.control
-        if control.should_log and state.global_step > self._globalstep_last_logged:
-            window_loss = distributed.mean_across_ranks(self._losses.take(), self.args.device)
-            logs = {"loss": window_loss / (state.global_step - self._globalstep_last_logged)}
-            if self._grad_norm is not None:
-                logs["grad_norm"] = float(self._grad_norm)
-            logs["learning_rate"] = self._last_learning_rate if self._last_learning_rate is not None else self._get_learning_rate()
-            self._total_loss += window_loss
-            self._globalstep_last_logged = state.global_step
+        state, control, run = self.state, self.control, self._run
+        if control.should_log and state.global_step > run.step_last_logged:
+            logs = {"loss": run.take_logged_loss(state.global_step, self.args.device)}
+            if self._backend.grad_norm is not None:
+                logs["grad_norm"] = float(self._backend.grad_norm)
+            logs["learning_rate"] = run.learning_rate if run.learning_rate is not None else self._get_learning_rate()
             self.store_flos()
-            self.log(logs, self._start_time)
+            self.log(logs, run.start_time)
         if self.control.should_evaluate:
             metrics = self._evaluate(trial, ignore_keys_for_eval)
-            is_new_best = self._update_best_metric(metrics)
+            is_new_best = saving.update_best_metric(self.args, self.state, metrics)
             if self.args.save_strategy == "best":
                 self.control.should_save = is_new_best
         if self.control.should_save:
@@ -380,14 +214,118 @@ class Trainer(TrainerSteps, TrainerDataLoaders, TrainerCheckpointing, TrainerEva
 
                 # train_runtime and train_tokens_per_second as transformers logs them, counting only
                 # this train() call's tokens: a resumed run's start_time is its own start.
-                tokens = self.state.num_input_tokens_seen - self._initial_num_input_tokens_seen
+                tokens = self.state.num_input_tokens_seen - (self._run.tokens_at_start if self._run else 0)
                 logs.update(speed_metrics("train", start_time, num_tokens=tokens))
         self.state.log_history.append({**logs, "step": self.state.global_step})
         self.control = self.callback_handler.on_log(self.args, self.state, self.control, logs)
 
+    # ----- one micro-batch: the override points of the maths -----
 
-def _length(obj) -> int | None:
-    try:
-        return len(obj)
-    except TypeError:
-        return None
+    def training_step(self, model, inputs, num_items_in_batch=None) -> torch.Tensor:
+        """Forward and backward of one micro-batch; returns the detached, normalised loss."""
+        if not model.training:  # model.train() walks every module; only evaluation turns training off
+            model.train()
+        inputs = self._prepare_inputs(inputs)
+        with runtime.autocast_context(self.args.device, self._autocast_dtype):
+            loss = self.compute_loss(model, inputs, num_items_in_batch=num_items_in_batch)
+        # Divided by the accumulation window (or by its label tokens, inside the loss), the micro-batch
+        # losses of a window add up to the loss of the whole window: batching.normalise_loss says why.
+        by_items = num_items_in_batch is not None and self._counts_items()
+        world_scale = distributed.world_size() if by_items and self.args.average_tokens_across_devices else 1
+        loss = batching.normalise_loss(loss, self.current_gradient_accumulation_steps, by_items, world_scale)
+        self._backend.backward(loss)
+        return loss.detach()
+
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        """The model's loss, or label smoothing / compute_loss_func applied to its outputs (modeling.compute_loss)."""
+        try:
+            loss, outputs = modeling.compute_loss(
+                model, inputs, num_items_in_batch, label_smoother=self.label_smoother, compute_loss_func=self.compute_loss_func,
+                accepts_loss_kwargs=self.model_accepts_loss_kwargs, shifts_labels=self._loss_shifts_labels)
+        except (RuntimeError, ValueError) as error:
+            explained = modeling.explain_label_error(error, inputs, self.label_names)
+            if explained is None:
+                raise
+            raise explained from error
+        return (loss, outputs) if return_outputs else loss
+
+    def _prepare_inputs(self, inputs):
+        if isinstance(inputs, Mapping) and len(inputs) == 0:
+            raise ValueError(
+                "A batch reached the model empty: no dataset column matches the model's forward arguments "
+                f"({', '.join(loaders.signature_columns(self.model, self.label_names))}). Rename the columns or set "
+                "remove_unused_columns=False."
+            )
+        return runtime.move_to_device(inputs, self.args.device)
+
+    @property
+    def _autocast_dtype(self):
+        return runtime.autocast_dtype(self.args)
+
+    def floating_point_ops(self, inputs) -> int:
+        """Operations of one forward + backward pass over `inputs` (modeling.FlopsEstimate), for total_flos."""
+        if not isinstance(inputs, Mapping):
+            return 0
+        estimate = self._flops_estimate
+        if estimate is None or estimate.model is not self.model:
+            estimate = self._flops_estimate = modeling.FlopsEstimate(self.model)
+        return estimate(inputs)
+
+    # ----- optimizer and scheduler (optim.py, schedules.py) -----
+
+    def get_decay_parameter_names(self, model) -> list[str]:
+        from lathe.train.optim import get_decay_parameter_names
+
+        return get_decay_parameter_names(model)
+
+    def create_optimizer(self, model=None):
+        from lathe.train.optim import create_optimizer
+
+        if self.optimizer is None:
+            self.optimizer = create_optimizer(model or self.model, self.args, self.optimizer_cls_and_kwargs)
+        return self.optimizer
+
+    def create_scheduler(self, num_training_steps: int, optimizer=None):
+        from lathe.train.optim import get_scheduler
+
+        if self.lr_scheduler is None:
+            self.lr_scheduler = get_scheduler(
+                self.args.lr_scheduler_type, optimizer=optimizer or self.optimizer,
+                num_warmup_steps=self.args.get_warmup_steps(num_training_steps),
+                num_training_steps=num_training_steps, scheduler_specific_kwargs=self.args.lr_scheduler_kwargs,
+            )
+        return self.lr_scheduler
+
+    def create_optimizer_and_scheduler(self, num_training_steps: int) -> None:
+        self.create_optimizer()
+        self.create_scheduler(num_training_steps=num_training_steps, optimizer=self.optimizer)
+
+    def _get_learning_rate(self) -> float:
+        if isinstance(self.lr_scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau):
+            return self.optimizer.param_groups[0]["lr"]
+        return self.lr_scheduler.get_last_lr()[0]
+
+    # ----- the rest of the API: Trainer methods whose code is in the module named on each line -----
+
+    _training_loop = loop.training_loop  # the epochs and their update steps (loop.update_step)
+
+    get_train_dataloader = loaders.get_train_dataloader
+    get_eval_dataloader = loaders.get_eval_dataloader
+    get_test_dataloader = loaders.get_test_dataloader
+    num_examples = loaders.num_examples
+    num_tokens = loaders.num_tokens
+
+    evaluate = predicting.evaluate
+    predict = predicting.predict
+    evaluation_loop = predicting.evaluation_loop
+    prediction_step = predicting.prediction_step
+    _evaluate = predicting.evaluate_during_training  # evaluation inside train(), RNG left as it was
+
+    save_model = saving.save_model
+    _save_checkpoint = saving.save_checkpoint
+    _best_checkpoint_path = saving.best_checkpoint_path
+
+    save_state = results.save_state
+    save_metrics = results.save_metrics
+    metrics_format = staticmethod(results.metrics_format)
+    log_metrics = results.log_metrics

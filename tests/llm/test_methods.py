@@ -29,10 +29,10 @@ def assets(tmp_path_factory):
 
 def train(config: dict, monkeypatch) -> tuple[list[float], object]:
     """Run `lathe train` in this process; (the loss of every training micro-batch, the trained model)."""
-    from lathe.train import stepping
+    from lathe.train.trainer import Trainer
 
     losses, seen = [], {}
-    compute_loss = stepping.TrainerSteps.compute_loss
+    compute_loss = Trainer.compute_loss
 
     def recording(self, model, inputs, return_outputs=False, **kwargs):
         result = compute_loss(self, model, inputs, return_outputs=return_outputs, **kwargs)
@@ -41,7 +41,7 @@ def train(config: dict, monkeypatch) -> tuple[list[float], object]:
             seen["model"] = model
         return result
 
-    monkeypatch.setattr(stepping.TrainerSteps, "compute_loss", recording)
+    monkeypatch.setattr(Trainer, "compute_loss", recording)
     run_train(parse_train_config(config))
     return losses, seen.get("model")
 

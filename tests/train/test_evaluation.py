@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from safetensors.torch import load_file
 from torch import nn
 
-from lathe.train import EarlyStoppingCallback, EvalPrediction, PredictionOutput, Trainer, TrainerCallback
+from lathe.train import EarlyStoppingCallback, EvalPrediction, PredictionOutput, Trainer
 
 # ----- tiny models and data -----
 

@@ -2,7 +2,6 @@
 batch losses under logging_nan_inf_filter — each compared with transformers where it applies."""
 import pytest
 import torch
-from torch import nn
 
 from tests.train.trainer_helpers import Regression, make_trainer, regression_items, training_args
 

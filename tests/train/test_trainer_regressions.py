@@ -1,6 +1,8 @@
 """Regressions: label smoothing joins the num_items_in_batch normalisation (as in transformers 5);
 an iterable dataset that yields nothing stops training instead of looping forever."""
-import subprocess, sys, textwrap
+import subprocess
+import sys
+import textwrap
 
 import pytest
 

@@ -22,8 +22,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from typing import Any
+from lathe.train.labels import IGNORE_INDEX
+from lathe.train.padding import get_pad_token_id, get_padding_side, pad_rows, round_up
 
-IGNORE_INDEX = -100
 PACKED_ATTENTION_MODES = ("auto", "mask", "position_ids")
 
 
@@ -67,16 +68,14 @@ class SFTDataCollator:
         return "position_ids" if flattened else "mask"
 
     def _length(self, lengths: list[int]) -> int:
-        longest = max(lengths)
-        multiple = self.pad_to_multiple_of
-        return longest if not multiple else -(-longest // multiple) * multiple
+        return round_up(max(lengths), self.pad_to_multiple_of or None)
 
     def _pad_rows(self, features) -> dict[str, Any]:
         """Inputs padded to the longest row; labels to the longest labels (as transformers'
         DataCollatorForSeq2Seq: generation rows hold the reference answer, not one label per token)."""
-        right = padding_side(self.tokenizer) == "right"
+        right = get_padding_side(self.tokenizer) == "right"
         lengths = [len(feature["input_ids"]) for feature in features]
-        batch = {"input_ids": self._pad([feature["input_ids"] for feature in features], pad_token_id(self.tokenizer),
+        batch = {"input_ids": self._pad([feature["input_ids"] for feature in features], get_pad_token_id(self.tokenizer),
                                         right),
                  "attention_mask": self._pad([[1] * size for size in lengths], 0, right)}
         if features[0].get("labels") is not None:
@@ -84,21 +83,13 @@ class SFTDataCollator:
         return batch
 
     def _pad(self, rows: list, value: int, right: bool):
-        import torch
-
-        length = self._length([len(row) for row in rows])
-        padded = torch.full((len(rows), length), value, dtype=torch.long)
-        for index, row in enumerate(rows):
-            if len(row):
-                padded[index, slice(0, len(row)) if right else slice(length - len(row), length)] = torch.as_tensor(
-                    row, dtype=torch.long)
-        return padded
+        return pad_rows(rows, value, self._length([len(row) for row in rows]), "right" if right else "left")
 
     def _pad_packed_rows(self, features) -> dict[str, Any]:
         import torch
 
         batch = self._pad_rows(features)
-        length, right = batch["input_ids"].shape[1], padding_side(self.tokenizer) == "right"
+        length, right = batch["input_ids"].shape[1], get_padding_side(self.tokenizer) == "right"
         position_ids = torch.zeros_like(batch["input_ids"])
         for row, feature in enumerate(features):
             padding = length - len(feature["input_ids"])
@@ -117,7 +108,7 @@ class SFTDataCollator:
         position_ids = [position for feature in features for position in feature["position_ids"]]
         labels = [label for feature in features for label in feature["labels"]] if "labels" in features[0] else None
         padding = self._length([len(input_ids)]) - len(input_ids)
-        input_ids += [pad_token_id(self.tokenizer)] * padding if padding else []
+        input_ids += [get_pad_token_id(self.tokenizer)] * padding if padding else []
         position_ids += range(padding)
         batch = {"input_ids": torch.tensor([input_ids], dtype=torch.long),
                  "position_ids": torch.tensor([position_ids], dtype=torch.long)}
@@ -168,17 +159,3 @@ def model_dtype(model):
         if parameter.is_floating_point():
             return parameter.dtype
     return torch.float32
-
-
-def padding_side(tokenizer) -> str:
-    side = getattr(tokenizer, "padding_side", "right")
-    if side not in ("left", "right"):
-        raise ValueError(f"tokenizer.padding_side must be 'left' or 'right', got {side!r}.")
-    return side
-
-
-def pad_token_id(tokenizer) -> int:
-    value = getattr(tokenizer, "pad_token_id", None)
-    if value is None:
-        raise ValueError("The tokenizer has no pad token: set tokenizer.pad_token (lathe's loader uses EOS).")
-    return value

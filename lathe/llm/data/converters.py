@@ -8,14 +8,12 @@ and reports how many rows were skipped with the file and row of the first ones.
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from lathe.llm.data.files import decode_json_columns
 from lathe.llm.data.registry import DatasetAttr
 
 logger = logging.getLogger("lathe.llm.data")
@@ -253,46 +251,6 @@ def convert_example(example: dict[str, Any], attr: DatasetAttr, require_response
 
 
 @dataclass
-class ConvertBatch:
-    """The batched `datasets.map` function (a plain object, so `datasets` can hash it for its cache)."""
-
-    attr: DatasetAttr
-    require_response: bool
-    json_columns: tuple[str, ...] = ()  # columns the reader stored as JSON text (files.py)
-
-    def __call__(self, batch: dict[str, list[Any]]) -> dict[str, list[Any]]:
-        size = len(next(iter(batch.values()))) if batch else 0
-        batch = decode_json_columns(batch, self.json_columns)
-        rows = [convert_example({key: values[i] for key, values in batch.items()}, self.attr, self.require_response)
-                for i in range(size)]
-        return {key: [row[key] for row in rows] for key in (*CANONICAL_COLUMNS, PROBLEM_COLUMN)}
-
-
-def _conversion_fingerprint(dataset, attr: DatasetAttr, require_response: bool, json_columns=()) -> str:
-    """`datasets` caches the conversion under this name. Its own fingerprint of a function does not see
-    the code that function calls, so a fixed converter would keep serving old rows: hash this file (and
-    ranking.py, which converts preference answers) too."""
-    import os
-
-    fields = {key: value for key, value in vars(attr).items() if key != "info_path"}
-    code = b""
-    for path in (__file__, os.path.join(os.path.dirname(__file__), "ranking.py")):
-        with open(path, "rb") as handle:
-            code += handle.read()
-    text = json.dumps([dataset._fingerprint, fields, require_response, list(json_columns)], sort_keys=True, default=str)
-    return hashlib.sha256(code + text.encode()).hexdigest()[:32]
-
-
-def canonical_features():
-    import datasets
-
-    message = {"role": datasets.Value("string"), "content": datasets.Value("string")}
-    return datasets.Features({"_prompt": datasets.List(message), "_response": datasets.List(message),
-                              "_system": datasets.Value("string"), "_tools": datasets.Value("string"),
-                              PROBLEM_COLUMN: datasets.Value("string")})
-
-
-@dataclass
 class ConversionReport:
     """What the conversion of one dataset kept and skipped, and why."""
 
@@ -318,41 +276,3 @@ class ConversionReport:
     def from_dict(cls, values: dict[str, Any]) -> "ConversionReport":
         return cls(values["dataset"], values["total"], values["skipped"], Counter(values["reasons"]),
                    list(values["examples"]))
-
-
-def convert_dataset(dataset, attr: DatasetAttr, require_response: bool, locate: Callable[[list[int]], list[str]],
-                    num_proc: int | None = None, load_from_cache_file: bool | None = None,
-                    json_columns: tuple[str, ...] = ()):
-    """Convert a loaded dataset to the canonical schema; returns (dataset, ConversionReport).
-
-    Malformed rows are skipped and counted; `locate(positions)` names their file and row. Zero usable rows
-    is an error that quotes the first problems. `json_columns` hold each value as JSON text (files.py).
-    """
-    import pyarrow.compute as compute
-
-    report = ConversionReport(attr.name, total=len(dataset))
-    if len(dataset) == 0:
-        raise ValueError(f"{attr.where()}: the data file(s) hold no rows.")
-    converted = dataset.map(ConvertBatch(attr, require_response, tuple(json_columns)), batched=True,
-                            remove_columns=dataset.column_names,
-                            features=canonical_features(), num_proc=num_proc,
-                            load_from_cache_file=load_from_cache_file, desc=f"Converting {attr.name} ({attr.formatting})",
-                            new_fingerprint=_conversion_fingerprint(dataset, attr, require_response, json_columns))
-    problems = converted.with_format("arrow")[PROBLEM_COLUMN]
-    bad = compute.indices_nonzero(compute.not_equal(problems, "")).to_pylist()
-    if bad:
-        kinds = [problems[i].as_py().split("\t", 1) for i in bad]
-        report.skipped = len(bad)
-        report.reasons = Counter(kind for kind, _ in kinds)
-        places = locate(bad[:EXAMPLES_SHOWN])
-        report.examples = [f"{place}: {detail}" for place, (_, detail) in zip(places, kinds)]
-        media = [i for i, (kind, _) in zip(bad, kinds) if kind == MULTIMODAL]
-        if media:  # not a malformed row to skip: the data set is multimodal
-            (place,), detail = locate(media[:1]), problems[media[0]].as_py().split("\t", 1)[1]
-            raise ValueError(f"{attr.where()}: {place}: {detail}; {len(media)} row(s) hold image, video or audio input.")
-        if report.skipped == report.total:
-            raise ValueError(f"{attr.where()}: no usable rows. " + report.summary())
-        logger.warning(report.summary())
-        keep = compute.indices_nonzero(compute.equal(problems, "")).to_pylist()
-        converted = converted.select(keep)
-    return converted.remove_columns(PROBLEM_COLUMN), report

@@ -12,7 +12,8 @@ import logging
 from collections import Counter
 
 from lathe.llm.data.pairwise import check_preference_example, encode_one_answer
-from lathe.llm.data.supervised import IGNORE_INDEX, SkippedExample, describe_skips, infer_seqlen
+from lathe.llm.data.supervised import SkippedExample, report_skips, infer_seqlen
+from lathe.train.labels import IGNORE_INDEX
 
 logger = logging.getLogger("lathe.llm.data")
 
@@ -63,10 +64,7 @@ def preprocess_feedback_dataset(examples: dict, template, tokenizer, data_args, 
             continue
         for column in FEEDBACK_COLUMNS:
             model_inputs[column].append(row[column])
-    if batch_skipped:
-        logger.warning("KTO preprocessing %s.", describe_skips(batch_skipped, count))
-        if skipped is not None:
-            skipped.update(batch_skipped)
+    report_skips("KTO", batch_skipped, count, skipped)
     desirable = sum(model_inputs["kto_tags"])
     if model_inputs["kto_tags"] and desirable in (0, len(model_inputs["kto_tags"])):
         logger.warning("This batch of KTO data has only %s answers.", "desirable" if desirable else "undesirable")

@@ -12,7 +12,8 @@ from typing import Any, Callable
 
 import numpy as np
 
-from lathe.llm.data.converters import ConversionReport, convert_dataset
+from lathe.llm.data.conversion import convert_dataset
+from lathe.llm.data.converters import ConversionReport
 from lathe.llm.data.files import file_row_counts, read_files
 from lathe.llm.data.registry import DatasetAttr
 

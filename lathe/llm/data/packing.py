@@ -21,7 +21,8 @@ import bisect
 import logging
 from collections import Counter, defaultdict
 
-from lathe.llm.data.supervised import IGNORE_INDEX, describe_skips, encode_supervised_examples
+from lathe.llm.data.supervised import report_skips, encode_supervised_examples
+from lathe.train.labels import IGNORE_INDEX
 from lathe.llm.data.truncation import row_columns
 
 logger = logging.getLogger("lathe.llm.data")
@@ -84,9 +85,6 @@ def preprocess_packed_supervised_dataset(examples: dict, template, tokenizer, da
     truncation.COLUMNS per packed row."""
     cuts: list = []
     encoded, batch_skipped = encode_supervised_examples(examples, template, tokenizer, data_args, cuts)
-    if batch_skipped:
-        logger.warning("Packed supervised preprocessing %s.", describe_skips(batch_skipped, len(examples["_prompt"])))
-        if skipped is not None:
-            skipped.update(batch_skipped)
+    report_skips("Packed supervised", batch_skipped, len(examples["_prompt"]), skipped)
     return pack_examples(encoded, data_args.cutoff_len, getattr(data_args, "neat_packing", False),
                          cuts if measure else None)

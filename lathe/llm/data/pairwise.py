@@ -14,7 +14,8 @@ from __future__ import annotations
 import logging
 from collections import Counter
 
-from lathe.llm.data.supervised import IGNORE_INDEX, SkippedExample, check_supervised_example, describe_skips, infer_seqlen
+from lathe.llm.data.supervised import SkippedExample, check_supervised_example, report_skips, infer_seqlen
+from lathe.train.labels import IGNORE_INDEX
 from lathe.llm.templates.tools import InvalidMessage
 
 logger = logging.getLogger("lathe.llm.data")
@@ -76,10 +77,7 @@ def preprocess_pairwise_dataset(examples: dict, template, tokenizer, data_args, 
             continue
         for column in PAIRWISE_COLUMNS:
             model_inputs[column].append(row[column])
-    if batch_skipped:
-        logger.warning("Pairwise preprocessing %s.", describe_skips(batch_skipped, count))
-        if skipped is not None:
-            skipped.update(batch_skipped)
+    report_skips("Pairwise", batch_skipped, count, skipped)
     return model_inputs
 
 

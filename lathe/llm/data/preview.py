@@ -4,8 +4,8 @@ sequence; KTO rows the tagged answer and the mismatched pair of the KL term."""
 from __future__ import annotations
 
 from typing import Any
+from lathe.train.labels import IGNORE_INDEX
 
-IGNORE_INDEX = -100
 OPEN, CLOSE = "[[", "]]"
 
 

@@ -129,22 +129,7 @@ def get_dataset_list(names: list[str] | str | None, dataset_dir: str | dict) -> 
 def parse_entry(name: str, entry: Any, info_path: str) -> DatasetAttr:
     """One dataset_info.json entry -> DatasetAttr, validated."""
     where = f"dataset '{name}' in {info_path}"
-    if not isinstance(entry, dict):
-        raise ValueError(f"{where} must be a JSON object, found a {type(entry).__name__}")
-    for key in entry:
-        if key not in ENTRY_KEYS:
-            raise ValueError(f"{where}: unknown key '{key}'{_closest(key, ENTRY_KEYS)} "
-                             f"Known keys: {', '.join(ENTRY_KEYS)}.")
-    for key in HUB_KEYS:
-        if key in entry:
-            raise ValueError(f"{where} (key '{key}'): loads '{entry[key]}' from a hub or script: {OFFLINE_MESSAGE}.")
-    if "file_name" not in entry:
-        raise ValueError(f"{where}: no 'file_name' (a file or folder relative to the dataset_dir).")
-    if not isinstance(entry["file_name"], str) or not entry["file_name"]:
-        raise ValueError(f"{where} (key 'file_name'): must be a non-empty string, got {entry['file_name']!r}")
-    if not isinstance(entry.get("ranking", False), bool):
-        raise ValueError(f"{where} (key 'ranking'): must be true or false, got {entry['ranking']!r}")
-
+    _check_entry_keys(entry, where)
     attr = DatasetAttr(name=name, file_name=entry["file_name"], info_path=info_path, ranking=entry.get("ranking", False))
     attr.formatting = entry.get("formatting") or "alpaca"
     if attr.formatting not in FORMATTINGS:
@@ -171,6 +156,25 @@ def parse_entry(name: str, entry: Any, info_path: str) -> DatasetAttr:
     _check_names(attr, where)
     _check_preference_names(attr, where)
     return attr
+
+
+def _check_entry_keys(entry: Any, where: str) -> None:
+    """An object of known keys, read from a local file_name (no hub or script), with a usable ranking flag."""
+    if not isinstance(entry, dict):
+        raise ValueError(f"{where} must be a JSON object, found a {type(entry).__name__}")
+    for key in entry:
+        if key not in ENTRY_KEYS:
+            raise ValueError(f"{where}: unknown key '{key}'{_closest(key, ENTRY_KEYS)} "
+                             f"Known keys: {', '.join(ENTRY_KEYS)}.")
+    for key in HUB_KEYS:
+        if key in entry:
+            raise ValueError(f"{where} (key '{key}'): loads '{entry[key]}' from a hub or script: {OFFLINE_MESSAGE}.")
+    if "file_name" not in entry:
+        raise ValueError(f"{where}: no 'file_name' (a file or folder relative to the dataset_dir).")
+    if not isinstance(entry["file_name"], str) or not entry["file_name"]:
+        raise ValueError(f"{where} (key 'file_name'): must be a non-empty string, got {entry['file_name']!r}")
+    if not isinstance(entry.get("ranking", False), bool):
+        raise ValueError(f"{where} (key 'ranking'): must be true or false, got {entry['ranking']!r}")
 
 
 def _apply_names(attr: DatasetAttr, names: Any, allowed: tuple[str, ...], where: str) -> None:

@@ -15,10 +15,10 @@ from collections import Counter
 from lathe.llm.data.truncation import ExampleCut, row_columns
 from lathe.llm.templates.template import ANSWER_ROLES, PROMPT_ROLES
 from lathe.llm.templates.tools import InvalidMessage
+from lathe.train.labels import IGNORE_INDEX
 
 logger = logging.getLogger("lathe.llm.data")
 
-IGNORE_INDEX = -100
 
 
 class SkippedExample(ValueError):
@@ -183,6 +183,15 @@ def describe_skips(skipped: Counter, total: int) -> str:
     )
 
 
+def report_skips(what: str, batch_skipped: Counter, total: int, skipped: Counter | None) -> None:
+    """Warn about the examples a preprocessing batch skipped (by reason), and add them to `skipped`, the
+    tally the caller keeps over all batches."""
+    if batch_skipped:
+        logger.warning("%s preprocessing %s.", what, describe_skips(batch_skipped, total))
+        if skipped is not None:
+            skipped.update(batch_skipped)
+
+
 def preprocess_supervised_dataset(examples: dict, template, tokenizer, data_args, skipped: Counter | None = None,
                                   measure: bool = False):
     """A batched `datasets.map` function: canonical columns -> input_ids, attention_mask, labels.
@@ -192,10 +201,7 @@ def preprocess_supervised_dataset(examples: dict, template, tokenizer, data_args
     truncation.COLUMNS: what cutoff_len cut from each row."""
     cuts: list[ExampleCut] = []
     encoded, batch_skipped = encode_supervised_examples(examples, template, tokenizer, data_args, cuts)
-    if batch_skipped:
-        logger.warning("Supervised preprocessing %s.", describe_skips(batch_skipped, len(examples["_prompt"])))
-        if skipped is not None:
-            skipped.update(batch_skipped)
+    report_skips("Supervised", batch_skipped, len(examples["_prompt"]), skipped)
     rows = {
         "input_ids": [input_ids for input_ids, _ in encoded],
         "attention_mask": [[1] * len(input_ids) for input_ids, _ in encoded],
@@ -251,8 +257,5 @@ def preprocess_unsupervised_dataset(examples: dict, template, tokenizer, data_ar
         model_inputs["input_ids"].append(input_ids)
         model_inputs["attention_mask"].append([1] * len(input_ids))
         model_inputs["labels"].append(labels)
-    if batch_skipped:
-        logger.warning("Unsupervised preprocessing %s.", describe_skips(batch_skipped, count))
-        if skipped is not None:
-            skipped.update(batch_skipped)
+    report_skips("Unsupervised", batch_skipped, count, skipped)
     return {**model_inputs, **row_columns([[cut] for cut in cuts])} if measure else model_inputs

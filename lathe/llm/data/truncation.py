@@ -14,8 +14,8 @@ from __future__ import annotations
 import contextlib
 from dataclasses import dataclass
 from typing import Any, Iterator
+from lathe.train.labels import IGNORE_INDEX
 
-IGNORE_INDEX = -100
 # Per row: examples in it, examples cutoff_len shortened, tokens cut, label tokens before truncation,
 # label tokens cut, and the longest example before truncation.
 COLUMNS = ("_examples", "_truncated_examples", "_cut_tokens", "_label_tokens", "_cut_label_tokens", "_longest_example")

@@ -41,15 +41,22 @@ def error_body(message: str, kind: str = "invalid_request_error", param: str | N
 
 def create_app(engine: ChatEngine, model_name: str, api_key: str | None = None, limits: Limits | None = None):
     fastapi = _fastapi()
-    from fastapi.responses import JSONResponse, StreamingResponse
-    from starlette.exceptions import HTTPException
-
     limits = limits or Limits(max_tokens=engine.generating.max_new_tokens)
     app = fastapi.FastAPI(title="lathe api", docs_url=None, redoc_url=None)
-    created = int(time.time())
+    _add_guards(app, api_key, limits)
+    _add_routes(app, fastapi, engine, model_name, limits)
+    return app
 
-    def fail(status: int, message: str, kind: str = "invalid_request_error", param=None, code=None):
-        return JSONResponse(error_body(message, kind, param, code), status_code=status)
+
+def _fail(status: int, message: str, kind: str = "invalid_request_error", param=None, code=None):
+    from fastapi.responses import JSONResponse
+
+    return JSONResponse(error_body(message, kind, param, code), status_code=status)
+
+
+def _add_guards(app, api_key: str | None, limits: Limits) -> None:
+    """The API key and body-size checks before every route, and OpenAI error bodies for every error."""
+    from starlette.exceptions import HTTPException
 
     @app.middleware("http")
     async def guard(request, call_next):
@@ -57,21 +64,27 @@ def create_app(engine: ChatEngine, model_name: str, api_key: str | None = None, 
             header = request.headers.get("authorization", "")
             token = header[7:] if header.lower().startswith("bearer ") else ""
             if not hmac.compare_digest(token.encode(), api_key.encode()):
-                return fail(401, "Missing or wrong API key: send `Authorization: Bearer KEY`.", "authentication_error",
-                            code="invalid_api_key")
+                return _fail(401, "Missing or wrong API key: send `Authorization: Bearer KEY`.", "authentication_error",
+                             code="invalid_api_key")
         length = request.headers.get("content-length")
         if length is not None and (not length.isdigit() or int(length) > limits.max_body_bytes):
-            return fail(413, f"The request body is larger than {limits.max_body_bytes} bytes.", code="request_too_large")
+            return _fail(413, f"The request body is larger than {limits.max_body_bytes} bytes.", code="request_too_large")
         return await call_next(request)
 
     @app.exception_handler(HTTPException)
     async def http_error(request, error):
-        return fail(error.status_code, str(error.detail), "invalid_request_error" if error.status_code < 500 else "server_error")
+        return _fail(error.status_code, str(error.detail), "invalid_request_error" if error.status_code < 500 else "server_error")
 
     @app.exception_handler(Exception)
     async def unexpected(request, error):
         logger.exception("Unexpected error in %s", request.url.path)
-        return fail(500, f"Internal error: {type(error).__name__}: {error}", "server_error")
+        return _fail(500, f"Internal error: {type(error).__name__}: {error}", "server_error")
+
+
+def _add_routes(app, fastapi, engine: ChatEngine, model_name: str, limits: Limits) -> None:
+    from fastapi.responses import StreamingResponse
+
+    created = int(time.time())
 
     @app.get("/health")
     async def health():
@@ -87,7 +100,7 @@ def create_app(engine: ChatEngine, model_name: str, api_key: str | None = None, 
             prompt_ids, parsed = parse(body, engine, limits)
         except InvalidRequest as error:
             status = 413 if error.code == "request_too_large" else 400
-            return fail(status, str(error), param=error.param, code=error.code)
+            return _fail(status, str(error), param=error.param, code=error.code)
         run = _Run(engine, prompt_ids, parsed, asyncio.get_running_loop())
         reply = _Reply(kind, model_name, len(prompt_ids), parsed.n,
                        extract_tool=engine.template.extract_tool if parsed.with_tools else None)
@@ -103,8 +116,6 @@ def create_app(engine: ChatEngine, model_name: str, api_key: str | None = None, 
     async def completions(request: fastapi.Request):
         return await serve(request, parse_completion, "text")
 
-    return app
-
 
 class _Run:
     """The n jobs of one request, their text and ends delivered to an asyncio queue."""
@@ -114,9 +125,16 @@ class _Run:
         self.jobs = []
         for index in range(parsed.n):
             params = _copy_params(parsed.params, index)
-            on_text = (lambda text, i=index: loop.call_soon_threadsafe(self.events.put_nowait, ("text", i, text)))
-            on_done = (lambda job, i=index: loop.call_soon_threadsafe(self.events.put_nowait, ("done", i, job)))
+            on_text, on_done = self._deliver("text", index, loop), self._deliver("done", index, loop)
             self.jobs.append(engine.submit(prompt_ids, params, on_text=on_text if parsed.stream else None, on_done=on_done))
+
+    def _deliver(self, kind: str, index: int, loop):
+        """A callback for the engine's thread that puts (kind, choice index, value) on this run's queue."""
+
+        def put(value):
+            loop.call_soon_threadsafe(self.events.put_nowait, (kind, index, value))
+
+        return put
 
     async def events_until_done(self):
         remaining = len(self.jobs)

@@ -106,11 +106,26 @@ def load_model(tokenizer, model_args: "ModelArguments", finetuning_args: "Finetu
     count (trainable) parameters for a plan in a second, whatever the model's size. Adapters to
     continue or merge have to be read, so with adapter_name_or_path the weights are loaded anyway.
     """
-    import torch
-    from transformers import AutoModelForCausalLM
-
     if meta and model_args.adapter_name_or_path:
         meta = False
+    model = _instantiate(model_args, is_trainable, meta)
+    _fit_embeddings_to(model, tokenizer, model_args)
+    if is_trainable:
+        _prepare_for_training(model, model_args)
+    model = init_adapter(model, model_args, finetuning_args, is_trainable)
+    if is_trainable:
+        model.train()
+    else:
+        model.requires_grad_(False)
+        model.eval()
+    _report_parameters(model, model_args, is_trainable)
+    return model
+
+
+def _instantiate(model_args: "ModelArguments", is_trainable: bool, meta: bool):
+    """The transformers model: from its weights, fresh from its config (train_from_scratch), or on the meta device."""
+    import torch
+    from transformers import AutoModelForCausalLM
 
     folder = _model_folder(model_args)
     config = load_config(model_args)
@@ -127,14 +142,13 @@ def load_model(tokenizer, model_args: "ModelArguments", finetuning_args: "Finetu
         if meta:
             # The unquantized modules: parameter counts equal the quantized model's (see parameter_count).
             with torch.device("meta"):
-                model = AutoModelForCausalLM.from_config(_without_quantization(config), **kwargs)
-        elif model_args.train_from_scratch:
-            model = AutoModelForCausalLM.from_config(config, **kwargs)
-        else:
-            low_cpu_mem_usage = model_args.low_cpu_mem_usage or "device_map" in quantized  # a device map needs it
-            model = AutoModelForCausalLM.from_pretrained(
-                folder, config=config, low_cpu_mem_usage=low_cpu_mem_usage, local_files_only=True, **quantized, **kwargs
-            )
+                return AutoModelForCausalLM.from_config(_without_quantization(config), **kwargs)
+        if model_args.train_from_scratch:
+            return AutoModelForCausalLM.from_config(config, **kwargs)
+        low_cpu_mem_usage = model_args.low_cpu_mem_usage or "device_map" in quantized  # a device map needs it
+        return AutoModelForCausalLM.from_pretrained(
+            folder, config=config, low_cpu_mem_usage=low_cpu_mem_usage, local_files_only=True, **quantized, **kwargs
+        )
     except ImportError as error:
         if attention is not None and "flash" in attention:
             raise ImportError(
@@ -143,8 +157,11 @@ def load_model(tokenizer, model_args: "ModelArguments", finetuning_args: "Finetu
             ) from error
         raise
 
+
+def _fit_embeddings_to(model, tokenizer, model_args: "ModelArguments") -> None:
+    """Resize the embeddings when asked (resize_vocab), or when the template (or add_tokens) gave the
+    tokenizer ids the embeddings have no rows for."""
     if len(tokenizer) > model.get_input_embeddings().weight.size(0) and not model_args.resize_vocab:
-        # The template (or add_tokens) gave the tokenizer ids the embeddings have no rows for.
         if is_quantized(model):
             raise ValueError(f"The tokenizer has {len(tokenizer)} tokens but the quantized model only "
                              f"{model.get_input_embeddings().weight.size(0)} embedding rows, and quantized embeddings "
@@ -154,15 +171,9 @@ def load_model(tokenizer, model_args: "ModelArguments", finetuning_args: "Finetu
         model_args.resize_vocab = True
     if model_args.resize_vocab:
         _resize_embeddings(model, tokenizer)
-    if is_trainable:
-        _prepare_for_training(model, model_args)
-    model = init_adapter(model, model_args, finetuning_args, is_trainable)
-    if is_trainable:
-        model.train()
-    else:
-        model.requires_grad_(False)
-        model.eval()
 
+
+def _report_parameters(model, model_args: "ModelArguments", is_trainable: bool) -> None:
     trainable, total = count_parameters(model)
     if is_trainable:
         logger.info("trainable params: %s || all params: %s || trainable%%: %.4f", f"{trainable:,}", f"{total:,}", 100 * trainable / total)
@@ -171,7 +182,6 @@ def load_model(tokenizer, model_args: "ModelArguments", finetuning_args: "Finetu
     if model_args.print_param_status:
         for name, param in model.named_parameters():
             print(f"name: {name}, dtype: {param.dtype}, device: {param.device}, trainable: {param.requires_grad}")
-    return model
 
 
 def _without_quantization(config):

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+from lathe.train.labels import IGNORE_INDEX
 
-IGNORE_INDEX = -100
 DPO_LOSSES = ("sigmoid", "hinge", "ipo", "orpo", "simpo")
 AVERAGED_LOSSES = ("ipo", "orpo", "simpo")  # these compare mean token log-probs; the others sums
 

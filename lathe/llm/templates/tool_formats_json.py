@@ -49,7 +49,7 @@ def _extract_default(text: str):
     calls = []
     for name, arguments in _DEFAULT_ACTION.findall(text):
         try:
-            parsed = json.loads(arguments.strip().strip('"').strip("```"))
+            parsed = json.loads(arguments.strip().strip('"').strip("```"))  # noqa: B005 (backticks, as LLaMA-Factory strips them)
         except json.JSONDecodeError:
             return text
         calls.append(FunctionCall(name.strip(), dump(parsed)))

@@ -208,7 +208,7 @@ class ExactMatch:
     def __call__(self, eval_prediction) -> dict[str, float]:
         predictions = _decode_rows(self.tokenizer, eval_prediction.predictions, self.skip_special_tokens)
         labels = _decode_rows(self.tokenizer, eval_prediction.label_ids, self.skip_special_tokens)
-        matches = [p == l for p, l in zip(predictions, labels)]
+        matches = [prediction == label for prediction, label in zip(predictions, labels)]
         return {"exact_match": round(100.0 * sum(matches) / max(len(matches), 1), 4)}
 
 

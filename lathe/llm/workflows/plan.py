@@ -10,7 +10,6 @@ from lathe.llm.config_methods import describe_method
 
 __all__ = ["RunPlan", "make_plan", "format_plan", "format_config", "count_tokens", "print_once"]
 
-IGNORE_INDEX = -100
 
 
 @dataclass

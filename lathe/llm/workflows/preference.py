@@ -7,6 +7,7 @@ reference model, on lathe's own DPOTrainer / KTOTrainer.
 from __future__ import annotations
 
 from lathe.llm.workflows.plan import format_plan, make_plan, print_once
+from lathe.train.labels import IGNORE_INDEX
 from lathe.llm.workflows.setup import checkpointing_for, finish_training, make_callbacks, resolve_resume_checkpoint, write_run_config
 
 # What LLaMA-Factory plots besides the loss, per stage.
@@ -24,7 +25,7 @@ def make_reference(model, tokenizer, config):
     return create_reference_model(tokenizer, config.model, finetuning)
 
 
-def run_preference(config, dry_run: bool = False, callbacks: list | None = None) -> dict:
+def run(config, dry_run: bool = False, callbacks: list | None = None) -> dict:
     """Run stage dpo or kto as configured; returns the metrics of what ran ({} for a dry run)."""
     from lathe.llm.data.pipeline import get_dataset
     from lathe.llm.model.loader import load_model, load_tokenizer
@@ -73,7 +74,7 @@ def _make_trainer(config, model, reference, tokenizer, datasets, callbacks):
     from lathe.llm.preference.kto import KTOTrainer
 
     dpo = config.finetuning.stage == "dpo"
-    label_pad = -100 if config.data.ignore_pad_token_for_loss else tokenizer.pad_token_id
+    label_pad = IGNORE_INDEX if config.data.ignore_pad_token_for_loss else tokenizer.pad_token_id
     collator = (PairwiseDataCollator if dpo else KTODataCollator)(tokenizer, pad_to_multiple_of=8, label_pad_token_id=label_pad)
     return (DPOTrainer if dpo else KTOTrainer)(
         model=model, ref_model=reference, finetuning_args=config.finetuning, args=config.training,

@@ -55,7 +55,7 @@ class PretrainCollator:
         return {"input_ids": input_ids, "attention_mask": attention, "labels": labels}
 
 
-def run_pt(config, dry_run: bool = False, callbacks: list | None = None) -> dict:
+def run(config, dry_run: bool = False, callbacks: list | None = None) -> dict:
     """Run stage pt as configured; returns the metrics of what ran ({} for a dry run)."""
     from lathe.llm.data.pipeline import get_dataset
     from lathe.llm.model.loader import load_model, load_tokenizer

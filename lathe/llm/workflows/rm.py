@@ -17,7 +17,7 @@ from lathe.llm.workflows.setup import (
 )
 
 
-def run_rm(config, dry_run: bool = False, callbacks: list | None = None) -> dict:
+def run(config, dry_run: bool = False, callbacks: list | None = None) -> dict:
     """Run stage rm as configured; returns the metrics of what ran ({} for a dry run)."""
     from lathe.llm.data.pairwise import PairwiseDataCollator
     from lathe.llm.data.pipeline import get_dataset

@@ -44,7 +44,7 @@ def generation_kwargs(config, tokenizer, template) -> dict:
     return kwargs
 
 
-def run_sft(config, dry_run: bool = False, callbacks: list | None = None) -> dict:
+def run(config, dry_run: bool = False, callbacks: list | None = None) -> dict:
     """Run stage sft as configured; returns the metrics of what ran ({} for a dry run)."""
     from lathe.llm.data.pipeline import get_dataset
     from lathe.llm.model.loader import load_model, load_tokenizer

@@ -163,6 +163,24 @@ def engine_config(args, world_size: int, model) -> dict:
 def _fill(config: dict, args, world_size: int | None, hidden_size: int | None, where: str) -> None:
     """Replace "auto" with the TrainingArguments value; an explicit value that differs is an error.
     world_size / hidden_size None: not known yet (checked again when training starts)."""
+    _fill_batch_and_clipping(config, args, world_size, where)
+    _fill_precision(config, args, where)
+    zero = config.get("zero_optimization")
+    if isinstance(zero, dict) and world_size is not None:
+        sizes = {"reduce_bucket_size": lambda h: h * h, "stage3_prefetch_bucket_size": lambda h: int(0.9 * h * h),
+                 "stage3_param_persistence_threshold": lambda h: 10 * h}
+        for key, size in sizes.items():
+            if zero.get(key) == "auto":
+                if hidden_size is None:
+                    del zero[key]  # DeepSpeed's default: the model has no hidden_size to size it by
+                else:
+                    zero[key] = size(hidden_size)
+    leftover = [key for key, value in _walk(config) if value == "auto"]
+    if leftover and world_size is not None:
+        raise ValueError(f"{where}: lathe cannot fill \"auto\" for {', '.join(leftover)}; give a value.")
+
+
+def _fill_batch_and_clipping(config: dict, args, world_size: int | None, where: str) -> None:
     micro = args.per_device_train_batch_size
     accumulation = args.gradient_accumulation_steps
     pairs = [
@@ -181,6 +199,9 @@ def _fill(config: dict, args, world_size: int | None, hidden_size: int | None, w
         elif _differs(current, value):
             raise ValueError(f"{where}: {key}={current!r} but TrainingArguments {source} = {value!r}. Set {key} to \"auto\" "
                              "(or to the same value) so that both agree.")
+
+
+def _fill_precision(config: dict, args, where: str) -> None:
     for name, enabled in (("fp16", args.fp16), ("bf16", args.bf16)):
         section = config.get(name)
         if section is None and enabled:
@@ -192,19 +213,6 @@ def _fill(config: dict, args, world_size: int | None, hidden_size: int | None, w
             section["enabled"] = bool(enabled)
         elif bool(current) != bool(enabled):
             raise ValueError(f"{where}: {name}.enabled={current!r} but TrainingArguments {name}={enabled!r}; set it to \"auto\".")
-    zero = config.get("zero_optimization")
-    if isinstance(zero, dict) and world_size is not None:
-        sizes = {"reduce_bucket_size": lambda h: h * h, "stage3_prefetch_bucket_size": lambda h: int(0.9 * h * h),
-                 "stage3_param_persistence_threshold": lambda h: 10 * h}
-        for key, size in sizes.items():
-            if zero.get(key) == "auto":
-                if hidden_size is None:
-                    del zero[key]  # DeepSpeed's default: the model has no hidden_size to size it by
-                else:
-                    zero[key] = size(hidden_size)
-    leftover = [key for key, value in _walk(config) if value == "auto"]
-    if leftover and world_size is not None:
-        raise ValueError(f"{where}: lathe cannot fill \"auto\" for {', '.join(leftover)}; give a value.")
 
 
 def _differs(current, value) -> bool:

@@ -72,7 +72,6 @@ CASES = {
 def build_assets(folder) -> dict:
     """model/ (tokenizer + 4-layer Llama), data/ (dataset_info.json, 32 rows), adapter/ (a LoRA on q_proj,v_proj)
     in `folder`; every weight drawn from torch.Generator seeds, so both environments read the same files."""
-    import torch
     from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
     folder = Path(folder)

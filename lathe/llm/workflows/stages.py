@@ -1,0 +1,17 @@
+"""Which recipe trains each `lathe train` stage: the stage -> workflow-module table, and run_train, which
+hands a parsed config to its stage's recipe. Every recipe module has run(config, dry_run, callbacks)."""
+from __future__ import annotations
+
+from importlib import import_module
+
+# stage -> module of lathe.llm.workflows (imported only when that stage runs: each pulls in transformers).
+RECIPES = {"pt": "pt", "sft": "sft", "rm": "rm", "dpo": "preference", "kto": "preference"}
+
+
+def run_train(config, dry_run: bool = False, callbacks: list | None = None) -> dict:
+    """Run the stage the config names (pt, sft, rm, dpo or kto); the metrics of what ran ({} for a dry run)."""
+    stage = config.finetuning.stage
+    if stage not in RECIPES:
+        raise ValueError(f"stage {stage!r} has no recipe; lathe trains {', '.join(RECIPES)}.")
+    recipe = import_module(f"lathe.llm.workflows.{RECIPES[stage]}")
+    return recipe.run(config, dry_run=dry_run, callbacks=callbacks)
