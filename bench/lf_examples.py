@@ -15,6 +15,7 @@ FORCE_TORCHRUN=1 (and NPROC_PER_NODE=1), which it requires. Per example it print
 line), the loss of step 1 of each, and whether both tokenize the training data the same (every input_ids and
 labels row, compared by hash, each tool's own pipeline; only where both ran).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -40,9 +41,24 @@ MAX_STEPS = 2
 # Chat markers of the templates the examples name (llama3, qwen/qwen3, llama2, deepseek, deepseek3, ...): as
 # special tokens of the tiny tokenizer, so no template has to add tokens the model has no rows for.
 SPECIAL_TOKENS = [
-    "<unk>", "<s>", "</s>", "<|begin_of_text|>", "<|end_of_text|>", "<|start_header_id|>", "<|end_header_id|>",
-    "<|eot_id|>", "<|eom_id|>", "<|im_start|>", "<|im_end|>", "<|endoftext|>", "[INST]", "[/INST]",
-    "<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>", "<｜User｜>", "<｜Assistant｜>",
+    "<unk>",
+    "<s>",
+    "</s>",
+    "<|begin_of_text|>",
+    "<|end_of_text|>",
+    "<|start_header_id|>",
+    "<|end_header_id|>",
+    "<|eot_id|>",
+    "<|eom_id|>",
+    "<|im_start|>",
+    "<|im_end|>",
+    "<|endoftext|>",
+    "[INST]",
+    "[/INST]",
+    "<｜begin▁of▁sentence｜>",
+    "<｜end▁of▁sentence｜>",
+    "<｜User｜>",
+    "<｜Assistant｜>",
 ]
 ADDED_TOKENS = ["<think>", "</think>", "<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>"]
 
@@ -66,23 +82,46 @@ def build_assets(lf_root: Path) -> tuple[str, str]:
     backend = Tokenizer(models.BPE(unk_token="<unk>"))
     backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     backend.decoder = decoders.ByteLevel()
-    backend.train_from_iterator(texts, trainers.BpeTrainer(vocab_size=3000, special_tokens=SPECIAL_TOKENS,
-                                                           initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    backend.train_from_iterator(
+        texts,
+        trainers.BpeTrainer(
+            vocab_size=3000, special_tokens=SPECIAL_TOKENS, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
+        ),
+    )
     backend.add_tokens([AddedToken(token, normalized=False) for token in ADDED_TOKENS])
-    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, bos_token="<|begin_of_text|>", eos_token="<|end_of_text|>",
-                                        unk_token="<unk>", additional_special_tokens=SPECIAL_TOKENS[3:])
-    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=8,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=8192,
-                         bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id, tie_word_embeddings=False)
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=backend,
+        bos_token="<|begin_of_text|>",
+        eos_token="<|end_of_text|>",
+        unk_token="<unk>",
+        additional_special_tokens=SPECIAL_TOKENS[3:],
+    )
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=8,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=8192,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        tie_word_embeddings=False,
+    )
     model = LlamaForCausalLM(config)
     generator = torch.Generator().manual_seed(0)
     with torch.no_grad():
         for name, parameter in model.named_parameters():
-            parameter.copy_(torch.ones_like(parameter) if name.endswith("norm.weight")
-                            else torch.randn(parameter.shape, generator=generator) * 0.02)
+            parameter.copy_(
+                torch.ones_like(parameter)
+                if name.endswith("norm.weight")
+                else torch.randn(parameter.shape, generator=generator) * 0.02
+            )
     model.save_pretrained(str(model_dir))
     tokenizer.save_pretrained(str(model_dir))
-    peft_model = get_peft_model(model, LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM"))
+    peft_model = get_peft_model(
+        model, LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM")
+    )
     with torch.no_grad():
         for name, parameter in peft_model.named_parameters():
             if "lora_" in name:
@@ -130,9 +169,19 @@ def example_name(path: Path) -> str:
 
 # ------------------------------------------------------------------------------------------ running
 def environment(tool: str, config: dict) -> dict:
-    env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false", HF_HUB_OFFLINE="1",
-               HF_DATASETS_OFFLINE="1", TRANSFORMERS_OFFLINE="1", PYTHONUNBUFFERED="1", DISABLE_VERSION_CHECK="1",
-               HOME=str(CACHE / f"home-{tool}"), MPLCONFIGDIR=str(CACHE / "mplconfig"))
+    env = dict(
+        os.environ,
+        OMP_NUM_THREADS="1",
+        MKL_NUM_THREADS="1",
+        TOKENIZERS_PARALLELISM="false",
+        HF_HUB_OFFLINE="1",
+        HF_DATASETS_OFFLINE="1",
+        TRANSFORMERS_OFFLINE="1",
+        PYTHONUNBUFFERED="1",
+        DISABLE_VERSION_CHECK="1",
+        HOME=str(CACHE / f"home-{tool}"),
+        MPLCONFIGDIR=str(CACHE / "mplconfig"),
+    )
     if tool == "lathe":
         env["PYTHONPATH"] = str(REPO)
     else:
@@ -154,12 +203,16 @@ def run_training(tool: str, config: dict, lf_root: Path, timeout: int) -> dict:
     config_path = WORK / "configs" / tool / f"{output.name}.yaml"
     config_path.parent.mkdir(parents=True, exist_ok=True)
     config_path.write_text(yaml.safe_dump(config, sort_keys=False, allow_unicode=True), encoding="utf-8")
-    command = ([sys.executable, "-m", "lathe", "train", str(config_path)] if tool == "lathe"
-               else [str(LF_PYTHON.parent / "llamafactory-cli"), "train", str(config_path)])
+    command = (
+        [sys.executable, "-m", "lathe", "train", str(config_path)]
+        if tool == "lathe"
+        else [str(LF_PYTHON.parent / "llamafactory-cli"), "train", str(config_path)]
+    )
     start = time.time()
     try:
-        done = subprocess.run(command, cwd=lf_root, env=environment(tool, config), capture_output=True, text=True,
-                              timeout=timeout)
+        done = subprocess.run(
+            command, cwd=lf_root, env=environment(tool, config), capture_output=True, text=True, timeout=timeout
+        )
     except subprocess.TimeoutExpired:
         return {"ran": False, "line": f"timed out after {timeout} s", "seconds": timeout}
     result = {"seconds": round(time.time() - start, 1)}
@@ -175,8 +228,12 @@ def refusal_line(tool: str, text: str) -> str:
                 return line.removeprefix("lathe train: error: ")
     # The worker's own error, not the launcher's report that a worker failed (torchrun prefixes "[rank0]: ").
     lines = [re.sub(r"^\[rank\d+\]:\s*", "", line).strip() for line in text.splitlines()]
-    errors = [line for line in lines if re.match(r"^[\w.]*(Error|Exception|Exit)\b[:(]", line)
-              and not re.match(r"^(subprocess\.CalledProcessError|torch\.distributed\.elastic\S*ChildFailedError)", line)]
+    errors = [
+        line
+        for line in lines
+        if re.match(r"^[\w.]*(Error|Exception|Exit)\b[:(]", line)
+        and not re.match(r"^(subprocess\.CalledProcessError|torch\.distributed\.elastic\S*ChildFailedError)", line)
+    ]
     return (errors[-1] if errors else (text.strip().splitlines() or ["(no output)"])[-1])[:300]
 
 
@@ -184,7 +241,9 @@ def outcome(output: Path) -> dict:
     """Step 1's loss from trainer_log.jsonl, or the prediction scores of a predict-only run."""
     log = output / "trainer_log.jsonl"
     if log.exists():
-        losses = [entry["loss"] for entry in map(json.loads, log.read_text(encoding="utf-8").splitlines()) if "loss" in entry]
+        losses = [
+            entry["loss"] for entry in map(json.loads, log.read_text(encoding="utf-8").splitlines()) if "loss" in entry
+        ]
         if losses:
             return {"step1_loss": losses[0], "losses": losses}
     predict = output / "predict_results.json"
@@ -192,8 +251,10 @@ def outcome(output: Path) -> dict:
         scores = json.loads(predict.read_text(encoding="utf-8"))
         predictions = output / "generated_predictions.jsonl"
         digest = hashlib.sha256(predictions.read_bytes()).hexdigest()[:12] if predictions.exists() else None
-        return {"predict": {key: value for key, value in scores.items() if re.search(r"bleu|rouge", key)},
-                "predictions_sha": digest}
+        return {
+            "predict": {key: value for key, value in scores.items() if re.search(r"bleu|rouge", key)},
+            "predictions_sha": digest,
+        }
     return {}
 
 
@@ -235,8 +296,14 @@ def tokenization(tool: str, config: dict, lf_root: Path, timeout: int) -> dict |
     script = (LATHE_TOKENS if tool == "lathe" else LF_TOKENS) + DIGEST
     python = sys.executable if tool == "lathe" else str(LF_PYTHON)
     try:
-        done = subprocess.run([python, "-c", script, json.dumps(values)], cwd=lf_root, env=environment(tool, {}),
-                              capture_output=True, text=True, timeout=timeout)
+        done = subprocess.run(
+            [python, "-c", script, json.dumps(values)],
+            cwd=lf_root,
+            env=environment(tool, {}),
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
     except subprocess.TimeoutExpired:
         return None
     for line in done.stdout.splitlines():
@@ -265,7 +332,9 @@ def cell(result: dict) -> str:
         later = "".join(f", step {step} {loss:.6f}" for step, loss in enumerate(result["losses"][1:], start=2))
         return f"ran, step-1 loss {result['step1_loss']:.6f}{later}"
     if "predict" in result:
-        scores = ", ".join(f"{key.removeprefix('predict_')} {value:.4f}" for key, value in sorted(result["predict"].items()))
+        scores = ", ".join(
+            f"{key.removeprefix('predict_')} {value:.4f}" for key, value in sorted(result["predict"].items())
+        )
         return f"ran (predict): {scores}; generated_predictions.jsonl sha256 {result['predictions_sha']}"
     return "ran"
 
@@ -291,9 +360,12 @@ def render(records: list[dict]) -> str:
     both = [record for record in records if record["lathe"].get("losses") and record["llamafactory"].get("losses")]
     same_first = sum(record["lathe"]["step1_loss"] == record["llamafactory"]["step1_loss"] for record in both)
     same_all = sum(record["lathe"]["losses"] == record["llamafactory"]["losses"] for record in both)
-    lines += ["", f"{len(records)} examples: lathe ran {ran['lathe']}, LLaMA-Factory ran {ran['llamafactory']}. Where both "
-                  f"trained ({len(both)}): the same step-1 loss, bit for bit, in {same_first}; the same loss at every "
-                  f"logged step in {same_all}."]
+    lines += [
+        "",
+        f"{len(records)} examples: lathe ran {ran['lathe']}, LLaMA-Factory ran {ran['llamafactory']}. Where both "
+        f"trained ({len(both)}): the same step-1 loss, bit for bit, in {same_first}; the same loss at every "
+        f"logged step in {same_all}.",
+    ]
     return "\n".join(lines)
 
 
@@ -324,8 +396,11 @@ def main() -> int:
     for path in examples(lf_root, args.only.split(",") if args.only else None):
         record = run_example(path, lf_root, assets, args.timeout)
         records.append(record)
-        print(f"{record['example']}\n  lathe:         {cell(record['lathe'])}\n  LLaMA-Factory: {cell(record['llamafactory'])}\n"
-              f"  tokenization:  {tokens_cell(record)}", flush=True)
+        print(
+            f"{record['example']}\n  lathe:         {cell(record['lathe'])}\n  LLaMA-Factory: {cell(record['llamafactory'])}\n"
+            f"  tokenization:  {tokens_cell(record)}",
+            flush=True,
+        )
     results = WORK / "results.json"
     if args.only and results.exists():  # a partial run updates those examples in the last full run's results
         fresh = {record["example"]: record for record in records}

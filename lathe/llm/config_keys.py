@@ -5,60 +5,118 @@ accepted; any other value is an error that says the feature is not supported yet
 "unknown key", which would suggest a typo). Grouped by feature so the message can say what the
 key belongs to.
 """
+
 from __future__ import annotations
 
 # feature (as the error message names it) -> {key: LLaMA-Factory default}
 UNSUPPORTED_BY_FEATURE: dict[str, dict[str, object]] = {
     "model hubs and remote files (lathe loads local folders)": {
-        "cache_dir": None, "model_revision": "main", "hf_hub_token": None, "ms_hub_token": None,
-        "om_hub_token": None, "adapter_folder": None, "offload_folder": "offload",
+        "cache_dir": None,
+        "model_revision": "main",
+        "hf_hub_token": None,
+        "ms_hub_token": None,
+        "om_hub_token": None,
+        "adapter_folder": None,
+        "offload_folder": "offload",
     },
     "semantic initialisation of new special tokens": {
-        "new_special_tokens_config": None, "init_special_tokens": "noise_init",
+        "new_special_tokens_config": None,
+        "init_special_tokens": "noise_init",
     },
     "model patches (RoPE scaling, S^2-Attn, unsloth, liger kernels, MoE aux loss)": {
-        "rope_scaling": None, "shift_attn": False, "use_unsloth": False,
-        "use_unsloth_gc": False, "enable_liger_kernel": False, "moe_aux_loss_coef": None,
-        "use_liger_kernel": False, "liger_kernel_config": None,
+        "rope_scaling": None,
+        "shift_attn": False,
+        "use_unsloth": False,
+        "use_unsloth_gc": False,
+        "enable_liger_kernel": False,
+        "moe_aux_loss_coef": None,
+        "use_liger_kernel": False,
+        "liger_kernel_config": None,
     },
     "inference engines other than transformers (vLLM, SGLang, KTransformers)": {
         "infer_backend": "huggingface",
-        "vllm_maxlen": 4096, "vllm_gpu_util": 0.7, "vllm_enforce_eager": False, "vllm_max_lora_rank": 32,
-        "vllm_config": None, "sglang_maxlen": 4096, "sglang_mem_fraction": 0.7, "sglang_tp_size": -1,
-        "sglang_config": None, "sglang_lora_backend": "triton",
+        "vllm_maxlen": 4096,
+        "vllm_gpu_util": 0.7,
+        "vllm_enforce_eager": False,
+        "vllm_max_lora_rank": 32,
+        "vllm_config": None,
+        "sglang_maxlen": 4096,
+        "sglang_mem_fraction": 0.7,
+        "sglang_tp_size": -1,
+        "sglang_config": None,
+        "sglang_lora_backend": "triton",
     },
     "export (in `lathe train`)": {
-        "export_dir": None, "export_size": 5, "export_device": "cpu", "export_quantization_bit": None,
-        "export_quantization_dataset": None, "export_quantization_nsamples": 128,
-        "export_quantization_maxlen": 1024, "export_legacy_format": False, "export_hub_model_id": None,
+        "export_dir": None,
+        "export_size": 5,
+        "export_device": "cpu",
+        "export_quantization_bit": None,
+        "export_quantization_dataset": None,
+        "export_quantization_nsamples": 128,
+        "export_quantization_maxlen": 1024,
+        "export_legacy_format": False,
+        "export_hub_model_id": None,
     },
     "dataset streaming and shared-file-system preprocessing": {
-        "streaming": False, "buffer_size": 16384, "data_shared_file_system": False,
+        "streaming": False,
+        "buffer_size": 16384,
+        "data_shared_file_system": False,
     },
     "PPO (reinforcement learning with a reward model) and quantized reference models": {
-        "ppo_buffer_size": 1, "ppo_epochs": 4, "ppo_score_norm": False, "ppo_target": 6.0,
-        "ppo_whiten_rewards": False, "ref_model_quantization_bit": None, "reward_model": None,
-        "reward_model_adapters": None, "reward_model_quantization_bit": None, "reward_model_type": "lora",
+        "ppo_buffer_size": 1,
+        "ppo_epochs": 4,
+        "ppo_score_norm": False,
+        "ppo_target": 6.0,
+        "ppo_whiten_rewards": False,
+        "ref_model_quantization_bit": None,
+        "reward_model": None,
+        "reward_model_adapters": None,
+        "reward_model_quantization_bit": None,
+        "reward_model_type": "lora",
     },
     "other training settings (accelerate config, parallelism config, JIT checkpoints, debug)": {
-        "accelerator_config": None, "parallelism_config": None, "enable_jit_checkpoint": False, "debug": "",
+        "accelerator_config": None,
+        "parallelism_config": None,
+        "enable_jit_checkpoint": False,
+        "debug": "",
     },
     "the torch profiler integration": {
-        "enable_torch_profiler": False, "profiler_output_dir": None, "profiler_wait_steps": 1,
-        "profiler_warmup_steps": 1, "profiler_active_steps": 1, "profiler_repeat": 1,
-        "profiler_record_shapes": True, "profiler_profile_memory": True, "profiler_with_stack": True,
+        "enable_torch_profiler": False,
+        "profiler_output_dir": None,
+        "profiler_wait_steps": 1,
+        "profiler_warmup_steps": 1,
+        "profiler_active_steps": 1,
+        "profiler_repeat": 1,
+        "profiler_record_shapes": True,
+        "profiler_profile_memory": True,
+        "profiler_with_stack": True,
         "profile_modules": None,
     },
     "experiment trackers other than tensorboard/jsonl (SwanLab, Trackio) and the Hub": {
-        "use_swanlab": False, "swanlab_project": "llamafactory", "swanlab_workspace": None,
-        "swanlab_run_name": None, "swanlab_mode": "cloud", "swanlab_api_key": None, "swanlab_logdir": None,
-        "swanlab_lark_webhook_url": None, "swanlab_lark_secret": None, "project": "huggingface",
-        "trackio_space_id": None, "trackio_bucket_id": None, "trackio_static_space_id": None,
-        "hub_model_id": None, "hub_strategy": "every_save", "hub_token": None, "hub_private_repo": None,
-        "hub_always_push": False, "hub_revision": None,
+        "use_swanlab": False,
+        "swanlab_project": "llamafactory",
+        "swanlab_workspace": None,
+        "swanlab_run_name": None,
+        "swanlab_mode": "cloud",
+        "swanlab_api_key": None,
+        "swanlab_logdir": None,
+        "swanlab_lark_webhook_url": None,
+        "swanlab_lark_secret": None,
+        "project": "huggingface",
+        "trackio_space_id": None,
+        "trackio_bucket_id": None,
+        "trackio_static_space_id": None,
+        "hub_model_id": None,
+        "hub_strategy": "every_save",
+        "hub_token": None,
+        "hub_private_repo": None,
+        "hub_always_push": False,
+        "hub_revision": None,
     },
     "training extras (token accuracy, shuffling off, effective tokens/s)": {
-        "compute_accuracy": False, "disable_shuffling": False, "include_effective_tokens_per_second": False,
+        "compute_accuracy": False,
+        "disable_shuffling": False,
+        "include_effective_tokens_per_second": False,
     },
 }
 
@@ -75,36 +133,83 @@ SUPPORTED_FINETUNING_TYPES = ("full", "freeze", "lora", "oft")
 
 ANY_VALUE = object()  # keys that only configs for that back-end carry: their presence is the request
 
-_MULTIMODAL = ("images, video and audio (multimodal models) are not supported: lathe trains text-only causal "
-               "language models.")
-_MEGATRON = ("a Megatron-Core key (LLaMA-Factory's USE_MCA back-end), which lathe does not run: use FSDP2 "
-             "(fsdp) or DeepSpeed ZeRO (deepspeed) to shard the model.")
-_RAY = ("Ray is not supported: lathe train starts several processes with torchrun itself (nproc_per_node, "
-        "NNODES, ... as in LLaMA-Factory).")
-_KTRANSFORMERS = ("KTransformers (use_kt) runs MoE experts on the CPU through the kt-kernel package and "
-                  "patched transformers/accelerate builds, which lathe does not integrate.")
+_MULTIMODAL = (
+    "images, video and audio (multimodal models) are not supported: lathe trains text-only causal language models."
+)
+_MEGATRON = (
+    "a Megatron-Core key (LLaMA-Factory's USE_MCA back-end), which lathe does not run: use FSDP2 "
+    "(fsdp) or DeepSpeed ZeRO (deepspeed) to shard the model."
+)
+_RAY = (
+    "Ray is not supported: lathe train starts several processes with torchrun itself (nproc_per_node, "
+    "NNODES, ... as in LLaMA-Factory)."
+)
+_KTRANSFORMERS = (
+    "KTransformers (use_kt) runs MoE experts on the CPU through the kt-kernel package and "
+    "patched transformers/accelerate builds, which lathe does not integrate."
+)
 _HYPER_PARALLEL = "HyperParallel is not supported: use FSDP2 (fsdp) or DeepSpeed ZeRO (deepspeed)."
 _MEGATRON_KEYS = (
-    "tensor_model_parallel_size", "pipeline_model_parallel_size", "virtual_pipeline_model_parallel_size",
-    "context_parallel_size", "expert_model_parallel_size", "expert_tensor_parallel_size", "sequence_parallel",
-    "bias_activation_fusion", "apply_rope_fusion", "use_distributed_optimizer", "overlap_param_gather",
-    "overlap_grad_reduce", "moe_grouped_gemm", "moe_token_dispatcher_type", "moe_layer_recompute",
-    "recompute_granularity", "recompute_method", "recompute_num_layers", "transformer_impl",
-    "account_for_embedding_in_pipeline_split", "account_for_loss_in_pipeline_split",
+    "tensor_model_parallel_size",
+    "pipeline_model_parallel_size",
+    "virtual_pipeline_model_parallel_size",
+    "context_parallel_size",
+    "expert_model_parallel_size",
+    "expert_tensor_parallel_size",
+    "sequence_parallel",
+    "bias_activation_fusion",
+    "apply_rope_fusion",
+    "use_distributed_optimizer",
+    "overlap_param_gather",
+    "overlap_grad_reduce",
+    "moe_grouped_gemm",
+    "moe_token_dispatcher_type",
+    "moe_layer_recompute",
+    "recompute_granularity",
+    "recompute_method",
+    "recompute_num_layers",
+    "transformer_impl",
+    "account_for_embedding_in_pipeline_split",
+    "account_for_loss_in_pipeline_split",
 )
 
 # key -> (LLaMA-Factory's default, which changes nothing; or ANY_VALUE) and why it cannot run.
 REFUSED_KEYS: dict[str, tuple[object, str]] = {
-    **{key: (default, _MULTIMODAL) for key, default in {
-        "media_dir": None, "image_max_pixels": 768 * 768, "image_min_pixels": 32 * 32, "image_do_pan_and_scan": False,
-        "crop_to_patches": False, "video_max_pixels": 256 * 256, "video_min_pixels": 16 * 16, "video_fps": 2.0,
-        "video_maxlen": 128, "use_audio_in_video": False, "audio_sampling_rate": 16000, "freeze_vision_tower": True,
-        "freeze_multi_modal_projector": True, "freeze_language_model": False}.items()},
-    "use_v1_kernels": (False, "LLaMA-Factory's v1 kernels (fused Ascend NPU operators through torch_npu, Triton MoE "
-                              "kernels) are not part of lathe; remove the key (on a CPU LLaMA-Factory applies none)."),
-    **{key: (default, _KTRANSFORMERS) for key, default in {
-        "use_kt": False, "kt_weight_path": None, "kt_expert_checkpoint_path": None, "kt_use_lora_experts": None,
-        "kt_lora_expert_num": None, "kt_lora_expert_intermediate_size": None}.items()},
+    **{
+        key: (default, _MULTIMODAL)
+        for key, default in {
+            "media_dir": None,
+            "image_max_pixels": 768 * 768,
+            "image_min_pixels": 32 * 32,
+            "image_do_pan_and_scan": False,
+            "crop_to_patches": False,
+            "video_max_pixels": 256 * 256,
+            "video_min_pixels": 16 * 16,
+            "video_fps": 2.0,
+            "video_maxlen": 128,
+            "use_audio_in_video": False,
+            "audio_sampling_rate": 16000,
+            "freeze_vision_tower": True,
+            "freeze_multi_modal_projector": True,
+            "freeze_language_model": False,
+        }.items()
+    },
+    "use_v1_kernels": (
+        False,
+        "LLaMA-Factory's v1 kernels (fused Ascend NPU operators through torch_npu, Triton MoE "
+        "kernels) are not part of lathe; remove the key (on a CPU LLaMA-Factory applies none).",
+    ),
+    **{
+        key: (default, _KTRANSFORMERS)
+        for key, default in {
+            "use_kt": False,
+            "kt_weight_path": None,
+            "kt_expert_checkpoint_path": None,
+            "kt_use_lora_experts": None,
+            "kt_lora_expert_num": None,
+            "kt_lora_expert_intermediate_size": None,
+        }.items()
+    },
     "use_mca": (False, _MEGATRON),
     **{key: (ANY_VALUE, _MEGATRON) for key in _MEGATRON_KEYS},
     "ray_num_workers": (1, _RAY),
@@ -112,7 +217,9 @@ REFUSED_KEYS: dict[str, tuple[object, str]] = {
     "use_hyper_parallel": (False, _HYPER_PARALLEL),
     "hyper_parallel_args": (None, _HYPER_PARALLEL),
     # Their reason depends on the machine or on an installed package: see refusal_reason.
-    "fp8": (False, ""), "fp8_backend": ("auto", ""), "fp8_enable_fsdp_float8_all_gather": (False, ""),
+    "fp8": (False, ""),
+    "fp8_backend": ("auto", ""),
+    "fp8_enable_fsdp_float8_all_gather": (False, ""),
     "mixture_of_depths": (None, ""),
 }
 
@@ -131,14 +238,18 @@ def _fp8_reason() -> str:
 
     if torch.cuda.is_available() and torch.cuda.get_device_capability() >= (8, 9):
         return "FP8 training is not supported by lathe yet (this GPU has FP8 tensor cores): train in bf16."
-    return ("FP8 training needs a GPU with FP8 tensor cores (NVIDIA compute capability 8.9 or newer, e.g. L4, H100); "
-            "this machine has none: train in bf16 or fp32.")
+    return (
+        "FP8 training needs a GPU with FP8 tensor cores (NVIDIA compute capability 8.9 or newer, e.g. L4, H100); "
+        "this machine has none: train in bf16 or fp32."
+    )
 
 
 def _mixture_of_depths_reason() -> str:
     try:
         import MoD  # noqa: F401  (the mixture-of-depth package)
     except Exception as error:  # 1.2.0 imports TRANSFORMERS_CACHE, which transformers 5 removed
-        return (f"Mixture-of-Depths needs the mixture-of-depth package, which does not import here "
-                f"({type(error).__name__}: {error}).")
+        return (
+            f"Mixture-of-Depths needs the mixture-of-depth package, which does not import here "
+            f"({type(error).__name__}: {error})."
+        )
     return "Mixture-of-Depths (convert / load) is not supported by lathe yet."

@@ -12,6 +12,7 @@ gradient accumulation is impossible, and so are several processes (DDP reduces g
 Unlike transformers' dummy optimizer, the state of every per-parameter optimizer and schedule goes into
 state_dict(), so a checkpoint resumes the run exactly.
 """
+
 from __future__ import annotations
 
 import torch
@@ -52,7 +53,9 @@ class LayerwiseOptimizer(torch.optim.Optimizer):
             optimizer.load_state_dict(state)
 
 
-def build_layerwise_optimizer(optimizers: dict[torch.nn.Parameter, torch.optim.Optimizer], lr: float) -> LayerwiseOptimizer:
+def build_layerwise_optimizer(
+    optimizers: dict[torch.nn.Parameter, torch.optim.Optimizer], lr: float
+) -> LayerwiseOptimizer:
     """Register the stepping hooks on every parameter of `optimizers` (one single-parameter optimizer each)."""
     layerwise = LayerwiseOptimizer(optimizers, lr)
 
@@ -97,7 +100,9 @@ class LayerwiseScheduler(LRScheduler):
             self.schedulers[parameter].step()
 
         # Registered after the optimizer's hooks, so they run after them (torch runs hooks in order).
-        self.hook_handles = [parameter.register_post_accumulate_grad_hook(step_schedule) for parameter in self.schedulers]
+        self.hook_handles = [
+            parameter.register_post_accumulate_grad_hook(step_schedule) for parameter in self.schedulers
+        ]
         super().__init__(optimizer)
 
     def get_lr(self) -> list[float]:
@@ -105,7 +110,9 @@ class LayerwiseScheduler(LRScheduler):
         return [first.param_groups[0]["lr"] if first is not None else self.base_lrs[0]]
 
     def state_dict(self) -> dict:
-        state = {key: value for key, value in self.__dict__.items() if key not in ("optimizer", "schedulers", "hook_handles")}
+        state = {
+            key: value for key, value in self.__dict__.items() if key not in ("optimizer", "schedulers", "hook_handles")
+        }
         state["layerwise"] = [scheduler.state_dict() for scheduler in self.schedulers.values()]
         return state
 

@@ -9,6 +9,7 @@ torch.optim.Muon is not the same arithmetic (its momentum buffer is an exponenti
 where this one sums, `buf = momentum * buf + grad`; it fuses the iteration with addmm), so its numbers
 differ from LLaMA-Factory's; this module states LLaMA-Factory's algorithm.
 """
+
 from __future__ import annotations
 
 import math
@@ -46,12 +47,29 @@ class Muon(torch.optim.Optimizer):
         adamw_betas, adamw_eps: AdamW's; its eps is added to sqrt(v) before bias correction.
     """
 
-    def __init__(self, lr=1e-3, wd=0.1, muon_params=None, momentum=0.95, nesterov=True, ns_steps=5,
-                 adamw_params=None, adamw_betas=(0.9, 0.95), adamw_eps=1e-8):
+    def __init__(
+        self,
+        lr=1e-3,
+        wd=0.1,
+        muon_params=None,
+        momentum=0.95,
+        nesterov=True,
+        ns_steps=5,
+        adamw_params=None,
+        adamw_betas=(0.9, 0.95),
+        adamw_eps=1e-8,
+    ):
         muon_params = list(muon_params or [])
         adamw_params = list(adamw_params or [])
-        defaults = {"lr": lr, "wd": wd, "momentum": momentum, "nesterov": nesterov, "ns_steps": ns_steps,
-                    "adamw_betas": adamw_betas, "adamw_eps": adamw_eps}
+        defaults = {
+            "lr": lr,
+            "wd": wd,
+            "momentum": momentum,
+            "nesterov": nesterov,
+            "ns_steps": ns_steps,
+            "adamw_betas": adamw_betas,
+            "adamw_eps": adamw_eps,
+        }
         super().__init__(muon_params + adamw_params, defaults)
         for parameter in muon_params:
             if parameter.ndim != 2:

@@ -1,4 +1,5 @@
 """The Trainer's optimizer: which parameters get weight decay, which optimizer class `args.optim` names, and building it."""
+
 from __future__ import annotations
 
 import re
@@ -96,9 +97,7 @@ def _fused_adamw_supported(model: nn.Module | None) -> bool:
     except ImportError:
         return True
     devices = _get_fused_kernels_supported_devices()
-    return all(
-        p.device.type in devices and torch.is_floating_point(p) for p in model.parameters() if p.requires_grad
-    )
+    return all(p.device.type in devices and torch.is_floating_point(p) for p in model.parameters() if p.requires_grad)
 
 
 # Each builder gets (args, parsed optim_args, model) and returns (class, kwargs). The kwargs mirror exactly what
@@ -163,7 +162,9 @@ def _low_rank_groups(args, model, name: str, options: dict) -> list[dict]:
     if targets is None:
         raise ValueError(f"optim={name} needs optim_target_modules: module names, a regex, or 'all-linear'.")
     if not isinstance(targets, (str, list, tuple)):
-        raise TypeError(f"optim_target_modules must be a list of strings, a regex string or 'all-linear'; got {targets!r}")
+        raise TypeError(
+            f"optim_target_modules must be a list of strings, a regex string or 'all-linear'; got {targets!r}"
+        )
     if model is None:
         raise ValueError(f"optim={name} needs the model to choose the parameters it projects.")
     all_linear = isinstance(targets, str) and targets.replace("_", "-") == "all-linear"
@@ -180,13 +181,17 @@ def _low_rank_groups(args, model, name: str, options: dict) -> list[dict]:
         raise ValueError(f"optim_target_modules={targets!r} selects no nn.Linear module of the model for optim={name}.")
     # Frozen parameters stay in the groups, as in transformers: APOLLO seeds its projections by position.
     named = list(model.named_parameters())
-    return [{"params": [p for n, p in named if n not in target_names]},
-            {"params": [p for n, p in named if n in target_names], **options}]
+    return [
+        {"params": [p for n, p in named if n not in target_names]},
+        {"params": [p for n, p in named if n in target_names], **options},
+    ]
 
 
 def _pop_options(name: str, optim_args: dict, defaults: dict) -> dict:
     """transformers' defaults for GaLore / APOLLO, overridden by optim_args; other optim_args keys warn."""
-    options = {key: type(default)(optim_args.pop(key)) if key in optim_args else default for key, default in defaults.items()}
+    options = {
+        key: type(default)(optim_args.pop(key)) if key in optim_args else default for key, default in defaults.items()
+    }
     for key in optim_args:
         warnings.warn(f"optim_args key {key!r} is not used by optim={name}; known keys: {list(defaults)}")
     return options
@@ -199,7 +204,9 @@ def _galore(args, optim_args, model):
     kind = "adafactor" if "adafactor" in name else "adamw_8bit" if "8bit" in name else "adamw"
     options = _pop_options(name, optim_args, {"rank": 128, "update_proj_gap": 200, "scale": 0.25, "proj_type": "std"})
     if kind == "adamw_8bit" and model is not None and any(p.device.type != "cuda" for p in model.parameters()):
-        raise ValueError(f"optim={name} uses bitsandbytes' 8-bit AdamW, which runs on CUDA GPUs only; the model is not on one.")
+        raise ValueError(
+            f"optim={name} uses bitsandbytes' 8-bit AdamW, which runs on CUDA GPUs only; the model is not on one."
+        )
     optimizer_cls = galore.optimizer_class(kind, f"optim={name}")
     kwargs = {"lr": args.learning_rate, "params": _low_rank_groups(args, model, name, galore.group_options(**options))}
     if kind == "adafactor":
@@ -212,8 +219,18 @@ def _apollo(args, optim_args, model):
     from lathe.train.integrations import apollo
 
     name = str(getattr(args.optim, "value", args.optim))
-    options = _pop_options(name, optim_args, {"rank": 128, "proj": "random", "scale_type": "channel",
-                                              "update_proj_gap": 200, "scale": 1.0, "proj_type": "std"})
+    options = _pop_options(
+        name,
+        optim_args,
+        {
+            "rank": 128,
+            "proj": "random",
+            "scale_type": "channel",
+            "update_proj_gap": 200,
+            "scale": 1.0,
+            "proj_type": "std",
+        },
+    )
     group = {**apollo.group_options(**options), "betas": (args.adam_beta1, args.adam_beta2), "eps": args.adam_epsilon}
     kwargs = {"lr": args.learning_rate, "params": _low_rank_groups(args, model, name, group)}
     return _maybe_layerwise(name, args, apollo.optimizer_class(f"optim={name}")), kwargs
@@ -225,9 +242,13 @@ def _maybe_layerwise(name: str, args, optimizer_cls):
     from lathe.train.layerwise import PerParameter
 
     if args.gradient_accumulation_steps != 1:
-        raise ValueError(f"optim={name} steps each parameter inside the backward pass, so gradient_accumulation_steps must be 1.")
+        raise ValueError(
+            f"optim={name} steps each parameter inside the backward pass, so gradient_accumulation_steps must be 1."
+        )
     if args.world_size > 1:
-        raise ValueError(f"optim={name} does not work with several processes: DDP would reduce gradients its hooks already used.")
+        raise ValueError(
+            f"optim={name} does not work with several processes: DDP would reduce gradients its hooks already used."
+        )
     return PerParameter(optimizer_cls)
 
 
@@ -238,8 +259,17 @@ _BUILDERS: dict[str, Callable] = {
     "sgd": _sgd,
     "adagrad": _adagrad,
     "rmsprop": _rmsprop,
-    **dict.fromkeys(("galore_adamw", "galore_adamw_8bit", "galore_adafactor", "galore_adamw_layerwise",
-                     "galore_adamw_8bit_layerwise", "galore_adafactor_layerwise"), _galore),
+    **dict.fromkeys(
+        (
+            "galore_adamw",
+            "galore_adamw_8bit",
+            "galore_adafactor",
+            "galore_adamw_layerwise",
+            "galore_adamw_8bit_layerwise",
+            "galore_adafactor_layerwise",
+        ),
+        _galore,
+    ),
     "apollo_adamw": _apollo,
     "apollo_adamw_layerwise": _apollo,
 }

@@ -1,4 +1,5 @@
 """Learning-rate schedules: pure per-step multiplier functions, and `get_scheduler` that binds one to an optimizer."""
+
 from __future__ import annotations
 
 import inspect
@@ -328,8 +329,10 @@ def get_scheduler(
     if name not in SCHEDULER_NAMES:
         raise ValueError(f"unsupported lr scheduler {name!r}; valid names are {list(SCHEDULER_NAMES)}")
     if is_layerwise(optimizer):  # one schedule per parameter optimizer, stepped by hooks as they are
-        return LayerwiseScheduler(optimizer, lambda inner: get_scheduler(
-            name, inner, num_warmup_steps, num_training_steps, scheduler_specific_kwargs))
+        return LayerwiseScheduler(
+            optimizer,
+            lambda inner: get_scheduler(name, inner, num_warmup_steps, num_training_steps, scheduler_specific_kwargs),
+        )
     kwargs = dict(scheduler_specific_kwargs or {})
 
     if name == "constant":

@@ -15,6 +15,7 @@ its back-ends, so the loop never branches on fp16 scaling, DeepSpeed, DDP or FSD
 - GradScalerBackend: fp16 autocast, whose small gradients would underflow to zero without loss scaling.
 - DeepSpeedBackend: DeepSpeed's engine, which owns backward, clipping, the step, the scheduler and zeroing.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -53,7 +54,9 @@ class PlainBackend:
         if self.flips_requires_grad:  # BAdam trains one block at a time: clip what trains now
             self.trainable_parameters = [parameter for parameter in self.parameters if parameter.requires_grad]
         clip = max_norm and max_norm > 0
-        self.grad_norm = runtime.clip_gradients(self.trainable_parameters, max_norm, self.sparse_gradients) if clip else None
+        self.grad_norm = (
+            runtime.clip_gradients(self.trainable_parameters, max_norm, self.sparse_gradients) if clip else None
+        )
 
     def optimizer_step(self) -> bool:
         """Apply the update; False when it was skipped (then the schedule does not advance either)."""

@@ -1,5 +1,6 @@
 """The optimizer and loss keys (lathe.llm.config_optim): LLaMA-Factory's defaults, and an error wherever
 LLaMA-Factory would silently drop one of two keys or cannot run the combination."""
+
 import pytest
 import torch
 
@@ -13,23 +14,32 @@ def test_llamafactory_defaults_and_comma_lists():
     assert finetuning.galore_target == ["q_proj", "v_proj"] and finetuning.apollo_target == ["all"]
     assert (finetuning.galore_rank, finetuning.galore_update_interval, finetuning.galore_scale) == (16, 200, 2.0)
     assert (finetuning.apollo_rank, finetuning.apollo_scale, finetuning.apollo_proj) == (16, 32.0, "random")
-    assert (finetuning.badam_mode, finetuning.badam_switch_mode, finetuning.badam_switch_interval) == ("layer", "ascending", 50)
+    assert (finetuning.badam_mode, finetuning.badam_switch_mode, finetuning.badam_switch_interval) == (
+        "layer",
+        "ascending",
+        50,
+    )
     assert (finetuning.asft_alpha, finetuning.eaft_alpha) == (0.1, 1.0)
 
 
-@pytest.mark.parametrize("values, message", [
-    ({"use_galore": True, "use_badam": True}, "use_galore and use_badam each choose the optimizer"),
-    ({"use_adam_mini": True, "use_muon": True}, "use_adam_mini and use_muon each choose the optimizer"),
-    ({"use_galore": True, "finetuning_type": "lora"}, "use_galore trains full weights .* lora"),
-    ({"use_dft_loss": True, "use_eaft_loss": True}, "use_dft_loss and use_eaft_loss each replace the loss"),
-    ({"use_dft_loss": True, "stage": "pt"}, "use_dft_loss .*changes the sft loss; stage pt"),
-    ({"use_asft_loss": True, "finetuning_type": "lora"}, "use_asft_loss .*reference model.*full or freeze"),
-    ({"use_galore": True, "galore_layerwise": True, "gradient_accumulation_steps": 4},
-     "galore_layerwise .*gradient_accumulation_steps: 1 \\(got 4\\)"),
-    ({"use_badam": True, "badam_mode": "ratio", "badam_update_ratio": 0.0}, "badam_update_ratio must be above 0"),
-    ({"galore_proj_type": "diagonal"}, "galore_proj_type: expected one of"),
-    ({"use_apollo": True, "apollo_rank": 0}, "apollo_rank must be a positive integer"),
-])
+@pytest.mark.parametrize(
+    "values, message",
+    [
+        ({"use_galore": True, "use_badam": True}, "use_galore and use_badam each choose the optimizer"),
+        ({"use_adam_mini": True, "use_muon": True}, "use_adam_mini and use_muon each choose the optimizer"),
+        ({"use_galore": True, "finetuning_type": "lora"}, "use_galore trains full weights .* lora"),
+        ({"use_dft_loss": True, "use_eaft_loss": True}, "use_dft_loss and use_eaft_loss each replace the loss"),
+        ({"use_dft_loss": True, "stage": "pt"}, "use_dft_loss .*changes the sft loss; stage pt"),
+        ({"use_asft_loss": True, "finetuning_type": "lora"}, "use_asft_loss .*reference model.*full or freeze"),
+        (
+            {"use_galore": True, "galore_layerwise": True, "gradient_accumulation_steps": 4},
+            "galore_layerwise .*gradient_accumulation_steps: 1 \\(got 4\\)",
+        ),
+        ({"use_badam": True, "badam_mode": "ratio", "badam_update_ratio": 0.0}, "badam_update_ratio must be above 0"),
+        ({"galore_proj_type": "diagonal"}, "galore_proj_type: expected one of"),
+        ({"use_apollo": True, "apollo_rank": 0}, "apollo_rank must be a positive integer"),
+    ],
+)
 def test_contradictions_are_errors_naming_the_keys(values, message):
     with pytest.raises(ValueError, match=message):
         parse_train_config({**BASE, **values})
@@ -83,15 +93,21 @@ def test_mixture_of_depths_names_its_package():
         parse_train_config({**BASE, "mixture_of_depths": "convert"})
 
 
-@pytest.mark.parametrize("values, message", [
-    ({"image_max_pixels": 262144}, "image_max_pixels: images, video and audio .*not supported"),
-    ({"use_v1_kernels": True}, "use_v1_kernels: .*Ascend NPU operators"),
-    ({"use_kt": True}, "use_kt: KTransformers"),
-    ({"tensor_model_parallel_size": 1, "pipeline_model_parallel_size": 4}, "tensor_model_parallel_size: a Megatron-Core key"),
-    ({"ray_num_workers": 4}, "ray_num_workers: Ray is not supported"),
-    ({"fp8": True, "fp8_backend": "torchao"}, "fp8: FP8 training"),
-    ({"use_hyper_parallel": True}, "use_hyper_parallel: HyperParallel"),
-])
+@pytest.mark.parametrize(
+    "values, message",
+    [
+        ({"image_max_pixels": 262144}, "image_max_pixels: images, video and audio .*not supported"),
+        ({"use_v1_kernels": True}, "use_v1_kernels: .*Ascend NPU operators"),
+        ({"use_kt": True}, "use_kt: KTransformers"),
+        (
+            {"tensor_model_parallel_size": 1, "pipeline_model_parallel_size": 4},
+            "tensor_model_parallel_size: a Megatron-Core key",
+        ),
+        ({"ray_num_workers": 4}, "ray_num_workers: Ray is not supported"),
+        ({"fp8": True, "fp8_backend": "torchao"}, "fp8: FP8 training"),
+        ({"use_hyper_parallel": True}, "use_hyper_parallel: HyperParallel"),
+    ],
+)
 def test_what_cannot_run_here_stops_with_one_line_naming_the_key(values, message):
     with pytest.raises(ValueError, match=message) as error:
         parse_train_config({**BASE, "lora_rnak": 3, **values})  # before any other complaint
@@ -99,8 +115,17 @@ def test_what_cannot_run_here_stops_with_one_line_naming_the_key(values, message
 
 
 def test_their_llamafactory_defaults_are_accepted():
-    parse_train_config({**BASE, "freeze_vision_tower": True, "ray_num_workers": 1, "use_kt": False, "fp8": False,
-                        "use_v1_kernels": False, "mixture_of_depths": None})
+    parse_train_config(
+        {
+            **BASE,
+            "freeze_vision_tower": True,
+            "ray_num_workers": 1,
+            "use_kt": False,
+            "fp8": False,
+            "use_v1_kernels": False,
+            "mixture_of_depths": None,
+        }
+    )
 
 
 def test_cli_exits_2_without_a_traceback(tmp_path, write_yaml):

@@ -3,12 +3,12 @@ same numbers in `lathe train` as in LLaMA-Factory 0.9.5: every step's loss, grad
 the saved weights; a prediction-only config (its nlg_eval example: an adapter, do_predict, no do_train) writes
 the same generated_predictions.jsonl and BLEU-4 / ROUGE scores. Against tests/llm/golden/llamafactory_optim.json
 (made by make_llamafactory_optim.py with LLaMA-Factory installed beside)."""
+
 import json
 from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
 
 from lathe.llm.commands import run_train
 from lathe.llm.config import parse_train_config
@@ -26,7 +26,12 @@ from tests.llm.golden.make_llamafactory_optim import (
 pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore::UserWarning", "ignore::FutureWarning")]
 
 GOLDENS = json.loads(GOLDEN.read_text(encoding="utf-8"))
-PACKAGES = {"use_galore": "galore_torch", "use_apollo": "apollo_torch", "use_badam": "badam", "use_adam_mini": "adam_mini"}
+PACKAGES = {
+    "use_galore": "galore_torch",
+    "use_apollo": "apollo_torch",
+    "use_badam": "badam",
+    "use_adam_mini": "adam_mini",
+}
 
 
 @pytest.fixture(scope="module")
@@ -88,7 +93,9 @@ def test_prediction_only_equals_llamafactory(name, assets, tmp_path):
     config = parse_train_config(case_config(name, *assets, str(output)))
     assert not config.training.do_train  # do_predict without do_train predicts only
     metrics = run_train(config)
-    lines = [json.loads(line) for line in (output / "generated_predictions.jsonl").read_text(encoding="utf-8").splitlines()]
+    lines = [
+        json.loads(line) for line in (output / "generated_predictions.jsonl").read_text(encoding="utf-8").splitlines()
+    ]
     assert lines == golden["predictions"]
     saved = json.loads((output / "predict_results.json").read_text(encoding="utf-8"))
     for key, value in golden["metrics"].items():
@@ -131,7 +138,9 @@ def test_interrupted_run_resumes_to_llamafactorys_weights(name, assets, tmp_path
     values = {**case_config(name, *assets, str(output)), "save_strategy": "steps", "save_steps": 3}
     run_train(parse_train_config(values), callbacks=[StopAfter(3)])
     recorder = Recorder()
-    run_train(parse_train_config({**values, "resume_from_checkpoint": str(output / "checkpoint-3")}), callbacks=[recorder])
+    run_train(
+        parse_train_config({**values, "resume_from_checkpoint": str(output / "checkpoint-3")}), callbacks=[recorder]
+    )
     golden = GOLDENS["cases"][name]
     assert [s["loss"] for s in recorder.steps] == [s["loss"] for s in golden["steps"][3:]]
     weights = _fingerprint(output)

@@ -1,6 +1,7 @@
 """optim=galore_* / apollo_* with optim_target_modules: the same numbers as transformers.Trainer (which builds
 them from the same packages), layer-wise variants stepped per parameter in the backward pass with their
 schedules, and exact resume from a checkpoint of a layer-wise run."""
+
 import pytest
 import torch
 from torch import nn
@@ -37,21 +38,39 @@ def items(count=24):
 
 def train(library, output_dir, optim, steps=6, resume=None, stop_at=None, **overrides):
     module = library_module(library)
-    options = dict(output_dir=str(output_dir), report_to="none", disable_tqdm=True, save_strategy="no", optim=optim,
-                   optim_target_modules=["up", "down"], optim_args="rank=2,update_proj_gap=2,scale=0.5",
-                   per_device_train_batch_size=4, learning_rate=0.05, lr_scheduler_type="cosine", max_steps=steps,
-                   logging_steps=1, seed=0, use_cpu=True, dataloader_pin_memory=False)
+    options = dict(
+        output_dir=str(output_dir),
+        report_to="none",
+        disable_tqdm=True,
+        save_strategy="no",
+        optim=optim,
+        optim_target_modules=["up", "down"],
+        optim_args="rank=2,update_proj_gap=2,scale=0.5",
+        per_device_train_batch_size=4,
+        learning_rate=0.05,
+        lr_scheduler_type="cosine",
+        max_steps=steps,
+        logging_steps=1,
+        seed=0,
+        use_cpu=True,
+        dataloader_pin_memory=False,
+    )
     options.update(overrides)
     model = TwoLayer()
     trainer = module.Trainer(model=model, args=module.TrainingArguments(**options), train_dataset=items())
     if stop_at is not None:  # an interruption after that step (its checkpoint is saved first)
+
         class Stop(module.TrainerCallback):
             def on_step_end(self, args, state, control, **kwargs):
                 control.should_training_stop = state.global_step >= stop_at
 
         trainer.add_callback(Stop())
     trainer.train(resume_from_checkpoint=resume)
-    logs = [(line["loss"], line["learning_rate"], line.get("grad_norm")) for line in trainer.state.log_history if "loss" in line]
+    logs = [
+        (line["loss"], line["learning_rate"], line.get("grad_norm"))
+        for line in trainer.state.log_history
+        if "loss" in line
+    ]
     return logs, {name: p.detach().clone() for name, p in model.named_parameters()}
 
 
@@ -91,8 +110,14 @@ def test_layerwise_galore_equals_one_galore_optimizer_with_its_schedule(tmp_path
 def test_layerwise_run_resumes_exactly(tmp_path):
     _, uninterrupted = train("lathe", tmp_path / "full", "galore_adamw_layerwise")
     train("lathe", tmp_path / "cut", "galore_adamw_layerwise", save_strategy="steps", save_steps=3, stop_at=3)
-    logs, resumed = train("lathe", tmp_path / "cut", "galore_adamw_layerwise", save_strategy="steps", save_steps=3,
-                          resume=str(tmp_path / "cut" / "checkpoint-3"))
+    logs, resumed = train(
+        "lathe",
+        tmp_path / "cut",
+        "galore_adamw_layerwise",
+        save_strategy="steps",
+        save_steps=3,
+        resume=str(tmp_path / "cut" / "checkpoint-3"),
+    )
     assert len(logs) == 6
     for name, weight in uninterrupted.items():
         assert torch.equal(resumed[name], weight), name

@@ -10,6 +10,7 @@ compute_loss_func for DFT and EAFT, compute_loss for ASFT (which also runs a fro
   tokens and the sum over the accumulation window is not divided by it (the Trainer does not normalise a
   loss that compute_loss_func returns).
 """
+
 from __future__ import annotations
 
 import copy
@@ -115,9 +116,13 @@ class LossVariantsMixin:
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         if self.ref_model is None:  # with ASFT, evaluation computes its loss too, as in LLaMA-Factory
-            return super().compute_loss(model, inputs, return_outputs=return_outputs, num_items_in_batch=num_items_in_batch)
+            return super().compute_loss(
+                model, inputs, return_outputs=return_outputs, num_items_in_batch=num_items_in_batch
+            )
         with torch.no_grad():  # the reference sees what LLaMA-Factory gives it: ids and mask, no positions
-            reference = self.ref_model(input_ids=inputs["input_ids"], attention_mask=inputs.get("attention_mask")).logits
+            reference = self.ref_model(
+                input_ids=inputs["input_ids"], attention_mask=inputs.get("attention_mask")
+            ).logits
         outputs = model(**inputs)
         loss = self.compute_loss_func(outputs, inputs["labels"], reference, alpha=self.finetuning_args.asft_alpha)
         return (loss, outputs) if return_outputs else loss

@@ -8,6 +8,7 @@ rounded to 4 decimals per example, then averaged. jieba, nltk and rouge-chinese 
 (`lathe[metrics]`), imported here only: without them the run reports the exact match and says what to
 install.
 """
+
 from __future__ import annotations
 
 import logging
@@ -58,8 +59,11 @@ class GenerationMetrics:
         self.exact_match = ExactMatch(tokenizer, skip_special_tokens)
         self.scorers = _scorers()
         if self.scorers is None:
-            logger.warning("BLEU-4 and ROUGE (as LLaMA-Factory reports them) need jieba, nltk and rouge-chinese: %s. "
-                           "Reporting the exact match only.", INSTALL_HINT)
+            logger.warning(
+                "BLEU-4 and ROUGE (as LLaMA-Factory reports them) need jieba, nltk and rouge-chinese: %s. "
+                "Reporting the exact match only.",
+                INSTALL_HINT,
+            )
 
     def _decode(self, rows) -> list[str]:
         rows = np.where(np.asarray(rows) != IGNORE_INDEX, rows, self.tokenizer.pad_token_id)

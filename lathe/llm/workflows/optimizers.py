@@ -5,6 +5,7 @@ groups, in the same order, with the same options), so that the same config gives
 `create_custom_optimizer` (called by every recipe's Trainer through lathe.llm.loraplus.MethodOptimizerMixin, in
 LLaMA-Factory's order) returns None when no such key is set: the Trainer then builds `optim` as usual.
 """
+
 from __future__ import annotations
 
 import logging
@@ -19,8 +20,14 @@ logger = logging.getLogger(__name__)
 
 # `optim` names whose update GaLore / APOLLO can stand in for. LLaMA-Factory 0.9.5 accepts only adamw_torch
 # (and raises NotImplementedError for transformers 5's default, adamw_torch_fused, whose update is the same).
-_GALORE_KINDS = {"adamw_torch": "adamw", "adamw_torch_fused": "adamw", "adamw_bnb_8bit": "adamw_8bit",
-                 "adamw_8bit": "adamw_8bit", "paged_adamw_8bit": "adamw_8bit", "adafactor": "adafactor"}
+_GALORE_KINDS = {
+    "adamw_torch": "adamw",
+    "adamw_torch_fused": "adamw",
+    "adamw_bnb_8bit": "adamw_8bit",
+    "adamw_8bit": "adamw_8bit",
+    "paged_adamw_8bit": "adamw_8bit",
+    "adafactor": "adafactor",
+}
 _APOLLO_OPTIMS = ("adamw_torch", "adamw_torch_fused")
 
 
@@ -49,7 +56,9 @@ def llamafactory_decay_names(model) -> set[str]:
     inside_layer_norm = set()
     for module_name, module in model.named_modules():
         if isinstance(module, torch.nn.LayerNorm):
-            inside_layer_norm.update(f"{module_name}.{name}" if module_name else name for name, _ in module.named_parameters())
+            inside_layer_norm.update(
+                f"{module_name}.{name}" if module_name else name for name, _ in module.named_parameters()
+            )
     return {name for name, _ in model.named_parameters() if name not in inside_layer_norm and "bias" not in name}
 
 
@@ -90,7 +99,9 @@ def _create_low_rank(model, training_args, finetuning_args, method: str):
         if optim not in _GALORE_KINDS:
             raise ValueError(f"use_galore works with optim {', '.join(_GALORE_KINDS)}; got optim: {optim}.")
         if _GALORE_KINDS[optim] == "adamw_8bit" and any(p.device.type != "cuda" for p in model.parameters()):
-            raise ValueError(f"use_galore with optim: {optim} uses bitsandbytes' 8-bit AdamW, which runs on CUDA GPUs only.")
+            raise ValueError(
+                f"use_galore with optim: {optim} uses bitsandbytes' 8-bit AdamW, which runs on CUDA GPUs only."
+            )
         optimizer_cls = galore.optimizer_class(_GALORE_KINDS[optim], "use_galore")
         options = galore.group_options(f.galore_rank, f.galore_update_interval, f.galore_scale, f.galore_proj_type)
         targets, layerwise = f.galore_target, f.galore_layerwise
@@ -100,17 +111,25 @@ def _create_low_rank(model, training_args, finetuning_args, method: str):
         optimizer_cls = apollo.optimizer_class("use_apollo")
         # apollo_scale_front is a constructor argument of APOLLOAdamW: LLaMA-Factory 0.9.5 puts it in the param
         # group, where apollo-torch never reads it; here it takes effect.
-        options = apollo.group_options(f.apollo_rank, f.apollo_proj, f.apollo_proj_type, f.apollo_update_interval,
-                                       f.apollo_scale, f.apollo_scale_type)
+        options = apollo.group_options(
+            f.apollo_rank,
+            f.apollo_proj,
+            f.apollo_proj_type,
+            f.apollo_update_interval,
+            f.apollo_scale,
+            f.apollo_scale_type,
+        )
         targets, layerwise = f.apollo_target, f.apollo_layerwise
     projected = _low_rank_targets(model, targets)
     decay, no_decay = _decay_split(model, exclude={id(p) for p in projected})
     kwargs = _base_kwargs(training_args, optim)
     if method == "apollo" and f.apollo_scale_front:
         kwargs["scale_front"] = True
-    groups = [{"params": no_decay, "weight_decay": 0.0},
-              {"params": decay, "weight_decay": training_args.weight_decay},
-              {"params": projected, "weight_decay": training_args.weight_decay, **options}]
+    groups = [
+        {"params": no_decay, "weight_decay": 0.0},
+        {"params": decay, "weight_decay": training_args.weight_decay},
+        {"params": projected, "weight_decay": training_args.weight_decay, **options},
+    ]
     logger.info("Using %s with %s on %d matrices.", method.upper(), options, len(projected))
     if layerwise:
         from lathe.train.layerwise import PerParameter
@@ -125,8 +144,11 @@ def _base_kwargs(training_args, optim: str) -> dict:
     bits and paging), less torch's choice of kernel (fused), which GaLore and APOLLO do not take."""
     if optim == "adafactor":
         return {"lr": training_args.learning_rate, "scale_parameter": False, "relative_step": False}
-    kwargs = {"lr": training_args.learning_rate, "betas": (training_args.adam_beta1, training_args.adam_beta2),
-              "eps": training_args.adam_epsilon}
+    kwargs = {
+        "lr": training_args.learning_rate,
+        "betas": (training_args.adam_beta1, training_args.adam_beta2),
+        "eps": training_args.adam_epsilon,
+    }
     if "8bit" in optim:
         kwargs.update(optim_bits=8, is_paged="paged" in optim)
     return kwargs
@@ -141,11 +163,25 @@ def _create_badam(model, training_args, finetuning_args):
     named = list(model.named_parameters())
     if f.badam_mode == "layer":
         optimizer_cls, kwargs = get_optimizer_cls_and_kwargs(training_args, model)
-        return badam.create_block_optimizer(optimizer_cls(groups, **kwargs), named, f.badam_switch_interval,
-                                            f.badam_start_block, f.badam_switch_mode, f.badam_verbose)
+        return badam.create_block_optimizer(
+            optimizer_cls(groups, **kwargs),
+            named,
+            f.badam_switch_interval,
+            f.badam_start_block,
+            f.badam_switch_mode,
+            f.badam_verbose,
+        )
     kwargs = _base_kwargs(training_args, "adamw_torch")
-    return badam.create_ratio_optimizer(groups, named, f.badam_update_ratio, f.badam_mask_mode, f.badam_verbose,
-                                        lr=kwargs["lr"], betas=kwargs["betas"], eps=kwargs["eps"])
+    return badam.create_ratio_optimizer(
+        groups,
+        named,
+        f.badam_update_ratio,
+        f.badam_mask_mode,
+        f.badam_verbose,
+        lr=kwargs["lr"],
+        betas=kwargs["betas"],
+        eps=kwargs["eps"],
+    )
 
 
 def _model_is_sharded(training_args) -> bool:
@@ -161,9 +197,14 @@ def _model_is_sharded(training_args) -> bool:
 def _create_adam_mini(model, training_args):
     from lathe.train.integrations.adam_mini import create_adam_mini
 
-    return create_adam_mini(model, lr=training_args.learning_rate, betas=(training_args.adam_beta1, training_args.adam_beta2),
-                            eps=training_args.adam_epsilon, weight_decay=training_args.weight_decay,
-                            model_sharding=_model_is_sharded(training_args))
+    return create_adam_mini(
+        model,
+        lr=training_args.learning_rate,
+        betas=(training_args.adam_beta1, training_args.adam_beta2),
+        eps=training_args.adam_epsilon,
+        weight_decay=training_args.weight_decay,
+        model_sharding=_model_is_sharded(training_args),
+    )
 
 
 def _create_muon(model, training_args):
@@ -176,5 +217,11 @@ def _create_muon(model, training_args):
             use_muon = parameter.ndim == 2 and "embed" not in name and "lm_head" not in name
             (muon if use_muon else adamw).append(parameter)
     logger.info("Using Muon on %d matrices and AdamW on %d other parameters.", len(muon), len(adamw))
-    return Muon(lr=training_args.learning_rate, wd=training_args.weight_decay, muon_params=muon, adamw_params=adamw,
-                adamw_betas=(training_args.adam_beta1, training_args.adam_beta2), adamw_eps=training_args.adam_epsilon)
+    return Muon(
+        lr=training_args.learning_rate,
+        wd=training_args.weight_decay,
+        muon_params=muon,
+        adamw_params=adamw,
+        adamw_betas=(training_args.adam_beta1, training_args.adam_beta2),
+        adamw_eps=training_args.adam_epsilon,
+    )

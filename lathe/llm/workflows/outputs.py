@@ -1,6 +1,7 @@
 """What a `lathe train` run leaves in output_dir besides the weights: trainer_log.jsonl (LLaMA-Factory's
 LogCallback format), loss plots, generation_config.json with the template's stop tokens, and
 generated_predictions.jsonl with exact-match scores."""
+
 from __future__ import annotations
 
 import json
@@ -192,7 +193,11 @@ def _decode_rows(tokenizer, rows, skip_special_tokens: bool) -> list[str]:
     texts = []
     for row in rows:
         row = np.asarray(row)
-        row = row[(row != IGNORE_INDEX) & (row != tokenizer.pad_token_id)] if tokenizer.pad_token_id is not None else row[row != IGNORE_INDEX]
+        row = (
+            row[(row != IGNORE_INDEX) & (row != tokenizer.pad_token_id)]
+            if tokenizer.pad_token_id is not None
+            else row[row != IGNORE_INDEX]
+        )
         texts.append(tokenizer.decode(row.tolist(), skip_special_tokens=skip_special_tokens).strip())
     return texts
 
@@ -220,7 +225,7 @@ def _padding_last(rows, pad_token_id):
     for index in range(len(rows)):
         kept = np.nonzero(rows[index] != pad_token_id)[0]
         if len(kept):
-            rows[index] = np.concatenate((rows[index][kept[0]:], rows[index][: kept[0]]), axis=-1)
+            rows[index] = np.concatenate((rows[index][kept[0] :], rows[index][: kept[0]]), axis=-1)
     return rows
 
 
@@ -231,9 +236,13 @@ def save_predictions(output_dir: str, dataset, predict_results, tokenizer, skip_
 
     pad = tokenizer.pad_token_id
     prompts = tokenizer.batch_decode([list(row) for row in dataset["input_ids"]], skip_special_tokens=False)
-    predictions = tokenizer.batch_decode(_padding_last(predict_results.predictions, pad), skip_special_tokens=skip_special_tokens)
-    labels = tokenizer.batch_decode(np.where(np.asarray(predict_results.label_ids) != IGNORE_INDEX, predict_results.label_ids, pad),
-                                    skip_special_tokens=skip_special_tokens)
+    predictions = tokenizer.batch_decode(
+        _padding_last(predict_results.predictions, pad), skip_special_tokens=skip_special_tokens
+    )
+    labels = tokenizer.batch_decode(
+        np.where(np.asarray(predict_results.label_ids) != IGNORE_INDEX, predict_results.label_ids, pad),
+        skip_special_tokens=skip_special_tokens,
+    )
     path = os.path.join(output_dir, PREDICTIONS_FILE)
     os.makedirs(output_dir, exist_ok=True)
     with open(path, "w", encoding="utf-8") as f:

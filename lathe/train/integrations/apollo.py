@@ -1,4 +1,5 @@
 """APOLLO (approximated gradient scaling, Zhu et al. 2024) from the apollo-torch package (lazy import)."""
+
 from __future__ import annotations
 
 INSTALL_HINT = "pip install 'lathe[apollo]'  (or: pip install apollo-torch)"
@@ -13,11 +14,24 @@ def optimizer_class(who: str):
     return APOLLOAdamW
 
 
-def group_options(rank: int, proj: str, proj_type: str, update_proj_gap: int, scale: float, scale_type: str,
-                  scale_front: bool | None = None) -> dict:
+def group_options(
+    rank: int,
+    proj: str,
+    proj_type: str,
+    update_proj_gap: int,
+    scale: float,
+    scale_type: str,
+    scale_front: bool | None = None,
+) -> dict:
     """The param-group keys apollo_torch reads (scale_front only where the caller sets it)."""
-    options = {"rank": rank, "proj": proj, "proj_type": proj_type, "update_proj_gap": update_proj_gap,
-               "scale": scale, "scale_type": scale_type}
+    options = {
+        "rank": rank,
+        "proj": proj,
+        "proj_type": proj_type,
+        "update_proj_gap": update_proj_gap,
+        "scale": scale,
+        "scale_type": scale_type,
+    }
     if scale_front is not None:
         options["scale_front"] = scale_front
     return options

@@ -6,6 +6,7 @@ state); it marks itself with `changes_requires_grad` so the Trainer re-reads whi
 Ratio mode keeps every layer trainable but updates a sliding `update_ratio` share of each matrix,
 with sparse gradients (clipping then needs the sparse-aware norm in lathe.train.runtime).
 """
+
 from __future__ import annotations
 
 INSTALL_HINT = "pip install 'lathe[badam]'  (or: pip install badam)"
@@ -19,13 +20,24 @@ def _badam(who: str):
     return badam
 
 
-def create_block_optimizer(base_optimizer, named_parameters: list, switch_block_every: int, start_block: int | None,
-                           switch_mode: str, verbose: int):
+def create_block_optimizer(
+    base_optimizer,
+    named_parameters: list,
+    switch_block_every: int,
+    start_block: int | None,
+    switch_mode: str,
+    verbose: int,
+):
     """Layer mode: `base_optimizer` (over every trainable parameter, in decay / no-decay groups) wrapped so
     that it steps the active block only, in float32 copies of its parameters."""
     block_optimizer = _badam("use_badam").BlockOptimizer(
-        base_optimizer=base_optimizer, named_parameters_list=named_parameters, block_prefix_list=None,
-        switch_block_every=switch_block_every, start_block=start_block, switch_mode=switch_mode, verbose=verbose,
+        base_optimizer=base_optimizer,
+        named_parameters_list=named_parameters,
+        block_prefix_list=None,
+        switch_block_every=switch_block_every,
+        start_block=start_block,
+        switch_mode=switch_mode,
+        verbose=verbose,
     )
     block_optimizer.changes_requires_grad = True
     _make_resumable(block_optimizer)
@@ -48,10 +60,16 @@ def _make_resumable(block_optimizer) -> None:
         state = base.state_dict()
         order = getattr(block_optimizer, "block_order", None)
         # The outer groups are the ones the LR scheduler drives; their rates are copied in at each step.
-        outer = [{key: value for key, value in group.items() if key != "params"} for group in block_optimizer.param_groups]
-        state["badam"] = {"active_block": active_block(), "next_block": block_optimizer.current_block_idx,
-                          "block_order": list(order) if order is not None else None,
-                          "global_step": block_optimizer.global_step, "outer_groups": outer}
+        outer = [
+            {key: value for key, value in group.items() if key != "params"} for group in block_optimizer.param_groups
+        ]
+        state["badam"] = {
+            "active_block": active_block(),
+            "next_block": block_optimizer.current_block_idx,
+            "block_order": list(order) if order is not None else None,
+            "global_step": block_optimizer.global_step,
+            "outer_groups": outer,
+        }
         return state
 
     def load_state_dict(state: dict) -> None:
@@ -72,12 +90,27 @@ def _make_resumable(block_optimizer) -> None:
     block_optimizer.load_state_dict = load_state_dict
 
 
-def create_ratio_optimizer(param_groups: list, named_parameters: list, update_ratio: float, mask_mode: str,
-                           verbose: int, lr: float, betas: tuple[float, float], eps: float):
+def create_ratio_optimizer(
+    param_groups: list,
+    named_parameters: list,
+    update_ratio: float,
+    mask_mode: str,
+    verbose: int,
+    lr: float,
+    betas: tuple[float, float],
+    eps: float,
+):
     """Ratio mode: a sparse Adam over `param_groups`; the embedding and output head are frozen, as BAdam does."""
     ratio_optimizer = _badam("use_badam with badam_mode: ratio").BlockOptimizerRatio(
-        param_groups=param_groups, named_parameters_list=named_parameters, update_ratio=update_ratio,
-        mask_mode=mask_mode, verbose=verbose, include_embedding=False, lr=lr, betas=betas, eps=eps,
+        param_groups=param_groups,
+        named_parameters_list=named_parameters,
+        update_ratio=update_ratio,
+        mask_mode=mask_mode,
+        verbose=verbose,
+        include_embedding=False,
+        lr=lr,
+        betas=betas,
+        eps=eps,
     )
     ratio_optimizer.sparse_gradients = True  # its hooks make every gradient sparse: clipping must know
     return ratio_optimizer

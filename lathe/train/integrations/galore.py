@@ -1,4 +1,5 @@
 """GaLore (gradient low-rank projection, Zhao et al. 2024) from the galore-torch package (lazy import)."""
+
 from __future__ import annotations
 
 INSTALL_HINT = "pip install 'lathe[galore]'  (or: pip install galore-torch)"

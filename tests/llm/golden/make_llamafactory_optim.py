@@ -13,6 +13,7 @@ no do_train) the BLEU-4 / ROUGE scores and generated_predictions.jsonl; with the
 LLaMA-Factory's venv needs the method packages: galore-torch, apollo-torch, badam, adam-mini, jieba, nltk,
 rouge-chinese.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -31,11 +32,29 @@ TOKENIZER = HERE / "tokenizers" / "bpe"
 
 # What every case shares: the keys a user would write, fp32 on CPU, a step logged at a time.
 BASE = {
-    "stage": "sft", "do_train": True, "finetuning_type": "full", "dataset": "arith", "template": "qwen",
-    "cutoff_len": 48, "overwrite_cache": True, "per_device_train_batch_size": 2, "gradient_accumulation_steps": 2,
-    "learning_rate": 1.0e-3, "lr_scheduler_type": "cosine", "warmup_steps": 0, "max_steps": 5, "logging_steps": 1,
-    "save_strategy": "no", "report_to": "none", "overwrite_output_dir": True, "seed": 42, "use_cpu": True,
-    "bf16": False, "disable_tqdm": True, "dataloader_num_workers": 0, "weight_decay": 0.01,
+    "stage": "sft",
+    "do_train": True,
+    "finetuning_type": "full",
+    "dataset": "arith",
+    "template": "qwen",
+    "cutoff_len": 48,
+    "overwrite_cache": True,
+    "per_device_train_batch_size": 2,
+    "gradient_accumulation_steps": 2,
+    "learning_rate": 1.0e-3,
+    "lr_scheduler_type": "cosine",
+    "warmup_steps": 0,
+    "max_steps": 5,
+    "logging_steps": 1,
+    "save_strategy": "no",
+    "report_to": "none",
+    "overwrite_output_dir": True,
+    "seed": 42,
+    "use_cpu": True,
+    "bf16": False,
+    "disable_tqdm": True,
+    "dataloader_num_workers": 0,
+    "weight_decay": 0.01,
 }
 # LLaMA-Factory 0.9.5 builds GaLore / APOLLO only for optim adamw_torch (transformers 5 defaults to the fused
 # name, for which it raises NotImplementedError): the cases say adamw_torch so that it runs. Its layer-wise
@@ -45,24 +64,75 @@ BASE = {
 # ratio mode passes `fused` to a class that does not take it unless optim is adamw_torch.
 CASES = {
     "baseline": {},
-    "galore": {"use_galore": True, "galore_rank": 4, "galore_update_interval": 2, "galore_scale": 2.0,
-               "optim": "adamw_torch"},
-    "galore_target": {"use_galore": True, "galore_target": "mlp", "galore_rank": 4, "galore_proj_type": "left",
-                      "galore_update_interval": 3, "optim": "adamw_torch"},
-    "galore_layerwise": {"use_galore": True, "galore_layerwise": True, "galore_rank": 4, "galore_update_interval": 2,
-                         "gradient_accumulation_steps": 1, "optim": "adamw_torch", "lr_scheduler_type": "constant"},
-    "apollo": {"use_apollo": True, "apollo_rank": 4, "apollo_update_interval": 2, "apollo_scale": 8.0,
-               "optim": "adamw_torch"},
-    "apollo_svd_tensor": {"use_apollo": True, "apollo_rank": 4, "apollo_proj": "svd", "apollo_scale_type": "tensor",
-                          "apollo_update_interval": 2, "optim": "adamw_torch"},
-    "apollo_layerwise": {"use_apollo": True, "apollo_layerwise": True, "apollo_rank": 4, "apollo_update_interval": 2,
-                         "gradient_accumulation_steps": 1, "optim": "adamw_torch", "lr_scheduler_type": "constant"},
-    "badam_layer": {"use_badam": True, "badam_mode": "layer", "badam_switch_mode": "ascending",
-                    "badam_switch_interval": 2, "max_grad_norm": 0.5},
-    "badam_descending": {"use_badam": True, "badam_mode": "layer", "badam_switch_mode": "descending",
-                         "badam_switch_interval": 1, "badam_start_block": 1},
-    "badam_ratio": {"use_badam": True, "badam_mode": "ratio", "badam_update_ratio": 0.25,
-                    "badam_mask_mode": "adjacent", "optim": "adamw_torch"},
+    "galore": {
+        "use_galore": True,
+        "galore_rank": 4,
+        "galore_update_interval": 2,
+        "galore_scale": 2.0,
+        "optim": "adamw_torch",
+    },
+    "galore_target": {
+        "use_galore": True,
+        "galore_target": "mlp",
+        "galore_rank": 4,
+        "galore_proj_type": "left",
+        "galore_update_interval": 3,
+        "optim": "adamw_torch",
+    },
+    "galore_layerwise": {
+        "use_galore": True,
+        "galore_layerwise": True,
+        "galore_rank": 4,
+        "galore_update_interval": 2,
+        "gradient_accumulation_steps": 1,
+        "optim": "adamw_torch",
+        "lr_scheduler_type": "constant",
+    },
+    "apollo": {
+        "use_apollo": True,
+        "apollo_rank": 4,
+        "apollo_update_interval": 2,
+        "apollo_scale": 8.0,
+        "optim": "adamw_torch",
+    },
+    "apollo_svd_tensor": {
+        "use_apollo": True,
+        "apollo_rank": 4,
+        "apollo_proj": "svd",
+        "apollo_scale_type": "tensor",
+        "apollo_update_interval": 2,
+        "optim": "adamw_torch",
+    },
+    "apollo_layerwise": {
+        "use_apollo": True,
+        "apollo_layerwise": True,
+        "apollo_rank": 4,
+        "apollo_update_interval": 2,
+        "gradient_accumulation_steps": 1,
+        "optim": "adamw_torch",
+        "lr_scheduler_type": "constant",
+    },
+    "badam_layer": {
+        "use_badam": True,
+        "badam_mode": "layer",
+        "badam_switch_mode": "ascending",
+        "badam_switch_interval": 2,
+        "max_grad_norm": 0.5,
+    },
+    "badam_descending": {
+        "use_badam": True,
+        "badam_mode": "layer",
+        "badam_switch_mode": "descending",
+        "badam_switch_interval": 1,
+        "badam_start_block": 1,
+    },
+    "badam_ratio": {
+        "use_badam": True,
+        "badam_mode": "ratio",
+        "badam_update_ratio": 0.25,
+        "badam_mask_mode": "adjacent",
+        "optim": "adamw_torch",
+    },
     "adam_mini": {"use_adam_mini": True},
     "muon": {"use_muon": True, "learning_rate": 2.0e-3},
     "dft": {"use_dft_loss": True},
@@ -73,10 +143,23 @@ CASES = {
 # Prediction only (LLaMA-Factory's examples/extras/nlg_eval): no do_train, a LoRA adapter, generation on the
 # eval set, generated_predictions.jsonl and BLEU-4 / ROUGE. Greedy, and sampled with the default settings.
 PREDICT_BASE = {
-    "stage": "sft", "do_predict": True, "finetuning_type": "lora", "eval_dataset": "arith", "template": "qwen",
-    "cutoff_len": 128, "max_samples": 10, "overwrite_cache": True, "per_device_eval_batch_size": 2,
-    "predict_with_generate": True, "overwrite_output_dir": True, "report_to": "none", "use_cpu": True, "bf16": False,
-    "disable_tqdm": True, "max_new_tokens": 12, "seed": 42,
+    "stage": "sft",
+    "do_predict": True,
+    "finetuning_type": "lora",
+    "eval_dataset": "arith",
+    "template": "qwen",
+    "cutoff_len": 128,
+    "max_samples": 10,
+    "overwrite_cache": True,
+    "per_device_eval_batch_size": 2,
+    "predict_with_generate": True,
+    "overwrite_output_dir": True,
+    "report_to": "none",
+    "use_cpu": True,
+    "bf16": False,
+    "disable_tqdm": True,
+    "max_new_tokens": 12,
+    "seed": 42,
 }
 PREDICT_CASES = {
     "predict_greedy": {"do_sample": False},
@@ -104,8 +187,13 @@ def alpaca_rows(count: int = 24) -> list[dict]:
     for index in range(count):
         if index % 2:
             a, b = rng.randint(0, 20), rng.randint(0, 20)
-            rows.append({"instruction": f"What is {a} plus {b}?", "input": "",
-                         "output": f"{a} plus {b} is {a + b}." + " Yes." * rng.randint(0, 3)})
+            rows.append(
+                {
+                    "instruction": f"What is {a} plus {b}?",
+                    "input": "",
+                    "output": f"{a} plus {b} is {a + b}." + " Yes." * rng.randint(0, 3),
+                }
+            )
         else:
             word = rng.choice(words)
             rows.append({"instruction": "Reverse the string.", "input": word, "output": word[::-1]})
@@ -119,10 +207,18 @@ def build_model(folder: Path) -> None:
     from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
     tokenizer = AutoTokenizer.from_pretrained(str(TOKENIZER))
-    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
-                         bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
-                         tie_word_embeddings=False)
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=128,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        tie_word_embeddings=False,
+    )
     model = LlamaForCausalLM(config)
     generator = torch.Generator().manual_seed(1234)
     with torch.no_grad():
@@ -141,8 +237,10 @@ def build_adapter(model_dir: Path, folder: Path) -> None:
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM
 
-    model = get_peft_model(AutoModelForCausalLM.from_pretrained(str(model_dir)),
-                           LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM"))
+    model = get_peft_model(
+        AutoModelForCausalLM.from_pretrained(str(model_dir)),
+        LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM"),
+    )
     generator = torch.Generator().manual_seed(99)
     with torch.no_grad():
         for name, parameter in model.named_parameters():
@@ -167,8 +265,14 @@ def build_assets(folder: Path) -> tuple[str, str]:
 def case_config(name: str, model_dir: str, data_dir: str, output_dir: str) -> dict:
     if name in PREDICT_CASES:
         adapter = str(Path(model_dir).parent / "adapter")
-        return {"model_name_or_path": model_dir, "adapter_name_or_path": adapter, "dataset_dir": data_dir,
-                "output_dir": output_dir, **PREDICT_BASE, **PREDICT_CASES[name]}
+        return {
+            "model_name_or_path": model_dir,
+            "adapter_name_or_path": adapter,
+            "dataset_dir": data_dir,
+            "output_dir": output_dir,
+            **PREDICT_BASE,
+            **PREDICT_CASES[name],
+        }
     return {"model_name_or_path": model_dir, "dataset_dir": data_dir, "output_dir": output_dir, **BASE, **CASES[name]}
 
 
@@ -269,10 +373,21 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as folder:
         model_dir, data_dir = build_assets(Path(folder))
         out = Path(folder) / "result.json"
-        env = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", OMP_NUM_THREADS="1",
-                   PYTHONPATH=args.stubs, TRANSFORMERS_VERBOSITY="error", HOME=folder)
-        subprocess.run([args.python, __file__, "--worker", ",".join(names), model_dir, data_dir, str(out)],
-                       check=True, env=env, cwd=folder)
+        env = dict(
+            os.environ,
+            HF_HUB_OFFLINE="1",
+            HF_DATASETS_OFFLINE="1",
+            OMP_NUM_THREADS="1",
+            PYTHONPATH=args.stubs,
+            TRANSFORMERS_VERBOSITY="error",
+            HOME=folder,
+        )
+        subprocess.run(
+            [args.python, __file__, "--worker", ",".join(names), model_dir, data_dir, str(out)],
+            check=True,
+            env=env,
+            cwd=folder,
+        )
         result = json.loads(out.read_text(encoding="utf-8"))
         shutil.rmtree(Path(folder) / "model", ignore_errors=True)
     if args.only and GOLDEN.exists():
