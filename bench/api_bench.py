@@ -12,6 +12,7 @@ Clients are threads of this process using plain HTTP (keep-alive); at 1, 8 and 3
 streaming and not, each client sends requests back to back for a fixed number of rounds. The servers
 run one at a time (never side by side) with OMP_NUM_THREADS=1, and take turns per repeat.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -44,22 +45,36 @@ def ensure_model() -> None:
     if (MODEL_DIR / "config.json").is_file():
         return
     print("training the quickstart model first (lathe train examples/quickstart.yaml) ...", flush=True)
-    subprocess.run([sys.executable, "-m", "lathe", "train", "examples/quickstart.yaml", "do_predict=false"],
-                   cwd=REPO_ROOT, check=True)
+    subprocess.run(
+        [sys.executable, "-m", "lathe", "train", "examples/quickstart.yaml", "do_predict=false"],
+        cwd=REPO_ROOT,
+        check=True,
+    )
 
 
 def write_config() -> Path:
     WORK_DIR.mkdir(parents=True, exist_ok=True)
     path = WORK_DIR / "serve.yaml"
-    path.write_text(f"model_name_or_path: {MODEL_DIR}\ntemplate: chatml\nfinetuning_type: full\ninfer_dtype: float32\n"
-                    f"max_new_tokens: {MAX_TOKENS}\ndo_sample: false\n")
+    path.write_text(
+        f"model_name_or_path: {MODEL_DIR}\ntemplate: chatml\nfinetuning_type: full\ninfer_dtype: float32\n"
+        f"max_new_tokens: {MAX_TOKENS}\ndo_sample: false\n"
+    )
     return path
 
 
 def start_server(runner: str, config: Path, port: int) -> subprocess.Popen:
-    env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false",
-               HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", PYTHONUNBUFFERED="1", DISABLE_VERSION_CHECK="1",
-               API_HOST="127.0.0.1", API_PORT=str(port))
+    env = dict(
+        os.environ,
+        OMP_NUM_THREADS="1",
+        MKL_NUM_THREADS="1",
+        TOKENIZERS_PARALLELISM="false",
+        HF_HUB_OFFLINE="1",
+        TRANSFORMERS_OFFLINE="1",
+        PYTHONUNBUFFERED="1",
+        DISABLE_VERSION_CHECK="1",
+        API_HOST="127.0.0.1",
+        API_PORT=str(port),
+    )
     if runner == "lathe":
         env["PYTHONPATH"] = str(REPO_ROOT)
         command = [sys.executable, "-m", "lathe", "api", str(config), "--port", str(port)]
@@ -85,8 +100,15 @@ def start_server(runner: str, config: Path, port: int) -> subprocess.Popen:
 
 
 def ask(connection: http.client.HTTPConnection, word: str, stream: bool) -> tuple[float, str]:
-    body = json.dumps({"model": "quickstart", "messages": [{"role": "user", "content": word}],
-                       "max_tokens": MAX_TOKENS, "temperature": 0, "stream": stream})
+    body = json.dumps(
+        {
+            "model": "quickstart",
+            "messages": [{"role": "user", "content": word}],
+            "max_tokens": MAX_TOKENS,
+            "temperature": 0,
+            "stream": stream,
+        }
+    )
     start = time.perf_counter()
     connection.request("POST", "/v1/chat/completions", body=body, headers={"Content-Type": "application/json"})
     response = connection.getresponse()
@@ -106,8 +128,10 @@ def ask(connection: http.client.HTTPConnection, word: str, stream: bool) -> tupl
 
 def load(port: int, clients: int, stream: bool, rounds: int, seed: int) -> dict:
     rng = random.Random(seed)
-    words = [["".join(rng.choice(string.ascii_lowercase) for _ in range(rng.randint(5, 12))) for _ in range(rounds)]
-             for _ in range(clients)]
+    words = [
+        ["".join(rng.choice(string.ascii_lowercase) for _ in range(rng.randint(5, 12))) for _ in range(rounds)]
+        for _ in range(clients)
+    ]
     latencies, failures, correct = [], [], [0]
     lock = threading.Lock()
 
@@ -132,10 +156,18 @@ def load(port: int, clients: int, stream: bool, rounds: int, seed: int) -> dict:
         thread.join()
     wall = time.perf_counter() - start
     latencies.sort()
-    return {"clients": clients, "stream": stream, "requests": len(latencies), "failed": len(failures),
-            "failures": failures[:3], "correct": correct[0], "wall_s": wall, "requests_per_s": len(latencies) / wall,
-            "median_s": statistics.median(latencies) if latencies else None,
-            "p95_s": latencies[max(0, int(0.95 * len(latencies)) - 1)] if latencies else None}
+    return {
+        "clients": clients,
+        "stream": stream,
+        "requests": len(latencies),
+        "failed": len(failures),
+        "failures": failures[:3],
+        "correct": correct[0],
+        "wall_s": wall,
+        "requests_per_s": len(latencies) / wall,
+        "median_s": statistics.median(latencies) if latencies else None,
+        "p95_s": latencies[max(0, int(0.95 * len(latencies)) - 1)] if latencies else None,
+    }
 
 
 def run(args) -> dict:
@@ -144,7 +176,7 @@ def run(args) -> dict:
     runners = ["lathe", "llamafactory"]
     results = {runner: [] for runner in runners}
     for repeat in range(args.repeats):
-        for runner in (runners if repeat % 2 == 0 else runners[::-1]):
+        for runner in runners if repeat % 2 == 0 else runners[::-1]:
             port = 18600 + repeat * 2 + runners.index(runner)
             server = start_server(runner, config, port)
             try:
@@ -155,9 +187,12 @@ def run(args) -> dict:
                         result = load(port, clients, stream, rounds, seed=repeat * 100 + clients)
                         result["repeat"] = repeat
                         results[runner].append(result)
-                        print(f"{runner} x{clients} {'stream' if stream else 'plain'}: {result['requests_per_s']:.1f} req/s, "
-                              f"median {result['median_s'] * 1000:.0f} ms, p95 {result['p95_s'] * 1000:.0f} ms, "
-                              f"failed {result['failed']}, correct {result['correct']}/{result['requests']}", flush=True)
+                        print(
+                            f"{runner} x{clients} {'stream' if stream else 'plain'}: {result['requests_per_s']:.1f} req/s, "
+                            f"median {result['median_s'] * 1000:.0f} ms, p95 {result['p95_s'] * 1000:.0f} ms, "
+                            f"failed {result['failed']}, correct {result['correct']}/{result['requests']}",
+                            flush=True,
+                        )
             finally:
                 server.terminate()
                 server.wait(timeout=30)
@@ -169,36 +204,60 @@ def report(results: dict, args, elapsed: float) -> str:
         values = [r[key] for r in results[runner] if r["clients"] == clients and r["stream"] == stream]
         return statistics.median(values)
 
-    lines = ["# Serving benchmark: `lathe api` vs LLaMA-Factory `llamafactory-cli api` (CPU)", "",
-             f"Measured {datetime.date.today()} with `python bench/api_bench.py{' --quick' if args.quick else ''}` "
-             f"({elapsed / 60:.1f} min; how it works: the module docstring).", "",
-             f"- machine: {platform.machine()}, {os.cpu_count()} cores shared with other work, no GPU; both servers "
-             "`OMP_NUM_THREADS=1`, run one at a time, taking turns per repeat; medians over "
-             f"{args.repeats} repeats",
-             f"- model: the quickstart's (outputs/quickstart: 538k-parameter Llama, chatml template), float32; every request "
-             f"reverses a different random string, greedy, max_tokens {MAX_TOKENS}",
-             "- lathe: requests decoded together in batches of up to 16 (its default); LLaMA-Factory 0.9.5, huggingface "
-             "backend, its default MAX_CONCURRENT=1 (one generation at a time)", "",
-             "| clients | mode | lathe req/s | LF req/s | lathe / LF | lathe median / p95 ms | LF median / p95 ms | "
-             "failed (lathe / LF) | correct answers (lathe / LF) |",
-             "|---:|---|---:|---:|---:|---:|---:|---:|---:|"]
+    lines = [
+        "# Serving benchmark: `lathe api` vs LLaMA-Factory `llamafactory-cli api` (CPU)",
+        "",
+        f"Measured {datetime.date.today()} with `python bench/api_bench.py{' --quick' if args.quick else ''}` "
+        f"({elapsed / 60:.1f} min; how it works: the module docstring).",
+        "",
+        f"- machine: {platform.machine()}, {os.cpu_count()} cores shared with other work, no GPU; both servers "
+        "`OMP_NUM_THREADS=1`, run one at a time, taking turns per repeat; medians over "
+        f"{args.repeats} repeats",
+        f"- model: the quickstart's (outputs/quickstart: 538k-parameter Llama, chatml template), float32; every request "
+        f"reverses a different random string, greedy, max_tokens {MAX_TOKENS}",
+        "- lathe: requests decoded together in batches of up to 16 (its default); LLaMA-Factory 0.9.5, huggingface "
+        "backend, its default MAX_CONCURRENT=1 (one generation at a time)",
+        "",
+        "| clients | mode | lathe req/s | LF req/s | lathe / LF | lathe median / p95 ms | LF median / p95 ms | "
+        "failed (lathe / LF) | correct answers (lathe / LF) |",
+        "|---:|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
     verdict_ok = True
     for clients in CONCURRENCY:
         for stream in (False, True):
-            ours, theirs = cell("lathe", clients, stream, "requests_per_s"), cell("llamafactory", clients, stream, "requests_per_s")
-            failed = [sum(r["failed"] for r in results[x] if r["clients"] == clients and r["stream"] == stream) for x in results]
-            right = [sum(r["correct"] for r in results[x] if r["clients"] == clients and r["stream"] == stream) for x in results]
-            total = [sum(r["requests"] for r in results[x] if r["clients"] == clients and r["stream"] == stream) for x in results]
+            ours, theirs = (
+                cell("lathe", clients, stream, "requests_per_s"),
+                cell("llamafactory", clients, stream, "requests_per_s"),
+            )
+            failed = [
+                sum(r["failed"] for r in results[x] if r["clients"] == clients and r["stream"] == stream)
+                for x in results
+            ]
+            right = [
+                sum(r["correct"] for r in results[x] if r["clients"] == clients and r["stream"] == stream)
+                for x in results
+            ]
+            total = [
+                sum(r["requests"] for r in results[x] if r["clients"] == clients and r["stream"] == stream)
+                for x in results
+            ]
             if clients >= 8:
                 verdict_ok &= ours >= 2 * theirs and failed[0] == 0
             lines.append(
                 f"| {clients} | {'stream' if stream else 'plain'} | {ours:.1f} | {theirs:.1f} | {ours / theirs:.2f}× | "
                 f"{cell('lathe', clients, stream, 'median_s') * 1000:.0f} / {cell('lathe', clients, stream, 'p95_s') * 1000:.0f} | "
                 f"{cell('llamafactory', clients, stream, 'median_s') * 1000:.0f} / {cell('llamafactory', clients, stream, 'p95_s') * 1000:.0f} | "
-                f"{failed[0]} / {failed[1]} | {right[0]}/{total[0]} / {right[1]}/{total[1]} |")
-    lines += ["", "## Target", "",
-              f"- lathe's throughput at 8 and 32 clients ≥ 2× LLaMA-Factory's, with no failed request: "
-              f"{'**met**' if verdict_ok else '**missed**'}", "", NOTES]
+                f"{failed[0]} / {failed[1]} | {right[0]}/{total[0]} / {right[1]}/{total[1]} |"
+            )
+    lines += [
+        "",
+        "## Target",
+        "",
+        f"- lathe's throughput at 8 and 32 clients ≥ 2× LLaMA-Factory's, with no failed request: "
+        f"{'**met**' if verdict_ok else '**missed**'}",
+        "",
+        NOTES,
+    ]
     return "\n".join(lines)
 
 

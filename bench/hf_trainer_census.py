@@ -49,6 +49,7 @@ def instance_of(label, cls, output_dir):
             arguments = load(f"{package}.{module}:{args_cls[label]}")(output_dir=output_dir, report_to="none")
             return cls(model=torch.nn.Linear(2, 1), args=arguments)
         if label == "HfArgumentParser":
+
             @dataclasses.dataclass
             class Example:
                 value: int = 1

@@ -80,8 +80,12 @@ def _own_code(index, class_name, method_name):
         seen.add(id(node))
         nodes.append(node)
         for sub in ast.walk(node):
-            if (isinstance(sub, ast.Attribute) and isinstance(sub.value, ast.Name) and sub.value.id == "self"
-                    and sub.attr in methods):
+            if (
+                isinstance(sub, ast.Attribute)
+                and isinstance(sub.value, ast.Name)
+                and sub.value.id == "self"
+                and sub.attr in methods
+            ):
                 todo.append(methods[sub.attr])
     return nodes
 
@@ -115,8 +119,11 @@ def _private_or_accelerate(nodes):
                     continue
                 if sub.attr == "accelerator":
                     return ACCELERATE, f"uses .accelerator ({ast.unparse(sub)[:80]})"
-                if (_is_private(sub.attr) and sub.attr not in PUBLIC_ANYWAY
-                        and not any(k in ast.unparse(sub.value) for k in NOT_TRAINER_OWNERS)):
+                if (
+                    _is_private(sub.attr)
+                    and sub.attr not in PUBLIC_ANYWAY
+                    and not any(k in ast.unparse(sub.value) for k in NOT_TRAINER_OWNERS)
+                ):
                     return PRIVATE, f"uses {ast.unparse(sub)[:80]}"
             elif isinstance(sub, (ast.Import, ast.ImportFrom)):
                 module = getattr(sub, "module", None) or ""

@@ -149,8 +149,12 @@ def pytest_runtest_logreport(report):
     """One line per phase that decides the outcome: a failed/skipped setup, or the call."""
     if report.when != "call" and report.outcome == "passed":
         return
-    record = {"nodeid": report.nodeid, "when": report.when, "outcome": report.outcome,
-              "duration": round(report.duration, 3)}
+    record = {
+        "nodeid": report.nodeid,
+        "when": report.when,
+        "outcome": report.outcome,
+        "duration": round(report.duration, 3),
+    }
     if report.outcome != "passed":
         record["message"] = _first_line(report)
     with open(os.environ["HF_TESTS_RESULTS"], "a") as handle:

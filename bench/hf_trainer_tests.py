@@ -35,36 +35,85 @@ TESTS_DIR = BENCH / ".cache" / "transformers"
 # The files and the copies measured here: (path, where the copy came from, sha256). The store that served them
 # names a commit for most; "index version" marks copies whose commit it did not name.
 MANIFEST = [
-    ("tests/trainer/trainer_test_utils.py", "fef6f3591b8998bd9ddd80b793b25e0c861ca3c7",
-     "65107d078326422bad61a2f4f5d0fa0a7d6076abee23012573eee5fcac956249"),
-    ("tests/trainer/test_trainer.py", "index version 6551267792",
-     "b38b5babcb1d8348299e463ec7db960e63ad671406af9541f30c8d39b1401da5"),
-    ("tests/trainer/test_trainer_callback.py", "020a37d2264e60dc7beb9634c3e87ad870073e2c",
-     "afdf7ee0d7ee5f126df64a3ae66c302f12a944bca2b8077a555b77e4174b3bba"),
-    ("tests/trainer/test_data_collator.py", "index version 3663700966",
-     "85e657e436234523bcd436e92819b88efacb13b145b7a8bfc0d943aa7540b327"),
-    ("tests/trainer/test_trainer_checkpointing.py", "abee4b14abf32637fe72990d0c409eaba189b31a",
-     "fa731236d01d4189a302d0f619c375ef71b081cc5486f99e5fe97bc78c7c5475"),
-    ("tests/trainer/test_trainer_resume.py", "37ff9888a5faa033e5579a42e611f8ad7cdbaed7",
-     "bf262b9d9662a8a2ff88a3e9de4e472beae43ab4bad99839139c88abaf986680"),
-    ("tests/trainer/test_trainer_evaluation.py", "d7f1740350ba292a268a0f4531dff14aca025403",
-     "bdf79c75a3e91649bb1517d43efd8f8f13918ca3d7d6e1cb815a238131622dff"),
-    ("tests/trainer/test_trainer_optimizers.py", "0d7e95d96b4e187c651e2b2406ed98ed40d74963",
-     "243c6cae019b6f7d01da33526d0e04d550af650ad4b1769609340901a5c8fbb3"),
-    ("tests/trainer/test_training_args.py", "34de825520ff42f3bf328e7ab4ec39b5b0a73f94",
-     "30fc1b772a765da83276cc8f67b7afb20fe7ebcad18d0019ae96433a18734533"),
-    ("tests/trainer/test_trainer_seq2seq.py", "01ae98ae2414210efd0d9ac1ffe78ff21588f1f7",
-     "54017f32bbe2e93c4b0b055d20533c1806ce654c626a61369b484f5bcf6636ad"),
-    ("tests/trainer/test_gradient_clipping.py", "035e2cd8bb8597b0999039b1dad9b27b26d20012",
-     "0536337dfd59cd679cc0d0da99191929ddb40c6804799e18188a69b5582c1166"),
-    ("tests/trainer/test_loss_reduction.py", "0b28e7f48825b3d9c293352cbb3d585c30492b1d",
-     "9c93d80d5679cafdb3f95c23ab2a358c4d0be4d7d7e2321ea45b43ca8a08300f"),
-    ("tests/utils/test_hf_argparser.py", "01c2043fe845aa4ef1f42a23d9d7a346f36198e0",
-     "6daaff492afe1bcb90cc5586c57aae69412478493148ece76f6d4790655bcdb9"),
+    (
+        "tests/trainer/trainer_test_utils.py",
+        "fef6f3591b8998bd9ddd80b793b25e0c861ca3c7",
+        "65107d078326422bad61a2f4f5d0fa0a7d6076abee23012573eee5fcac956249",
+    ),
+    (
+        "tests/trainer/test_trainer.py",
+        "index version 6551267792",
+        "b38b5babcb1d8348299e463ec7db960e63ad671406af9541f30c8d39b1401da5",
+    ),
+    (
+        "tests/trainer/test_trainer_callback.py",
+        "020a37d2264e60dc7beb9634c3e87ad870073e2c",
+        "afdf7ee0d7ee5f126df64a3ae66c302f12a944bca2b8077a555b77e4174b3bba",
+    ),
+    (
+        "tests/trainer/test_data_collator.py",
+        "index version 3663700966",
+        "85e657e436234523bcd436e92819b88efacb13b145b7a8bfc0d943aa7540b327",
+    ),
+    (
+        "tests/trainer/test_trainer_checkpointing.py",
+        "abee4b14abf32637fe72990d0c409eaba189b31a",
+        "fa731236d01d4189a302d0f619c375ef71b081cc5486f99e5fe97bc78c7c5475",
+    ),
+    (
+        "tests/trainer/test_trainer_resume.py",
+        "37ff9888a5faa033e5579a42e611f8ad7cdbaed7",
+        "bf262b9d9662a8a2ff88a3e9de4e472beae43ab4bad99839139c88abaf986680",
+    ),
+    (
+        "tests/trainer/test_trainer_evaluation.py",
+        "d7f1740350ba292a268a0f4531dff14aca025403",
+        "bdf79c75a3e91649bb1517d43efd8f8f13918ca3d7d6e1cb815a238131622dff",
+    ),
+    (
+        "tests/trainer/test_trainer_optimizers.py",
+        "0d7e95d96b4e187c651e2b2406ed98ed40d74963",
+        "243c6cae019b6f7d01da33526d0e04d550af650ad4b1769609340901a5c8fbb3",
+    ),
+    (
+        "tests/trainer/test_training_args.py",
+        "34de825520ff42f3bf328e7ab4ec39b5b0a73f94",
+        "30fc1b772a765da83276cc8f67b7afb20fe7ebcad18d0019ae96433a18734533",
+    ),
+    (
+        "tests/trainer/test_trainer_seq2seq.py",
+        "01ae98ae2414210efd0d9ac1ffe78ff21588f1f7",
+        "54017f32bbe2e93c4b0b055d20533c1806ce654c626a61369b484f5bcf6636ad",
+    ),
+    (
+        "tests/trainer/test_gradient_clipping.py",
+        "035e2cd8bb8597b0999039b1dad9b27b26d20012",
+        "0536337dfd59cd679cc0d0da99191929ddb40c6804799e18188a69b5582c1166",
+    ),
+    (
+        "tests/trainer/test_loss_reduction.py",
+        "0b28e7f48825b3d9c293352cbb3d585c30492b1d",
+        "9c93d80d5679cafdb3f95c23ab2a358c4d0be4d7d7e2321ea45b43ca8a08300f",
+    ),
+    (
+        "tests/utils/test_hf_argparser.py",
+        "01c2043fe845aa4ef1f42a23d9d7a346f36198e0",
+        "6daaff492afe1bcb90cc5586c57aae69412478493148ece76f6d4790655bcdb9",
+    ),
 ]
 PACKAGE_FILES = ["tests/__init__.py", "tests/trainer/__init__.py", "tests/utils/__init__.py"]
-HUB_MARKERS = ("offline", "hub", "huggingface.co", "localentrynotfound", "connection", "can't load", "couldn't",
-               "not a valid model identifier", "is not a local folder", "sample_text.txt")
+HUB_MARKERS = (
+    "offline",
+    "hub",
+    "huggingface.co",
+    "localentrynotfound",
+    "connection",
+    "can't load",
+    "couldn't",
+    "not a valid model identifier",
+    "is not a local folder",
+    "sample_text.txt",
+)
 
 
 def sha256(path):
@@ -82,8 +131,10 @@ def fetch(ref, tests_dir):
         try:
             data = urllib.request.urlopen(url, timeout=60).read()
         except OSError as error:
-            sys.exit(f"fetch: {url}: {error}. Without access to GitHub, place the files listed in MANIFEST "
-                     f"(bench/hf_trainer_tests.py) under {tests_dir} by hand.")
+            sys.exit(
+                f"fetch: {url}: {error}. Without access to GitHub, place the files listed in MANIFEST "
+                f"(bench/hf_trainer_tests.py) under {tests_dir} by hand."
+            )
         target.write_bytes(data)
         same = hashlib.sha256(data).hexdigest() == digest
         print(f"{path}: {'same as' if same else 'DIFFERS from'} the copy measured here ({source})")
@@ -95,8 +146,10 @@ def check_tests(tests_dir):
         sys.exit(f"missing test files under {tests_dir}: {missing}; run `{Path(__file__).name} fetch` first")
     for path in PACKAGE_FILES:
         (tests_dir / path).touch()
-    return {p: {"source": s, "sha256": sha256(tests_dir / p), "as_measured": sha256(tests_dir / p) == d}
-            for p, s, d in MANIFEST}
+    return {
+        p: {"source": s, "sha256": sha256(tests_dir / p), "as_measured": sha256(tests_dir / p) == d}
+        for p, s, d in MANIFEST
+    }
 
 
 def environment(swap, results, swaplog):
@@ -104,9 +157,16 @@ def environment(swap, results, swaplog):
     paths = [str(BENCH)] + ([str(REPO)] if swap else [])
     env.update(
         PYTHONPATH=os.pathsep.join(paths),
-        HF_TESTS_RESULTS=str(results), HF_TESTS_SWAP="1" if swap else "0", HF_TESTS_SWAPLOG=str(swaplog),
-        HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", TRANSFORMERS_OFFLINE="1", OMP_NUM_THREADS="1",
-        CUDA_VISIBLE_DEVICES="", WANDB_DISABLED="true", TOKENIZERS_PARALLELISM="false",
+        HF_TESTS_RESULTS=str(results),
+        HF_TESTS_SWAP="1" if swap else "0",
+        HF_TESTS_SWAPLOG=str(swaplog),
+        HF_HUB_OFFLINE="1",
+        HF_DATASETS_OFFLINE="1",
+        TRANSFORMERS_OFFLINE="1",
+        OMP_NUM_THREADS="1",
+        CUDA_VISIBLE_DEVICES="",
+        WANDB_DISABLED="true",
+        TOKENIZERS_PARALLELISM="false",
     )
     return env
 
@@ -120,12 +180,33 @@ def run_side(python, tests_dir, work, swap, timeout, reuse=False):
     if reuse:
         return _records(results), float((work / f"{side}.seconds").read_text()), _swap_log(swap, swaplog)
     results.unlink(missing_ok=True)
-    command = [python, "-m", "pytest", "-p", "hf_trainer_swap", "-p", "no:cacheprovider", "-q", "-rN",
-               "--timeout", str(timeout), "-o", "addopts=", "--rootdir", str(tests_dir),
-               *[str(tests_dir / p) for p, _, _ in MANIFEST if "/test_" in p]]
+    command = [
+        python,
+        "-m",
+        "pytest",
+        "-p",
+        "hf_trainer_swap",
+        "-p",
+        "no:cacheprovider",
+        "-q",
+        "-rN",
+        "--timeout",
+        str(timeout),
+        "-o",
+        "addopts=",
+        "--rootdir",
+        str(tests_dir),
+        *[str(tests_dir / p) for p, _, _ in MANIFEST if "/test_" in p],
+    ]
     start = time.perf_counter()
-    completed = subprocess.run(command, cwd=scratch, env=environment(swap, results, swaplog),
-                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    completed = subprocess.run(
+        command,
+        cwd=scratch,
+        env=environment(swap, results, swaplog),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     seconds = time.perf_counter() - start
     (work / f"{side}.log").write_text(completed.stdout)
     (work / f"{side}.seconds").write_text(f"{seconds:.1f}")
@@ -148,8 +229,9 @@ def _swap_log(swap, swaplog):
 
 def census(python):
     env = environment(True, Path(os.devnull), Path(os.devnull))
-    output = subprocess.run([python, str(BENCH / "hf_trainer_census.py")], env=env, capture_output=True,
-                            text=True, check=True)
+    output = subprocess.run(
+        [python, str(BENCH / "hf_trainer_census.py")], env=env, capture_output=True, text=True, check=True
+    )
     return json.loads(output.stdout)
 
 
@@ -195,39 +277,64 @@ def summary(tests):
     public = {n: e for n, e in tests.items() if e["category"] == "public behaviour"}
     passing = sorted(n for n, e in public.items() if e["lathe"] == "passed")
     failing = {n: e.get("lathe_message", "") for n, e in sorted(public.items()) if e["lathe"] != "passed"}
-    return {"categories": counts, "public_behaviour": len(public), "public_passing_on_lathe": len(passing),
-            "lathe_failures": failing}
+    return {
+        "categories": counts,
+        "public_behaviour": len(public),
+        "public_passing_on_lathe": len(passing),
+        "lathe_failures": failing,
+    }
 
 
 def write_markdown(path, report):
     s, c = report["summary"], report["census"]
     lines = [
-        f"# transformers Trainer tests on lathe ({report['date']})", "",
+        f"# transformers Trainer tests on lathe ({report['date']})",
+        "",
         f"transformers {report['versions']['transformers']}, accelerate {report['versions']['accelerate']}, "
         f"torch {report['versions']['torch']}; runs took {report['seconds']['transformers']:.0f} s "
-        f"(transformers) and {report['seconds']['lathe']:.0f} s (lathe).", "",
+        f"(transformers) and {report['seconds']['lathe']:.0f} s (lathe).",
+        "",
         f"**Public-behaviour tests passing on transformers: {s['public_behaviour']}; passing on lathe: "
-        f"{s['public_passing_on_lathe']}.**", "",
-        f"Public names missing from lathe: {c['total_missing']} of {c['total_transformers']}.", "",
-        "| category | tests |", "|---|---|",
-        *[f"| {k} | {v} |" for k, v in sorted(s["categories"].items())], "",
-        "## Public-behaviour tests failing on lathe", "",
-        *[f"- `{n}`: {m}" for n, m in s["lathe_failures"].items()], "",
-        "## Excluded by the private/accelerate/not-Trainer-side rules", "",
-        *[f"- `{n}` ({e['category']}: {e.get('reason', '')})" for n, e in report["tests"].items()
-          if e["category"] in ("private helper", "accelerate internals", "does not use a replaced name")], "",
-        "## Missing public names", "",
-        *[f"- {k} ({len(v['missing'])} of {v['transformers']}): {', '.join(v['missing']) or 'none'}"
-          for k, v in c["classes"].items()], "",
-        "## Names the swap stubbed (transformers defines them, lathe's module lacks them)", "",
-        *[f"- {k}: {', '.join(v)}" for k, v in sorted(report["swap"].get("stubbed", {}).items())], "",
+        f"{s['public_passing_on_lathe']}.**",
+        "",
+        f"Public names missing from lathe: {c['total_missing']} of {c['total_transformers']}.",
+        "",
+        "| category | tests |",
+        "|---|---|",
+        *[f"| {k} | {v} |" for k, v in sorted(s["categories"].items())],
+        "",
+        "## Public-behaviour tests failing on lathe",
+        "",
+        *[f"- `{n}`: {m}" for n, m in s["lathe_failures"].items()],
+        "",
+        "## Excluded by the private/accelerate/not-Trainer-side rules",
+        "",
+        *[
+            f"- `{n}` ({e['category']}: {e.get('reason', '')})"
+            for n, e in report["tests"].items()
+            if e["category"] in ("private helper", "accelerate internals", "does not use a replaced name")
+        ],
+        "",
+        "## Missing public names",
+        "",
+        *[
+            f"- {k} ({len(v['missing'])} of {v['transformers']}): {', '.join(v['missing']) or 'none'}"
+            for k, v in c["classes"].items()
+        ],
+        "",
+        "## Names the swap stubbed (transformers defines them, lathe's module lacks them)",
+        "",
+        *[f"- {k}: {', '.join(v)}" for k, v in sorted(report["swap"].get("stubbed", {}).items())],
+        "",
     ]
     Path(path).write_text("\n".join(lines))
 
 
 def versions(python):
-    code = "import json,torch,transformers,accelerate;print(json.dumps({'torch':torch.__version__," \
-           "'transformers':transformers.__version__,'accelerate':accelerate.__version__}))"
+    code = (
+        "import json,torch,transformers,accelerate;print(json.dumps({'torch':torch.__version__,"
+        "'transformers':transformers.__version__,'accelerate':accelerate.__version__}))"
+    )
     return json.loads(subprocess.run([python, "-c", code], capture_output=True, text=True, check=True).stdout)
 
 
@@ -242,19 +349,28 @@ def run(arguments):
     replaced = {n for group in ("replaced", "stubbed") for names in swap_log.get(group, {}).values() for n in names}
     tests = tally(upstream, ours, tests_dir, replaced)
     report = {
-        "date": datetime.date.today().isoformat(), "versions": versions(arguments.python), "files": files,
-        "seconds": {"transformers": upstream_seconds, "lathe": our_seconds}, "summary": summary(tests),
-        "census": census(arguments.python), "swap": swap_log, "tests": tests,
+        "date": datetime.date.today().isoformat(),
+        "versions": versions(arguments.python),
+        "files": files,
+        "seconds": {"transformers": upstream_seconds, "lathe": our_seconds},
+        "summary": summary(tests),
+        "census": census(arguments.python),
+        "swap": swap_log,
+        "tests": tests,
     }
     out = Path(arguments.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.with_suffix(".json").write_text(json.dumps(report, indent=1, sort_keys=True))
     write_markdown(out.with_suffix(".md"), report)
     s = report["summary"]
-    print(f"public-behaviour tests passing on transformers: {s['public_behaviour']}; "
-          f"passing on lathe: {s['public_passing_on_lathe']}")
-    print(f"public names missing from lathe: {report['census']['total_missing']} of "
-          f"{report['census']['total_transformers']}")
+    print(
+        f"public-behaviour tests passing on transformers: {s['public_behaviour']}; "
+        f"passing on lathe: {s['public_passing_on_lathe']}"
+    )
+    print(
+        f"public names missing from lathe: {report['census']['total_missing']} of "
+        f"{report['census']['total_transformers']}"
+    )
     for category, count in sorted(s["categories"].items()):
         print(f"  {count:4d}  {category}")
     for nodeid, message in s["lathe_failures"].items():
@@ -271,8 +387,11 @@ def main():
     run_parser.add_argument("--python", default=str(BENCH / ".venv-peers" / "bin" / "python"))
     run_parser.add_argument("--timeout", type=int, default=300, help="seconds per test before it counts as failed")
     run_parser.add_argument("--out", default=str(BENCH / "results" / "hf_trainer_tests"))
-    run_parser.add_argument("--reuse-results", action="store_true",
-                            help="classify and report the last runs' records again without running the tests")
+    run_parser.add_argument(
+        "--reuse-results",
+        action="store_true",
+        help="classify and report the last runs' records again without running the tests",
+    )
     for sub in (fetch_parser, run_parser):
         sub.add_argument("--tests-dir", default=str(TESTS_DIR))
     arguments = parser.parse_args()

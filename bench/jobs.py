@@ -11,6 +11,7 @@ in the training loop. Two facts make the runs bit-comparable:
 `python bench/jobs.py prepare` builds the lm job's tokenizer and token ids once (cached under
 bench/results/cache/) so that no timed run pays for tokenizer training.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -92,15 +93,31 @@ JOBS = {
     # A small causal LM: 2 layers, hidden 128, padded variable-length text, accumulation 2,
     # evaluation every 32 steps and a checkpoint every 64: 2 epochs x 64 steps = 128 steps.
     "lm": Job(
-        name="lm", batch_size=16, gradient_accumulation_steps=2, epochs=2, learning_rate=2e-3,
-        warmup_steps=16, logging_steps=16, eval_steps=32, save_steps=64, hidden=128,
-        n_train_texts=2048, n_eval_texts=256, eval_batch_size=32,
+        name="lm",
+        batch_size=16,
+        gradient_accumulation_steps=2,
+        epochs=2,
+        learning_rate=2e-3,
+        warmup_steps=16,
+        logging_steps=16,
+        eval_steps=32,
+        save_steps=64,
+        hidden=128,
+        n_train_texts=2048,
+        n_eval_texts=256,
+        eval_batch_size=32,
     ),
 }
 QUICK_JOBS = {
     "regression": dataclasses.replace(JOBS["regression"], n_samples=1024, epochs=2, logging_steps=16),
     "lm": dataclasses.replace(
-        JOBS["lm"], n_train_texts=256, n_eval_texts=64, epochs=1, eval_steps=4, save_steps=8, logging_steps=4,
+        JOBS["lm"],
+        n_train_texts=256,
+        n_eval_texts=64,
+        epochs=1,
+        eval_steps=4,
+        save_steps=8,
+        logging_steps=4,
     ),
 }
 
@@ -281,7 +298,10 @@ def lm_tokenizer(data: dict):
     from transformers import PreTrainedTokenizerFast
 
     return PreTrainedTokenizerFast(
-        tokenizer_file=data["tokenizer_file"], pad_token="[PAD]", unk_token="[UNK]", bos_token="[BOS]",
+        tokenizer_file=data["tokenizer_file"],
+        pad_token="[PAD]",
+        unk_token="[UNK]",
+        bos_token="[BOS]",
         eos_token="[EOS]",
     )
 
@@ -290,9 +310,16 @@ def build_lm_model(job: Job, vocab_size: int):
     from transformers import LlamaConfig, LlamaForCausalLM
 
     config = LlamaConfig(
-        vocab_size=vocab_size, hidden_size=job.hidden, intermediate_size=job.intermediate,
-        num_hidden_layers=job.n_layers, num_attention_heads=job.n_heads, num_key_value_heads=job.n_heads,
-        max_position_embeddings=2 * job.max_length, pad_token_id=PAD_ID, bos_token_id=BOS_ID, eos_token_id=EOS_ID,
+        vocab_size=vocab_size,
+        hidden_size=job.hidden,
+        intermediate_size=job.intermediate,
+        num_hidden_layers=job.n_layers,
+        num_attention_heads=job.n_heads,
+        num_key_value_heads=job.n_heads,
+        max_position_embeddings=2 * job.max_length,
+        pad_token_id=PAD_ID,
+        bos_token_id=BOS_ID,
+        eos_token_id=EOS_ID,
         tie_word_embeddings=False,
     )
     torch.manual_seed(job.seed)

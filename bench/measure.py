@@ -3,6 +3,7 @@
 run_all.py passes the wall-clock time just before it spawned the process in BENCH_SPAWN_TIME, so
 "start to first optimizer step" includes interpreter start-up and imports.
 """
+
 from __future__ import annotations
 
 import json

@@ -9,6 +9,7 @@ touches all of it), peak RSS while training (the kernel's high-water mark reset 
 the bytes the model's parameters and buffers hold, the optimizer state's bytes, and the step losses.
 CPU only here: RSS is the measure; on a GPU the same runs would report torch.cuda.max_memory_allocated.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -28,11 +29,32 @@ REPORT = REPO_ROOT / "docs" / "BENCHMARKS_methods.md"
 TOKENIZER = REPO_ROOT / "tests" / "llm" / "golden" / "tokenizers" / "bpe"
 
 # Qwen2-shaped (GQA, tied embeddings, SwiGLU, biases on q/k/v): 12 layers of width 768.
-MODEL = dict(vocab_size=32000, hidden_size=768, intermediate_size=2048, num_hidden_layers=12, num_attention_heads=12,
-             num_key_value_heads=2, max_position_embeddings=1024, tie_word_embeddings=True)
-COMMON = dict(stage="sft", do_train=True, dataset="bench", template="qwen", cutoff_len=256, per_device_train_batch_size=2,
-              learning_rate=1e-4, lr_scheduler_type="constant", logging_steps=1, save_strategy="no", report_to="none",
-              overwrite_output_dir=True, disable_tqdm=True, seed=42)
+MODEL = dict(
+    vocab_size=32000,
+    hidden_size=768,
+    intermediate_size=2048,
+    num_hidden_layers=12,
+    num_attention_heads=12,
+    num_key_value_heads=2,
+    max_position_embeddings=1024,
+    tie_word_embeddings=True,
+)
+COMMON = dict(
+    stage="sft",
+    do_train=True,
+    dataset="bench",
+    template="qwen",
+    cutoff_len=256,
+    per_device_train_batch_size=2,
+    learning_rate=1e-4,
+    lr_scheduler_type="constant",
+    logging_steps=1,
+    save_strategy="no",
+    report_to="none",
+    overwrite_output_dir=True,
+    disable_tqdm=True,
+    seed=42,
+)
 RUNS = {
     "full": {"finetuning_type": "full"},
     "lora": {"finetuning_type": "lora", "lora_rank": 8, "lora_target": "all"},
@@ -135,28 +157,47 @@ def build_assets() -> dict:
         data_dir.mkdir(parents=True, exist_ok=True)
         rng = random.Random(0)
         words = "the quick brown fox jumps over lazy dog what is two plus four sum add reverse string answer".split()
-        rows = [{"instruction": " ".join(rng.choice(words) for _ in range(rng.randint(8, 40))), "input": "",
-                 "output": " ".join(rng.choice(words) for _ in range(rng.randint(40, 200)))} for _ in range(256)]
+        rows = [
+            {
+                "instruction": " ".join(rng.choice(words) for _ in range(rng.randint(8, 40))),
+                "input": "",
+                "output": " ".join(rng.choice(words) for _ in range(rng.randint(40, 200))),
+            }
+            for _ in range(256)
+        ]
         (data_dir / "train.json").write_text(json.dumps(rows))
         (data_dir / "dataset_info.json").write_text(json.dumps({"bench": {"file_name": "train.json"}}))
     return {"model": str(model_dir), "data": str(data_dir)}
 
 
 def run(name: str, assets: dict, steps: int) -> dict:
-    config = {**COMMON, **RUNS[name], "max_steps": steps, "model_name_or_path": assets["model"],
-              "dataset_dir": assets["data"], "output_dir": str(WORK / "out" / name)}
+    config = {
+        **COMMON,
+        **RUNS[name],
+        "max_steps": steps,
+        "model_name_or_path": assets["model"],
+        "dataset_dir": assets["data"],
+        "output_dir": str(WORK / "out" / name),
+    }
     config_file, result_file = WORK / f"{name}.json", WORK / f"{name}.result.json"
     config_file.write_text(json.dumps(config))
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(REPO_ROOT), HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1")
-    done = subprocess.run([sys.executable, "-c", CHILD, str(config_file), str(result_file), str(REPO_ROOT)], env=env,
-                          capture_output=True, text=True)
+    done = subprocess.run(
+        [sys.executable, "-c", CHILD, str(config_file), str(result_file), str(REPO_ROOT)],
+        env=env,
+        capture_output=True,
+        text=True,
+    )
     if done.returncode != 0:
         raise RuntimeError(f"{name} failed:\n{done.stderr[-3000:]}")
     result = json.loads(result_file.read_text())
-    print(f"{name}: process peak {result['process_peak_mb']:.0f} MB (anonymous {result['process_anonymous_peak_mb']:.0f}), "
-          f"training peak {result['training_peak_mb']:.0f} MB (anonymous {result['training_anonymous_peak_mb']:.0f}), "
-          f"model {result['model_bytes'] / 2**20:.0f} MiB, optimizer {result.get('optimizer_bytes', 0) / 2**20:.1f} MiB, "
-          f"losses {result['losses']}", flush=True)
+    print(
+        f"{name}: process peak {result['process_peak_mb']:.0f} MB (anonymous {result['process_anonymous_peak_mb']:.0f}), "
+        f"training peak {result['training_peak_mb']:.0f} MB (anonymous {result['training_anonymous_peak_mb']:.0f}), "
+        f"model {result['model_bytes'] / 2**20:.0f} MiB, optimizer {result.get('optimizer_bytes', 0) / 2**20:.1f} MiB, "
+        f"losses {result['losses']}",
+        flush=True,
+    )
     return result
 
 
@@ -182,10 +223,12 @@ def write_report(results: dict, steps: int, path: Path) -> None:
         # LoRA computes with the checkpoint's pages (its frozen weights); full training writes its weights into
         # private copies and a quantized model holds its own, so for them the mapped pages are unused
         needed = result["process_peak_mb"] - (0 if name == "lora" else pages)
-        lines.append(f"| {name} | {result['process_peak_mb']:.0f} | {pages:.0f} | {needed:.0f} | "
-                     f"{result['process_anonymous_peak_mb']:.0f} | {result['train_begin_mb']:.0f} | "
-                     f"{result['model_bytes'] / 2**20:.0f} | {result.get('optimizer_bytes', 0) / 2**20:.1f} | "
-                     f"{result['train_s'] / steps:.1f} | {', '.join(f'{loss:.4f}' for loss in result['losses'])} |")
+        lines.append(
+            f"| {name} | {result['process_peak_mb']:.0f} | {pages:.0f} | {needed:.0f} | "
+            f"{result['process_anonymous_peak_mb']:.0f} | {result['train_begin_mb']:.0f} | "
+            f"{result['model_bytes'] / 2**20:.0f} | {result.get('optimizer_bytes', 0) / 2**20:.1f} | "
+            f"{result['train_s'] / steps:.1f} | {', '.join(f'{loss:.4f}' for loss in result['losses'])} |"
+        )
     lines += [
         "",
         "- *peak RSS* is what `top` shows; it counts the resident pages of mapped files. transformers maps the "

@@ -9,6 +9,7 @@ qwen special tokens); the LLaMA Pro example trains it expanded by `lathe expand`
 expand.sh does). Prints, per example: ran / refused (with lathe's one-line reason), each tool's logged step
 losses, and whether they are equal.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -24,11 +25,19 @@ REPO_ROOT = BENCH_DIR.parent
 WORK = BENCH_DIR / ".cache" / "methods-examples"
 LF_PYTHON = Path("/work/main/bench/.venv-lf/bin/python")
 EXAMPLES = [
-    "train_qlora/qwen3_lora_sft_otfq.yaml", "train_qlora/qwen3_lora_sft_bnb_npu.yaml",
-    "train_qlora/llama3_lora_sft_gptq.yaml", "train_qlora/llama3_lora_sft_awq.yaml", "train_qlora/llama3_lora_sft_aqlm.yaml",
-    "extras/loraplus/llama3_lora_sft.yaml", "extras/pissa/llama3_lora_sft.yaml", "extras/oft/llama3_oft_sft.yaml",
-    "extras/qoft/llama3_oft_sft_bnb_npu.yaml", "extras/qoft/llama3_oft_sft_awq.yaml", "extras/qoft/llama3_oft_sft_gptq.yaml",
-    "extras/llama_pro/llama3_freeze_sft.yaml", "extras/fsdp_qlora/llama3_lora_sft.yaml",
+    "train_qlora/qwen3_lora_sft_otfq.yaml",
+    "train_qlora/qwen3_lora_sft_bnb_npu.yaml",
+    "train_qlora/llama3_lora_sft_gptq.yaml",
+    "train_qlora/llama3_lora_sft_awq.yaml",
+    "train_qlora/llama3_lora_sft_aqlm.yaml",
+    "extras/loraplus/llama3_lora_sft.yaml",
+    "extras/pissa/llama3_lora_sft.yaml",
+    "extras/oft/llama3_oft_sft.yaml",
+    "extras/qoft/llama3_oft_sft_bnb_npu.yaml",
+    "extras/qoft/llama3_oft_sft_awq.yaml",
+    "extras/qoft/llama3_oft_sft_gptq.yaml",
+    "extras/llama_pro/llama3_freeze_sft.yaml",
+    "extras/fsdp_qlora/llama3_lora_sft.yaml",
 ]
 PREQUANTIZED = ("gptq", "awq", "aqlm")  # hub checkpoints quantized with those libraries: stand-ins below
 
@@ -44,9 +53,18 @@ def build_model(folder: Path, layers: int = 8) -> None:
         shutil.copy(item, folder / item.name)
     vocab = len(AutoTokenizer.from_pretrained(str(folder)))
     torch.manual_seed(0)
-    LlamaForCausalLM(LlamaConfig(vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=layers,
-                                 num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048,
-                                 tie_word_embeddings=False)).save_pretrained(str(folder))
+    LlamaForCausalLM(
+        LlamaConfig(
+            vocab_size=vocab,
+            hidden_size=64,
+            intermediate_size=128,
+            num_hidden_layers=layers,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            max_position_embeddings=2048,
+            tie_word_embeddings=False,
+        )
+    ).save_pretrained(str(folder))
 
 
 def prequantized_stand_in(base: Path, method: str) -> Path:
@@ -66,8 +84,13 @@ def adapted(example: str, config: dict, models: dict, data_dir: Path, runner: st
 
     config = dict(config)
     kind = next((method for method in PREQUANTIZED if method in example), None)
-    config["model_name_or_path"] = str(models["pro"] if "llama_pro" in example else
-                                       prequantized_stand_in(models["base"], kind) if kind else models["base"])
+    config["model_name_or_path"] = str(
+        models["pro"]
+        if "llama_pro" in example
+        else prequantized_stand_in(models["base"], kind)
+        if kind
+        else models["base"]
+    )
     config["output_dir"] = str(WORK / "out" / runner / example.replace("/", "_").removesuffix(".yaml"))
     config["max_steps"] = 4  # warmup_ratio 0.1 makes step 1 a zero-rate step: steps 2-4 train
     config["bf16"] = False  # fp32 on the CPU
@@ -88,8 +111,13 @@ def run_lathe(config: dict) -> tuple[int, str]:
 def run_llamafactory(config: dict) -> tuple[int, str]:
     path = WORK / "config-lf.json"
     path.write_text(json.dumps(config))
-    env = dict(os.environ, PYTHONPATH=str(LF_PYTHON.parents[2] / "lf_stubs"), OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1",
-               HF_DATASETS_OFFLINE="1")
+    env = dict(
+        os.environ,
+        PYTHONPATH=str(LF_PYTHON.parents[2] / "lf_stubs"),
+        OMP_NUM_THREADS="1",
+        HF_HUB_OFFLINE="1",
+        HF_DATASETS_OFFLINE="1",
+    )
     code = f"import json; from llamafactory.train.tuner import run_exp; run_exp(json.load(open({str(path)!r})))"
     done = subprocess.run([str(LF_PYTHON), "-c", code], env=env, capture_output=True, text=True)
     return done.returncode, done.stderr
@@ -99,7 +127,11 @@ def logged_losses(output_dir: str) -> list[float]:
     """The step losses in trainer_log.jsonl, then train_loss (the mean over all steps) from all_results.json:
     with the examples' logging_steps (10) and 2 steps, train_loss is what both tools report."""
     log, results = Path(output_dir) / "trainer_log.jsonl", Path(output_dir) / "all_results.json"
-    losses = [entry["loss"] for entry in map(json.loads, log.read_text().splitlines()) if "loss" in entry] if log.exists() else []
+    losses = (
+        [entry["loss"] for entry in map(json.loads, log.read_text().splitlines()) if "loss" in entry]
+        if log.exists()
+        else []
+    )
     return losses + ([json.loads(results.read_text())["train_loss"]] if results.exists() else [])
 
 
@@ -116,18 +148,25 @@ REPORT = REPO_ROOT / "docs" / "BENCHMARKS_methods.md"
 
 def write_section(rows: list[dict]) -> None:
     """Replace this script's section of docs/BENCHMARKS_methods.md (methods_bench.py keeps it)."""
-    lines = [SECTION, "",
-             "`python bench/methods_examples.py --lf_repo <LLaMA-Factory v0.9.5 checkout>`: each example config unchanged but "
-             "for model_name_or_path (a tiny 8-layer Llama; for LLaMA Pro the same grown by `lathe expand ... --num_expand 8`; "
-             "for the pre-quantized examples a copy whose config.json declares that quantization), output_dir, max_steps: 4 "
-             "and bf16: false. Both tools log no step loss with the examples' logging_steps (10), so the comparison is "
-             "`train_loss` (all_results.json, the mean of the 4 steps; with warmup_ratio 0.1 the first step has rate 0, the next three train).", "",
-             "| example | lathe | LLaMA-Factory | train_loss lathe | train_loss LLaMA-Factory | equal |", "|---|---|---|---:|---:|---|"]
+    lines = [
+        SECTION,
+        "",
+        "`python bench/methods_examples.py --lf_repo <LLaMA-Factory v0.9.5 checkout>`: each example config unchanged but "
+        "for model_name_or_path (a tiny 8-layer Llama; for LLaMA Pro the same grown by `lathe expand ... --num_expand 8`; "
+        "for the pre-quantized examples a copy whose config.json declares that quantization), output_dir, max_steps: 4 "
+        "and bf16: false. Both tools log no step loss with the examples' logging_steps (10), so the comparison is "
+        "`train_loss` (all_results.json, the mean of the 4 steps; with warmup_ratio 0.1 the first step has rate 0, the next three train).",
+        "",
+        "| example | lathe | LLaMA-Factory | train_loss lathe | train_loss LLaMA-Factory | equal |",
+        "|---|---|---|---:|---:|---|",
+    ]
     for row in rows:
         ours, theirs = row.get("lathe_losses") or [None], row.get("llamafactory_losses") or [None]
-        lines.append(f"| {row['example']} | {row['lathe']} | {row.get('llamafactory', '')} | "
-                     f"{'' if ours[-1] is None else repr(ours[-1])} | {'' if theirs[-1] is None else repr(theirs[-1])} | "
-                     f"{'yes' if row.get('equal') else ''} |")
+        lines.append(
+            f"| {row['example']} | {row['lathe']} | {row.get('llamafactory', '')} | "
+            f"{'' if ours[-1] is None else repr(ours[-1])} | {'' if theirs[-1] is None else repr(theirs[-1])} | "
+            f"{'yes' if row.get('equal') else ''} |"
+        )
     text = REPORT.read_text() if REPORT.exists() else ""
     head = text.split(SECTION)[0].rstrip()
     section = "\n".join(lines).replace(str(REPO_ROOT) + "/", "")  # paths relative to the repository
@@ -155,8 +194,11 @@ def main() -> None:
         config = yaml.safe_load((repo / "examples" / example).read_text())
         lathe_config = adapted(example, config, models, repo / "data", "lathe")
         code, stderr = run_lathe(lathe_config)
-        row = {"example": example, "lathe": "ran" if code == 0 else f"refused (exit {code}): {last_line(stderr)}",
-               "lathe_losses": logged_losses(lathe_config["output_dir"]) if code == 0 else []}
+        row = {
+            "example": example,
+            "lathe": "ran" if code == 0 else f"refused (exit {code}): {last_line(stderr)}",
+            "lathe_losses": logged_losses(lathe_config["output_dir"]) if code == 0 else [],
+        }
         if not args.no_llamafactory:
             lf_config = adapted(example, config, models, repo / "data", "llamafactory")
             code, stderr = run_llamafactory(lf_config)

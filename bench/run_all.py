@@ -8,6 +8,7 @@ Every measurement is a fresh subprocess of the same interpreter (bench/.venv-pee
 default) with OMP_NUM_THREADS=1, and the runners are interleaved (plain, hf, lathe, plain, hf, ...)
 so machine noise hits all of them alike. Raw results go to bench/results/*.json.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -37,18 +38,26 @@ IMPORT_STATEMENTS = {
     "from lathe import Trainer, TrainingArguments": ("", "from lathe import Trainer, TrainingArguments"),
     "from transformers import Trainer, TrainingArguments": ("", "from transformers import Trainer, TrainingArguments"),
     # What each trainer adds on top of an already imported torch: the import-overhead target.
-    "import torch; then from lathe import Trainer, TrainingArguments":
-        ("import torch", "from lathe import Trainer, TrainingArguments"),
-    "import torch; then from transformers import Trainer, TrainingArguments":
-        ("import torch", "from transformers import Trainer, TrainingArguments"),
+    "import torch; then from lathe import Trainer, TrainingArguments": (
+        "import torch",
+        "from lathe import Trainer, TrainingArguments",
+    ),
+    "import torch; then from transformers import Trainer, TrainingArguments": (
+        "import torch",
+        "from transformers import Trainer, TrainingArguments",
+    ),
 }
 
 
 def child_environment() -> dict:
     env = dict(os.environ)
     env.update(
-        OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false", HF_HUB_OFFLINE="1",
-        TRANSFORMERS_OFFLINE="1", HF_DATASETS_OFFLINE="1",
+        OMP_NUM_THREADS="1",
+        MKL_NUM_THREADS="1",
+        TOKENIZERS_PARALLELISM="false",
+        HF_HUB_OFFLINE="1",
+        TRANSFORMERS_OFFLINE="1",
+        HF_DATASETS_OFFLINE="1",
         # lathe is imported from this checkout; every runner gets the same sys.path.
         PYTHONPATH=os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")])),
     )
@@ -80,8 +89,15 @@ def spawn(command: list[str], timeout: float = 900) -> dict:
     with open(stdout_path, "w") as stdout, open(stderr_path, "w") as stderr:
         env["BENCH_SPAWN_TIME"] = repr(time.time())
         start = time.perf_counter()
-        process = subprocess.Popen(command, cwd=REPO_ROOT, env=env, stdout=stdout, stderr=stderr,
-                                   start_new_session=True, preexec_fn=raise_priority if NICENESS else None)
+        process = subprocess.Popen(
+            command,
+            cwd=REPO_ROOT,
+            env=env,
+            stdout=stdout,
+            stderr=stderr,
+            start_new_session=True,
+            preexec_fn=raise_priority if NICENESS else None,
+        )
         killer = threading.Timer(timeout, lambda: os.killpg(process.pid, signal.SIGKILL))
         killer.start()
         _, status, usage = os.wait4(process.pid, 0)
@@ -89,9 +105,13 @@ def spawn(command: list[str], timeout: float = 900) -> dict:
         killer.cancel()
         process.returncode = os.waitstatus_to_exitcode(status)
     return {
-        "command": shlex.join(command), "rc": process.returncode, "wall_s": wall,
-        "maxrss_mb": usage.ru_maxrss / 1024, "cpu_s": usage.ru_utime + usage.ru_stime,
-        "stdout": stdout_path.read_text()[-4000:], "stderr": stderr_path.read_text()[-4000:],
+        "command": shlex.join(command),
+        "rc": process.returncode,
+        "wall_s": wall,
+        "maxrss_mb": usage.ru_maxrss / 1024,
+        "cpu_s": usage.ru_utime + usage.ru_stime,
+        "stdout": stdout_path.read_text()[-4000:],
+        "stderr": stderr_path.read_text()[-4000:],
     }
 
 
@@ -124,24 +144,35 @@ def note(message: str) -> None:
 
 def machine_info(python: str) -> dict:
     versions = subprocess.run(
-        [python, "-c", "import json, torch, transformers, accelerate, tokenizers, safetensors; "
-         "print(json.dumps({m.__name__: m.__version__ for m in "
-         "(torch, transformers, accelerate, tokenizers, safetensors)}))"],
-        capture_output=True, text=True, env=child_environment(),
+        [
+            python,
+            "-c",
+            "import json, torch, transformers, accelerate, tokenizers, safetensors; "
+            "print(json.dumps({m.__name__: m.__version__ for m in "
+            "(torch, transformers, accelerate, tokenizers, safetensors)}))",
+        ],
+        capture_output=True,
+        text=True,
+        env=child_environment(),
     )
     cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")), "?")
     memory_kib = next(int(line.split()[1]) for line in open("/proc/meminfo") if line.startswith("MemTotal"))
-    lathe_commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO_ROOT, capture_output=True,
-                                  text=True).stdout.strip()
-    lathe_dirty = subprocess.run(["git", "status", "--porcelain", "--", "lathe"], cwd=REPO_ROOT,
-                                 capture_output=True, text=True).stdout.strip()
+    lathe_commit = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], cwd=REPO_ROOT, capture_output=True, text=True
+    ).stdout.strip()
+    lathe_dirty = subprocess.run(
+        ["git", "status", "--porcelain", "--", "lathe"], cwd=REPO_ROOT, capture_output=True, text=True
+    ).stdout.strip()
     return {
-        "cpu": cpu, "cores": os.cpu_count(), "memory_gib": round(memory_kib / 2**20, 1),
-        "os": platform.platform(), "python": subprocess.run([python, "-V"], capture_output=True,
-                                                             text=True).stdout.strip(),
+        "cpu": cpu,
+        "cores": os.cpu_count(),
+        "memory_gib": round(memory_kib / 2**20, 1),
+        "os": platform.platform(),
+        "python": subprocess.run([python, "-V"], capture_output=True, text=True).stdout.strip(),
         "versions": json.loads(versions.stdout) if versions.returncode == 0 else versions.stderr[-500:],
         "lathe_commit": lathe_commit + (" + uncommitted changes in lathe/" if lathe_dirty else ""),
-        "threads": 1, "load_average_start": os.getloadavg(),
+        "threads": 1,
+        "load_average_start": os.getloadavg(),
     }
 
 
@@ -157,13 +188,21 @@ def measure_imports(python: str, repeats: int, lathe_available: bool, warm_up: b
         for label, (setup, statement) in IMPORT_STATEMENTS.items():
             if "lathe" in statement and not lathe_available:
                 continue
-            code = (f"import time; {setup or 'pass'}; t, c = time.perf_counter(), time.process_time(); {statement}; "
-                    "print(time.perf_counter() - t, time.process_time() - c)")
+            code = (
+                f"import time; {setup or 'pass'}; t, c = time.perf_counter(), time.process_time(); {statement}; "
+                "print(time.perf_counter() - t, time.process_time() - c)"
+            )
             record = spawn([python, "-c", code], timeout=120)
             if round_index and record["rc"] == 0:
                 in_process_s, in_process_cpu_s = map(float, record["stdout"].split()[-2:])
-                timings[label].append({"in_process_s": in_process_s, "in_process_cpu_s": in_process_cpu_s,
-                                       "wall_s": record["wall_s"], "maxrss_mb": record["maxrss_mb"]})
+                timings[label].append(
+                    {
+                        "in_process_s": in_process_s,
+                        "in_process_cpu_s": in_process_cpu_s,
+                        "wall_s": record["wall_s"],
+                        "maxrss_mb": record["maxrss_mb"],
+                    }
+                )
             elif record["rc"]:
                 timings[label].append({"error": record["stderr"][-1000:]})
     return timings
@@ -178,8 +217,11 @@ def measure_cli(python: str, repeats: int) -> dict:
     for label, command in commands.items():
         first = spawn(command, timeout=60)
         if first["rc"] != 0:
-            results[label] = {"available": False, "error": (first["stderr"] or first["stdout"])[-1500:],
-                              "command": first["command"]}
+            results[label] = {
+                "available": False,
+                "error": (first["stderr"] or first["stdout"])[-1500:],
+                "command": first["command"],
+            }
             continue
         walls = [spawn(command, timeout=60)["wall_s"] for _ in range(repeats)]
         results[label] = {"available": True, "wall_s": walls, "command": first["command"]}
@@ -196,8 +238,10 @@ def measure_eval_memory(python: str, runners: list[str], quick: bool) -> list[di
                 extra = ["--mode", "evalmem", "--eval-scale", str(scale), "--eval-metrics", metrics]
                 record = run_measured(python, runner, "lm", quick, extra)
                 record.update(eval_scale=scale, eval_metrics=metrics)
-                note(f"evalmem {runner:5s} {metrics:8s} x{scale:<2d} rc={record['rc']} "
-                     f"peak={record.get('result', {}).get('eval_peak_rss_mb', float('nan')):.0f} MB")
+                note(
+                    f"evalmem {runner:5s} {metrics:8s} x{scale:<2d} rc={record['rc']} "
+                    f"peak={record.get('result', {}).get('eval_peak_rss_mb', float('nan')):.0f} MB"
+                )
                 records.append(record)
     return records
 
@@ -218,8 +262,13 @@ def profile_runner(python: str, runner: str, job: str, quick: bool, top: int = 1
     stats = pstats.Stats(str(profile_path)).stats  # {(file, line, name): (cc, ncalls, tottime, cumtime, callers)}
 
     def where(file: str) -> str:
-        for marker, package in (("/lathe/", "lathe"), ("/transformers/", "transformers"), ("/accelerate/", "accelerate"),
-                                ("/torch/", "torch (Python)"), ("/bench/", "bench (model, dataset)")):
+        for marker, package in (
+            ("/lathe/", "lathe"),
+            ("/transformers/", "transformers"),
+            ("/accelerate/", "accelerate"),
+            ("/torch/", "torch (Python)"),
+            ("/bench/", "bench (model, dataset)"),
+        ):
             if marker in file:
                 return package
         return "torch C++ / builtins" if file == "~" else "other Python"
@@ -229,10 +278,20 @@ def profile_runner(python: str, runner: str, job: str, quick: bool, top: int = 1
         packages[where(file)] = packages.get(where(file), 0.0) + tottime
     rows = sorted(stats.items(), key=lambda item: item[1][2], reverse=True)[:top]
     return {
-        "runner": runner, "job": job, "steps": record["result"]["global_step"],
-        "total_s": sum(v[2] for v in stats.values()), "packages": packages,
-        "top": [{"function": f"{os.path.relpath(f, REPO_ROOT) if f.startswith('/') else f}:{line}({name})",
-                 "ncalls": v[1], "tottime": v[2], "cumtime": v[3]} for (f, line, name), v in rows],
+        "runner": runner,
+        "job": job,
+        "steps": record["result"]["global_step"],
+        "total_s": sum(v[2] for v in stats.values()),
+        "packages": packages,
+        "top": [
+            {
+                "function": f"{os.path.relpath(f, REPO_ROOT) if f.startswith('/') else f}:{line}({name})",
+                "ncalls": v[1],
+                "tottime": v[2],
+                "cumtime": v[3],
+            }
+            for (f, line, name), v in rows
+        ],
     }
 
 
@@ -244,9 +303,13 @@ def main():
     parser.add_argument("--runners", default=",".join(RUNNERS))
     parser.add_argument("--python", default=str(DEFAULT_PYTHON), help="interpreter for every child process")
     parser.add_argument("--skip", default="", help="comma list of: imports,cli,train,profile,evalmem")
-    parser.add_argument("--nice", type=int, default=0,
-                        help="run the children at this nice increment, e.g. -10 (root) on a machine shared with "
-                             "other work, so that every runner gets a whole core")
+    parser.add_argument(
+        "--nice",
+        type=int,
+        default=0,
+        help="run the children at this nice increment, e.g. -10 (root) on a machine shared with "
+        "other work, so that every runner gets a whole core",
+    )
     parser.add_argument("--report", help="markdown output (default docs/BENCHMARKS.md, quick: bench/results/)")
     args = parser.parse_args()
     if not Path(args.python).exists():
@@ -258,8 +321,12 @@ def main():
     started = datetime.datetime.now(datetime.timezone.utc)
 
     meta = machine_info(args.python)
-    meta.update(started=started.isoformat(timespec="seconds"), quick=args.quick, nice=args.nice,
-                command="python " + shlex.join([os.path.relpath(__file__, REPO_ROOT), *sys.argv[1:]]))
+    meta.update(
+        started=started.isoformat(timespec="seconds"),
+        quick=args.quick,
+        nice=args.nice,
+        command="python " + shlex.join([os.path.relpath(__file__, REPO_ROOT), *sys.argv[1:]]),
+    )
     note(f"machine: {meta['cpu']} x{meta['cores']}, load {meta['load_average_start']}")
     lathe = check_lathe(args.python)
     if not lathe["available"]:
@@ -269,8 +336,16 @@ def main():
     if prepare["rc"]:
         sys.exit("preparing the lm assets failed:\n" + prepare["stderr"])
 
-    results = {"meta": meta, "lathe": lathe, "runners": runners, "imports": {}, "cli": {}, "runs": [],
-               "profiles": [], "evalmem": []}
+    results = {
+        "meta": meta,
+        "lathe": lathe,
+        "runners": runners,
+        "imports": {},
+        "cli": {},
+        "runs": [],
+        "profiles": [],
+        "evalmem": [],
+    }
     import_repeats = 1 if args.quick else 5
     if "imports" not in skip:
         note("import times")
@@ -287,9 +362,11 @@ def main():
                     record["repeat"] = repeat
                     results["runs"].append(record)
                     summary = record.get("result", {})
-                    note(f"{job:10s} {runner:5s} #{repeat} rc={record['rc']} wall={record['wall_s']:.1f}s "
-                         f"train={summary.get('train_s', float('nan')):.2f}s "
-                         f"loss={summary.get('final_loss', float('nan')):.6f}")
+                    note(
+                        f"{job:10s} {runner:5s} #{repeat} rc={record['rc']} wall={record['wall_s']:.1f}s "
+                        f"train={summary.get('train_s', float('nan')):.2f}s "
+                        f"loss={summary.get('final_loss', float('nan')):.6f}"
+                    )
                     if record["rc"]:
                         note("  error: " + record["error"].strip().splitlines()[-1])
     if not args.quick and "profile" not in skip and "train" not in skip:
@@ -309,8 +386,11 @@ def main():
 
     import report  # noqa: E402  (bench/ is on sys.path: this script's folder)
 
-    report_path = Path(args.report) if args.report else (
-        RESULTS_DIR / "BENCHMARKS-quick.md" if args.quick else REPO_ROOT / "docs" / "BENCHMARKS.md")
+    report_path = (
+        Path(args.report)
+        if args.report
+        else (RESULTS_DIR / "BENCHMARKS-quick.md" if args.quick else REPO_ROOT / "docs" / "BENCHMARKS.md")
+    )
     report_path.parent.mkdir(parents=True, exist_ok=True)
     report_path.write_text(report.render(results, results_path))
     note(f"results: {results_path}\nreport: {report_path} ({meta['duration_s']:.0f} s in all)")

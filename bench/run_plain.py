@@ -9,6 +9,7 @@ data tensors with one index operation instead of per-sample fetching and collati
 
     python bench/run_plain.py --job regression [--quick] [--out result.json]
 """
+
 import time
 
 _T0 = time.perf_counter()
@@ -107,8 +108,11 @@ def train(job, model, data, output_dir: Path) -> dict:
                 total_loss += interval_loss
                 running_loss.zero_()
                 log_history.append(
-                    {"loss": interval_loss / (global_step - last_logged_step), "step": global_step,
-                     "learning_rate": learning_rate}
+                    {
+                        "loss": interval_loss / (global_step - last_logged_step),
+                        "step": global_step,
+                        "learning_rate": learning_rate,
+                    }
                 )
                 last_logged_step = global_step
             is_last = global_step == job.max_steps
@@ -121,7 +125,9 @@ def train(job, model, data, output_dir: Path) -> dict:
                 save_checkpoint(folder, model, optimizer, scheduler, log_history)
     total_loss += running_loss.item()
     return {
-        "first_step_time": first_step_time, "global_step": global_step, "train_loss": total_loss / global_step,
+        "first_step_time": first_step_time,
+        "global_step": global_step,
+        "train_loss": total_loss / global_step,
         "log_history": log_history,
     }
 
@@ -138,8 +144,11 @@ def evaluate_memory(job, args) -> dict:
     start = time.perf_counter()
     eval_loss = jobs.lm_eval_loss(model, data["eval"], job.eval_batch_size)
     return {
-        "eval_s": time.perf_counter() - start, "eval_loss": eval_loss, "rss_before_eval_mb": before,
-        "eval_peak_rss_mb": measure.high_water_rss_mb(), "eval_samples": len(data["eval"]),
+        "eval_s": time.perf_counter() - start,
+        "eval_loss": eval_loss,
+        "rss_before_eval_mb": before,
+        "eval_peak_rss_mb": measure.high_water_rss_mb(),
+        "eval_samples": len(data["eval"]),
     }
 
 
@@ -155,8 +164,15 @@ def main():
     args = parser.parse_args()
     dynamo_import_s = jobs.prepare_process(threads=1)
     job = jobs.get_job(args.job, args.quick)
-    result = {"runner": "plain", "job": job.name, "quick": args.quick, "mode": args.mode, "import_s": IMPORT_S,
-              "threads": torch.get_num_threads(), "dynamo_import_s": dynamo_import_s}
+    result = {
+        "runner": "plain",
+        "job": job.name,
+        "quick": args.quick,
+        "mode": args.mode,
+        "import_s": IMPORT_S,
+        "threads": torch.get_num_threads(),
+        "dynamo_import_s": dynamo_import_s,
+    }
     if args.mode == "evalmem":
         result.update(evaluate_memory(job, args))
         measure.write_result(args.out, result)

@@ -5,6 +5,7 @@ Both implementations run this very code; only the import line differs, which is 
     python bench/run_trainer.py --impl hf --job lm [--quick] [--out result.json]
     python bench/run_trainer.py --impl lathe --job lm --mode evalmem --eval-scale 10
 """
+
 import time
 
 _T0 = time.perf_counter()
@@ -18,8 +19,12 @@ parser.add_argument("--job", choices=["regression", "lm"], required=True)
 parser.add_argument("--quick", action="store_true")
 parser.add_argument("--mode", choices=["train", "evalmem"], default="train")
 parser.add_argument("--eval-scale", type=int, default=1, help="evalmem: evaluate on this many times the eval texts")
-parser.add_argument("--eval-metrics", choices=["loss", "accuracy"], default="loss",
-                    help="evalmem: loss only, or token accuracy via preprocess_logits_for_metrics=argmax")
+parser.add_argument(
+    "--eval-metrics",
+    choices=["loss", "accuracy"],
+    default="loss",
+    help="evalmem: loss only, or token accuracy via preprocess_logits_for_metrics=argmax",
+)
 parser.add_argument("--output-dir", default=None)
 parser.add_argument("--out", help="write the result JSON here (default: stdout)")
 ARGS = parser.parse_args()
@@ -105,8 +110,13 @@ def build(job, output_dir: str, eval_scale: int = 1, evaluate: bool = True):
     if ARGS.mode == "evalmem" and ARGS.eval_metrics == "accuracy":
         extra = {"compute_metrics": token_accuracy, "preprocess_logits_for_metrics": argmax_logits}
     trainer = Trainer(
-        model=model, args=training_arguments(job, output_dir, evaluate), train_dataset=train_dataset,
-        eval_dataset=eval_dataset, data_collator=collator, callbacks=[timer], **extra,
+        model=model,
+        args=training_arguments(job, output_dir, evaluate),
+        train_dataset=train_dataset,
+        eval_dataset=eval_dataset,
+        data_collator=collator,
+        callbacks=[timer],
+        **extra,
     )
     return model, trainer, data, timer
 
@@ -159,8 +169,14 @@ def main():
     job = jobs.get_job(ARGS.job, ARGS.quick)
     output_dir = ARGS.output_dir or f"bench/results/tmp/{ARGS.impl}"
     result = {
-        "runner": ARGS.impl, "job": job.name, "quick": ARGS.quick, "mode": ARGS.mode, "import_s": IMPORT_S,
-        "trainer_import_s": TRAINER_IMPORT_S, "threads": torch.get_num_threads(), "dynamo_import_s": dynamo_import_s,
+        "runner": ARGS.impl,
+        "job": job.name,
+        "quick": ARGS.quick,
+        "mode": ARGS.mode,
+        "import_s": IMPORT_S,
+        "trainer_import_s": TRAINER_IMPORT_S,
+        "threads": torch.get_num_threads(),
+        "dynamo_import_s": dynamo_import_s,
         "trainer_module": Trainer.__module__,
     }
     if ARGS.mode == "evalmem":

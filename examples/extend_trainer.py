@@ -9,6 +9,7 @@ The same code runs on transformers.Trainer after changing the import.
 
 Run: python examples/extend_trainer.py  (a few seconds on CPU)
 """
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -80,12 +81,19 @@ def main(output_dir: str = "output/extend_trainer", target: float = 0.05, max_st
         disable_tqdm=True,
     )
     stopper = StopAtTargetLoss(target)
-    trainer = HuberTrainer(model=Regressor(), args=args, train_dataset=make_data(4096, seed=0),
-                           eval_dataset=make_data(512, seed=1), callbacks=[stopper])
+    trainer = HuberTrainer(
+        model=Regressor(),
+        args=args,
+        train_dataset=make_data(4096, seed=0),
+        eval_dataset=make_data(512, seed=1),
+        callbacks=[stopper],
+    )
     result = trainer.train()
     metrics = trainer.evaluate()
-    print(f"stopped at step {result.global_step} of max_steps={max_steps} (target loss {target}); "
-          f"held-out Huber loss {metrics['eval_loss']:.4f}")
+    print(
+        f"stopped at step {result.global_step} of max_steps={max_steps} (target loss {target}); "
+        f"held-out Huber loss {metrics['eval_loss']:.4f}"
+    )
     return {"trainer": trainer, "stopper": stopper, "result": result, "eval": metrics}
 
 

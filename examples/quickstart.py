@@ -3,6 +3,7 @@
 The script is what a transformers.Trainer user would write; only the import differs.
 Run: python examples/quickstart.py  (about 10 seconds on 2 CPU cores)
 """
+
 import torch
 from torch import nn
 
@@ -66,8 +67,10 @@ def main():
     after = trainer.evaluate()
     trainer.log_metrics("train", result.metrics)
     trainer.log_metrics("eval", after)
-    print(f"\nheld-out R^2: {before['eval_r2']:.3f} before training -> {after['eval_r2']:.3f} after "
-          f"({result.global_step} steps, {result.metrics['train_runtime']:.1f} s)")
+    print(
+        f"\nheld-out R^2: {before['eval_r2']:.3f} before training -> {after['eval_r2']:.3f} after "
+        f"({result.global_step} steps, {result.metrics['train_runtime']:.1f} s)"
+    )
 
 
 if __name__ == "__main__":

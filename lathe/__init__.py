@@ -1,4 +1,5 @@
 """lathe: train and fine-tune PyTorch models. Public names are re-exported lazily from lathe.train."""
+
 from lathe._lazy import make_getattr
 from lathe.train import _EXPORTS
 

@@ -1,4 +1,5 @@
 """Lazy attribute exports: `import lathe` must not import torch until a name is used."""
+
 from __future__ import annotations
 
 import importlib

@@ -1,5 +1,6 @@
 """The `lathe` command line: parse the sub-command, hand it to its module. Kept import-light so
 `lathe --help` answers fast (torch is imported only by commands that need it)."""
+
 from __future__ import annotations
 
 import argparse
@@ -46,15 +47,22 @@ def _pop_valued(overrides: list[str], options, spellings: dict[str, tuple[str, .
 
 
 def _data_preview(options) -> int:
-    options.overrides = _pop_valued(options.overrides, options, {"num_examples": ("--num_examples", "--num-examples", "-n"), "split": ("--split",)})
+    options.overrides = _pop_valued(
+        options.overrides, options, {"num_examples": ("--num_examples", "--num-examples", "-n"), "split": ("--split",)}
+    )
     overrides, flags = _pop_flags(options.overrides, "traceback")
     options.num_examples = int(options.num_examples)
     if options.split not in ("train", "eval"):
         raise SystemExit(f"lathe data preview: --split must be train or eval, got {options.split!r}")
     from lathe.llm.commands import data_preview_command
 
-    return data_preview_command(options.config, overrides, num_examples=options.num_examples, split=options.split,
-                                traceback="traceback" in flags)
+    return data_preview_command(
+        options.config,
+        overrides,
+        num_examples=options.num_examples,
+        split=options.split,
+        traceback="traceback" in flags,
+    )
 
 
 _OVERRIDES_HELP = "key=value or --key value pairs; --traceback shows the full error"
@@ -71,7 +79,10 @@ def _add_config_command(commands, name: str, run, help: str, description: str, o
 
 def _add_train_parsers(commands) -> None:
     _add_config_command(
-        commands, "train", _train, help="train a model from a LLaMA-Factory-style YAML config (stage pt, sft, rm, dpo or kto)",
+        commands,
+        "train",
+        _train,
+        help="train a model from a LLaMA-Factory-style YAML config (stage pt, sft, rm, dpo or kto)",
         description="Train from a LLaMA-Factory-style config. Prints the resolved configuration and the plan "
         "(examples, tokens, steps, trainable parameters) first. Overrides win over the file: "
         "`lathe train c.yaml learning_rate=1e-4 --num_train_epochs 2`.",
@@ -104,9 +115,14 @@ def _chat(options) -> int:
     return chat_command(options.config, overrides, traceback="traceback" in flags)
 
 
-API_OPTIONS = {"host": ("--host",), "port": ("--port",), "api_key": ("--api_key", "--api-key"),
-               "model_name": ("--model_name", "--model-name"), "max_tokens": ("--max_tokens", "--max-tokens"),
-               "max_batch": ("--max_batch", "--max-batch")}
+API_OPTIONS = {
+    "host": ("--host",),
+    "port": ("--port",),
+    "api_key": ("--api_key", "--api-key"),
+    "model_name": ("--model_name", "--model-name"),
+    "max_tokens": ("--max_tokens", "--max-tokens"),
+    "max_batch": ("--max_batch", "--max-batch"),
+}
 
 
 def _api(options) -> int:
@@ -131,14 +147,20 @@ def _api(options) -> int:
 def _expand(options) -> int:
     from lathe.llm.commands import expand_command
 
-    return expand_command(options.model_name_or_path, options.output_dir, options.num_expand,
-                          max_shard_size=options.max_shard_size, trust_remote_code=options.trust_remote_code,
-                          traceback=options.traceback)
+    return expand_command(
+        options.model_name_or_path,
+        options.output_dir,
+        options.num_expand,
+        max_shard_size=options.max_shard_size,
+        trust_remote_code=options.trust_remote_code,
+        traceback=options.traceback,
+    )
 
 
 def _add_expand_parser(commands) -> None:
     expand = commands.add_parser(
-        "expand", help="LLaMA Pro block expansion: add identity-initialised copies of blocks (train them with use_llama_pro)",
+        "expand",
+        help="LLaMA Pro block expansion: add identity-initialised copies of blocks (train them with use_llama_pro)",
         description="Write MODEL with NUM_EXPAND more hidden layers: after every (layers / NUM_EXPAND)-th block, a copy "
         "of it whose o_proj and down_proj are zero, so the new model computes what MODEL does (checked before "
         "anything is written). Then train with finetuning_type freeze (or lora), use_llama_pro: true and "
@@ -146,23 +168,31 @@ def _add_expand_parser(commands) -> None:
     )
     expand.add_argument("model_name_or_path", help="local model folder")
     expand.add_argument("output_dir", help="new folder for the expanded model")
-    expand.add_argument("--num_expand", "--num-expand", type=int, required=True, help="blocks to add; divides the layer count")
+    expand.add_argument(
+        "--num_expand", "--num-expand", type=int, required=True, help="blocks to add; divides the layer count"
+    )
     expand.add_argument("--max_shard_size", "--max-shard-size", default="5GB", help="largest safetensors shard (5GB)")
-    expand.add_argument("--trust_remote_code", "--trust-remote-code", action="store_true", help="allow the folder's own code")
+    expand.add_argument(
+        "--trust_remote_code", "--trust-remote-code", action="store_true", help="allow the folder's own code"
+    )
     expand.add_argument("--traceback", action="store_true", help="show the full error")
     expand.set_defaults(run=_expand)
 
 
 def _add_inference_parsers(commands) -> None:
     _add_config_command(
-        commands, "chat", _chat, help="chat with a model in the terminal, with its training template (streaming; clear, exit)",
+        commands,
+        "chat",
+        _chat,
+        help="chat with a model in the terminal, with its training template (streaming; clear, exit)",
         description="Interactive chat from a LLaMA-Factory-style inference config (model_name_or_path, "
         "adapter_name_or_path, template, finetuning_type, generation keys). Overrides such as temperature=0.2 "
         "max_new_tokens=128 win over the file.",
     )
 
     api = commands.add_parser(
-        "api", help="serve the model with an OpenAI-compatible HTTP API (chat/completions, completions, models)",
+        "api",
+        help="serve the model with an OpenAI-compatible HTTP API (chat/completions, completions, models)",
         description="An OpenAI-compatible server (FastAPI + uvicorn; pip install 'lathe[api]'). Listens on "
         "127.0.0.1:8000 unless told otherwise; with an API key (--api_key or LATHE_API_KEY) every route needs "
         "`Authorization: Bearer KEY`. Concurrent requests are decoded together in batches of up to --max_batch.",
@@ -170,13 +200,19 @@ def _add_inference_parsers(commands) -> None:
     api.add_argument("config", help="YAML or JSON config file")
     for dest, spellings in API_OPTIONS.items():
         api.add_argument(*spellings, dest=dest, default=None, help=argparse.SUPPRESS)
-    api.add_argument("overrides", nargs=argparse.REMAINDER,
-                     help="--host H --port P --api_key K --model_name NAME --max_tokens CAP --max_batch B, then "
-                     "key=value config overrides; --traceback shows the full error")
+    api.add_argument(
+        "overrides",
+        nargs=argparse.REMAINDER,
+        help="--host H --port P --api_key K --model_name NAME --max_tokens CAP --max_batch B, then "
+        "key=value config overrides; --traceback shows the full error",
+    )
     api.set_defaults(run=_api)
 
     _add_config_command(
-        commands, "export", _export, help="merge LoRA adapters into the base and write a checked, sharded safetensors model folder",
+        commands,
+        "export",
+        _export,
+        help="merge LoRA adapters into the base and write a checked, sharded safetensors model folder",
         description="Export from a LLaMA-Factory-style inference config (model_name_or_path, adapter_name_or_path, "
         "template, finetuning_type, export_dir, export_size, infer_dtype). Adapters are merged in float32 and "
         "checked against base + adapter; the folder is loaded back and checked before success is reported.",
@@ -186,7 +222,9 @@ def _add_inference_parsers(commands) -> None:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="lathe", description="Train and fine-tune PyTorch models.")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
-    env = commands.add_parser("env", help="print versions of python, torch, lathe and optional packages, and the devices")
+    env = commands.add_parser(
+        "env", help="print versions of python, torch, lathe and optional packages, and the devices"
+    )
     env.set_defaults(run=_env)
     _add_train_parsers(commands)
     _add_inference_parsers(commands)

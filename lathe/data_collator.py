@@ -1,4 +1,5 @@
 """transformers.data.data_collator's names (lathe.data_collator)."""
+
 from lathe.train.collators import (  # noqa: F401
     DataCollatorForLanguageModeling,
     DataCollatorForSeq2Seq,

@@ -1,10 +1,23 @@
 """`lathe env`: the facts a bug report needs (versions, devices)."""
+
 from __future__ import annotations
 
 import importlib.metadata
 import platform
 
-OPTIONAL_PACKAGES = ("transformers", "tokenizers", "peft", "datasets", "safetensors", "accelerate", "fastapi", "uvicorn", "matplotlib", "tensorboard", "optuna")
+OPTIONAL_PACKAGES = (
+    "transformers",
+    "tokenizers",
+    "peft",
+    "datasets",
+    "safetensors",
+    "accelerate",
+    "fastapi",
+    "uvicorn",
+    "matplotlib",
+    "tensorboard",
+    "optuna",
+)
 
 
 def _version(package: str) -> str:

@@ -1,2 +1,3 @@
 """transformers.trainer's import path: from lathe.trainer import Trainer."""
+
 from lathe.train.trainer import Trainer  # noqa: F401

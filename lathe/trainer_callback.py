@@ -1,4 +1,5 @@
 """transformers.trainer_callback's import path."""
+
 from lathe.train.callbacks import CallbackHandler, TrainerCallback  # noqa: F401
 from lathe.train.flow import DefaultFlowCallback, EarlyStoppingCallback, PrinterCallback, ProgressCallback  # noqa: F401
 from lathe.train.state import ExportableState, TrainerControl, TrainerState  # noqa: F401

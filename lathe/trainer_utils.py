@@ -1,4 +1,5 @@
 """transformers.trainer_utils's import path."""
+
 from lathe.train.args_enums import IntervalStrategy, SaveStrategy, SchedulerType  # noqa: F401
 from lathe.train.checkpoint import PREFIX_CHECKPOINT_DIR, get_last_checkpoint  # noqa: F401
 from lathe.train.evaluation import speed_metrics  # noqa: F401

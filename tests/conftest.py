@@ -1,5 +1,6 @@
 """Shared test set-up: one torch thread (2 shared cores: spinning thread pools make runs erratic),
 and quiet, deterministic defaults."""
+
 import os
 
 import pytest

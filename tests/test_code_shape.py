@@ -1,6 +1,7 @@
 """The house rules a script can check (STYLE.md, issue 14): every module of lathe opens with a docstring
 saying what it owns, none is over 400 lines, and at most two functions are over 60 lines (a long function
 becomes named parts). The failure message lists what breaks a rule, with its length."""
+
 import ast
 import pathlib
 
@@ -22,7 +23,11 @@ def _functions(tree):
 
 
 def test_every_module_opens_with_a_docstring():
-    missing = [str(path.relative_to(PACKAGE.parent)) for path in _modules() if not ast.get_docstring(ast.parse(path.read_text()))]
+    missing = [
+        str(path.relative_to(PACKAGE.parent))
+        for path in _modules()
+        if not ast.get_docstring(ast.parse(path.read_text()))
+    ]
     assert missing == []
 
 

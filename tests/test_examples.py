@@ -1,6 +1,7 @@
 """examples/extend_trainer.py runs as users run it, and does what it says: its callback stops training at
 the first logged loss at or below the target, and its compute_loss override is the loss that is trained
 and evaluated."""
+
 import importlib.util
 import os
 import pathlib
@@ -51,6 +52,8 @@ def test_the_compute_loss_override_is_the_evaluated_loss(run):
 
 def test_the_example_runs_as_a_script(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-    done = subprocess.run([sys.executable, str(EXAMPLE)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [sys.executable, str(EXAMPLE)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     assert "stopped at step" in done.stdout and "held-out Huber loss" in done.stdout

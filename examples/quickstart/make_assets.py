@@ -6,6 +6,7 @@ quickstart (`lathe train examples/quickstart.yaml`) never runs this; run it only
 
 The output is deterministic: the same files, byte for byte, on every run.
 """
+
 from __future__ import annotations
 
 import json
@@ -47,8 +48,11 @@ def build_tokenizer():
     # As Qwen2 does: <|endoftext|> pads and ends documents; the chatml template makes <|im_end|> the
     # EOS of a chat turn when the tokenizer is loaded for training.
     return PreTrainedTokenizerFast(
-        tokenizer_object=backend, eos_token="<|endoftext|>", pad_token="<|endoftext|>",
-        additional_special_tokens=["<|im_start|>", "<|im_end|>"], model_max_length=64,
+        tokenizer_object=backend,
+        eos_token="<|endoftext|>",
+        pad_token="<|endoftext|>",
+        additional_special_tokens=["<|im_start|>", "<|im_end|>"],
+        model_max_length=64,
         clean_up_tokenization_spaces=False,
     )
 
@@ -61,9 +65,17 @@ def build_model_config(vocab_size: int):
     from transformers import LlamaConfig
 
     return LlamaConfig(
-        vocab_size=vocab_size, hidden_size=128, intermediate_size=512, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=64, tie_word_embeddings=True,
-        bos_token_id=None, eos_token_id=SPECIAL_TOKENS.index("<|im_end|>"), pad_token_id=0,
+        vocab_size=vocab_size,
+        hidden_size=128,
+        intermediate_size=512,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        max_position_embeddings=64,
+        tie_word_embeddings=True,
+        bos_token_id=None,
+        eos_token_id=SPECIAL_TOKENS.index("<|im_end|>"),
+        pad_token_id=0,
         dtype="float32",
     )
 

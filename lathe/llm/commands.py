@@ -1,5 +1,6 @@
 """`lathe train` and `lathe data preview`: read the config, print what will happen, hand over to the
 stage's recipe. Imported only when one of these commands runs (it pulls in transformers)."""
+
 from __future__ import annotations
 
 import logging
@@ -7,8 +8,15 @@ import sys
 
 from lathe.llm.workflows.stages import run_train
 
-__all__ = ["train_command", "data_preview_command", "export_command", "expand_command", "chat_command", "api_command",
-           "run_train"]
+__all__ = [
+    "train_command",
+    "data_preview_command",
+    "export_command",
+    "expand_command",
+    "chat_command",
+    "api_command",
+    "run_train",
+]
 
 # Errors that mean "the config or the files are wrong": shown as one message, not a traceback.
 USER_ERRORS = (ValueError, FileNotFoundError, NotADirectoryError, ImportError)
@@ -55,7 +63,9 @@ def train_command(config_path: str, overrides: list[str], dry_run: bool = False,
     from lathe.llm.workflows.plan import format_config, print_once
 
     def train() -> int:
-        code = None if dry_run else relaunch(config_path, overrides)  # under torchrun when several processes are asked for
+        code = (
+            None if dry_run else relaunch(config_path, overrides)
+        )  # under torchrun when several processes are asked for
         if code is not None:
             return code
         config = parse_train_config(config_path, overrides)
@@ -68,8 +78,9 @@ def train_command(config_path: str, overrides: list[str], dry_run: bool = False,
     return _reported("train", traceback, train)
 
 
-def data_preview_command(config_path: str, overrides: list[str], num_examples: int = 3, split: str = "train",
-                         traceback: bool = False) -> int:
+def data_preview_command(
+    config_path: str, overrides: list[str], num_examples: int = 3, split: str = "train", traceback: bool = False
+) -> int:
     """`lathe data preview CONFIG`: the template, its stop tokens and whether the chat_template saved with the
     model agrees with it; then a few tokenized examples with the trained spans marked."""
     from lathe.llm.config import parse_train_config
@@ -84,14 +95,17 @@ def data_preview_command(config_path: str, overrides: list[str], num_examples: i
         tokenizer = load_tokenizer(config.model)
         template = get_template_and_fix_tokenizer(tokenizer, config.data)
         print(template_report(template, tokenizer))
-        datasets = get_dataset(template, config.model, config.data, config.training,
-                               stage=config.finetuning.stage, tokenizer=tokenizer)
+        datasets = get_dataset(
+            template, config.model, config.data, config.training, stage=config.finetuning.stage, tokenizer=tokenizer
+        )
         dataset = datasets["train_dataset"] if split == "train" else datasets["eval_dataset"]
         if dataset is None:
             raise ValueError(f"the config gives no {split} split (eval needs val_size or eval_dataset).")
         parts = dataset.items() if isinstance(dataset, dict) else [(split, dataset)]
         for name, part in parts:
-            print(f"== {name} (stage {config.finetuning.stage}, template {config.data.template or 'from the tokenizer'})")
+            print(
+                f"== {name} (stage {config.finetuning.stage}, template {config.data.template or 'from the tokenizer'})"
+            )
             print(preview_examples(part, tokenizer, n=num_examples))
         return 0
 
@@ -110,17 +124,26 @@ def export_command(config_path: str, overrides: list[str], traceback: bool = Fal
     return _reported("export", traceback, export, USER_ERRORS + (RuntimeError,))
 
 
-def expand_command(model_name_or_path: str, output_dir: str, num_expand: int, max_shard_size: str = "5GB",
-                   trust_remote_code: bool = False, traceback: bool = False) -> int:
+def expand_command(
+    model_name_or_path: str,
+    output_dir: str,
+    num_expand: int,
+    max_shard_size: str = "5GB",
+    trust_remote_code: bool = False,
+    traceback: bool = False,
+) -> int:
     """`lathe expand MODEL OUTPUT_DIR --num_expand N`: LLaMA Pro block expansion (lathe/llm/model/llama_pro.py)."""
     from lathe.llm.model.llama_pro import expand_blocks
 
     def expand() -> int:
         result = expand_blocks(model_name_or_path, output_dir, num_expand, max_shard_size, trust_remote_code)
         before, after = result["layers"]
-        print(f"Expanded {model_name_or_path} from {before} to {after} layers into {output_dir} (the copies start as the "
-              f"identity: logits equal the original's). Fine-tune it with:\n  model_name_or_path: {output_dir}\n"
-              f"  finetuning_type: freeze\n  freeze_trainable_layers: {num_expand}\n  use_llama_pro: true", flush=True)
+        print(
+            f"Expanded {model_name_or_path} from {before} to {after} layers into {output_dir} (the copies start as the "
+            f"identity: logits equal the original's). Fine-tune it with:\n  model_name_or_path: {output_dir}\n"
+            f"  finetuning_type: freeze\n  freeze_trainable_layers: {num_expand}\n  use_llama_pro: true",
+            flush=True,
+        )
         return 0
 
     return _reported("expand", traceback, expand, USER_ERRORS + (RuntimeError, OSError))

@@ -5,6 +5,7 @@ overrides, and returns a `TrainConfig` of five dataclasses. Precedence: defaults
 Everything that can be checked without loading a model or data is checked here, with errors that
 name the key and the file.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -39,11 +40,17 @@ class FinetuningArguments:
     _argument_group_name = "finetuning"
 
     stage: Literal["pt", "sft", "rm", "ppo", "dpo", "kto"] = field(
-        default="sft", metadata=_help("Training stage: pt (pre-training), sft, rm (reward model), dpo or kto (preference training).")
+        default="sft",
+        metadata=_help("Training stage: pt (pre-training), sft, rm (reward model), dpo or kto (preference training)."),
     )
-    finetuning_type: Literal["lora", "oft", "freeze", "full"] = field(default="lora", metadata=_help("full, freeze, lora or oft."))
+    finetuning_type: Literal["lora", "oft", "freeze", "full"] = field(
+        default="lora", metadata=_help("full, freeze, lora or oft.")
+    )
     use_llama_pro: bool = field(
-        default=False, metadata=_help("freeze/lora: train only the blocks `lathe expand` added (LLaMA Pro); freeze_trainable_layers = how many.")
+        default=False,
+        metadata=_help(
+            "freeze/lora: train only the blocks `lathe expand` added (LLaMA Pro); freeze_trainable_layers = how many."
+        ),
     )
     freeze_trainable_layers: int = field(
         default=2, metadata=_help("freeze: train the last n hidden layers (n > 0) or the first -n (n < 0).")
@@ -55,28 +62,43 @@ class FinetuningArguments:
         default=None, metadata=_help("freeze: modules outside the hidden layers to train too (e.g. embed_tokens,norm).")
     )
     additional_target: str | None = field(
-        default=None, metadata=_help("lora: modules trained in full and saved with the adapter (e.g. embed_tokens,lm_head).")
+        default=None,
+        metadata=_help("lora: modules trained in full and saved with the adapter (e.g. embed_tokens,lm_head)."),
     )
     lora_alpha: int | None = field(default=None, metadata=_help("lora: scale factor (default 2 x lora_rank)."))
     lora_dropout: float = field(default=0.0, metadata=_help("lora: dropout on the adapter input."))
     lora_rank: int = field(default=8, metadata=_help("lora: rank of the update matrices."))
     lora_target: str = field(
         default="all",
-        metadata=_help("lora: module names to adapt, comma separated; all = every linear layer but the output head; "
-                       "or one regular expression matched against whole module paths (peft's rule)."),
+        metadata=_help(
+            "lora: module names to adapt, comma separated; all = every linear layer but the output head; "
+            "or one regular expression matched against whole module paths (peft's rule)."
+        ),
     )
-    loraplus_lr_ratio: float | None = field(default=None, metadata=_help("lora: LoRA+, learning rate of the B matrices = learning_rate x this."))
-    loraplus_lr_embedding: float = field(default=1e-6, metadata=_help("lora: LoRA+ learning rate of embedding adapters' B matrices."))
-    pissa_init: bool = field(default=False, metadata=_help("lora: initialise the adapter from the principal singular vectors (PiSSA)."))
+    loraplus_lr_ratio: float | None = field(
+        default=None, metadata=_help("lora: LoRA+, learning rate of the B matrices = learning_rate x this.")
+    )
+    loraplus_lr_embedding: float = field(
+        default=1e-6, metadata=_help("lora: LoRA+ learning rate of embedding adapters' B matrices.")
+    )
+    pissa_init: bool = field(
+        default=False, metadata=_help("lora: initialise the adapter from the principal singular vectors (PiSSA).")
+    )
     pissa_iter: int = field(default=16, metadata=_help("lora: fast-SVD iterations for PiSSA; -1 = exact SVD."))
     pissa_convert: bool = field(
-        default=False, metadata=_help("lora: also save the PiSSA adapter converted to a plain LoRA of the original base (pissa_converted/).")
+        default=False,
+        metadata=_help(
+            "lora: also save the PiSSA adapter converted to a plain LoRA of the original base (pissa_converted/)."
+        ),
     )
-    module_dropout: float = field(default=0.0, metadata=_help("oft: probability of dropping a whole OFT block in training."))
+    module_dropout: float = field(
+        default=0.0, metadata=_help("oft: probability of dropping a whole OFT block in training.")
+    )
     oft_rank: int = field(default=0, metadata=_help("oft: number of OFT blocks (0: set by oft_block_size)."))
     oft_block_size: int = field(default=32, metadata=_help("oft: size of each OFT block (0: set by oft_rank)."))
     oft_target: str = field(
-        default="all", metadata=_help("oft: module names to adapt, comma separated; all = every linear layer but the output head.")
+        default="all",
+        metadata=_help("oft: module names to adapt, comma separated; all = every linear layer but the output head."),
     )
     use_rslora: bool = field(default=False, metadata=_help("lora: rank-stabilised scaling alpha/sqrt(r)."))
     use_dora: bool = field(default=False, metadata=_help("lora: weight-decomposed LoRA (DoRA)."))
@@ -87,24 +109,47 @@ class FinetuningArguments:
     early_stopping_steps: int | None = field(
         default=None, metadata=_help("Stop when metric_for_best_model has not improved for this many evaluations.")
     )
-    plot_loss: bool = field(default=False, metadata=_help("Save training_loss.png (and training_eval_loss.png) in output_dir."))
+    plot_loss: bool = field(
+        default=False, metadata=_help("Save training_loss.png (and training_eval_loss.png) in output_dir.")
+    )
     # Preference training (dpo, kto); validated in lathe.llm.preference.settings.
-    pref_beta: float = field(default=0.1, metadata=_help("dpo/kto: beta, the strength of the pull towards the reference model."))
-    pref_ftx: float = field(default=0.0, metadata=_help("dpo/kto: weight of the SFT loss (chosen answers' mean token NLL) added to the preference loss."))
+    pref_beta: float = field(
+        default=0.1, metadata=_help("dpo/kto: beta, the strength of the pull towards the reference model.")
+    )
+    pref_ftx: float = field(
+        default=0.0,
+        metadata=_help(
+            "dpo/kto: weight of the SFT loss (chosen answers' mean token NLL) added to the preference loss."
+        ),
+    )
     pref_bco_weight: float = field(default=0.0, metadata=_help("dpo: weight of the BCO loss mixed into the DPO loss."))
     pref_loss: Literal["sigmoid", "hinge", "ipo", "kto_pair", "orpo", "simpo"] = field(
-        default="sigmoid", metadata=_help("dpo: the loss: sigmoid (DPO), hinge, ipo, orpo or simpo (orpo and simpo need no reference model).")
+        default="sigmoid",
+        metadata=_help(
+            "dpo: the loss: sigmoid (DPO), hinge, ipo, orpo or simpo (orpo and simpo need no reference model)."
+        ),
     )
-    dpo_label_smoothing: float = field(default=0.0, metadata=_help("dpo sigmoid: label smoothing in [0, 0.5) (conservative DPO)."))
+    dpo_label_smoothing: float = field(
+        default=0.0, metadata=_help("dpo sigmoid: label smoothing in [0, 0.5) (conservative DPO).")
+    )
     kto_chosen_weight: float = field(default=1.0, metadata=_help("kto: weight of the desirable examples' losses."))
     kto_rejected_weight: float = field(default=1.0, metadata=_help("kto: weight of the undesirable examples' losses."))
     simpo_gamma: float = field(default=0.5, metadata=_help("dpo simpo: the target reward margin."))
-    ref_model: str | None = field(default=None, metadata=_help("dpo/kto: folder of the reference model (default: the model being trained, before training)."))
-    ref_model_adapters: str | None = field(default=None, metadata=_help("dpo/kto: LoRA adapter folder(s) merged into ref_model, comma separated."))
-    ld_alpha: float | None = field(default=None, metadata=_help("dpo: LD-DPO weight of the response tokens past the shorter answer's length."))
+    ref_model: str | None = field(
+        default=None,
+        metadata=_help("dpo/kto: folder of the reference model (default: the model being trained, before training)."),
+    )
+    ref_model_adapters: str | None = field(
+        default=None, metadata=_help("dpo/kto: LoRA adapter folder(s) merged into ref_model, comma separated.")
+    )
+    ld_alpha: float | None = field(
+        default=None, metadata=_help("dpo: LD-DPO weight of the response tokens past the shorter answer's length.")
+    )
 
     # Derived in __post_init__; not settable from a config file.
-    use_ref_model: bool = field(default=False, init=False, metadata=_help("dpo with a loss that compares against a reference model."))
+    use_ref_model: bool = field(
+        default=False, init=False, metadata=_help("dpo with a loss that compares against a reference model.")
+    )
 
     def __post_init__(self):
         from lathe.llm.preference.settings import check_preference_arguments
@@ -201,8 +246,13 @@ def parse_train_config(source: str | Path | dict, overrides: list[str] | tuple[s
     """
     config_input = RawConfig(source, overrides)
     raw, origin, where, path = config_input.values, config_input.origin, config_input.where, config_input.path
-    sections = {"model": ModelArguments, "data": DataArguments, "training": _training_arguments_class(),
-                "finetuning": FinetuningArguments, "generating": GeneratingArguments}
+    sections = {
+        "model": ModelArguments,
+        "data": DataArguments,
+        "training": _training_arguments_class(),
+        "finetuning": FinetuningArguments,
+        "generating": GeneratingArguments,
+    }
     hints = {name: _field_hints(dtype) for name, dtype in sections.items()}
     known = {key: hint for section in hints.values() for key, hint in section.items()}
     from lathe.llm.launch import LAUNCH_KEYS
@@ -232,7 +282,9 @@ def parse_train_config(source: str | Path | dict, overrides: list[str] | tuple[s
 def _check_stage(raw: dict[str, Any], origin) -> None:
     stage = raw.get("stage", "sft")
     if stage not in SUPPORTED_STAGES:
-        raise ValueError(f"stage {stage!r}{origin('stage')} is not supported yet; lathe trains {', '.join(SUPPORTED_STAGES)}.")
+        raise ValueError(
+            f"stage {stage!r}{origin('stage')} is not supported yet; lathe trains {', '.join(SUPPORTED_STAGES)}."
+        )
     method = raw.get("finetuning_type", "lora")
     if method not in SUPPORTED_FINETUNING_TYPES:
         raise ValueError(
@@ -303,7 +355,9 @@ def _validate(config: TrainConfig, where: str) -> None:
             f"out part of the training data."
         )
     if model.adapter_name_or_path is not None and finetuning.finetuning_type not in ("lora", "oft"):
-        raise ValueError(f"adapter_name_or_path{where} needs finetuning_type: lora or oft (got {finetuning.finetuning_type!r}).")
+        raise ValueError(
+            f"adapter_name_or_path{where} needs finetuning_type: lora or oft (got {finetuning.finetuning_type!r})."
+        )
     check_quantized_training(model, finetuning, training, where)
     if training.fp16 and finetuning.pure_bf16:
         raise ValueError(f"fp16 and pure_bf16{where} contradict each other.")
@@ -324,12 +378,14 @@ def _check_stage_options(data, training, finetuning, where: str) -> None:
         if data.train_on_prompt or data.mask_history:
             raise ValueError(f"train_on_prompt and mask_history{where} only apply to stage sft.")
     if finetuning.stage == "sft" and training.do_predict and not training.predict_with_generate:
-        raise ValueError(
-            f"do_predict{where} writes generated_predictions.jsonl and needs predict_with_generate: true."
-        )
+        raise ValueError(f"do_predict{where} writes generated_predictions.jsonl and needs predict_with_generate: true.")
     if finetuning.stage in ("rm", "dpo", "kto") and data.packing:
-        raise ValueError(f"packing{where} applies to stages pt and sft; stage {finetuning.stage} keeps one example per row.")
+        raise ValueError(
+            f"packing{where} applies to stages pt and sft; stage {finetuning.stage} keeps one example per row."
+        )
     if finetuning.stage in ("dpo", "kto") and training.do_predict:
-        raise ValueError(f"do_predict{where} is not read by stage {finetuning.stage}: predictions are written for stage sft (generated answers) and rm (scores).")
+        raise ValueError(
+            f"do_predict{where} is not read by stage {finetuning.stage}: predictions are written for stage sft (generated answers) and rm (scores)."
+        )
     if finetuning.stage == "rm" and training.load_best_model_at_end:
         raise ValueError(f"load_best_model_at_end{where} is not supported for stage rm (as in LLaMA-Factory).")

@@ -1,6 +1,7 @@
 """How raw config values become field values: reading the YAML/JSON file, `key=value` overrides,
 the key checks (unknown, not supported yet) and conversion to each field's type, with the YAML
 1.1 surprises smoothed over (`no` read as False, `1e-3` read as a string)."""
+
 from __future__ import annotations
 
 import difflib
@@ -12,7 +13,15 @@ from typing import Any, Literal, Union
 
 from lathe.llm.config_keys import UNSUPPORTED_KEYS
 
-__all__ = ["read_source", "parse_overrides", "check_keys", "coerce_value", "split_commas", "RawConfig", "build_sections"]
+__all__ = [
+    "read_source",
+    "parse_overrides",
+    "check_keys",
+    "coerce_value",
+    "split_commas",
+    "RawConfig",
+    "build_sections",
+]
 
 NULL_WORDS = ("null", "None", "~")
 # YAML 1.1 reads an unquoted `no` as False; these fields take the string "no".
@@ -49,7 +58,9 @@ def read_source(source: str | Path | dict) -> tuple[dict[str, Any], str | None]:
     if data is None:
         data = {}
     if not isinstance(data, dict):
-        raise ValueError(f"{path} must hold a mapping of keys to values (like `stage: sft`), not a {type(data).__name__}.")
+        raise ValueError(
+            f"{path} must hold a mapping of keys to values (like `stage: sft`), not a {type(data).__name__}."
+        )
     return {str(key): value for key, value in data.items()}, str(path)
 
 
@@ -74,7 +85,9 @@ class RawConfig:
                 raise ValueError(f"{error}{self.origin(key)}") from None
 
 
-def build_sections(values: dict[str, Any], sections: dict[str, type], hints: dict[str, dict], where: str) -> dict[str, Any]:
+def build_sections(
+    values: dict[str, Any], sections: dict[str, type], hints: dict[str, dict], where: str
+) -> dict[str, Any]:
     """One dataclass per section from the keys that belong to it; their own checks name the file."""
     built = {}
     for name, dtype in sections.items():
@@ -112,8 +125,13 @@ def parse_overrides(overrides: list[str] | tuple[str, ...]) -> dict[str, str]:
     return result
 
 
-def check_keys(raw: dict[str, Any], known: list[str], origin, hints: dict[str, str] | None = None,
-               unsupported: dict[str, tuple[str, object]] = UNSUPPORTED_KEYS) -> None:
+def check_keys(
+    raw: dict[str, Any],
+    known: list[str],
+    origin,
+    hints: dict[str, str] | None = None,
+    unsupported: dict[str, tuple[str, object]] = UNSUPPORTED_KEYS,
+) -> None:
     """Drop LLaMA-Factory keys that are set to LLaMA-Factory's default (they change nothing); raise
     one error listing unknown keys (with the closest known one) and keys not supported yet.
     `origin(key)` says where a key came from, for the message; `hints` maps keys that belong to
@@ -126,8 +144,10 @@ def check_keys(raw: dict[str, Any], known: list[str], origin, hints: dict[str, s
             if raw[key] == default or (isinstance(raw[key], str) and raw[key] == str(default)):
                 del raw[key]
             else:
-                errors.append(f"{key}{origin(key)} is a LLaMA-Factory key for {feature}, which lathe does not "
-                              f"support yet (got {raw[key]!r}).")
+                errors.append(
+                    f"{key}{origin(key)} is a LLaMA-Factory key for {feature}, which lathe does not "
+                    f"support yet (got {raw[key]!r})."
+                )
         elif key in known:
             continue
         elif key in hints:
@@ -244,14 +264,25 @@ def _fits(value: Any, members: list[Any]) -> bool:
         origin = typing.get_origin(member) or member
         if member is Any or origin is Literal:
             return True
-        if isinstance(origin, type) and isinstance(value, origin) and not (isinstance(value, bool) and origin is not bool):
+        if (
+            isinstance(origin, type)
+            and isinstance(value, origin)
+            and not (isinstance(value, bool) and origin is not bool)
+        ):
             return True
     return False
 
 
 def _expected(members: list[Any]) -> str:
-    names = {str: "a string", bool: "true or false", int: "an integer", float: "a number", list: "a list",
-             dict: "a mapping"}
-    described = [names.get(typing.get_origin(member) or member, getattr(member, "__name__", str(member)))
-                 for member in members]
+    names = {
+        str: "a string",
+        bool: "true or false",
+        int: "an integer",
+        float: "a number",
+        list: "a list",
+        dict: "a mapping",
+    }
+    described = [
+        names.get(typing.get_origin(member) or member, getattr(member, "__name__", str(member))) for member in members
+    ]
     return " or ".join(dict.fromkeys(described))

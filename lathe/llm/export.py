@@ -11,6 +11,7 @@ What goes wrong elsewhere and is checked here: a merge that silently changes not
 or mismatched adapter), a served model that never stops (EOS of the template not in
 generation_config), a chat_template that renders differently from training.
 """
+
 from __future__ import annotations
 
 import json
@@ -23,7 +24,11 @@ logger = logging.getLogger(__name__)
 PROBE_MESSAGES = (
     [{"role": "user", "content": "Hello! Who are you?"}],
     [{"role": "user", "content": "Reverse the string: lathe"}],
-    [{"role": "user", "content": "1 + 1 ="}, {"role": "assistant", "content": "2"}, {"role": "user", "content": "And 2 + 2?"}],
+    [
+        {"role": "user", "content": "1 + 1 ="},
+        {"role": "assistant", "content": "2"},
+        {"role": "user", "content": "And 2 + 2?"},
+    ],
 )
 # Merged vs unmerged LoRA in float32 differ by rounding only; a real adapter moves logits by far more.
 MERGE_TOLERANCE = 1e-3
@@ -80,8 +85,17 @@ def export_model(config) -> ExportReport:
         _copy_value_head(config.model, export_dir)
     reload_error = _check_reloaded(export_dir, probes, merged_logits, dtype, device)
     shards, size = _shard_facts(export_dir)
-    return ExportReport(export_dir, str(dtype).replace("torch.", ""), shards, size, adapters, merge_error, change, reload_error,
-                        dequantized)
+    return ExportReport(
+        export_dir,
+        str(dtype).replace("torch.", ""),
+        shards,
+        size,
+        adapters,
+        merge_error,
+        change,
+        reload_error,
+        dequantized,
+    )
 
 
 def _dequantized(model, model_args):
@@ -96,12 +110,18 @@ def _dequantized(model, model_args):
     if not is_quantized(model):
         return model, None
     method = getattr(model, "quantization_method", None)
-    described = f"{model_args.quantization_bit}-bit {model_args.quantization_method}" if model_args.quantization_bit else str(method)
+    described = (
+        f"{model_args.quantization_bit}-bit {model_args.quantization_method}"
+        if model_args.quantization_bit
+        else str(method)
+    )
     try:
         model = dequantize(model, torch.float32)
     except (NotImplementedError, ValueError, AttributeError) as error:
-        raise ValueError(f"This {described} model cannot be dequantized for export ({error}): export from the "
-                         "full-precision base instead (without quantization_bit).") from error
+        raise ValueError(
+            f"This {described} model cannot be dequantized for export ({error}): export from the "
+            "full-precision base instead (without quantization_bit)."
+        ) from error
     logger.info("Merging into the dequantized %s base.", described)
     return model, described
 
@@ -147,7 +167,9 @@ def _merge_adapters(model, adapters: list[str], probes):
     worst_error, smallest_change = 0.0, None
     for adapter in adapters:
         if not (Path(adapter) / "adapter_config.json").is_file():
-            raise FileNotFoundError(f"adapter_name_or_path: {adapter!r} has no adapter_config.json (a peft LoRA adapter folder is expected).")
+            raise FileNotFoundError(
+                f"adapter_name_or_path: {adapter!r} has no adapter_config.json (a peft LoRA adapter folder is expected)."
+            )
         before = _logits(model, probes)
         with_adapter = PeftModel.from_pretrained(model, adapter)
         unmerged = _logits(with_adapter, probes)
@@ -156,16 +178,24 @@ def _merge_adapters(model, adapters: list[str], probes):
         error = _max_difference(merged, unmerged) / _scale(unmerged)
         change = _max_difference(merged, before)
         if error > MERGE_TOLERANCE:
-            raise RuntimeError(f"Merging {adapter!r} changed the model's outputs: merged vs base + adapter differ by "
-                               f"{error:.2e} (relative; tolerance {MERGE_TOLERANCE}). Nothing was exported.")
+            raise RuntimeError(
+                f"Merging {adapter!r} changed the model's outputs: merged vs base + adapter differ by "
+                f"{error:.2e} (relative; tolerance {MERGE_TOLERANCE}). Nothing was exported."
+            )
         if change <= CHANGE_THRESHOLD:
-            raise RuntimeError(f"The adapter {adapter!r} changes nothing: the merged model's logits equal the base "
-                               f"model's (max difference {change:.1e}). Was it trained, and for this base model "
-                               f"({adapter_base(adapter)})? Nothing was exported.")
+            raise RuntimeError(
+                f"The adapter {adapter!r} changes nothing: the merged model's logits equal the base "
+                f"model's (max difference {change:.1e}). Was it trained, and for this base model "
+                f"({adapter_base(adapter)})? Nothing was exported."
+            )
         worst_error = max(worst_error, error)
         smallest_change = change if smallest_change is None else min(smallest_change, change)
-        logger.info("Merged %s: max |merged - (base + adapter)| = %.2e (relative), max change from the base %.3g",
-                    adapter, error, change)
+        logger.info(
+            "Merged %s: max |merged - (base + adapter)| = %.2e (relative), max change from the base %.3g",
+            adapter,
+            error,
+            change,
+        )
     return model, worst_error, smallest_change
 
 
@@ -223,8 +253,11 @@ def _write(model, tokenizer, template, export_dir: str, export_size: float, temp
         if not isinstance(own, str) or chat_template_differences(template, tokenizer):
             tokenizer.chat_template = template.jinja_chat_template(tokenizer)
             if isinstance(own, str):
-                logger.warning("The tokenizer's chat_template renders conversations differently from template %r: "
-                               "the exported folder gets the template's chat_template instead.", template_name)
+                logger.warning(
+                    "The tokenizer's chat_template renders conversations differently from template %r: "
+                    "the exported folder gets the template's chat_template instead.",
+                    template_name,
+                )
     tokenizer.save_pretrained(export_dir)
 
 
@@ -238,8 +271,10 @@ def _check_reloaded(export_dir: str, probes, merged_logits, dtype, device) -> fl
     # A cast to half precision moves logits by about its precision; a wrong or missing tensor, by far more.
     tolerance = MERGE_TOLERANCE if dtype == torch.float32 else 5e-2
     if error > tolerance:
-        raise RuntimeError(f"The exported model in {export_dir!r} does not reproduce the merged model: logits differ by "
-                           f"{error:.2e} (relative; tolerance {tolerance}). Do not use it.")
+        raise RuntimeError(
+            f"The exported model in {export_dir!r} does not reproduce the merged model: logits differ by "
+            f"{error:.2e} (relative; tolerance {tolerance}). Do not use it."
+        )
     return error
 
 
@@ -249,12 +284,20 @@ def _shard_facts(export_dir: str) -> tuple[int, int]:
 
 
 def format_report(report: ExportReport) -> str:
-    lines = [f"Exported to {report.export_dir}: {report.shards} safetensors shard(s), {report.bytes / 1e6:,.1f} MB, {report.dtype}"]
+    lines = [
+        f"Exported to {report.export_dir}: {report.shards} safetensors shard(s), {report.bytes / 1e6:,.1f} MB, {report.dtype}"
+    ]
     if report.dequantized:
-        lines.append(f"  base            dequantized from {report.dequantized} (the weights the adapter was trained on)")
+        lines.append(
+            f"  base            dequantized from {report.dequantized} (the weights the adapter was trained on)"
+        )
     if report.merged_adapters:
         lines.append(f"  merged          {', '.join(report.merged_adapters)}")
-        lines.append(f"  merge check     merged = base + adapter within {report.merge_error:.1e} (relative); "
-                     f"changes the base by up to {report.change_from_base:.3g}")
-    lines.append(f"  reload check    the folder loads with transformers and gives the merged logits within {report.reload_error:.1e}")
+        lines.append(
+            f"  merge check     merged = base + adapter within {report.merge_error:.1e} (relative); "
+            f"changes the base by up to {report.change_from_base:.3g}"
+        )
+    lines.append(
+        f"  reload check    the folder loads with transformers and gives the merged logits within {report.reload_error:.1e}"
+    )
     return "\n".join(lines)

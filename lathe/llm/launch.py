@@ -7,6 +7,7 @@ on the command line, else NPROC_PER_NODE), or several nodes (NNODES), or more th
 (as LLaMA-Factory). Where: NNODES, NODE_RANK, MASTER_ADDR, MASTER_PORT (or the config keys nnodes,
 node_rank, master_addr, master_port), LLaMA-Factory's names. Never inside a torchrun launch already.
 """
+
 from __future__ import annotations
 
 import logging
@@ -20,8 +21,13 @@ from lathe.llm.config_values import parse_overrides, read_source
 logger = logging.getLogger(__name__)
 
 # config key -> environment variable (LLaMA-Factory's) and default
-LAUNCH_KEYS = {"nproc_per_node": "NPROC_PER_NODE", "nnodes": "NNODES", "node_rank": "NODE_RANK",
-               "master_addr": "MASTER_ADDR", "master_port": "MASTER_PORT"}
+LAUNCH_KEYS = {
+    "nproc_per_node": "NPROC_PER_NODE",
+    "nnodes": "NNODES",
+    "node_rank": "NODE_RANK",
+    "master_addr": "MASTER_ADDR",
+    "master_port": "MASTER_PORT",
+}
 
 
 def under_launcher() -> bool:
@@ -46,25 +52,42 @@ def launch_settings(config_path, overrides: list[str], environ=None, cuda_device
     if chosen["nproc_per_node"] is None:
         devices = _cuda_devices() if cuda_devices is None else cuda_devices
         chosen["nproc_per_node"] = max(devices, 1)
-    settings = {"nproc_per_node": int(chosen["nproc_per_node"]), "nnodes": int(chosen["nnodes"] or 1),
-                "node_rank": int(chosen["node_rank"] or 0), "master_addr": chosen["master_addr"] or "127.0.0.1",
-                "master_port": int(chosen["master_port"] or 0)}
+    settings = {
+        "nproc_per_node": int(chosen["nproc_per_node"]),
+        "nnodes": int(chosen["nnodes"] or 1),
+        "node_rank": int(chosen["node_rank"] or 0),
+        "master_addr": chosen["master_addr"] or "127.0.0.1",
+        "master_port": int(chosen["master_port"] or 0),
+    }
     if settings["nproc_per_node"] < 1:
         raise ValueError(f"nproc_per_node must be at least 1, got {settings['nproc_per_node']}.")
     if not (_truthy(environ.get("FORCE_TORCHRUN")) or settings["nproc_per_node"] > 1 or settings["nnodes"] > 1):
         return None
     if not settings["master_port"]:
         if settings["nnodes"] > 1:
-            raise ValueError("Several nodes (NNODES > 1) need MASTER_ADDR and MASTER_PORT: every node must name the same.")
+            raise ValueError(
+                "Several nodes (NNODES > 1) need MASTER_ADDR and MASTER_PORT: every node must name the same."
+            )
         settings["master_port"] = _free_port()
     return settings
 
 
 def torchrun_command(settings: dict, config_path, overrides: list[str]) -> list[str]:
-    return [sys.executable, "-m", "torch.distributed.run", f"--nnodes={settings['nnodes']}",
-            f"--node_rank={settings['node_rank']}", f"--nproc_per_node={settings['nproc_per_node']}",
-            f"--master_addr={settings['master_addr']}", f"--master_port={settings['master_port']}",
-            "-m", "lathe", "train", str(config_path), *without_launch_keys(overrides)]
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        f"--nnodes={settings['nnodes']}",
+        f"--node_rank={settings['node_rank']}",
+        f"--nproc_per_node={settings['nproc_per_node']}",
+        f"--master_addr={settings['master_addr']}",
+        f"--master_port={settings['master_port']}",
+        "-m",
+        "lathe",
+        "train",
+        str(config_path),
+        *without_launch_keys(overrides),
+    ]
 
 
 def without_launch_keys(overrides: list[str]) -> list[str]:
@@ -89,8 +112,11 @@ def relaunch(config_path, overrides: list[str]) -> int | None:
     if settings is None:
         return None
     command = torchrun_command(settings, config_path, overrides)
-    print(f"lathe train: {settings['nproc_per_node']} process(es) per node x {settings['nnodes']} node(s), "
-          f"rendezvous at {settings['master_addr']}:{settings['master_port']}", flush=True)
+    print(
+        f"lathe train: {settings['nproc_per_node']} process(es) per node x {settings['nnodes']} node(s), "
+        f"rendezvous at {settings['master_addr']}:{settings['master_port']}",
+        flush=True,
+    )
     try:
         return subprocess.run(command).returncode
     except KeyboardInterrupt:  # torchrun got the same signal and stops its workers

@@ -1,6 +1,7 @@
 """LoRA+ (loraplus_lr_ratio): the optimizer with LLaMA-Factory's four parameter groups, the B matrices
 learning loraplus_lr_ratio times faster than the A matrices (Hayou et al., 2024); and the mixin that gives
 every recipe's Trainer (pt, sft, rm, dpo, kto) the `create_optimizer` that builds it."""
+
 from __future__ import annotations
 
 import logging
@@ -25,7 +26,9 @@ def _decay_parameter_names(model) -> set[str]:
     return names
 
 
-def loraplus_parameter_groups(model, learning_rate: float, weight_decay: float, lr_ratio: float, embedding_lr: float) -> list[dict]:
+def loraplus_parameter_groups(
+    model, learning_rate: float, weight_decay: float, lr_ratio: float, embedding_lr: float
+) -> list[dict]:
     """[A and the other matrices at learning_rate, B (and every vector: biases, DoRA magnitudes) at
     learning_rate x lr_ratio with and without decay, embedding adapters' B at embedding_lr]; empty
     groups are kept so the group order (and param_groups[0], whose rate is logged) is always the same."""
@@ -53,8 +56,13 @@ def create_loraplus_optimizer(model, training_args, finetuning_args):
     from lathe.train.optim import get_optimizer_cls_and_kwargs
 
     optimizer_cls, kwargs = get_optimizer_cls_and_kwargs(training_args, model)
-    groups = loraplus_parameter_groups(model, training_args.learning_rate, training_args.weight_decay,
-                                       finetuning_args.loraplus_lr_ratio, finetuning_args.loraplus_lr_embedding)
+    groups = loraplus_parameter_groups(
+        model,
+        training_args.learning_rate,
+        training_args.weight_decay,
+        finetuning_args.loraplus_lr_ratio,
+        finetuning_args.loraplus_lr_embedding,
+    )
     logger.info("LoRA+ optimizer: B matrices at %g x the learning rate.", finetuning_args.loraplus_lr_ratio)
     return optimizer_cls(groups, **dict(kwargs))
 

@@ -1,4 +1,5 @@
 """lathe.train: the Trainer library (the transformers Trainer API on plain PyTorch)."""
+
 from lathe._lazy import make_getattr
 
 _EXPORTS = {

@@ -1,4 +1,5 @@
 """Adafactor (Shazeer & Stern, 2018): Adam-like updates with factored second moments, numerically as transformers'."""
+
 from __future__ import annotations
 
 import math

@@ -1,4 +1,5 @@
 """HfArgumentParser: dataclass fields become command-line options; argv, dicts, JSON and YAML fill dataclasses."""
+
 from __future__ import annotations
 
 import argparse
@@ -29,9 +30,7 @@ def string_to_bool(value: str | bool) -> bool:
         return True
     if value.lower() in _FALSE_STRINGS:
         return False
-    raise argparse.ArgumentTypeError(
-        f"expected a boolean (yes/no, true/false, t/f, y/n, 1/0), got {value!r}"
-    )
+    raise argparse.ArgumentTypeError(f"expected a boolean (yes/no, true/false, t/f, y/n, 1/0), got {value!r}")
 
 
 def _string_or_bool(value: str | bool) -> str | bool:
@@ -145,8 +144,13 @@ def _argument_kwargs(field: dataclasses.Field, hint: Any) -> dict[str, Any]:
 
     if hint is bool:
         # "nullable_bool" is no argparse keyword: the caller pops it to pick the default and `--no_*`.
-        return {"action": _StoreConverted, "convert": string_to_bool, "nargs": "?", "const": True,
-                "nullable_bool": nullable}
+        return {
+            "action": _StoreConverted,
+            "convert": string_to_bool,
+            "nargs": "?",
+            "const": True,
+            "nullable_bool": nullable,
+        }
     if typing.get_origin(hint) is Literal or _is_enum(hint):
         choices, convert = _choice_conversion(hint)
         return {"action": _StoreConverted, "convert": convert, "choices": choices}
@@ -275,8 +279,12 @@ class HfArgumentParser(argparse.ArgumentParser):
         if is_bool and default is True:
             # SUPPRESS: the positive option above owns the shared dest's default.
             container.add_argument(
-                f"--no_{field.name}", f"--no-{field.name.replace('_', '-')}", action="store_false",
-                dest=field.name, default=argparse.SUPPRESS, help=f"Set {field.name} to False.",
+                f"--no_{field.name}",
+                f"--no-{field.name.replace('_', '-')}",
+                action="store_false",
+                dest=field.name,
+                default=argparse.SUPPRESS,
+                help=f"Set {field.name} to False.",
             )
 
     def parse_args_into_dataclasses(

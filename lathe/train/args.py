@@ -1,5 +1,6 @@
 """TrainingArguments: every training option with its HF name, default and help. The first fields are
 in args_core.py, the derived values (device, ranks, batch sizes, JSON) in args_derived.py."""
+
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -42,7 +43,9 @@ class TrainingArguments(CoreArguments, FluentSetters, DerivedValues):
     )
     logging_steps: float = field(
         default=500,
-        metadata=_help("Log every this many steps: a whole number, or a float in (0, 1) read as a fraction of all steps."),
+        metadata=_help(
+            "Log every this many steps: a whole number, or a float in (0, 1) read as a fraction of all steps."
+        ),
     )
     logging_first_step: bool = field(default=False, metadata=_help("Also log after the very first step."))
     log_on_each_node: bool = field(
@@ -64,14 +67,19 @@ class TrainingArguments(CoreArguments, FluentSetters, DerivedValues):
     )
     log_level_replica: str = field(
         default="warning",
-        metadata=_help("Log level of the other processes, with the same choices as log_level.", choices=list(LOG_LEVELS)),
+        metadata=_help(
+            "Log level of the other processes, with the same choices as log_level.", choices=list(LOG_LEVELS)
+        ),
     )
     disable_tqdm: bool | None = field(
-        default=None, metadata=_help("Hide progress bars; by default they are hidden when the log level is above warning.")
+        default=None,
+        metadata=_help("Hide progress bars; by default they are hidden when the log level is above warning."),
     )
     report_to: None | str | list[str] = field(
         default="none",
-        metadata=_help("Where to send logs: a list of 'jsonl' and 'tensorboard', 'all' for every installed one, or 'none'."),
+        metadata=_help(
+            "Where to send logs: a list of 'jsonl' and 'tensorboard', 'all' for every installed one, or 'none'."
+        ),
     )
     run_name: str | None = field(default=None, metadata=_help("A name for this run, shown by the reporters."))
 
@@ -92,9 +100,12 @@ class TrainingArguments(CoreArguments, FluentSetters, DerivedValues):
     prediction_loss_only: bool = field(
         default=False, metadata=_help("Return only the loss from evaluation and prediction, not logits or labels.")
     )
-    eval_on_start: bool = field(default=False, metadata=_help("Evaluate once before the first training step as a sanity check."))
+    eval_on_start: bool = field(
+        default=False, metadata=_help("Evaluate once before the first training step as a sanity check.")
+    )
     eval_do_concat_batches: bool = field(
-        default=True, metadata=_help("Concatenate predictions across batches; False keeps a list with one entry per batch.")
+        default=True,
+        metadata=_help("Concatenate predictions across batches; False keeps a list with one entry per batch."),
     )
     eval_use_gather_object: bool = field(
         default=False, metadata=_help("Gather non-tensor evaluation outputs from every process with gather_object.")
@@ -120,7 +131,9 @@ class TrainingArguments(CoreArguments, FluentSetters, DerivedValues):
     )
     save_steps: float = field(
         default=500,
-        metadata=_help("Save every this many steps: a whole number, or a float in (0, 1) read as a fraction of all steps."),
+        metadata=_help(
+            "Save every this many steps: a whole number, or a float in (0, 1) read as a fraction of all steps."
+        ),
     )
     save_on_each_node: bool = field(
         default=False, metadata=_help("In multi-node runs, save on every node (for storage that is not shared).")
@@ -135,7 +148,8 @@ class TrainingArguments(CoreArguments, FluentSetters, DerivedValues):
 
     # --- Best model ---
     load_best_model_at_end: bool = field(
-        default=False, metadata=_help("Reload the best checkpoint when training ends; needs matching eval and save strategies.")
+        default=False,
+        metadata=_help("Reload the best checkpoint when training ends; needs matching eval and save strategies."),
     )
     metric_for_best_model: str | None = field(
         default=None,
@@ -160,9 +174,7 @@ class TrainingArguments(CoreArguments, FluentSetters, DerivedValues):
         default=False, metadata=_help("Use deterministic algorithms everywhere (slower; for debugging).")
     )
     seed: int = field(default=42, metadata=_help("Random seed set at the start of training."))
-    data_seed: int | None = field(
-        default=None, metadata=_help("Seed for the data samplers; defaults to seed.")
-    )
+    data_seed: int | None = field(default=None, metadata=_help("Seed for the data samplers; defaults to seed."))
 
     # --- Hardware ---
     use_cpu: bool = field(default=False, metadata=_help("Run on the CPU even when an accelerator is available."))
@@ -172,7 +184,9 @@ class TrainingArguments(CoreArguments, FluentSetters, DerivedValues):
     dataloader_num_workers: int = field(
         default=0, metadata=_help("Worker processes for data loading; 0 loads in the main process.")
     )
-    dataloader_pin_memory: bool = field(default=True, metadata=_help("Pin batches in page-locked memory for faster copies."))
+    dataloader_pin_memory: bool = field(
+        default=True, metadata=_help("Pin batches in page-locked memory for faster copies.")
+    )
     dataloader_persistent_workers: bool = field(
         default=False, metadata=_help("Keep data-loading workers alive between epochs.")
     )
@@ -210,11 +224,15 @@ class TrainingArguments(CoreArguments, FluentSetters, DerivedValues):
     ddp_find_unused_parameters: bool | None = field(
         default=None, metadata=_help("find_unused_parameters passed to DistributedDataParallel.")
     )
-    ddp_bucket_cap_mb: int | None = field(default=None, metadata=_help("bucket_cap_mb passed to DistributedDataParallel."))
+    ddp_bucket_cap_mb: int | None = field(
+        default=None, metadata=_help("bucket_cap_mb passed to DistributedDataParallel.")
+    )
     ddp_broadcast_buffers: bool | None = field(
         default=None, metadata=_help("broadcast_buffers passed to DistributedDataParallel.")
     )
-    ddp_static_graph: bool | None = field(default=None, metadata=_help("static_graph passed to DistributedDataParallel."))
+    ddp_static_graph: bool | None = field(
+        default=None, metadata=_help("static_graph passed to DistributedDataParallel.")
+    )
     ddp_backend: str | None = field(
         default=None,
         metadata=_help(
@@ -251,7 +269,9 @@ class TrainingArguments(CoreArguments, FluentSetters, DerivedValues):
     )
     past_index: int = field(
         default=-1,
-        metadata=_help("Index of the model output that holds memory for the next step (transformers 4); -1 disables it."),
+        metadata=_help(
+            "Index of the model output that holds memory for the next step (transformers 4); -1 disables it."
+        ),
     )
 
     # --- Removed in transformers 5, still accepted with a FutureWarning ---
@@ -293,7 +313,8 @@ class Seq2SeqTrainingArguments(TrainingArguments):
         default=False, metadata=_help("Sort training samples by length within random chunks to reduce padding.")
     )
     predict_with_generate: bool = field(
-        default=False, metadata=_help("Evaluate and predict with generate(), so metrics like ROUGE or BLEU can be computed.")
+        default=False,
+        metadata=_help("Evaluate and predict with generate(), so metrics like ROUGE or BLEU can be computed."),
     )
     generation_max_length: int | None = field(
         default=None, metadata=_help("max_length for generate() during evaluation; defaults to the model's setting.")

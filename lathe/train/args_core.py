@@ -1,6 +1,7 @@
 """The first fields of TrainingArguments (args.py), in transformers' order: where a run writes, how long
 it trains, the learning rate and its schedule, the optimizer, the step maths, precision and memory; and
 the helpers every field definition uses."""
+
 from dataclasses import dataclass, field
 
 from lathe.train.args_enums import OptimizerNames, SchedulerType
@@ -32,7 +33,8 @@ class CoreArguments:
     # --- Training length and batch size ---
     per_device_train_batch_size: int = field(default=8, metadata=help_text("Training batch size per device."))
     num_train_epochs: float = field(
-        default=3.0, metadata=help_text("Number of passes over the training set; a fraction stops part-way through the last one.")
+        default=3.0,
+        metadata=help_text("Number of passes over the training set; a fraction stops part-way through the last one."),
     )
     max_steps: int = field(
         default=-1,
@@ -61,18 +63,25 @@ class CoreArguments:
     # --- Optimizer ---
     optim: OptimizerNames | str = field(
         default="adamw_torch_fused",
-        metadata=help_text("Optimizer name; lathe builds adamw_torch, adamw_torch_fused, sgd, adagrad, rmsprop and adafactor."),
+        metadata=help_text(
+            "Optimizer name; lathe builds adamw_torch, adamw_torch_fused, sgd, adagrad, rmsprop and adafactor."
+        ),
     )
     optim_args: str | None = field(
         default=None,
         metadata=help_text("Extra optimizer arguments as a 'key=value,key=value' string."),
     )
     weight_decay: float = field(
-        default=0.0, metadata=help_text("Decoupled weight decay, applied to every parameter except biases and norm weights.")
+        default=0.0,
+        metadata=help_text("Decoupled weight decay, applied to every parameter except biases and norm weights."),
     )
     adam_beta1: float = field(default=0.9, metadata=help_text("Adam's decay rate for the running mean of gradients."))
-    adam_beta2: float = field(default=0.999, metadata=help_text("Adam's decay rate for the running mean of squared gradients."))
-    adam_epsilon: float = field(default=1e-8, metadata=help_text("Adam's epsilon, added to the denominator for stability."))
+    adam_beta2: float = field(
+        default=0.999, metadata=help_text("Adam's decay rate for the running mean of squared gradients.")
+    )
+    adam_epsilon: float = field(
+        default=1e-8, metadata=help_text("Adam's epsilon, added to the denominator for stability.")
+    )
 
     # --- Step maths and stability ---
     gradient_accumulation_steps: int = field(
@@ -87,7 +96,9 @@ class CoreArguments:
             "Sum the token count of a step over all processes so the loss is normalised by the global number of tokens."
         ),
     )
-    max_grad_norm: float = field(default=1.0, metadata=help_text("Clip the total gradient norm to this value; 0 disables clipping."))
+    max_grad_norm: float = field(
+        default=1.0, metadata=help_text("Clip the total gradient norm to this value; 0 disables clipping.")
+    )
     label_smoothing_factor: float = field(
         default=0.0, metadata=help_text("Label smoothing for the cross-entropy loss; 0 means none.")
     )
@@ -98,17 +109,22 @@ class CoreArguments:
     bf16_full_eval: bool = field(default=False, metadata=help_text("Evaluate with the model cast to bfloat16."))
     fp16_full_eval: bool = field(default=False, metadata=help_text("Evaluate with the model cast to float16."))
     tf32: bool | None = field(
-        default=None, metadata=help_text("Allow TF32 matrix multiplies on Ampere or newer GPUs; None leaves torch's setting alone.")
+        default=None,
+        metadata=help_text("Allow TF32 matrix multiplies on Ampere or newer GPUs; None leaves torch's setting alone."),
     )
 
     # --- Activation checkpointing ---
     activation_checkpointing: bool | None = field(
         default=None,
-        metadata=help_text("Recompute activations in the backward pass to save memory at the cost of speed.", **BARE_FLAG_IS_TRUE),
+        metadata=help_text(
+            "Recompute activations in the backward pass to save memory at the cost of speed.", **BARE_FLAG_IS_TRUE
+        ),
     )
     activation_checkpointing_kwargs: dict | str | None = field(
         default=None,
-        metadata=help_text("Keyword arguments for the model's gradient_checkpointing_enable(), as a dict or JSON string."),
+        metadata=help_text(
+            "Keyword arguments for the model's gradient_checkpointing_enable(), as a dict or JSON string."
+        ),
     )
     gradient_checkpointing: bool | None = field(
         default=None,
@@ -136,7 +152,8 @@ class CoreArguments:
         default=False, metadata=help_text("Leave the model's key/value cache on during training (rarely needed).")
     )
     neftune_noise_alpha: float | None = field(
-        default=None, metadata=help_text("Scale of the NEFTune noise added to input embeddings during training; None disables it.")
+        default=None,
+        metadata=help_text("Scale of the NEFTune noise added to input embeddings during training; None disables it."),
     )
     torch_empty_cache_steps: int | None = field(
         default=None, metadata=help_text("Empty the accelerator's memory cache every this many steps; None never does.")
@@ -145,4 +162,3 @@ class CoreArguments:
         default=False,
         metadata=help_text("Halve the training batch size and retry whenever a step runs out of accelerator memory."),
     )
-

@@ -1,5 +1,6 @@
 """transformers 4 names of TrainingArguments that transformers 5 removed or renamed: each is moved into the
 field that took over (or dropped) with a FutureWarning that points at the user's line."""
+
 import os
 import sys
 import warnings
@@ -42,11 +43,15 @@ def _map_renamed_fields(args, defaults: dict) -> None:
 
 def _drop_removed_fields(args) -> None:
     if args.overwrite_output_dir is not None:
-        warn_from_user_code("`overwrite_output_dir` was removed in transformers 5 and is ignored: output_dir is always reused.")
+        warn_from_user_code(
+            "`overwrite_output_dir` was removed in transformers 5 and is ignored: output_dir is always reused."
+        )
         args.overwrite_output_dir = None
     if args.save_safetensors is not None:
         if args.save_safetensors:
-            warn_from_user_code("`save_safetensors` was removed in transformers 5: weights are always saved as safetensors.")
+            warn_from_user_code(
+                "`save_safetensors` was removed in transformers 5: weights are always saved as safetensors."
+            )
         else:
             warn_from_user_code("`save_safetensors=False` is ignored: lathe always saves weights as safetensors.")
         args.save_safetensors = None
@@ -62,9 +67,7 @@ def _drop_removed_fields(args) -> None:
 def _rename(args, defaults: dict, old: str, new: str, value) -> None:
     current = getattr(args, new)
     if current != defaults[new] and current != value:
-        raise ValueError(
-            f"{old}={getattr(args, old)!r} (deprecated) and {new}={current!r} disagree; set only {new}."
-        )
+        raise ValueError(f"{old}={getattr(args, old)!r} (deprecated) and {new}={current!r} disagree; set only {new}.")
     _warn_renamed(old, new)
     setattr(args, new, value)
     setattr(args, old, None)

@@ -1,5 +1,6 @@
 """What TrainingArguments derives from its fields: batch sizes, the device, process ranks, warmup steps,
 the log level, and its dict / JSON forms. Mixed into TrainingArguments (args.py)."""
+
 import contextlib
 import json
 import logging
@@ -181,4 +182,3 @@ def _json_safe(value):
     if hasattr(value, "to_dict"):  # e.g. a GenerationConfig in Seq2SeqTrainingArguments
         return _json_safe(value.to_dict())
     return value
-

@@ -1,4 +1,5 @@
 """The string enums behind TrainingArguments' choice fields (strategies, schedulers, optimizers)."""
+
 from enum import Enum
 
 
@@ -29,9 +30,7 @@ def to_enum(enum_cls: type[ExplicitEnum], value, field_name: str) -> ExplicitEnu
     try:
         return enum_cls(value)
     except (ValueError, TypeError):  # TypeError: an unhashable value such as a list
-        raise ValueError(
-            f"{field_name}={value!r} is not valid; choose one of {enum_cls.values()}"
-        ) from None
+        raise ValueError(f"{field_name}={value!r} is not valid; choose one of {enum_cls.values()}") from None
 
 
 class IntervalStrategy(ExplicitEnum):

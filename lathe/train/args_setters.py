@@ -1,4 +1,5 @@
 """The fluent set_* methods of TrainingArguments: transformers' grouped setters, each returning self."""
+
 import warnings
 
 from lathe.train.args_enums import IntervalStrategy, OptimizerNames, SaveStrategy, SchedulerType, to_enum

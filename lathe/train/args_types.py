@@ -1,6 +1,7 @@
 """The types of TrainingArguments' numeric and boolean fields, checked once at construction: a string
 (what a command line or a config file gives) is converted as HfArgumentParser converts it, anything
 else of the wrong type is an error naming the field."""
+
 from __future__ import annotations
 
 import math

@@ -1,4 +1,5 @@
 """TrainingArguments.__post_init__: deprecated names, defaults that depend on other fields, and checks."""
+
 import importlib.util
 import json
 import logging
@@ -29,6 +30,7 @@ _DICT_FIELDS = (
 )
 # Of those, these may also name a JSON file, which the FSDP / DeepSpeed set-up reads later.
 _DICT_OR_PATH_FIELDS = ("fsdp_config", "deepspeed")
+
 
 def normalize_and_validate(args) -> None:
     """Everything TrainingArguments.__post_init__ does, in order. Idempotent, so that
@@ -124,7 +126,10 @@ def convert_choice_fields(args) -> None:
     _check_choice(args, "train_sampling_strategy", _metadata_choices(args, "train_sampling_strategy"))
     _check_choice(args, "ddp_backend", _metadata_choices(args, "ddp_backend"), optional=True)
     _check_choice(
-        args, "dataloader_multiprocessing_context", _metadata_choices(args, "dataloader_multiprocessing_context"), optional=True
+        args,
+        "dataloader_multiprocessing_context",
+        _metadata_choices(args, "dataloader_multiprocessing_context"),
+        optional=True,
     )
 
     if isinstance(args.include_for_metrics, str):
@@ -161,7 +166,9 @@ def normalize_report_to(value) -> list[str]:
         return []
     if value == "all" or value == ["all"]:
         # jsonl needs nothing; tensorboard needs the tensorboard package behind torch's SummaryWriter.
-        return [name for name in SUPPORTED_REPORTERS if name != "tensorboard" or importlib.util.find_spec("tensorboard")]
+        return [
+            name for name in SUPPORTED_REPORTERS if name != "tensorboard" or importlib.util.find_spec("tensorboard")
+        ]
     names = [value] if isinstance(value, str) else list(value)
     unknown = [name for name in names if name not in SUPPORTED_REPORTERS]
     if unknown:
@@ -222,7 +229,9 @@ def check_training_length(args) -> None:
     if args.num_train_epochs < 0:
         raise ValueError(f"num_train_epochs must be >= 0, got {args.num_train_epochs}")
     if args.max_steps != -1 and args.max_steps <= 0:
-        raise ValueError(f"max_steps must be a positive number of steps, or -1 to use num_train_epochs; got {args.max_steps}")
+        raise ValueError(
+            f"max_steps must be a positive number of steps, or -1 to use num_train_epochs; got {args.max_steps}"
+        )
     if args.warmup_steps < 0:
         raise ValueError(f"warmup_steps must be >= 0 (a step count, or a fraction in [0, 1)); got {args.warmup_steps}")
     if args.warmup_steps >= 1:
@@ -232,14 +241,18 @@ def check_training_length(args) -> None:
     if args.torch_empty_cache_steps is not None and not (
         isinstance(args.torch_empty_cache_steps, int) and args.torch_empty_cache_steps > 0
     ):
-        raise ValueError(f"torch_empty_cache_steps must be a positive integer or None, got {args.torch_empty_cache_steps}")
+        raise ValueError(
+            f"torch_empty_cache_steps must be a positive integer or None, got {args.torch_empty_cache_steps}"
+        )
 
 
 def check_output_dir(output_dir: str) -> None:
     """Also called when training starts: the file may appear after the arguments were made."""
     if os.path.exists(output_dir) and not os.path.isdir(output_dir):
-        raise ValueError(f"output_dir={output_dir!r} is an existing file, not a folder: checkpoints and results "
-                         "go into a folder there. Choose another output_dir, or move the file away.")
+        raise ValueError(
+            f"output_dir={output_dir!r} is an existing file, not a folder: checkpoints and results "
+            "go into a folder there. Choose another output_dir, or move the file away."
+        )
 
 
 def check_step_intervals(args) -> None:
@@ -248,8 +261,10 @@ def check_step_intervals(args) -> None:
         raise ValueError("logging_strategy='steps' needs a non-zero logging_steps.")
     # transformers accepts save_steps=0 and then never saves; a save strategy that saves nothing is an error here.
     if args.save_strategy == SaveStrategy.STEPS and args.save_steps == 0:
-        raise ValueError("save_strategy='steps' needs a positive save_steps (0 would never save); "
-                         "set save_strategy='no' to save no checkpoints.")
+        raise ValueError(
+            "save_strategy='steps' needs a positive save_steps (0 would never save); "
+            "set save_strategy='no' to save no checkpoints."
+        )
     for strategy, name in (
         (args.logging_strategy, "logging_steps"),
         (args.eval_strategy, "eval_steps"),
@@ -266,7 +281,9 @@ def check_step_intervals(args) -> None:
 
 def _whole_steps(name: str, value) -> int:
     if not math.isfinite(value) or value != int(value):
-        raise ValueError(f"{name} must be a whole number when >= 1 (below 1 it is a fraction of all steps), got {value}")
+        raise ValueError(
+            f"{name} must be a whole number when >= 1 (below 1 it is a fraction of all steps), got {value}"
+        )
     return int(value)
 
 

@@ -1,5 +1,6 @@
 """Update steps: how many there are, which micro-batches form each one, where a resumed run
 starts, and the loss-normalisation denominator (num_items_in_batch). The step maths lives here only."""
+
 from __future__ import annotations
 
 import math
@@ -62,8 +63,9 @@ class ResumePosition:
     batches_to_skip: int  # micro-batches of that epoch to skip without loading them
 
 
-def resume_position(global_step: int, plan: TrainingPlan, accumulation: int, ignore_data_skip: bool,
-                    epoch: float | None = None) -> ResumePosition:
+def resume_position(
+    global_step: int, plan: TrainingPlan, accumulation: int, ignore_data_skip: bool, epoch: float | None = None
+) -> ResumePosition:
     """Where a run that has taken `global_step` updates (and reached TrainerState.epoch `epoch`)
     continues. Only the last window of an epoch may be short, so whole epochs and windows convert
     exactly to micro-batches."""
@@ -129,7 +131,9 @@ def count_label_items(window: list, shift_labels: bool) -> torch.Tensor | None:
     return total
 
 
-def normalise_loss(loss: torch.Tensor, window_size: int, normalised_by_items: bool, world_scale: int = 1) -> torch.Tensor:
+def normalise_loss(
+    loss: torch.Tensor, window_size: int, normalised_by_items: bool, world_scale: int = 1
+) -> torch.Tensor:
     """Make the sum of a window's micro-batch losses equal the loss of the whole window.
 
     When the model (or compute_loss_func) divided by num_items_in_batch, each micro-batch loss is

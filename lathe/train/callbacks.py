@@ -1,4 +1,5 @@
 """TrainerCallback (the event vocabulary) and CallbackHandler (ordered dispatch and flag resets)."""
+
 from __future__ import annotations
 
 import logging
@@ -6,9 +7,22 @@ import logging
 logger = logging.getLogger(__name__)
 
 EVENTS = (
-    "on_init_end", "on_train_begin", "on_train_end", "on_epoch_begin", "on_epoch_end",
-    "on_step_begin", "on_pre_optimizer_step", "on_optimizer_step", "on_substep_end", "on_step_end",
-    "on_evaluate", "on_predict", "on_save", "on_log", "on_prediction_step", "on_push_begin",
+    "on_init_end",
+    "on_train_begin",
+    "on_train_end",
+    "on_epoch_begin",
+    "on_epoch_end",
+    "on_step_begin",
+    "on_pre_optimizer_step",
+    "on_optimizer_step",
+    "on_substep_end",
+    "on_step_end",
+    "on_evaluate",
+    "on_predict",
+    "on_save",
+    "on_log",
+    "on_prediction_step",
+    "on_push_begin",
 )
 
 
@@ -89,7 +103,8 @@ class CallbackHandler(TrainerCallback):
         if callback_class in [c.__class__ for c in self.callbacks]:
             logger.warning(
                 "Adding a %s to the callbacks of this Trainer, but there is already one. Current callbacks:\n%s",
-                callback_class.__name__, self.callback_list,
+                callback_class.__name__,
+                self.callback_list,
             )
         self.callbacks.append(instance)
         self._listeners.clear()
@@ -183,10 +198,7 @@ class CallbackHandler(TrainerCallback):
         listeners = self._listeners.get(event)
         if listeners is None:
             base = getattr(TrainerCallback, event)
-            listeners = [
-                cb for cb in self.callbacks
-                if getattr(type(cb), event, base) is not base or event in vars(cb)
-            ]
+            listeners = [cb for cb in self.callbacks if getattr(type(cb), event, base) is not base or event in vars(cb)]
             self._listeners[event] = listeners
         return listeners
 

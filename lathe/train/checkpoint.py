@@ -1,6 +1,7 @@
 """checkpoint-N folders: the transformers layout, written atomically (staging folder, fsync, one
 rename), checked for completeness and found again (skipping incomplete ones). Rotation is
 lathe.train.rotation; reading the files safely, lathe.train.loading."""
+
 from __future__ import annotations
 
 import json
@@ -111,7 +112,9 @@ def begin_staging(final_path: str) -> str:
             shutil.rmtree(staging)  # the clean-up above ignores errors; this folder must go, so raise
         os.makedirs(staging)
     except OSError as error:
-        raise _os_error(error, f"Cannot create a checkpoint folder in {parent!r}: {error}. Check that output_dir is writable.") from error
+        raise _os_error(
+            error, f"Cannot create a checkpoint folder in {parent!r}: {error}. Check that output_dir is writable."
+        ) from error
     return staging
 
 
@@ -120,7 +123,9 @@ def commit_staging(staging: str, final_path: str) -> None:
     parent = os.path.dirname(os.path.abspath(final_path))
     _write_manifest(staging, step_in_name(final_path))
     _fsync_tree(staging)
-    if os.path.lexists(final_path) and (os.path.islink(final_path) or not os.path.isfile(os.path.join(final_path, MANIFEST_NAME))):
+    if os.path.lexists(final_path) and (
+        os.path.islink(final_path) or not os.path.isfile(os.path.join(final_path, MANIFEST_NAME))
+    ):
         _move_aside(final_path)  # not lathe's to delete: a link, or a folder of transformers' or a person's
     if os.path.exists(final_path):
         # Saving the same step twice (e.g. a step save and an epoch save): move the old one aside
@@ -142,8 +147,12 @@ def _move_aside(path: str) -> None:
     while os.path.lexists(f"{path}.replaced-{number}"):
         number += 1
     os.rename(path, f"{path}.replaced-{number}")
-    logger.warning("%s was in the way of the checkpoint being saved and was not written by lathe, so it was moved to %s, "
-                   "not deleted.", path, f"{path}.replaced-{number}")
+    logger.warning(
+        "%s was in the way of the checkpoint being saved and was not written by lathe, so it was moved to %s, "
+        "not deleted.",
+        path,
+        f"{path}.replaced-{number}",
+    )
 
 
 def publish_staging(staging: str, final_path: str, write=None) -> None:
@@ -163,7 +172,9 @@ def abort_staging(staging: str) -> None:
 
 
 @contextmanager
-def atomic_checkpoint(final_path: str, is_main_process: bool = True, barrier=None, committer=None, after_commit=None, write=None):
+def atomic_checkpoint(
+    final_path: str, is_main_process: bool = True, barrier=None, committer=None, after_commit=None, write=None
+):
     """Yield a staging folder beside `final_path`; on success publish it with one rename.
 
     A crash at any moment leaves either the previous state or the complete new folder; a leftover
@@ -249,8 +260,11 @@ def checkpoint_problem(folder: str) -> str | None:
             json.load(f)
     except (OSError, ValueError) as error:
         return f"{TRAINER_STATE_NAME} is not valid JSON ({error})"
-    weights = [name for name in (WEIGHTS_NAME, WEIGHTS_INDEX_NAME, ADAPTER_WEIGHTS_NAME, "pytorch_model.bin")
-               if os.path.isfile(os.path.join(folder, name)) and os.path.getsize(os.path.join(folder, name)) > 0]
+    weights = [
+        name
+        for name in (WEIGHTS_NAME, WEIGHTS_INDEX_NAME, ADAPTER_WEIGHTS_NAME, "pytorch_model.bin")
+        if os.path.isfile(os.path.join(folder, name)) and os.path.getsize(os.path.join(folder, name)) > 0
+    ]
     if not weights:
         return f"it has no model weights ({WEIGHTS_NAME}, {WEIGHTS_INDEX_NAME} or {ADAPTER_WEIGHTS_NAME})"
     # A transformers process killed while writing leaves truncated safetensors files, which
@@ -282,7 +296,9 @@ def _safetensors_files_complete(folder: str, name: str) -> bool:
                 shards = set(json.load(f)["weight_map"].values())
         except (OSError, ValueError, KeyError, AttributeError, TypeError):
             return False
-        return all(isinstance(shard, str) and _safetensors_file_complete(os.path.join(folder, shard)) for shard in shards)
+        return all(
+            isinstance(shard, str) and _safetensors_file_complete(os.path.join(folder, shard)) for shard in shards
+        )
     return not name.endswith(".safetensors") or _safetensors_file_complete(os.path.join(folder, name))
 
 
@@ -338,14 +354,20 @@ def get_last_checkpoint(folder: str) -> str | None:
     (pass such a path as resume_from_checkpoint to resume from it on purpose)."""
     for step, path in reversed(numbered_entries(folder)):
         if os.path.islink(path):
-            logger.warning("Not resuming from %s: it is a symbolic link (to %s), not a checkpoint this output_dir holds. "
-                           "Pass it as resume_from_checkpoint to resume from it.", path, os.path.realpath(path))
+            logger.warning(
+                "Not resuming from %s: it is a symbolic link (to %s), not a checkpoint this output_dir holds. "
+                "Pass it as resume_from_checkpoint to resume from it.",
+                path,
+                os.path.realpath(path),
+            )
             continue
         if not os.path.isdir(path):
             continue
         problem = checkpoint_problem(path)
         if problem is not None:
-            logger.warning("Skipping incomplete or corrupt checkpoint %s (interrupted while saving?): %s.", path, problem)
+            logger.warning(
+                "Skipping incomplete or corrupt checkpoint %s (interrupted while saving?): %s.", path, problem
+            )
             continue
         held = checkpoint_step(path)
         if held is not None and held != step:

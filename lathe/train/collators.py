@@ -1,4 +1,5 @@
 """Collators: turn a list of dataset items into one batch of PyTorch tensors, as transformers' do."""
+
 from __future__ import annotations
 
 import reprlib
@@ -67,7 +68,11 @@ def default_data_collator(features: list, return_tensors: str = "pt"):
 def default_collator_for(processing_class):
     """The Trainer's collator when none is given: padding with a tokenizer that has a pad token, else
     default_data_collator (as transformers chooses)."""
-    if processing_class is not None and hasattr(processing_class, "pad") and getattr(processing_class, "pad_token_id", None) is not None:
+    if (
+        processing_class is not None
+        and hasattr(processing_class, "pad")
+        and getattr(processing_class, "pad_token_id", None) is not None
+    ):
         return DataCollatorWithPadding(processing_class)
     return default_data_collator
 

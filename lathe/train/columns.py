@@ -1,5 +1,6 @@
 """Which dataset columns reach model.forward (HF's remove_unused_columns semantics), and the early
 check that dataset items are dicts or tuples."""
+
 from __future__ import annotations
 
 import inspect
@@ -46,9 +47,7 @@ def _ignored_columns_message(ignored: list[str], description: str | None, model_
     )
 
 
-def remove_unused_columns(
-    dataset, columns: Sequence[str], description: str | None = None, model_name: str = "model"
-):
+def remove_unused_columns(dataset, columns: Sequence[str], description: str | None = None, model_name: str = "model"):
     """Drop the columns of a `datasets.Dataset` that model.forward does not take (HF semantics)."""
     keep = set(columns)
     ignored = [name for name in dataset.column_names if name not in keep]

@@ -1,5 +1,6 @@
 """Background checkpoint commits: writing a checkpoint from a copy of the state, its flush to disk,
 rename and rotation, run in a thread while training goes on."""
+
 from __future__ import annotations
 
 import logging
@@ -25,8 +26,13 @@ class BackgroundCommitter:
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
 
-    def start(self, staging: str, final_path: str, after: Callable[[], None] | None = None,
-              write: Callable[[str], None] | None = None) -> None:
+    def start(
+        self,
+        staging: str,
+        final_path: str,
+        after: Callable[[], None] | None = None,
+        write: Callable[[str], None] | None = None,
+    ) -> None:
         """Run write(staging) (files from a copy of the state), then commit `staging` as
         `final_path` in the background, then run `after` (e.g. rotation)."""
         self.wait()

@@ -1,5 +1,6 @@
 """Dataloaders for the Trainer: seeded samplers, length grouping, resumable batching, lean single-process
 loading. Which columns reach the model is lathe.train.columns."""
+
 from __future__ import annotations
 
 import itertools
@@ -129,12 +130,15 @@ def dataset_lengths(dataset, length_column_name: str = "length", model_input_nam
         raise ValueError(
             f"group_by_length needs sample lengths: give the dataset a {length_column_name!r} column, or make "
             f"its items dicts with a {model_input_name!r} key (item 0 is a {type(first).__name__}"
-            + (f" with keys {list(first)}" if isinstance(first, Mapping) else "") + ")."
+            + (f" with keys {list(first)}" if isinstance(first, Mapping) else "")
+            + ")."
         )
     logger.warning(
         "group_by_length: computing the length of each of the %d samples from %r reads the whole dataset "
         "once. Add a %r column to the dataset to skip this.",
-        len(dataset), model_input_name, length_column_name,
+        len(dataset),
+        model_input_name,
+        length_column_name,
     )
     if is_datasets_dataset(dataset) and model_input_name in dataset.column_names:
         # One column read instead of decoding every full row.
@@ -150,8 +154,9 @@ class ResumableBatchSampler(BatchSampler):
     skipped samples are never fetched or collated. `len()` is always the full epoch (step planning
     counts the skipped batches too)."""
 
-    def __init__(self, sampler: Sampler[int], batch_size: int, drop_last: bool = False, num_shards: int = 1,
-                 shard_index: int = 0):
+    def __init__(
+        self, sampler: Sampler[int], batch_size: int, drop_last: bool = False, num_shards: int = 1, shard_index: int = 0
+    ):
         super().__init__(sampler, batch_size, drop_last)
         if not 0 <= shard_index < num_shards:
             raise ValueError(f"shard_index must be in [0, {num_shards}), got {shard_index}")
@@ -184,7 +189,9 @@ class ResumableBatchSampler(BatchSampler):
         indices = list(self.sampler)
         end = len(indices) - len(indices) % self.batch_size if self.drop_last else len(indices)
         if self.num_shards > 1:
-            yield from self._shard([indices[start : start + self.batch_size] for start in range(0, end, self.batch_size)])[skip:]
+            yield from self._shard(
+                [indices[start : start + self.batch_size] for start in range(0, end, self.batch_size)]
+            )[skip:]
             return
         for start in range(skip * self.batch_size, end, self.batch_size):
             yield indices[start : start + self.batch_size]
@@ -255,8 +262,16 @@ def build_dataloader(
     global RNG once per iter(), exactly as under HF, which keeps the two RNG streams in step.
     Do not use `in_order=False`: out-of-order batches would make resume inexact.
     """
-    options = _loader_options(collate_fn, num_workers, pin_memory, worker_init_fn, generator, persistent_workers,
-                              prefetch_factor, multiprocessing_context)
+    options = _loader_options(
+        collate_fn,
+        num_workers,
+        pin_memory,
+        worker_init_fn,
+        generator,
+        persistent_workers,
+        prefetch_factor,
+        multiprocessing_context,
+    )
     if isinstance(dataset, IterableDataset):
         if num_shards > 1:
             raise NotImplementedError(
@@ -269,7 +284,9 @@ def build_dataloader(
         sampler = _length_grouped_sampler(dataset, lengths, length_group_size or batch_size, seed)
     else:
         sampler = EpochSampler(len(dataset), seed, shuffle)
-    batch_sampler = ResumableBatchSampler(sampler, batch_size, drop_last, num_shards=num_shards, shard_index=shard_index)
+    batch_sampler = ResumableBatchSampler(
+        sampler, batch_size, drop_last, num_shards=num_shards, shard_index=shard_index
+    )
     return DirectDataLoader(dataset, batch_sampler=batch_sampler, **options)
 
 
@@ -279,8 +296,16 @@ def _length_grouped_sampler(dataset, lengths: Sequence[int], group_size: int, se
     return LengthGroupedSampler(lengths, group_size, seed)
 
 
-def _loader_options(collate_fn, num_workers: int, pin_memory: bool, worker_init_fn, generator, persistent_workers: bool,
-                    prefetch_factor: int | None, multiprocessing_context) -> dict[str, Any]:
+def _loader_options(
+    collate_fn,
+    num_workers: int,
+    pin_memory: bool,
+    worker_init_fn,
+    generator,
+    persistent_workers: bool,
+    prefetch_factor: int | None,
+    multiprocessing_context,
+) -> dict[str, Any]:
     options: dict[str, Any] = {
         "collate_fn": collate_fn,
         "num_workers": num_workers,

@@ -11,6 +11,7 @@ What makes N processes train the model one process would (tests/train/test_distr
 - the logged loss is the mean over ranks; evaluation gathers every rank's batches back into dataset
   order and drops the repeated samples that even sharding adds.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -100,7 +101,11 @@ def wrap_model(model, args):
     if find_unused is None:
         # transformers' rule: a transformers model uses all its parameters unless activation
         # checkpointing hides them from autograd's first pass; any other module may not.
-        find_unused = (not args.gradient_checkpointing) if hasattr(model, "config") and hasattr(model, "save_pretrained") else True
+        find_unused = (
+            (not args.gradient_checkpointing)
+            if hasattr(model, "config") and hasattr(model, "save_pretrained")
+            else True
+        )
     options = {"find_unused_parameters": find_unused}
     if args.ddp_bucket_cap_mb is not None:
         options["bucket_cap_mb"] = args.ddp_bucket_cap_mb
@@ -170,8 +175,18 @@ def gather_objects(value) -> list:
 
 # What a collective's error says when the process at the other end is gone (gloo, NCCL) or stuck
 # past ddp_timeout: RuntimeErrors from deep inside the backend that do not tell the user what happened.
-_LOST_PEER_SIGNS = ("Connection reset by peer", "Connection closed by peer", "Broken pipe", "gloo/transport",
-                    "Timed out", "timed out", "NCCL", "DistBackendError", "DistNetworkError", "Socket Timeout")
+_LOST_PEER_SIGNS = (
+    "Connection reset by peer",
+    "Connection closed by peer",
+    "Broken pipe",
+    "gloo/transport",
+    "Timed out",
+    "timed out",
+    "NCCL",
+    "DistBackendError",
+    "DistNetworkError",
+    "Socket Timeout",
+)
 
 
 def explain_lost_process(error: BaseException, args, step: int) -> Exception | None:
@@ -187,13 +202,17 @@ def explain_lost_process(error: BaseException, args, step: int) -> Exception | N
     import torch.distributed as dist
 
     last = get_last_checkpoint(args.output_dir) if os.path.isdir(args.output_dir) else None
-    resume = (f"The last complete checkpoint, {last}, is intact: resume from it with resume_from_checkpoint=True."
-              if last else "No checkpoint was completed yet, so a new run starts from the beginning.")
+    resume = (
+        f"The last complete checkpoint, {last}, is intact: resume from it with resume_from_checkpoint=True."
+        if last
+        else "No checkpoint was completed yet, so a new run starts from the beginning."
+    )
     first_line = message.strip().splitlines()[0] if message.strip() else type(error).__name__
     return RuntimeError(
         f"Process {dist.get_rank()} of {dist.get_world_size()} lost contact with the other processes after step {step} "
         f"({first_line[:300]}). Another process most likely died or hung: its own log, or torchrun's failure summary, says why. "
-        f"A process that hangs instead of dying is waited for ddp_timeout seconds ({args.ddp_timeout} now). {resume}")
+        f"A process that hangs instead of dying is waited for ddp_timeout seconds ({args.ddp_timeout} now). {resume}"
+    )
 
 
 def interleave_batches(per_rank: list[list]) -> list:

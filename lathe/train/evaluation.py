@@ -1,5 +1,6 @@
 """The evaluation and prediction loop: batches through prediction_step, predictions gathered on the
 CPU as they come (bounded device memory), padded with -100 across batches, then metrics."""
+
 from __future__ import annotations
 
 import math
@@ -11,7 +12,6 @@ import torch
 
 from lathe.train.labels import IGNORE_INDEX
 from lathe.train.outputs import EvalLoopOutput, EvalPrediction, denumpify_detensorize
-
 
 
 def to_numpy(data):
@@ -203,7 +203,8 @@ class _Collected:
     def prediction(self, logits, labels, main_inputs, loss, batch_size: int) -> EvalPrediction:
         """One batch's EvalPrediction, for batch_eval_metrics."""
         return EvalPrediction(
-            predictions=logits, label_ids=labels,
+            predictions=logits,
+            label_ids=labels,
             inputs=main_inputs if "inputs" in self.include else None,
             losses=loss.detach().repeat(batch_size) if ("loss" in self.include and loss is not None) else None,
         )
@@ -212,13 +213,16 @@ class _Collected:
         """The whole evaluation's EvalPrediction, for compute_metrics."""
         size = self.dataset_size
         return EvalPrediction(
-            predictions=predictions, label_ids=label_ids,
+            predictions=predictions,
+            label_ids=label_ids,
             inputs=self.inputs.result(size) if "inputs" in self.include else None,
             losses=self.losses.result(size) if "loss" in self.include else None,
         )
 
 
-def evaluation_loop(trainer, dataloader, description: str, prediction_loss_only, ignore_keys, metric_key_prefix: str) -> EvalLoopOutput:
+def evaluation_loop(
+    trainer, dataloader, description: str, prediction_loss_only, ignore_keys, metric_key_prefix: str
+) -> EvalLoopOutput:
     """Run `trainer.prediction_step` over `dataloader`. eval_loss is weighted by each batch's real
     size, so a partial last batch counts once per sample."""
     args, model = trainer.args, trainer.model
@@ -227,8 +231,10 @@ def evaluation_loop(trainer, dataloader, description: str, prediction_loss_only,
     collected = _Collected(args, _dataset_size(dataloader))
     batch_metrics_mode = args.batch_eval_metrics and trainer.compute_metrics is not None
     if batch_metrics_mode and collected.loss.per_batch is not None:
-        raise NotImplementedError("batch_eval_metrics under several processes is not supported yet: evaluate with "
-                                  "compute_metrics on the gathered predictions (batch_eval_metrics=False).")
+        raise NotImplementedError(
+            "batch_eval_metrics under several processes is not supported yet: evaluate with "
+            "compute_metrics on the gathered predictions (batch_eval_metrics=False)."
+        )
     # predict() returns predictions even when metrics are computed batch by batch (transformers too).
     keep_predictions = not batch_metrics_mode or description == "Prediction"
     metrics = None
@@ -244,10 +250,14 @@ def evaluation_loop(trainer, dataloader, description: str, prediction_loss_only,
             prediction = collected.prediction(logits, labels, main_inputs, loss, batch_size)
             metrics = trainer.compute_metrics(prediction, compute_result=is_last)
         trainer.control = trainer.callback_handler.on_prediction_step(args, trainer.state, trainer.control)
-    return _loop_output(trainer, collected, metrics if batch_metrics_mode else None, batch_metrics_mode, metric_key_prefix)
+    return _loop_output(
+        trainer, collected, metrics if batch_metrics_mode else None, batch_metrics_mode, metric_key_prefix
+    )
 
 
-def _loop_output(trainer, collected: _Collected, batch_metrics, batch_metrics_mode: bool, prefix: str) -> EvalLoopOutput:
+def _loop_output(
+    trainer, collected: _Collected, batch_metrics, batch_metrics_mode: bool, prefix: str
+) -> EvalLoopOutput:
     """Gather what the batches left, compute the metrics (unless batch by batch), prefix their names."""
     predictions = collected.preds.result(collected.dataset_size)
     label_ids = collected.labels.result(collected.dataset_size)
@@ -275,7 +285,13 @@ def _dataset_size(dataloader) -> int | None:
         return None
 
 
-def speed_metrics(split: str, start_time: float, num_samples: int | None = None, num_steps: int | None = None, num_tokens: int | None = None) -> dict:
+def speed_metrics(
+    split: str,
+    start_time: float,
+    num_samples: int | None = None,
+    num_steps: int | None = None,
+    num_tokens: int | None = None,
+) -> dict:
     """{split}_runtime and throughput, measured from start_time (time.time())."""
     runtime = time.time() - start_time
     result = {f"{split}_runtime": round(runtime, 4)}

@@ -1,5 +1,6 @@
 """The deciding callbacks: DefaultFlowCallback (when to log/evaluate/save/stop), progress and print
 output, and EarlyStoppingCallback."""
+
 from __future__ import annotations
 
 import logging
@@ -164,7 +165,9 @@ class EarlyStoppingCallback(TrainerCallback, ExportableState):
             name = f"eval_{name}"
         value = metrics.get(name)
         if value is None:
-            logger.warning("Early stopping needs the metric %r, which evaluation did not return; early stopping is off.", name)
+            logger.warning(
+                "Early stopping needs the metric %r, which evaluation did not return; early stopping is off.", name
+            )
             return
         self.check_metric_value(args, state, control, value)
         if self.early_stopping_patience_counter >= self.early_stopping_patience:
@@ -241,6 +244,7 @@ def default_callback_handler(args, callbacks, model, processing_class, optimizer
     if not any(isinstance(callback, DefaultFlowCallback) for callback in handler.callbacks):
         logger.warning(
             "The Trainer will not log, evaluate, save or stop at max_steps without a DefaultFlowCallback; "
-            "add one with trainer.add_callback(DefaultFlowCallback). Current callbacks:\n%s", handler.callback_list
+            "add one with trainer.add_callback(DefaultFlowCallback). Current callbacks:\n%s",
+            handler.callback_list,
         )
     return handler

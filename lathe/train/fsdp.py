@@ -13,6 +13,7 @@ unchanged. Checkpoints hold full tensors (the same model.safetensors as one proc
 an optimizer state keyed like a single process's), gathered with torch.distributed.checkpoint's
 state_dict helpers: a checkpoint resumes under any number of processes, with or without FSDP.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -32,8 +33,17 @@ WRAP_POLICIES = ("TRANSFORMER_BASED_WRAP", "SIZE_BASED_WRAP", "NO_WRAP")
 # Checkpoints hold full tensors (see gather_state); a sharded torch.distributed.checkpoint layout is not written.
 STATE_DICT_TYPES = ("FULL_STATE_DICT",)
 # transformers' fsdp_config keys that mean something for FSDP2 (xla* are for torch_xla, not here).
-_KEYS = ("version", "transformer_layer_cls_to_wrap", "auto_wrap_policy", "min_num_params", "reshard_after_forward",
-         "cpu_offload", "activation_checkpointing", "state_dict_type", "cpu_ram_efficient_loading")
+_KEYS = (
+    "version",
+    "transformer_layer_cls_to_wrap",
+    "auto_wrap_policy",
+    "min_num_params",
+    "reshard_after_forward",
+    "cpu_offload",
+    "activation_checkpointing",
+    "state_dict_type",
+    "cpu_ram_efficient_loading",
+)
 _FSDP1_ONLY = ("backward_prefetch", "forward_prefetch", "use_orig_params", "sync_module_states", "limit_all_gathers")
 
 
@@ -54,13 +64,17 @@ def settings_from_args(args) -> FsdpSettings | None:
     if not args.fsdp:
         return None
     if args.save_on_each_node:
-        raise ValueError("save_on_each_node=True cannot be used with fsdp: the full weights and optimizer state are gathered to "
-                         "the first process only, so only its node can write checkpoints. Save to a filesystem every node "
-                         "shares (save_on_each_node=False), or train with DDP.")
+        raise ValueError(
+            "save_on_each_node=True cannot be used with fsdp: the full weights and optimizer state are gathered to "
+            "the first process only, so only its node can write checkpoints. Save to a filesystem every node "
+            "shares (save_on_each_node=False), or train with DDP."
+        )
     options = _options_from_string(args.fsdp)
     options.update(_checked_config(_read_config(args.fsdp_config)))
     if int(options.pop("version", 2)) != 2:
-        raise ValueError("fsdp_config['version'] must be 2: lathe shards with FSDP2 (torch.distributed.fsdp.fully_shard) only.")
+        raise ValueError(
+            "fsdp_config['version'] must be 2: lathe shards with FSDP2 (torch.distributed.fsdp.fully_shard) only."
+        )
     options.pop("cpu_ram_efficient_loading", None)  # every rank builds the model; nothing to save here
     layers = options.pop("transformer_layer_cls_to_wrap", None)
     if layers is not None:
@@ -86,15 +100,19 @@ def _options_from_string(fsdp) -> dict:
         elif item in ("full_shard", "shard_grad_op"):
             options["reshard_after_forward"] = item == "full_shard"
         elif item != "auto_wrap":
-            raise ValueError(f"fsdp={fsdp!r}: {item!r} is an FSDP1 option; FSDP2 (fully_shard) takes full_shard, "
-                             "shard_grad_op, offload or auto_wrap (or fsdp=True with fsdp_config).")
+            raise ValueError(
+                f"fsdp={fsdp!r}: {item!r} is an FSDP1 option; FSDP2 (fully_shard) takes full_shard, "
+                "shard_grad_op, offload or auto_wrap (or fsdp=True with fsdp_config)."
+            )
     return options
 
 
 def _checked_config(config: dict) -> dict:
     for key in config:
         if key in _FSDP1_ONLY:
-            raise ValueError(f"fsdp_config[{key!r}] is an FSDP1 setting; lathe shards with FSDP2 (fully_shard), which has no such option. Remove it.")
+            raise ValueError(
+                f"fsdp_config[{key!r}] is an FSDP1 setting; lathe shards with FSDP2 (fully_shard), which has no such option. Remove it."
+            )
         if key not in _KEYS:
             close = difflib.get_close_matches(key, _KEYS, n=1)
             hint = f"; did you mean {close[0]!r}?" if close else f"; valid keys: {', '.join(_KEYS)}"
@@ -175,12 +193,17 @@ def find_blocks(model: "torch.nn.Module", settings: FsdpSettings) -> list["torch
     present = {type(module).__name__ for module in model.modules()}
     missing = [name for name in names if name not in present]
     if missing and settings.layer_classes:
-        raise ValueError(f"fsdp_config['transformer_layer_cls_to_wrap'] names {missing}, but {type(model).__name__} has no "
-                         f"module of that class. Its module classes: {sorted(present)}.")
+        raise ValueError(
+            f"fsdp_config['transformer_layer_cls_to_wrap'] names {missing}, but {type(model).__name__} has no "
+            f"module of that class. Its module classes: {sorted(present)}."
+        )
     blocks = [module for module in model.modules() if module is not model and type(module).__name__ in names]
     if not blocks:
-        logger.info("FSDP2: no block classes to shard separately in %s (set fsdp_config['transformer_layer_cls_to_wrap']); "
-                    "the whole model is one unit.", type(model).__name__)
+        logger.info(
+            "FSDP2: no block classes to shard separately in %s (set fsdp_config['transformer_layer_cls_to_wrap']); "
+            "the whole model is one unit.",
+            type(model).__name__,
+        )
     return blocks
 
 
@@ -246,20 +269,30 @@ def gather_state(model, optimizer=None) -> tuple[dict, dict | None]:
     from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
 
     # Tied weights come back as separate full copies; keep one name, as a single process's save does.
-    weights = {name: tensor for name, tensor in get_model_state_dict(model, options=_options()).items() if name not in tied_aliases(model)}
+    weights = {
+        name: tensor
+        for name, tensor in get_model_state_dict(model, options=_options()).items()
+        if name not in tied_aliases(model)
+    }
     if optimizer is None:
         return weights, None
     by_name = get_optimizer_state_dict(model, optimizer, options=_options())
     if not by_name:
         return weights, {}
     index = {name: i for i, name in enumerate(name for group in by_name["param_groups"] for name in group["params"])}
-    return weights, {"state": {index[name]: value for name, value in by_name["state"].items()},
-                     "param_groups": [{**group, "params": [index[name] for name in group["params"]]} for group in by_name["param_groups"]]}
+    return weights, {
+        "state": {index[name]: value for name, value in by_name["state"].items()},
+        "param_groups": [
+            {**group, "params": [index[name] for name in group["params"]]} for group in by_name["param_groups"]
+        ],
+    }
 
 
 def tied_aliases(model) -> set[str]:
     """The second and later names of parameters shared between modules (tied embeddings)."""
-    return {name for name, _ in model.named_parameters(remove_duplicate=False)} - {name for name, _ in model.named_parameters()}
+    return {name for name, _ in model.named_parameters(remove_duplicate=False)} - {
+        name for name, _ in model.named_parameters()
+    }
 
 
 def load_state(model, weights: dict, optimizer=None, optimizer_state: dict | None = None):
@@ -280,13 +313,18 @@ def load_state(model, weights: dict, optimizer=None, optimizer_state: dict | Non
         ordered = [names[id(parameter)] for group in optimizer.param_groups for parameter in group["params"]]
         saved = [i for group in optimizer_state["param_groups"] for i in group["params"]]
         if len(saved) != len(ordered):
-            raise ValueError(f"The checkpoint's optimizer state covers {len(saved)} parameters, this optimizer has "
-                             f"{len(ordered)}: it was saved for another model or another set of trainable parameters.")
-        by_name = {"state": {ordered[i]: value for i, value in optimizer_state["state"].items()},
-                   "param_groups": [{**group, "params": [ordered[i] for i in group["params"]]} for group in optimizer_state["param_groups"]]}
+            raise ValueError(
+                f"The checkpoint's optimizer state covers {len(saved)} parameters, this optimizer has "
+                f"{len(ordered)}: it was saved for another model or another set of trainable parameters."
+            )
+        by_name = {
+            "state": {ordered[i]: value for i, value in optimizer_state["state"].items()},
+            "param_groups": [
+                {**group, "params": [ordered[i] for i in group["params"]]} for group in optimizer_state["param_groups"]
+            ],
+        }
     set_optimizer_state_dict(model, optimizer, by_name, options=_options(broadcast_from_rank0=True))
     return incompatible
-
 
 
 def adapter_weights_by_name(model, folder: str) -> dict:
@@ -300,6 +338,8 @@ def adapter_weights_by_name(model, folder: str) -> dict:
     saved = load_file(os.path.join(folder, "adapter_model.safetensors"))
     unknown = [name for name in saved if name not in by_file_name]
     if unknown:
-        raise ValueError(f"{folder}: adapter weights {unknown[:5]} match no parameter of {type(model).__name__} "
-                         f"(adapter {adapter!r}): the checkpoint was written for another model or adapter.")
+        raise ValueError(
+            f"{folder}: adapter weights {unknown[:5]} match no parameter of {type(model).__name__} "
+            f"(adapter {adapter!r}): the checkpoint was written for another model or adapter."
+        )
     return {by_file_name[name]: tensor for name, tensor in saved.items()}

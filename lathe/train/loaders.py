@@ -1,6 +1,7 @@
 """The Trainer's dataloaders: column pruning by the model's signature, item checks, and the
 resumable samplers of lathe.train.data, configured from TrainingArguments. The functions that take
 `trainer` first are Trainer's methods of the same name (trainer.py lists them)."""
+
 from __future__ import annotations
 
 from lathe.train import batching, columns, data
@@ -17,21 +18,29 @@ def build_dataloader(trainer, dataset, description: str, batch_size: int, train:
     collate = trainer.data_collator
     if args.remove_unused_columns:
         wanted = signature_columns(trainer.model, trainer.label_names)
-        dataset, collate = columns.prune_unused_columns(dataset, collate, wanted, description, type(trainer.model).__name__)
+        dataset, collate = columns.prune_unused_columns(
+            dataset, collate, wanted, description, type(trainer.model).__name__
+        )
     if trainer._default_collator_used:
         columns.validate_first_item(dataset)
     strategy = getattr(args.train_sampling_strategy, "value", args.train_sampling_strategy)
     return data.build_dataloader(
-        dataset, batch_size=batch_size, collate_fn=collate,
+        dataset,
+        batch_size=batch_size,
+        collate_fn=collate,
         shuffle=train and strategy == "random",
         seed=args.data_seed if args.data_seed is not None else args.seed,
-        drop_last=args.dataloader_drop_last, num_workers=args.dataloader_num_workers,
-        pin_memory=args.dataloader_pin_memory, persistent_workers=args.dataloader_persistent_workers,
+        drop_last=args.dataloader_drop_last,
+        num_workers=args.dataloader_num_workers,
+        pin_memory=args.dataloader_pin_memory,
+        persistent_workers=args.dataloader_persistent_workers,
         prefetch_factor=args.dataloader_prefetch_factor,
         group_by_length=train and strategy == "group_by_length",
-        length_column_name=args.length_column_name, model_input_name=trainer.main_input_name,
+        length_column_name=args.length_column_name,
+        model_input_name=trainer.main_input_name,
         length_group_size=batch_size * args.gradient_accumulation_steps,
-        num_shards=args.world_size, shard_index=args.process_index,
+        num_shards=args.world_size,
+        shard_index=args.process_index,
     )
 
 

@@ -1,6 +1,7 @@
 """Reading a checkpoint's files safely: torch.load(weights_only=True), with errors that name the
 file and say what is wrong (empty, corrupt, objects lathe refuses to unpickle, a state that does not
 fit the optimizer, scheduler or generators it is loaded into)."""
+
 from __future__ import annotations
 
 import os
@@ -20,8 +21,10 @@ def safe_torch_load(path: str, map_location=None, allowed: list | None = None):
     refuses to unpickle."""
     try:
         if os.path.getsize(path) == 0:
-            raise CheckpointFileError(f"{path!r} is empty (0 bytes): it was cut short while saving or truncated later. "
-                                      "Resume from an earlier checkpoint.")
+            raise CheckpointFileError(
+                f"{path!r} is empty (0 bytes): it was cut short while saving or truncated later. "
+                "Resume from an earlier checkpoint."
+            )
     except OSError as error:
         raise CheckpointFileError(f"Cannot read {path!r}: {error.strerror or error}.") from None
     allowed = list(allowed or []) + [np.ndarray, np.dtype, type(np.dtype(np.uint32))]
@@ -48,11 +51,16 @@ def _refused_to_unpickle(path: str, error: Exception) -> str:
         names = torch.serialization.get_unsafe_globals_in_checkpoint(path)
     except Exception:  # not torch.save's zip format: a raw pickle or corrupt bytes
         names = []
-    what = (f"it refers to {', '.join(names)}, which is neither a tensor nor plain data" if names else
-            f"it is not torch.save's format of tensors and plain data ({_load_error_detail(error)})")
-    return (f"lathe refused to unpickle {path!r}: {what}. Unpickling such a file can run any code it holds, so "
-            "lathe loads checkpoint files only as tensors and plain data. If this file did not come from a "
-            "Trainer you ran, delete it; resume from a checkpoint written by lathe or transformers.")
+    what = (
+        f"it refers to {', '.join(names)}, which is neither a tensor nor plain data"
+        if names
+        else f"it is not torch.save's format of tensors and plain data ({_load_error_detail(error)})"
+    )
+    return (
+        f"lathe refused to unpickle {path!r}: {what}. Unpickling such a file can run any code it holds, so "
+        "lathe loads checkpoint files only as tensors and plain data. If this file did not come from a "
+        "Trainer you ran, delete it; resume from a checkpoint written by lathe or transformers."
+    )
 
 
 def _load_error_detail(error: Exception) -> str:
@@ -77,8 +85,10 @@ def load_state_into(target, path: str, what: str, map_location=None) -> None:
 
 
 def _does_not_fit(path: str, what: str, why: str) -> CheckpointFileError:
-    return CheckpointFileError(f"{path!r} does not fit this run's {what} ({why}). Was it written by another model or "
-                               "optimizer? Resume from a checkpoint of this run.")
+    return CheckpointFileError(
+        f"{path!r} does not fit this run's {what} ({why}). Was it written by another model or "
+        "optimizer? Resume from a checkpoint of this run."
+    )
 
 
 def load_rng_state(path: str) -> dict:

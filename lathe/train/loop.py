@@ -2,6 +2,7 @@
 optimizer update), each readable top to bottom, in transformers' event order. They call the Trainer's
 override points (training_step, log, _maybe_log_save_evaluate, get_train_dataloader, ...) on the trainer
 they are given, and its back-end (stepping.py) for everything a back-end does differently."""
+
 from __future__ import annotations
 
 import logging
@@ -29,7 +30,9 @@ def training_loop(trainer, batch_size: int, resume_path: str | None, trial, igno
     rng_state = None
     if resume_path is not None:  # after the optimizer, scheduler and engine exist: their states load into them
         trainer.state, rng_state = resume.load_checkpoint(trainer, resume_path, plan)
-    start = batching.resume_position(trainer.state.global_step, plan, args.gradient_accumulation_steps, args.ignore_data_skip, trainer.state.epoch)
+    start = batching.resume_position(
+        trainer.state.global_step, plan, args.gradient_accumulation_steps, args.ignore_data_skip, trainer.state.epoch
+    )
     begin_run(trainer, model, train_dataloader)
     trainer.control = trainer.callback_handler.on_train_begin(args, trainer.state, trainer.control)
     if args.eval_on_start:  # a baseline metric; ReduceLROnPlateau must not count it as an epoch's result
@@ -58,7 +61,13 @@ def training_loop(trainer, batch_size: int, resume_path: str | None, trial, igno
 
 def update_step(trainer, model, window: list, epoch: int, plan) -> None:
     """One optimizer update over an accumulation window of micro-batches."""
-    args, state, run, backend, events = trainer.args, trainer.state, trainer._run, trainer._backend, trainer.callback_handler
+    args, state, run, backend, events = (
+        trainer.args,
+        trainer.state,
+        trainer._run,
+        trainer._backend,
+        trainer.callback_handler,
+    )
     trainer.control = events.on_step_begin(args, state, trainer.control)
     num_items = count_window_items(trainer, window)  # the loss denominator: label tokens of the whole window
     trainer.current_gradient_accumulation_steps = len(window)  # or, without a count, the window's size
@@ -106,7 +115,9 @@ def tally_micro_batch(trainer, inputs, loss: torch.Tensor) -> None:
     run.losses.add(loss, state.global_step - run.step_last_logged)
     trainer.current_flos += float(trainer.floating_point_ops(inputs))
     if args.include_num_input_tokens_seen != "no":
-        state.num_input_tokens_seen += batching.count_input_tokens(inputs, args.include_num_input_tokens_seen, trainer.main_input_name)
+        state.num_input_tokens_seen += batching.count_input_tokens(
+            inputs, args.include_num_input_tokens_seen, trainer.main_input_name
+        )
 
 
 def stop_on_empty_pass(trainer, epoch: int) -> None:
@@ -115,7 +126,9 @@ def stop_on_empty_pass(trainer, epoch: int) -> None:
     logger.warning(
         "Pass %d over the training data yielded no batch, so training stops at step %d of %d. An iterable "
         "dataset must be re-iterable (a generator is used up after one pass) and yield at least one batch.",
-        epoch, trainer.state.global_step, trainer.state.max_steps,
+        epoch,
+        trainer.state.global_step,
+        trainer.state.max_steps,
     )
     trainer.control.should_training_stop = True
 
@@ -154,7 +167,9 @@ def begin_run(trainer, model, train_dataloader) -> None:
     handler.model, handler.optimizer, handler.lr_scheduler = trainer.model, trainer.optimizer, trainer.lr_scheduler
     handler.train_dataloader = train_dataloader
     parameters = list(trainer.model.parameters())
-    trainer._backend = stepping.choose_backend(model, parameters, trainer.optimizer, trainer.lr_scheduler, trainer.scaler, trainer._zero_engine)
+    trainer._backend = stepping.choose_backend(
+        model, parameters, trainer.optimizer, trainer.lr_scheduler, trainer.scaler, trainer._zero_engine
+    )
     trainer._run = TrainingRun.start(trainer.state, trainer.args)
     trainer.model.zero_grad(set_to_none=True)
 
@@ -167,11 +182,16 @@ def finish_run(trainer) -> TrainOutput:
     trainer._checkpoint_commits.wait()  # every checkpoint is published before train() returns
     train_loss = run.train_loss(state.global_step, args.device)
     if run.losses.nonfinite:
-        logger.warning("%d micro-batches had a non-finite loss; the logged loss counts them as the running mean (logging_nan_inf_filter).", run.losses.nonfinite)
+        logger.warning(
+            "%d micro-batches had a non-finite loss; the logged loss counts them as the running mean (logging_nan_inf_filter).",
+            run.losses.nonfinite,
+        )
     if args.load_best_model_at_end and state.best_model_checkpoint is not None:
         resume.load_best_model(trainer)
     steps_run = run.steps_run(state.global_step)
-    samples_run = steps_run * trainer._train_batch_size * args.gradient_accumulation_steps * args.world_size  # all ranks, as transformers
+    samples_run = (
+        steps_run * trainer._train_batch_size * args.gradient_accumulation_steps * args.world_size
+    )  # all ranks, as transformers
     metrics = speed_metrics("train", run.start_time, num_samples=samples_run, num_steps=steps_run)
     trainer.store_flos()
     metrics["total_flos"] = state.total_flos

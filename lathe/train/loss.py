@@ -1,4 +1,5 @@
 """Label smoothing applied to a model's logits (TrainingArguments.label_smoothing_factor)."""
+
 from __future__ import annotations
 
 import torch
@@ -15,7 +16,9 @@ class LabelSmoother:
         self.epsilon = epsilon
         self.ignore_index = ignore_index
 
-    def __call__(self, model_output, labels: torch.Tensor, shift_labels: bool = False, num_items_in_batch=None) -> torch.Tensor:
+    def __call__(
+        self, model_output, labels: torch.Tensor, shift_labels: bool = False, num_items_in_batch=None
+    ) -> torch.Tensor:
         """With num_items_in_batch (the label count of the whole accumulation window), the sums are
         divided by it, so accumulated micro-batches add up to the loss of one big batch."""
         logits = model_output["logits"] if isinstance(model_output, dict) else model_output[0]

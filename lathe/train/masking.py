@@ -1,5 +1,6 @@
 """DataCollatorForLanguageModeling: causal-LM labels (padding hidden from the loss) and BERT-style
 masked-LM masking (80/10/10, whole words), with transformers' draws in transformers' order."""
+
 from __future__ import annotations
 
 import warnings
@@ -84,7 +85,9 @@ class DataCollatorForLanguageModeling:
         if self.mask_replace_prob + self.random_replace_prob > 1:
             raise ValueError("mask_replace_prob + random_replace_prob must not exceed 1.")
         if self.whole_word_mask and self.mask_replace_prob < 1:
-            warnings.warn("Whole word masking replaces whole words by the mask token only: setting mask_replace_prob=1.")
+            warnings.warn(
+                "Whole word masking replaces whole words by the mask token only: setting mask_replace_prob=1."
+            )
             self.mask_replace_prob, self.random_replace_prob = 1.0, 0.0
         self.mask_replace_prob = float(self.mask_replace_prob)
         self.random_replace_prob = float(self.random_replace_prob)

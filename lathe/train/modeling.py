@@ -1,5 +1,6 @@
 """What the Trainer needs to know about a model: its forward signature (loss kwargs, label names,
 main input) and how to read the loss from whatever it returns."""
+
 from __future__ import annotations
 
 import inspect
@@ -55,7 +56,9 @@ def loss_from_outputs(outputs, inputs) -> torch.Tensor:
     if torch.is_tensor(outputs):
         if outputs.dim() == 0:
             return outputs
-        raise ValueError(f"The model returned a tensor of shape {tuple(outputs.shape)}, not a scalar loss; return (loss, ...) or a dict with 'loss'.")
+        raise ValueError(
+            f"The model returned a tensor of shape {tuple(outputs.shape)}, not a scalar loss; return (loss, ...) or a dict with 'loss'."
+        )
     if isinstance(outputs, (tuple, list)) and outputs and torch.is_tensor(outputs[0]) and outputs[0].dim() == 0:
         return outputs[0]
     raise ValueError(
@@ -87,24 +90,43 @@ def explain_label_error(error: Exception, inputs, label_names: list[str]) -> Exc
         expected = "floats: labels with the logits' shape are read as class probabilities"
         fix = "Give class ids without the class dimension, or float probabilities."
     elif "Target size" in message and labels.is_floating_point():
-        expected, fix = ("torch.int64 class ids: transformers' classification models read float labels as multi-label "
-                         "targets, one 0/1 value per class"), ids
+        expected, fix = (
+            (
+                "torch.int64 class ids: transformers' classification models read float labels as multi-label "
+                "targets, one 0/1 value per class"
+            ),
+            ids,
+        )
     elif labels.is_floating_point() or labels.dtype != torch.int64:
         expected, fix = "torch.int64 (long) class ids", ids
     else:
         return None
-    return TypeError(f"The model's loss cannot use `{name}` of dtype {labels.dtype} (shape {list(labels.shape)}): it "
-                     f"expects {expected}. {fix} torch said: {message.splitlines()[0]}")
+    return TypeError(
+        f"The model's loss cannot use `{name}` of dtype {labels.dtype} (shape {list(labels.shape)}): it "
+        f"expects {expected}. {fix} torch said: {message.splitlines()[0]}"
+    )
 
 
-def compute_loss(model, inputs, num_items_in_batch=None, *, label_smoother=None, compute_loss_func=None,
-                 accepts_loss_kwargs: bool = False, shifts_labels: bool = False):
+def compute_loss(
+    model,
+    inputs,
+    num_items_in_batch=None,
+    *,
+    label_smoother=None,
+    compute_loss_func=None,
+    accepts_loss_kwargs: bool = False,
+    shifts_labels: bool = False,
+):
     """(loss, outputs) of one forward pass, as transformers' Trainer.compute_loss computes it: the model's
     own loss, or label smoothing / compute_loss_func applied to its outputs with the labels taken out
     of the inputs. num_items_in_batch (label tokens of the whole accumulation window) reaches whichever
     computes the loss, so it can divide by the window's count instead of the micro-batch's."""
     labels = None
-    if (label_smoother is not None or compute_loss_func is not None) and isinstance(inputs, Mapping) and "labels" in inputs:
+    if (
+        (label_smoother is not None or compute_loss_func is not None)
+        and isinstance(inputs, Mapping)
+        and "labels" in inputs
+    ):
         inputs = dict(inputs)
         labels = inputs.pop("labels")
     if isinstance(inputs, Mapping):

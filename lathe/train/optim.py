@@ -1,4 +1,5 @@
 """The Trainer's optimizer: which parameters get weight decay, which optimizer class `args.optim` names, and building it."""
+
 from __future__ import annotations
 
 import re
@@ -95,9 +96,7 @@ def _fused_adamw_supported(model: nn.Module | None) -> bool:
     except ImportError:
         return True
     devices = _get_fused_kernels_supported_devices()
-    return all(
-        p.device.type in devices and torch.is_floating_point(p) for p in model.parameters() if p.requires_grad
-    )
+    return all(p.device.type in devices and torch.is_floating_point(p) for p in model.parameters() if p.requires_grad)
 
 
 # Each builder gets (args, parsed optim_args, model) and returns (class, kwargs). The kwargs mirror exactly what

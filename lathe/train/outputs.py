@@ -1,4 +1,5 @@
 """The small value types that Trainer methods return: EvalPrediction, TrainOutput, EvalLoopOutput, PredictionOutput."""
+
 from __future__ import annotations
 
 from typing import Any, NamedTuple

@@ -1,4 +1,5 @@
 """Padding: turn tokenized items of different lengths into rectangular tensors, as `tokenizer.pad` does."""
+
 from __future__ import annotations
 
 from collections.abc import Mapping
@@ -91,7 +92,11 @@ def _is_plain_token_batch(tokenizer, features: list) -> bool:
     if not names or names[0] != "input_ids" or not hasattr(tokenizer, "pad_token_id"):
         return False
     for feature in features:
-        if type(feature) is not dict or not feature.keys() <= _TOKEN_FIELDS or not isinstance(feature.get("input_ids"), list):
+        if (
+            type(feature) is not dict
+            or not feature.keys() <= _TOKEN_FIELDS
+            or not isinstance(feature.get("input_ids"), list)
+        ):
             return False
     return True
 

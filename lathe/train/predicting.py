@@ -1,6 +1,7 @@
 """What the Trainer's evaluate(), predict() and prediction_step() do (one batch through the model
 without gradients); the batch loop itself is lathe.train.evaluation.evaluation_loop. Trainer's methods
 of those names (trainer.py) call these functions, so overriding any of them changes what the others do."""
+
 from __future__ import annotations
 
 import time
@@ -23,15 +24,21 @@ def evaluate(trainer, eval_dataset=None, ignore_keys=None, metric_key_prefix: st
     dataloader = trainer.get_eval_dataloader(eval_dataset)
     start = time.time()
     output = trainer.evaluation_loop(
-        dataloader, description="Evaluation",
+        dataloader,
+        description="Evaluation",
         # Without compute_metrics there is nothing to do with predictions: keep only the loss.
         prediction_loss_only=True if trainer.compute_metrics is None else None,
-        ignore_keys=ignore_keys, metric_key_prefix=metric_key_prefix,
+        ignore_keys=ignore_keys,
+        metric_key_prefix=metric_key_prefix,
     )
-    output.metrics.update(evaluation.speed_metrics(
-        metric_key_prefix, start, num_samples=output.num_samples,
-        num_steps=_steps(output.num_samples, trainer.args.eval_batch_size),
-    ))
+    output.metrics.update(
+        evaluation.speed_metrics(
+            metric_key_prefix,
+            start,
+            num_samples=output.num_samples,
+            num_steps=_steps(output.num_samples, trainer.args.eval_batch_size),
+        )
+    )
     trainer.log(output.metrics)
     trainer.control = trainer.callback_handler.on_evaluate(trainer.args, trainer.state, trainer.control, output.metrics)
     return output.metrics
@@ -40,21 +47,35 @@ def evaluate(trainer, eval_dataset=None, ignore_keys=None, metric_key_prefix: st
 def predict(trainer, test_dataset, ignore_keys=None, metric_key_prefix: str = "test") -> PredictionOutput:
     dataloader = trainer.get_test_dataloader(test_dataset)
     start = time.time()
-    output = trainer.evaluation_loop(dataloader, description="Prediction", ignore_keys=ignore_keys, metric_key_prefix=metric_key_prefix)
-    output.metrics.update(evaluation.speed_metrics(
-        metric_key_prefix, start, num_samples=output.num_samples,
-        num_steps=_steps(output.num_samples, trainer.args.eval_batch_size),
-    ))
+    output = trainer.evaluation_loop(
+        dataloader, description="Prediction", ignore_keys=ignore_keys, metric_key_prefix=metric_key_prefix
+    )
+    output.metrics.update(
+        evaluation.speed_metrics(
+            metric_key_prefix,
+            start,
+            num_samples=output.num_samples,
+            num_steps=_steps(output.num_samples, trainer.args.eval_batch_size),
+        )
+    )
     trainer.control = trainer.callback_handler.on_predict(trainer.args, trainer.state, trainer.control, output.metrics)
     return PredictionOutput(predictions=output.predictions, label_ids=output.label_ids, metrics=output.metrics)
 
 
-def evaluation_loop(trainer, dataloader, description: str, prediction_loss_only: bool | None = None,
-                    ignore_keys=None, metric_key_prefix: str = "eval") -> EvalLoopOutput:
+def evaluation_loop(
+    trainer,
+    dataloader,
+    description: str,
+    prediction_loss_only: bool | None = None,
+    ignore_keys=None,
+    metric_key_prefix: str = "eval",
+) -> EvalLoopOutput:
     if prediction_loss_only is None:
         prediction_loss_only = trainer.args.prediction_loss_only
     with torch.no_grad():
-        return evaluation.evaluation_loop(trainer, dataloader, description, prediction_loss_only, ignore_keys, metric_key_prefix)
+        return evaluation.evaluation_loop(
+            trainer, dataloader, description, prediction_loss_only, ignore_keys, metric_key_prefix
+        )
 
 
 def prediction_step(trainer, model, inputs, prediction_loss_only: bool, ignore_keys=None):
@@ -119,7 +140,9 @@ def evaluate_during_training(trainer, trial, ignore_keys_for_eval, skip_schedule
         name = trainer.args.metric_for_best_model or "loss"
         key = name if name.startswith("eval_") else f"eval_{name}"
         if key not in metrics:
-            raise KeyError(f"reduce_lr_on_plateau watches {key!r}, which evaluation did not return (got {sorted(metrics)}).")
+            raise KeyError(
+                f"reduce_lr_on_plateau watches {key!r}, which evaluation did not return (got {sorted(metrics)})."
+            )
         trainer.lr_scheduler.step(metrics[key])
     return metrics
 
@@ -130,7 +153,9 @@ def _steps(num_samples: int, batch_size: int) -> int:
 
 def _split_tuple_outputs(outputs):
     if torch.is_tensor(outputs):
-        return (outputs.detach().mean() if outputs.dim() == 0 else None), (None if outputs.dim() == 0 else outputs.detach())
+        return (outputs.detach().mean() if outputs.dim() == 0 else None), (
+            None if outputs.dim() == 0 else outputs.detach()
+        )
     if isinstance(outputs, Mapping):
         loss = outputs.get("loss")
         rest = tuple(v for k, v in outputs.items() if k != "loss")

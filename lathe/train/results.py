@@ -1,6 +1,7 @@
 """What a run writes and prints about itself at the user's request: trainer_state.json (save_state),
 {split}_results.json and all_results.json (save_metrics), and the metrics table (log_metrics), as
 transformers writes them. The functions are Trainer's methods of the same name (trainer.py lists them)."""
+
 from __future__ import annotations
 
 import json

@@ -2,6 +2,7 @@
 run, and loading every state back (weights, optimizer, scheduler, scaler, TrainerState, callbacks),
 with the RNG state returned for the loop to restore at the right point; loading the best model at the
 end. What a checkpoint holds and how it is written is saving.py."""
+
 from __future__ import annotations
 
 import json
@@ -19,15 +20,28 @@ logger = logging.getLogger(__name__)
 
 # Arguments that change the data order or step arithmetic: a resume with different values is
 # not the interrupted run any more, so the user hears about it.
-_ARGS_THAT_CHANGE_THE_RUN = ("per_device_train_batch_size", "gradient_accumulation_steps", "max_steps", "num_train_epochs", "seed", "data_seed", "train_sampling_strategy")
+_ARGS_THAT_CHANGE_THE_RUN = (
+    "per_device_train_batch_size",
+    "gradient_accumulation_steps",
+    "max_steps",
+    "num_train_epochs",
+    "seed",
+    "data_seed",
+    "train_sampling_strategy",
+)
 
 
 def load_best_model(trainer) -> None:
     path = trainer._best_checkpoint_path()
     if path is None or not os.path.isdir(path):
-        logger.warning("load_best_model_at_end: the best checkpoint %r no longer exists; keeping the last weights.", trainer.state.best_model_checkpoint)
+        logger.warning(
+            "load_best_model_at_end: the best checkpoint %r no longer exists; keeping the last weights.",
+            trainer.state.best_model_checkpoint,
+        )
         return
-    logger.info("Loading the best model from %s (%s = %s).", path, trainer.args.metric_for_best_model, trainer.state.best_metric)
+    logger.info(
+        "Loading the best model from %s (%s = %s).", path, trainer.args.metric_for_best_model, trainer.state.best_metric
+    )
     load_weights(trainer.model, trainer.args, path)
 
 
@@ -41,8 +55,10 @@ def load_weights(model, args, path: str, optimizer=None, optimizer_file: str | N
             loading.load_state_into(optimizer, optimizer_file, "optimizer", map_location=args.device)
         return
     if hasattr(model, "load_saved_weights"):
-        raise NotImplementedError(f"Loading {type(model).__name__} weights from {path} into an FSDP2-sharded "
-                                  "model is not supported yet (its files are split): resume without fsdp.")
+        raise NotImplementedError(
+            f"Loading {type(model).__name__} weights from {path} into an FSDP2-sharded "
+            "model is not supported yet (its files are split): resume without fsdp."
+        )
     first = args.process_index == 0
     adapter = os.path.isfile(os.path.join(path, ckpt.ADAPTER_WEIGHTS_NAME)) and hasattr(model, "load_adapter")
     weights = {}
@@ -65,22 +81,30 @@ def resolve_resume_path(args, resume_from_checkpoint) -> str | None:
         ckpt.remove_staging_leftovers(args.output_dir)
         path = ckpt.get_last_checkpoint(args.output_dir)
         if path is None:
-            raise ValueError(f"resume_from_checkpoint=True, but {args.output_dir!r} holds no complete checkpoint-N folder.")
+            raise ValueError(
+                f"resume_from_checkpoint=True, but {args.output_dir!r} holds no complete checkpoint-N folder."
+            )
     else:
         path = str(resume_from_checkpoint)
         if not os.path.isdir(path):
             raise ValueError(f"resume_from_checkpoint={path!r} is not a folder.")
         problem = ckpt.checkpoint_problem(path)
         if problem is not None:
-            raise ValueError(f"Checkpoint {path!r} is incomplete or corrupt (interrupted while saving?): {problem}. "
-                             "Resume from an earlier one.")
+            raise ValueError(
+                f"Checkpoint {path!r} is incomplete or corrupt (interrupted while saving?): {problem}. "
+                "Resume from an earlier one."
+            )
     written_by_deepspeed = zero_module().has_checkpoint(path)
     if args.deepspeed and not written_by_deepspeed:
-        raise ValueError(f"Checkpoint {path!r} was not written under deepspeed (it has no DeepSpeed `latest` file and "
-                         "global_stepN/ folder): resume it without deepspeed, or start a new run from its weights.")
+        raise ValueError(
+            f"Checkpoint {path!r} was not written under deepspeed (it has no DeepSpeed `latest` file and "
+            "global_stepN/ folder): resume it without deepspeed, or start a new run from its weights."
+        )
     if written_by_deepspeed and not args.deepspeed:
-        raise ValueError(f"Checkpoint {path!r} was written under deepspeed: its optimizer state is in DeepSpeed's "
-                         "global_stepN/ files. Resume it with the same deepspeed config, or start a new run from its weights.")
+        raise ValueError(
+            f"Checkpoint {path!r} was written under deepspeed: its optimizer state is in DeepSpeed's "
+            "global_stepN/ files. Resume it with the same deepspeed config, or start a new run from its weights."
+        )
     if not written_by_deepspeed and not os.path.isfile(os.path.join(path, ckpt.OPTIMIZER_NAME)):
         raise ValueError(
             f"Checkpoint {path!r} has no optimizer state (saved with save_only_model=True?), so training cannot "
@@ -116,22 +140,38 @@ def load_checkpoint(trainer, path: str, plan) -> tuple[TrainerState, dict | None
     rng_file = next((os.path.join(path, name) for name in candidates if os.path.isfile(os.path.join(path, name))), None)
     rng_state = loading.load_rng_state(rng_file) if rng_file is not None else None
     if rng_state is None:
-        logger.warning("Checkpoint %s has no RNG state; dropout and shuffling after resume will differ from the original run.", path)
+        logger.warning(
+            "Checkpoint %s has no RNG state; dropout and shuffling after resume will differ from the original run.",
+            path,
+        )
     saved = TrainerState.load_from_json(os.path.join(path, ckpt.TRAINER_STATE_NAME))
     batch_size = trainer._train_batch_size
     _warn_about_changed_arguments(args, path, saved, plan, batch_size)
     # Keep the step counts of this run (they depend on the current arguments) and the
     # process flags; take everything else from the checkpoint.
-    for name in ("max_steps", "num_train_epochs", "logging_steps", "eval_steps", "save_steps", "is_local_process_zero", "is_world_process_zero"):
+    for name in (
+        "max_steps",
+        "num_train_epochs",
+        "logging_steps",
+        "eval_steps",
+        "save_steps",
+        "is_local_process_zero",
+        "is_world_process_zero",
+    ):
         setattr(saved, name, getattr(trainer.state, name))
     saved.train_batch_size = batch_size
-    saved.best_model_checkpoint = find_best_checkpoint(saved.best_model_checkpoint, os.path.dirname(os.path.normpath(path)), args.output_dir)
+    saved.best_model_checkpoint = find_best_checkpoint(
+        saved.best_model_checkpoint, os.path.dirname(os.path.normpath(path)), args.output_dir
+    )
     if args.restore_callback_states_from_checkpoint:
         _restore_callback_states(stateful_callbacks(trainer), saved)
     if saved.global_step >= plan.max_steps:
         logger.warning(
             "Checkpoint %s is already at step %d of max_steps=%d: there is nothing left to train. Raise "
-            "max_steps or num_train_epochs to continue training.", path, saved.global_step, plan.max_steps,
+            "max_steps or num_train_epochs to continue training.",
+            path,
+            saved.global_step,
+            plan.max_steps,
         )
     return saved, rng_state
 
@@ -154,7 +194,9 @@ def _warn_about_changed_arguments(args, path: str, saved: TrainerState, plan, ba
     if changed:
         logger.warning(
             "Resuming from %s with settings that differ from the run that wrote it, so the result will not equal "
-            "the uninterrupted run: %s.", path, "; ".join(changed),
+            "the uninterrupted run: %s.",
+            path,
+            "; ".join(changed),
         )
 
 
@@ -169,9 +211,19 @@ def _compare_process_counts(args, path: str, saved: TrainerState, changed: list[
         return changed
     old_global, new_global = saved.train_batch_size * before, batch_size * now
     if old_global == new_global:
-        logger.info("Checkpoint %s was written by %d processes, resumed under %d with the same global batch (%d).", path, before, now, new_global)
-        return [entry for entry in changed if not entry.startswith(("per_device_train_batch_size:", "train batch size:"))]
-    return changed + [f"processes: {before} -> {now}, so the global batch (per-device batch x processes) is {new_global}, was {old_global}"]
+        logger.info(
+            "Checkpoint %s was written by %d processes, resumed under %d with the same global batch (%d).",
+            path,
+            before,
+            now,
+            new_global,
+        )
+        return [
+            entry for entry in changed if not entry.startswith(("per_device_train_batch_size:", "train batch size:"))
+        ]
+    return changed + [
+        f"processes: {before} -> {now}, so the global batch (per-device batch x processes) is {new_global}, was {old_global}"
+    ]
 
 
 def _restore_callback_states(callbacks: list, saved: TrainerState) -> None:
@@ -193,8 +245,8 @@ def _read_json_object(path: str) -> dict | None:
         with open(path, encoding="utf-8") as f:
             data = json.load(f)
     except (OSError, ValueError) as error:
-        logger.warning("Cannot read %s (%s): the arguments of the run that wrote it are not compared with these.", path, error)
+        logger.warning(
+            "Cannot read %s (%s): the arguments of the run that wrote it are not compared with these.", path, error
+        )
         return None
     return data if isinstance(data, dict) else None
-
-

@@ -1,6 +1,7 @@
 """save_total_limit: which checkpoint-N entries of output_dir lathe may count and delete, and deleting
 them. The rule: only a real folder (never a symbolic link) whose lathe_checkpoint.json proves lathe
 wrote it complete, as the step its name says. Everything else is neither counted nor touched."""
+
 from __future__ import annotations
 
 import logging
@@ -35,8 +36,10 @@ def why_not_owned(path: str, step: int) -> str | None:
     if not os.path.isdir(path):
         return "it is not a folder"
     if not os.path.isfile(os.path.join(path, ckpt.MANIFEST_NAME)):
-        return (f"it has no {ckpt.MANIFEST_NAME}, so lathe did not write it (transformers or a person did); "
-                "delete it yourself if it is not needed")
+        return (
+            f"it has no {ckpt.MANIFEST_NAME}, so lathe did not write it (transformers or a person did); "
+            "delete it yourself if it is not needed"
+        )
     problem = ckpt.checkpoint_problem(path)
     if problem is not None:
         return f"it is incomplete ({problem})"
@@ -46,8 +49,9 @@ def why_not_owned(path: str, step: int) -> str | None:
     return None
 
 
-def rotate_checkpoints(output_dir: str, save_total_limit: int | None, best_model_checkpoint: str | None,
-                       newest: str | None = None) -> list[str]:
+def rotate_checkpoints(
+    output_dir: str, save_total_limit: int | None, best_model_checkpoint: str | None, newest: str | None = None
+) -> list[str]:
     """Delete the oldest of lathe's own checkpoints beyond save_total_limit; returns the deleted paths.
     Never deleted: `newest` (the checkpoint just published, whatever its number), the best one
     (transformers' rule: the best is kept, and with a limit of 1 and a distinct best, 2 remain so the
@@ -94,7 +98,9 @@ def delete_checkpoint(path: str) -> None:
     if os.path.islink(path):
         logger.warning("Not deleting %s: it is a symbolic link.", path)
         return
-    trash = os.path.join(os.path.dirname(os.path.abspath(path)), ckpt.STAGING_PREFIX + "deleting-" + os.path.basename(path))
+    trash = os.path.join(
+        os.path.dirname(os.path.abspath(path)), ckpt.STAGING_PREFIX + "deleting-" + os.path.basename(path)
+    )
     try:
         if os.path.lexists(trash):
             shutil.rmtree(trash)

@@ -1,6 +1,7 @@
 """What one train() call keeps between update steps and never checkpoints: the loss tally between logs,
 where the run started (step, tokens, clock), the last learning rate, and how far into its epoch it is.
 Everything that must survive a resume lives in TrainerState instead."""
+
 from __future__ import annotations
 
 import math
@@ -66,8 +67,12 @@ class TrainingRun:
 
     @classmethod
     def start(cls, state, args) -> TrainingRun:
-        return cls(LossTracker(args.device, args.logging_nan_inf_filter), first_step=state.global_step,
-                   step_last_logged=state.global_step, tokens_at_start=state.num_input_tokens_seen)
+        return cls(
+            LossTracker(args.device, args.logging_nan_inf_filter),
+            first_step=state.global_step,
+            step_last_logged=state.global_step,
+            tokens_at_start=state.num_input_tokens_seen,
+        )
 
     def take_logged_loss(self, global_step: int, device) -> float:
         """The mean loss per update since the last log, over all ranks; the window joins the run's total."""

@@ -1,5 +1,6 @@
 """Where and how the model runs: device placement, autocast precision, the fp16 GradScaler,
 gradient clipping, gradient checkpointing and torch.compile. The loop never branches on these itself."""
+
 from __future__ import annotations
 
 import contextlib
@@ -92,7 +93,8 @@ def is_out_of_memory(error: BaseException) -> bool:
         return True
     message = str(error)
     return isinstance(error, RuntimeError) and any(
-        marker in message for marker in ("out of memory", "CUDNN_STATUS_NOT_SUPPORTED", "DefaultCPUAllocator: can't allocate memory")
+        marker in message
+        for marker in ("out of memory", "CUDNN_STATUS_NOT_SUPPORTED", "DefaultCPUAllocator: can't allocate memory")
     )
 
 

@@ -2,6 +2,7 @@
 TrainerState with the callbacks' states) and how it is published (lathe.train.checkpoint: staging folder
 and one rename; in one process written by a background thread, lathe.train.commit); save_model; which
 checkpoint is the best, and the rotation that keeps it. Resuming from a checkpoint is resume.py."""
+
 from __future__ import annotations
 
 import os
@@ -40,8 +41,9 @@ def save_model(trainer, output_dir: str | None = None, _internal_call: bool = Fa
         if _internal_call:
             raise  # inside a checkpoint save, which explains the error itself
         # torch and safetensors report a full disk without naming the path or the disk.
-        raise ckpt.explain_save_error(error, os.path.join(output_dir, ckpt.WEIGHTS_NAME),
-                                      f"Saving the model to {output_dir!r} failed.") from error
+        raise ckpt.explain_save_error(
+            error, os.path.join(output_dir, ckpt.WEIGHTS_NAME), f"Saving the model to {output_dir!r} failed."
+        ) from error
 
 
 def save_processing_class(processing_class, output_dir: str) -> None:
@@ -63,18 +65,32 @@ def save_checkpoint(trainer, model, trial=None) -> None:
     # One process: the files are written from a copy of the state by the commit thread. Several
     # processes write in the loop (their barriers cannot run in a thread), as does a subclass
     # that overrides save_model (its override must see the checkpoint's folder).
-    background = (args.world_size == 1 and gathered is None and engine is None and type(trainer).save_model is save_model
-                  and snapshot.copy_fits_in_memory(trainer.model, trainer.optimizer))
+    background = (
+        args.world_size == 1
+        and gathered is None
+        and engine is None
+        and type(trainer).save_model is save_model
+        and snapshot.copy_fits_in_memory(trainer.model, trainer.optimizer)
+    )
     contents = _contents(trainer, gathered, copy_state=background)
 
     def rotate():
-        rotation.rotate_checkpoints(args.output_dir, args.save_total_limit, find_best_checkpoint(best, args.output_dir), newest=final_path)
+        rotation.rotate_checkpoints(
+            args.output_dir, args.save_total_limit, find_best_checkpoint(best, args.output_dir), newest=final_path
+        )
 
     rng_name = ckpt.rng_file_name(args.process_index, args.world_size)
-    with ckpt.atomic_checkpoint(final_path, is_main_process=main, barrier=runtime.barrier,
-                                committer=commits if background else None, after_commit=rotate,
-                                write=lambda folder: contents.write(trainer.model, folder, rng_name)) as staging:
-        if engine is not None and not args.save_only_model:  # DeepSpeed writes the optimizer state, each rank its partition
+    with ckpt.atomic_checkpoint(
+        final_path,
+        is_main_process=main,
+        barrier=runtime.barrier,
+        committer=commits if background else None,
+        after_commit=rotate,
+        write=lambda folder: contents.write(trainer.model, folder, rng_name),
+    ) as staging:
+        if (
+            engine is not None and not args.save_only_model
+        ):  # DeepSpeed writes the optimizer state, each rank its partition
             zero_module().save(engine, staging, state.global_step, exclude_frozen=has_frozen_parameters(trainer.model))
         if main and (background or gathered is not None):
             save_processing_class(trainer.processing_class, staging)
@@ -89,8 +105,17 @@ def _contents(trainer, gathered, copy_state: bool) -> snapshot.CheckpointContent
     state in place of the shards; DeepSpeed's optimizer and scheduler left to the engine's own files."""
     args, engine, main = trainer.args, trainer._zero_engine, trainer.args.should_save
     optimizer, scheduler = (None, None) if engine is not None else (trainer.optimizer, trainer.lr_scheduler)
-    contents = snapshot.capture(trainer.model, optimizer, scheduler, trainer.scaler, trainer.state, args, main=main,
-                                with_training_state=not args.save_only_model, copy_state=copy_state)
+    contents = snapshot.capture(
+        trainer.model,
+        optimizer,
+        scheduler,
+        trainer.scaler,
+        trainer.state,
+        args,
+        main=main,
+        with_training_state=not args.save_only_model,
+        copy_state=copy_state,
+    )
     if gathered is not None and main:
         contents.model_state, contents.args = gathered[0], args
         if gathered[1] is not None:

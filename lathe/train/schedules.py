@@ -1,4 +1,5 @@
 """Learning-rate schedules: pure per-step multiplier functions, and `get_scheduler` that binds one to an optimizer."""
+
 from __future__ import annotations
 
 import inspect

@@ -1,5 +1,6 @@
 """Reproducibility: set_seed and enable_full_determinism (python, numpy, torch, CUDA), and the
 capture and restore of every generator's state that exact resume needs."""
+
 from __future__ import annotations
 
 import os

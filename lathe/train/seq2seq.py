@@ -1,5 +1,6 @@
 """Seq2SeqTrainer: evaluation and prediction that generate text (predict_with_generate), with
 generation settings from Seq2SeqTrainingArguments or per call."""
+
 from __future__ import annotations
 
 import contextlib
@@ -31,15 +32,23 @@ class Seq2SeqTrainer(Trainer):
 
     def prediction_step(self, model, inputs, prediction_loss_only: bool, ignore_keys=None, **gen_kwargs):
         if not getattr(self.args, "predict_with_generate", False) or prediction_loss_only:
-            return super().prediction_step(model, inputs, prediction_loss_only=prediction_loss_only, ignore_keys=ignore_keys)
+            return super().prediction_step(
+                model, inputs, prediction_loss_only=prediction_loss_only, ignore_keys=ignore_keys
+            )
         if not hasattr(model, "generate"):
-            raise ValueError(f"predict_with_generate=True needs a model with generate(); {type(model).__name__} has none.")
+            raise ValueError(
+                f"predict_with_generate=True needs a model with generate(); {type(model).__name__} has none."
+            )
         has_labels = "labels" in inputs
         inputs = self._prepare_inputs(inputs)
         gen_kwargs = gen_kwargs or dict(getattr(self, "_gen_kwargs", {}))
         generation_inputs = dict(inputs)
         generation_inputs.pop("labels", None)
-        if "decoder_input_ids" in generation_inputs and has_labels and inputs["labels"].shape == inputs["decoder_input_ids"].shape:
+        if (
+            "decoder_input_ids" in generation_inputs
+            and has_labels
+            and inputs["labels"].shape == inputs["decoder_input_ids"].shape
+        ):
             # decoder inputs made from the labels (teacher forcing) must not prime generation
             generation_inputs.pop("decoder_input_ids")
             generation_inputs.pop("decoder_attention_mask", None)

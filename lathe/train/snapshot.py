@@ -8,6 +8,7 @@ weights stay one tensor, so the files are the same as a synchronous save's) and 
 training cannot change: parameters with requires_grad=False (a frozen base under LoRA or freeze
 training) are referenced, not copied.
 """
+
 from __future__ import annotations
 
 import copy
@@ -33,6 +34,7 @@ MAX_SHARE_OF_FREE_MEMORY = 0.5
 class CheckpointContents:
     """None means: not this process's to write (or, for the weights and arguments, written by
     Trainer.save_model in the loop)."""
+
     model_state: dict | None
     args: object | None  # TrainingArguments: training_args.bin and .json (read-only during training)
     optimizer: dict | None
@@ -49,8 +51,12 @@ class CheckpointContents:
             torch.save(self.args, os.path.join(folder, ckpt.TRAINING_ARGS_NAME))
             with open(os.path.join(folder, ckpt.TRAINING_ARGS_JSON), "w", encoding="utf-8") as f:
                 f.write(self.args.to_json_string())
-        for name, state in ((ckpt.OPTIMIZER_NAME, self.optimizer), (ckpt.SCHEDULER_NAME, self.scheduler),
-                            (ckpt.SCALER_NAME, self.scaler), (rng_name, self.rng)):
+        for name, state in (
+            (ckpt.OPTIMIZER_NAME, self.optimizer),
+            (ckpt.SCHEDULER_NAME, self.scheduler),
+            (ckpt.SCALER_NAME, self.scaler),
+            (rng_name, self.rng),
+        ):
             if state is not None:
                 torch.save(state, os.path.join(folder, name))
         if self.trainer_state is not None:
@@ -58,8 +64,9 @@ class CheckpointContents:
                 f.write(self.trainer_state)
 
 
-def capture(model, optimizer, lr_scheduler, scaler, state, args, *, main: bool, with_training_state: bool,
-            copy_state: bool) -> CheckpointContents:
+def capture(
+    model, optimizer, lr_scheduler, scaler, state, args, *, main: bool, with_training_state: bool, copy_state: bool
+) -> CheckpointContents:
     """The checkpoint's contents now. copy_state=False: references to the live state, to be written
     at once, and the weights and arguments left to Trainer.save_model; copy_state=True: a copy of
     everything, to be written later by another thread."""
@@ -67,7 +74,9 @@ def capture(model, optimizer, lr_scheduler, scaler, state, args, *, main: bool, 
     take = (lambda value: _copy_tensors(value, memo)) if copy_state else (lambda value: value)
     contents = CheckpointContents(None, None, None, None, None, None, None)
     if main and copy_state:
-        contents.model_state = {name: tensor if frozen else _copy_tensor(tensor, memo) for name, tensor, frozen in _model_entries(model)}
+        contents.model_state = {
+            name: tensor if frozen else _copy_tensor(tensor, memo) for name, tensor, frozen in _model_entries(model)
+        }
         contents.args = args
     if with_training_state:
         if main:
@@ -96,8 +105,12 @@ def copy_fits_in_memory(model, optimizer) -> bool:
         needed += sum(v.numel() * v.element_size() for v in values.values() if torch.is_tensor(v))
     fits = free is None or needed <= MAX_SHARE_OF_FREE_MEMORY * free
     if not fits:
-        logger.info("Checkpoint state (%.1f GB) is large against free memory (%.1f GB): saving in the training loop "
-                    "instead of from a copy in the background.", needed / 1e9, free / 1e9)
+        logger.info(
+            "Checkpoint state (%.1f GB) is large against free memory (%.1f GB): saving in the training loop "
+            "instead of from a copy in the background.",
+            needed / 1e9,
+            free / 1e9,
+        )
     _fits_by_optimizer[optimizer] = (len(optimizer.state), fits)
     return fits
 
@@ -123,7 +136,14 @@ def _copy_tensor(tensor: torch.Tensor, memo: dict) -> torch.Tensor:
     """A CPU copy; the same view seen twice (tied weights) gives one copy, so safetensors and
     save_pretrained see the same sharing and write the same files as from the live model."""
     tensor = tensor.detach()
-    key = (tensor.untyped_storage().data_ptr(), tensor.device, tensor.dtype, tensor.storage_offset(), tensor.shape, tensor.stride())
+    key = (
+        tensor.untyped_storage().data_ptr(),
+        tensor.device,
+        tensor.dtype,
+        tensor.storage_offset(),
+        tensor.shape,
+        tensor.stride(),
+    )
     copied = memo.get(key)
     if copied is None:
         copied = memo[key] = tensor.to("cpu", copy=True)

@@ -1,4 +1,5 @@
 """TrainerState (everything that crosses steps, JSON round-trip) and TrainerControl (the five flags)."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -66,7 +67,9 @@ class TrainerState:
             self.stateful_callbacks = {}
             for callback in callbacks:
                 if not isinstance(callback, ExportableState):
-                    raise TypeError(f"All callbacks passed to be saved must inherit `ExportableState`, but received {type(callback)}")
+                    raise TypeError(
+                        f"All callbacks passed to be saved must inherit `ExportableState`, but received {type(callback)}"
+                    )
                 name = callback.__class__.__name__
                 if name in self.stateful_callbacks:
                     if not isinstance(self.stateful_callbacks[name], list):
@@ -94,12 +97,16 @@ class TrainerState:
             with open(json_path, encoding="utf-8") as f:
                 data = json.load(f)
         except ValueError as error:  # JSONDecodeError, UnicodeDecodeError
-            raise CheckpointFileError(f"{json_path!r} is not valid JSON ({error}); the checkpoint is corrupt. "
-                                      "Resume from an earlier checkpoint.") from None
+            raise CheckpointFileError(
+                f"{json_path!r} is not valid JSON ({error}); the checkpoint is corrupt. "
+                "Resume from an earlier checkpoint."
+            ) from None
         known = {f.name for f in dataclasses.fields(cls)}
         problem = _json_type_problem(data, cls)
         if problem is not None:
-            raise CheckpointFileError(f"{json_path!r} is not a trainer state: {problem}. Resume from an earlier checkpoint.")
+            raise CheckpointFileError(
+                f"{json_path!r} is not a trainer state: {problem}. Resume from an earlier checkpoint."
+            )
         # Files written by newer or older transformers may carry extra keys; keep what we know.
         return cls(**{k: v for k, v in data.items() if k in known})
 

@@ -15,6 +15,7 @@ its back-ends, so the loop never branches on fp16 scaling, DeepSpeed, DDP or FSD
 - GradScalerBackend: fp16 autocast, whose small gradients would underflow to zero without loss scaling.
 - DeepSpeedBackend: DeepSpeed's engine, which owns backward, clipping, the step, the scheduler and zeroing.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -47,7 +48,9 @@ class PlainBackend:
 
     def clip_gradients(self, max_norm: float | None) -> None:
         """Clip the total norm to max_norm (0 or None: no clipping, and no norm is logged)."""
-        self.grad_norm = runtime.clip_gradients(self.trainable_parameters, max_norm) if max_norm and max_norm > 0 else None
+        self.grad_norm = (
+            runtime.clip_gradients(self.trainable_parameters, max_norm) if max_norm and max_norm > 0 else None
+        )
 
     def optimizer_step(self) -> bool:
         """Apply the update; False when it was skipped (then the schedule does not advance either)."""

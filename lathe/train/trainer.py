@@ -1,6 +1,7 @@
 """Trainer: wires model, data, optimizer and callbacks, and is the list of its methods: the documented
 override points and the rest of the transformers API. The methods whose work is elsewhere name the
 module on the line that attaches them; the training loop and one update are lathe/train/loop.py."""
+
 from __future__ import annotations
 
 import gc
@@ -12,7 +13,19 @@ from collections.abc import Mapping
 import torch
 from torch import nn
 
-from lathe.train import batching, distributed, loaders, loop, modeling, predicting, results, resume, runtime, saving, stepping
+from lathe.train import (
+    batching,
+    distributed,
+    loaders,
+    loop,
+    modeling,
+    predicting,
+    results,
+    resume,
+    runtime,
+    saving,
+    stepping,
+)
 from lathe.train.args_validation import check_output_dir
 from lathe.train.collators import default_collator_for
 from lathe.train.commit import BackgroundCommitter
@@ -35,10 +48,23 @@ class Trainer:
     tested): compute_loss, training_step, prediction_step, evaluate, evaluation_loop, create_optimizer,
     create_scheduler, get_train_dataloader, get_eval_dataloader, get_test_dataloader, log."""
 
-    def __init__(self, model=None, args=None, data_collator=None, train_dataset=None, eval_dataset=None,
-                 processing_class=None, model_init=None, compute_loss_func=None, compute_metrics=None,
-                 callbacks=None, optimizers=(None, None), optimizer_cls_and_kwargs=None,
-                 preprocess_logits_for_metrics=None, tokenizer=None):
+    def __init__(
+        self,
+        model=None,
+        args=None,
+        data_collator=None,
+        train_dataset=None,
+        eval_dataset=None,
+        processing_class=None,
+        model_init=None,
+        compute_loss_func=None,
+        compute_metrics=None,
+        callbacks=None,
+        optimizers=(None, None),
+        optimizer_cls_and_kwargs=None,
+        preprocess_logits_for_metrics=None,
+        tokenizer=None,
+    ):
         from lathe.train.args import TrainingArguments
 
         if args is None:
@@ -63,16 +89,22 @@ class Trainer:
         self.optimizer_cls_and_kwargs = optimizer_cls_and_kwargs
         self._check_what_was_given()
         self._inspect_model(self.model)
-        self.label_smoother = LabelSmoother(epsilon=args.label_smoothing_factor) if args.label_smoothing_factor else None
+        self.label_smoother = (
+            LabelSmoother(epsilon=args.label_smoothing_factor) if args.label_smoothing_factor else None
+        )
         self._train_batch_size = args.train_batch_size
         self.is_in_train = False
         self.hp_search_backend = None
         # Set while train() runs: the fp16 GradScaler, DeepSpeed's engine, the run's tally (run.TrainingRun).
         self.scaler = self._zero_engine = self._run = None
         self._backend = stepping.PlainBackend(None, [], None, None)  # the run's back-end (stepping.choose_backend)
-        self.state = TrainerState(is_local_process_zero=self.is_local_process_zero(), is_world_process_zero=self.is_world_process_zero())
+        self.state = TrainerState(
+            is_local_process_zero=self.is_local_process_zero(), is_world_process_zero=self.is_world_process_zero()
+        )
         self.control = TrainerControl()
-        self.callback_handler = default_callback_handler(args, callbacks, self.model, processing_class, self.optimizer, self.lr_scheduler)
+        self.callback_handler = default_callback_handler(
+            args, callbacks, self.model, processing_class, self.optimizer, self.lr_scheduler
+        )
         self.current_flos, self._flops_estimate = 0.0, None
         self._checkpoint_commits = BackgroundCommitter()
         self.control = self.callback_handler.on_init_end(args, self.state, self.control)
@@ -81,7 +113,11 @@ class Trainer:
 
     def _check_what_was_given(self) -> None:
         args = self.args
-        if args.eval_strategy != "no" and self.eval_dataset is None and type(self).get_eval_dataloader is Trainer.get_eval_dataloader:
+        if (
+            args.eval_strategy != "no"
+            and self.eval_dataset is None
+            and type(self).get_eval_dataloader is Trainer.get_eval_dataloader
+        ):
             raise ValueError(
                 f"eval_strategy={getattr(args.eval_strategy, 'value', args.eval_strategy)!r} needs an eval_dataset: pass "
                 "eval_dataset to Trainer, or set eval_strategy='no'."
@@ -161,7 +197,9 @@ class Trainer:
                 lost = distributed.explain_lost_process(error, self.args, self.state.global_step)
                 if lost is not None:
                     raise lost from error
-                if not (isinstance(error, Exception) and self.args.auto_find_batch_size and runtime.is_out_of_memory(error)):
+                if not (
+                    isinstance(error, Exception) and self.args.auto_find_batch_size and runtime.is_out_of_memory(error)
+                ):
                     raise
                 batch_size = self._smaller_batch_size(batch_size, error)
 
@@ -169,7 +207,9 @@ class Trainer:
         smaller = int(batch_size * 0.9)
         if smaller < 1:
             raise RuntimeError("auto_find_batch_size: no batch size fits in memory, not even 1.") from error
-        logger.warning("Out of memory with batch size %d; retrying with %d (auto_find_batch_size).", batch_size, smaller)
+        logger.warning(
+            "Out of memory with batch size %d; retrying with %d (auto_find_batch_size).", batch_size, smaller
+        )
         self.optimizer = self.lr_scheduler = None
         gc.collect()
         if torch.cuda.is_available():
@@ -240,8 +280,14 @@ class Trainer:
         """The model's loss, or label smoothing / compute_loss_func applied to its outputs (modeling.compute_loss)."""
         try:
             loss, outputs = modeling.compute_loss(
-                model, inputs, num_items_in_batch, label_smoother=self.label_smoother, compute_loss_func=self.compute_loss_func,
-                accepts_loss_kwargs=self.model_accepts_loss_kwargs, shifts_labels=self._loss_shifts_labels)
+                model,
+                inputs,
+                num_items_in_batch,
+                label_smoother=self.label_smoother,
+                compute_loss_func=self.compute_loss_func,
+                accepts_loss_kwargs=self.model_accepts_loss_kwargs,
+                shifts_labels=self._loss_shifts_labels,
+            )
         except (RuntimeError, ValueError) as error:
             explained = modeling.explain_label_error(error, inputs, self.label_names)
             if explained is None:
@@ -290,9 +336,11 @@ class Trainer:
 
         if self.lr_scheduler is None:
             self.lr_scheduler = get_scheduler(
-                self.args.lr_scheduler_type, optimizer=optimizer or self.optimizer,
+                self.args.lr_scheduler_type,
+                optimizer=optimizer or self.optimizer,
                 num_warmup_steps=self.args.get_warmup_steps(num_training_steps),
-                num_training_steps=num_training_steps, scheduler_specific_kwargs=self.args.lr_scheduler_kwargs,
+                num_training_steps=num_training_steps,
+                scheduler_specific_kwargs=self.args.lr_scheduler_kwargs,
             )
         return self.lr_scheduler
 

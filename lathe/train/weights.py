@@ -1,5 +1,6 @@
 """Model weights in and out of a folder: safetensors for any module (shared tensors saved once),
 save_pretrained / from the files for transformers and PEFT models (sharded with an index when large)."""
+
 from __future__ import annotations
 
 import json
@@ -65,11 +66,16 @@ def check_shapes(expected: dict, found: dict, source: str) -> None:
     """One clear error, naming `source` and every tensor whose shape in `found` (name -> shape)
     differs from the model's tensor in `expected` (a checkpoint of another model size, or a LoRA
     adapter of another rank), instead of torch's size-mismatch traceback."""
-    different = [(name, found[name], tuple(tensor.shape)) for name, tensor in expected.items()
-                 if name in found and found[name] != tuple(tensor.shape)]
+    different = [
+        (name, found[name], tuple(tensor.shape))
+        for name, tensor in expected.items()
+        if name in found and found[name] != tuple(tensor.shape)
+    ]
     if not different:
         return
-    listed = "; ".join(f"{name}: {list(saved)} in the file, {list(model)} in the model" for name, saved, model in different[:8])
+    listed = "; ".join(
+        f"{name}: {list(saved)} in the file, {list(model)} in the model" for name, saved, model in different[:8]
+    )
     more = f"; and {len(different) - 8} more" if len(different) > 8 else ""
     raise CheckpointFileError(
         f"The weights in {source!r} do not fit the model: {len(different)} tensor(s) have other shapes ({listed}{more}). "
@@ -89,7 +95,9 @@ def _safetensors_shapes(path: str) -> dict:
         with safe_open(path, framework="pt") as f:
             return {name: tuple(f.get_slice(name).get_shape()) for name in f.keys()}
     except (SafetensorError, OSError, ValueError) as error:
-        raise CheckpointFileError(f"{path!r} is not a readable safetensors file ({error}); the checkpoint is corrupt.") from None
+        raise CheckpointFileError(
+            f"{path!r} is not a readable safetensors file ({error}); the checkpoint is corrupt."
+        ) from None
 
 
 def _read_safetensors(path: str) -> dict:
@@ -99,7 +107,9 @@ def _read_safetensors(path: str) -> dict:
     try:
         return load_file(path)
     except (SafetensorError, OSError, ValueError) as error:
-        raise CheckpointFileError(f"{path!r} is not a readable safetensors file ({error}); the checkpoint is corrupt.") from None
+        raise CheckpointFileError(
+            f"{path!r} is not a readable safetensors file ({error}); the checkpoint is corrupt."
+        ) from None
 
 
 def read_model_weights(folder: str) -> dict:
@@ -113,7 +123,9 @@ def read_model_weights(folder: str) -> dict:
             with open(index, encoding="utf-8") as f:
                 shards = sorted(set(json.load(f)["weight_map"].values()))
         except (ValueError, KeyError, TypeError, AttributeError) as error:
-            raise CheckpointFileError(f"{index!r} is not a safetensors index ({error!r}); the checkpoint is corrupt.") from None
+            raise CheckpointFileError(
+                f"{index!r} is not a safetensors index ({error!r}); the checkpoint is corrupt."
+            ) from None
         state = {}
         for shard in shards:
             state.update(_read_safetensors(os.path.join(folder, shard)))
@@ -128,6 +140,8 @@ def check_missing(model, missing, unexpected, folder, strict):
         tied = set(model._tied_weights_keys)
     missing = [k for k in missing if k not in tied]
     if strict and (missing or unexpected):
-        raise RuntimeError(f"Weights in {folder!r} do not match the model: missing {missing[:10]}, unexpected {list(unexpected)[:10]}.")
+        raise RuntimeError(
+            f"Weights in {folder!r} do not match the model: missing {missing[:10]}, unexpected {list(unexpected)[:10]}."
+        )
     if hasattr(model, "tie_weights"):
         model.tie_weights()

@@ -7,6 +7,7 @@ Fixtures:
 - `tiny_model_dir`: that tokenizer plus a 3-layer LlamaForCausalLM (hidden 32, GQA 4/2 heads).
 - `write_yaml(path, mapping)`: a helper fixture that writes a config file and returns its path.
 """
+
 from __future__ import annotations
 
 import pytest
@@ -35,7 +36,10 @@ def build_tiny_tokenizer(folder) -> None:
     )
     backend.train_from_iterator(TOKENIZER_CORPUS * 4, trainer=trainer)
     tokenizer = PreTrainedTokenizerFast(
-        tokenizer_object=backend, bos_token="<s>", eos_token="</s>", unk_token="<unk>",
+        tokenizer_object=backend,
+        bos_token="<s>",
+        eos_token="</s>",
+        unk_token="<unk>",
         additional_special_tokens=["<|im_start|>", "<|im_end|>"],
     )
     tokenizer.save_pretrained(str(folder))
@@ -47,9 +51,16 @@ def build_tiny_model(folder, vocab_size: int) -> None:
     from transformers import LlamaConfig, LlamaForCausalLM
 
     config = LlamaConfig(
-        vocab_size=vocab_size, hidden_size=32, intermediate_size=64, num_hidden_layers=3,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
-        bos_token_id=1, eos_token_id=2, tie_word_embeddings=False,
+        vocab_size=vocab_size,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        bos_token_id=1,
+        eos_token_id=2,
+        tie_word_embeddings=False,
     )
     torch.manual_seed(0)
     LlamaForCausalLM(config).save_pretrained(str(folder))
@@ -91,9 +102,24 @@ def write_yaml():
 # built-in template are added tokens. Ids come from WORD_VOCAB's order, so a test can write the tokens it
 # expects and look their ids up without going through the tokenizer's own splitting.
 WORD_SPECIAL_TOKENS = [
-    "<unk>", "<s>", "</s>", "<|im_start|>", "<|im_end|>", "<|endoftext|>", "<|begin_of_text|>",
-    "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>", "<|eom_id|>", "[INST]", "[/INST]",
-    "[TOOL_CALLS]", "[TOOL_RESULTS]", "[/TOOL_RESULTS]", "[AVAILABLE_TOOLS]", "[/AVAILABLE_TOOLS]",
+    "<unk>",
+    "<s>",
+    "</s>",
+    "<|im_start|>",
+    "<|im_end|>",
+    "<|endoftext|>",
+    "<|begin_of_text|>",
+    "<|start_header_id|>",
+    "<|end_header_id|>",
+    "<|eot_id|>",
+    "<|eom_id|>",
+    "[INST]",
+    "[/INST]",
+    "[TOOL_CALLS]",
+    "[TOOL_RESULTS]",
+    "[/TOOL_RESULTS]",
+    "[AVAILABLE_TOOLS]",
+    "[/AVAILABLE_TOOLS]",
 ]
 WORD_TEXT_TOKENS = (
     ["<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>", "<think>", "</think>", "\n"]
@@ -114,10 +140,14 @@ def build_word_tokenizer():
 
     vocab = {token: index for index, token in enumerate(dict.fromkeys(WORD_SPECIAL_TOKENS + WORD_TEXT_TOKENS))}
     backend = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
-    backend.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Split(Regex(r"[ \t]+"), behavior="removed"),
-        pre_tokenizers.Split(Regex(r"\n|<(?:/?(?:tool_call|tool_response|think))>|\w+|[^\w\s]"), behavior="isolated"),
-    ])
+    backend.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(r"[ \t]+"), behavior="removed"),
+            pre_tokenizers.Split(
+                Regex(r"\n|<(?:/?(?:tool_call|tool_response|think))>|\w+|[^\w\s]"), behavior="isolated"
+            ),
+        ]
+    )
     backend.add_special_tokens([AddedToken(token, normalized=False) for token in WORD_SPECIAL_TOKENS])
     return PreTrainedTokenizerFast(tokenizer_object=backend, bos_token="<s>", eos_token="</s>", unk_token="<unk>")
 

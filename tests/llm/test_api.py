@@ -1,5 +1,6 @@
 """`lathe api` through the official openai client: responses, streaming, errors, auth, and many
 concurrent clients, against a server on a free local port serving the tiny model."""
+
 from __future__ import annotations
 
 import concurrent.futures
@@ -51,8 +52,10 @@ class Server:
 
 @pytest.fixture(scope="module")
 def engine(tiny_model_dir):
-    config = parse_infer_config({"model_name_or_path": tiny_model_dir, "template": "chatml", "max_new_tokens": 12,
-                                 "do_sample": False}, command="api")
+    config = parse_infer_config(
+        {"model_name_or_path": tiny_model_dir, "template": "chatml", "max_new_tokens": 12, "do_sample": False},
+        command="api",
+    )
     return ChatEngine.from_config(config, max_batch=8)
 
 
@@ -69,8 +72,12 @@ def client(server):
 
 
 def raw(server, path: str, body: bytes | None = None, headers: dict | None = None) -> tuple[int, dict]:
-    request = urllib.request.Request(server.url + path, data=body, headers={"Authorization": f"Bearer {KEY}", **(headers or {})},
-                                     method="POST" if body is not None else "GET")
+    request = urllib.request.Request(
+        server.url + path,
+        data=body,
+        headers={"Authorization": f"Bearer {KEY}", **(headers or {})},
+        method="POST" if body is not None else "GET",
+    )
     try:
         with urllib.request.urlopen(request, timeout=60) as response:
             return response.status, json.loads(response.read())
@@ -82,7 +89,9 @@ def alone(engine, messages, **overrides):
     """What the engine generates for one request on its own (greedy)."""
     params = engine.default_params(**overrides)
     prompt = engine.chat_prompt(messages)
-    return engine.generator.generate([__import__("lathe.llm.inference.generation", fromlist=["Sequence"]).Sequence(prompt, params)])[0]
+    return engine.generator.generate(
+        [__import__("lathe.llm.inference.generation", fromlist=["Sequence"]).Sequence(prompt, params)]
+    )[0]
 
 
 def test_models_and_health(client, server):
@@ -103,8 +112,9 @@ def test_chat_completion_matches_the_engine_and_counts_tokens(client, engine):
 
 
 def test_streaming_sends_role_deltas_finish_usage_and_done(client, engine):
-    stream = client.chat.completions.create(model="tiny", messages=HELLO, max_tokens=10, temperature=0, stream=True,
-                                            stream_options={"include_usage": True})
+    stream = client.chat.completions.create(
+        model="tiny", messages=HELLO, max_tokens=10, temperature=0, stream=True, stream_options={"include_usage": True}
+    )
     chunks = list(stream)
     assert chunks[0].choices[0].delta.role == "assistant"
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
@@ -133,26 +143,38 @@ def test_completions_route(client, engine):
     response = client.completions.create(model="tiny", prompt="The quick brown", max_tokens=5, temperature=0)
     assert response.object == "text_completion" and response.choices[0].finish_reason in ("stop", "length")
     assert response.usage.prompt_tokens == len(engine.text_prompt("The quick brown"))
-    streamed = "".join(c.choices[0].text for c in client.completions.create(
-        model="tiny", prompt="The quick brown", max_tokens=5, temperature=0, stream=True) if c.choices)
+    streamed = "".join(
+        c.choices[0].text
+        for c in client.completions.create(
+            model="tiny", prompt="The quick brown", max_tokens=5, temperature=0, stream=True
+        )
+        if c.choices
+    )
     assert streamed == response.choices[0].text
 
 
-@pytest.mark.parametrize("body, param", [
-    ({"messages": []}, "messages"),
-    ({"messages": [{"role": "wizard", "content": "hi"}]}, "messages[0].role"),
-    ({"messages": [{"role": "assistant", "content": "hi"}]}, "messages[0].role"),
-    ({"messages": HELLO, "temperature": "hot"}, "temperature"),
-    ({"messages": HELLO, "temperature": 3}, "temperature"),
-    ({"messages": HELLO, "max_tokens": 17}, "max_tokens"),
-    ({"messages": HELLO, "max_tokens": True}, "max_tokens"),
-    ({"messages": HELLO, "n": 0}, "n"),
-    ({"messages": HELLO, "stop": [1, 2]}, "stop"),
-    ({"messages": [{"role": "user", "content": "word " * 400}]}, "messages"),
-])
+@pytest.mark.parametrize(
+    "body, param",
+    [
+        ({"messages": []}, "messages"),
+        ({"messages": [{"role": "wizard", "content": "hi"}]}, "messages[0].role"),
+        ({"messages": [{"role": "assistant", "content": "hi"}]}, "messages[0].role"),
+        ({"messages": HELLO, "temperature": "hot"}, "temperature"),
+        ({"messages": HELLO, "temperature": 3}, "temperature"),
+        ({"messages": HELLO, "max_tokens": 17}, "max_tokens"),
+        ({"messages": HELLO, "max_tokens": True}, "max_tokens"),
+        ({"messages": HELLO, "n": 0}, "n"),
+        ({"messages": HELLO, "stop": [1, 2]}, "stop"),
+        ({"messages": [{"role": "user", "content": "word " * 400}]}, "messages"),
+    ],
+)
 def test_bad_requests_get_openai_errors(server, body, param):
-    status, reply = raw(server, "/v1/chat/completions", json.dumps({"model": "tiny", **body}).encode(),
-                        {"Content-Type": "application/json"})
+    status, reply = raw(
+        server,
+        "/v1/chat/completions",
+        json.dumps({"model": "tiny", **body}).encode(),
+        {"Content-Type": "application/json"},
+    )
     assert status == 400, reply
     assert reply["error"]["type"] == "invalid_request_error" and reply["error"]["param"] == param
     assert reply["error"]["message"]
@@ -191,11 +213,15 @@ def test_fifty_concurrent_clients_get_what_each_would_get_alone(client, engine, 
     questions = [[{"role": "user", "content": f"What is {a} plus {b}?"}] for a in range(10) for b in range(5)]
 
     def ask(messages):
-        return client.chat.completions.create(model="tiny", messages=messages, max_tokens=6, temperature=0).choices[0].message.content
+        return (
+            client.chat.completions.create(model="tiny", messages=messages, max_tokens=6, temperature=0)
+            .choices[0]
+            .message.content
+        )
 
     with concurrent.futures.ThreadPoolExecutor(max_workers=50) as pool:
         answers = list(pool.map(ask, questions))
-    for messages, answer in zip(questions[:: 7], answers[:: 7]):
+    for messages, answer in zip(questions[::7], answers[::7]):
         assert answer == alone(engine, messages, max_new_tokens=6, do_sample=False).text
     assert raw(server, "/health")[0] == 200  # still up
 
@@ -206,12 +232,19 @@ def test_lathe_api_command_line_serves_with_a_key(tiny_model_dir, tmp_path, writ
     import subprocess
     import sys
 
-    config = write_yaml(tmp_path / "serve.yaml", {"model_name_or_path": tiny_model_dir, "template": "chatml",
-                                                  "max_new_tokens": 4, "do_sample": False})
+    config = write_yaml(
+        tmp_path / "serve.yaml",
+        {"model_name_or_path": tiny_model_dir, "template": "chatml", "max_new_tokens": 4, "do_sample": False},
+    )
     port = free_port()
     env = dict(os.environ, LATHE_API_KEY="from-env")
-    process = subprocess.Popen([sys.executable, "-m", "lathe", "api", config, "--port", str(port), "--max_tokens", "8"],
-                               env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    process = subprocess.Popen(
+        [sys.executable, "-m", "lathe", "api", config, "--port", str(port), "--max_tokens", "8"],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     try:
         client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="from-env", max_retries=0, timeout=30)
         deadline = time.time() + 120
@@ -234,14 +267,25 @@ def test_lathe_api_command_line_serves_with_a_key(tiny_model_dir, tmp_path, writ
 
 
 def test_a_reply_in_the_tool_call_format_comes_back_as_tool_calls(client, engine, monkeypatch):
-    tools = [{"type": "function", "function": {"name": "get_weather", "description": "Weather of a city",
-                                               "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}]
+    tools = [
+        {
+            "type": "function",
+            "function": {
+                "name": "get_weather",
+                "description": "Weather of a city",
+                "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+            },
+        }
+    ]
     real = engine.generator.generate
 
     def answers_with_a_call(sequences):
         for sequence in sequences:  # what a model trained on the template's tool format writes
             sequence.text, sequence.finish_reason, sequence.completion_tokens = (
-                'Action: get_weather\nAction Input: {"city": "Paris"}', "stop", 12)
+                'Action: get_weather\nAction Input: {"city": "Paris"}',
+                "stop",
+                12,
+            )
         return sequences
 
     monkeypatch.setattr(engine.generator, "generate", answers_with_a_call)
@@ -255,9 +299,14 @@ def test_a_reply_in_the_tool_call_format_comes_back_as_tool_calls(client, engine
         assert call.type == "function" and call.function.name == "get_weather"
         assert json.loads(call.function.arguments) == {"city": "Paris"}
         # the result goes back as a tool message, rendered through the template's observation slot
-        followup = messages + [{"role": "assistant", "content": None, "tool_calls": [call.model_dump()]},
-                               {"role": "tool", "tool_call_id": call.id, "content": "18 C, sunny"}]
-        assert client.chat.completions.create(model="tiny", messages=followup, tools=tools).choices[0].finish_reason == "tool_calls"
+        followup = messages + [
+            {"role": "assistant", "content": None, "tool_calls": [call.model_dump()]},
+            {"role": "tool", "tool_call_id": call.id, "content": "18 C, sunny"},
+        ]
+        assert (
+            client.chat.completions.create(model="tiny", messages=followup, tools=tools).choices[0].finish_reason
+            == "tool_calls"
+        )
         plain = client.chat.completions.create(model="tiny", messages=messages)  # no tools offered: plain text
         assert plain.choices[0].message.content.startswith("Action: get_weather")
         with pytest.raises(openai.BadRequestError, match="stream"):

@@ -1,5 +1,6 @@
 """The tokenization cache (lathe.llm.data.cache through get_dataset): reused when nothing changed,
 rebuilt when anything the rows depend on changed, never published half-written; tokenized_path."""
+
 import json
 import os
 import shutil
@@ -42,15 +43,24 @@ def env(tmp_path, tiny_tokenizer_dir, monkeypatch):
     data.mkdir()
     for name in ("alpaca.json", "sharegpt.json"):
         shutil.copy(os.path.join(DATA_DIR, name), data / name)
-    info = {"alpaca": {"file_name": "alpaca.json", "columns": {"prompt": "instruction", "query": "input",
-                                                               "response": "output", "history": "history"}},
-            "sharegpt": {"file_name": "sharegpt.json", "formatting": "sharegpt"}}
+    info = {
+        "alpaca": {
+            "file_name": "alpaca.json",
+            "columns": {"prompt": "instruction", "query": "input", "response": "output", "history": "history"},
+        },
+        "sharegpt": {"file_name": "sharegpt.json", "formatting": "sharegpt"},
+    }
     (data / "dataset_info.json").write_text(json.dumps(info))
     tokenizer_dir = tmp_path / "tokenizer"
     shutil.copytree(tiny_tokenizer_dir, tokenizer_dir)
     monkeypatch.setattr(pipeline, "select_processor", lambda stage, packing, generate=False: stand_in_processor)
-    state = SimpleNamespace(data=data, tokenizer_dir=tokenizer_dir, cache_dir=str(tmp_path / "cache"),
-                            tokenizer=AutoTokenizer.from_pretrained(str(tokenizer_dir)), template=get_template("default"))
+    state = SimpleNamespace(
+        data=data,
+        tokenizer_dir=tokenizer_dir,
+        cache_dir=str(tmp_path / "cache"),
+        tokenizer=AutoTokenizer.from_pretrained(str(tokenizer_dir)),
+        template=get_template("default"),
+    )
     state.run = lambda **changes: run(state, **changes)
     return state
 
@@ -60,8 +70,15 @@ def run(state, stage="sft", seed=42, template=None, tokenizer=None, generate=Fal
     values = {"dataset": "alpaca", "dataset_dir": str(state.data), "cutoff_len": 64, **values}
     training_args = SimpleNamespace(seed=seed, predict_with_generate=generate)
     before = CALLS["batches"]
-    module = pipeline.get_dataset(template or state.template, SimpleNamespace(), DataArguments(**values),
-                                  training_args, stage, tokenizer or state.tokenizer, cache_dir=state.cache_dir)
+    module = pipeline.get_dataset(
+        template or state.template,
+        SimpleNamespace(),
+        DataArguments(**values),
+        training_args,
+        stage,
+        tokenizer or state.tokenizer,
+        cache_dir=state.cache_dir,
+    )
     return module, CALLS["batches"] > before
 
 
@@ -86,11 +103,25 @@ def test_arguments_that_cannot_change_the_rows_reuse_the_cache(env, tmp_path):
     assert not env.run(dataset_dir=str(moved))[1]
 
 
-@pytest.mark.parametrize("change", [
-    {"cutoff_len": 8}, {"train_on_prompt": True}, {"mask_history": True}, {"packing": True}, {"neat_packing": True},
-    {"stage": "pt"}, {"max_samples": 2}, {"val_size": 1}, {"seed": 7}, {"dataset": "alpaca,sharegpt"},
-    {"template_name": "chatml"}, {"default_system": "Be brief."}, {"tool_format": "qwen"}, {"generate": True},
-])
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"cutoff_len": 8},
+        {"train_on_prompt": True},
+        {"mask_history": True},
+        {"packing": True},
+        {"neat_packing": True},
+        {"stage": "pt"},
+        {"max_samples": 2},
+        {"val_size": 1},
+        {"seed": 7},
+        {"dataset": "alpaca,sharegpt"},
+        {"template_name": "chatml"},
+        {"default_system": "Be brief."},
+        {"tool_format": "qwen"},
+        {"generate": True},
+    ],
+)
 def test_any_argument_that_changes_the_rows_rebuilds(env, change):
     env.run()
     change = dict(change)
@@ -243,5 +274,10 @@ def test_stable_structure_has_no_memory_addresses():
         __slots__ = ()
 
     described = cache.stable_structure({"f": stand_in_processor, "o": Opaque(), "s": {3, 1}, "t": (1, "a")})
-    assert described == {"f": f"{__name__}.stand_in_processor", "o": f"<{Opaque.__qualname__}>", "s": [1, 3], "t": [1, "a"]}
+    assert described == {
+        "f": f"{__name__}.stand_in_processor",
+        "o": f"<{Opaque.__qualname__}>",
+        "s": [1, 3],
+        "t": [1, "a"],
+    }
     assert cache.stable_structure(get_template("qwen")) == cache.stable_structure(get_template("qwen"))

@@ -1,4 +1,5 @@
 """parse_train_config: LLaMA-Factory names and defaults, precedence, and kind errors."""
+
 import pytest
 
 from lathe.llm.config import parse_train_config, parse_overrides
@@ -41,7 +42,11 @@ def test_precedence_defaults_file_overrides(tmp_path, write_yaml):
 
 def test_override_forms():
     assert parse_overrides(["a=1", "--b", "2", "--c=3", "--d", "--e", "x"]) == {
-        "a": "1", "b": "2", "c": "3", "d": "true", "e": "x",
+        "a": "1",
+        "b": "2",
+        "c": "3",
+        "d": "true",
+        "e": "x",
     }
     with pytest.raises(ValueError, match="key=value"):
         parse_overrides(["oops"])
@@ -73,7 +78,9 @@ def test_unknown_key_suggests_the_closest(tmp_path, write_yaml):
 
 
 def test_unsupported_llamafactory_keys_say_so():
-    with pytest.raises(ValueError, match="media_dir .* LLaMA-Factory key for multimodal inputs .*, which lathe does not support yet"):
+    with pytest.raises(
+        ValueError, match="media_dir .* LLaMA-Factory key for multimodal inputs .*, which lathe does not support yet"
+    ):
         parse_train_config({**BASE, "media_dir": "images"})
     with pytest.raises(ValueError, match="use_mca .*not support yet"):
         parse_train_config({**BASE, "use_mca": True})
@@ -115,10 +122,18 @@ def test_cross_section_checks():
 
 
 def test_comma_lists_and_derived_values():
-    config = parse_train_config({
-        **BASE, "dataset": "a, b", "lora_target": "q_proj,v_proj", "freeze_extra_modules": "embed_tokens",
-        "adapter_name_or_path": "x,y", "neat_packing": True, "bf16": False, "val_size": 100,
-    })
+    config = parse_train_config(
+        {
+            **BASE,
+            "dataset": "a, b",
+            "lora_target": "q_proj,v_proj",
+            "freeze_extra_modules": "embed_tokens",
+            "adapter_name_or_path": "x,y",
+            "neat_packing": True,
+            "bf16": False,
+            "val_size": 100,
+        }
+    )
     assert config.data.dataset == ["a", "b"]
     assert config.finetuning.lora_target == ["q_proj", "v_proj"]
     assert config.finetuning.freeze_extra_modules == ["embed_tokens"]
@@ -157,7 +172,9 @@ def test_to_dict_is_json_friendly():
 
 
 def test_early_stopping_watches_eval_loss_and_needs_evaluation():
-    config = parse_train_config({**BASE, "early_stopping_steps": 2, "val_size": 0.1, "eval_strategy": "steps", "eval_steps": 5})
+    config = parse_train_config(
+        {**BASE, "early_stopping_steps": 2, "val_size": 0.1, "eval_strategy": "steps", "eval_steps": 5}
+    )
     assert config.training.metric_for_best_model == "eval_loss" and config.training.greater_is_better is False
     with pytest.raises(ValueError, match="early_stopping_steps .*counts evaluations"):
         parse_train_config({**BASE, "early_stopping_steps": 2})
@@ -165,7 +182,12 @@ def test_early_stopping_watches_eval_loss_and_needs_evaluation():
 
 def test_generation_kwargs_leave_out_sampling_settings_when_greedy():
     sampling = parse_train_config({**BASE, "temperature": 0.5, "max_new_tokens": 8}).generating.generation_kwargs()
-    assert (sampling["do_sample"], sampling["temperature"], sampling["top_p"], sampling["top_k"]) == (True, 0.5, 0.7, 50)
+    assert (sampling["do_sample"], sampling["temperature"], sampling["top_p"], sampling["top_k"]) == (
+        True,
+        0.5,
+        0.7,
+        50,
+    )
     assert sampling["max_new_tokens"] == 8 and "max_length" not in sampling
     greedy = parse_train_config({**BASE, "do_sample": False, "max_new_tokens": 0}).generating.generation_kwargs()
     assert greedy["do_sample"] is False and greedy["max_length"] == 1024 and "max_new_tokens" not in greedy
@@ -176,7 +198,9 @@ def test_activation_checkpointing_is_on_for_training_unless_disabled_as_in_llama
     training = parse_train_config(BASE).training
     assert training.gradient_checkpointing is True and training.activation_checkpointing is True
     assert training.gradient_checkpointing_kwargs == {"use_reentrant": True}  # use_reentrant_gc defaults to True
-    assert parse_train_config({**BASE, "use_reentrant_gc": False}).training.gradient_checkpointing_kwargs == {"use_reentrant": False}
+    assert parse_train_config({**BASE, "use_reentrant_gc": False}).training.gradient_checkpointing_kwargs == {
+        "use_reentrant": False
+    }
     assert parse_train_config({**BASE, "disable_gradient_checkpointing": True}).training.gradient_checkpointing is False
     assert parse_train_config({**BASE, "do_train": False}).training.gradient_checkpointing is False
 
@@ -199,8 +223,11 @@ def test_models_that_cannot_checkpoint_train_without_it(caplog):
 @pytest.mark.parametrize("val_size", [1.5, 100.25, -0.1])
 def test_val_size_is_a_fraction_below_one_or_a_whole_count(val_size):
     # LLaMA-Factory holds out int(1.5) = 1 example without a word.
-    with pytest.raises(ValueError, match=rf"val_size must be a fraction below 1 \(e.g. 0.1\) or a whole number of "
-                                         rf"examples \(e.g. 100\), got {val_size}"):
+    with pytest.raises(
+        ValueError,
+        match=rf"val_size must be a fraction below 1 \(e.g. 0.1\) or a whole number of "
+        rf"examples \(e.g. 100\), got {val_size}",
+    ):
         parse_train_config({**BASE, "val_size": val_size})
     for fine in (0.1, 1, 100, 100.0):
         assert parse_train_config({**BASE, "val_size": fine}).data.val_size == fine

@@ -2,6 +2,7 @@
 tokens, and checked; the folder loads with plain transformers and gives the same logits as base +
 adapter, renders conversations with the same token ids as lathe's template, and an adapter that
 changes nothing is an error."""
+
 from __future__ import annotations
 
 import json
@@ -37,7 +38,9 @@ def chat_ids(tokenizer, messages, **kwargs) -> list[int]:
 def make_adapter(model_dir: str, folder, trained: bool = True) -> str:
     """A LoRA adapter of the tiny model; `trained`: its B matrices are non-zero (as after training)."""
     base = transformers.AutoModelForCausalLM.from_pretrained(model_dir)
-    model = peft.get_peft_model(base, peft.LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "down_proj"]))
+    model = peft.get_peft_model(
+        base, peft.LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "down_proj"])
+    )
     if trained:
         torch.manual_seed(3)
         with torch.no_grad():
@@ -49,7 +52,12 @@ def make_adapter(model_dir: str, folder, trained: bool = True) -> str:
 
 
 def config_for(model_dir, export_dir, **extra):
-    values = {"model_name_or_path": model_dir, "template": "chatml", "finetuning_type": "lora", "export_dir": str(export_dir)}
+    values = {
+        "model_name_or_path": model_dir,
+        "template": "chatml",
+        "finetuning_type": "lora",
+        "export_dir": str(export_dir),
+    }
     values.update(extra)
     return values
 
@@ -65,7 +73,9 @@ def reference_logits(model_dir, adapter, input_ids):
 def test_lora_export_round_trip_loads_with_transformers_and_equals_base_plus_adapter(tiny_model_dir, tmp_path):
     adapter = make_adapter(tiny_model_dir, tmp_path / "adapter")
     export_dir = tmp_path / "exported"
-    report = export_model(parse_infer_config(config_for(tiny_model_dir, export_dir, adapter_name_or_path=adapter), command="export"))
+    report = export_model(
+        parse_infer_config(config_for(tiny_model_dir, export_dir, adapter_name_or_path=adapter), command="export")
+    )
     assert report.merged_adapters == [adapter] and report.merge_error < 1e-5 and report.change_from_base > 1e-3
 
     exported = transformers.AutoModelForCausalLM.from_pretrained(str(export_dir)).eval()
@@ -82,17 +92,23 @@ def test_lora_export_round_trip_loads_with_transformers_and_equals_base_plus_ada
     generation = json.loads((export_dir / "generation_config.json").read_text())
     im_end = tokenizer.convert_tokens_to_ids("<|im_end|>")
     assert tokenizer.eos_token == "<|im_end|>"
-    assert im_end in (generation["eos_token_id"] if isinstance(generation["eos_token_id"], list) else [generation["eos_token_id"]])
+    assert im_end in (
+        generation["eos_token_id"] if isinstance(generation["eos_token_id"], list) else [generation["eos_token_id"]]
+    )
 
 
 def test_the_exported_chat_template_renders_like_lathes_template(tiny_model_dir, tmp_path):
     adapter = make_adapter(tiny_model_dir, tmp_path / "adapter")
-    config = parse_infer_config(config_for(tiny_model_dir, tmp_path / "exported", adapter_name_or_path=adapter), command="export")
+    config = parse_infer_config(
+        config_for(tiny_model_dir, tmp_path / "exported", adapter_name_or_path=adapter), command="export"
+    )
     export_model(config)
     lathe_tokenizer, template = load_tokenizer_and_template(config)
     # lathe's templates take the system message apart from the turns, as its data converters do
     system, turns = CONVERSATION[0]["content"], CONVERSATION[1:]
-    prompt_ids, response_ids = template.encode_oneturn(lathe_tokenizer, turns + [{"role": "assistant", "content": "cba"}], system=system)
+    prompt_ids, response_ids = template.encode_oneturn(
+        lathe_tokenizer, turns + [{"role": "assistant", "content": "cba"}], system=system
+    )
     exported = transformers.AutoTokenizer.from_pretrained(str(tmp_path / "exported"))
     full = CONVERSATION + [{"role": "assistant", "content": "cba"}]
     assert chat_ids(exported, CONVERSATION, add_generation_prompt=True) == prompt_ids
@@ -102,8 +118,11 @@ def test_the_exported_chat_template_renders_like_lathes_template(tiny_model_dir,
 def test_shards_are_at_most_export_size_and_indexed(tiny_model_dir, tmp_path):
     export_dir = tmp_path / "exported"
     # the tiny model is ~0.25 MB in float32: 0.0001 GB = 100 kB shards
-    report = export_model(parse_infer_config(config_for(tiny_model_dir, export_dir, finetuning_type="full", export_size=0.0001),
-                                             command="export"))
+    report = export_model(
+        parse_infer_config(
+            config_for(tiny_model_dir, export_dir, finetuning_type="full", export_size=0.0001), command="export"
+        )
+    )
     shards = sorted(p for p in os.listdir(export_dir) if p.endswith(".safetensors"))
     assert report.shards == len(shards) >= 2
     index = json.loads((export_dir / "model.safetensors.index.json").read_text())
@@ -117,8 +136,12 @@ def test_shards_are_at_most_export_size_and_indexed(tiny_model_dir, tmp_path):
 def test_export_casts_to_infer_dtype(tiny_model_dir, tmp_path):
     export_dir = tmp_path / "exported"
     adapter = make_adapter(tiny_model_dir, tmp_path / "adapter")
-    report = export_model(parse_infer_config(config_for(tiny_model_dir, export_dir, adapter_name_or_path=adapter,
-                                                        infer_dtype="bfloat16"), command="export"))
+    report = export_model(
+        parse_infer_config(
+            config_for(tiny_model_dir, export_dir, adapter_name_or_path=adapter, infer_dtype="bfloat16"),
+            command="export",
+        )
+    )
     assert report.dtype == "bfloat16"
     exported = transformers.AutoModelForCausalLM.from_pretrained(str(export_dir), dtype="auto")
     assert {p.dtype for p in exported.parameters()} == {torch.bfloat16}
@@ -128,7 +151,9 @@ def test_an_adapter_that_changes_nothing_is_an_error_and_nothing_is_written(tiny
     adapter = make_adapter(tiny_model_dir, tmp_path / "untrained", trained=False)  # B = 0: merge is a no-op
     export_dir = tmp_path / "exported"
     with pytest.raises(RuntimeError, match="changes nothing"):
-        export_model(parse_infer_config(config_for(tiny_model_dir, export_dir, adapter_name_or_path=adapter), command="export"))
+        export_model(
+            parse_infer_config(config_for(tiny_model_dir, export_dir, adapter_name_or_path=adapter), command="export")
+        )
     assert not export_dir.exists()
 
 
@@ -152,17 +177,25 @@ def test_config_errors_name_the_key(tiny_model_dir, tmp_path):
 @pytest.mark.slow
 def test_lathe_export_command_line(tiny_model_dir, tmp_path, write_yaml):
     adapter = make_adapter(tiny_model_dir, tmp_path / "adapter")
-    config = write_yaml(tmp_path / "export.yaml", config_for(tiny_model_dir, tmp_path / "exported", adapter_name_or_path=adapter))
-    result = subprocess.run([sys.executable, "-m", "lathe", "export", config, "export_size=1"], capture_output=True, text=True, timeout=300)
+    config = write_yaml(
+        tmp_path / "export.yaml", config_for(tiny_model_dir, tmp_path / "exported", adapter_name_or_path=adapter)
+    )
+    result = subprocess.run(
+        [sys.executable, "-m", "lathe", "export", config, "export_size=1"], capture_output=True, text=True, timeout=300
+    )
     assert result.returncode == 0, result.stderr[-2000:]
     assert "Exported to" in result.stdout and "merge check" in result.stdout
     assert (tmp_path / "exported" / "model.safetensors").is_file()
-    bad = subprocess.run([sys.executable, "-m", "lathe", "export", config, "export_dir="], capture_output=True, text=True, timeout=300)
+    bad = subprocess.run(
+        [sys.executable, "-m", "lathe", "export", config, "export_dir="], capture_output=True, text=True, timeout=300
+    )
     assert bad.returncode == 2 and "export_dir is required" in bad.stderr and "Traceback" not in bad.stderr
 
 
 def test_export_command_reads_a_file(tiny_model_dir, tmp_path, write_yaml):
-    config = write_yaml(tmp_path / "export.yaml", config_for(tiny_model_dir, tmp_path / "exported", finetuning_type="full"))
+    config = write_yaml(
+        tmp_path / "export.yaml", config_for(tiny_model_dir, tmp_path / "exported", finetuning_type="full")
+    )
     report = export_command(config, ["infer_dtype=float32"])
     assert report.dtype == "float32" and report.merged_adapters == []
 
@@ -179,15 +212,35 @@ def test_a_trained_lora_run_exports_to_the_model_it_trained(tiny_model_dir, tmp_
     (data / "add.json").write_text(json.dumps(rows))
     (data / "dataset_info.json").write_text(json.dumps({"add": {"file_name": "add.json"}}))
     run_dir = tmp_path / "run"
-    run_train(parse_train_config({
-        "model_name_or_path": tiny_model_dir, "stage": "sft", "finetuning_type": "lora", "dataset_dir": str(data),
-        "dataset": "add", "template": "chatml", "cutoff_len": 32, "output_dir": str(run_dir), "max_steps": 3,
-        "per_device_train_batch_size": 4, "learning_rate": 5e-2, "report_to": "none", "disable_tqdm": True,
-        "save_strategy": "no", "disable_gradient_checkpointing": True}))
+    run_train(
+        parse_train_config(
+            {
+                "model_name_or_path": tiny_model_dir,
+                "stage": "sft",
+                "finetuning_type": "lora",
+                "dataset_dir": str(data),
+                "dataset": "add",
+                "template": "chatml",
+                "cutoff_len": 32,
+                "output_dir": str(run_dir),
+                "max_steps": 3,
+                "per_device_train_batch_size": 4,
+                "learning_rate": 5e-2,
+                "report_to": "none",
+                "disable_tqdm": True,
+                "save_strategy": "no",
+                "disable_gradient_checkpointing": True,
+            }
+        )
+    )
     export_dir = tmp_path / "exported"
-    export_model(parse_infer_config(config_for(tiny_model_dir, export_dir, adapter_name_or_path=str(run_dir)), command="export"))
+    export_model(
+        parse_infer_config(config_for(tiny_model_dir, export_dir, adapter_name_or_path=str(run_dir)), command="export")
+    )
     tokenizer = transformers.AutoTokenizer.from_pretrained(str(export_dir))
-    input_ids = torch.tensor([chat_ids(tokenizer, [{"role": "user", "content": "What is 2 plus 3?"}], add_generation_prompt=True)])
+    input_ids = torch.tensor(
+        [chat_ids(tokenizer, [{"role": "user", "content": "What is 2 plus 3?"}], add_generation_prompt=True)]
+    )
     _, adapter_logits = reference_logits(tiny_model_dir, str(run_dir), input_ids)
     with torch.no_grad():
         logits = transformers.AutoModelForCausalLM.from_pretrained(str(export_dir))(input_ids=input_ids).logits

@@ -1,6 +1,7 @@
 """The decode loop behind chat and api: OpenAI's penalty semantics, sampling filters, stop strings and
 streaming that never shows a stop string or half a character, batches equal to requests alone, and
 `lathe chat` driven through a scripted session."""
+
 from __future__ import annotations
 
 import subprocess
@@ -19,10 +20,11 @@ from lathe.llm.inference.generation import BatchGenerator, SamplingParams, Seque
 
 class CharTokenizer:
     """One token per character of 'abcdef', plus a multi-byte 'é' split over two tokens (ids 6, 7)."""
+
     pad_token_id = 8
 
     def decode(self, ids, skip_special_tokens=True):
-        data = b"".join(b"abcdef"[i:i + 1] if i < 6 else "é".encode()[i - 6:i - 5] for i in ids)
+        data = b"".join(b"abcdef"[i : i + 1] if i < 6 else "é".encode()[i - 6 : i - 5] for i in ids)
         return data.decode("utf-8", errors="replace")
 
 
@@ -71,12 +73,20 @@ def test_a_character_split_over_tokens_streams_whole():
 
 
 def test_message_checks():
-    turns, system = to_template_messages([{"role": "system", "content": "S"}, {"role": "user", "content": [{"type": "text", "text": "hi"}]},
-                                          {"role": "assistant", "content": "yo"}, {"role": "tool", "content": "42"}])
+    turns, system = to_template_messages(
+        [
+            {"role": "system", "content": "S"},
+            {"role": "user", "content": [{"type": "text", "text": "hi"}]},
+            {"role": "assistant", "content": "yo"},
+            {"role": "tool", "content": "42"},
+        ]
+    )
     assert system == "S" and [t["role"] for t in turns] == ["user", "assistant", "observation"]
-    for messages, field in (([{"role": "user", "content": "a"}, {"role": "system", "content": "b"}], "messages[1]"),
-                            ([{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}], "messages"),
-                            ([{"role": "user", "content": [{"type": "image_url"}]}], "messages[0].content")):
+    for messages, field in (
+        ([{"role": "user", "content": "a"}, {"role": "system", "content": "b"}], "messages[1]"),
+        ([{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}], "messages"),
+        ([{"role": "user", "content": [{"type": "image_url"}]}], "messages[0].content"),
+    ):
         with pytest.raises(InvalidRequest) as raised:
             to_template_messages(messages)
         assert raised.value.param == field
@@ -84,13 +94,18 @@ def test_message_checks():
 
 @pytest.fixture(scope="module")
 def engine(tiny_model_dir):
-    config = parse_infer_config({"model_name_or_path": tiny_model_dir, "template": "chatml", "max_new_tokens": 8,
-                                 "do_sample": False}, command="chat")
+    config = parse_infer_config(
+        {"model_name_or_path": tiny_model_dir, "template": "chatml", "max_new_tokens": 8, "do_sample": False},
+        command="chat",
+    )
     return ChatEngine.from_config(config, max_batch=4)
 
 
 def test_a_batch_of_different_prompts_equals_each_alone(engine):
-    prompts = [engine.chat_prompt([{"role": "user", "content": text}]) for text in ("hi", "What is two plus two?", "Reverse abc")]
+    prompts = [
+        engine.chat_prompt([{"role": "user", "content": text}])
+        for text in ("hi", "What is two plus two?", "Reverse abc")
+    ]
     params = dict(max_new_tokens=8, do_sample=False)
     together = engine.generator.generate([Sequence(p, SamplingParams(**params)) for p in prompts])
     for prompt, sequence in zip(prompts, together):
@@ -114,12 +129,24 @@ def test_scripted_chat_session_keeps_history_and_clears_it(engine):
 
 @pytest.mark.slow
 def test_lathe_chat_command_line(tiny_model_dir, tmp_path, write_yaml):
-    config = write_yaml(tmp_path / "chat.yaml", {"model_name_or_path": tiny_model_dir, "template": "chatml",
-                                                 "max_new_tokens": 4, "do_sample": False})
-    result = subprocess.run([sys.executable, "-m", "lathe", "chat", config, "temperature=0.5"], input="hello\nclear\nexit\n",
-                            capture_output=True, text=True, timeout=300)
+    config = write_yaml(
+        tmp_path / "chat.yaml",
+        {"model_name_or_path": tiny_model_dir, "template": "chatml", "max_new_tokens": 4, "do_sample": False},
+    )
+    result = subprocess.run(
+        [sys.executable, "-m", "lathe", "chat", config, "temperature=0.5"],
+        input="hello\nclear\nexit\n",
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert result.returncode == 0, result.stderr[-2000:]
     assert "Assistant: " in result.stdout and "The conversation is cleared." in result.stdout
-    bad = subprocess.run([sys.executable, "-m", "lathe", "chat", config, "learning_rate=1"], input="", capture_output=True,
-                         text=True, timeout=300)
+    bad = subprocess.run(
+        [sys.executable, "-m", "lathe", "chat", config, "learning_rate=1"],
+        input="",
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert bad.returncode == 2 and "training key" in bad.stderr

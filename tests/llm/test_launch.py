@@ -1,5 +1,6 @@
 """`lathe train` on several processes: when it relaunches itself under torchrun, with which settings
 (config keys and LLaMA-Factory's environment variables), and a real 2-process run of the quickstart."""
+
 from __future__ import annotations
 
 import json
@@ -46,9 +47,20 @@ def test_several_processes_from_the_config_the_command_line_or_the_environment(c
 
 
 def test_multi_node_settings_and_errors(config):
-    environ = {"NNODES": "2", "NODE_RANK": "1", "MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "29500", "NPROC_PER_NODE": "8"}
+    environ = {
+        "NNODES": "2",
+        "NODE_RANK": "1",
+        "MASTER_ADDR": "10.0.0.1",
+        "MASTER_PORT": "29500",
+        "NPROC_PER_NODE": "8",
+    }
     assert launch_settings(config, [], environ=environ, cuda_devices=0) == {
-        "nproc_per_node": 8, "nnodes": 2, "node_rank": 1, "master_addr": "10.0.0.1", "master_port": 29500}
+        "nproc_per_node": 8,
+        "nnodes": 2,
+        "node_rank": 1,
+        "master_addr": "10.0.0.1",
+        "master_port": 29500,
+    }
     with pytest.raises(ValueError, match="MASTER_ADDR and MASTER_PORT"):
         launch_settings(config, [], environ={"NNODES": "2"}, cuda_devices=0)
     with pytest.raises(ValueError, match="nproc_per_node .*whole number"):
@@ -63,15 +75,25 @@ def test_never_relaunches_inside_torchrun(config, monkeypatch):
 def test_the_ranks_get_the_config_without_the_launch_keys(config):
     overrides = ["nproc_per_node=2", "--nnodes", "1", "learning_rate=1e-3", "--master-port=29500", "--seed", "3"]
     assert without_launch_keys(overrides) == ["learning_rate=1e-3", "--seed", "3"]
-    command = torchrun_command({"nproc_per_node": 2, "nnodes": 1, "node_rank": 0, "master_addr": "127.0.0.1",
-                                "master_port": 29500}, config, overrides)
+    command = torchrun_command(
+        {"nproc_per_node": 2, "nnodes": 1, "node_rank": 0, "master_addr": "127.0.0.1", "master_port": 29500},
+        config,
+        overrides,
+    )
     assert command[1:3] == ["-m", "torch.distributed.run"] and "--nproc_per_node=2" in command
     assert command[-6:] == ["lathe", "train", config, "learning_rate=1e-3", "--seed", "3"]
 
 
 def test_launch_keys_are_accepted_by_the_config_parser(tiny_model_dir):
-    config = parse_train_config({"model_name_or_path": tiny_model_dir, "dataset": "d", "nproc_per_node": 2,
-                                 "master_port": 29500, "output_dir": "x"})
+    config = parse_train_config(
+        {
+            "model_name_or_path": tiny_model_dir,
+            "dataset": "d",
+            "nproc_per_node": 2,
+            "master_port": 29500,
+            "output_dir": "x",
+        }
+    )
     assert config.training.output_dir == "x"
 
 
@@ -79,11 +101,29 @@ def test_launch_keys_are_accepted_by_the_config_parser(tiny_model_dir):
 def test_lathe_train_on_two_processes(tmp_path):
     """The quickstart config on 2 CPU processes: rank 0 preprocesses, both train, one model is saved."""
     output_dir = tmp_path / "out"
-    env = dict(os.environ, NPROC_PER_NODE="2", OMP_NUM_THREADS="1", HOME=str(tmp_path / "home"), PYTHONPATH=str(REPOSITORY))
+    env = dict(
+        os.environ, NPROC_PER_NODE="2", OMP_NUM_THREADS="1", HOME=str(tmp_path / "home"), PYTHONPATH=str(REPOSITORY)
+    )
     result = subprocess.run(
-        [sys.executable, "-m", "lathe", "train", "examples/quickstart.yaml", f"output_dir={output_dir}", "max_samples=256",
-         "max_steps=4", "do_predict=false", "logging_steps=1", "per_device_train_batch_size=8"],
-        cwd=REPOSITORY, env=env, capture_output=True, text=True, timeout=400)
+        [
+            sys.executable,
+            "-m",
+            "lathe",
+            "train",
+            "examples/quickstart.yaml",
+            f"output_dir={output_dir}",
+            "max_samples=256",
+            "max_steps=4",
+            "do_predict=false",
+            "logging_steps=1",
+            "per_device_train_batch_size=8",
+        ],
+        cwd=REPOSITORY,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=400,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     assert "2 process(es) per node" in result.stdout
     assert result.stdout.count("Plan: stage sft") == 1  # printed by rank 0 only
@@ -92,7 +132,10 @@ def test_lathe_train_on_two_processes(tmp_path):
     assert result.stderr.count("Tokenized dataset loaded from the cache") == 1
     assert (output_dir / "model.safetensors").is_file()
     results = json.loads((output_dir / "train_results.json").read_text())
-    assert results["epoch"] > 0 and len([json.loads(line) for line in (output_dir / "trainer_log.jsonl").read_text().splitlines()]) >= 4
+    assert (
+        results["epoch"] > 0
+        and len([json.loads(line) for line in (output_dir / "trainer_log.jsonl").read_text().splitlines()]) >= 4
+    )
 
 
 @pytest.mark.slow
@@ -104,10 +147,28 @@ def test_lathe_train_with_deepspeed_zero3_on_two_processes(tmp_path):
     output_dir = tmp_path / "out"
     env = dict(os.environ, NPROC_PER_NODE="2", OMP_NUM_THREADS="1", PYTHONPATH=str(REPOSITORY))
     result = subprocess.run(
-        [sys.executable, "-m", "lathe", "train", "examples/quickstart.yaml", f"output_dir={output_dir}", "max_samples=256",
-         "max_steps=4", "save_strategy=steps", "save_steps=2", "do_predict=false", "logging_steps=1",
-         "per_device_train_batch_size=8", "deepspeed=examples/deepspeed/ds_z3_config.json"],
-        cwd=REPOSITORY, env=env, capture_output=True, text=True, timeout=400)
+        [
+            sys.executable,
+            "-m",
+            "lathe",
+            "train",
+            "examples/quickstart.yaml",
+            f"output_dir={output_dir}",
+            "max_samples=256",
+            "max_steps=4",
+            "save_strategy=steps",
+            "save_steps=2",
+            "do_predict=false",
+            "logging_steps=1",
+            "per_device_train_batch_size=8",
+            "deepspeed=examples/deepspeed/ds_z3_config.json",
+        ],
+        cwd=REPOSITORY,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=400,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     assert "sharding        DeepSpeed ZeRO stage 3 (examples/deepspeed/ds_z3_config.json)" in result.stdout
     checkpoint = output_dir / "checkpoint-4"
@@ -132,10 +193,29 @@ def test_lora_under_deepspeed_zero2_resumes_exactly(tmp_path):
     def train(output_dir, *extra):
         env = dict(os.environ, NPROC_PER_NODE="2", OMP_NUM_THREADS="1", PYTHONPATH=str(REPOSITORY))
         result = subprocess.run(
-            [sys.executable, "-m", "lathe", "train", "examples/quickstart.yaml", f"output_dir={output_dir}", "max_samples=256",
-             "max_steps=4", "save_strategy=steps", "save_steps=2", "do_predict=false", "finetuning_type=lora",
-             "lora_target=all", "deepspeed=examples/deepspeed/ds_z2_config.json", *extra],
-            cwd=REPOSITORY, env=env, capture_output=True, text=True, timeout=400)
+            [
+                sys.executable,
+                "-m",
+                "lathe",
+                "train",
+                "examples/quickstart.yaml",
+                f"output_dir={output_dir}",
+                "max_samples=256",
+                "max_steps=4",
+                "save_strategy=steps",
+                "save_steps=2",
+                "do_predict=false",
+                "finetuning_type=lora",
+                "lora_target=all",
+                "deepspeed=examples/deepspeed/ds_z2_config.json",
+                *extra,
+            ],
+            cwd=REPOSITORY,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=400,
+        )
         assert result.returncode == 0, result.stderr[-3000:]
 
     train(tmp_path / "whole")
@@ -144,7 +224,10 @@ def test_lora_under_deepspeed_zero2_resumes_exactly(tmp_path):
     model_states = checkpoint / "global_step2" / "mp_rank_00_model_states.pt"
     assert model_states.stat().st_size < 0.2 * 585_216 * 4  # the frozen base (585k parameters) is not in it
     train(tmp_path / "resumed", f"resume_from_checkpoint={checkpoint}")
-    whole, resumed = load_file(tmp_path / "whole" / "adapter_model.safetensors"), load_file(tmp_path / "resumed" / "adapter_model.safetensors")
+    whole, resumed = (
+        load_file(tmp_path / "whole" / "adapter_model.safetensors"),
+        load_file(tmp_path / "resumed" / "adapter_model.safetensors"),
+    )
     assert sorted(whole) == sorted(resumed) and len(whole) > 0
     for name in whole:
         assert torch.equal(whole[name], resumed[name]), name
@@ -160,11 +243,29 @@ def test_generation_with_sharded_weights_on_two_processes(tmp_path):
         output_dir = tmp_path / name
         env = dict(os.environ, NPROC_PER_NODE="2", OMP_NUM_THREADS="1", PYTHONPATH=str(REPOSITORY))
         result = subprocess.run(
-            [sys.executable, "-m", "lathe", "train", "examples/quickstart.yaml", f"output_dir={output_dir}", "max_samples=64",
-             "max_steps=30", "per_device_eval_batch_size=16", sharding],
-            cwd=REPOSITORY, env=env, capture_output=True, text=True, timeout=400)
+            [
+                sys.executable,
+                "-m",
+                "lathe",
+                "train",
+                "examples/quickstart.yaml",
+                f"output_dir={output_dir}",
+                "max_samples=64",
+                "max_steps=30",
+                "per_device_eval_batch_size=16",
+                sharding,
+            ],
+            cwd=REPOSITORY,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=400,
+        )
         assert result.returncode == 0, result.stderr[-3000:]
-        return [json.loads(line)["predict"] for line in (output_dir / "generated_predictions.jsonl").read_text().splitlines()]
+        return [
+            json.loads(line)["predict"]
+            for line in (output_dir / "generated_predictions.jsonl").read_text().splitlines()
+        ]
 
     zero2 = predictions("zero2", "deepspeed=examples/deepspeed/ds_z2_config.json")
     assert len(zero2) == 64 and len({len(answer) for answer in zero2}) > 3  # the ranks finish at different steps

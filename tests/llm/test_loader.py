@@ -1,5 +1,6 @@
 """Loading registered datasets: every format x file type to exact canonical rows, folders, num_samples,
 max_samples, mixing, the val_size split and eval datasets (lathe.llm.data.loader)."""
+
 import json
 import os
 
@@ -28,32 +29,54 @@ def row(prompt, response, system="", tools=""):
 ALPACA = [
     row([user("Add 2 and 3.")], [assistant("5")]),
     row([user("Reverse the word.\nlathe")], [assistant("ehtal")], system="You are terse."),
-    row([user("What is 1 plus 1?"), assistant("2"), user("And 2 plus 2?"), assistant("4"), user("And now 4 plus 4?")],
-        [assistant("8")]),
+    row(
+        [user("What is 1 plus 1?"), assistant("2"), user("And 2 plus 2?"), assistant("4"), user("And now 4 plus 4?")],
+        [assistant("8")],
+    ),
 ]
 # The csv file has instruction/input/output only: no system, no history.
 ALPACA_CSV = [ALPACA[0], ALPACA[1] | {"_system": ""}, row([user("And now 4 plus 4?")], [assistant("8")])]
-WEATHER_TOOL = ('[{"name": "weather", "description": "Weather by city", "parameters": {"type": "object", '
-                '"properties": {"city": {"type": "string"}}}}]')
+WEATHER_TOOL = (
+    '[{"name": "weather", "description": "Weather by city", "parameters": {"type": "object", '
+    '"properties": {"city": {"type": "string"}}}}]'
+)
 SHAREGPT = [
     row([user("Hello")], [assistant("Hi there.")], system="Be kind."),
     row([user("1+1?"), assistant("2"), user("2+2?")], [assistant("4")], system="You add numbers."),
-    row([user("Weather in Paris?"),
-         {"role": "function", "content": '{"name": "weather", "arguments": {"city": "Paris"}}'},
-         {"role": "observation", "content": '{"temp": 21}'}],
-        [assistant("It is 21 degrees.")], tools=WEATHER_TOOL),
+    row(
+        [
+            user("Weather in Paris?"),
+            {"role": "function", "content": '{"name": "weather", "arguments": {"city": "Paris"}}'},
+            {"role": "observation", "content": '{"temp": 21}'},
+        ],
+        [assistant("It is 21 degrees.")],
+        tools=WEATHER_TOOL,
+    ),
 ]
 OPENAI = [
     row([user("Hi")], [assistant("Hello!")], system="You are helpful."),
     row([user("1+1?"), assistant("2"), user("times 3?")], [assistant("6")]),
-    row([user("Weather in Paris and Rome?"),
-         {"role": "function", "content": json.dumps([{"name": "weather", "arguments": '{"city": "Paris"}'},
-                                                     {"name": "weather", "arguments": '{"city": "Rome"}'}])},
-         {"role": "observation", "content": '{"temp": 21}\n</tool_response>\n<tool_response>\n{"temp": 25}'}],
-        [assistant("Paris 21, Rome 25.")], tools='[{"name": "weather", "parameters": {"type": "object"}}]'),
+    row(
+        [
+            user("Weather in Paris and Rome?"),
+            {
+                "role": "function",
+                "content": json.dumps(
+                    [
+                        {"name": "weather", "arguments": '{"city": "Paris"}'},
+                        {"name": "weather", "arguments": '{"city": "Rome"}'},
+                    ]
+                ),
+            },
+            {"role": "observation", "content": '{"temp": 21}\n</tool_response>\n<tool_response>\n{"temp": 25}'},
+        ],
+        [assistant("Paris 21, Rome 25.")],
+        tools='[{"name": "weather", "parameters": {"type": "object"}}]',
+    ),
 ]
-PRETRAIN = [row([user(text)], []) for text in
-            ("The lathe turns the wood.", "A second document, short.", "Third line of text.")]
+PRETRAIN = [
+    row([user(text)], []) for text in ("The lathe turns the wood.", "A second document, short.", "Third line of text.")
+]
 
 
 def data_args(**values):
@@ -63,8 +86,9 @@ def data_args(**values):
 
 def load(name, stage="sft", seed=42, cache_dir=None, **values):
     args = data_args(dataset=name, **values)
-    loaded, reports = load_datasets(get_dataset_list(args.dataset, DATA_DIR), args, stage, np.random.RandomState(seed),
-                                    cache_dir=cache_dir)
+    loaded, reports = load_datasets(
+        get_dataset_list(args.dataset, DATA_DIR), args, stage, np.random.RandomState(seed), cache_dir=cache_dir
+    )
     return loaded, reports
 
 
@@ -73,11 +97,21 @@ def raw_cache(tmp_path_factory):
     return str(tmp_path_factory.mktemp("raw"))
 
 
-@pytest.mark.parametrize("name, expected", [
-    ("alpaca_json", ALPACA), ("alpaca_jsonl", ALPACA), ("alpaca_parquet", ALPACA), ("alpaca_csv", ALPACA_CSV),
-    ("sharegpt_json", SHAREGPT), ("sharegpt_jsonl", SHAREGPT), ("sharegpt_parquet", SHAREGPT),
-    ("openai_json", OPENAI), ("openai_jsonl", OPENAI), ("openai_parquet", OPENAI),
-])
+@pytest.mark.parametrize(
+    "name, expected",
+    [
+        ("alpaca_json", ALPACA),
+        ("alpaca_jsonl", ALPACA),
+        ("alpaca_parquet", ALPACA),
+        ("alpaca_csv", ALPACA_CSV),
+        ("sharegpt_json", SHAREGPT),
+        ("sharegpt_jsonl", SHAREGPT),
+        ("sharegpt_parquet", SHAREGPT),
+        ("openai_json", OPENAI),
+        ("openai_jsonl", OPENAI),
+        ("openai_parquet", OPENAI),
+    ],
+)
 def test_every_format_and_file_type_gives_the_canonical_rows(name, expected, raw_cache):
     loaded, reports = load(name, cache_dir=raw_cache)
     assert loaded[name].column_names == ["_prompt", "_response", "_system", "_tools"]
@@ -98,7 +132,10 @@ def test_txt_file_for_sft_is_an_error_naming_the_missing_response_column(raw_cac
 def test_folder_concatenates_its_files_in_name_order_and_locates_skipped_rows(raw_cache, caplog):
     loaded, reports = load("alpaca_folder", cache_dir=raw_cache)
     assert [r["_prompt"][-1]["content"] for r in loaded["alpaca_folder"]] == [
-        "Add 2 and 3.", "Reverse the word.\nlathe", "Say hi."]
+        "Add 2 and 3.",
+        "Reverse the word.\nlathe",
+        "Say hi.",
+    ]
     assert reports[0].skipped == 1
     assert reports[0].examples[0].startswith(os.path.join(DATA_DIR, "alpaca_folder", "part2.jsonl") + " row 2:")
     # for pre-training the row without an answer is fine
@@ -164,8 +201,9 @@ def test_mix_strategies(raw_cache):
     assert concat.to_list() == ALPACA + SHAREGPT
     under = merge_datasets(parts, data_args(mix_strategy="interleave_under"), seed=42)
     assert under.to_list() == [ALPACA[0], SHAREGPT[0], ALPACA[1], SHAREGPT[1], ALPACA[2], SHAREGPT[2]]
-    probabilities = data_args(dataset="alpaca_json,sharegpt_json", mix_strategy="interleave_over",
-                              interleave_probs="0.5,0.5")
+    probabilities = data_args(
+        dataset="alpaca_json,sharegpt_json", mix_strategy="interleave_over", interleave_probs="0.5,0.5"
+    )
     over = merge_datasets(parts, probabilities, seed=42)
     assert all(expected in over.to_list() for expected in ALPACA + SHAREGPT)
     once = merge_datasets(parts, data_args(mix_strategy="interleave_once"), seed=42)

@@ -2,6 +2,7 @@
 the ones LLaMA-Factory computed on the same model, data and config (tests/llm/golden/llamafactory_methods.json,
 made by make_llamafactory_methods.py), plus what each method leaves behind: quantized layers of the
 asked kind, peft adapter files, LoRA+'s parameter groups, PiSSA's converted adapter, OFT's blocks."""
+
 from __future__ import annotations
 
 import json
@@ -66,7 +67,11 @@ def _linear_types(model) -> set[str]:
 def test_qlora_base_is_quantized_as_asked_and_saves_a_peft_adapter(bits, kind, double, assets, tmp_path, monkeypatch):
     out = tmp_path / "out"
     config = case_config("qlora_nf4", assets, str(out))
-    config.update(quantization_bit=bits, max_steps=1, **({"quantization_type": kind, "double_quantization": double} if kind else {}))
+    config.update(
+        quantization_bit=bits,
+        max_steps=1,
+        **({"quantization_type": kind, "double_quantization": double} if kind else {}),
+    )
     _, model = train(config, monkeypatch)
     layer = model.get_base_model().model.layers[0].self_attn.q_proj.base_layer
     if bits == 4:
@@ -91,7 +96,12 @@ def test_loraplus_parameter_groups(assets):
     groups = loraplus_parameter_groups(model, learning_rate=1e-3, weight_decay=0.1, lr_ratio=16.0, embedding_lr=1e-6)
     names = {id(param): name for name, param in model.named_parameters()}
     members = [{names[id(param)] for param in group["params"]} for group in groups]
-    assert [(group["lr"], group["weight_decay"]) for group in groups] == [(1e-3, 0.1), (1.6e-2, 0.1), (1.6e-2, 0.0), (1e-6, 0.1)]
+    assert [(group["lr"], group["weight_decay"]) for group in groups] == [
+        (1e-3, 0.1),
+        (1.6e-2, 0.1),
+        (1.6e-2, 0.0),
+        (1e-6, 0.1),
+    ]
     assert members[0] and all("lora_A" in name for name in members[0])
     # B matrices and DoRA's magnitude vectors (1-D) learn at the LoRA+ rate
     assert {"lora_B" in name or "magnitude" in name for name in members[1]} == {True}
@@ -114,9 +124,16 @@ def test_loraplus_in_pretraining_builds_the_same_groups(assets, tmp_path):
 
     class Capture(TrainerCallback):
         def on_train_begin(self, args, state, control, optimizer=None, **kwargs):
-            seen["groups"] = [(group["lr"], group["weight_decay"], len(group["params"])) for group in optimizer.param_groups]
+            seen["groups"] = [
+                (group["lr"], group["weight_decay"], len(group["params"])) for group in optimizer.param_groups
+            ]
 
-    config = {**case_config("loraplus", assets, str(tmp_path / "out")), "stage": "pt", "max_steps": 1, "weight_decay": 0.1}
+    config = {
+        **case_config("loraplus", assets, str(tmp_path / "out")),
+        "stage": "pt",
+        "max_steps": 1,
+        "weight_decay": 0.1,
+    }
     run_train(parse_train_config(config), callbacks=[Capture()])
     assert [group[:2] for group in seen["groups"]] == [(0.01, 0.1), (0.16, 0.1), (0.16, 0.0), (1e-6, 0.1)]
     assert seen["groups"][0][2] == seen["groups"][1][2] > 0  # one A and one B per adapted layer
@@ -136,7 +153,9 @@ def test_pissa_convert_gives_a_lora_of_the_original_base(assets, tmp_path, monke
     trained.eval()
     with torch.no_grad():
         expected = trained(input_ids=ids).logits
-        plain = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(assets["model"]), str(out / "pissa_converted"))
+        plain = PeftModel.from_pretrained(
+            AutoModelForCausalLM.from_pretrained(assets["model"]), str(out / "pissa_converted")
+        )
         assert torch.allclose(plain(input_ids=ids).logits, expected, atol=1e-4)
 
 
@@ -163,7 +182,9 @@ def test_regex_lora_target_matches_whole_paths(assets):
         return {name.split(".lora_")[0] for name, param in model.named_parameters() if param.requires_grad}
 
     by_regex = adapted(lora_target=r".*\.layers\.[13]\.self_attn\.(q_proj|v_proj)")
-    assert by_regex == {f"base_model.model.model.layers.{i}.self_attn.{m}" for i in (1, 3) for m in ("q_proj", "v_proj")}
+    assert by_regex == {
+        f"base_model.model.model.layers.{i}.self_attn.{m}" for i in (1, 3) for m in ("q_proj", "v_proj")
+    }
     assert adapted(lora_target=r".*\.(q_proj|v_proj)") == adapted(lora_target="q_proj,v_proj")
     with pytest.raises(ValueError, match="matches no module path"):
         adapted(lora_target=r".*\.qkv_proj")

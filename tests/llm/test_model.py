@@ -1,4 +1,5 @@
 """Model loading and the fine-tuning methods on the tiny local Llama (tests/llm/conftest.py)."""
+
 import pytest
 import torch
 
@@ -74,7 +75,9 @@ def test_inference_loading_is_frozen_eval_float32_on_cpu(tiny_model_dir):
 
 
 def test_dtype_and_attention_follow_the_config(tiny_model_dir):
-    _, model = _load(tiny_model_dir, is_trainable=False, finetuning_type="full", infer_dtype="bfloat16", flash_attn="disabled")
+    _, model = _load(
+        tiny_model_dir, is_trainable=False, finetuning_type="full", infer_dtype="bfloat16", flash_attn="disabled"
+    )
     assert next(model.parameters()).dtype == torch.bfloat16
     assert model.config._attn_implementation == "eager"
     # Training with bf16 mixed precision: frozen weights in bf16, trainable ones kept in float32.
@@ -101,15 +104,27 @@ def test_freeze_last_and_first_layers(tiny_model_dir):
 
 def test_freeze_modules_and_extra_modules(tiny_model_dir):
     _, model = _load(
-        tiny_model_dir, finetuning_type="freeze", freeze_trainable_layers=1,
-        freeze_trainable_modules="mlp", freeze_extra_modules="embed_tokens,norm",
+        tiny_model_dir,
+        finetuning_type="freeze",
+        freeze_trainable_layers=1,
+        freeze_trainable_modules="mlp",
+        freeze_extra_modules="embed_tokens,norm",
     )
     names = _trainable_names(model)
-    norms = {f"model.layers.{i}.{norm}.weight" for i in range(3) for norm in ("input_layernorm", "post_attention_layernorm")}
-    assert names == {
-        "model.layers.2.mlp.gate_proj.weight", "model.layers.2.mlp.up_proj.weight", "model.layers.2.mlp.down_proj.weight",
-        "model.embed_tokens.weight", "model.norm.weight",
-    } | norms  # as in LLaMA-Factory, "norm" trains every parameter whose name holds it (each layer's norms too)
+    norms = {
+        f"model.layers.{i}.{norm}.weight" for i in range(3) for norm in ("input_layernorm", "post_attention_layernorm")
+    }
+    assert (
+        names
+        == {
+            "model.layers.2.mlp.gate_proj.weight",
+            "model.layers.2.mlp.up_proj.weight",
+            "model.layers.2.mlp.down_proj.weight",
+            "model.embed_tokens.weight",
+            "model.norm.weight",
+        }
+        | norms
+    )  # as in LLaMA-Factory, "norm" trains every parameter whose name holds it (each layer's norms too)
     with pytest.raises(ValueError, match="no module 'attn'.*choose from .*mlp"):
         _load(tiny_model_dir, finetuning_type="freeze", freeze_trainable_modules="attn")
     with pytest.raises(ValueError, match="freeze_extra_modules: no module 'wte'"):
@@ -120,7 +135,15 @@ def test_lora_all_targets_every_linear_but_the_head(tiny_model_dir):
     from transformers import AutoModelForCausalLM
 
     base = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
-    assert find_all_linear_modules(base) == ["down_proj", "gate_proj", "k_proj", "o_proj", "q_proj", "up_proj", "v_proj"]
+    assert find_all_linear_modules(base) == [
+        "down_proj",
+        "gate_proj",
+        "k_proj",
+        "o_proj",
+        "q_proj",
+        "up_proj",
+        "v_proj",
+    ]
     _, model = _load(tiny_model_dir, finetuning_type="lora")
     config = model.peft_config["default"]
     assert set(config.target_modules) == set(find_all_linear_modules(base))
@@ -132,8 +155,12 @@ def test_lora_all_targets_every_linear_but_the_head(tiny_model_dir):
 
 def test_lora_target_list_options_and_bad_name(tiny_model_dir):
     _, model = _load(
-        tiny_model_dir, finetuning_type="lora", lora_target="q_proj,v_proj", lora_rank=4,
-        use_rslora=True, additional_target="lm_head",
+        tiny_model_dir,
+        finetuning_type="lora",
+        lora_target="q_proj,v_proj",
+        lora_rank=4,
+        use_rslora=True,
+        additional_target="lm_head",
     )
     config = model.peft_config["default"]
     assert set(config.target_modules) == {"q_proj", "v_proj"} and config.r == 4 and config.lora_alpha == 8
@@ -164,9 +191,13 @@ def test_lora_adapter_files_are_standard_and_continue(tiny_model_dir, tmp_path):
     _, resumed = _load(tiny_model_dir, finetuning_type="lora", adapter_name_or_path=str(tmp_path / "adapter"))
     assert _trainable_names(resumed) and torch.allclose(resumed(input_ids=inputs).logits, expected, atol=1e-5)
     # ... or merges it and starts a new one; for inference it is merged.
-    _, fresh = _load(tiny_model_dir, finetuning_type="lora", adapter_name_or_path=str(tmp_path / "adapter"), create_new_adapter=True)
+    _, fresh = _load(
+        tiny_model_dir, finetuning_type="lora", adapter_name_or_path=str(tmp_path / "adapter"), create_new_adapter=True
+    )
     assert torch.allclose(fresh(input_ids=inputs).logits, expected, atol=1e-5)
-    _, merged = _load(tiny_model_dir, is_trainable=False, finetuning_type="lora", adapter_name_or_path=str(tmp_path / "adapter"))
+    _, merged = _load(
+        tiny_model_dir, is_trainable=False, finetuning_type="lora", adapter_name_or_path=str(tmp_path / "adapter")
+    )
     assert not hasattr(merged, "peft_config") and torch.allclose(merged(input_ids=inputs).logits, expected, atol=1e-5)
     with pytest.raises(FileNotFoundError, match="no adapter_config.json"):
         _load(tiny_model_dir, finetuning_type="lora", adapter_name_or_path=str(tmp_path))

@@ -1,4 +1,5 @@
 """Run outputs: trainer_log.jsonl lines, loss plots, stop tokens in generation_config, predictions."""
+
 import json
 from types import SimpleNamespace
 
@@ -60,7 +61,10 @@ def test_smooth_is_an_ema_that_keeps_the_first_value():
 
 def test_plot_loss_writes_pngs(tmp_path):
     pytest.importorskip("matplotlib")
-    history = [{"loss": 2.0 / (i + 1), "step": i + 1} for i in range(20)] + [{"eval_loss": 0.5, "step": 10}, {"eval_loss": 0.4, "step": 20}]
+    history = [{"loss": 2.0 / (i + 1), "step": i + 1} for i in range(20)] + [
+        {"eval_loss": 0.5, "step": 10},
+        {"eval_loss": 0.4, "step": 20},
+    ]
     (tmp_path / "trainer_state.json").write_text(json.dumps({"log_history": history}))
     written = plot_loss(str(tmp_path))
     assert [p.split("/")[-1] for p in written] == ["training_loss.png", "training_eval_loss.png"]
@@ -92,7 +96,9 @@ def test_stop_tokens_go_into_the_saved_generation_config(tiny_model_dir, tmp_pat
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
     tokenizer.pad_token = tokenizer.eos_token
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
-    template = SimpleNamespace(get_stop_token_ids=lambda tok: [tok.eos_token_id, tok.convert_tokens_to_ids("<|im_end|>")])
+    template = SimpleNamespace(
+        get_stop_token_ids=lambda tok: [tok.eos_token_id, tok.convert_tokens_to_ids("<|im_end|>")]
+    )
     ids = set_stop_tokens(model, tokenizer, template)
     save_generation_config(model, str(tmp_path))
     saved = json.loads((tmp_path / "generation_config.json").read_text())
@@ -142,12 +148,24 @@ def test_sft_trainer_generates_after_the_prompt_only(tiny_model_dir, tmp_path):
         {"input_ids": tokenizer.encode("What is two plus two?"), "labels": tokenizer.encode(" four")},
         {"input_ids": tokenizer.encode("Reverse abc:"), "labels": tokenizer.encode(" cba.")},
     ]
-    args = Seq2SeqTrainingArguments(output_dir=str(tmp_path), predict_with_generate=True, per_device_eval_batch_size=2,
-                                    report_to="none", remove_unused_columns=False)
-    trainer = SFTTrainer(model=model, args=args, processing_class=tokenizer,
-                         data_collator=DataCollatorForSeq2Seq(tokenizer), compute_metrics=ExactMatch(tokenizer))
+    args = Seq2SeqTrainingArguments(
+        output_dir=str(tmp_path),
+        predict_with_generate=True,
+        per_device_eval_batch_size=2,
+        report_to="none",
+        remove_unused_columns=False,
+    )
+    trainer = SFTTrainer(
+        model=model,
+        args=args,
+        processing_class=tokenizer,
+        data_collator=DataCollatorForSeq2Seq(tokenizer),
+        compute_metrics=ExactMatch(tokenizer),
+    )
     # An EOS id outside the vocabulary: the random model cannot stop early, so each row gets 3 new tokens.
-    results = trainer.predict(rows, max_new_tokens=3, do_sample=False, eos_token_id=[999], pad_token_id=tokenizer.pad_token_id)
+    results = trainer.predict(
+        rows, max_new_tokens=3, do_sample=False, eos_token_id=[999], pad_token_id=tokenizer.pad_token_id
+    )
 
     prompt_width = max(len(row["input_ids"]) for row in rows)
     predictions = torch.as_tensor(results.predictions)

@@ -1,6 +1,7 @@
 """Per-example sdpa for packed rows (lathe/llm/model/packed_attention.py) computes what the
 block-diagonal mask computes: same logits, loss and gradients; padded batches and generation are
 untouched; models it cannot serve keep the mask."""
+
 from __future__ import annotations
 
 import pytest
@@ -18,8 +19,16 @@ class Tokenizer:
 
 
 def tiny_llama(**overrides):
-    config = dict(vocab_size=97, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-                  num_key_value_heads=2, max_position_embeddings=256, attn_implementation="sdpa")
+    config = dict(
+        vocab_size=97,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        attn_implementation="sdpa",
+    )
     config.update(overrides)
     torch.manual_seed(0)
     return transformers.LlamaForCausalLM(transformers.LlamaConfig(**config))
@@ -35,8 +44,14 @@ def packed_rows(rows=3, examples=4, seed=1):
             input_ids += tokens
             position_ids += range(length)
             labels += [-100] + tokens[1:]
-        features.append({"input_ids": input_ids, "attention_mask": [1] * len(input_ids), "position_ids": position_ids,
-                         "labels": labels})
+        features.append(
+            {
+                "input_ids": input_ids,
+                "attention_mask": [1] * len(input_ids),
+                "position_ids": position_ids,
+                "labels": labels,
+            }
+        )
     return features
 
 
@@ -89,18 +104,31 @@ def test_padded_batches_and_generation_are_unchanged():
     input_ids = torch.tensor([[0, 0, 5, 6, 7], [1, 2, 3, 4, 5]])
     attention_mask = torch.tensor([[0, 0, 1, 1, 1], [1, 1, 1, 1, 1]])
     with torch.no_grad():
-        torch.testing.assert_close(model(input_ids=input_ids, attention_mask=attention_mask).logits,
-                                   reference(input_ids=input_ids, attention_mask=attention_mask).logits)
+        torch.testing.assert_close(
+            model(input_ids=input_ids, attention_mask=attention_mask).logits,
+            reference(input_ids=input_ids, attention_mask=attention_mask).logits,
+        )
     generated = model.generate(input_ids=input_ids, attention_mask=attention_mask, max_new_tokens=4, do_sample=False)
-    assert torch.equal(generated, reference.generate(input_ids=input_ids, attention_mask=attention_mask,
-                                                     max_new_tokens=4, do_sample=False))
+    assert torch.equal(
+        generated,
+        reference.generate(input_ids=input_ids, attention_mask=attention_mask, max_new_tokens=4, do_sample=False),
+    )
 
 
 def test_models_it_cannot_serve_keep_the_block_mask():
     assert "eager" in unsupported_reason(tiny_llama(attn_implementation="eager"))
-    mistral = transformers.MistralForCausalLM(transformers.MistralConfig(
-        vocab_size=97, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=4,
-        num_key_value_heads=2, sliding_window=16, attn_implementation="sdpa"))
+    mistral = transformers.MistralForCausalLM(
+        transformers.MistralConfig(
+            vocab_size=97,
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=1,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            sliding_window=16,
+            attn_implementation="sdpa",
+        )
+    )
     assert not use_packed_attention(mistral)
     assert mistral.config._attn_implementation == "sdpa"
     assert SFTDataCollator(Tokenizer(), model=mistral)(packed_rows(rows=1))["attention_mask"].dim() == 4

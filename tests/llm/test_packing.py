@@ -7,6 +7,7 @@ for both ways of keeping packed examples apart (a 4-D block-diagonal mask; posit
 row). The layout is compared with LLaMA-Factory 0.9.5's packed rows
 (tests/llm/golden/llamafactory_packing.json, made by make_llamafactory_packing.py).
 """
+
 import json
 import os
 import random
@@ -45,8 +46,9 @@ def conversations(count=12, seed=0):
 
 
 def setup_examples(tokenizer, train_on_prompt=False, neat_packing=False, count=12, template="chatml"):
-    data_args = DataArguments(template=template, cutoff_len=CUTOFF, train_on_prompt=train_on_prompt,
-                              neat_packing=neat_packing, packing=True)
+    data_args = DataArguments(
+        template=template, cutoff_len=CUTOFF, train_on_prompt=train_on_prompt, neat_packing=neat_packing, packing=True
+    )
     template = get_template_and_fix_tokenizer(tokenizer, data_args)
     examples = conversations(count)
     encoded, skipped = encode_supervised_examples(examples, template, tokenizer, data_args)
@@ -80,7 +82,9 @@ def test_greedy_knapsack_by_hand():
 def test_packed_rows_hold_every_example_once_unsplit(word_tokenizer, neat_packing):
     examples, template, data_args, encoded = setup_examples(word_tokenizer, neat_packing=neat_packing, count=30)
     packed = preprocess_packed_supervised_dataset(examples, template, word_tokenizer, data_args)
-    assert packed == preprocess_packed_supervised_dataset(examples, template, word_tokenizer, data_args)  # deterministic
+    assert packed == preprocess_packed_supervised_dataset(
+        examples, template, word_tokenizer, data_args
+    )  # deterministic
     assert sorted(packed) == ["attention_mask", "input_ids", "labels", "position_ids"]
     assert len(packed["input_ids"]) < len(encoded)  # something was packed
     found = Counter()
@@ -123,8 +127,13 @@ def test_same_rows_as_llamafactory_but_the_boundary_labels(lf_golden, case_index
     case = lf_golden["cases"][case_index]
     assert lf_golden["conversations"] == golden_conversations()
     tokenizer = AutoTokenizer.from_pretrained(os.path.join(HERE, "golden", "tokenizers", lf_golden["tokenizer"]))
-    data_args = DataArguments(template=lf_golden["template"], cutoff_len=case["packed_cutoff_len"], packing=True,
-                              neat_packing=case["neat_packing"], train_on_prompt=case["train_on_prompt"])
+    data_args = DataArguments(
+        template=lf_golden["template"],
+        cutoff_len=case["packed_cutoff_len"],
+        packing=True,
+        neat_packing=case["neat_packing"],
+        train_on_prompt=case["train_on_prompt"],
+    )
     template = get_template_and_fix_tokenizer(tokenizer, data_args)
     rows = lf_golden["conversations"]
     examples = {key: [row[key] for row in rows] for key in rows[0]}
@@ -160,8 +169,10 @@ class PaddingTokenizer:
 
 
 def test_unpacked_rows_are_padded_on_the_padding_side():
-    features = [{"input_ids": [5, 6, 7], "attention_mask": [1, 1, 1], "labels": [-100, 6, 7]},
-                {"input_ids": [8], "attention_mask": [1], "labels": [8]}]
+    features = [
+        {"input_ids": [5, 6, 7], "attention_mask": [1, 1, 1], "labels": [-100, 6, 7]},
+        {"input_ids": [8], "attention_mask": [1], "labels": [8]},
+    ]
     batch = SFTDataCollator(PaddingTokenizer(), pad_to_multiple_of=4)(features)
     assert batch["input_ids"].tolist() == [[5, 6, 7, 0], [8, 0, 0, 0]]
     assert batch["attention_mask"].tolist() == [[1, 1, 1, 0], [1, 0, 0, 0]]
@@ -195,7 +206,10 @@ def test_block_diagonal_mask_by_hand():
     ]
     additive = block_diagonal_mask(torch.tensor([[0, 1, 0, 1, 2, 0, 1]]), "eager", torch.bfloat16)
     assert additive.dtype == torch.bfloat16
-    assert torch.equal(additive == 0, mask) and set(additive.unique().tolist()) == {0.0, torch.finfo(torch.bfloat16).min}
+    assert torch.equal(additive == 0, mask) and set(additive.unique().tolist()) == {
+        0.0,
+        torch.finfo(torch.bfloat16).min,
+    }
 
 
 def stub_model(implementation, dtype=torch.float32):
@@ -204,13 +218,22 @@ def stub_model(implementation, dtype=torch.float32):
     return model
 
 
-@pytest.mark.parametrize("implementation, dtype, kind", [
-    ("sdpa", torch.float32, torch.bool), ("eager", torch.float32, torch.float32), ("eager", torch.float16, torch.float16),
-    (None, torch.float32, torch.float32), ("flash_attention_2", torch.bfloat16, None), ("flex_attention", torch.float32, None),
-])
+@pytest.mark.parametrize(
+    "implementation, dtype, kind",
+    [
+        ("sdpa", torch.float32, torch.bool),
+        ("eager", torch.float32, torch.float32),
+        ("eager", torch.float16, torch.float16),
+        (None, torch.float32, torch.float32),
+        ("flash_attention_2", torch.bfloat16, None),
+        ("flex_attention", torch.float32, None),
+    ],
+)
 def test_auto_picks_how_packed_examples_are_kept_apart(implementation, dtype, kind):
-    features = [{"input_ids": [5, 6, 7], "attention_mask": [1, 1, 1], "position_ids": [0, 1, 0], "labels": [-100, 6, -100]},
-                {"input_ids": [8, 9], "attention_mask": [1, 1], "position_ids": [0, 1], "labels": [-100, 9]}]
+    features = [
+        {"input_ids": [5, 6, 7], "attention_mask": [1, 1, 1], "position_ids": [0, 1, 0], "labels": [-100, 6, -100]},
+        {"input_ids": [8, 9], "attention_mask": [1, 1], "position_ids": [0, 1], "labels": [-100, 9]},
+    ]
     batch = SFTDataCollator(PaddingTokenizer(), model=stub_model(implementation, dtype), pad_to_multiple_of=4)(features)
     if kind is None:  # flash kernels / flex: one flattened row, boundaries in position_ids, no mask
         assert "attention_mask" not in batch
@@ -234,9 +257,17 @@ def test_unknown_packed_attention_mode_is_refused():
 def tiny_llama(vocab_size, implementation, use_cache=False):
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    config = LlamaConfig(vocab_size=vocab_size, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
-                         use_cache=use_cache, tie_word_embeddings=False)
+    config = LlamaConfig(
+        vocab_size=vocab_size,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=128,
+        use_cache=use_cache,
+        tie_word_embeddings=False,
+    )
     config._attn_implementation = implementation
     torch.manual_seed(0)
     return LlamaForCausalLM(config).float()
@@ -274,7 +305,9 @@ def test_packed_loss_and_logits_equal_unpacked(word_tokenizer, implementation, m
     _, _, _, encoded = setup_examples(word_tokenizer, train_on_prompt=train_on_prompt)
     model = tiny_llama(len(word_tokenizer), implementation).eval()
     collator = SFTDataCollator(word_tokenizer, model=model, pad_to_multiple_of=8, packed_attention=mode)
-    unpacked = collator([{"input_ids": ids, "attention_mask": [1] * len(ids), "labels": labels} for ids, labels in encoded])
+    unpacked = collator(
+        [{"input_ids": ids, "attention_mask": [1] * len(ids), "labels": labels} for ids, labels in encoded]
+    )
     packed_rows = rows_of(pack_examples(encoded, CUTOFF))
     packed = collator(packed_rows)
     assert len(packed_rows) < len(encoded)
@@ -323,11 +356,15 @@ def test_position_ids_alone_do_not_isolate_when_the_model_makes_a_cache(word_tok
     even in training. The mask path does not depend on it."""
     _, _, _, encoded = setup_examples(word_tokenizer)
     model = tiny_llama(len(word_tokenizer), "sdpa", use_cache=True).train()
-    unpacked = SFTDataCollator(word_tokenizer, model=model)([{"input_ids": ids, "labels": labels} for ids, labels in encoded])
+    unpacked = SFTDataCollator(word_tokenizer, model=model)(
+        [{"input_ids": ids, "labels": labels} for ids, labels in encoded]
+    )
     with torch.no_grad():
         reference_sum, reference_count = token_losses(model, unpacked)
         for mode, isolated in (("mask", True), ("position_ids", False)):
-            batch = SFTDataCollator(word_tokenizer, model=model, packed_attention=mode)(rows_of(pack_examples(encoded, CUTOFF)))
+            batch = SFTDataCollator(word_tokenizer, model=model, packed_attention=mode)(
+                rows_of(pack_examples(encoded, CUTOFF))
+            )
             total, count = token_losses(model, batch)
             assert (abs(total.item() / count - reference_sum.item() / reference_count) < 1e-5) == isolated
 
@@ -352,12 +389,28 @@ def test_one_trainer_step_packed_equals_unpacked(word_tokenizer, tmp_path, imple
     def one_step(rows, batch_size, accumulation):
         model = tiny_llama(len(word_tokenizer), implementation)
         recorder = GradientRecorder()
-        args = TrainingArguments(output_dir=str(tmp_path / f"run{batch_size}"), per_device_train_batch_size=batch_size,
-                                 gradient_accumulation_steps=accumulation, max_steps=1, learning_rate=0.1, optim="sgd",
-                                 lr_scheduler_type="constant", max_grad_norm=0, report_to=[], save_strategy="no",
-                                 use_cpu=True, seed=3, disable_tqdm=True)
-        trainer = Trainer(model=model, args=args, train_dataset=rows, callbacks=[recorder],
-                          data_collator=SFTDataCollator(word_tokenizer, model=model, pad_to_multiple_of=8))
+        args = TrainingArguments(
+            output_dir=str(tmp_path / f"run{batch_size}"),
+            per_device_train_batch_size=batch_size,
+            gradient_accumulation_steps=accumulation,
+            max_steps=1,
+            learning_rate=0.1,
+            optim="sgd",
+            lr_scheduler_type="constant",
+            max_grad_norm=0,
+            report_to=[],
+            save_strategy="no",
+            use_cpu=True,
+            seed=3,
+            disable_tqdm=True,
+        )
+        trainer = Trainer(
+            model=model,
+            args=args,
+            train_dataset=rows,
+            callbacks=[recorder],
+            data_collator=SFTDataCollator(word_tokenizer, model=model, pad_to_multiple_of=8),
+        )
         result = trainer.train()
         return recorder.gradients, result.training_loss
 

@@ -1,5 +1,6 @@
 """get_dataset end to end with the real processors (lathe.llm.data.pipeline), and the preview of
 trained spans (lathe.llm.data.preview)."""
+
 import os
 import subprocess
 import sys
@@ -25,8 +26,15 @@ def setup(word_tokenizer, tmp_path):
         values = {"dataset_dir": DATA_DIR, "template": "qwen", "cutoff_len": 128, **values}
         data_args = DataArguments(**values)
         template = get_template_and_fix_tokenizer(word_tokenizer, data_args)
-        module = get_dataset(template, SimpleNamespace(), data_args, SimpleNamespace(seed=seed, predict_with_generate=generate),
-                             stage, word_tokenizer, cache_dir=str(tmp_path / "cache"))
+        module = get_dataset(
+            template,
+            SimpleNamespace(),
+            data_args,
+            SimpleNamespace(seed=seed, predict_with_generate=generate),
+            stage,
+            word_tokenizer,
+            cache_dir=str(tmp_path / "cache"),
+        )
         return module, template, data_args
 
     return build
@@ -104,12 +112,15 @@ def test_skipped_rows_are_reported_and_the_rest_kept(setup, caplog):
     assert "skipped 5 of 7 rows" in caplog.text
 
 
-@pytest.mark.parametrize("stage, values, message", [
-    ("ppo", {"dataset": "alpaca_json"}, "stage 'ppo' is not supported yet"),
-    ("dpo", {"dataset": "alpaca_json"}, "stage dpo trains on ranking data"),
-    ("sft", {}, "No dataset: set `dataset`"),
-    ("sft", {"dataset": "hub_dataset"}, "lathe works offline"),
-])
+@pytest.mark.parametrize(
+    "stage, values, message",
+    [
+        ("ppo", {"dataset": "alpaca_json"}, "stage 'ppo' is not supported yet"),
+        ("dpo", {"dataset": "alpaca_json"}, "stage dpo trains on ranking data"),
+        ("sft", {}, "No dataset: set `dataset`"),
+        ("sft", {"dataset": "hub_dataset"}, "lathe works offline"),
+    ],
+)
 def test_clear_errors(setup, stage, values, message):
     with pytest.raises(ValueError, match=message):
         setup(stage=stage, **values)
@@ -124,8 +135,10 @@ def test_streaming_is_not_supported_yet(word_tokenizer):
 def test_dataset_module_shapes():
     assert dataset_module({"train": 1}) == {"train_dataset": 1, "eval_dataset": None}
     assert dataset_module({"train": 1, "validation": 2}) == {"train_dataset": 1, "eval_dataset": 2}
-    assert dataset_module({"validation_a": 2, "validation_b": 3}) == {"train_dataset": None,
-                                                                       "eval_dataset": {"a": 2, "b": 3}}
+    assert dataset_module({"validation_a": 2, "validation_b": 3}) == {
+        "train_dataset": None,
+        "eval_dataset": {"a": 2, "b": 3},
+    }
 
 
 def test_preview_marks_the_trained_spans_and_counts_them(setup, word_tokenizer):
@@ -133,8 +146,10 @@ def test_preview_marks_the_trained_spans_and_counts_them(setup, word_tokenizer):
     text = preview_examples(module["train_dataset"], word_tokenizer, n=2)
     trained, total = trained_fraction(module["train_dataset"])
     assert 0 < trained < total
-    assert text.splitlines()[0] == (f"3 examples, {total} tokens, {trained} trained ({trained / total:.1%}); "
-                                    f"trained spans are shown between [[ and ]].")
+    assert text.splitlines()[0] == (
+        f"3 examples, {total} tokens, {trained} trained ({trained / total:.1%}); "
+        f"trained spans are shown between [[ and ]]."
+    )
     assert text.count("--- example") == 2
     assert "[[5 <|im_end|>" in text  # the answer and its end marker are trained; the prompt is not
     assert "[[<|im_start|>" not in text
@@ -149,8 +164,10 @@ def test_mark_trained_spans_shows_a_label_that_differs_from_its_input(word_token
 
 
 def test_importing_the_data_modules_imports_no_heavy_package():
-    code = ("import sys, lathe.llm.data.pipeline, lathe.llm.data.preview, lathe.llm.data.cache; "
-            "print([m for m in ('datasets', 'transformers', 'torch', 'pyarrow') if m in sys.modules])")
+    code = (
+        "import sys, lathe.llm.data.pipeline, lathe.llm.data.preview, lathe.llm.data.cache; "
+        "print([m for m in ('datasets', 'transformers', 'torch', 'pyarrow') if m in sys.modules])"
+    )
     output = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert output.strip() == "[]"
 
@@ -175,12 +192,25 @@ def test_get_dataset_equals_llamafactorys_token_for_token(case, tmp_path):
     tokenizer = AutoTokenizer.from_pretrained(os.path.join(os.path.dirname(GOLDEN_PIPELINE), golden["tokenizer"]))
     data_args = DataArguments(dataset_dir=DATA_DIR, template=golden["template"], packing=False, **golden["cases"][case])
     template = get_template_and_fix_tokenizer(tokenizer, data_args)
-    module = get_dataset(template, SimpleNamespace(), data_args, SimpleNamespace(seed=golden["seed"]), "sft", tokenizer,
-                         cache_dir=str(tmp_path))
+    module = get_dataset(
+        template,
+        SimpleNamespace(),
+        data_args,
+        SimpleNamespace(seed=golden["seed"]),
+        "sft",
+        tokenizer,
+        cache_dir=str(tmp_path),
+    )
     splits = {"train": module["train_dataset"]}
     evaluation = module["eval_dataset"]
-    splits.update({f"eval_{name}": part for name, part in evaluation.items()} if isinstance(evaluation, dict)
-                  else {"eval": evaluation})
-    got = {name: {"input_ids": part["input_ids"], "labels": part["labels"]} for name, part in splits.items()
-           if part is not None}
+    splits.update(
+        {f"eval_{name}": part for name, part in evaluation.items()}
+        if isinstance(evaluation, dict)
+        else {"eval": evaluation}
+    )
+    got = {
+        name: {"input_ids": part["input_ids"], "labels": part["labels"]}
+        for name, part in splits.items()
+        if part is not None
+    }
     assert got == golden["results"][case]

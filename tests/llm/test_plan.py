@@ -1,4 +1,5 @@
 """The plan `lathe train` prints, the resolved-config print, and LLaMA-Factory's output_dir resume rules."""
+
 import os
 
 import pytest
@@ -13,18 +14,30 @@ BASE = {"model_name_or_path": "m", "dataset": "d", "finetuning_type": "full", "r
 
 def _dataset(rows: int, length: int, trained: int):
     datasets = pytest.importorskip("datasets")
-    return datasets.Dataset.from_dict({
-        "input_ids": [[5] * length for _ in range(rows)],
-        "labels": [[-100] * (length - trained) + [5] * trained for _ in range(rows)],
-    })
+    return datasets.Dataset.from_dict(
+        {
+            "input_ids": [[5] * length for _ in range(rows)],
+            "labels": [[-100] * (length - trained) + [5] * trained for _ in range(rows)],
+        }
+    )
 
 
 def test_plan_counts_examples_tokens_steps_and_parameters(tmp_path):
-    config = parse_train_config({
-        **BASE, "output_dir": str(tmp_path), "per_device_train_batch_size": 4, "gradient_accumulation_steps": 2,
-        "num_train_epochs": 3, "logging_steps": 5, "eval_strategy": "steps", "eval_steps": 0.5, "val_size": 0.1,
-        "save_strategy": "epoch", "save_total_limit": 2,
-    })
+    config = parse_train_config(
+        {
+            **BASE,
+            "output_dir": str(tmp_path),
+            "per_device_train_batch_size": 4,
+            "gradient_accumulation_steps": 2,
+            "num_train_epochs": 3,
+            "logging_steps": 5,
+            "eval_strategy": "steps",
+            "eval_steps": 0.5,
+            "val_size": 0.1,
+            "save_strategy": "epoch",
+            "save_total_limit": 2,
+        }
+    )
     model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 2))
     model[1].requires_grad_(False)
     plan = make_plan(config, {"train_dataset": _dataset(30, 10, 4), "eval_dataset": _dataset(3, 10, 4)}, model)

@@ -1,6 +1,7 @@
 """Stages dpo and kto beyond the golden numbers: the losses LLaMA-Factory gets wrong (hinge and ipo,
 checked against a plain PyTorch statement), the direction DPO moves the policy, exact resume (with BCO's
 running mean), evaluation without training, the plan, `lathe data preview`, and the config checks."""
+
 import json
 import logging
 import os
@@ -21,8 +22,15 @@ def model_dir(tmp_path_factory):
 
 
 def config_for(model_dir, output_dir, **values) -> dict:
-    return {**BASE, "dataset_dir": str(DATA_DIR), "model_name_or_path": model_dir, "stage": "dpo",
-            "dataset": "pairs_alpaca,pairs_sharegpt", "output_dir": str(output_dir), **values}
+    return {
+        **BASE,
+        "dataset_dir": str(DATA_DIR),
+        "model_name_or_path": model_dir,
+        "stage": "dpo",
+        "dataset": "pairs_alpaca,pairs_sharegpt",
+        "output_dir": str(output_dir),
+        **values,
+    }
 
 
 def train(config: dict) -> list[dict]:
@@ -53,7 +61,9 @@ def plain_pytorch_losses(model_dir, loss_type: str, beta: float, steps: int, lea
     config = parse_train_config(config_for(model_dir, "unused"))
     tokenizer = load_tokenizer(config.model)
     template = get_template_and_fix_tokenizer(tokenizer, config.data)
-    rows = get_dataset(template, config.model, config.data, config.training, stage="dpo", tokenizer=tokenizer)["train_dataset"]
+    rows = get_dataset(template, config.model, config.data, config.training, stage="dpo", tokenizer=tokenizer)[
+        "train_dataset"
+    ]
     batch = PairwiseDataCollator(tokenizer)([rows[i] for i in range(len(rows))])
     policy = AutoModelForCausalLM.from_pretrained(model_dir)
     reference = AutoModelForCausalLM.from_pretrained(model_dir).eval()
@@ -91,9 +101,18 @@ def plain_pytorch_losses(model_dir, loss_type: str, beta: float, steps: int, lea
 def test_hinge_and_ipo_train_the_loss_asked_for(model_dir, tmp_path, loss_type, first_loss):
     """Policy = reference at the start, so every margin is 0: hinge relu(1 - 0) = 1, ipo (0 - 1/(2 x 0.1))^2
     = 25, where the sigmoid loss LLaMA-Factory trains instead would log log 2 = 0.693."""
-    logs = train(config_for(model_dir, tmp_path / "out", pref_loss=loss_type, finetuning_type="full",
-                            learning_rate=1.0e-3, per_device_train_batch_size=24, max_steps=3,
-                            disable_gradient_checkpointing=True))
+    logs = train(
+        config_for(
+            model_dir,
+            tmp_path / "out",
+            pref_loss=loss_type,
+            finetuning_type="full",
+            learning_rate=1.0e-3,
+            per_device_train_batch_size=24,
+            max_steps=3,
+            disable_gradient_checkpointing=True,
+        )
+    )
     ours = [entry["loss"] for entry in logs if "loss" in entry]
     assert ours[0] == pytest.approx(first_loss, abs=1e-6)
     # The whole dataset is each step's batch: only the order of the rows (their sum) differs.
@@ -124,13 +143,39 @@ def test_dpo_moves_the_policy_towards_the_chosen_answers(model_dir, tmp_path):
 
     data = tmp_path / "data"
     data.mkdir()
-    rows = [{"instruction": f"Is {a} plus {b} equal to {a + b}?", "chosen": "yes", "rejected": "no"} for a in range(4) for b in range(4)]
+    rows = [
+        {"instruction": f"Is {a} plus {b} equal to {a + b}?", "chosen": "yes", "rejected": "no"}
+        for a in range(4)
+        for b in range(4)
+    ]
     (data / "pairs.json").write_text(json.dumps(rows))
-    (data / "dataset_info.json").write_text(json.dumps({"toy": {"file_name": "pairs.json", "ranking": True, "columns": {
-        "prompt": "instruction", "chosen": "chosen", "rejected": "rejected"}}}))
-    logs = train(config_for(model_dir, tmp_path / "out", dataset_dir=str(data), dataset="toy", pref_beta=0.5,
-                            learning_rate=2.0e-2, max_steps=12, per_device_train_batch_size=4, val_size=4, do_eval=True,
-                            eval_strategy="steps", eval_steps=6))
+    (data / "dataset_info.json").write_text(
+        json.dumps(
+            {
+                "toy": {
+                    "file_name": "pairs.json",
+                    "ranking": True,
+                    "columns": {"prompt": "instruction", "chosen": "chosen", "rejected": "rejected"},
+                }
+            }
+        )
+    )
+    logs = train(
+        config_for(
+            model_dir,
+            tmp_path / "out",
+            dataset_dir=str(data),
+            dataset="toy",
+            pref_beta=0.5,
+            learning_rate=2.0e-2,
+            max_steps=12,
+            per_device_train_batch_size=4,
+            val_size=4,
+            do_eval=True,
+            eval_strategy="steps",
+            eval_steps=6,
+        )
+    )
     steps = [entry for entry in logs if "loss" in entry]
     evaluations = [entry for entry in logs if "eval_loss" in entry]
     margins = [entry["rewards/margins"] for entry in steps]
@@ -161,11 +206,17 @@ def test_dpo_with_bco_resumes_exactly(model_dir, tmp_path):
     whole = train(config_for(model_dir, tmp_path / "whole", **values))
     state = json.loads((tmp_path / "whole" / "checkpoint-2" / "trainer_state.json").read_text())
     assert state["stateful_callbacks"]["BCORunningMean"]["args"]["count"] == pytest.approx(2.0)
-    resumed = train(config_for(model_dir, tmp_path / "resumed", resume_from_checkpoint=str(tmp_path / "whole" / "checkpoint-2"),
-                               **values))
+    resumed = train(
+        config_for(
+            model_dir, tmp_path / "resumed", resume_from_checkpoint=str(tmp_path / "whole" / "checkpoint-2"), **values
+        )
+    )
     steps = lambda logs: [{k: v for k, v in entry.items() if k != "epoch"} for entry in logs if "loss" in entry]
     assert steps(resumed)[-2:] == steps(whole)[-2:]
-    a, b = load_file(tmp_path / "whole" / "adapter_model.safetensors"), load_file(tmp_path / "resumed" / "adapter_model.safetensors")
+    a, b = (
+        load_file(tmp_path / "whole" / "adapter_model.safetensors"),
+        load_file(tmp_path / "resumed" / "adapter_model.safetensors"),
+    )
     assert all(torch.equal(a[name], b[name]) for name in a)
 
 
@@ -175,8 +226,14 @@ def test_evaluating_without_training_compares_the_model_with_itself(model_dir, t
     """do_train false, no ref_model: the reference is the model itself, so the rewards (all 0) are left out
     of eval_results.json, as in LLaMA-Factory; the log-probs and the loss (log 2) are reported."""
     train(config_for(model_dir, tmp_path / "trained", max_steps=2))
-    config = config_for(model_dir, tmp_path / "eval", do_train=False, do_eval=True, eval_dataset="pairs_alpaca",
-                        adapter_name_or_path=str(tmp_path / "trained"))
+    config = config_for(
+        model_dir,
+        tmp_path / "eval",
+        do_train=False,
+        do_eval=True,
+        eval_dataset="pairs_alpaca",
+        adapter_name_or_path=str(tmp_path / "trained"),
+    )
     from lathe.llm.commands import run_train
     from lathe.llm.config import parse_train_config
 
@@ -197,8 +254,10 @@ def test_dry_run_and_data_preview(model_dir, tmp_path, write_yaml, capsys, monke
     plan = capsys.readouterr().out
     assert "Plan: stage dpo, lora fine-tuning" in plan and "train examples  24" in plan
     assert "reference       the model with its LoRA adapter switched off (no second copy)" in plan
-    assert "reference       a frozen copy of the starting model" in (
-        train_command(config, ["finetuning_type=full"], dry_run=True), capsys.readouterr().out)[1]
+    assert (
+        "reference       a frozen copy of the starting model"
+        in (train_command(config, ["finetuning_type=full"], dry_run=True), capsys.readouterr().out)[1]
+    )
     assert data_preview_command(config, [], num_examples=1) == 0
     preview = capsys.readouterr().out
     assert "== train (stage dpo, template chatml)" in preview
@@ -206,21 +265,35 @@ def test_dry_run_and_data_preview(model_dir, tmp_path, write_yaml, capsys, monke
     assert "[[elppa<|im_end|>\n]]" in preview  # the chosen answer to "Reverse the word apple." is trained
 
 
-@pytest.mark.parametrize("values, message", [
-    ({"stage": "ppo"}, "stage 'ppo' .*is not supported yet; lathe trains pt, sft, rm, dpo, kto"),
-    ({"pref_loss": "kto_pair"}, "kto_pair is not supported: LLaMA-Factory 0.9.5 accepts it but trains the sigmoid"),
-    ({"pref_loss": "orpo", "ref_model": "m"}, "ref_model: 'm' is read by .* not by stage dpo with pref_loss orpo"),
-    ({"pref_loss": "ipo", "dpo_label_smoothing": 0.1}, "dpo_label_smoothing: 0.1 is read by dpo with pref_loss sigmoid"),
-    ({"stage": "sft", "pref_beta": 0.2}, "pref_beta: 0.2 is read by dpo and kto only, not by stage sft"),
-    ({"stage": "kto", "simpo_gamma": 1.0}, "simpo_gamma: 1.0 is read by dpo with pref_loss simpo only"),
-    ({"dpo_label_smoothing": 0.5}, r"dpo_label_smoothing must be in \[0, 0.5\)"),
-    ({"packing": True}, "packing .*applies to stages pt and sft"),
-    ({"do_predict": True, "val_size": 2}, "do_predict .*is not read by stage dpo"),
-    ({"stage": "rm", "load_best_model_at_end": True, "eval_strategy": "steps", "save_strategy": "steps", "val_size": 2},
-     "load_best_model_at_end .*not supported for stage rm"),
-    ({"ref_model_adapters": "a"}, "ref_model_adapters needs ref_model"),
-    ({"reward_model": "m"}, "reward_model .*PPO"),
-])
+@pytest.mark.parametrize(
+    "values, message",
+    [
+        ({"stage": "ppo"}, "stage 'ppo' .*is not supported yet; lathe trains pt, sft, rm, dpo, kto"),
+        ({"pref_loss": "kto_pair"}, "kto_pair is not supported: LLaMA-Factory 0.9.5 accepts it but trains the sigmoid"),
+        ({"pref_loss": "orpo", "ref_model": "m"}, "ref_model: 'm' is read by .* not by stage dpo with pref_loss orpo"),
+        (
+            {"pref_loss": "ipo", "dpo_label_smoothing": 0.1},
+            "dpo_label_smoothing: 0.1 is read by dpo with pref_loss sigmoid",
+        ),
+        ({"stage": "sft", "pref_beta": 0.2}, "pref_beta: 0.2 is read by dpo and kto only, not by stage sft"),
+        ({"stage": "kto", "simpo_gamma": 1.0}, "simpo_gamma: 1.0 is read by dpo with pref_loss simpo only"),
+        ({"dpo_label_smoothing": 0.5}, r"dpo_label_smoothing must be in \[0, 0.5\)"),
+        ({"packing": True}, "packing .*applies to stages pt and sft"),
+        ({"do_predict": True, "val_size": 2}, "do_predict .*is not read by stage dpo"),
+        (
+            {
+                "stage": "rm",
+                "load_best_model_at_end": True,
+                "eval_strategy": "steps",
+                "save_strategy": "steps",
+                "val_size": 2,
+            },
+            "load_best_model_at_end .*not supported for stage rm",
+        ),
+        ({"ref_model_adapters": "a"}, "ref_model_adapters needs ref_model"),
+        ({"reward_model": "m"}, "reward_model .*PPO"),
+    ],
+)
 def test_config_errors_name_the_key(values, message):
     from lathe.llm.config import parse_train_config
 
@@ -232,8 +305,14 @@ def test_defaults_of_the_preference_keys_are_llamafactorys():
     from lathe.llm.config import parse_train_config
 
     finetuning = parse_train_config(config_for("m", "out")).finetuning
-    assert (finetuning.pref_beta, finetuning.pref_ftx, finetuning.pref_loss, finetuning.simpo_gamma,
-            finetuning.dpo_label_smoothing, finetuning.kto_chosen_weight, finetuning.kto_rejected_weight) == (
-        0.1, 0.0, "sigmoid", 0.5, 0.0, 1.0, 1.0)
+    assert (
+        finetuning.pref_beta,
+        finetuning.pref_ftx,
+        finetuning.pref_loss,
+        finetuning.simpo_gamma,
+        finetuning.dpo_label_smoothing,
+        finetuning.kto_chosen_weight,
+        finetuning.kto_rejected_weight,
+    ) == (0.1, 0.0, "sigmoid", 0.5, 0.0, 1.0, 1.0)
     assert finetuning.use_ref_model
     assert not parse_train_config(config_for("m", "out", pref_loss="simpo")).finetuning.use_ref_model

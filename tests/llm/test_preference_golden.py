@@ -8,6 +8,7 @@ Tolerance: training logs are compared exactly (0 difference: the same operations
 down to the float32 metric averages). Evaluation losses get 1e-7 relative: lathe's evaluation loop sums
 the batch losses in another order than transformers' (float rounding of the mean, seen up to 5e-8).
 """
+
 import json
 import logging
 
@@ -17,8 +18,15 @@ from tests.llm.golden.make_llamafactory_preference import CASES, GOLDEN, TOKENIZ
 
 pytestmark = pytest.mark.filterwarnings("ignore:.*is_gradient_checkpointing:FutureWarning")
 EVALUATION_TOLERANCE = 1e-7
-NOT_COMPARED = ("train_runtime", "train_samples_per_second", "train_steps_per_second", "total_flos", "eval_runtime",
-                "eval_samples_per_second", "eval_steps_per_second")
+NOT_COMPARED = (
+    "train_runtime",
+    "train_samples_per_second",
+    "train_steps_per_second",
+    "total_flos",
+    "eval_runtime",
+    "eval_samples_per_second",
+    "eval_steps_per_second",
+)
 
 
 @pytest.fixture(scope="module")
@@ -51,8 +59,15 @@ def test_tokenization_equals_llamafactory(name, golden, models, tmp_path):
     config = parse_train_config({**case_config(TOKENIZED[name], *models), "output_dir": str(tmp_path / "out")})
     tokenizer = load_tokenizer(config.model)
     template = get_template_and_fix_tokenizer(tokenizer, config.data)
-    train = get_dataset(template, config.model, config.data, config.training, stage=config.finetuning.stage,
-                        tokenizer=tokenizer, cache_dir=str(tmp_path / "cache"))["train_dataset"]
+    train = get_dataset(
+        template,
+        config.model,
+        config.data,
+        config.training,
+        stage=config.finetuning.stage,
+        tokenizer=tokenizer,
+        cache_dir=str(tmp_path / "cache"),
+    )["train_dataset"]
     expected = golden["tokenized"][name]
     assert sorted(train.column_names) == sorted(expected)
     for column in expected:
@@ -66,7 +81,9 @@ def _compare_logs(name: str, ours: list[dict], theirs: list[dict]) -> None:
         assert {key for key in mine if key not in NOT_COMPARED} == keys, f"{name} step {peer['step']}"
         for key in keys:
             if "eval_loss" in peer:
-                assert mine[key] == pytest.approx(peer[key], rel=EVALUATION_TOLERANCE), f"{name} step {peer['step']} {key}"
+                assert mine[key] == pytest.approx(peer[key], rel=EVALUATION_TOLERANCE), (
+                    f"{name} step {peer['step']} {key}"
+                )
             else:
                 assert mine[key] == peer[key], f"{name} step {peer['step']} {key}: {mine[key]!r} != {peer[key]!r}"
 

@@ -10,6 +10,7 @@ to 1e-7 relative). Rewards are beta x differences of two log-probs near -40, who
 not small relative to the difference itself: seen up to 5e-7 absolute.
 logits/* are not compared: they average the logits over every position, padding included, and each
 rank pads its own half of the batch (as in LLaMA-Factory)."""
+
 import json
 import os
 import subprocess
@@ -31,9 +32,17 @@ def _two_processes(tmp_path, name: str, **changes) -> list[dict]:
     config = {**case_config(CASES[name], str(tmp_path / "model"), ""), **changes, "output_dir": str(tmp_path / "out")}
     path = tmp_path / "config.yaml"
     path.write_text(yaml.safe_dump(config), encoding="utf-8")
-    env = dict(os.environ, NPROC_PER_NODE="2", OMP_NUM_THREADS="1", HOME=str(tmp_path / "home"), PYTHONPATH=str(REPOSITORY))
-    result = subprocess.run([sys.executable, "-m", "lathe", "train", str(path)], cwd=REPOSITORY, env=env,
-                            capture_output=True, text=True, timeout=600)
+    env = dict(
+        os.environ, NPROC_PER_NODE="2", OMP_NUM_THREADS="1", HOME=str(tmp_path / "home"), PYTHONPATH=str(REPOSITORY)
+    )
+    result = subprocess.run(
+        [sys.executable, "-m", "lathe", "train", str(path)],
+        cwd=REPOSITORY,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     return json.loads((tmp_path / "out" / "trainer_state.json").read_text())["log_history"]
 
@@ -51,6 +60,7 @@ def _assert_close(ours: list[dict], theirs: list[dict]) -> None:
 def test_dpo_full_fine_tuning_under_fsdp2_equals_one_process(tmp_path):
     with open(GOLDEN, encoding="utf-8") as handle:
         golden = json.load(handle)["runs"]["dpo_sigmoid_full_smoothing_ftx"]
-    ours = _two_processes(tmp_path, "dpo_sigmoid_full_smoothing_ftx", per_device_train_batch_size=1,
-                          fsdp="full_shard auto_wrap")
+    ours = _two_processes(
+        tmp_path, "dpo_sigmoid_full_smoothing_ftx", per_device_train_batch_size=1, fsdp="full_shard auto_wrap"
+    )
     _assert_close(ours, golden)

@@ -1,4 +1,5 @@
 """lathe.llm.preference.losses against the losses written out by hand, one number at a time."""
+
 import math
 
 import pytest
@@ -17,7 +18,10 @@ def test_sequence_log_probs_sum_the_answer_tokens_only():
     labels = torch.tensor([[-100, -100, 3, 4, 1], [-100, 2, 6, -100, -100]])
     logps, lengths = losses.sequence_log_probs(logits, labels)
     log_probs = torch.log_softmax(logits, dim=-1)
-    expected = [sum(log_probs[row, t - 1, labels[row, t]].item() for t in range(1, 5) if labels[row, t] != -100) for row in range(2)]
+    expected = [
+        sum(log_probs[row, t - 1, labels[row, t]].item() for t in range(1, 5) if labels[row, t] != -100)
+        for row in range(2)
+    ]
     assert logps.tolist() == pytest.approx(expected, rel=1e-6)
     assert lengths.tolist() == [3, 2]
 
@@ -39,11 +43,17 @@ def test_dpo_losses_and_rewards():
     chosen, rejected, ref_chosen, ref_rejected = (torch.tensor([value]) for value in (-10.0, -14.0, -11.0, -13.0))
     logits = (-10 + 14) - (-11 + 13)  # 2
     beta = 0.1
-    sigmoid, chosen_rewards, rejected_rewards = losses.dpo_loss(chosen, rejected, ref_chosen, ref_rejected, "sigmoid", beta, 0.2)
+    sigmoid, chosen_rewards, rejected_rewards = losses.dpo_loss(
+        chosen, rejected, ref_chosen, ref_rejected, "sigmoid", beta, 0.2
+    )
     assert sigmoid.item() == pytest.approx(-0.8 * log_sigmoid(beta * logits) - 0.2 * log_sigmoid(-beta * logits))
     assert (chosen_rewards.item(), rejected_rewards.item()) == pytest.approx((0.1, -0.1))
-    assert losses.dpo_loss(chosen, rejected, ref_chosen, ref_rejected, "hinge", beta)[0].item() == pytest.approx(1 - 0.2)
-    assert losses.dpo_loss(chosen, rejected, ref_chosen, ref_rejected, "ipo", beta)[0].item() == pytest.approx((2 - 5) ** 2)
+    assert losses.dpo_loss(chosen, rejected, ref_chosen, ref_rejected, "hinge", beta)[0].item() == pytest.approx(
+        1 - 0.2
+    )
+    assert losses.dpo_loss(chosen, rejected, ref_chosen, ref_rejected, "ipo", beta)[0].item() == pytest.approx(
+        (2 - 5) ** 2
+    )
     with pytest.raises(ValueError, match="orpo"):
         losses.dpo_loss(chosen, rejected, ref_chosen, ref_rejected, "orpo", beta)
 
@@ -70,11 +80,14 @@ def test_kto_loss_weights_and_kl():
 
 def test_pairwise_reward_loss_and_bco():
     assert losses.pairwise_reward_loss(torch.tensor([2.0, 0.0]), torch.tensor([1.0, 1.0])).item() == pytest.approx(
-        -(log_sigmoid(1.0) + log_sigmoid(-1.0)) / 2)
+        -(log_sigmoid(1.0) + log_sigmoid(-1.0)) / 2
+    )
     running = losses.RunningMean()
     for value in (1.0, 2.0, 6.0):
         running.update(torch.tensor(value))
     assert running.mean == pytest.approx(3.0, rel=1e-6) and running.count == pytest.approx(3.0)
-    bco = losses.bco_loss(torch.tensor([-1.0]), torch.tensor([-2.0]), torch.tensor([-1.5]), torch.tensor([-1.5]), 0.1, 0.01)
+    bco = losses.bco_loss(
+        torch.tensor([-1.0]), torch.tensor([-2.0]), torch.tensor([-1.5]), torch.tensor([-1.5]), 0.1, 0.01
+    )
     assert bco.item() == pytest.approx(-log_sigmoid(0.05 - 0.01) - log_sigmoid(-(-0.05 - 0.01)), rel=1e-6)
     assert losses.mix_bco(torch.tensor([1.0]), torch.tensor([3.0]), 0.5).item() == pytest.approx(2.5 / 1.5)

@@ -1,6 +1,7 @@
 """Pre-training rows (lathe.llm.data.pretrain): documents + EOS cut into cutoff_len blocks without losing a
 token, whatever the preprocessing batch size or number of workers; compared with LLaMA-Factory 0.9.5's
 blocks (tests/llm/golden/llamafactory_pretrain.json, made by make_llamafactory_pretrain.py)."""
+
 import itertools
 import json
 import logging
@@ -66,7 +67,9 @@ def test_every_token_kept_whatever_the_batch_size(word_tokenizer, batch_size):
     assert all(len(block) == 8 for block in blocks[:-1]) and 0 < len(blocks[-1]) <= 8
     assert len(stream) % 8 != 0 and len(blocks[-1]) == len(stream) % 8  # the short last block is kept
     # the same rows as one call over all documents (the contract's batch function)
-    whole = preprocess_pretrain_dataset(canonical(texts).to_dict(), word_tokenizer, SimpleNamespace(cutoff_len=8, template=None))
+    whole = preprocess_pretrain_dataset(
+        canonical(texts).to_dict(), word_tokenizer, SimpleNamespace(cutoff_len=8, template=None)
+    )
     assert whole["input_ids"] == blocks
 
 
@@ -99,11 +102,17 @@ def test_get_dataset_keeps_every_token_with_small_preprocessing_batches(word_tok
     from lathe.llm.data.pipeline import get_dataset
     from lathe.llm.templates.registry import get_template_and_fix_tokenizer
 
-    data_args = DataArguments(dataset_dir=os.path.join(HERE, "data"), dataset="pretrain_txt", cutoff_len=4,
-                              preprocessing_batch_size=1, packing=True)
+    data_args = DataArguments(
+        dataset_dir=os.path.join(HERE, "data"),
+        dataset="pretrain_txt",
+        cutoff_len=4,
+        preprocessing_batch_size=1,
+        packing=True,
+    )
     template = get_template_and_fix_tokenizer(word_tokenizer, data_args)
-    module = get_dataset(template, SimpleNamespace(), data_args, SimpleNamespace(seed=42), "pt", word_tokenizer,
-                         cache_dir=str(tmp_path))
+    module = get_dataset(
+        template, SimpleNamespace(), data_args, SimpleNamespace(seed=42), "pt", word_tokenizer, cache_dir=str(tmp_path)
+    )
     with open(os.path.join(HERE, "data", "pretrain.txt"), encoding="utf-8") as handle:
         texts = [line.rstrip("\n") for line in handle if line.strip()]
     stream = list(itertools.chain.from_iterable(document_tokens(texts, word_tokenizer)))
@@ -145,8 +154,11 @@ def test_llama3_template_ends_documents_with_end_of_text():
 
     for template, ending in (("llama3", "<|end_of_text|>"), ("qwen", "</s>"), (None, "</s>")):
         tokenizer = RecordingTokenizer()
-        preprocess_pretrain_dataset({"_prompt": [[{"role": "user", "content": "doc"}]]}, tokenizer,
-                                    SimpleNamespace(cutoff_len=4, template=template))
+        preprocess_pretrain_dataset(
+            {"_prompt": [[{"role": "user", "content": "doc"}]]},
+            tokenizer,
+            SimpleNamespace(cutoff_len=4, template=template),
+        )
         assert tokenizer.texts == ["doc" + ending]
 
 
@@ -159,7 +171,7 @@ def test_packing_off_gives_one_document_per_row_and_splits_long_ones(bpe_tokeniz
     expected = []
     for document in documents:
         with_bos = [bos] + document
-        expected += [with_bos[start:start + 5] for start in range(0, len(with_bos), 5)]
+        expected += [with_bos[start : start + 5] for start in range(0, len(with_bos), 5)]
     assert rows == expected and len(documents[0]) + 1 > 5  # the first document was split, not truncated
 
 
@@ -187,22 +199,22 @@ def test_same_blocks_as_llamafactory_where_it_keeps_the_tokens(golden, bpe_token
     texts = golden["documents"]
     stream = list(itertools.chain.from_iterable(document_tokens(texts, bpe_tokenizer)))
     blocks = blocks_of(texts, bpe_tokenizer, case["cutoff_len"])
-    assert blocks[:len(case["input_ids"])] == case["input_ids"]
+    assert blocks[: len(case["input_ids"])] == case["input_ids"]
     dropped = len(stream) % case["cutoff_len"]
-    assert dropped > 0 and blocks[len(case["input_ids"]):] == [stream[-dropped:]]
+    assert dropped > 0 and blocks[len(case["input_ids"]) :] == [stream[-dropped:]]
 
 
 def test_llamafactory_drops_a_tail_per_preprocessing_batch_and_lathe_does_not(golden, bpe_tokenizer):
     case = golden["cases"][1]
     texts, size, cutoff = golden["documents"], case["preprocessing_batch_size"], case["cutoff_len"]
     documents = document_tokens(texts, bpe_tokenizer)
-    batch_lengths = [sum(map(len, documents[start:start + size])) for start in range(0, len(texts), size)]
+    batch_lengths = [sum(map(len, documents[start : start + size])) for start in range(0, len(texts), size)]
     lost = sum(length % cutoff for length in batch_lengths)
     assert sum(map(len, case["input_ids"])) == sum(batch_lengths) - lost and lost > cutoff  # LLaMA-Factory
     blocks = blocks_of(texts, bpe_tokenizer, cutoff, batch_size=size)
     assert sum(map(len, blocks)) == sum(batch_lengths)  # lathe: every token
     assert blocks == blocks_of(texts, bpe_tokenizer, cutoff)  # and the same blocks as in one batch
-    assert blocks[:batch_lengths[0] // cutoff] == case["input_ids"][:batch_lengths[0] // cutoff]
+    assert blocks[: batch_lengths[0] // cutoff] == case["input_ids"][: batch_lengths[0] // cutoff]
 
 
 def test_bos_is_inserted_where_llamafactory_overwrites_a_token(golden, bpe_tokenizer):
@@ -211,7 +223,7 @@ def test_bos_is_inserted_where_llamafactory_overwrites_a_token(golden, bpe_token
     bos, cutoff = bpe_tokenizer.bos_token_id, case["cutoff_len"]
     stream = list(itertools.chain.from_iterable(document_tokens(golden["documents"], bpe_tokenizer)))
     for index, block in enumerate(case["input_ids"]):  # LLaMA-Factory: BOS written over a document token
-        assert block == [bos] + stream[index * cutoff + 1:(index + 1) * cutoff]
+        assert block == [bos] + stream[index * cutoff + 1 : (index + 1) * cutoff]
     blocks = blocks_of(golden["documents"], bpe_tokenizer, cutoff)
     for index, block in enumerate(blocks):  # lathe: BOS, then the next cutoff_len - 1 tokens
-        assert block == [bos] + stream[index * (cutoff - 1):(index + 1) * (cutoff - 1)]
+        assert block == [bos] + stream[index * (cutoff - 1) : (index + 1) * (cutoff - 1)]

@@ -2,6 +2,7 @@
 root trains the tiny Llama from scratch on string reversal and must reach a held-out exact match far
 above chance; the same model with its random starting weights must not. Also: the committed assets
 are what examples/quickstart/make_assets.py writes."""
+
 import importlib.util
 import json
 import os
@@ -40,25 +41,42 @@ def test_quickstart_learns_to_reverse_strings(tmp_path, home):
     env = {**os.environ, "HOME": str(home)}
     result = subprocess.run(
         [sys.executable, "-m", "lathe", "train", CONFIG, f"output_dir={output}", "disable_tqdm=true"],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=600,
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     assert result.returncode == 0, result.stderr[-4000:]
 
     exact_match = json.loads((output / "predict_results.json").read_text())["predict_exact_match"]
     assert exact_match >= MIN_EXACT_MATCH, result.stdout[-2000:]
     # The last line a user sees is the score.
-    assert result.stdout.strip().splitlines()[-1].startswith(f"Exact match: {exact_match:.1f}% of {TEST_EXAMPLES} held-out")
+    assert (
+        result.stdout.strip()
+        .splitlines()[-1]
+        .startswith(f"Exact match: {exact_match:.1f}% of {TEST_EXAMPLES} held-out")
+    )
 
     predictions = _predictions(output)
     assert len(predictions) == TEST_EXAMPLES
     for line in predictions:  # the references are the prompts reversed, so the score means what it says
         prompt = line["prompt"].split("\n")[1]
         assert line["label"] == prompt[::-1]
-    assert 100 * sum(line["predict"] == line["label"] for line in predictions) / TEST_EXAMPLES == pytest.approx(exact_match)
+    assert 100 * sum(line["predict"] == line["label"] for line in predictions) / TEST_EXAMPLES == pytest.approx(
+        exact_match
+    )
 
     files = {path.name for path in output.iterdir()}
-    assert {"model.safetensors", "config.json", "tokenizer.json", "generation_config.json", "trainer_log.jsonl",
-            "train_results.json", "lathe_train_config.yaml"} <= files, sorted(files)
+    assert {
+        "model.safetensors",
+        "config.json",
+        "tokenizer.json",
+        "generation_config.json",
+        "trainer_log.jsonl",
+        "train_results.json",
+        "lathe_train_config.yaml",
+    } <= files, sorted(files)
     assert not any(name.startswith("checkpoint-") for name in files)  # save_strategy: "no"
     assert not (ASSETS / "model" / "model.safetensors").exists()  # trained from scratch, nothing written back
 
@@ -87,9 +105,13 @@ def test_assets_are_what_make_assets_writes(tmp_path):
     make_assets.write_assets(tmp_path / "model", tmp_path / "data")
     regenerate = "rerun python examples/quickstart/make_assets.py"
 
-    assert sorted(path.name for path in (tmp_path / "data").iterdir()) == sorted(path.name for path in (ASSETS / "data").iterdir())
+    assert sorted(path.name for path in (tmp_path / "data").iterdir()) == sorted(
+        path.name for path in (ASSETS / "data").iterdir()
+    )
     for path in (tmp_path / "data").iterdir():
-        assert path.read_bytes() == (ASSETS / "data" / path.name).read_bytes(), f"data/{path.name} differs: {regenerate}"
+        assert path.read_bytes() == (ASSETS / "data" / path.name).read_bytes(), (
+            f"data/{path.name} differs: {regenerate}"
+        )
 
     configs = [json.loads((folder / "config.json").read_text()) for folder in (tmp_path / "model", ASSETS / "model")]
     for config in configs:
@@ -101,5 +123,7 @@ def test_assets_are_what_make_assets_writes(tmp_path):
     sample = "<|im_start|>user\nHello, world!<|im_end|>\n<|im_start|>assistant\ndlrow ,olleH<|im_end|>\n"
     assert committed.get_vocab() == fresh.get_vocab(), regenerate
     assert committed.all_special_tokens == fresh.all_special_tokens, regenerate
-    assert committed.encode(sample, add_special_tokens=False) == fresh.encode(sample, add_special_tokens=False), regenerate
+    assert committed.encode(sample, add_special_tokens=False) == fresh.encode(sample, add_special_tokens=False), (
+        regenerate
+    )
     assert committed.decode(committed.encode(sample, add_special_tokens=False)) == sample  # lossless, character level

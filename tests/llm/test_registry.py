@@ -1,5 +1,6 @@
 """The dataset registry (lathe.llm.data.registry): LLaMA-Factory's dataset_info.json schema and the
 error messages, each naming the registry file, the dataset and the key."""
+
 import json
 import os
 import re
@@ -26,12 +27,24 @@ def test_defaults_are_llamafactorys():
     csv = attr("alpaca_csv")
     assert (csv.formatting, csv.split, csv.num_samples) == ("alpaca", "train", None)
     assert (csv.prompt, csv.query, csv.response, csv.history, csv.system, csv.tools) == (
-        "instruction", "input", "output", None, None, None)
+        "instruction",
+        "input",
+        "output",
+        None,
+        None,
+        None,
+    )
     sharegpt = attr("sharegpt_roles")
     assert sharegpt.messages == "conversations"
-    assert (sharegpt.role_tag, sharegpt.content_tag, sharegpt.user_tag, sharegpt.assistant_tag,
-            sharegpt.observation_tag, sharegpt.function_tag, sharegpt.system_tag) == (
-        "from", "value", "human", "gpt", "observation", "function_call", "system")
+    assert (
+        sharegpt.role_tag,
+        sharegpt.content_tag,
+        sharegpt.user_tag,
+        sharegpt.assistant_tag,
+        sharegpt.observation_tag,
+        sharegpt.function_tag,
+        sharegpt.system_tag,
+    ) == ("from", "value", "human", "gpt", "observation", "function_call", "system")
 
 
 def test_columns_replace_every_default_column_name():
@@ -45,7 +58,11 @@ def test_tags_replace_every_default_tag():
     openai = attr("openai_json")
     assert (openai.formatting, openai.messages, openai.tools) == ("openai", "messages", "tools")
     assert (openai.role_tag, openai.user_tag, openai.observation_tag, openai.system_tag) == (
-        "role", "user", "tool", "system")
+        "role",
+        "user",
+        "tool",
+        "system",
+    )
 
 
 def test_names_and_comma_lists_keep_their_order():
@@ -74,24 +91,32 @@ def test_unknown_dataset_suggests_the_closest_name():
 
 def test_missing_file_names_the_entry_and_suggests_a_file():
     message = error("files:missing_file", FileNotFoundError)
-    assert message == (f"dataset 'missing_file' in {INFO} (key 'file_name'): file 'alpaca_missing.json' not found "
-                       f"(looked for {os.path.join(DATA_DIR, 'alpaca_missing.json')}); did you mean 'alpaca.json'?")
+    assert message == (
+        f"dataset 'missing_file' in {INFO} (key 'file_name'): file 'alpaca_missing.json' not found "
+        f"(looked for {os.path.join(DATA_DIR, 'alpaca_missing.json')}); did you mean 'alpaca.json'?"
+    )
 
 
 def test_unknown_formatting_suggests_one():
     assert error("unknown_formatting") == (
         f"dataset 'unknown_formatting' in {INFO} (key 'formatting'): unknown formatting 'sharegtp'; "
-        f"did you mean 'sharegpt'? Use one of: alpaca, sharegpt, openai.")
+        f"did you mean 'sharegpt'? Use one of: alpaca, sharegpt, openai."
+    )
 
 
-@pytest.mark.parametrize("name, key, source", [
-    ("hub_dataset", "hf_hub_url", "llamafactory/alpaca_en"),
-    ("ms_dataset", "ms_hub_url", "llamafactory/alpaca_zh"),
-    ("script_dataset", "script_url", "my_script"),
-])
+@pytest.mark.parametrize(
+    "name, key, source",
+    [
+        ("hub_dataset", "hf_hub_url", "llamafactory/alpaca_en"),
+        ("ms_dataset", "ms_hub_url", "llamafactory/alpaca_zh"),
+        ("script_dataset", "script_url", "my_script"),
+    ],
+)
 def test_hub_and_script_sources_are_a_clear_offline_error(name, key, source):
-    assert error(name) == (f"dataset '{name}' in {INFO} (key '{key}'): loads '{source}' from a hub or script: "
-                           f"lathe works offline; download the dataset and point file_name at it.")
+    assert error(name) == (
+        f"dataset '{name}' in {INFO} (key '{key}'): loads '{source}' from a hub or script: "
+        f"lathe works offline; download the dataset and point file_name at it."
+    )
 
 
 def test_online_dataset_dir_is_an_offline_error():
@@ -107,24 +132,37 @@ def test_bad_column_name_and_bad_entry_key_suggest_the_right_one():
 
 def test_partial_tags_name_the_missing_tag():
     message = error("partial_tags")
-    assert message.startswith(f"dataset 'partial_tags' in {INFO} (key 'tags'): 'user_tag' is not set; "
-                              f"`tags` replaces every default tag")
+    assert message.startswith(
+        f"dataset 'partial_tags' in {INFO} (key 'tags'): 'user_tag' is not set; `tags` replaces every default tag"
+    )
 
 
-@pytest.mark.parametrize("name, text", [
-    ("ranking_dataset", "(key 'columns'): ranking data needs the chosen and rejected columns: name them in "
-                        '`columns`, e.g. {"chosen": "chosen", "rejected": "rejected"}.'),
-    ("multimodal_dataset", "(key 'columns'): 'images' means multimodal data, which lathe does not support yet: "
-                           "multimodal is not supported yet."),
-])
+@pytest.mark.parametrize(
+    "name, text",
+    [
+        (
+            "ranking_dataset",
+            "(key 'columns'): ranking data needs the chosen and rejected columns: name them in "
+            '`columns`, e.g. {"chosen": "chosen", "rejected": "rejected"}.',
+        ),
+        (
+            "multimodal_dataset",
+            "(key 'columns'): 'images' means multimodal data, which lathe does not support yet: "
+            "multimodal is not supported yet.",
+        ),
+    ],
+)
 def test_unsupported_kinds_of_data_say_so(name, text):
     assert error(name) == f"dataset '{name}' in {INFO} {text}"
 
 
 def test_mixed_folder_and_unsupported_extension():
     assert "mixes file types (json: a.json; csv: b.csv)" in error("files:mixed_folder")
-    assert re.search(r"notes\.xml has an unsupported file type '\.xml'; allowed: \.json, \.jsonl, \.csv, \.parquet, "
-                     r"\.txt", error("files:xml_file"))
+    assert re.search(
+        r"notes\.xml has an unsupported file type '\.xml'; allowed: \.json, \.jsonl, \.csv, \.parquet, "
+        r"\.txt",
+        error("files:xml_file"),
+    )
 
 
 def write_info(folder, info):
@@ -134,16 +172,21 @@ def write_info(folder, info):
     return path
 
 
-@pytest.mark.parametrize("entry, text", [
-    ({"formatting": "alpaca"}, "no 'file_name'"),
-    ({"file_name": "a.json", "num_samples": 0}, "(key 'num_samples'): must be a positive integer, got 0"),
-    ({"file_name": "a.json", "columns": ["prompt"]}, "(key 'columns'): must be a JSON object, found a list"),
-    ({"file_name": "a.json", "formatting": "sharegpt", "columns": {"system": "system"}},
-     "sharegpt data needs a 'messages' column; note that `columns` replaces every default column name"),
-    ({"file_name": "a.json", "columns": {"response": "output"}}, "alpaca data needs a 'prompt' or 'query' column"),
-    ({"file_name": "a.json", "columns": {"prompt": 3}}, "'prompt' must be a non-empty string, got 3"),
-    ("just a string", "must be a JSON object, found a str"),
-])
+@pytest.mark.parametrize(
+    "entry, text",
+    [
+        ({"formatting": "alpaca"}, "no 'file_name'"),
+        ({"file_name": "a.json", "num_samples": 0}, "(key 'num_samples'): must be a positive integer, got 0"),
+        ({"file_name": "a.json", "columns": ["prompt"]}, "(key 'columns'): must be a JSON object, found a list"),
+        (
+            {"file_name": "a.json", "formatting": "sharegpt", "columns": {"system": "system"}},
+            "sharegpt data needs a 'messages' column; note that `columns` replaces every default column name",
+        ),
+        ({"file_name": "a.json", "columns": {"response": "output"}}, "alpaca data needs a 'prompt' or 'query' column"),
+        ({"file_name": "a.json", "columns": {"prompt": 3}}, "'prompt' must be a non-empty string, got 3"),
+        ("just a string", "must be a JSON object, found a str"),
+    ],
+)
 def test_malformed_entries(tmp_path, entry, text):
     path = write_info(tmp_path, {"mine": entry})
     with pytest.raises(ValueError) as raised:
@@ -158,8 +201,12 @@ def test_missing_and_invalid_registry_files(tmp_path):
     with pytest.raises(FileNotFoundError, match="does not exist"):
         get_dataset_list(["x"], str(tmp_path / "nowhere"))
     path = write_info(tmp_path, '{"a": {"file_name": "x.json",}}')
-    with pytest.raises(ValueError, match=re.escape(f"{path} is not valid JSON: Expecting property name enclosed in "
-                                                   f"double quotes at line 1, column 30")):
+    with pytest.raises(
+        ValueError,
+        match=re.escape(
+            f"{path} is not valid JSON: Expecting property name enclosed in double quotes at line 1, column 30"
+        ),
+    ):
         load_dataset_info(str(tmp_path))
     write_info(tmp_path, "[1, 2]")
     with pytest.raises(ValueError, match="must hold a JSON object mapping dataset names to entries, found a list"):

@@ -2,6 +2,7 @@
 keys), loading a trained reward model back for evaluation and prediction (the same scores), full
 fine-tuning with tied embeddings (LLaMA-Factory 0.9.5 crashes saving it), exact resume with the head's
 dropout, and export with the value head."""
+
 import json
 import logging
 
@@ -21,8 +22,16 @@ def model_dir(tmp_path_factory):
 
 
 def config_for(model_dir, output_dir, **values) -> dict:
-    return {**BASE, "dataset_dir": str(DATA_DIR), "model_name_or_path": model_dir, "stage": "rm",
-            "dataset": "pairs_alpaca,pairs_sharegpt", "output_dir": str(output_dir), "learning_rate": 1.0e-2, **values}
+    return {
+        **BASE,
+        "dataset_dir": str(DATA_DIR),
+        "model_name_or_path": model_dir,
+        "stage": "rm",
+        "dataset": "pairs_alpaca,pairs_sharegpt",
+        "output_dir": str(output_dir),
+        "learning_rate": 1.0e-2,
+        **values,
+    }
 
 
 def run(config: dict) -> dict:
@@ -42,20 +51,36 @@ def test_lora_reward_model_saves_loads_and_predicts_the_same_scores(model_dir, t
 
     trained = run(config_for(model_dir, tmp_path / "run", eval_dataset="pairs_sharegpt", do_eval=True))
     files = sorted(path.name for path in (tmp_path / "run").iterdir())
-    assert "adapter_model.safetensors" in files and "value_head.safetensors" in files and "model.safetensors" not in files
+    assert (
+        "adapter_model.safetensors" in files and "value_head.safetensors" in files and "model.safetensors" not in files
+    )
     head = load_file(tmp_path / "run" / "value_head.safetensors")
-    assert sorted(head) == ["v_head.summary.bias", "v_head.summary.weight"] and head["v_head.summary.weight"].shape == (1, 16)
+    assert sorted(head) == ["v_head.summary.bias", "v_head.summary.weight"] and head["v_head.summary.weight"].shape == (
+        1,
+        16,
+    )
     assert 0 <= trained["eval_accuracy"] <= 1 and "eval_loss" in trained
 
     # Loaded back from the adapter folder (the head comes from there too): the same evaluation, and scores.
-    again = run(config_for(model_dir, tmp_path / "eval", do_train=False, do_eval=True, do_predict=True,
-                           eval_dataset="pairs_sharegpt", adapter_name_or_path=str(tmp_path / "run")))
+    again = run(
+        config_for(
+            model_dir,
+            tmp_path / "eval",
+            do_train=False,
+            do_eval=True,
+            do_predict=True,
+            eval_dataset="pairs_sharegpt",
+            adapter_name_or_path=str(tmp_path / "run"),
+        )
+    )
     assert again["eval_loss"] == pytest.approx(trained["eval_loss"], rel=1e-6)
     assert again["eval_accuracy"] == trained["eval_accuracy"]
     lines = (tmp_path / "eval" / "generated_predictions.jsonl").read_text().split("\n")
     scores = [json.loads(line) for line in lines]
     assert len(scores) == 12 and all(set(score) == {"chosen", "rejected"} for score in scores)
-    assert sum(score["chosen"] > score["rejected"] for score in scores) / 12 == pytest.approx(again["predict_accuracy"], abs=1 / 12)
+    assert sum(score["chosen"] > score["rejected"] for score in scores) / 12 == pytest.approx(
+        again["predict_accuracy"], abs=1 / 12
+    )
 
 
 @pytest.mark.slow
@@ -68,15 +93,29 @@ def test_full_fine_tuning_with_tied_embeddings_saves_and_reloads(tmp_path):
 
     tied = tmp_path / "tied"
     build_model(tied, seed=0, tie_word_embeddings=True)
-    run(config_for(str(tied), tmp_path / "run", finetuning_type="full", max_steps=2, eval_dataset="pairs_sharegpt",
-                   do_eval=True))
-    assert (tmp_path / "run" / "model.safetensors").is_file() and (tmp_path / "run" / "value_head.safetensors").is_file()
+    run(
+        config_for(
+            str(tied),
+            tmp_path / "run",
+            finetuning_type="full",
+            max_steps=2,
+            eval_dataset="pairs_sharegpt",
+            do_eval=True,
+        )
+    )
+    assert (tmp_path / "run" / "model.safetensors").is_file() and (
+        tmp_path / "run" / "value_head.safetensors"
+    ).is_file()
     config = parse_train_config(config_for(str(tmp_path / "run"), tmp_path / "unused", do_train=False))
     tokenizer = load_tokenizer(config.model)
     model = add_value_head(load_model(tokenizer, config.model, config.finetuning), config.model).eval()
     assert model.pretrained_model.get_input_embeddings().weight is model.pretrained_model.get_output_embeddings().weight
-    base = add_value_head(load_model(tokenizer, parse_train_config(config_for(str(tied), "unused", do_train=False)).model,
-                                     config.finetuning), config.model).eval()
+    base = add_value_head(
+        load_model(
+            tokenizer, parse_train_config(config_for(str(tied), "unused", do_train=False)).model, config.finetuning
+        ),
+        config.model,
+    ).eval()
     ids = torch.tensor([[1, 5, 9, 12, 2]])
     with torch.no_grad():
         assert not torch.equal(model(input_ids=ids), base(input_ids=ids))  # trained weights and head were loaded
@@ -97,8 +136,13 @@ def test_full_reward_model_resumes_exactly(model_dir, tmp_path):
         whole, resumed = load_file(tmp_path / "whole" / name), load_file(tmp_path / "resumed" / name)
         assert sorted(whole) == sorted(resumed)
         assert all(torch.equal(whole[key], resumed[key]) for key in whole), name
-    logs = [json.loads((tmp_path / folder / "trainer_state.json").read_text())["log_history"] for folder in ("whole", "resumed")]
-    assert [entry["loss"] for entry in logs[0] if "loss" in entry] == [entry["loss"] for entry in logs[1] if "loss" in entry]
+    logs = [
+        json.loads((tmp_path / folder / "trainer_state.json").read_text())["log_history"]
+        for folder in ("whole", "resumed")
+    ]
+    assert [entry["loss"] for entry in logs[0] if "loss" in entry] == [
+        entry["loss"] for entry in logs[1] if "loss" in entry
+    ]
 
 
 @pytest.mark.slow
@@ -107,10 +151,18 @@ def test_export_with_stage_rm_copies_the_value_head(model_dir, tmp_path):
     from lathe.llm.inference.config import parse_infer_config
 
     run(config_for(model_dir, tmp_path / "run", max_steps=2))
-    infer = {"model_name_or_path": model_dir, "adapter_name_or_path": str(tmp_path / "run"), "template": "chatml",
-             "finetuning_type": "lora", "stage": "rm", "export_dir": str(tmp_path / "exported")}
+    infer = {
+        "model_name_or_path": model_dir,
+        "adapter_name_or_path": str(tmp_path / "run"),
+        "template": "chatml",
+        "finetuning_type": "lora",
+        "stage": "rm",
+        "export_dir": str(tmp_path / "exported"),
+    }
     export_model(parse_infer_config(infer, command="export"))
-    assert (tmp_path / "exported" / "value_head.safetensors").read_bytes() == (tmp_path / "run" / "value_head.safetensors").read_bytes()
+    assert (tmp_path / "exported" / "value_head.safetensors").read_bytes() == (
+        tmp_path / "run" / "value_head.safetensors"
+    ).read_bytes()
     with pytest.raises(ValueError, match="stage: rm.*scores answers"):
         parse_infer_config({**infer, "export_dir": None}, command="chat")
 

@@ -2,6 +2,7 @@
 either reaches the canonical rows with its text exactly as written, or is a counted skip naming its row;
 never a crash, never a silent change of the text. The canonical rows then tokenize without a crash (each
 example encoded or counted as skipped)."""
+
 import csv
 import json
 from collections import Counter
@@ -20,17 +21,52 @@ from lathe.llm.data.supervised import preprocess_supervised_dataset  # noqa: E40
 from lathe.llm.templates.registry import get_template_and_fix_tokenizer  # noqa: E402
 from tests.llm.conftest import build_word_tokenizer  # noqa: E402
 
-FUZZ = settings(max_examples=40, deadline=None, derandomize=True,
-                suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
-TRICKY = st.sampled_from(["887", "0", "-1", "1e5", "true", "null", "None", "NA", "2021-01-01", '{"a": 1}', "[1, 2]",
-                          "  7 ", "", " ", "\n", "a\r\nb", "tab\there", "naïve ☃ 日本", "\\u00e9", "#comment"])
+FUZZ = settings(
+    max_examples=40,
+    deadline=None,
+    derandomize=True,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
+TRICKY = st.sampled_from(
+    [
+        "887",
+        "0",
+        "-1",
+        "1e5",
+        "true",
+        "null",
+        "None",
+        "NA",
+        "2021-01-01",
+        '{"a": 1}',
+        "[1, 2]",
+        "  7 ",
+        "",
+        " ",
+        "\n",
+        "a\r\nb",
+        "tab\there",
+        "naïve ☃ 日本",
+        "\\u00e9",
+        "#comment",
+    ]
+)
 TEXT = TRICKY | st.text(max_size=20)
-JSON = st.recursive(st.none() | st.booleans() | st.integers(-(2**70), 2**70) | st.floats(allow_nan=False) | TEXT,
-                    lambda children: st.lists(children, max_size=3) | st.dictionaries(TEXT, children, max_size=3),
-                    max_leaves=5)
+JSON = st.recursive(
+    st.none() | st.booleans() | st.integers(-(2**70), 2**70) | st.floats(allow_nan=False) | TEXT,
+    lambda children: st.lists(children, max_size=3) | st.dictionaries(TEXT, children, max_size=3),
+    max_leaves=5,
+)
 VALUE = TEXT | TEXT | TEXT | JSON  # mostly text, sometimes anything
-OPENAI_TAGS = {"role_tag": "role", "content_tag": "content", "user_tag": "user", "assistant_tag": "assistant",
-               "observation_tag": "tool", "function_tag": "function", "system_tag": "system"}
+OPENAI_TAGS = {
+    "role_tag": "role",
+    "content_tag": "content",
+    "user_tag": "user",
+    "assistant_tag": "assistant",
+    "observation_tag": "tool",
+    "function_tag": "function",
+    "system_tag": "system",
+}
 
 
 def write(folder, name: str, rows: list, entry: dict) -> None:
@@ -78,9 +114,16 @@ def tokenizes_or_counts(converted) -> None:
 # ---- alpaca ---------------------------------------------------------------------------------------------
 
 ALPACA_COLUMNS = ("instruction", "input", "output", "system", "history")
-ALPACA_ROW = st.fixed_dictionaries({}, optional={"instruction": VALUE, "input": VALUE, "output": VALUE, "system": VALUE,
-                                                 "history": st.lists(st.lists(VALUE, min_size=2, max_size=2) | JSON,
-                                                                     max_size=2) | JSON})
+ALPACA_ROW = st.fixed_dictionaries(
+    {},
+    optional={
+        "instruction": VALUE,
+        "input": VALUE,
+        "output": VALUE,
+        "system": VALUE,
+        "history": st.lists(st.lists(VALUE, min_size=2, max_size=2) | JSON, max_size=2) | JSON,
+    },
+)
 
 
 def alpaca_expected(row: dict):
@@ -89,13 +132,21 @@ def alpaca_expected(row: dict):
     history = row.get("history")
     if not all(text is None or isinstance(text, str) for text in texts) or not isinstance(row.get("output"), str):
         return None
-    if history is not None and not (isinstance(history, list) and all(
-            isinstance(pair, list) and len(pair) == 2 and all(isinstance(t, str) for t in pair) for pair in history)):
+    if history is not None and not (
+        isinstance(history, list)
+        and all(isinstance(pair, list) and len(pair) == 2 and all(isinstance(t, str) for t in pair) for pair in history)
+    ):
         return None
-    prompt = [{"role": role, "content": text} for pair in history or [] for role, text in zip(("user", "assistant"), pair)]
+    prompt = [
+        {"role": role, "content": text} for pair in history or [] for role, text in zip(("user", "assistant"), pair)
+    ]
     prompt.append({"role": "user", "content": "\n".join(text for text in texts[:2] if text)})
-    return {"_prompt": prompt, "_response": [{"role": "assistant", "content": row["output"]}],
-            "_system": row.get("system") or "", "_tools": ""}
+    return {
+        "_prompt": prompt,
+        "_response": [{"role": "assistant", "content": row["output"]}],
+        "_system": row.get("system") or "",
+        "_tools": "",
+    }
 
 
 @FUZZ
@@ -107,15 +158,20 @@ def test_random_alpaca_rows_are_kept_as_written_or_counted(tmp_path_factory, row
     write(folder, "d.jsonl" if jsonl else "d.json", rows, {"columns": {roles[key]: key for key in present}})
     if "output" not in present or not {"instruction", "input"} & set(present):
         with pytest.raises(ValueError, match="column|empty object"):  # one error about the file, not a row problem
-            load_datasets(get_dataset_list("d", str(folder)), DataArguments(dataset="d", dataset_dir=str(folder)), "sft",
-                          np.random.RandomState(0))
+            load_datasets(
+                get_dataset_list("d", str(folder)),
+                DataArguments(dataset="d", dataset_dir=str(folder)),
+                "sft",
+                np.random.RandomState(0),
+            )
         return
     tokenizes_or_counts(load(folder, rows, [alpaca_expected(row) for row in rows]))
 
 
 @FUZZ
-@given(rows=st.lists(st.fixed_dictionaries({"instruction": TEXT, "input": TEXT, "output": TEXT}), min_size=1,
-                     max_size=8))
+@given(
+    rows=st.lists(st.fixed_dictionaries({"instruction": TEXT, "input": TEXT, "output": TEXT}), min_size=1, max_size=8)
+)
 def test_random_csv_cells_are_kept_as_written(tmp_path_factory, rows):
     folder = tmp_path_factory.mktemp("csv")
     write(folder, "d.csv", rows, {})
@@ -130,10 +186,15 @@ SHAREGPT_TAGS = {"human": "user", "gpt": "assistant", "observation": "observatio
 TAG = st.sampled_from(["human", "gpt", "human", "gpt", "observation", "function_call", "system"]) | JSON
 MESSAGE = st.fixed_dictionaries({"from": TAG, "value": VALUE}) | JSON
 VALID_TURNS = st.lists(st.tuples(TEXT, TEXT), min_size=1, max_size=3).map(
-    lambda pairs: [message for user, answer in pairs for message in ({"from": "human", "value": user},
-                                                                    {"from": "gpt", "value": answer})])
-SHAREGPT_ROW = st.fixed_dictionaries({"conversations": VALID_TURNS | st.lists(MESSAGE, max_size=5) | JSON},
-                                     optional={"system": VALUE, "tools": VALUE})
+    lambda pairs: [
+        message
+        for user, answer in pairs
+        for message in ({"from": "human", "value": user}, {"from": "gpt", "value": answer})
+    ]
+)
+SHAREGPT_ROW = st.fixed_dictionaries(
+    {"conversations": VALID_TURNS | st.lists(MESSAGE, max_size=5) | JSON}, optional={"system": VALUE, "tools": VALUE}
+)
 
 
 def sharegpt_expected(row: dict):
@@ -165,7 +226,10 @@ def sharegpt_expected(row: dict):
 @given(rows=st.lists(SHAREGPT_ROW, min_size=1, max_size=8), jsonl=st.booleans())
 def test_random_sharegpt_rows_are_kept_as_written_or_counted(tmp_path_factory, rows, jsonl):
     folder = tmp_path_factory.mktemp("sharegpt")
-    columns = {"messages": "conversations", **{key: key for key in ("system", "tools") if any(key in row for row in rows)}}
+    columns = {
+        "messages": "conversations",
+        **{key: key for key in ("system", "tools") if any(key in row for row in rows)},
+    }
     write(folder, "d.jsonl" if jsonl else "d.json", rows, {"formatting": "sharegpt", "columns": columns})
     tokenizes_or_counts(load(folder, rows, [sharegpt_expected(row) for row in rows]))
 
@@ -173,11 +237,17 @@ def test_random_sharegpt_rows_are_kept_as_written_or_counted(tmp_path_factory, r
 # ---- openai ---------------------------------------------------------------------------------------------
 
 OPENAI_ROLES = {"user": "user", "assistant": "assistant"}
-OPENAI_MESSAGE = st.fixed_dictionaries({"role": st.sampled_from(["user", "assistant", "system", "bot"]) | JSON,
-                                        "content": VALUE}) | JSON
+OPENAI_MESSAGE = (
+    st.fixed_dictionaries({"role": st.sampled_from(["user", "assistant", "system", "bot"]) | JSON, "content": VALUE})
+    | JSON
+)
 OPENAI_VALID = st.lists(st.tuples(TEXT, TEXT), min_size=1, max_size=3).map(
-    lambda pairs: [message for user, answer in pairs for message in ({"role": "user", "content": user},
-                                                                    {"role": "assistant", "content": answer})])
+    lambda pairs: [
+        message
+        for user, answer in pairs
+        for message in ({"role": "user", "content": user}, {"role": "assistant", "content": answer})
+    ]
+)
 OPENAI_ROW = st.fixed_dictionaries({"messages": OPENAI_VALID | st.lists(OPENAI_MESSAGE, max_size=5) | JSON})
 
 
@@ -206,21 +276,38 @@ def openai_expected(row: dict):
 @given(rows=st.lists(OPENAI_ROW, min_size=1, max_size=8), jsonl=st.booleans())
 def test_random_openai_rows_are_kept_as_written_or_counted(tmp_path_factory, rows, jsonl):
     folder = tmp_path_factory.mktemp("openai")
-    write(folder, "d.jsonl" if jsonl else "d.json", rows,
-          {"formatting": "openai", "columns": {"messages": "messages"}, "tags": OPENAI_TAGS})
+    write(
+        folder,
+        "d.jsonl" if jsonl else "d.json",
+        rows,
+        {"formatting": "openai", "columns": {"messages": "messages"}, "tags": OPENAI_TAGS},
+    )
     tokenizes_or_counts(load(folder, rows, [openai_expected(row) for row in rows]))
 
 
-@pytest.mark.parametrize("tools, call", [
-    ("887", '{"name": "f", "arguments": {}}'),  # tools written as a JSON number (it crashed with TypeError: len())
-    ("null", '{"name": "f", "arguments": {}}'),
-    ('[{"name": "f", "parameters": {"type": "object", "properties": {}}}]', "[" * 50_000 + "]" * 50_000),  # RecursionError
-])
+@pytest.mark.parametrize(
+    "tools, call",
+    [
+        ("887", '{"name": "f", "arguments": {}}'),  # tools written as a JSON number (it crashed with TypeError: len())
+        ("null", '{"name": "f", "arguments": {}}'),
+        (
+            '[{"name": "f", "parameters": {"type": "object", "properties": {}}}]',
+            "[" * 50_000 + "]" * 50_000,
+        ),  # RecursionError
+    ],
+)
 def test_tools_and_calls_that_cannot_be_rendered_are_counted_skips(tools, call):
-    conversation = [{"role": "user", "content": "hi"}, {"role": "function", "content": call},
-                    {"role": "observation", "content": "1"}]
-    batch = {"_prompt": [conversation], "_response": [[{"role": "assistant", "content": "ok"}]], "_system": [""],
-             "_tools": [tools]}
+    conversation = [
+        {"role": "user", "content": "hi"},
+        {"role": "function", "content": call},
+        {"role": "observation", "content": "1"},
+    ]
+    batch = {
+        "_prompt": [conversation],
+        "_response": [[{"role": "assistant", "content": "ok"}]],
+        "_system": [""],
+        "_tools": [tools],
+    }
     tokenizer = build_word_tokenizer()
     template = get_template_and_fix_tokenizer(tokenizer, DataArguments(template="qwen"))
     skipped = Counter()

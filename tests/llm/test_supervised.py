@@ -2,6 +2,7 @@
 mask_history, efficient_eos, truncation worked out by hand, counted skips, and equality with
 LLaMA-Factory 0.9.5's SupervisedDatasetProcessor / UnsupervisedDatasetProcessor token for token (golden
 file made by tests/llm/golden/make_llamafactory_golden.py with LLaMA-Factory 0.9.5, transformers 5.6)."""
+
 import gzip
 import json
 import logging
@@ -14,7 +15,11 @@ import pytest
 pytest.importorskip("transformers")
 
 from lathe.llm.data.supervised import (  # noqa: E402
-    IGNORE_INDEX, SkippedExample, encode_supervised_example, infer_seqlen, preprocess_supervised_dataset,
+    IGNORE_INDEX,
+    SkippedExample,
+    encode_supervised_example,
+    infer_seqlen,
+    preprocess_supervised_dataset,
     preprocess_unsupervised_dataset,
 )
 from lathe.llm.templates import TEMPLATES, Template, get_template_and_fix_tokenizer  # noqa: E402
@@ -25,8 +30,16 @@ GOLDEN_DIR = Path(__file__).parent / "golden"
 
 
 def data_args(template, **overrides):
-    fields = dict(template=template, cutoff_len=1024, train_on_prompt=False, mask_history=False,
-                  tool_format=None, default_system=None, enable_thinking=True, preserve_thinking=False)
+    fields = dict(
+        template=template,
+        cutoff_len=1024,
+        train_on_prompt=False,
+        mask_history=False,
+        tool_format=None,
+        default_system=None,
+        enable_thinking=True,
+        preserve_thinking=False,
+    )
     return SimpleNamespace(**{**fields, **overrides})
 
 
@@ -37,8 +50,9 @@ def pinned_llama3_date(monkeypatch):
 
 def encode(tokenizer, template, conversation, cutoff_len=1024, **flags):
     system, tools, messages = messages_of(conversation) if isinstance(conversation, str) else conversation
-    return encode_supervised_example(messages[:-1], messages[-1:], system, tools, template, tokenizer,
-                                     cutoff_len, **flags)
+    return encode_supervised_example(
+        messages[:-1], messages[-1:], system, tools, template, tokenizer, cutoff_len, **flags
+    )
 
 
 def expected_rows(tokenizer, spec):
@@ -79,27 +93,33 @@ def test_mask_history_trains_the_last_answer_only(word_tokenizer):
     assert rows == expected_rows(word_tokenizer, f"« {TURN1} hello <|im_end|> ↵ {TURN2} » four <|im_end|> ↵")
 
 
-@pytest.mark.parametrize("source,target,cutoff,expected", [
-    (10, 3, 8, (5, 3)),     # short answer: kept whole, the prompt is cut
-    (3, 10, 8, (3, 5)),     # short prompt: kept whole, the answer is cut
-    (10, 10, 8, (4, 4)),    # both long: cut in proportion
-    (10, 30, 8, (2, 6)),
-    (14, 30, 22, (8, 14)),  # 22 * (30 / 44) is 14.999... in floating point: LLaMA-Factory gets 14, so do we
-    (5, 5, 100, (5, 5)),
-])
+@pytest.mark.parametrize(
+    "source,target,cutoff,expected",
+    [
+        (10, 3, 8, (5, 3)),  # short answer: kept whole, the prompt is cut
+        (3, 10, 8, (3, 5)),  # short prompt: kept whole, the answer is cut
+        (10, 10, 8, (4, 4)),  # both long: cut in proportion
+        (10, 30, 8, (2, 6)),
+        (14, 30, 22, (8, 14)),  # 22 * (30 / 44) is 14.999... in floating point: LLaMA-Factory gets 14, so do we
+        (5, 5, 100, (5, 5)),
+    ],
+)
 def test_infer_seqlen(source, target, cutoff, expected):
     assert infer_seqlen(source, target, cutoff) == expected
 
 
-@pytest.mark.parametrize("cutoff_len,mask_history,spec", [
-    # turn 1 (9 prompt + 3 answer tokens) fits; turn 2 gets the 8 left: its 3-token answer is short, so
-    # it is kept and the prompt is cut to 5 tokens (from the right, as LLaMA-Factory does)
-    (20, False, f"« {TURN1} » hello <|im_end|> ↵ « <|im_start|> user ↵ two plus » four <|im_end|> ↵"),
-    (12, False, f"« {TURN1} » hello <|im_end|> ↵"),  # turn 1 spends the budget: turn 2 is left out
-    # last turn first: it takes 15; turn 1 gets 5: both of its parts are over half, so
-    # 5 * 3 / 12 -> 1 answer token (masked: history) and 4 prompt tokens
-    (20, True, f"« <|im_start|> user ↵ hi hello {TURN2} » four <|im_end|> ↵"),
-])
+@pytest.mark.parametrize(
+    "cutoff_len,mask_history,spec",
+    [
+        # turn 1 (9 prompt + 3 answer tokens) fits; turn 2 gets the 8 left: its 3-token answer is short, so
+        # it is kept and the prompt is cut to 5 tokens (from the right, as LLaMA-Factory does)
+        (20, False, f"« {TURN1} » hello <|im_end|> ↵ « <|im_start|> user ↵ two plus » four <|im_end|> ↵"),
+        (12, False, f"« {TURN1} » hello <|im_end|> ↵"),  # turn 1 spends the budget: turn 2 is left out
+        # last turn first: it takes 15; turn 1 gets 5: both of its parts are over half, so
+        # 5 * 3 / 12 -> 1 answer token (masked: history) and 4 prompt tokens
+        (20, True, f"« <|im_start|> user ↵ hi hello {TURN2} » four <|im_end|> ↵"),
+    ],
+)
 def test_multiturn_truncation_worked_by_hand(word_tokenizer, cutoff_len, mask_history, spec):
     template = get_template_and_fix_tokenizer(word_tokenizer, data_args("chatml"))
     rows = encode(word_tokenizer, template, HI_TWO, cutoff_len=cutoff_len, mask_history=mask_history)
@@ -107,14 +127,17 @@ def test_multiturn_truncation_worked_by_hand(word_tokenizer, cutoff_len, mask_hi
     assert len(rows[0]) <= cutoff_len
 
 
-@pytest.mark.parametrize("cutoff_len,spec", [
-    # 12-token answer, 9-token prompt, 8 budget: both over half -> int(8 * 12 / 21) = 4 answer tokens
-    (8, "« <|im_start|> user ↵ hi » four four four four"),
-    # 12-token answer, 9-token prompt, 16 budget: both over half -> int(16 * 12 / 21) = 9 answer tokens
-    (16, "« <|im_start|> user ↵ hi <|im_end|> ↵ <|im_start|> » " + "four " * 9),
-    # 20 budget: the prompt is under half, kept whole; the answer gets the other 11 tokens
-    (20, f"« {TURN1} » " + "four " * 10 + "<|im_end|>"),
-])
+@pytest.mark.parametrize(
+    "cutoff_len,spec",
+    [
+        # 12-token answer, 9-token prompt, 8 budget: both over half -> int(8 * 12 / 21) = 4 answer tokens
+        (8, "« <|im_start|> user ↵ hi » four four four four"),
+        # 12-token answer, 9-token prompt, 16 budget: both over half -> int(16 * 12 / 21) = 9 answer tokens
+        (16, "« <|im_start|> user ↵ hi <|im_end|> ↵ <|im_start|> » " + "four " * 9),
+        # 20 budget: the prompt is under half, kept whole; the answer gets the other 11 tokens
+        (20, f"« {TURN1} » " + "four " * 10 + "<|im_end|>"),
+    ],
+)
 def test_single_turn_truncation_worked_by_hand(word_tokenizer, cutoff_len, spec):
     template = get_template_and_fix_tokenizer(word_tokenizer, data_args("chatml"))
     rows = encode(word_tokenizer, template, chat("hi", " ".join(["four"] * 10)), cutoff_len=cutoff_len)
@@ -122,8 +145,9 @@ def test_single_turn_truncation_worked_by_hand(word_tokenizer, cutoff_len, spec)
 
 
 def test_efficient_eos_trains_eos_on_the_next_prompts_first_token(word_tokenizer):
-    template = Template(name="eff", user=("<|im_start|>user\n{{content}}<|im_end|>\n<|im_start|>assistant\n",),
-                        efficient_eos=True)
+    template = Template(
+        name="eff", user=("<|im_start|>user\n{{content}}<|im_end|>\n<|im_start|>assistant\n",), efficient_eos=True
+    )
     assert template.assistant == ("{{content}}",)  # no EOS in the answer slots
     input_ids, labels = encode(word_tokenizer, template, HI_TWO)
     eos = word_tokenizer.eos_token_id
@@ -153,20 +177,25 @@ def test_invalid_examples_are_skipped_and_counted(word_tokenizer, caplog):
     user, answer = {"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}
     bad_call = {"role": "function", "content": "{not json"}
     rows = [
-        ([user], [answer]),                                       # kept
-        ([user, answer], [answer]),                               # even prompt
-        ([user], []),                                             # no answer
-        ([answer], [answer]),                                     # roles do not alternate
-        ([user], [{"role": "assistant", "content": None}]),       # content not a string
+        ([user], [answer]),  # kept
+        ([user, answer], [answer]),  # even prompt
+        ([user], []),  # no answer
+        ([answer], [answer]),  # roles do not alternate
+        ([user], [{"role": "assistant", "content": None}]),  # content not a string
         ([user, bad_call, {"role": "observation", "content": "4"}], [answer]),  # tool call not JSON
-        ([{"role": "user", "content": "hi " * 40}], [answer]),    # nothing trained left at cutoff_len 6
+        ([{"role": "user", "content": "hi " * 40}], [answer]),  # nothing trained left at cutoff_len 6
     ]
-    examples = {"_prompt": [p for p, _ in rows], "_response": [r for _, r in rows],
-                "_system": [""] * len(rows), "_tools": [""] * len(rows)}
+    examples = {
+        "_prompt": [p for p, _ in rows],
+        "_response": [r for _, r in rows],
+        "_system": [""] * len(rows),
+        "_tools": [""] * len(rows),
+    }
     skipped = Counter()
     with caplog.at_level(logging.WARNING, logger="lathe.llm.data"):
-        out = preprocess_supervised_dataset(examples, template, word_tokenizer, data_args("chatml", cutoff_len=6),
-                                            skipped=skipped)
+        out = preprocess_supervised_dataset(
+            examples, template, word_tokenizer, data_args("chatml", cutoff_len=6), skipped=skipped
+        )
     assert len(out["input_ids"]) == 1 and out["attention_mask"] == [[1] * len(out["input_ids"][0])]
     assert sum(skipped.values()) == 6 and len(skipped) == 6
     assert "skipped 6 of 7 examples" in caplog.text
@@ -179,8 +208,12 @@ def test_invalid_examples_are_skipped_and_counted(word_tokenizer, caplog):
 def test_unsupervised_rows_are_prompt_and_reference(word_tokenizer):
     template = get_template_and_fix_tokenizer(word_tokenizer, data_args("chatml"))
     system, tools, messages = HI_TWO
-    examples = {"_prompt": [messages[:-1], messages[:1]], "_response": [messages[-1:], []],
-                "_system": [system] * 2, "_tools": [tools] * 2}
+    examples = {
+        "_prompt": [messages[:-1], messages[:1]],
+        "_response": [messages[-1:], []],
+        "_system": [system] * 2,
+        "_tools": [tools] * 2,
+    }
     out = preprocess_unsupervised_dataset(examples, template, word_tokenizer, data_args("chatml"))
     spec = f"« {TURN1} » hello <|im_end|> ↵ « {TURN2} » four <|im_end|> ↵"
     (prompt1, answer1), (prompt2, answer2) = spec_ids(word_tokenizer, spec)

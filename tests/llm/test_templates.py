@@ -2,6 +2,7 @@
 results), tokenizer fixes (EOS, PAD, stop words), the registry, tool formats, chat_template parsing,
 the Jinja export, and equality with LLaMA-Factory 0.9.5 (golden file made by
 tests/llm/golden/make_llamafactory_golden.py)."""
+
 import gzip
 import json
 import logging
@@ -13,12 +14,25 @@ import pytest
 pytest.importorskip("transformers")
 
 from lathe.llm.templates import (  # noqa: E402
-    TEMPLATES, InvalidMessage, Template, get_template, get_template_and_fix_tokenizer, template_names,
+    TEMPLATES,
+    InvalidMessage,
+    Template,
+    get_template,
+    get_template_and_fix_tokenizer,
+    template_names,
 )
 from lathe.llm.templates import tool_calls as tool_formats
 from lathe.llm.templates import tools as tool_registry  # noqa: E402
 from tests.llm.chat_goldens import (  # noqa: E402
-    ADD_TOOL, GOLDEN_EFFICIENT_EOS, CALL, LLAMA3_DATE, SPECS, TOOL_TEXT, TOOLS, messages_of, spec_ids,
+    ADD_TOOL,
+    GOLDEN_EFFICIENT_EOS,
+    CALL,
+    LLAMA3_DATE,
+    SPECS,
+    TOOL_TEXT,
+    TOOLS,
+    messages_of,
+    spec_ids,
 )
 
 GOLDEN_DIR = Path(__file__).parent / "golden"
@@ -26,8 +40,16 @@ BUILT_IN = ["default", "empty", "alpaca", "chatml", "qwen", "llama3", "mistral"]
 
 
 def data_args(template, **overrides):
-    fields = dict(template=template, cutoff_len=1024, train_on_prompt=False, mask_history=False,
-                  tool_format=None, default_system=None, enable_thinking=True, preserve_thinking=False)
+    fields = dict(
+        template=template,
+        cutoff_len=1024,
+        train_on_prompt=False,
+        mask_history=False,
+        tool_format=None,
+        default_system=None,
+        enable_thinking=True,
+        preserve_thinking=False,
+    )
     return SimpleNamespace(**{**fields, **overrides})
 
 
@@ -73,12 +95,15 @@ def test_tool_descriptions_are_written_out_exactly():
     assert all(tool_registry.describe_tools(f, wrapped) == TOOL_TEXT[f] for f in TOOL_TEXT)
 
 
-@pytest.mark.parametrize("tool_format,expected", [
-    ("default", 'Action: add\nAction Input: {"a": 2, "b": 2}'),
-    ("qwen", '<tool_call>\n{"name": "add", "arguments": {"a": 2, "b": 2}}\n</tool_call>'),
-    ("llama3", '{"name": "add", "parameters": {"a": 2, "b": 2}}'),
-    ("mistral", '[{"name": "add", "arguments": {"a": 2, "b": 2}}]'),
-])
+@pytest.mark.parametrize(
+    "tool_format,expected",
+    [
+        ("default", 'Action: add\nAction Input: {"a": 2, "b": 2}'),
+        ("qwen", '<tool_call>\n{"name": "add", "arguments": {"a": 2, "b": 2}}\n</tool_call>'),
+        ("llama3", '{"name": "add", "parameters": {"a": 2, "b": 2}}'),
+        ("mistral", '[{"name": "add", "arguments": {"a": 2, "b": 2}}]'),
+    ],
+)
 def test_function_calls_round_trip(tool_format, expected):
     text = tool_registry.format_function_message(CALL, tool_format)
     assert text == expected
@@ -101,13 +126,16 @@ def test_function_message_keeps_thought_and_text_around_a_tool_call_block():
         tool_registry.describe_tools("default", "[{")
 
 
-@pytest.mark.parametrize("name,eos,stops", [
-    ("default", "</s>", ["</s>"]),
-    ("chatml", "<|im_end|>", ["<|im_end|>", "<|im_start|>"]),
-    ("qwen", "<|im_end|>", ["<|im_end|>"]),
-    ("llama3", "<|eot_id|>", ["<|eot_id|>", "<|eom_id|>"]),
-    ("mistral", "</s>", ["</s>"]),
-])
+@pytest.mark.parametrize(
+    "name,eos,stops",
+    [
+        ("default", "</s>", ["</s>"]),
+        ("chatml", "<|im_end|>", ["<|im_end|>", "<|im_start|>"]),
+        ("qwen", "<|im_end|>", ["<|im_end|>"]),
+        ("llama3", "<|eot_id|>", ["<|eot_id|>", "<|eom_id|>"]),
+        ("mistral", "</s>", ["</s>"]),
+    ],
+)
 def test_fix_special_tokens_sets_eos_pad_and_stop_words(word_tokenizer, name, eos, stops):
     template = get_template_and_fix_tokenizer(word_tokenizer, data_args(name))
     assert word_tokenizer.eos_token == eos
@@ -136,8 +164,9 @@ def test_unknown_template_lists_the_names():
 
 
 def test_overrides_apply_to_a_copy_not_the_registry(word_tokenizer):
-    template = get_template_and_fix_tokenizer(word_tokenizer, data_args("qwen", default_system="be brief",
-                                                                        tool_format="default"))
+    template = get_template_and_fix_tokenizer(
+        word_tokenizer, data_args("qwen", default_system="be brief", tool_format="default")
+    )
     assert template.default_system == "be brief" and template.tool_format == "default"
     assert TEMPLATES["qwen"].default_system.startswith("You are Qwen") and TEMPLATES["qwen"].tool_format == "qwen"
     with pytest.raises(ValueError, match="tool_format"):
@@ -172,11 +201,13 @@ def test_no_template_parses_the_tokenizers_chat_template(word_tokenizer, caplog)
     assert template.system == ("<s>System : {{content}} \n",)
     assert template.user == ("user : {{content}}</s>assistant : ",)
     assert template.assistant == ("{{content}}</s>",)
-    encoded = template.encode_multiturn(word_tokenizer, [{"role": "user", "content": "hi"},
-                                                         {"role": "assistant", "content": "hello"}])
+    encoded = template.encode_multiturn(
+        word_tokenizer, [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]
+    )
     prompt = "<s> System : you are helpful \n user : hi </s> assistant :".split(" ")
-    assert encoded == [(word_tokenizer.convert_tokens_to_ids(prompt),
-                        word_tokenizer.convert_tokens_to_ids(["hello", "</s>"]))]
+    assert encoded == [
+        (word_tokenizer.convert_tokens_to_ids(prompt), word_tokenizer.convert_tokens_to_ids(["hello", "</s>"]))
+    ]
 
 
 def test_a_chat_template_the_parser_gets_wrong_is_refused(word_tokenizer):
@@ -192,12 +223,23 @@ def test_a_chat_template_the_parser_gets_wrong_is_refused(word_tokenizer):
 
 def _jinja_conversations():
     system_multi = messages_of("system_multi")
-    observation = ("be brief", "", [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"},
-                                    {"role": "observation", "content": "4"},
-                                    {"role": "assistant", "content": "four"}])
+    observation = (
+        "be brief",
+        "",
+        [
+            {"role": "user", "content": "hi"},
+            {"role": "assistant", "content": "hello"},
+            {"role": "observation", "content": "4"},
+            {"role": "assistant", "content": "four"},
+        ],
+    )
     no_system = ("", "", system_multi[2])
-    return {"single": messages_of("single"), "system_multi": system_multi, "no_system": no_system,
-            "observation": observation}
+    return {
+        "single": messages_of("single"),
+        "system_multi": system_multi,
+        "no_system": no_system,
+        "observation": observation,
+    }
 
 
 @pytest.mark.parametrize("tokenizer_name", ["word", "bpe"])
@@ -209,16 +251,19 @@ def test_jinja_chat_template_renders_the_training_ids(tokenizer_name, name):
     template = get_template_and_fix_tokenizer(tokenizer, data_args(name))
     assert tokenizer.chat_template == template.jinja_chat_template(tokenizer)  # it had none: written in
     for conversation, (system, _, messages) in _jinja_conversations().items():
-        expected = [token for pair in template.encode_multiturn(tokenizer, messages, system) for ids in pair
-                    for token in ids]
+        expected = [
+            token for pair in template.encode_multiturn(tokenizer, messages, system) for ids in pair for token in ids
+        ]
         chat = ([{"role": "system", "content": system}] if system else []) + [
-            {**m, "role": "tool" if m["role"] == "observation" else m["role"]} for m in messages]
+            {**m, "role": "tool" if m["role"] == "observation" else m["role"]} for m in messages
+        ]
         rendered = tokenizer.apply_chat_template(chat, tokenize=True, return_dict=False)
         assert rendered == expected, (name, conversation)
         # the prompt for generation ends where the answer starts (the user slots open the answer)
         prompt = tokenizer.apply_chat_template(chat[:-1], tokenize=True, return_dict=False, add_generation_prompt=True)
-        assert prompt == expected[:len(prompt)] and len(expected) - len(prompt) == len(
-            template.encode_multiturn(tokenizer, messages, system)[-1][1])
+        assert prompt == expected[: len(prompt)] and len(expected) - len(prompt) == len(
+            template.encode_multiturn(tokenizer, messages, system)[-1][1]
+        )
 
 
 @pytest.mark.parametrize("enable_thinking", [True, False])
@@ -228,21 +273,28 @@ def test_jinja_chat_template_of_a_reasoning_template_renders_history_as_llamafac
     it was trained with; with thinking disabled the generation prompt ends with the empty thought."""
     template = get_template_and_fix_tokenizer(word_tokenizer, data_args("qwen3", enable_thinking=enable_thinking))
     thought = {"role": "assistant", "content": "<think>\nok\n</think>\n\nhello"}
-    messages = [{"role": "user", "content": "hi"}, thought, {"role": "user", "content": "hi"},
-                {"role": "assistant", "content": "four"}]
+    messages = [
+        {"role": "user", "content": "hi"},
+        thought,
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": "four"},
+    ]
     prompt, answer = template.encode_oneturn(word_tokenizer, messages)
     assert word_tokenizer.apply_chat_template(messages, tokenize=True, return_dict=False) == prompt + answer
-    generation = word_tokenizer.apply_chat_template(messages[:-1], tokenize=True, return_dict=False,
-                                                    add_generation_prompt=True)
-    assert generation == template.encode_oneturn(word_tokenizer, messages[:-1] + [
-        {"role": "assistant", "content": ""}])[0]
+    generation = word_tokenizer.apply_chat_template(
+        messages[:-1], tokenize=True, return_dict=False, add_generation_prompt=True
+    )
+    assert (
+        generation == template.encode_oneturn(word_tokenizer, messages[:-1] + [{"role": "assistant", "content": ""}])[0]
+    )
     text = word_tokenizer.apply_chat_template(messages, tokenize=False)
     history, last = text.split("<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n")[1:]
     assert history.startswith("hello<|im_end|>")  # no thought, no empty thought before an earlier answer
     assert last == "<think>\n\n</think>\n\nfour<|im_end|>\n"
     # the render argument overrides the template's setting, as with Qwen's own chat_template
-    flipped = word_tokenizer.apply_chat_template(messages[:-1], tokenize=False, add_generation_prompt=True,
-                                                 enable_thinking=not enable_thinking)
+    flipped = word_tokenizer.apply_chat_template(
+        messages[:-1], tokenize=False, add_generation_prompt=True, enable_thinking=not enable_thinking
+    )
     assert flipped.endswith("<think>\n\n</think>\n\n") == enable_thinking
 
 
@@ -264,8 +316,9 @@ def test_jinja_refuses_tools_and_unknown_roles(word_tokenizer):
 
 
 def test_jinja_literals_survive_quotes_backslashes_and_newlines(word_tokenizer):
-    template = Template(name="odd", user=("it's \\ {{content}}\r\n",), default_system="say \"hi\"\t'",
-                        system=("{{content}}|",))
+    template = Template(
+        name="odd", user=("it's \\ {{content}}\r\n",), default_system='say "hi"\t\'', system=("{{content}}|",)
+    )
     word_tokenizer.chat_template = template.jinja_chat_template(word_tokenizer)
     text = word_tokenizer.apply_chat_template([{"role": "user", "content": "x"}], tokenize=False)
     assert text == "say \"hi\"\t'|it's \\ x\r\n"
@@ -297,9 +350,13 @@ def test_templates_and_tokenizer_fixes_equal_llamafactory(monkeypatch):
         tokenizer = AutoTokenizer.from_pretrained(str(GOLDEN_DIR / "tokenizers" / case["tokenizer"]))
         template = get_template_and_fix_tokenizer(tokenizer, SimpleNamespace(template=case["template"], **case["args"]))
         where = (case["id"], case["tokenizer"], case["template"], case["conversation"])
-        assert {"eos_token": tokenizer.eos_token, "pad_token": tokenizer.pad_token, "size": len(tokenizer),
-                "stop_token_ids": sorted(template.get_stop_token_ids(tokenizer)),
-                "efficient_eos": template.efficient_eos} == expected["tokenizer"], where
+        assert {
+            "eos_token": tokenizer.eos_token,
+            "pad_token": tokenizer.pad_token,
+            "size": len(tokenizer),
+            "stop_token_ids": sorted(template.get_stop_token_ids(tokenizer)),
+            "efficient_eos": template.efficient_eos,
+        } == expected["tokenizer"], where
         example = conversations[case["conversation"]]
         messages = example["_prompt"] + example["_response"]
         if "oneturn" in expected:
@@ -322,7 +379,9 @@ def test_template_report_names_stop_tokens_and_flags_a_disagreeing_chat_template
     template = get_template_and_fix_tokenizer(word_tokenizer, data_args("chatml"))
     report = template_report(template, word_tokenizer)
     im_end, im_start = word_tokenizer.convert_tokens_to_ids(["<|im_end|>", "<|im_start|>"])
-    assert f"stop tokens (generation_config eos_token_id): '<|im_end|>' ({im_end}), '<|im_start|>' ({im_start})" in report
+    assert (
+        f"stop tokens (generation_config eos_token_id): '<|im_end|>' ({im_end}), '<|im_start|>' ({im_start})" in report
+    )
     assert "renders the probe conversations exactly" in report and "WARNING" not in report
     # a model whose own chat_template (kept, as LLaMA-Factory keeps it, and saved) renders something else
     word_tokenizer.chat_template = "{% for m in messages %}{{ m['content'] }}{% endfor %}"
@@ -330,5 +389,7 @@ def test_template_report_names_stop_tokens_and_flags_a_disagreeing_chat_template
         template = get_template_and_fix_tokenizer(word_tokenizer, data_args("qwen"))
     assert "renders conversations differently from template 'qwen'" in caplog.text
     report = template_report(template, word_tokenizer)
-    assert "WARNING: the chat_template saved with the model disagrees with the training template on 4 probe(s)" in report
+    assert (
+        "WARNING: the chat_template saved with the model disagrees with the training template on 4 probe(s)" in report
+    )
     assert "generation prompt of" in report and "'<|im_start|>system" in report

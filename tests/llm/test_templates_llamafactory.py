@@ -5,6 +5,7 @@ template's tool format, an explicit tool_format, and parallel calls) and, for re
 thoughts with enable_thinking / preserve_thinking, on a tokenizer that has the templates' special tokens:
 the tokenizer after the fix, the supervised (input_ids, labels), and the prompt generation starts from,
 both through lathe's chat engine encoding and through the chat_template lathe saves with the model."""
+
 import gzip
 import json
 from collections import Counter
@@ -65,12 +66,17 @@ def _check_case(case, tokenizer, outcomes) -> None:
         outcomes["refused"] += 1
         return
     template = get_template_and_fix_tokenizer(tokenizer, args)
-    state = {"eos_token": tokenizer.eos_token, "pad_token": tokenizer.pad_token, "size": len(tokenizer),
-             "stop_token_ids": sorted(template.get_stop_token_ids(tokenizer))}
+    state = {
+        "eos_token": tokenizer.eos_token,
+        "pad_token": tokenizer.pad_token,
+        "size": len(tokenizer),
+        "stop_token_ids": sorted(template.get_stop_token_ids(tokenizer)),
+    }
     assert state == expected["tokenizer"], where
     skipped = Counter()
-    out = preprocess_supervised_dataset({key: [value] for key, value in example.items()}, template, tokenizer, args,
-                                        skipped=skipped)
+    out = preprocess_supervised_dataset(
+        {key: [value] for key, value in example.items()}, template, tokenizer, args, skipped=skipped
+    )
     if "encode_error" in expected:  # LLaMA-Factory aborts the run; lathe skips the row and says why
         assert not out["input_ids"] and "parallel" in next(iter(skipped)), where
         outcomes["skipped"] += 1
@@ -150,4 +156,5 @@ def test_reading_calls_back_inverts_writing_them(golden, name):
     text = format_function_message(json.dumps(calls), name)
     extracted = TOOL_FORMATS[name].extract_calls(text)
     assert [(call.name, json.loads(call.arguments)) for call in extracted] == [
-        (call["name"], call["arguments"]) for call in calls]
+        (call["name"], call["arguments"]) for call in calls
+    ]

@@ -1,6 +1,7 @@
 """Templates LLaMA-Factory pairs with a multimodal plugin train on text, token for token
 (test_templates_llamafactory.py); image, video and audio input is refused, naming where it is:
 a registry column, content parts in a data file, a placeholder in a message."""
+
 import json
 from collections import Counter
 from types import SimpleNamespace
@@ -26,13 +27,31 @@ def write_dataset(folder, rows, **entry):
 
 def test_content_parts_with_an_image_stop_the_run_naming_file_row_and_message(tmp_path):
     text_row = {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]}
-    image_row = {"messages": [{"role": "user", "content": [{"type": "text", "text": "what is this?"},
-                                                           {"type": "image_url", "image_url": {"url": "x.png"}}]},
-                              {"role": "assistant", "content": "a cat"}]}
-    load = write_dataset(tmp_path, [text_row, image_row, text_row], formatting="openai",
-                         columns={"messages": "messages"},
-                         tags={"role_tag": "role", "content_tag": "content", "user_tag": "user",
-                               "assistant_tag": "assistant", "system_tag": "system"})
+    image_row = {
+        "messages": [
+            {
+                "role": "user",
+                "content": [
+                    {"type": "text", "text": "what is this?"},
+                    {"type": "image_url", "image_url": {"url": "x.png"}},
+                ],
+            },
+            {"role": "assistant", "content": "a cat"},
+        ]
+    }
+    load = write_dataset(
+        tmp_path,
+        [text_row, image_row, text_row],
+        formatting="openai",
+        columns={"messages": "messages"},
+        tags={
+            "role_tag": "role",
+            "content_tag": "content",
+            "user_tag": "user",
+            "assistant_tag": "assistant",
+            "system_tag": "system",
+        },
+    )
     with pytest.raises(ValueError) as error:
         load()
     message = str(error.value)
@@ -41,8 +60,11 @@ def test_content_parts_with_an_image_stop_the_run_naming_file_row_and_message(tm
 
 
 def test_an_images_column_in_the_registry_is_refused(tmp_path):
-    load = write_dataset(tmp_path, [{"instruction": "hi", "output": "hello", "images": ["x.png"]}],
-                         columns={"prompt": "instruction", "response": "output", "images": "images"})
+    load = write_dataset(
+        tmp_path,
+        [{"instruction": "hi", "output": "hello", "images": ["x.png"]}],
+        columns={"prompt": "instruction", "response": "output", "images": "images"},
+    )
     with pytest.raises(ValueError, match="'images' means multimodal data.*multimodal is not supported yet"):
         load()
 
@@ -50,12 +72,23 @@ def test_an_images_column_in_the_registry_is_refused(tmp_path):
 @pytest.mark.parametrize("name", ["qwen2_vl", "gemma3", "llava", "qwen3_5"])
 def test_a_media_placeholder_in_a_multimodal_template_row_is_skipped_with_the_reason(word_tokenizer, name):
     # LLaMA-Factory's plugins refuse an <image> placeholder that has no image; lathe has no images
-    args = SimpleNamespace(template=name, cutoff_len=1024, train_on_prompt=False, mask_history=False,
-                           tool_format=None, default_system=None, enable_thinking=True, preserve_thinking=False)
+    args = SimpleNamespace(
+        template=name,
+        cutoff_len=1024,
+        train_on_prompt=False,
+        mask_history=False,
+        tool_format=None,
+        default_system=None,
+        enable_thinking=True,
+        preserve_thinking=False,
+    )
     template = get_template_and_fix_tokenizer(word_tokenizer, args)
-    rows = {"_prompt": [[{"role": "user", "content": "<image> what is this ?"}], [{"role": "user", "content": "hi"}]],
-            "_response": [[{"role": "assistant", "content": "a cat"}], [{"role": "assistant", "content": "hello"}]],
-            "_system": ["", ""], "_tools": ["", ""]}
+    rows = {
+        "_prompt": [[{"role": "user", "content": "<image> what is this ?"}], [{"role": "user", "content": "hi"}]],
+        "_response": [[{"role": "assistant", "content": "a cat"}], [{"role": "assistant", "content": "hello"}]],
+        "_system": ["", ""],
+        "_tools": ["", ""],
+    }
     skipped = Counter()
     out = preprocess_supervised_dataset(rows, template, word_tokenizer, args, skipped=skipped)
     assert len(out["input_ids"]) == 1

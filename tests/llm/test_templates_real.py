@@ -6,6 +6,7 @@ model's own chat_template renders, and what the family's reference encoder write
 tokenizer and generation_config.json lathe saves make transformers' `generate` stop at the end of the
 trained answer. Where LLaMA-Factory's template itself differs from the model's format, the test pins the
 difference (Mistral: the system prompt; see docs/TEMPLATES.md)."""
+
 from __future__ import annotations
 
 import json
@@ -42,8 +43,16 @@ CONVERSATIONS = {
 
 
 def data_args(template, **overrides):
-    fields = dict(template=template, cutoff_len=1024, train_on_prompt=False, mask_history=False, tool_format=None,
-                  default_system=None, enable_thinking=True, preserve_thinking=False)
+    fields = dict(
+        template=template,
+        cutoff_len=1024,
+        train_on_prompt=False,
+        mask_history=False,
+        tool_format=None,
+        default_system=None,
+        enable_thinking=True,
+        preserve_thinking=False,
+    )
     return SimpleNamespace(**{**fields, **overrides})
 
 
@@ -56,8 +65,9 @@ def load(family):
     from transformers import AutoTokenizer
 
     if family not in _LOADED:
-        folder = (real_tokenizers.mistral_tekken_tokenizer() if family == "mistral"
-                  else real_tokenizers.npm_tokenizer(family))
+        folder = (
+            real_tokenizers.mistral_tekken_tokenizer() if family == "mistral" else real_tokenizers.npm_tokenizer(family)
+        )
         _LOADED[family] = AutoTokenizer.from_pretrained(str(folder))
     return _LOADED[family]
 
@@ -102,14 +112,22 @@ def test_inference_rendering_equals_the_models_own_chat_template(family, convers
     name, tokenizer, template = family
     conversation = CONVERSATIONS[conversation_name]
     for generation in (False, True):
-        ours, theirs = lathe_inference(template, tokenizer, conversation, generation), own(tokenizer, conversation,
-                                                                                            generation)
+        ours, theirs = (
+            lathe_inference(template, tokenizer, conversation, generation),
+            own(tokenizer, conversation, generation),
+        )
         if differs_by_design(name, conversation_name):
             text, expected = tokenizer.decode(ours), tokenizer.decode(theirs)
             moved = "Be brief.\n\n"
             assert text.index(moved) < expected.index(moved) and text.replace(moved, "") == expected.replace(moved, "")
         else:
-            assert ours == theirs, (name, conversation_name, generation, tokenizer.decode(ours), tokenizer.decode(theirs))
+            assert ours == theirs, (
+                name,
+                conversation_name,
+                generation,
+                tokenizer.decode(ours),
+                tokenizer.decode(theirs),
+            )
 
 
 @pytest.mark.parametrize("conversation_name", ["single", "system"])
@@ -122,7 +140,7 @@ def test_trained_span_is_the_answer_the_chat_template_writes(family, conversatio
     input_ids, labels = encode_supervised_example(messages[:-1], messages[-1:], system, "", template, tokenizer, 1024)
     full, prompt = own(tokenizer, conversation, False), own(tokenizer, conversation, True)
     assert input_ids == full
-    assert labels == [IGNORE_INDEX] * len(prompt) + full[len(prompt):]
+    assert labels == [IGNORE_INDEX] * len(prompt) + full[len(prompt) :]
 
 
 def test_qwen3_thoughts_and_tools_render_as_qwen3s_own_template():
@@ -134,15 +152,33 @@ def test_qwen3_thoughts_and_tools_render_as_qwen3s_own_template():
     # gets the empty thought it is trained with
     assert lathe_inference(template, tokenizer, history, False) == own(tokenizer, history, False)
     assert lathe_inference(template, tokenizer, history, True) == own(tokenizer, history, True)
-    tool = {"type": "function", "function": {"name": "add", "description": "Add two numbers.", "parameters": {
-        "type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}, "required": ["a", "b"]}}}
+    tool = {
+        "type": "function",
+        "function": {
+            "name": "add",
+            "description": "Add two numbers.",
+            "parameters": {
+                "type": "object",
+                "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+                "required": ["a", "b"],
+            },
+        },
+    }
     call = {"name": "add", "arguments": {"a": 2, "b": 2}}
-    messages = [user("What is two plus two?"), {"role": "function", "content": json.dumps(call)},
-                {"role": "observation", "content": "4"}, assistant("Four.")]
+    messages = [
+        user("What is two plus two?"),
+        {"role": "function", "content": json.dumps(call)},
+        {"role": "observation", "content": "4"},
+        assistant("Four."),
+    ]
     prompt, answer = template.encode_oneturn(tokenizer, messages, "Be brief.", json.dumps([tool]))
-    chat = [SYSTEM, user("What is two plus two?"),
-            {"role": "assistant", "content": "", "tool_calls": [{"type": "function", "function": call}]},
-            {"role": "tool", "content": "4"}, assistant("Four.")]
+    chat = [
+        SYSTEM,
+        user("What is two plus two?"),
+        {"role": "assistant", "content": "", "tool_calls": [{"type": "function", "function": call}]},
+        {"role": "tool", "content": "4"},
+        assistant("Four."),
+    ]
     assert prompt + answer == tokenizer.apply_chat_template(chat, tools=[tool], tokenize=True, return_dict=False)
 
 
@@ -177,8 +213,12 @@ def test_llama3_prompts_equal_llama_models_reference_formatter():
     tokenizer = load("llama3")
     template = get_template_and_fix_tokenizer(tokenizer, data_args("llama3"))
     for name, conversation in CONVERSATIONS.items():
-        messages = [RawMessage(role=m["role"], content=m["content"], stop_reason="end_of_turn"
-                               if m["role"] == "assistant" else None) for m in conversation[:-1]]
+        messages = [
+            RawMessage(
+                role=m["role"], content=m["content"], stop_reason="end_of_turn" if m["role"] == "assistant" else None
+            )
+            for m in conversation[:-1]
+        ]
         expected = formatter.encode_dialog_prompt(messages).tokens
         assert lathe_inference(template, tokenizer, conversation, True) == expected, name
 
@@ -213,14 +253,24 @@ def test_saved_model_stops_at_the_end_of_the_trained_answer(family, tmp_path):
     system, messages = split(conversation)
     # the training row of a two-turn conversation: the first answer, then the second prompt follows
     input_ids, labels = encode_supervised_example(messages[:-1], messages[-1:], system, "", template, tokenizer, 1024)
-    first_answer_end = next(i for i in range(len(labels)) if labels[i] != IGNORE_INDEX and labels[i + 1] == IGNORE_INDEX)
+    first_answer_end = next(
+        i for i in range(len(labels)) if labels[i] != IGNORE_INDEX and labels[i + 1] == IGNORE_INDEX
+    )
     first_answer_start = labels.index(next(label for label in labels if label != IGNORE_INDEX))
-    answer = input_ids[first_answer_start:first_answer_end + 1]
-    script = answer + input_ids[first_answer_end + 1:]  # the model would go on into the next turn
+    answer = input_ids[first_answer_start : first_answer_end + 1]
+    script = answer + input_ids[first_answer_end + 1 :]  # the model would go on into the next turn
 
     torch.manual_seed(0)
-    model = LlamaForCausalLM(LlamaConfig(vocab_size=len(tokenizer), hidden_size=8, intermediate_size=8,
-                                         num_hidden_layers=1, num_attention_heads=1, num_key_value_heads=1))
+    model = LlamaForCausalLM(
+        LlamaConfig(
+            vocab_size=len(tokenizer),
+            hidden_size=8,
+            intermediate_size=8,
+            num_hidden_layers=1,
+            num_attention_heads=1,
+            num_key_value_heads=1,
+        )
+    )
     set_stop_tokens(model, tokenizer, template)
     save_generation_config(model, str(tmp_path))
     tokenizer.save_pretrained(str(tmp_path))
@@ -231,22 +281,28 @@ def test_saved_model_stops_at_the_end_of_the_trained_answer(family, tmp_path):
     saved_template = jinja.read_text() if jinja.exists() else saved_config["chat_template"]
     assert saved_config["eos_token"] == tokenizer.eos_token and saved_template == tokenizer.chat_template
     saved = tokenizer
-    prompt = saved.apply_chat_template(([SYSTEM] if system else []) + messages[:1], add_generation_prompt=True,
-                                       tokenize=True, return_dict=False)
-    assert input_ids[:len(prompt)] == prompt
+    prompt = saved.apply_chat_template(
+        ([SYSTEM] if system else []) + messages[:1], add_generation_prompt=True, tokenize=True, return_dict=False
+    )
+    assert input_ids[: len(prompt)] == prompt
     config = GenerationConfig.from_pretrained(str(tmp_path))
-    generated = model.generate(torch.tensor([prompt]), generation_config=config, max_new_tokens=len(script) + 8,
-                               do_sample=False, logits_processor=[ScriptedAnswer(len(prompt), script)])[0, len(prompt):]
+    generated = model.generate(
+        torch.tensor([prompt]),
+        generation_config=config,
+        max_new_tokens=len(script) + 8,
+        do_sample=False,
+        logits_processor=[ScriptedAnswer(len(prompt), script)],
+    )[0, len(prompt) :]
     # generation ends at the first stop token of the trained answer; what the answer trains after it (the
     # newline some templates close a turn with) is never generated
     stops = config.eos_token_id if isinstance(config.eos_token_id, list) else [config.eos_token_id]
     end = next(i for i, token in enumerate(answer) if token in stops)
-    assert generated.tolist() == answer[:end + 1], (name, saved.decode(generated), saved.decode(answer))
-    assert saved.decode(answer[end + 1:]).strip() == ""
+    assert generated.tolist() == answer[: end + 1], (name, saved.decode(generated), saved.decode(answer))
+    assert saved.decode(answer[end + 1 :]).strip() == ""
     written = saved.decode(answer[:end])
     if template.reasoning:  # trained with the empty thought it will also write
         assert written.startswith(template.empty_thought_text())
-        written = written[len(template.empty_thought_text()):]
+        written = written[len(template.empty_thought_text()) :]
     assert written == messages[1]["content"]
 
 
@@ -289,7 +345,8 @@ def test_template_null_uses_generation_masks_where_the_chat_template_has_them():
         "{{ content }}",
         "{% if message['role'] == 'assistant' %}{{ content.split('<|end_header_id|>')[0] + '<|end_header_id|>\\n\\n' }}"
         "{% generation %}{{ message['content'] | trim + '<|eot_id|>' }}{% endgeneration %}"
-        "{% else %}{{ content }}{% endif %}")
+        "{% else %}{{ content }}{% endif %}",
+    )
     assert marked != own
     named = get_template_and_fix_tokenizer(tokenizer, data_args("llama3"))
     tokenizer.chat_template = marked
@@ -298,8 +355,9 @@ def test_template_null_uses_generation_masks_where_the_chat_template_has_them():
         for name, conversation in CONVERSATIONS.items():
             assert rows(rendered, tokenizer, conversation) == rows(named, tokenizer, conversation), name
             system, messages = split(conversation)
-            assert (rendered.encode_oneturn(tokenizer, messages[:-1] + [assistant("")], system)[0]
-                    == lathe_inference(named, tokenizer, conversation, True))
+            assert rendered.encode_oneturn(tokenizer, messages[:-1] + [assistant("")], system)[0] == lathe_inference(
+                named, tokenizer, conversation, True
+            )
         with_history = rows(rendered, tokenizer, CONVERSATIONS["multi"])[1]
     finally:
         tokenizer.chat_template = own

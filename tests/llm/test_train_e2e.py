@@ -1,5 +1,6 @@
 """`lathe train` end to end on the tiny Llama: pt and sft x full/freeze/lora, a few CPU steps each,
 the output folder checked, LoRA resume, prediction, and the CLI's plan and dry run."""
+
 import json
 import os
 import random
@@ -27,10 +28,14 @@ def data_dir(tmp_path_factory):
         rows.append({"instruction": f"What is {a} plus {b}?", "input": "", "output": f"{a} plus {b} is {a + b}."})
     (folder / "add.json").write_text(json.dumps(rows))
     (folder / "docs.txt").write_text("\n".join(f"The quick brown fox jumps over the lazy dog {i}." for i in range(60)))
-    (folder / "dataset_info.json").write_text(json.dumps({
-        "add": {"file_name": "add.json"},
-        "docs": {"file_name": "docs.txt", "columns": {"prompt": "text"}},
-    }))
+    (folder / "dataset_info.json").write_text(
+        json.dumps(
+            {
+                "add": {"file_name": "add.json"},
+                "docs": {"file_name": "docs.txt", "columns": {"prompt": "text"}},
+            }
+        )
+    )
     return str(folder)
 
 
@@ -42,11 +47,26 @@ def private_cache(tmp_path_factory, monkeypatch):
 
 def _values(model_dir, data_dir, output_dir, stage, method, **extra):
     values = {
-        "model_name_or_path": model_dir, "stage": stage, "finetuning_type": method, "dataset_dir": data_dir,
-        "dataset": "docs" if stage == "pt" else "add", "template": "chatml", "cutoff_len": 32,
-        "output_dir": str(output_dir), "per_device_train_batch_size": 4, "learning_rate": 1e-3,
-        "max_steps": 4, "logging_steps": 1, "save_steps": 2, "val_size": 0.2, "eval_strategy": "steps",
-        "eval_steps": 2, "plot_loss": True, "report_to": "none", "disable_tqdm": True, "seed": 7,
+        "model_name_or_path": model_dir,
+        "stage": stage,
+        "finetuning_type": method,
+        "dataset_dir": data_dir,
+        "dataset": "docs" if stage == "pt" else "add",
+        "template": "chatml",
+        "cutoff_len": 32,
+        "output_dir": str(output_dir),
+        "per_device_train_batch_size": 4,
+        "learning_rate": 1e-3,
+        "max_steps": 4,
+        "logging_steps": 1,
+        "save_steps": 2,
+        "val_size": 0.2,
+        "eval_strategy": "steps",
+        "eval_steps": 2,
+        "plot_loss": True,
+        "report_to": "none",
+        "disable_tqdm": True,
+        "seed": 7,
         "freeze_trainable_layers": 1,
     }
     values.update(extra)
@@ -66,9 +86,19 @@ def _needs(stage):
 
 
 COMMON_FILES = {
-    "generation_config.json", "tokenizer.json", "tokenizer_config.json", "trainer_log.jsonl", "train_results.json",
-    "eval_results.json", "all_results.json", "trainer_state.json", "training_loss.png", "training_eval_loss.png",
-    "lathe_train_config.yaml", "checkpoint-2", "checkpoint-4",
+    "generation_config.json",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "trainer_log.jsonl",
+    "train_results.json",
+    "eval_results.json",
+    "all_results.json",
+    "trainer_state.json",
+    "training_loss.png",
+    "training_eval_loss.png",
+    "lathe_train_config.yaml",
+    "checkpoint-2",
+    "checkpoint-4",
 }
 
 
@@ -80,7 +110,11 @@ def test_train_writes_the_expected_outputs(tiny_model_dir, data_dir, tmp_path, s
     output = tmp_path / "out"
     metrics = _train(tiny_model_dir, data_dir, output, stage, method)
     files = {path.name for path in output.iterdir()}
-    weights = {"adapter_model.safetensors", "adapter_config.json"} if method == "lora" else {"model.safetensors", "config.json"}
+    weights = (
+        {"adapter_model.safetensors", "adapter_config.json"}
+        if method == "lora"
+        else {"model.safetensors", "config.json"}
+    )
     assert COMMON_FILES | weights <= files, sorted(files)
     if method == "lora":
         assert "model.safetensors" not in files
@@ -109,8 +143,17 @@ def test_train_writes_the_expected_outputs(tiny_model_dir, data_dir, tmp_path, s
 def test_sft_with_packing_trains(tiny_model_dir, data_dir, tmp_path, neat_packing):
     _needs("sft")
     pytest.importorskip("lathe.llm.data.packing", reason="sft packing has not landed yet")
-    metrics = _train(tiny_model_dir, data_dir, tmp_path / "out", "sft", "lora", packing=True, neat_packing=neat_packing,
-                     cutoff_len=64, plot_loss=False)
+    metrics = _train(
+        tiny_model_dir,
+        data_dir,
+        tmp_path / "out",
+        "sft",
+        "lora",
+        packing=True,
+        neat_packing=neat_packing,
+        cutoff_len=64,
+        plot_loss=False,
+    )
     assert torch.isfinite(torch.tensor([metrics["train_loss"], metrics["eval_loss"]])).all()
 
 
@@ -129,8 +172,17 @@ def test_freeze_trains_only_the_chosen_layer(tiny_model_dir, data_dir, tmp_path)
     _needs("sft")
     from safetensors.torch import load_file
 
-    _train(tiny_model_dir, data_dir, tmp_path / "out", "sft", "freeze", plot_loss=False, val_size=0.0,
-           eval_strategy="no", freeze_trainable_layers=1)
+    _train(
+        tiny_model_dir,
+        data_dir,
+        tmp_path / "out",
+        "sft",
+        "freeze",
+        plot_loss=False,
+        val_size=0.0,
+        eval_strategy="no",
+        freeze_trainable_layers=1,
+    )
     before = load_file(os.path.join(tiny_model_dir, "model.safetensors"))
     after = load_file(str(tmp_path / "out" / "model.safetensors"))
     changed = {name for name in before if not torch.equal(before[name], after[name])}
@@ -168,7 +220,15 @@ def test_lora_resume_matches_an_uninterrupted_run(tiny_model_dir, data_dir, tmp_
     # LLaMA-Factory's rule: training into an output_dir with checkpoints resumes from the last one ...
     _train(tiny_model_dir, data_dir, interrupted, "sft", "lora", **extra)
     # ... and resume_from_checkpoint names one explicitly.
-    _train(tiny_model_dir, data_dir, explicit, "sft", "lora", resume_from_checkpoint=str(explicit / "checkpoint-3"), **extra)
+    _train(
+        tiny_model_dir,
+        data_dir,
+        explicit,
+        "sft",
+        "lora",
+        resume_from_checkpoint=str(explicit / "checkpoint-3"),
+        **extra,
+    )
 
     reference = _adapter(tmp_path / "straight")
     for folder in (interrupted, explicit):
@@ -176,8 +236,11 @@ def test_lora_resume_matches_an_uninterrupted_run(tiny_model_dir, data_dir, tmp_
         assert reference.keys() == resumed.keys()
         for name in reference:
             torch.testing.assert_close(resumed[name], reference[name], rtol=0, atol=1e-6)
-        steps = [json.loads(line)["current_steps"] for line in (folder / "trainer_log.jsonl").read_text().splitlines()
-                 if "loss" in json.loads(line)]
+        steps = [
+            json.loads(line)["current_steps"]
+            for line in (folder / "trainer_log.jsonl").read_text().splitlines()
+            if "loss" in json.loads(line)
+        ]
         assert steps == [1, 2, 3, 4, 5, 6]  # the lines of the lost steps were replaced, not duplicated
 
 
@@ -197,8 +260,19 @@ def test_predict_writes_generated_predictions(tiny_model_dir, data_dir, tmp_path
     if not hasattr(supervised, "preprocess_unsupervised_dataset"):
         pytest.skip("prompt-only evaluation rows have not landed yet")
     output = tmp_path / "out"
-    metrics = _train(tiny_model_dir, data_dir, output, "sft", "lora", plot_loss=False, do_predict=True,
-                     predict_with_generate=True, eval_strategy="no", max_new_tokens=6, do_sample=False)
+    metrics = _train(
+        tiny_model_dir,
+        data_dir,
+        output,
+        "sft",
+        "lora",
+        plot_loss=False,
+        do_predict=True,
+        predict_with_generate=True,
+        eval_strategy="no",
+        max_new_tokens=6,
+        do_sample=False,
+    )
     lines = [json.loads(line) for line in (output / "generated_predictions.jsonl").read_text().splitlines()]
     assert len(lines) == 8 and set(lines[0]) == {"prompt", "predict", "label"}
     assert lines[0]["label"].endswith(".") and "plus" in lines[0]["prompt"]
@@ -208,7 +282,9 @@ def test_predict_writes_generated_predictions(tiny_model_dir, data_dir, tmp_path
 
 def _cli(*args, cwd=None, env_home=None):
     env = {**os.environ, "HOME": env_home or os.environ["HOME"], "OMP_NUM_THREADS": "1"}
-    return subprocess.run([sys.executable, "-m", "lathe", *args], capture_output=True, text=True, cwd=cwd, env=env, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "lathe", *args], capture_output=True, text=True, cwd=cwd, env=env, timeout=300
+    )
 
 
 def test_cli_dry_run_prints_config_and_plan(tiny_model_dir, data_dir, tmp_path, write_yaml):
@@ -244,5 +320,8 @@ def test_cli_data_preview_marks_trained_spans(tiny_model_dir, data_dir, tmp_path
     assert "[[" in result.stdout and "trained" in result.stdout
     assert result.stdout.count("--- example") == 2
     # the template report: stop tokens and the saved chat_template's agreement with the training template
-    assert "template: chatml" in result.stdout and "stop tokens (generation_config eos_token_id): '<|im_end|>'" in result.stdout
+    assert (
+        "template: chatml" in result.stdout
+        and "stop tokens (generation_config eos_token_id): '<|im_end|>'" in result.stdout
+    )
     assert "chat_template: renders the probe conversations exactly as the template trains on them" in result.stdout

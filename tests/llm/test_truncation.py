@@ -1,6 +1,7 @@
 """What cutoff_len cuts is reported (lathe.llm.data.truncation): per example, per split in the cache
 manifest (a cached run reports the same), in the log (loud when most trained tokens are gone) and in the
 printed plan; the tokenizer's misleading "indexing errors" warning is gone; pre-training cuts nothing."""
+
 import json
 import logging
 from types import SimpleNamespace
@@ -30,10 +31,15 @@ def trained(labels):
     return sum(label != IGNORE_INDEX for label in labels)
 
 
-@pytest.mark.parametrize("template_name, flags", [
-    ("qwen", {}), ("qwen", {"mask_history": True}), ("qwen", {"train_on_prompt": True}),
-    ("llama2", {}),  # efficient_eos: EOS labels on later prompts and one EOS at the end
-])
+@pytest.mark.parametrize(
+    "template_name, flags",
+    [
+        ("qwen", {}),
+        ("qwen", {"mask_history": True}),
+        ("qwen", {"train_on_prompt": True}),
+        ("llama2", {}),  # efficient_eos: EOS labels on later prompts and one EOS at the end
+    ],
+)
 @pytest.mark.parametrize("cutoff_len", [7, 20, 45, 1000])
 def test_an_example_s_cut_is_its_whole_encoding_less_what_was_kept(word_tokenizer, template_name, flags, cutoff_len):
     from lathe.llm.data.supervised import measure_supervised_example
@@ -58,8 +64,15 @@ def write_data(folder, rows):
 def build(folder, tokenizer, generate=False, stage="sft", **values):
     data_args = DataArguments(dataset_dir=str(folder), **{"template": "qwen", **values})
     template = get_template_and_fix_tokenizer(tokenizer, data_args)
-    return get_dataset(template, SimpleNamespace(), data_args, SimpleNamespace(seed=1, predict_with_generate=generate),
-                       stage, tokenizer, cache_dir=str(folder / "cache"))
+    return get_dataset(
+        template,
+        SimpleNamespace(),
+        data_args,
+        SimpleNamespace(seed=1, predict_with_generate=generate),
+        stage,
+        tokenizer,
+        cache_dir=str(folder / "cache"),
+    )
 
 
 LONG = [{"instruction": "what is two plus two", "output": " ".join(["four"] * (40 + i))} for i in range(6)]
@@ -69,10 +82,14 @@ SHORT = [{"instruction": "add", "output": "four"} for _ in range(4)]
 def expected_counts(tokenizer, rows, cutoff_len):
     """The split's counts worked out example by example, from the whole encodings."""
     template = get_template_and_fix_tokenizer(tokenizer, DataArguments(template="qwen"))
-    counts = dict.fromkeys(("examples", "truncated_examples", "cut_tokens", "label_tokens", "cut_label_tokens",
-                            "longest_example"), 0)
+    counts = dict.fromkeys(
+        ("examples", "truncated_examples", "cut_tokens", "label_tokens", "cut_label_tokens", "longest_example"), 0
+    )
     for row in rows:
-        prompt, answer = [{"role": "user", "content": row["instruction"]}], [{"role": "assistant", "content": row["output"]}]
+        prompt, answer = (
+            [{"role": "user", "content": row["instruction"]}],
+            [{"role": "assistant", "content": row["output"]}],
+        )
         whole_ids, whole_labels = encode_supervised_example(prompt, answer, "", "", template, tokenizer, 10**9)
         ids, labels = encode_supervised_example(prompt, answer, "", "", template, tokenizer, cutoff_len)
         counts["examples"] += 1
@@ -93,9 +110,11 @@ def test_a_split_whose_every_example_is_cut_is_counted_and_warned_loudly(tmp_pat
     assert counts["truncated_examples"] == 6 and counts["cut_label_tokens"] > counts["label_tokens"] / 2
     assert module["truncation"]["train"] == counts
     warnings = [record.getMessage() for record in caplog.records if record.levelname == "WARNING"]
-    assert any(message.startswith("MOST TOKENS THAT SHOULD TRAIN ARE CUT. train split: cutoff_len 16 cut 6 of 6 "
-                                  "examples") and f"cutoff_len: {counts['longest_example']} keeps every example whole"
-               in message for message in warnings)
+    assert any(
+        message.startswith("MOST TOKENS THAT SHOULD TRAIN ARE CUT. train split: cutoff_len 16 cut 6 of 6 examples")
+        and f"cutoff_len: {counts['longest_example']} keeps every example whole" in message
+        for message in warnings
+    )
     assert set(module["train_dataset"].column_names) <= {"input_ids", "attention_mask", "labels", "position_ids"}
 
     caplog.clear()
@@ -122,7 +141,9 @@ def test_generation_eval_rows_count_the_reference_tokens_cut(tmp_path, word_toke
     module = build(tmp_path, word_tokenizer, eval_dataset="d", cutoff_len=16, generate=True)
     stats = module["truncation"]["validation"]
     assert stats["truncated_examples"] == 6
-    assert stats["label_tokens"] - stats["cut_label_tokens"] == sum(len(row["labels"]) for row in module["eval_dataset"])
+    assert stats["label_tokens"] - stats["cut_label_tokens"] == sum(
+        len(row["labels"]) for row in module["eval_dataset"]
+    )
 
 
 def test_the_tokenizers_indexing_errors_warning_is_not_shown(tmp_path, tiny_tokenizer_dir):
@@ -145,7 +166,9 @@ def test_the_tokenizers_indexing_errors_warning_is_not_shown(tmp_path, tiny_toke
 
 def test_pretraining_cuts_nothing(tmp_path, word_tokenizer):
     (tmp_path / "d.txt").write_text("two plus two is four " * 30 + "\nfirst second\n", encoding="utf-8")
-    (tmp_path / "dataset_info.json").write_text(json.dumps({"d": {"file_name": "d.txt", "columns": {"prompt": "text"}}}))
+    (tmp_path / "dataset_info.json").write_text(
+        json.dumps({"d": {"file_name": "d.txt", "columns": {"prompt": "text"}}})
+    )
     module = build(tmp_path, word_tokenizer, dataset="d", cutoff_len=8, stage="pt", template=None)
     assert module["truncation"] == {"train": None}
     assert sum(len(row) for row in module["train_dataset"]["input_ids"]) == 30 * 5 + 2 + 2  # every token and 2 EOS
@@ -159,14 +182,30 @@ def test_the_plan_shows_what_cutoff_len_cut(tmp_path):
 
     datasets = pytest.importorskip("datasets")
     train = datasets.Dataset.from_dict({"input_ids": [[5] * 16] * 6, "labels": [[-100] * 6 + [5] * 10] * 6})
-    config = parse_train_config({"model_name_or_path": "m", "dataset": "d", "finetuning_type": "full",
-                                 "output_dir": str(tmp_path), "cutoff_len": 16, "report_to": "none"})
-    stats = {"examples": 6, "truncated_examples": 6, "cut_tokens": 300, "label_tokens": 320, "cut_label_tokens": 260,
-             "longest_example": 66}
+    config = parse_train_config(
+        {
+            "model_name_or_path": "m",
+            "dataset": "d",
+            "finetuning_type": "full",
+            "output_dir": str(tmp_path),
+            "cutoff_len": 16,
+            "report_to": "none",
+        }
+    )
+    stats = {
+        "examples": 6,
+        "truncated_examples": 6,
+        "cut_tokens": 300,
+        "label_tokens": 320,
+        "cut_label_tokens": 260,
+        "longest_example": 66,
+    }
     model = torch.nn.Linear(2, 2)
     text = format_plan(make_plan(config, {"train_dataset": train, "truncation": {"train": stats}}, model), config)
-    assert ("  truncation      cutoff_len 16 cut 6 of 6 examples (longest 66 tokens): 300 tokens, of them 260 of 320 "
-            "trained tokens (81.2%) -- MOST OF THE TRAINING SIGNAL IS LOST: RAISE CUTOFF_LEN (CUTOFF_LEN: 66 KEEPS") in text
+    assert (
+        "  truncation      cutoff_len 16 cut 6 of 6 examples (longest 66 tokens): 300 tokens, of them 260 of 320 "
+        "trained tokens (81.2%) -- MOST OF THE TRAINING SIGNAL IS LOST: RAISE CUTOFF_LEN (CUTOFF_LEN: 66 KEEPS"
+    ) in text
     quiet = {**stats, "truncated_examples": 0, "cut_tokens": 0, "cut_label_tokens": 0, "longest_example": 16}
     text = format_plan(make_plan(config, {"train_dataset": train, "truncation": {"train": quiet}}, model), config)
     assert "  truncation      no example is longer than cutoff_len 16 (longest 16 tokens)" in text

@@ -24,6 +24,7 @@ final weights to `final.safetensors` and exits 0. Options (all optional):
                                            for the signal
 A returncode of -N means killed by signal N (as in subprocess).
 """
+
 from __future__ import annotations
 
 import importlib
@@ -47,12 +48,12 @@ from lathe.train.flow import GracefulStopCallback
 # Where a child can kill itself mid-save. Each names a moment of checkpoint.atomic_checkpoint /
 # Trainer._save_checkpoint, so a test can hit exactly the windows random kills rarely find.
 CRASH_PHASES = (
-    "mid_write",        # half of a torch.save file written into the staging folder
+    "mid_write",  # half of a torch.save file written into the staging folder
     "before_manifest",  # every file written, no manifest yet
-    "before_rename",    # manifest written and fsynced, staging folder not yet renamed
+    "before_rename",  # manifest written and fsynced, staging folder not yet renamed
     "before_rotation",  # checkpoint-N published, older ones not yet rotated away
-    "mid_rotation",     # part of an older checkpoint's files deleted
-    "after_save",       # checkpoint committed and rotated, on_save ran
+    "mid_rotation",  # part of an older checkpoint's files deleted
+    "after_save",  # checkpoint committed and rotated, on_save ran
 )
 
 
@@ -174,15 +175,28 @@ def build_trainer(output_dir: str, options: dict, callbacks=(), **trainer_kwargs
     """The job's Trainer; options["args"] overrides TrainingArguments and trainer_kwargs go to
     Trainer (the in-process tests use both)."""
     arguments = dict(
-        output_dir=output_dir, per_device_train_batch_size=4, num_train_epochs=options.get("epochs", 2),
-        learning_rate=0.01, logging_steps=1, save_strategy="no" if options.get("graceful") else "steps",
-        save_steps=options.get("save_steps", 1), save_total_limit=options.get("save_total_limit", 2),
-        seed=7, report_to="none", disable_tqdm=True, dataloader_pin_memory=False,
+        output_dir=output_dir,
+        per_device_train_batch_size=4,
+        num_train_epochs=options.get("epochs", 2),
+        learning_rate=0.01,
+        logging_steps=1,
+        save_strategy="no" if options.get("graceful") else "steps",
+        save_steps=options.get("save_steps", 1),
+        save_total_limit=options.get("save_total_limit", 2),
+        seed=7,
+        report_to="none",
+        disable_tqdm=True,
+        dataloader_pin_memory=False,
     )
     arguments.update(options.get("args", {}))
     torch.manual_seed(0)  # the initial weights must not depend on what ran before in this process
-    return Trainer(model=Regressor(), args=TrainingArguments(**arguments), train_dataset=dataset(), callbacks=list(callbacks),
-                   **trainer_kwargs)
+    return Trainer(
+        model=Regressor(),
+        args=TrainingArguments(**arguments),
+        train_dataset=dataset(),
+        callbacks=list(callbacks),
+        **trainer_kwargs,
+    )
 
 
 def train_job(output_dir: str, options: dict) -> None:

@@ -1,5 +1,6 @@
 """A training job run under torchrun by tests/train/test_distributed.py (and in-process for the
 one-process reference): writes the final weights, the logged losses and eval metrics as JSON."""
+
 from __future__ import annotations
 
 import torch
@@ -46,18 +47,36 @@ def accuracy(prediction):
 def run(output_dir: str, options: dict) -> dict:
     torch.manual_seed(0)
     args = TrainingArguments(
-        output_dir=output_dir, per_device_train_batch_size=options["batch"], per_device_eval_batch_size=2,  # eval_loss is a mean per batch: same batches on both sides
-        gradient_accumulation_steps=options.get("accumulation", 1), num_train_epochs=options.get("epochs", 2),
-        learning_rate=0.1, logging_steps=1, save_strategy="no", report_to="none", disable_tqdm=True, seed=3,
-        use_cpu=True, dataloader_pin_memory=False,
+        output_dir=output_dir,
+        per_device_train_batch_size=options["batch"],
+        per_device_eval_batch_size=2,  # eval_loss is a mean per batch: same batches on both sides
+        gradient_accumulation_steps=options.get("accumulation", 1),
+        num_train_epochs=options.get("epochs", 2),
+        learning_rate=0.1,
+        logging_steps=1,
+        save_strategy="no",
+        report_to="none",
+        disable_tqdm=True,
+        seed=3,
+        use_cpu=True,
+        dataloader_pin_memory=False,
     )
-    trainer = Trainer(model=TokenModel(), args=args, train_dataset=dataset(options.get("train_items", 32)),
-                      eval_dataset=dataset(options.get("eval_items", 13)), compute_metrics=accuracy)
+    trainer = Trainer(
+        model=TokenModel(),
+        args=args,
+        train_dataset=dataset(options.get("train_items", 32)),
+        eval_dataset=dataset(options.get("eval_items", 13)),
+        compute_metrics=accuracy,
+    )
     trainer.train()
     metrics = trainer.evaluate()
-    result = {"weights": {k: v.tolist() for k, v in trainer.model.state_dict().items()},
-              "losses": [entry["loss"] for entry in trainer.state.log_history if "loss" in entry],
-              "metrics": metrics, "world_size": args.world_size, "rank": args.process_index}
+    result = {
+        "weights": {k: v.tolist() for k, v in trainer.model.state_dict().items()},
+        "losses": [entry["loss"] for entry in trainer.state.log_history if "loss" in entry],
+        "metrics": metrics,
+        "world_size": args.world_size,
+        "rank": args.process_index,
+    }
     return result
 
 

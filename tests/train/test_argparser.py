@@ -1,4 +1,5 @@
 """Tests for lathe.train.argparser: dataclass fields <-> argv, dict, JSON and YAML."""
+
 import argparse
 import dataclasses
 import json
@@ -140,8 +141,13 @@ def test_str_or_list_takes_one_or_several_values():
 
 @pytest.mark.parametrize(
     "argv, expected",
-    [([], "no"), (["--tokens_seen", "non_padding"], "non_padding"), (["--tokens_seen"], True),
-     (["--tokens_seen", "true"], True), (["--tokens_seen", "false"], False)],
+    [
+        ([], "no"),
+        (["--tokens_seen", "non_padding"], "non_padding"),
+        (["--tokens_seen"], True),
+        (["--tokens_seen", "true"], True),
+        (["--tokens_seen", "false"], False),
+    ],
 )
 def test_str_or_bool_keeps_other_strings(argv, expected):
     assert parse(Unions, argv).tokens_seen == expected
@@ -179,7 +185,7 @@ def test_unsupported_union_is_rejected_at_construction():
 def test_help_renders_groups_help_text_and_percent_signs():
     text = HfArgumentParser([Unions, Other]).format_help()
     assert "other arguments" in text and "10% slower" in text and "[deprecated: use --pep604]" in text
-    options = text[text.index("options:"):]
+    options = text[text.index("options:") :]
     assert options.index("other arguments") < options.index("deprecated arguments") < options.index("--old_name")
 
 
@@ -290,8 +296,17 @@ def test_no_torch_import():
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
-TRAINING_ARGV = ["--output_dir", "o", "--report_to", "tensorboard", "jsonl",
-                 "--include_num_input_tokens_seen", "non_padding", "--learning_rate", "1e-3"]
+TRAINING_ARGV = [
+    "--output_dir",
+    "o",
+    "--report_to",
+    "tensorboard",
+    "jsonl",
+    "--include_num_input_tokens_seen",
+    "non_padding",
+    "--learning_rate",
+    "1e-3",
+]
 
 
 def test_training_arguments_parse():

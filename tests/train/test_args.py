@@ -1,4 +1,5 @@
 """TrainingArguments: transformers' defaults, validation errors, deprecated names, derived values."""
+
 import dataclasses
 import json
 import subprocess
@@ -39,9 +40,19 @@ def test_enums_compare_equal_to_their_strings():
 
 
 def test_scheduler_and_optimizer_names_cover_the_required_values():
-    for name in ("linear", "cosine", "cosine_with_restarts", "polynomial", "constant", "constant_with_warmup",
-                 "inverse_sqrt", "reduce_lr_on_plateau", "cosine_with_min_lr", "cosine_warmup_with_min_lr",
-                 "warmup_stable_decay"):
+    for name in (
+        "linear",
+        "cosine",
+        "cosine_with_restarts",
+        "polynomial",
+        "constant",
+        "constant_with_warmup",
+        "inverse_sqrt",
+        "reduce_lr_on_plateau",
+        "cosine_with_min_lr",
+        "cosine_warmup_with_min_lr",
+        "warmup_stable_decay",
+    ):
         assert SchedulerType(name) == name
     for name in ("adamw_torch", "adamw_torch_fused", "sgd", "adagrad", "rmsprop", "adafactor"):
         assert OptimizerNames(name) == name
@@ -49,8 +60,13 @@ def test_scheduler_and_optimizer_names_cover_the_required_values():
 
 @pytest.mark.parametrize(
     "name, value",
-    [("eval_strategy", "sometimes"), ("logging_strategy", "best"), ("save_strategy", "always"),
-     ("lr_scheduler_type", "cosin"), ("optim", "adam")],
+    [
+        ("eval_strategy", "sometimes"),
+        ("logging_strategy", "best"),
+        ("save_strategy", "always"),
+        ("lr_scheduler_type", "cosin"),
+        ("optim", "adam"),
+    ],
 )
 def test_bad_enum_value_names_field_and_lists_allowed_values(name, value):
     with pytest.raises(ValueError) as error:
@@ -90,8 +106,17 @@ def test_every_field_has_a_help_sentence():
             assert len(text.split()) >= 3 and text.rstrip().endswith("."), f.name
 
 
-DEPRECATED = ("warmup_ratio", "evaluation_strategy", "group_by_length", "logging_dir", "overwrite_output_dir",
-              "save_safetensors", "no_cuda", "gradient_checkpointing", "gradient_checkpointing_kwargs")
+DEPRECATED = (
+    "warmup_ratio",
+    "evaluation_strategy",
+    "group_by_length",
+    "logging_dir",
+    "overwrite_output_dir",
+    "save_safetensors",
+    "no_cuda",
+    "gradient_checkpointing",
+    "gradient_checkpointing_kwargs",
+)
 
 
 def test_deprecated_fields_are_marked_and_default_to_none():
@@ -137,8 +162,9 @@ def test_every_shared_default_equals_transformers():
     [
         dict(eval_strategy="steps", logging_steps=10.0),
         dict(eval_strategy="steps", eval_steps=0, logging_steps=7, save_steps=14.0, load_best_model_at_end=True),
-        dict(eval_strategy="epoch", save_strategy="epoch", load_best_model_at_end=True,
-             metric_for_best_model="accuracy"),
+        dict(
+            eval_strategy="epoch", save_strategy="epoch", load_best_model_at_end=True, metric_for_best_model="accuracy"
+        ),
         dict(eval_strategy="steps", save_strategy="best", metric_for_best_model="eval_loss"),
         dict(lr_scheduler_type="reduce_lr_on_plateau", eval_strategy="epoch"),
         dict(include_num_input_tokens_seen=True, torch_compile_mode="default", use_cpu=True),
@@ -345,8 +371,13 @@ def test_metric_for_best_model_and_greater_is_better(kwargs, metric, greater):
 
 @pytest.mark.parametrize(
     "value, expected",
-    [("none", []), (None, []), (["none"], []), ("tensorboard", ["tensorboard"]),
-     (["jsonl", "tensorboard"], ["jsonl", "tensorboard"])],
+    [
+        ("none", []),
+        (None, []),
+        (["none"], []),
+        ("tensorboard", ["tensorboard"]),
+        (["jsonl", "tensorboard"], ["jsonl", "tensorboard"]),
+    ],
 )
 def test_report_to_is_normalised_to_a_list(value, expected):
     assert make(report_to=value).report_to == expected
@@ -429,9 +460,18 @@ def test_importing_args_does_not_import_torch():
 
 
 def test_to_dict_round_trips_through_json():
-    args = make(eval_strategy="steps", eval_steps=50, save_strategy="best", metric_for_best_model="accuracy",
-                lr_scheduler_type="cosine", lr_scheduler_kwargs={"num_cycles": 0.5}, report_to="jsonl",
-                label_names=["labels"], warmup_steps=0.1, include_num_input_tokens_seen=True)
+    args = make(
+        eval_strategy="steps",
+        eval_steps=50,
+        save_strategy="best",
+        metric_for_best_model="accuracy",
+        lr_scheduler_type="cosine",
+        lr_scheduler_kwargs={"num_cycles": 0.5},
+        report_to="jsonl",
+        label_names=["labels"],
+        warmup_steps=0.1,
+        include_num_input_tokens_seen=True,
+    )
     d = args.to_dict()
     assert d["eval_strategy"] == "steps" and type(d["eval_strategy"]) is str
     assert type(d["optim"]) is str and type(d["lr_scheduler_type"]) is str

@@ -1,4 +1,5 @@
 """Tests for lathe.train.collators (and the padding they rely on): exact batches, errors, parity with transformers."""
+
 from __future__ import annotations
 
 import copy
@@ -279,21 +280,38 @@ def test_padding_matches_transformers(hf_tokenizer, hf_collators, side, options)
 @pytest.mark.parametrize("side", ["right", "left"])
 @pytest.mark.parametrize("options", PADDING_CASES)
 @pytest.mark.parametrize("fields", ["input_ids", "with attention_mask", "all token fields"])
-def test_plain_token_lists_are_padded_without_tokenizer_pad_exactly_as_it_would(hf_tokenizer, monkeypatch, side, options, fields):
+def test_plain_token_lists_are_padded_without_tokenizer_pad_exactly_as_it_would(
+    hf_tokenizer, monkeypatch, side, options, fields
+):
     hf_tokenizer.padding_side = side
     try:
-        extra = {"input_ids": {}, "with attention_mask": {"return_attention_mask": True},
-                 "all token fields": {"return_token_type_ids": True, "return_special_tokens_mask": True}}[fields]
-        features = [{key: list(value) for key, value in feature.items()}
-                    for feature in encode(hf_tokenizer, SENTENCES[:3] + ["cat"], **extra)]
+        extra = {
+            "input_ids": {},
+            "with attention_mask": {"return_attention_mask": True},
+            "all token fields": {"return_token_type_ids": True, "return_special_tokens_mask": True},
+        }[fields]
+        features = [
+            {key: list(value) for key, value in feature.items()}
+            for feature in encode(hf_tokenizer, SENTENCES[:3] + ["cat"], **extra)
+        ]
         if fields == "input_ids":
             features = [{"input_ids": feature["input_ids"]} for feature in features]
-        expected = hf_tokenizer.pad(features, return_tensors="pt", padding=options.get("padding", True),
-                                    max_length=options.get("max_length"), pad_to_multiple_of=options.get("pad_to_multiple_of"))
+        expected = hf_tokenizer.pad(
+            features,
+            return_tensors="pt",
+            padding=options.get("padding", True),
+            max_length=options.get("max_length"),
+            pad_to_multiple_of=options.get("pad_to_multiple_of"),
+        )
         calls = []
         monkeypatch.setattr(hf_tokenizer, "pad", lambda *args, **kwargs: calls.append(args), raising=False)
-        padded = pad_batch(hf_tokenizer, features, options.get("padding", True), options.get("max_length"),
-                           options.get("pad_to_multiple_of"))
+        padded = pad_batch(
+            hf_tokenizer,
+            features,
+            options.get("padding", True),
+            options.get("max_length"),
+            options.get("pad_to_multiple_of"),
+        )
     finally:
         monkeypatch.undo()
         hf_tokenizer.padding_side = "right"
@@ -408,9 +426,9 @@ def test_causal_lm_labels_hide_padding():
 def test_mlm_masks_only_ordinary_tokens():
     tokenizer = MiniTokenizer()
     features = [[EOS, 5, 6, 7, UNK], [8, 9]]
-    all_masked = DataCollatorForLanguageModeling(tokenizer, mlm_probability=1.0, mask_replace_prob=1.0, random_replace_prob=0.0)(
-        features
-    )
+    all_masked = DataCollatorForLanguageModeling(
+        tokenizer, mlm_probability=1.0, mask_replace_prob=1.0, random_replace_prob=0.0
+    )(features)
     assert_batches_equal(
         all_masked,
         {
@@ -418,9 +436,13 @@ def test_mlm_masks_only_ordinary_tokens():
             "labels": t([[-100, 5, 6, 7, -100], [8, 9, -100, -100, -100]]),
         },
     )
-    kept = DataCollatorForLanguageModeling(tokenizer, mlm_probability=1.0, mask_replace_prob=0.0, random_replace_prob=0.0)
+    kept = DataCollatorForLanguageModeling(
+        tokenizer, mlm_probability=1.0, mask_replace_prob=0.0, random_replace_prob=0.0
+    )
     batch = kept([{"input_ids": [5, 6, 7], "special_tokens_mask": [0, 1, 0]}])
-    assert_batches_equal(batch, {"input_ids": t([[5, 6, 7]]), "attention_mask": t([[1, 1, 1]]), "labels": t([[5, -100, 7]])})
+    assert_batches_equal(
+        batch, {"input_ids": t([[5, 6, 7]]), "attention_mask": t([[1, 1, 1]]), "labels": t([[5, -100, 7]])}
+    )
 
 
 def test_mlm_probabilities_follow_the_80_10_10_rule():

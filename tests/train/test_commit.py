@@ -1,6 +1,7 @@
 """Background checkpoint commits: the flush and rename of a checkpoint overlap the next training
 steps, yet every checkpoint is published (complete) before anything reads it, a failed commit is
 a clear error, and a run that stops on an exception still publishes its last checkpoint."""
+
 from __future__ import annotations
 
 import errno
@@ -142,6 +143,7 @@ def test_a_full_disk_mid_save_ends_the_traceback_with_lathes_message(tmp_path, m
     torch_save_to_a_full_disk(monkeypatch, os.path.join(".staging-checkpoint-4", ckpt.SCHEDULER_NAME))
     trainer = trainer_for(tmp_path / "out")
     if synchronous:
+
         class SavesInTheLoop(type(trainer)):
             def save_model(self, output_dir=None, _internal_call=False):
                 return super().save_model(output_dir, _internal_call)
@@ -150,9 +152,11 @@ def test_a_full_disk_mid_save_ends_the_traceback_with_lathes_message(tmp_path, m
     with pytest.raises(RuntimeError) as raised:
         trainer.train()
     last = printed_traceback(raised.value)[-1]
-    assert last == (f"Saving checkpoint '{tmp_path / 'out' / 'checkpoint-4'}' failed; earlier checkpoints are intact. "
-                    f"Check free disk space ({ckpt._free_space(str(tmp_path / 'out' / 'checkpoint-4'))}) and that the "
-                    "output folder is writable.")
+    assert last == (
+        f"Saving checkpoint '{tmp_path / 'out' / 'checkpoint-4'}' failed; earlier checkpoints are intact. "
+        f"Check free disk space ({ckpt._free_space(str(tmp_path / 'out' / 'checkpoint-4'))}) and that the "
+        "output folder is writable."
+    )
     assert [os.path.basename(p) for p in ckpt.sorted_checkpoints(str(tmp_path / "out"))] == ["checkpoint-2"]
 
 
@@ -164,4 +168,5 @@ def test_a_full_disk_in_save_model_ends_the_traceback_with_lathes_message(tmp_pa
     with pytest.raises(RuntimeError) as raised:
         trainer.save_model(str(tmp_path / "final"))
     assert printed_traceback(raised.value)[-1].startswith(
-        f"Saving the model to '{tmp_path / 'final'}' failed. Check free disk space (")
+        f"Saving the model to '{tmp_path / 'final'}' failed. Check free disk space ("
+    )

@@ -3,6 +3,7 @@ incomplete folders, a full disk, an unwritable output_dir, a moved output folder
 SIGTERM, and rotation that never deletes before the new checkpoint is committed.
 
 The killed processes come from crash_worker.py's fork server (see its docstring for why)."""
+
 from __future__ import annotations
 
 import errno
@@ -32,6 +33,7 @@ STEPS = 24  # crash_worker's job: 48 samples, batch 4, 2 epochs
 
 # ----- the fork server -----
 
+
 class CrashServer:
     """Talks to `crash_worker.py serve`; every reply has a deadline, so a hung child fails the
     test instead of hanging it."""
@@ -39,8 +41,13 @@ class CrashServer:
     def __init__(self, log_dir: Path):
         env = {**os.environ, "PYTHONPATH": str(REPOSITORY), "OMP_NUM_THREADS": "1"}
         self.process = subprocess.Popen(
-            [sys.executable, str(WORKER), "serve"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-            text=True, bufsize=1, env=env, cwd=str(REPOSITORY),
+            [sys.executable, str(WORKER), "serve"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            bufsize=1,
+            env=env,
+            cwd=str(REPOSITORY),
         )
         self.log_dir = log_dir
         self.runs = 0
@@ -142,8 +149,14 @@ def has_staging_folder(output_dir: Path) -> bool:
 # ----- SIGKILL, for real -----
 
 # Exact moments inside a save that random kills rarely hit: (phase, at the n-th time reached).
-PHASE_KILLS = [("mid_write", 3), ("before_manifest", 2), ("before_rename", 4), ("before_rotation", 5),
-               ("mid_rotation", 3), ("after_save", 2)]
+PHASE_KILLS = [
+    ("mid_write", 3),
+    ("before_manifest", 2),
+    ("before_rename", 4),
+    ("before_rotation", 5),
+    ("mid_rotation", 3),
+    ("after_save", 2),
+]
 RANDOM_KILLS = 20
 
 
@@ -198,11 +211,14 @@ def test_sigkill_anywhere_keeps_checkpoints_complete_and_resume_exact(crash_serv
     finish_episode(output_dir)
     # A staging folder left behind proves the kill landed inside a save (before its rename).
     assert during_save >= 1, f"none of {landed} random kills landed inside a save"
-    print(f"{landed} random kills ({during_save} inside a save), {finished} runs finished early, "
-          f"{len(PHASE_KILLS)} kills at named save phases; uninterrupted run {duration:.2f} s")
+    print(
+        f"{landed} random kills ({during_save} inside a save), {finished} runs finished early, "
+        f"{len(PHASE_KILLS)} kills at named save phases; uninterrupted run {duration:.2f} s"
+    )
 
 
 # ----- graceful stop -----
+
 
 @pytest.mark.slow
 def test_sigterm_with_graceful_stop_saves_exits_zero_and_resumes_exactly(crash_server, tmp_path):
@@ -299,8 +315,12 @@ def empty_folder(folder: Path) -> None:
     folder.mkdir()
 
 
-@pytest.mark.parametrize("damage", [remove_trainer_state, truncate_weights, change_a_manifest_size, break_the_manifest, empty_folder])
-def test_newest_broken_checkpoint_is_skipped_with_a_warning_and_resume_falls_back(damage, tmp_path, short_reference, caplog):
+@pytest.mark.parametrize(
+    "damage", [remove_trainer_state, truncate_weights, change_a_manifest_size, break_the_manifest, empty_folder]
+)
+def test_newest_broken_checkpoint_is_skipped_with_a_warning_and_resume_falls_back(
+    damage, tmp_path, short_reference, caplog
+):
     output_dir = tmp_path / "output"
     train_until(output_dir, 6)  # checkpoints 2, 4, 6
     damage(output_dir / "checkpoint-6")
@@ -342,7 +362,9 @@ def test_staging_leftovers_are_ignored_and_removed_by_the_next_save(tmp_path, sh
     assert_same_weights(weights_of(trainer.model), short_reference)
     leftovers = sorted(name for name in os.listdir(output_dir) if name.startswith(ckpt.STAGING_PREFIX))
     assert leftovers == []
-    assert [os.path.basename(p) for p in ckpt.sorted_checkpoints(str(output_dir))] == [f"checkpoint-{n}" for n in (2, 4, 6, 8)]
+    assert [os.path.basename(p) for p in ckpt.sorted_checkpoints(str(output_dir))] == [
+        f"checkpoint-{n}" for n in (2, 4, 6, 8)
+    ]
 
 
 # ----- full disk, unwritable output_dir -----
@@ -354,6 +376,7 @@ TORCH_WRITE_FAILURE = "[enforce fail at inline_container.cc:672] . unexpected po
 
 def failing_inside(real, error: BaseException, marker: str = ".staging-checkpoint-4"):
     """`real`, raising `error` instead when a path argument is inside the given staging folder."""
+
     def wrapper(*args, **kwargs):
         if any(marker in os.fspath(a) for a in (*args, *kwargs.values()) if isinstance(a, (str, os.PathLike))):
             raise error
@@ -370,7 +393,9 @@ def assert_only_committed_checkpoints(output_dir: Path, steps: list[int]) -> Non
 
 
 @pytest.mark.parametrize("failure", ["ENOSPC from safetensors", "torch.save write failure"])
-def test_full_disk_during_a_save_is_a_clear_error_and_the_previous_checkpoint_resumes(failure, tmp_path, monkeypatch, short_reference):
+def test_full_disk_during_a_save_is_a_clear_error_and_the_previous_checkpoint_resumes(
+    failure, tmp_path, monkeypatch, short_reference
+):
     import safetensors.torch
 
     if failure == "ENOSPC from safetensors":
@@ -404,11 +429,19 @@ def test_every_file_and_folder_is_flushed_before_the_rename(tmp_path, monkeypatc
         os.makedirs(os.path.join(staging, "adapter"))
         Path(staging, "adapter", "adapter_model.safetensors").write_bytes(b"y")
         staging_folder = staging
-    names = {"model.safetensors", "optimizer.pt", "trainer_state.json", ckpt.MANIFEST_NAME, "adapter/adapter_model.safetensors"}
+    names = {
+        "model.safetensors",
+        "optimizer.pt",
+        "trainer_state.json",
+        ckpt.MANIFEST_NAME,
+        "adapter/adapter_model.safetensors",
+    }
     assert sorted(os.path.relpath(path, staging_folder) for path in flushed_files) == sorted(names)
     # Each folder after its files (the subfolder before the checkpoint folder), then output_dir after the rename.
     assert flushed_folders == [os.path.join(staging_folder, "adapter"), staging_folder, str(tmp_path)]
-    assert sorted(os.listdir(final)) == sorted({"adapter", "model.safetensors", "optimizer.pt", "trainer_state.json", ckpt.MANIFEST_NAME})
+    assert sorted(os.listdir(final)) == sorted(
+        {"adapter", "model.safetensors", "optimizer.pt", "trainer_state.json", ckpt.MANIFEST_NAME}
+    )
 
 
 def test_a_failed_flush_is_a_clear_error_and_publishes_nothing(tmp_path, monkeypatch, short_reference):
@@ -463,6 +496,7 @@ def test_unwritable_output_dir_is_a_clear_error_and_keeps_earlier_checkpoints(tm
 
 # ----- rotation -----
 
+
 @pytest.mark.parametrize("where", ["while writing", "while publishing"])
 def test_rotation_never_deletes_before_the_new_checkpoint_is_committed(where, tmp_path, monkeypatch, short_reference):
     output_dir = tmp_path / "output"
@@ -473,6 +507,7 @@ def test_rotation_never_deletes_before_the_new_checkpoint_is_committed(where, tm
             if isinstance(path, (str, os.PathLike)) and ".staging-checkpoint-3" in os.fspath(path):
                 raise RuntimeError("simulated crash inside the save of checkpoint-3")
             return real(target, *args, **kwargs)
+
         return wrapper
 
     if where == "while writing":  # torch.save(obj, path): the path is the 2nd argument
@@ -492,6 +527,7 @@ def test_rotation_never_deletes_before_the_new_checkpoint_is_committed(where, tm
 
 # ----- checkpoints written by transformers (no manifest) -----
 
+
 def transformers_checkpoints(output_dir: Path, stop_at: int = 4) -> None:
     """checkpoint-2 and checkpoint-4 of the same job, written by transformers.Trainer."""
     import transformers
@@ -502,12 +538,23 @@ def transformers_checkpoints(output_dir: Path, stop_at: int = 4) -> None:
                 control.should_training_stop = True
 
     arguments = transformers.TrainingArguments(
-        output_dir=str(output_dir), per_device_train_batch_size=4, max_steps=MAX_STEPS, learning_rate=0.01,
-        logging_steps=1, save_strategy="steps", save_steps=2, seed=7, report_to="none", disable_tqdm=True,
-        dataloader_pin_memory=False, use_cpu=True,
+        output_dir=str(output_dir),
+        per_device_train_batch_size=4,
+        max_steps=MAX_STEPS,
+        learning_rate=0.01,
+        logging_steps=1,
+        save_strategy="steps",
+        save_steps=2,
+        seed=7,
+        report_to="none",
+        disable_tqdm=True,
+        dataloader_pin_memory=False,
+        use_cpu=True,
     )
     torch.manual_seed(0)
-    trainer = transformers.Trainer(model=crash_worker.Regressor(), args=arguments, train_dataset=crash_worker.dataset(), callbacks=[Stop()])
+    trainer = transformers.Trainer(
+        model=crash_worker.Regressor(), args=arguments, train_dataset=crash_worker.dataset(), callbacks=[Stop()]
+    )
     trainer.train()
 
 
@@ -540,6 +587,7 @@ def test_broken_transformers_checkpoints_are_skipped(damage, tmp_path, caplog):
 
 # ----- a moved output folder -----
 
+
 class CrashAfterSave(crash_worker.TrainerCallback):
     def __init__(self, step: int):
         self.step = step
@@ -556,8 +604,13 @@ def test_moved_output_folder_still_finds_and_loads_its_best_model(tmp_path):
 
     def trainer_in(output_dir: Path, callbacks=()):
         trainer = trainer_for(
-            output_dir, eval_strategy="steps", eval_steps=2, save_total_limit=1, load_best_model_at_end=True,
-            metric_for_best_model="score", greater_is_better=True,
+            output_dir,
+            eval_strategy="steps",
+            eval_steps=2,
+            save_total_limit=1,
+            load_best_model_at_end=True,
+            metric_for_best_model="score",
+            greater_is_better=True,
             trainer_kwargs={
                 "eval_dataset": crash_worker.dataset(8),
                 "compute_metrics": lambda prediction: {"score": scores[holder["trainer"].state.global_step]},

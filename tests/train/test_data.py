@@ -1,4 +1,5 @@
 """Samplers, resumable batching, length grouping, column pruning and item checks of lathe.train.data."""
+
 import logging
 import subprocess
 import sys
@@ -204,13 +205,17 @@ def test_direct_loader_matches_torch_dataloader_batches_and_global_rng():
     """The lean single-process iteration is torch's, minus bookkeeping: same batches (a collator that
     draws random numbers included), the same global-RNG draw made when iter() is called (the
     Trainer restores RNG state right after creating the iterator), and the same RNG state after."""
+
     def noisy_collate(items):
         return {"index": torch.tensor([item["index"] for item in items]), "noise": torch.rand(len(items))}
 
     def run(loader_class):
         torch.manual_seed(3)
-        loader = loader_class(CountingDataset(11), collate_fn=noisy_collate,
-                              batch_sampler=ResumableBatchSampler(EpochSampler(11, seed=5), 4))
+        loader = loader_class(
+            CountingDataset(11),
+            collate_fn=noisy_collate,
+            batch_sampler=ResumableBatchSampler(EpochSampler(11, seed=5), 4),
+        )
         iterator = iter(loader)
         after_iter = torch.get_rng_state()
         batches = [(batch["index"].tolist(), batch["noise"].tolist()) for batch in iterator]
@@ -224,8 +229,13 @@ def test_direct_loader_matches_torch_dataloader_batches_and_global_rng():
 
 def test_worker_only_options_are_dropped_without_workers():
     loader = build_dataloader(
-        CountingDataset(4), batch_size=2, num_workers=0, persistent_workers=True, prefetch_factor=4,
-        multiprocessing_context="spawn", pin_memory=True,
+        CountingDataset(4),
+        batch_size=2,
+        num_workers=0,
+        persistent_workers=True,
+        prefetch_factor=4,
+        multiprocessing_context="spawn",
+        pin_memory=True,
     )
     assert batches_of(loader) == [[0, 1], [2, 3]]
 
@@ -235,8 +245,13 @@ def test_skip_and_epochs_with_a_worker(persistent):
     # With workers DataLoader calls iter() on the batch sampler twice per pass and drops the first.
     expected = batches_of(build_dataloader(CountingDataset(9), batch_size=2, shuffle=True, seed=4))
     loader = build_dataloader(
-        CountingDataset(9), batch_size=2, shuffle=True, seed=4,
-        num_workers=1, persistent_workers=persistent, prefetch_factor=2,
+        CountingDataset(9),
+        batch_size=2,
+        shuffle=True,
+        seed=4,
+        num_workers=1,
+        persistent_workers=persistent,
+        prefetch_factor=2,
     )
     assert batches_of(skip_batches(loader, 2)) == expected[2:]
     assert batches_of(loader) == expected
@@ -281,6 +296,7 @@ def test_length_grouping_puts_the_longest_first_and_groups_similar_lengths():
     for start in range(0, 400, 40):
         chunk = [lengths[index] for index in order[start + 1 : start + 40]]
         assert chunk == sorted(chunk, reverse=True)
+
     # Grouped batches spread far less in length than random batches of the same data.
     def mean_spread(indices):
         batches = [[lengths[i] for i in indices[k : k + 4]] for k in range(0, len(indices), 4)]
@@ -372,6 +388,7 @@ def test_remove_unused_columns_error_names_columns_and_arguments():
 
 def test_collator_drops_keys_of_dict_items_only(caplog):
     seen = []
+
     def collate(features):
         seen.append(features)
         return len(features)

@@ -1,6 +1,7 @@
 """DeepSpeed ZeRO through TrainingArguments(deepspeed=...): 2 ZeRO ranks (CPU, gloo, torchrun) train
 the model one plain process trains with twice the batch; a checkpoint resumes exactly; the config's
 "auto" values come from the arguments and contradictions are errors; checkpoints load safely."""
+
 from __future__ import annotations
 
 import json
@@ -59,17 +60,32 @@ def test_zero_checkpoint_resumes_exactly_under_two_ranks(tmp_path):
     # transformers' DeepSpeed layout: full weights beside DeepSpeed's partitioned optimizer state
     assert (checkpoint / "latest").read_text().strip() == "global_step4"
     assert sorted(os.listdir(checkpoint / "global_step4")) == [
-        "mp_rank_00_model_states.pt", "zero_pp_rank_0_mp_rank_00_optim_states.pt", "zero_pp_rank_1_mp_rank_00_optim_states.pt"]
-    assert {"model.safetensors", "rng_state_0.pth", "rng_state_1.pth", "trainer_state.json"} <= set(os.listdir(checkpoint))
+        "mp_rank_00_model_states.pt",
+        "zero_pp_rank_0_mp_rank_00_optim_states.pt",
+        "zero_pp_rank_1_mp_rank_00_optim_states.pt",
+    ]
+    assert {"model.safetensors", "rng_state_0.pth", "rng_state_1.pth", "trainer_state.json"} <= set(
+        os.listdir(checkpoint)
+    )
     assert not (checkpoint / "optimizer.pt").exists()
     resumed = run_ranks(tmp_path, "part", {"batch": 2, "stage": 2, "save_steps": 2, "resume": str(checkpoint)})
     assert resumed["losses"] == pytest.approx(full["losses"], abs=1e-7)  # the first 4 from the checkpoint's log
     assert_same_weights(resumed["weights"], full["weights"])
     # another number of processes cannot take the partitioned optimizer state: a clear error
-    single = subprocess.run([sys.executable, str(WORKER), str(tmp_path / "one"), str(tmp_path / "one.json"),
-                             json.dumps({"batch": 4, "stage": 2, "save_steps": 2, "resume": str(checkpoint)})],
-                            env=dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(REPOSITORY)),
-                            capture_output=True, text=True, timeout=240, cwd=REPOSITORY)
+    single = subprocess.run(
+        [
+            sys.executable,
+            str(WORKER),
+            str(tmp_path / "one"),
+            str(tmp_path / "one.json"),
+            json.dumps({"batch": 4, "stage": 2, "save_steps": 2, "resume": str(checkpoint)}),
+        ],
+        env=dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(REPOSITORY)),
+        capture_output=True,
+        text=True,
+        timeout=240,
+        cwd=REPOSITORY,
+    )
     assert single.returncode != 0
     assert "partitioned over 2 processes; resume it with 2 processes (now 1)" in single.stderr
 
@@ -77,10 +93,20 @@ def test_zero_checkpoint_resumes_exactly_under_two_ranks(tmp_path):
 @pytest.mark.slow
 def test_one_process_without_a_launcher(tmp_path):
     """No torchrun: lathe makes the one-process group DeepSpeed needs; the result equals plain training."""
-    completed = subprocess.run([sys.executable, str(WORKER), str(tmp_path / "ds"), str(tmp_path / "ds.json"),
-                                json.dumps({"batch": 4, "stage": 2, "accumulation": 2})],
-                               env=dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(REPOSITORY)),
-                               capture_output=True, text=True, timeout=240, cwd=REPOSITORY)
+    completed = subprocess.run(
+        [
+            sys.executable,
+            str(WORKER),
+            str(tmp_path / "ds"),
+            str(tmp_path / "ds.json"),
+            json.dumps({"batch": 4, "stage": 2, "accumulation": 2}),
+        ],
+        env=dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(REPOSITORY)),
+        capture_output=True,
+        text=True,
+        timeout=240,
+        cwd=REPOSITORY,
+    )
     assert completed.returncode == 0, completed.stderr[-3000:]
     ours = json.loads((tmp_path / "ds.json").read_text())
     plain = ddp_worker.run(str(tmp_path / "plain"), {"batch": 4, "accumulation": 2})
@@ -91,9 +117,18 @@ def test_one_process_without_a_launcher(tmp_path):
 
 # ----- the config -----
 
+
 def make_args(tmp_path, config, **overrides):
-    return TrainingArguments(output_dir=str(tmp_path), per_device_train_batch_size=4, gradient_accumulation_steps=2,
-                             max_grad_norm=0.5, use_cpu=True, report_to="none", deepspeed=config, **overrides)
+    return TrainingArguments(
+        output_dir=str(tmp_path),
+        per_device_train_batch_size=4,
+        gradient_accumulation_steps=2,
+        max_grad_norm=0.5,
+        use_cpu=True,
+        report_to="none",
+        deepspeed=config,
+        **overrides,
+    )
 
 
 def test_auto_values_come_from_the_arguments(tmp_path):
@@ -115,7 +150,9 @@ def test_auto_values_come_from_the_arguments(tmp_path):
 
 
 def test_contradictions_and_unknown_keys_are_errors(tmp_path):
-    with pytest.raises(ValueError, match=r"train_micro_batch_size_per_gpu=8 but TrainingArguments per_device_train_batch_size = 4"):
+    with pytest.raises(
+        ValueError, match=r"train_micro_batch_size_per_gpu=8 but TrainingArguments per_device_train_batch_size = 4"
+    ):
         make_args(tmp_path, {"train_micro_batch_size_per_gpu": 8, "zero_optimization": {"stage": 2}})
     with pytest.raises(ValueError, match=r"gradient_clipping=1.0 but TrainingArguments max_grad_norm = 0.5"):
         make_args(tmp_path, {"gradient_clipping": 1.0})
@@ -179,5 +216,7 @@ def test_a_damaged_deepspeed_file_is_an_error_naming_it(tmp_path):
     whole = tmp_path / "mp_rank_00_model_states.pt"
     torch.save({"module": {"w": torch.ones(64)}}, whole)
     whole.write_bytes(whole.read_bytes()[:100])
-    with pytest.raises(ValueError, match=r"mp_rank_00_model_states.pt' is corrupt or truncated: torch.load cannot read it"):
+    with pytest.raises(
+        ValueError, match=r"mp_rank_00_model_states.pt' is corrupt or truncated: torch.load cannot read it"
+    ):
         engine.load(str(whole))

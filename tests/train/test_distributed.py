@@ -1,5 +1,6 @@
 """Two CPU processes (gloo, launched by torchrun) train the model one process trains with twice the
 batch: equal losses and final weights; evaluation metrics equal one process's."""
+
 from __future__ import annotations
 
 import json

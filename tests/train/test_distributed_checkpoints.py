@@ -2,6 +2,7 @@
 ranks (gloo, torchrun) whose rank 1 dies: the run stops, its last checkpoint stays valid and resumes
 under 2 ranks and under 1; and, with no torchrun to end the survivors, rank 0 stops by itself with a
 clear message when rank 1 dies or hangs."""
+
 from __future__ import annotations
 
 import logging
@@ -15,10 +16,14 @@ from tests.train import fsdp_worker
 from tests.train.torchrun_helpers import assert_same_weights, launch, torchrun
 
 
-def shard_batches(num_samples: int, batch_size: int, shards: int, seed: int, epoch: int, skip: int = 0) -> list[list[list[int]]]:
+def shard_batches(
+    num_samples: int, batch_size: int, shards: int, seed: int, epoch: int, skip: int = 0
+) -> list[list[list[int]]]:
     per_shard = []
     for index in range(shards):
-        sampler = ResumableBatchSampler(EpochSampler(num_samples, seed=seed), batch_size, num_shards=shards, shard_index=index)
+        sampler = ResumableBatchSampler(
+            EpochSampler(num_samples, seed=seed), batch_size, num_shards=shards, shard_index=index
+        )
         sampler.set_epoch(epoch)
         sampler.skip_batches(skip)
         per_shard.append(list(sampler))
@@ -50,14 +55,23 @@ def test_killed_ddp_run_resumes_under_two_ranks_and_under_one(tmp_path, caplog):
     checkpoint = output / "checkpoint-2"
     assert ckpt.get_last_checkpoint(str(output)) == str(checkpoint) and ckpt.is_complete_checkpoint(str(checkpoint))
     files = set(os.listdir(checkpoint))
-    assert {"rng_state_0.pth", "rng_state_1.pth", "optimizer.pt", "model.safetensors"} <= files and "rng_state.pth" not in files
+    assert {
+        "rng_state_0.pth",
+        "rng_state_1.pth",
+        "optimizer.pt",
+        "model.safetensors",
+    } <= files and "rng_state.pth" not in files
     assert not (output / "final").exists()
 
     # the uninterrupted run (one process with twice the batch trains what 2 ranks do: test_distributed.py)
     whole = fsdp_worker.run(str(tmp_path / "whole"), {"batch": 4, "accumulation": 2})
     ddp = {"ddp_find_unused_parameters": True, "ddp_bucket_cap_mb": 5, "ddp_broadcast_buffers": False}
     resumed = torchrun(tmp_path, "resumed", {**options, "resume": str(checkpoint), "ddp": ddp})
-    assert resumed["ddp"] == {"find_unused_parameters": True, "broadcast_buffers": False, "bucket_bytes_cap": 5 * 1024 * 1024}
+    assert resumed["ddp"] == {
+        "find_unused_parameters": True,
+        "broadcast_buffers": False,
+        "bucket_bytes_cap": 5 * 1024 * 1024,
+    }
     assert resumed["losses"] == pytest.approx(whole["losses"], abs=1e-6)
     assert_same_weights(resumed["weights"], whole["weights"])
     # one process with twice the per-device batch has the same global batch: the same run
@@ -84,16 +98,44 @@ def test_a_lost_rank_stops_the_others_quickly_with_a_clear_message(tmp_path, han
 
     from tests.train.torchrun_helpers import REPOSITORY, free_port
 
-    options = {"batch": 2, "accumulation": 2, "save_strategy": "steps", "save_steps": 2, "die_at_step": 3,
-               "hang": hang, "ddp_timeout": 5}
+    options = {
+        "batch": 2,
+        "accumulation": 2,
+        "save_strategy": "steps",
+        "save_steps": 2,
+        "die_at_step": 3,
+        "hang": hang,
+        "ddp_timeout": 5,
+    }
     port = free_port()
     ranks = []
     for rank in (0, 1):
-        env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(REPOSITORY), RANK=str(rank), LOCAL_RANK=str(rank),
-                   WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-        ranks.append(subprocess.Popen([sys.executable, str(REPOSITORY / "tests" / "train" / "fsdp_worker.py"), str(tmp_path / "run"),
-                                       str(tmp_path / "run.json"), json.dumps(options)], env=env, cwd=REPOSITORY,
-                                      stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True))
+        env = dict(
+            os.environ,
+            OMP_NUM_THREADS="1",
+            PYTHONPATH=str(REPOSITORY),
+            RANK=str(rank),
+            LOCAL_RANK=str(rank),
+            WORLD_SIZE="2",
+            MASTER_ADDR="127.0.0.1",
+            MASTER_PORT=str(port),
+        )
+        ranks.append(
+            subprocess.Popen(
+                [
+                    sys.executable,
+                    str(REPOSITORY / "tests" / "train" / "fsdp_worker.py"),
+                    str(tmp_path / "run"),
+                    str(tmp_path / "run.json"),
+                    json.dumps(options),
+                ],
+                env=env,
+                cwd=REPOSITORY,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+        )
     try:
         started = time.monotonic()
         _, stderr = ranks[0].communicate(timeout=180)
@@ -103,9 +145,14 @@ def test_a_lost_rank_stops_the_others_quickly_with_a_clear_message(tmp_path, han
             process.kill()
     assert ranks[0].returncode != 0
     checkpoint = tmp_path / "run" / "checkpoint-2"
-    assert ("Process 0 of 2 lost contact with the other processes after step 3" in stderr
-            and "(5 now)" in stderr and f"The last complete checkpoint, {checkpoint}, is intact" in stderr), stderr[-3000:]
+    assert (
+        "Process 0 of 2 lost contact with the other processes after step 3" in stderr
+        and "(5 now)" in stderr
+        and f"The last complete checkpoint, {checkpoint}, is intact" in stderr
+    ), stderr[-3000:]
     if hang:
         assert "Timed out" in stderr  # waited ddp_timeout (5 s), not the 1800 s default
     assert waited < 150  # generous: start-up of two processes on a busy machine, plus the 5 s timeout
-    assert ckpt.get_last_checkpoint(str(tmp_path / "run")) == str(checkpoint) and ckpt.is_complete_checkpoint(str(checkpoint))
+    assert ckpt.get_last_checkpoint(str(tmp_path / "run")) == str(checkpoint) and ckpt.is_complete_checkpoint(
+        str(checkpoint)
+    )

@@ -2,6 +2,7 @@
 (lathe.train.evaluation), EarlyStoppingCallback (lathe.train.flow) and the best model and checkpoint
 rotation (lathe.train.resume). Expected numbers are worked out by hand from tiny models; tests marked
 `hf` run the same job through transformers.Trainer and compare."""
+
 from __future__ import annotations
 
 import copy
@@ -101,8 +102,13 @@ def make_trainer(tmp_path, model, lib: str = "lathe", trainer_class=None, args=N
     unless asked for, eval batches of 4, train batches of 2."""
     module = library(lib)
     options = dict(
-        output_dir=str(tmp_path / lib), report_to="none", disable_tqdm=True, use_cpu=True,
-        per_device_train_batch_size=2, per_device_eval_batch_size=4, save_strategy="no",
+        output_dir=str(tmp_path / lib),
+        report_to="none",
+        disable_tqdm=True,
+        use_cpu=True,
+        per_device_train_batch_size=2,
+        per_device_eval_batch_size=4,
+        save_strategy="no",
     )
     options.update(args or {})
     cls = trainer_class or module.Trainer
@@ -126,9 +132,13 @@ def without_speed(metrics: dict) -> dict:
 
 def test_evaluate_returns_eval_prefixed_loss_and_speed_metrics(tmp_path):
     data, _, _ = regression_data()
-    trainer = make_trainer(tmp_path, regressor(), eval_dataset=data, compute_metrics=lambda p: {"count": len(p.predictions)})
+    trainer = make_trainer(
+        tmp_path, regressor(), eval_dataset=data, compute_metrics=lambda p: {"count": len(p.predictions)}
+    )
     metrics = trainer.evaluate()
-    assert {"eval_loss", "eval_count", "eval_runtime", "eval_samples_per_second", "eval_steps_per_second"} <= set(metrics)
+    assert {"eval_loss", "eval_count", "eval_runtime", "eval_samples_per_second", "eval_steps_per_second"} <= set(
+        metrics
+    )
     assert all(key.startswith("eval_") for key in metrics), metrics
     assert metrics["eval_count"] == 10
     # 10 samples in ceil(10 / 4) = 3 batches, both rates measured over the same runtime.
@@ -141,9 +151,18 @@ def test_evaluate_returns_eval_prefixed_loss_and_speed_metrics(tmp_path):
 
 def test_metric_key_prefix_renames_every_metric(tmp_path):
     data, _, _ = regression_data()
-    trainer = make_trainer(tmp_path, regressor(), eval_dataset=data, compute_metrics=lambda p: {"count": 10, "dev_ready": 1})
+    trainer = make_trainer(
+        tmp_path, regressor(), eval_dataset=data, compute_metrics=lambda p: {"count": 10, "dev_ready": 1}
+    )
     metrics = trainer.evaluate(metric_key_prefix="dev")
-    assert set(metrics) == {"dev_loss", "dev_count", "dev_ready", "dev_runtime", "dev_samples_per_second", "dev_steps_per_second"}
+    assert set(metrics) == {
+        "dev_loss",
+        "dev_count",
+        "dev_ready",
+        "dev_runtime",
+        "dev_samples_per_second",
+        "dev_steps_per_second",
+    }
     assert metrics["dev_loss"] == trainer.evaluate()["eval_loss"]
 
 
@@ -153,7 +172,12 @@ def test_dict_of_eval_datasets_gives_one_prefix_per_dataset(tmp_path):
     trainer = make_trainer(tmp_path, regressor(), eval_dataset={"a": data_a, "b": data_b})
     metrics = trainer.evaluate()
     for name, data in (("a", data_a), ("b", data_b)):
-        assert {f"eval_{name}_loss", f"eval_{name}_runtime", f"eval_{name}_samples_per_second", f"eval_{name}_steps_per_second"} <= set(metrics)
+        assert {
+            f"eval_{name}_loss",
+            f"eval_{name}_runtime",
+            f"eval_{name}_samples_per_second",
+            f"eval_{name}_steps_per_second",
+        } <= set(metrics)
         assert metrics[f"eval_{name}_loss"] == trainer.evaluate(data)["eval_loss"]
     assert abs(metrics["eval_a_loss"] - metrics["eval_b_loss"]) > 0.1
     assert "eval_loss" not in metrics
@@ -164,11 +188,20 @@ def _train_with_two_eval_sets(tmp_path, lib: str):
     data_a, _, _ = regression_data(6, seed=1)
     data_b, _, _ = regression_data(9, seed=2)
     trainer = make_trainer(
-        tmp_path, regressor(), lib, train_dataset=train, eval_dataset={"a": data_a, "b": data_b},
+        tmp_path,
+        regressor(),
+        lib,
+        train_dataset=train,
+        eval_dataset={"a": data_a, "b": data_b},
         args=dict(max_steps=4, eval_strategy="steps", eval_steps=2, learning_rate=0.1),
     )
     trainer.train()
-    return trainer, {(log["step"], k): v for log in trainer.state.log_history for k, v in log.items() if k in ("eval_a_loss", "eval_b_loss")}
+    return trainer, {
+        (log["step"], k): v
+        for log in trainer.state.log_history
+        for k, v in log.items()
+        if k in ("eval_a_loss", "eval_b_loss")
+    }
 
 
 def test_dict_of_eval_datasets_during_training(tmp_path):
@@ -199,7 +232,9 @@ def test_eval_loss_counts_a_partial_last_batch_once(tmp_path):
         squared_errors = (model(x)["logits"] - y) ** 2
     exact = squared_errors.double().mean().item()
     # Batches of 4, 4, 2: averaging the three batch means would weigh the last two samples double.
-    mean_of_batch_means = torch.stack([squared_errors[:4].mean(), squared_errors[4:8].mean(), squared_errors[8:].mean()]).mean().item()
+    mean_of_batch_means = (
+        torch.stack([squared_errors[:4].mean(), squared_errors[4:8].mean(), squared_errors[8:].mean()]).mean().item()
+    )
     assert abs(exact - mean_of_batch_means) > 1e-3  # the data can tell the two apart
     metrics = make_trainer(tmp_path, model, eval_dataset=data).evaluate()
     assert metrics["eval_loss"] == pytest.approx(exact, abs=1e-6)
@@ -223,8 +258,13 @@ EXPECTED_PREDICTIONS = padded([[2 * t + 0.5 for t in s] for s in SEQUENCES], np.
 def _sequence_eval(tmp_path, lib: str = "lathe", **trainer_kwargs):
     seen = []
     trainer = make_trainer(
-        tmp_path, Tagger(), lib, eval_dataset=SEQUENCE_DATA, data_collator=stack_collator,
-        compute_metrics=capture_eval_predictions(seen), args=dict(per_device_eval_batch_size=2),
+        tmp_path,
+        Tagger(),
+        lib,
+        eval_dataset=SEQUENCE_DATA,
+        data_collator=stack_collator,
+        compute_metrics=capture_eval_predictions(seen),
+        args=dict(per_device_eval_batch_size=2),
         **trainer_kwargs,
     )
     metrics = trainer.evaluate()
@@ -267,8 +307,12 @@ def test_preprocess_logits_for_metrics_runs_once_per_batch(tmp_path):
 
     seen = []
     trainer = make_trainer(
-        tmp_path, Tagger(vocab=3), eval_dataset=SEQUENCE_DATA, data_collator=stack_collator,
-        compute_metrics=capture_eval_predictions(seen), preprocess_logits_for_metrics=argmax,
+        tmp_path,
+        Tagger(vocab=3),
+        eval_dataset=SEQUENCE_DATA,
+        data_collator=stack_collator,
+        compute_metrics=capture_eval_predictions(seen),
+        preprocess_logits_for_metrics=argmax,
         args=dict(per_device_eval_batch_size=2),
     )
     trainer.evaluate()
@@ -283,8 +327,13 @@ def test_preprocess_logits_for_metrics_matches_transformers(tmp_path):
     for lib in ("lathe", "hf"):
         seen = []
         make_trainer(
-            tmp_path, Tagger(vocab=3), lib, eval_dataset=SEQUENCE_DATA, data_collator=stack_collator,
-            compute_metrics=capture_eval_predictions(seen), preprocess_logits_for_metrics=lambda logits, labels: logits.argmax(-1),
+            tmp_path,
+            Tagger(vocab=3),
+            lib,
+            eval_dataset=SEQUENCE_DATA,
+            data_collator=stack_collator,
+            compute_metrics=capture_eval_predictions(seen),
+            preprocess_logits_for_metrics=lambda logits, labels: logits.argmax(-1),
             args=dict(per_device_eval_batch_size=2),
         ).evaluate()
         results.append(seen[0])
@@ -295,8 +344,12 @@ def test_preprocess_logits_for_metrics_matches_transformers(tmp_path):
 def test_eval_do_concat_batches_false_keeps_one_array_per_batch(tmp_path):
     seen = []
     make_trainer(
-        tmp_path, Tagger(), eval_dataset=SEQUENCE_DATA, data_collator=stack_collator,
-        compute_metrics=capture_eval_predictions(seen), args=dict(per_device_eval_batch_size=2, eval_do_concat_batches=False),
+        tmp_path,
+        Tagger(),
+        eval_dataset=SEQUENCE_DATA,
+        data_collator=stack_collator,
+        compute_metrics=capture_eval_predictions(seen),
+        args=dict(per_device_eval_batch_size=2, eval_do_concat_batches=False),
     ).evaluate()
     predictions, labels = seen[0]
     assert [p.shape for p in predictions] == [(2, 2), (2, 4), (1, 3)]
@@ -312,7 +365,14 @@ def _batch_eval_calls(tmp_path, lib: str):
         calls.append((compute_result, len(eval_pred.label_ids)))
         return {"calls": len(calls)}
 
-    metrics = make_trainer(tmp_path, regressor(), lib, eval_dataset=data, compute_metrics=compute_metrics, args=dict(batch_eval_metrics=True)).evaluate()
+    metrics = make_trainer(
+        tmp_path,
+        regressor(),
+        lib,
+        eval_dataset=data,
+        compute_metrics=compute_metrics,
+        args=dict(batch_eval_metrics=True),
+    ).evaluate()
     return calls, metrics
 
 
@@ -331,7 +391,9 @@ def test_batch_eval_metrics_calls_compute_metrics_per_batch(tmp_path):
             return {"mse": totals["squared_error"] / totals["count"], "count": totals["count"]}
         return {}
 
-    trainer = make_trainer(tmp_path, model, eval_dataset=data, compute_metrics=streaming_mse, args=dict(batch_eval_metrics=True))
+    trainer = make_trainer(
+        tmp_path, model, eval_dataset=data, compute_metrics=streaming_mse, args=dict(batch_eval_metrics=True)
+    )
     metrics = trainer.evaluate()
     assert calls == [(False, 4), (False, 4), (True, 2)]
     with torch.no_grad():
@@ -354,7 +416,11 @@ def _include_inputs_and_losses(tmp_path, lib: str):
     data, _, _ = regression_data(10)
     seen = []
     trainer = make_trainer(
-        tmp_path, regressor(), lib, eval_dataset=data, compute_metrics=capture_eval_predictions(seen),
+        tmp_path,
+        regressor(),
+        lib,
+        eval_dataset=data,
+        compute_metrics=capture_eval_predictions(seen),
         args=dict(include_for_metrics=["inputs", "loss"]),
     )
     trainer.evaluate()
@@ -387,8 +453,12 @@ def test_eval_accumulation_steps_changes_nothing(tmp_path):
     for steps in (None, 2, 1):
         seen = []
         trainer = make_trainer(
-            tmp_path, Tagger(), eval_dataset=SEQUENCE_DATA, data_collator=stack_collator,
-            compute_metrics=capture_eval_predictions(seen), args=dict(per_device_eval_batch_size=2, eval_accumulation_steps=steps),
+            tmp_path,
+            Tagger(),
+            eval_dataset=SEQUENCE_DATA,
+            data_collator=stack_collator,
+            compute_metrics=capture_eval_predictions(seen),
+            args=dict(per_device_eval_batch_size=2, eval_accumulation_steps=steps),
         )
         results.append((without_speed(trainer.evaluate()), seen[0]))
     for metrics, eval_pred in results:
@@ -400,7 +470,9 @@ def test_eval_accumulation_steps_changes_nothing(tmp_path):
 def test_prediction_loss_only_returns_no_predictions(tmp_path):
     data, x, y = regression_data(10)
     seen = []
-    trainer = make_trainer(tmp_path, regressor(), compute_metrics=capture_eval_predictions(seen), args=dict(prediction_loss_only=True))
+    trainer = make_trainer(
+        tmp_path, regressor(), compute_metrics=capture_eval_predictions(seen), args=dict(prediction_loss_only=True)
+    )
     output = trainer.predict(data)
     assert output.predictions is None and output.label_ids is None
     assert seen == []  # nothing to compute metrics on
@@ -419,7 +491,9 @@ def test_predict_returns_predictions_labels_and_test_metrics(tmp_path):
     assert isinstance(output, PredictionOutput)
     np.testing.assert_allclose(output.predictions, expected, rtol=0, atol=1e-6)
     np.testing.assert_array_equal(output.label_ids, y.numpy())
-    assert {"test_loss", "test_count", "test_runtime", "test_samples_per_second", "test_steps_per_second"} <= set(output.metrics)
+    assert {"test_loss", "test_count", "test_runtime", "test_samples_per_second", "test_steps_per_second"} <= set(
+        output.metrics
+    )
     assert all(key.startswith("test_") for key in output.metrics)
     assert output.metrics["test_loss"] == pytest.approx(float(((expected - y.numpy()) ** 2).mean()), abs=1e-6)
     # predict() does not write to log_history (transformers logs only evaluate()).
@@ -481,7 +555,9 @@ def test_config_keys_to_ignore_at_inference_is_the_default_ignore_list(tmp_path)
     # evaluate() passes ignore_keys on too.
     seen = []
     data, _, _ = regression_data(10)
-    make_trainer(tmp_path, model, eval_dataset=data, compute_metrics=capture_eval_predictions(seen)).evaluate(ignore_keys=["hidden", "aux"])
+    make_trainer(tmp_path, model, eval_dataset=data, compute_metrics=capture_eval_predictions(seen)).evaluate(
+        ignore_keys=["hidden", "aux"]
+    )
     assert isinstance(seen[0].predictions, np.ndarray) and seen[0].predictions.shape == (10,)
 
 
@@ -523,8 +599,12 @@ def test_evaluate_without_compute_metrics_keeps_no_predictions(tmp_path):
 def test_batch_eval_metrics_keeps_no_predictions(tmp_path):
     data, _, _ = regression_data(10)
     trainer = make_trainer(
-        tmp_path, regressor(), trainer_class=KeepsLoopOutput, eval_dataset=data,
-        compute_metrics=lambda p, compute_result: {"done": float(compute_result)}, args=dict(batch_eval_metrics=True),
+        tmp_path,
+        regressor(),
+        trainer_class=KeepsLoopOutput,
+        eval_dataset=data,
+        compute_metrics=lambda p, compute_result: {"done": float(compute_result)},
+        args=dict(batch_eval_metrics=True),
     )
     assert trainer.evaluate()["eval_done"] == 1.0
     assert trainer.loop_output.predictions is None and trainer.loop_output.label_ids is None
@@ -550,7 +630,10 @@ def _peak_traced_bytes(tmp_path, num_samples: int, batch_eval_metrics: bool) -> 
         return {"mean": float(np.asarray(eval_pred.predictions).mean())}
 
     trainer = make_trainer(
-        tmp_path, WideOutputs(), eval_dataset=data, compute_metrics=compute_metrics,
+        tmp_path,
+        WideOutputs(),
+        eval_dataset=data,
+        compute_metrics=compute_metrics,
         args=dict(batch_eval_metrics=batch_eval_metrics, per_device_eval_batch_size=8),
     )
     trainer.evaluate()  # warm-up: first-call allocations are not the loop's
@@ -606,13 +689,25 @@ def scalar_model() -> Regressor:
 
 def scalar_job(tmp_path, lib: str = "lathe", max_steps: int = 5, callbacks=None, compute_metrics=None, **args):
     options = dict(
-        max_steps=max_steps, per_device_train_batch_size=1, learning_rate=0.1, optim="sgd",
-        lr_scheduler_type="constant", max_grad_norm=0.0, eval_strategy="steps", eval_steps=1,
+        max_steps=max_steps,
+        per_device_train_batch_size=1,
+        learning_rate=0.1,
+        optim="sgd",
+        lr_scheduler_type="constant",
+        max_grad_norm=0.0,
+        eval_strategy="steps",
+        eval_steps=1,
     )
     options.update(args)
     return make_trainer(
-        tmp_path, scalar_model(), lib, train_dataset=ONES_TRAIN, eval_dataset=ONES_EVAL,
-        compute_metrics=compute_metrics, callbacks=callbacks, args=options,
+        tmp_path,
+        scalar_model(),
+        lib,
+        train_dataset=ONES_TRAIN,
+        eval_dataset=ONES_EVAL,
+        compute_metrics=compute_metrics,
+        callbacks=callbacks,
+        args=options,
     )
 
 
@@ -641,15 +736,23 @@ EARLY_STOPPING_CASES = [
 def _early_stopping_run(tmp_path, lib, metric, values, greater, patience, threshold, **args):
     callback = library(lib).EarlyStoppingCallback(early_stopping_patience=patience, early_stopping_threshold=threshold)
     trainer = scalar_job(
-        tmp_path, lib, max_steps=10, callbacks=[callback], compute_metrics=scripted_metric(metric, values),
-        metric_for_best_model=metric, greater_is_better=greater, **args,
+        tmp_path,
+        lib,
+        max_steps=10,
+        callbacks=[callback],
+        compute_metrics=scripted_metric(metric, values),
+        metric_for_best_model=metric,
+        greater_is_better=greater,
+        **args,
     )
     trainer.train()
     return trainer, callback
 
 
 @pytest.mark.parametrize("metric, values, greater, patience, threshold, stop_step, counter", EARLY_STOPPING_CASES)
-def test_early_stopping_stops_at_the_right_step(tmp_path, metric, values, greater, patience, threshold, stop_step, counter):
+def test_early_stopping_stops_at_the_right_step(
+    tmp_path, metric, values, greater, patience, threshold, stop_step, counter
+):
     trainer, callback = _early_stopping_run(tmp_path, "lathe", metric, values, greater, patience, threshold)
     assert trainer.state.global_step == stop_step
     assert callback.early_stopping_patience_counter == counter
@@ -660,7 +763,9 @@ def test_early_stopping_stops_at_the_right_step(tmp_path, metric, values, greate
 
 @pytest.mark.hf
 @pytest.mark.parametrize("metric, values, greater, patience, threshold, stop_step, counter", EARLY_STOPPING_CASES)
-def test_early_stopping_matches_transformers(tmp_path, metric, values, greater, patience, threshold, stop_step, counter):
+def test_early_stopping_matches_transformers(
+    tmp_path, metric, values, greater, patience, threshold, stop_step, counter
+):
     ours, our_callback = _early_stopping_run(tmp_path, "lathe", metric, values, greater, patience, threshold)
     theirs, their_callback = _early_stopping_run(tmp_path, "hf", metric, values, greater, patience, threshold)
     assert ours.state.global_step == theirs.state.global_step == stop_step
@@ -670,7 +775,15 @@ def test_early_stopping_matches_transformers(tmp_path, metric, values, greater, 
 def test_early_stopping_state_is_exported_with_each_checkpoint(tmp_path):
     metric, values, greater, patience, threshold, stop_step, counter = EARLY_STOPPING_CASES[0]
     trainer, callback = _early_stopping_run(
-        tmp_path, "lathe", metric, values, greater, patience, threshold, save_strategy="steps", save_steps=1,
+        tmp_path,
+        "lathe",
+        metric,
+        values,
+        greater,
+        patience,
+        threshold,
+        save_strategy="steps",
+        save_steps=1,
     )
     assert callback.state() == {
         "args": {"early_stopping_patience": 2, "early_stopping_threshold": 0.02},
@@ -684,7 +797,11 @@ def test_early_stopping_state_is_exported_with_each_checkpoint(tmp_path):
         counters.append(saved["attributes"]["early_stopping_patience_counter"])
     assert counters == [0, 0, 0, 1, 2]
     restored = EarlyStoppingCallback.from_state(callback.state())
-    assert (restored.early_stopping_patience, restored.early_stopping_threshold, restored.early_stopping_patience_counter) == (2, 0.02, 2)
+    assert (
+        restored.early_stopping_patience,
+        restored.early_stopping_threshold,
+        restored.early_stopping_patience_counter,
+    ) == (2, 0.02, 2)
 
 
 def test_early_stopping_needs_a_metric_and_evaluation(tmp_path):
@@ -735,8 +852,12 @@ def test_load_best_model_at_end_by_loss(tmp_path):
 
 def test_load_best_model_at_end_by_a_greater_is_better_metric(tmp_path):
     trainer = scalar_job(
-        tmp_path, save_strategy="steps", save_steps=1, load_best_model_at_end=True,
-        compute_metrics=scripted_metric("score", [0.1, 0.5, 0.3, 0.2, 0.5]), metric_for_best_model="score",
+        tmp_path,
+        save_strategy="steps",
+        save_steps=1,
+        load_best_model_at_end=True,
+        compute_metrics=scripted_metric("score", [0.1, 0.5, 0.3, 0.2, 0.5]),
+        metric_for_best_model="score",
     )
     assert trainer.args.greater_is_better is True  # derived: the metric is not a loss
     trainer.train()
@@ -748,7 +869,12 @@ def test_load_best_model_at_end_by_a_greater_is_better_metric(tmp_path):
 def _rotation_run(tmp_path, lib: str):
     lister = checkpoint_lister(lib, tmp_path / lib)
     trainer = scalar_job(
-        tmp_path, lib, callbacks=[lister], save_strategy="steps", save_steps=1, save_total_limit=1,
+        tmp_path,
+        lib,
+        callbacks=[lister],
+        save_strategy="steps",
+        save_steps=1,
+        save_total_limit=1,
         load_best_model_at_end=True,
     )
     trainer.train()
@@ -773,7 +899,10 @@ def test_save_total_limit_one_matches_transformers(tmp_path):
 
 def _save_best_run(tmp_path, lib: str, scores):
     trainer = scalar_job(
-        tmp_path, lib, save_strategy="best", metric_for_best_model="score",
+        tmp_path,
+        lib,
+        save_strategy="best",
+        metric_for_best_model="score",
         compute_metrics=scripted_metric("score", scores),
     )
     trainer.train()
@@ -799,8 +928,14 @@ def test_save_strategy_best_matches_transformers(tmp_path):
 
 def _unsaved_best_run(tmp_path, lib: str):
     trainer = scalar_job(
-        tmp_path, lib, max_steps=4, save_strategy="steps", save_steps=2, load_best_model_at_end=True,
-        compute_metrics=scripted_metric("score", [0.9, 0.1, 0.2, 0.3]), metric_for_best_model="score",
+        tmp_path,
+        lib,
+        max_steps=4,
+        save_strategy="steps",
+        save_steps=2,
+        load_best_model_at_end=True,
+        compute_metrics=scripted_metric("score", [0.9, 0.1, 0.2, 0.3]),
+        metric_for_best_model="score",
     )
     trainer.train()
     return trainer

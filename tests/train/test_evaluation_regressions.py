@@ -1,5 +1,6 @@
 """Evaluation regressions: iterable eval sets, predict() with batch_eval_metrics, and non-finite
 batch losses under logging_nan_inf_filter — each compared with transformers where it applies."""
+
 import pytest
 import torch
 
@@ -60,7 +61,9 @@ class NanOnSecondBatch(Regression):
 @pytest.mark.parametrize("library", ["lathe", pytest.param("transformers", marks=pytest.mark.hf)])
 def test_eval_loss_leaves_out_non_finite_batches(tmp_path, library):
     items = regression_items(10)
-    trainer = make_trainer(library, model=NanOnSecondBatch(), args=training_args(tmp_path, library, per_device_eval_batch_size=4))
+    trainer = make_trainer(
+        library, model=NanOnSecondBatch(), args=training_args(tmp_path, library, per_device_eval_batch_size=4)
+    )
     loss = trainer.evaluate(items)["eval_loss"]
     finite_items = items[:4] + items[8:]  # the second batch (items 4..7) had a nan loss
     assert loss == pytest.approx(closed_form_mse(trainer.model, finite_items), rel=1e-6)

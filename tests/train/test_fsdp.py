@@ -2,6 +2,7 @@
 are sharded, and two CPU processes (gloo, torchrun) with fully_shard training the tiny LLaMA one
 process trains with twice the batch: equal losses, final weights (a full model.safetensors that
 from_pretrained loads), eval metrics, and an exact resume from a checkpoint written by 2 ranks."""
+
 from __future__ import annotations
 
 import json
@@ -24,25 +25,46 @@ def settings(**kwargs):
 def test_settings_read_like_transformers(tmp_path):
     assert settings() is None
     assert settings(fsdp="full_shard auto_wrap") == fsdp.FsdpSettings()
-    parsed = settings(fsdp="shard_grad_op offload", fsdp_config={"fsdp_transformer_layer_cls_to_wrap": "LlamaDecoderLayer",
-                                                                 "activation_checkpointing": "true", "min_num_params": "0"})
-    assert parsed == fsdp.FsdpSettings(layer_classes=("LlamaDecoderLayer",), reshard_after_forward=False, cpu_offload=True,
-                                       activation_checkpointing=True)
+    parsed = settings(
+        fsdp="shard_grad_op offload",
+        fsdp_config={
+            "fsdp_transformer_layer_cls_to_wrap": "LlamaDecoderLayer",
+            "activation_checkpointing": "true",
+            "min_num_params": "0",
+        },
+    )
+    assert parsed == fsdp.FsdpSettings(
+        layer_classes=("LlamaDecoderLayer",),
+        reshard_after_forward=False,
+        cpu_offload=True,
+        activation_checkpointing=True,
+    )
     config = tmp_path / "fsdp.json"
     config.write_text(json.dumps({"auto_wrap_policy": "size_based_wrap", "min_num_params": 100}))
-    assert settings(fsdp=True, fsdp_config=str(config)) == fsdp.FsdpSettings(auto_wrap_policy="SIZE_BASED_WRAP", min_num_params=100)
+    assert settings(fsdp=True, fsdp_config=str(config)) == fsdp.FsdpSettings(
+        auto_wrap_policy="SIZE_BASED_WRAP", min_num_params=100
+    )
 
 
-@pytest.mark.parametrize("kwargs, message", [
-    (dict(fsdp=True, fsdp_config={"transformer_layer_cls_to_warp": "X"}), "did you mean 'transformer_layer_cls_to_wrap'"),
-    (dict(fsdp=True, fsdp_config={"backward_prefetch": "BACKWARD_PRE"}), "fsdp_config['backward_prefetch'] is an FSDP1 setting"),
-    (dict(fsdp=True, fsdp_config={"version": 1}), "must be 2"),
-    (dict(fsdp="hybrid_shard"), "'hybrid_shard' is an FSDP1 option"),
-    (dict(fsdp=True, fsdp_config={"state_dict_type": "SHARDED_STATE_DICT"}), "state_dict_type"),
-    (dict(fsdp=True, fsdp_config={"cpu_offload": "maybe"}), "fsdp_config['cpu_offload'] must be true or false"),
-    (dict(fsdp=True, fsdp_config="missing.json"), "neither a dict nor the path"),
-    (dict(fsdp=True, save_on_each_node=True), "save_on_each_node=True cannot be used with fsdp"),
-])
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (
+            dict(fsdp=True, fsdp_config={"transformer_layer_cls_to_warp": "X"}),
+            "did you mean 'transformer_layer_cls_to_wrap'",
+        ),
+        (
+            dict(fsdp=True, fsdp_config={"backward_prefetch": "BACKWARD_PRE"}),
+            "fsdp_config['backward_prefetch'] is an FSDP1 setting",
+        ),
+        (dict(fsdp=True, fsdp_config={"version": 1}), "must be 2"),
+        (dict(fsdp="hybrid_shard"), "'hybrid_shard' is an FSDP1 option"),
+        (dict(fsdp=True, fsdp_config={"state_dict_type": "SHARDED_STATE_DICT"}), "state_dict_type"),
+        (dict(fsdp=True, fsdp_config={"cpu_offload": "maybe"}), "fsdp_config['cpu_offload'] must be true or false"),
+        (dict(fsdp=True, fsdp_config="missing.json"), "neither a dict nor the path"),
+        (dict(fsdp=True, save_on_each_node=True), "save_on_each_node=True cannot be used with fsdp"),
+    ],
+)
 def test_bad_settings_are_errors_naming_the_key(kwargs, message):
     with pytest.raises(ValueError, match=re.escape(message)):
         settings(**kwargs)
@@ -65,8 +87,14 @@ def test_blocks_are_the_models_no_split_modules_or_the_named_classes():
 @pytest.mark.slow
 def test_two_fsdp_ranks_train_like_one_process_with_twice_the_batch_and_resume_exactly(tmp_path):
     single = fsdp_worker.run(str(tmp_path / "single"), {"batch": 4, "accumulation": 2})
-    options = {"batch": 2, "accumulation": 2, "fsdp": "full_shard", "fsdp_config": {"activation_checkpointing": True},
-               "save_strategy": "steps", "save_steps": 2}
+    options = {
+        "batch": 2,
+        "accumulation": 2,
+        "fsdp": "full_shard",
+        "fsdp_config": {"activation_checkpointing": True},
+        "save_strategy": "steps",
+        "save_steps": 2,
+    }
     sharded = torchrun(tmp_path, "sharded", options)
     assert sharded["world_size"] == 2 and single["world_size"] == 1
     assert len(sharded["losses"]) == len(single["losses"]) == 6
@@ -85,7 +113,9 @@ def test_two_fsdp_ranks_train_like_one_process_with_twice_the_batch_and_resume_e
     assert {"model.safetensors", "optimizer.pt", "rng_state_0.pth", "rng_state_1.pth"} <= set(os.listdir(checkpoint))
     # resumed with the parameters offloaded to CPU between uses (cpu_offload): the same numbers
     resumed = torchrun(tmp_path, "resumed", {**options, "fsdp": "full_shard offload", "resume": str(checkpoint)})
-    assert resumed["losses"] == pytest.approx(sharded["losses"], abs=1e-6)  # steps 1-2 from the checkpoint's log history
+    assert resumed["losses"] == pytest.approx(
+        sharded["losses"], abs=1e-6
+    )  # steps 1-2 from the checkpoint's log history
     assert_same_weights(resumed["weights"], sharded["weights"])
     # the same checkpoint resumed by one process, unsharded (twice the batch: the same global batch)
     alone = fsdp_worker.run(str(tmp_path / "alone"), {"batch": 4, "accumulation": 2, "resume": str(checkpoint)})
@@ -100,7 +130,11 @@ def test_tied_embeddings_train_under_fsdp_like_one_process(tmp_path):
     tiny second moments and so magnifies fp32 rounding differences of the reduction order (a tying
     error would show as differences of the size of an update, ~1e-2)."""
     single = fsdp_worker.run(str(tmp_path / "single"), {"batch": 4, "accumulation": 2, "tied": True, "optim": "sgd"})
-    sharded = torchrun(tmp_path, "sharded", {"batch": 2, "accumulation": 2, "tied": True, "optim": "sgd", "fsdp": "full_shard auto_wrap"})
+    sharded = torchrun(
+        tmp_path,
+        "sharded",
+        {"batch": 2, "accumulation": 2, "tied": True, "optim": "sgd", "fsdp": "full_shard auto_wrap"},
+    )
     assert "lm_head.weight" not in sharded["weights"]  # saved once, under the embedding's name
     assert sharded["losses"] == pytest.approx(single["losses"], abs=1e-6)
     assert_same_weights(sharded["weights"], single["weights"])
@@ -111,7 +145,9 @@ def test_a_peft_checkpoint_maps_to_the_wrapped_models_parameter_names(tmp_path):
     # end with the uninterrupted run's adapter, bit for bit, and within 3e-7 of one process's)
     from peft import LoraConfig, get_peft_model
 
-    model = get_peft_model(fsdp_worker.model(), LoraConfig(task_type="CAUSAL_LM", r=4, target_modules=["q_proj", "v_proj"]))
+    model = get_peft_model(
+        fsdp_worker.model(), LoraConfig(task_type="CAUSAL_LM", r=4, target_modules=["q_proj", "v_proj"])
+    )
     for name, parameter in model.named_parameters():
         if "lora_B" in name:
             torch.nn.init.normal_(parameter)  # not the zero init, so a mix-up of A and B or of layers shows
@@ -128,7 +164,15 @@ def test_a_peft_checkpoint_maps_to_the_wrapped_models_parameter_names(tmp_path):
 def test_tied_weights_are_saved_under_one_name():
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    tied = LlamaForCausalLM(LlamaConfig(vocab_size=32, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
-                                        num_attention_heads=2, tie_word_embeddings=True))
+    tied = LlamaForCausalLM(
+        LlamaConfig(
+            vocab_size=32,
+            hidden_size=16,
+            intermediate_size=32,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            tie_word_embeddings=True,
+        )
+    )
     assert fsdp.tied_aliases(tied) == {"lm_head.weight"}
     assert fsdp.tied_aliases(fsdp_worker.model()) == set()

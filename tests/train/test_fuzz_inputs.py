@@ -3,6 +3,7 @@ HfArgumentParser's dict / JSON / YAML / argv inputs, and the files of a checkpoi
 in, the result is accepted, or an error of the documented kind that names the field, key, option or
 file; never another exception from deep inside. Examples are derandomized (the same ones every run,
 so CI is reproducible) and few, so the file runs in a few seconds."""
+
 from __future__ import annotations
 
 import contextlib
@@ -27,18 +28,34 @@ from lathe.train import checkpoint as ckpt  # noqa: E402
 from lathe.train.args_types import _checked_fields  # noqa: E402
 from tests.train import crash_worker  # noqa: E402
 
-FUZZ = settings(max_examples=int(os.environ.get("LATHE_FUZZ_EXAMPLES", 100)), deadline=None,
-                derandomize=not os.environ.get("LATHE_FUZZ_EXAMPLES"), database=None)
+FUZZ = settings(
+    max_examples=int(os.environ.get("LATHE_FUZZ_EXAMPLES", 100)),
+    deadline=None,
+    derandomize=not os.environ.get("LATHE_FUZZ_EXAMPLES"),
+    database=None,
+)
 
 NUMERIC_AND_FLAG_FIELDS = sorted(_checked_fields(TrainingArguments))
-CHOICE_FIELDS = ["eval_strategy", "logging_strategy", "save_strategy", "lr_scheduler_type", "optim", "log_level",
-                 "train_sampling_strategy", "include_num_input_tokens_seen"]
+CHOICE_FIELDS = [
+    "eval_strategy",
+    "logging_strategy",
+    "save_strategy",
+    "lr_scheduler_type",
+    "optim",
+    "log_level",
+    "train_sampling_strategy",
+    "include_num_input_tokens_seen",
+]
 FIELDS = NUMERIC_AND_FLAG_FIELDS + CHOICE_FIELDS
 
 # Values a config file, a command line or a careless caller could give.
 scalars = st.one_of(
-    st.none(), st.booleans(), st.integers(min_value=-10**20, max_value=10**20), st.floats(allow_nan=True, allow_infinity=True),
-    st.text(max_size=12), st.sampled_from(["3", "0", "-1", "1e-3", "0.5", "true", "no", "steps", "epoch", "nan", "inf", " 8 ", ""]),
+    st.none(),
+    st.booleans(),
+    st.integers(min_value=-(10**20), max_value=10**20),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.text(max_size=12),
+    st.sampled_from(["3", "0", "-1", "1e-3", "0.5", "true", "no", "steps", "epoch", "nan", "inf", " 8 ", ""]),
 )
 values = st.one_of(scalars, st.lists(scalars, max_size=3), st.dictionaries(st.text(max_size=5), scalars, max_size=2))
 
@@ -115,14 +132,21 @@ def test_any_yaml_file_is_parsed_or_a_clear_error(text):
 
 
 @FUZZ
-@given(name=st.sampled_from(FIELDS), text=st.one_of(st.text(max_size=10), st.sampled_from(["3", "1e-3", "yes", "steps", "-1"])))
+@given(
+    name=st.sampled_from(FIELDS),
+    text=st.one_of(st.text(max_size=10), st.sampled_from(["3", "1e-3", "yes", "steps", "-1"])),
+)
 def test_a_command_line_option_is_parsed_or_argparse_names_it(name, text):
     with tempfile.TemporaryDirectory() as folder:
         argv = ["--output_dir", folder, f"--{name}", text]
         stderr = io.StringIO()
         try:
             with contextlib.redirect_stderr(stderr):
-                quietly(lambda: HfArgumentParser(TrainingArguments).parse_args_into_dataclasses(argv, look_for_args_file=False))
+                quietly(
+                    lambda: HfArgumentParser(TrainingArguments).parse_args_into_dataclasses(
+                        argv, look_for_args_file=False
+                    )
+                )
         except SystemExit as exit_:  # argparse's way: usage and the bad option on stderr, exit code 2
             assert exit_.code == 2 and f"--{name}" in stderr.getvalue(), stderr.getvalue()
         except (TypeError, ValueError) as error:
@@ -132,16 +156,28 @@ def test_a_command_line_option_is_parsed_or_argparse_names_it(name, text):
 
 # ----- checkpoint files -----
 
+
 @pytest.fixture(scope="module")
 def pristine(tmp_path_factory) -> Path:
     """checkpoint-2 of crash_worker's job with fp16 (so scaler.pt too)."""
     root = tmp_path_factory.mktemp("fuzz-checkpoint")
-    crash_worker.build_trainer(str(root), {"args": {"max_steps": 2, "save_steps": 2, "save_total_limit": None, "fp16": True}}).train()
+    crash_worker.build_trainer(
+        str(root), {"args": {"max_steps": 2, "save_steps": 2, "save_total_limit": None, "fp16": True}}
+    ).train()
     return root / "checkpoint-2"
 
 
-CHECKPOINT_FILES = ["lathe_checkpoint.json", "model.safetensors", "optimizer.pt", "scheduler.pt", "scaler.pt", "rng_state.pth",
-                    "trainer_state.json", "training_args.bin", "training_args.json"]
+CHECKPOINT_FILES = [
+    "lathe_checkpoint.json",
+    "model.safetensors",
+    "optimizer.pt",
+    "scheduler.pt",
+    "scaler.pt",
+    "rng_state.pth",
+    "trainer_state.json",
+    "training_args.bin",
+    "training_args.json",
+]
 
 
 @st.composite
@@ -177,7 +213,9 @@ def test_damaged_checkpoint_files_give_an_error_naming_the_file_or_a_skipped_che
                     return
             damage(output_dir / "checkpoint-2" / name, how, change)
             found = ckpt.get_last_checkpoint(str(output_dir))  # never raises
-            trainer = crash_worker.build_trainer(str(output_dir), {"args": {"max_steps": 2, "save_steps": 2, "fp16": True}})
+            trainer = crash_worker.build_trainer(
+                str(output_dir), {"args": {"max_steps": 2, "save_steps": 2, "fp16": True}}
+            )
             try:
                 trainer.train(resume_from_checkpoint=True)
             except ValueError as error:

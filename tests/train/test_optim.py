@@ -1,4 +1,5 @@
 """Tests for lathe.train.optim, lathe.train.schedules and lathe.train.adafactor."""
+
 from __future__ import annotations
 
 import copy
@@ -71,8 +72,14 @@ SCHEDULE_CASES = [
     ("cosine_warmup_with_min_lr", {"min_lr_rate": 0.1}),
     ("cosine_warmup_with_min_lr", {"min_lr": 0.05, "warmup_lr_rate": 0.2}),
     ("warmup_stable_decay", {"num_decay_steps": 6}),
-    ("warmup_stable_decay", {"num_decay_steps": 5, "warmup_type": "cosine", "decay_type": "1-sqrt", "min_lr_ratio": 0.1}),
-    ("warmup_stable_decay", {"num_decay_steps": 5, "num_stable_steps": 8, "warmup_type": "1-sqrt", "decay_type": "linear"}),
+    (
+        "warmup_stable_decay",
+        {"num_decay_steps": 5, "warmup_type": "cosine", "decay_type": "1-sqrt", "min_lr_ratio": 0.1},
+    ),
+    (
+        "warmup_stable_decay",
+        {"num_decay_steps": 5, "num_stable_steps": 8, "warmup_type": "1-sqrt", "decay_type": "linear"},
+    ),
 ]
 
 
@@ -154,13 +161,15 @@ def test_constant_restarts_polynomial_inverse_sqrt_and_wsd_closed_form():
     wsd_kwargs = {"num_decay_steps": 6, "min_lr_ratio": 0.2, "decay_type": "linear"}
     wsd = lrs_over_run(get_scheduler("warmup_stable_decay", make_optimizer(), WARMUP, TOTAL, wsd_kwargs))
     assert wsd[0] == pytest.approx(0.2 * BASE_LR)  # wsd warms up from min_lr_ratio, not from 0
-    assert wsd[WARMUP:TOTAL - 6] == pytest.approx([BASE_LR] * 10)
+    assert wsd[WARMUP : TOTAL - 6] == pytest.approx([BASE_LR] * 10)
     assert wsd[TOTAL - 3] == pytest.approx(BASE_LR * (0.2 + 0.8 * 0.5))
     assert wsd[TOTAL:] == pytest.approx([0.2 * BASE_LR] * 3)
 
 
 def test_reduce_lr_on_plateau_uses_scheduler_specific_kwargs():
-    scheduler = get_scheduler("reduce_lr_on_plateau", make_optimizer(), scheduler_specific_kwargs={"factor": 0.5, "patience": 0})
+    scheduler = get_scheduler(
+        "reduce_lr_on_plateau", make_optimizer(), scheduler_specific_kwargs={"factor": 0.5, "patience": 0}
+    )
     assert isinstance(scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau)
     scheduler.step(1.0)
     scheduler.step(2.0)  # no improvement, patience 0: halve
@@ -364,12 +373,20 @@ OPTIMIZER_CASES = [
     ("adamw_torch_fused", None, torch.optim.AdamW, {"lr": 1e-3, "betas": (0.9, 0.999), "eps": 1e-8, "fused": True}),
     ("adafactor", None, Adafactor, {"lr": 1e-3, "scale_parameter": False, "relative_step": False}),
     ("sgd", None, torch.optim.SGD, {"lr": 1e-3}),
-    ("sgd", "momentum=0.9, nesterov=True,dampening=0", torch.optim.SGD,
-     {"lr": 1e-3, "momentum": 0.9, "nesterov": True, "dampening": 0.0}),
+    (
+        "sgd",
+        "momentum=0.9, nesterov=True,dampening=0",
+        torch.optim.SGD,
+        {"lr": 1e-3, "momentum": 0.9, "nesterov": True, "dampening": 0.0},
+    ),
     ("adagrad", "lr_decay=0.1,eps=1e-6", torch.optim.Adagrad, {"lr": 1e-3, "lr_decay": 0.1, "eps": 1e-6}),
     ("rmsprop", None, torch.optim.RMSprop, {"lr": 1e-3}),
-    ("rmsprop", "alpha=0.9,centered=true,momentum=0.5", torch.optim.RMSprop,
-     {"lr": 1e-3, "alpha": 0.9, "centered": True, "momentum": 0.5}),
+    (
+        "rmsprop",
+        "alpha=0.9,centered=true,momentum=0.5",
+        torch.optim.RMSprop,
+        {"lr": 1e-3, "alpha": 0.9, "centered": True, "momentum": 0.5},
+    ),
 ]
 
 

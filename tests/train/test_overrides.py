@@ -1,6 +1,7 @@
 """Tests for the Trainer's documented override points (each one, overridden in a subclass, is called
 and its result is used), callback management (add / pop / remove), and what save_model,
 save_metrics and save_state write."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -50,12 +51,25 @@ def make_trainer(tmp_path, trainer_class=Trainer, model=None, **args):
     """Plain SGD with a constant learning rate and no clipping, so weights follow by hand:
     on loss (w - 2)^2 from w = 0 with lr 0.1, w_t = 2 - 2 * 0.8^t."""
     options = dict(
-        output_dir=str(tmp_path / "out"), report_to="none", disable_tqdm=True, use_cpu=True,
-        per_device_train_batch_size=1, per_device_eval_batch_size=4, optim="sgd", learning_rate=0.1,
-        lr_scheduler_type="constant", max_grad_norm=0.0, max_steps=3, save_strategy="no",
+        output_dir=str(tmp_path / "out"),
+        report_to="none",
+        disable_tqdm=True,
+        use_cpu=True,
+        per_device_train_batch_size=1,
+        per_device_eval_batch_size=4,
+        optim="sgd",
+        learning_rate=0.1,
+        lr_scheduler_type="constant",
+        max_grad_norm=0.0,
+        max_steps=3,
+        save_strategy="no",
     )
     options.update(args)
-    trainer_kwargs = {k: options.pop(k) for k in ("train_dataset", "eval_dataset", "compute_metrics", "callbacks", "processing_class") if k in options}
+    trainer_kwargs = {
+        k: options.pop(k)
+        for k in ("train_dataset", "eval_dataset", "compute_metrics", "callbacks", "processing_class")
+        if k in options
+    }
     trainer_kwargs.setdefault("train_dataset", constant_data(6, target=2.0))
     return trainer_class(model=model or Regressor(), args=TrainingArguments(**options), **trainer_kwargs)
 
@@ -88,7 +102,10 @@ def test_compute_loss_override_changes_training_and_eval_loss(tmp_path):
     with torch.no_grad():
         model.linear.weight.copy_(torch.tensor([[1.0, -2.0]]))
     trainer = make_trainer(
-        tmp_path, SquaredWeightsLoss, model=model, train_dataset=constant_data(6, 2.0, features=2),
+        tmp_path,
+        SquaredWeightsLoss,
+        model=model,
+        train_dataset=constant_data(6, 2.0, features=2),
         eval_dataset=constant_data(5, 0.0, features=2),
     )
     trainer.train()
@@ -157,8 +174,13 @@ class ScriptedEvaluate(Trainer):
 
 def test_evaluate_override_is_used_during_training(tmp_path):
     trainer = make_trainer(
-        tmp_path, ScriptedEvaluate, max_steps=4, eval_dataset=constant_data(2, 1.0), eval_strategy="steps",
-        eval_steps=1, metric_for_best_model="custom",
+        tmp_path,
+        ScriptedEvaluate,
+        max_steps=4,
+        eval_dataset=constant_data(2, 1.0),
+        eval_strategy="steps",
+        eval_steps=1,
+        metric_for_best_model="custom",
     )
     trainer.train(ignore_keys_for_eval=["hidden"])
     assert trainer.calls == [(1, ["hidden"]), (2, ["hidden"]), (3, ["hidden"]), (4, ["hidden"])]
@@ -166,10 +188,15 @@ def test_evaluate_override_is_used_during_training(tmp_path):
 
 
 class FixedLoop(Trainer):
-    def evaluation_loop(self, dataloader, description, prediction_loss_only=None, ignore_keys=None, metric_key_prefix="eval"):
+    def evaluation_loop(
+        self, dataloader, description, prediction_loss_only=None, ignore_keys=None, metric_key_prefix="eval"
+    ):
         self.descriptions = getattr(self, "descriptions", []) + [description]
         return EvalLoopOutput(
-            predictions=np.zeros(3), label_ids=np.ones(3), metrics={f"{metric_key_prefix}_loss": 42.0}, num_samples=3,
+            predictions=np.zeros(3),
+            label_ids=np.ones(3),
+            metrics={f"{metric_key_prefix}_loss": 42.0},
+            num_samples=3,
         )
 
 
@@ -242,7 +269,9 @@ class OwnLoaders(Trainer):
 
 def test_get_train_dataloader_override_is_used(tmp_path):
     # The train_dataset (10 samples, target 100) would mean 10 steps towards 100.
-    trainer = make_trainer(tmp_path, OwnLoaders, train_dataset=constant_data(10, 100.0), max_steps=-1, num_train_epochs=1)
+    trainer = make_trainer(
+        tmp_path, OwnLoaders, train_dataset=constant_data(10, 100.0), max_steps=-1, num_train_epochs=1
+    )
     output = trainer.train()
     assert trainer.loader_calls == ["train"]
     assert output.global_step == 3
@@ -260,10 +289,14 @@ def test_get_eval_and_test_dataloader_overrides_are_used(tmp_path):
 
 
 def test_get_eval_dataloader_override_is_used_during_training(tmp_path):
-    trainer = make_trainer(tmp_path, OwnLoaders, eval_strategy="steps", eval_steps=1, eval_dataset=constant_data(5, 9.0))
+    trainer = make_trainer(
+        tmp_path, OwnLoaders, eval_strategy="steps", eval_steps=1, eval_dataset=constant_data(5, 9.0)
+    )
     trainer.train()
     assert trainer.loader_calls == ["train", ("eval", None), ("eval", None), ("eval", None)]
-    assert [loss for _, loss in logged(trainer, "eval_loss")] == pytest.approx([(2 - 2 * 0.8**t - 1) ** 2 for t in (1, 2, 3)], abs=1e-6)
+    assert [loss for _, loss in logged(trainer, "eval_loss")] == pytest.approx(
+        [(2 - 2 * 0.8**t - 1) ** 2 for t in (1, 2, 3)], abs=1e-6
+    )
 
 
 class TaggedLog(Trainer):
@@ -286,8 +319,14 @@ class RecordLogs(TrainerCallback):
 def test_log_override_sees_every_log(tmp_path):
     recorder = RecordLogs()
     trainer = make_trainer(
-        tmp_path, TaggedLog, max_steps=4, logging_steps=1, eval_strategy="steps", eval_steps=2,
-        eval_dataset=constant_data(2, 1.0), callbacks=[recorder],
+        tmp_path,
+        TaggedLog,
+        max_steps=4,
+        logging_steps=1,
+        eval_strategy="steps",
+        eval_steps=2,
+        eval_dataset=constant_data(2, 1.0),
+        callbacks=[recorder],
     )
     trainer.train()
     trainer.evaluate()
@@ -372,8 +411,13 @@ def test_save_model_of_a_plain_module_writes_loadable_safetensors(tmp_path):
 def tiny_llama():
     transformers = pytest.importorskip("transformers")
     config = transformers.LlamaConfig(
-        vocab_size=32, hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
-        num_key_value_heads=2, max_position_embeddings=32,
+        vocab_size=32,
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        max_position_embeddings=32,
     )
     torch.manual_seed(0)
     return transformers.LlamaForCausalLM(config)
@@ -431,7 +475,8 @@ def test_save_metrics_files_match_transformers(tmp_path):
 
     ours = make_trainer(tmp_path)
     theirs = transformers.Trainer(
-        model=Regressor(), args=transformers.TrainingArguments(output_dir=str(tmp_path / "hf"), report_to="none", use_cpu=True),
+        model=Regressor(),
+        args=transformers.TrainingArguments(output_dir=str(tmp_path / "hf"), report_to="none", use_cpu=True),
     )
     for trainer in (ours, theirs):
         trainer.save_metrics("train", {"train_loss": 0.5, "b": 1, "a": [1, 2]})

@@ -3,6 +3,7 @@
 uninterrupted run. The model has dropout and the sampler shuffles, so the RNG state and the data
 position must both be restored exactly. Also: the checkpoint layout, safe loading, and the warnings
 and errors of resume. Cross-compatibility with transformers.Trainer is in test_resume_hf.py."""
+
 from __future__ import annotations
 
 import json
@@ -55,9 +56,18 @@ def make_args(output_dir, **overrides) -> TrainingArguments:
     """AdamW with weight decay and a linear schedule with warmup (optimizer and scheduler state both
     matter), gradient clipping, the default shuffled sampler, a log every step."""
     options = dict(
-        output_dir=str(output_dir), report_to="none", disable_tqdm=True, logging_steps=1,
-        per_device_train_batch_size=2, num_train_epochs=3, learning_rate=0.01, warmup_steps=2,
-        weight_decay=0.01, save_steps=4, seed=0, dataloader_pin_memory=False,
+        output_dir=str(output_dir),
+        report_to="none",
+        disable_tqdm=True,
+        logging_steps=1,
+        per_device_train_batch_size=2,
+        num_train_epochs=3,
+        learning_rate=0.01,
+        warmup_steps=2,
+        weight_decay=0.01,
+        save_steps=4,
+        seed=0,
+        dataloader_pin_memory=False,
     )
     options.update(overrides)
     return TrainingArguments(**options)
@@ -65,8 +75,10 @@ def make_args(output_dir, **overrides) -> TrainingArguments:
 
 def train(output_dir, resume=None, model=None, train_dataset=None, trainer_kwargs=None, **overrides) -> Trainer:
     trainer = Trainer(
-        model=model if model is not None else DropoutNet(), args=make_args(output_dir, **overrides),
-        train_dataset=train_dataset if train_dataset is not None else regression_items(), **(trainer_kwargs or {}),
+        model=model if model is not None else DropoutNet(),
+        args=make_args(output_dir, **overrides),
+        train_dataset=train_dataset if train_dataset is not None else regression_items(),
+        **(trainer_kwargs or {}),
     )
     trainer.train(resume_from_checkpoint=resume)
     return trainer
@@ -120,12 +132,13 @@ def assert_resumed_exactly(full: Trainer, resumed: Trainer, step: int) -> None:
 
 
 def samples_after(full: Trainer, step: int, per_step: int) -> list[int]:
-    return full.model.seen[step * per_step:]
+    return full.model.seen[step * per_step :]
 
 
 # ---------------------------------------------------------------------------------------------
 # Exact resume
 # ---------------------------------------------------------------------------------------------
+
 
 def test_resume_mid_epoch_is_bitwise_exact(tmp_path):
     full = train(tmp_path / "full")  # 15 steps, checkpoints at 4, 8, 12
@@ -151,8 +164,10 @@ def test_resume_in_an_epoch_with_a_short_accumulation_window(tmp_path):
     for how, resumed in resumed_runs(tmp_path, tmp_path / "full", 3, **options).items():
         # checkpoint-3 is epoch 1 after its full window: the resumed run starts with the short one.
         assert_resumed_exactly(full, resumed, 3)
-        assert resumed.model.seen == full.model.seen[ITEMS + 6:], how
-    assert [entry["epoch"] for entry in logged(full, after_step=3)] == pytest.approx([2.0, 2.6, 3.0])  # short, full, short
+        assert resumed.model.seen == full.model.seen[ITEMS + 6 :], how
+    assert [entry["epoch"] for entry in logged(full, after_step=3)] == pytest.approx(
+        [2.0, 2.6, 3.0]
+    )  # short, full, short
 
 
 def frozen_net() -> DropoutNet:
@@ -176,7 +191,7 @@ def test_resume_with_frozen_parameters(tmp_path):
 
 def test_shuffled_sampler_order_after_resume_equals_the_uninterrupted_run(tmp_path):
     full = train(tmp_path / "full", save_steps=7)
-    epochs = [full.model.seen[i * ITEMS:(i + 1) * ITEMS] for i in range(3)]
+    epochs = [full.model.seen[i * ITEMS : (i + 1) * ITEMS] for i in range(3)]
     assert all(sorted(order) == list(range(ITEMS)) for order in epochs)
     assert epochs[0] != list(range(ITEMS)) and len({tuple(order) for order in epochs}) == 3  # shuffled, per epoch
     resumed = train(tmp_path / "resumed", resume=str(tmp_path / "full" / "checkpoint-7"), save_steps=7)
@@ -212,7 +227,12 @@ def test_auto_find_batch_size_resumes_with_the_reduced_batch_size(tmp_path, capl
     assert state["train_batch_size"] == 4
     caplog.clear()
     for how, resumed in resumed_runs(
-        tmp_path, tmp_path / "full", 3, make_options=lambda: {"model": OutOfMemoryAbove(4)}, train_dataset=data, **options
+        tmp_path,
+        tmp_path / "full",
+        3,
+        make_options=lambda: {"model": OutOfMemoryAbove(4)},
+        train_dataset=data,
+        **options,
     ).items():
         assert set(resumed.model.batch_sizes) == {4}, how  # no new search: it starts at 4
         assert resumed._train_batch_size == 4 and resumed.state.train_batch_size == 4
@@ -230,12 +250,14 @@ def test_evaluation_between_save_and_resume_keeps_resume_exact(tmp_path):
     for step in (3, 6):
         for how, resumed in resumed_runs(tmp_path, tmp_path / "full", step, **options).items():
             assert_resumed_exactly(full, resumed, step)
-            assert [e for e in logged(resumed, step) if "eval_loss" in e] == [e for e in logged(full, step) if "eval_loss" in e], how
+            assert [e for e in logged(resumed, step) if "eval_loss" in e] == [
+                e for e in logged(full, step) if "eval_loss" in e
+            ], how
 
 
 def test_ignore_data_skip_restarts_the_resumed_epoch_from_its_first_batch(tmp_path):
     full = train(tmp_path / "full")
-    epoch_order = [full.model.seen[i * ITEMS:(i + 1) * ITEMS] for i in range(3)]
+    epoch_order = [full.model.seen[i * ITEMS : (i + 1) * ITEMS] for i in range(3)]
     resumed = train(tmp_path / "resumed", resume=str(tmp_path / "full" / "checkpoint-8"), ignore_data_skip=True)
     # checkpoint-8 is epoch 1 after 3 of its 5 batches. Epoch 0 is still skipped (whole epochs are,
     # as in transformers); epoch 1 restarts at its first batch; global_step goes on from 8 and the
@@ -246,7 +268,9 @@ def test_ignore_data_skip_restarts_the_resumed_epoch_from_its_first_batch(tmp_pa
     assert [entry["epoch"] for entry in steps] == pytest.approx([1.2, 1.4, 1.6, 1.8, 2.0, 2.2, 2.4])
     assert resumed.state.global_step == 15
     # the learning rates continue the schedule from step 8 (the scheduler state was restored)
-    assert [entry["learning_rate"] for entry in steps] == [entry["learning_rate"] for entry in logged(full, after_step=8)]
+    assert [entry["learning_rate"] for entry in steps] == [
+        entry["learning_rate"] for entry in logged(full, after_step=8)
+    ]
 
 
 class CountingStream(IterableDataset):
@@ -268,7 +292,12 @@ def test_iterable_dataset_with_max_steps_resumes_by_consuming_the_skipped_batche
     assert full.model.seen == list(range(16))  # an iterable dataset keeps its own order
     for step in (3, 6):
         stream = CountingStream(regression_items(20))
-        resumed = train(tmp_path / f"resumed-{step}", resume=str(tmp_path / "full" / f"checkpoint-{step}"), train_dataset=stream, **options)
+        resumed = train(
+            tmp_path / f"resumed-{step}",
+            resume=str(tmp_path / "full" / f"checkpoint-{step}"),
+            train_dataset=stream,
+            **options,
+        )
         assert resumed.model.seen == list(range(2 * step, 16))
         assert stream.yielded >= 16  # the skipped items were read and dropped, not seeked past
         assert_resumed_exactly(full, resumed, step)
@@ -285,21 +314,33 @@ class NoisyCollator:
         return batch
 
 
-@pytest.mark.parametrize("accumulation, step, expected_seen", [
-    # 10 items = 5 batches per pass over the stream, 8 steps: checkpoint-6 is 1 batch into the second pass.
-    (1, 6, [2, 3, 4, 5]),
-    # windows of 2, 2 and a short 1 per pass (3 steps a pass), 7 steps: checkpoint-5 is 4 batches
-    # into the second pass; global_step * accumulation = 10 batches would point past it.
-    (2, 5, [8, 9, 0, 1, 2, 3]),
-])
+@pytest.mark.parametrize(
+    "accumulation, step, expected_seen",
+    [
+        # 10 items = 5 batches per pass over the stream, 8 steps: checkpoint-6 is 1 batch into the second pass.
+        (1, 6, [2, 3, 4, 5]),
+        # windows of 2, 2 and a short 1 per pass (3 steps a pass), 7 steps: checkpoint-5 is 4 batches
+        # into the second pass; global_step * accumulation = 10 batches would point past it.
+        (2, 5, [8, 9, 0, 1, 2, 3]),
+    ],
+)
 def test_iterable_dataset_resumes_exactly_in_a_later_pass(tmp_path, accumulation, step, expected_seen):
     options = dict(
-        max_steps=8 if accumulation == 1 else 7, save_steps=step, gradient_accumulation_steps=accumulation,
+        max_steps=8 if accumulation == 1 else 7,
+        save_steps=step,
+        gradient_accumulation_steps=accumulation,
         trainer_kwargs={"data_collator": NoisyCollator()},
     )
     full = train(tmp_path / "full", train_dataset=CountingStream(regression_items(10)), **options)
-    assert full.model.seen == list(range(10)) + (list(range(6)) if accumulation == 1 else list(range(10)) + [0, 1, 2, 3])
-    resumed = train(tmp_path / "resumed", resume=str(tmp_path / "full" / f"checkpoint-{step}"), train_dataset=CountingStream(regression_items(10)), **options)
+    assert full.model.seen == list(range(10)) + (
+        list(range(6)) if accumulation == 1 else list(range(10)) + [0, 1, 2, 3]
+    )
+    resumed = train(
+        tmp_path / "resumed",
+        resume=str(tmp_path / "full" / f"checkpoint-{step}"),
+        train_dataset=CountingStream(regression_items(10)),
+        **options,
+    )
     assert resumed.model.seen == expected_seen
     assert_resumed_exactly(full, resumed, step)
 
@@ -327,12 +368,16 @@ def test_resume_with_a_dataloader_worker(tmp_path):
 def test_resume_position():
     from lathe.train.batching import ResumePosition, TrainingPlan, resume_position
 
-    mapped = TrainingPlan(batches_per_epoch=5, updates_per_epoch=2, max_steps=6, num_train_epochs=3, num_train_samples=30)
+    mapped = TrainingPlan(
+        batches_per_epoch=5, updates_per_epoch=2, max_steps=6, num_train_epochs=3, num_train_samples=30
+    )
     assert resume_position(3, mapped, 3, False) == ResumePosition(1, 1, 3)  # windows of 3 + 2 per epoch
     assert resume_position(4, mapped, 3, False) == ResumePosition(2, 0, 0)
     assert resume_position(3, mapped, 3, True) == ResumePosition(1, 0, 0)  # ignore_data_skip: epoch restarts
     assert resume_position(6, mapped, 3, False) == ResumePosition(3, 0, 0)  # nothing left: past the last epoch
-    stream = TrainingPlan(batches_per_epoch=None, updates_per_epoch=None, max_steps=7, num_train_epochs=2**62, num_train_samples=None)
+    stream = TrainingPlan(
+        batches_per_epoch=None, updates_per_epoch=None, max_steps=7, num_train_epochs=2**62, num_train_samples=None
+    )
     # An iterable dataset's position comes from the state's epoch: pass + batches / (max_steps * accumulation).
     assert resume_position(5, stream, 3, False, epoch=1 + 4 / 21) == ResumePosition(1, 0, 4)
     assert resume_position(5, stream, 3, False, epoch=None) == ResumePosition(0, 0, 15)  # no epoch: from pass 0
@@ -353,11 +398,19 @@ def early_stopping_run(output_dir, resume=None, restore=False):
     holder = {}
     callback = EarlyStoppingCallback(early_stopping_patience=3)
     trainer = Trainer(
-        model=DropoutNet(), args=make_args(
-            output_dir, eval_strategy="steps", eval_steps=1, save_steps=3, max_steps=8, metric_for_best_model="score",
+        model=DropoutNet(),
+        args=make_args(
+            output_dir,
+            eval_strategy="steps",
+            eval_steps=1,
+            save_steps=3,
+            max_steps=8,
+            metric_for_best_model="score",
             restore_callback_states_from_checkpoint=restore,
         ),
-        train_dataset=regression_items(), eval_dataset=regression_items(4), callbacks=[callback],
+        train_dataset=regression_items(),
+        eval_dataset=regression_items(4),
+        callbacks=[callback],
         compute_metrics=lambda prediction: {"score": SCORES[holder["trainer"].state.global_step]},
     )
     holder["trainer"] = trainer
@@ -403,8 +456,11 @@ def scored_run(output_dir, scores: dict, resume=None, **overrides) -> Trainer:
     options = dict(eval_strategy="steps", eval_steps=2, save_steps=2, metric_for_best_model="score")
     options.update(overrides)
     trainer = Trainer(
-        model=DropoutNet(), args=make_args(output_dir, **options), train_dataset=regression_items(),
-        eval_dataset=regression_items(4), compute_metrics=lambda prediction: {"score": scores[holder["trainer"].state.global_step]},
+        model=DropoutNet(),
+        args=make_args(output_dir, **options),
+        train_dataset=regression_items(),
+        eval_dataset=regression_items(4),
+        compute_metrics=lambda prediction: {"score": scores[holder["trainer"].state.global_step]},
     )
     holder["trainer"] = trainer
     trainer.train(resume_from_checkpoint=resume)
@@ -459,11 +515,19 @@ def safetensors_weights(folder) -> dict:
 # A transformers model: save_pretrained layout, variable-length padding, num_items_in_batch
 # ---------------------------------------------------------------------------------------------
 
+
 def tiny_llama():
     transformers = pytest.importorskip("transformers")
     config = transformers.LlamaConfig(
-        vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, max_position_embeddings=64, pad_token_id=0, attention_dropout=0.2,
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+        pad_token_id=0,
+        attention_dropout=0.2,
     )
     torch.manual_seed(0)
     return transformers.LlamaForCausalLM(config)
@@ -494,16 +558,33 @@ def pad_collate(features: list[dict]) -> dict:
 def test_resume_a_transformers_causal_lm_with_padding_and_accumulation(tmp_path):
     # 12 items, batch 2, accumulation 2: 6 batches = 3 updates per epoch, 2 epochs = 6 steps.
     options = dict(
-        gradient_accumulation_steps=2, num_train_epochs=2, save_steps=4, include_num_input_tokens_seen="non_padding",
-        train_dataset=token_items(), trainer_kwargs={"data_collator": pad_collate},
+        gradient_accumulation_steps=2,
+        num_train_epochs=2,
+        save_steps=4,
+        include_num_input_tokens_seen="non_padding",
+        train_dataset=token_items(),
+        trainer_kwargs={"data_collator": pad_collate},
     )
     full = train(tmp_path / "full", model=tiny_llama(), **options)
     assert full.model_accepts_loss_kwargs  # the loss is divided by num_items_in_batch
     files = set(os.listdir(tmp_path / "full" / "checkpoint-4"))
-    assert {"config.json", "model.safetensors", "optimizer.pt", "scheduler.pt", "rng_state.pth", "trainer_state.json"} <= files
-    for how, resumed in resumed_runs(tmp_path, tmp_path / "full", 4, make_options=lambda: {"model": tiny_llama()}, **options).items():
+    assert {
+        "config.json",
+        "model.safetensors",
+        "optimizer.pt",
+        "scheduler.pt",
+        "rng_state.pth",
+        "trainer_state.json",
+    } <= files
+    for how, resumed in resumed_runs(
+        tmp_path, tmp_path / "full", 4, make_options=lambda: {"model": tiny_llama()}, **options
+    ).items():
         assert_resumed_exactly(full, resumed, 4)
-        assert resumed.state.num_input_tokens_seen == full.state.num_input_tokens_seen == sum(len(i["input_ids"]) for i in token_items()) * 2
+        assert (
+            resumed.state.num_input_tokens_seen
+            == full.state.num_input_tokens_seen
+            == sum(len(i["input_ids"]) for i in token_items()) * 2
+        )
         assert resumed.state.total_flos == full.state.total_flos > 0, how
         # tokens per second count this run's tokens only (those since the checkpoint), as transformers
         tokens_at_resume = next(e["num_input_tokens_seen"] for e in full.state.log_history if e["step"] == 4)
@@ -516,7 +597,10 @@ def test_resume_with_length_grouped_batches(tmp_path):
     # LengthGroupedSampler is seeded by (seed, epoch) like the shuffled sampler (transformers' draws
     # from the global RNG instead, so this order is lathe's own).
     options = dict(
-        train_sampling_strategy="group_by_length", num_train_epochs=2, save_steps=4, train_dataset=token_items(),
+        train_sampling_strategy="group_by_length",
+        num_train_epochs=2,
+        save_steps=4,
+        train_dataset=token_items(),
         trainer_kwargs={"data_collator": pad_collate},
     )
     full = train(tmp_path / "full", model=tiny_llama(), **options)
@@ -528,11 +612,18 @@ def test_resume_with_length_grouped_batches(tmp_path):
 # Warnings and errors
 # ---------------------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("setting, value", [("per_device_train_batch_size", 5), ("gradient_accumulation_steps", 2)])
 def test_resuming_with_a_changed_setting_warns_once_naming_it(tmp_path, caplog, setting, value):
     train(tmp_path / "full", max_steps=5, save_steps=4)
     with caplog.at_level(logging.WARNING, logger="lathe"):
-        train(tmp_path / "resumed", resume=str(tmp_path / "full" / "checkpoint-4"), max_steps=5, save_steps=4, **{setting: value})
+        train(
+            tmp_path / "resumed",
+            resume=str(tmp_path / "full" / "checkpoint-4"),
+            max_steps=5,
+            save_steps=4,
+            **{setting: value},
+        )
     warnings = [record.getMessage() for record in caplog.records if "differ" in record.getMessage()]
     assert len(warnings) == 1, warnings
     assert setting in warnings[0] and "checkpoint-4" in warnings[0]
@@ -549,7 +640,13 @@ def test_resuming_a_finished_checkpoint_says_there_is_nothing_left_to_train(tmp_
     full = train(tmp_path / "full", max_steps=4, save_steps=4)
     resumed_model = DropoutNet()
     with caplog.at_level(logging.WARNING, logger="lathe"):
-        resumed = train(tmp_path / "resumed", resume=str(tmp_path / "full" / "checkpoint-4"), model=resumed_model, max_steps=4, save_steps=4)
+        resumed = train(
+            tmp_path / "resumed",
+            resume=str(tmp_path / "full" / "checkpoint-4"),
+            model=resumed_model,
+            max_steps=4,
+            save_steps=4,
+        )
     assert "nothing left to train" in caplog.text and "max_steps=4" in caplog.text
     assert resumed.state.global_step == 4 and resumed_model.seen == []  # no step was taken
     assert_same_weights(full.model, resumed.model)
@@ -586,12 +683,18 @@ def test_resume_from_a_path_that_is_not_a_folder_raises(tmp_path):
 # Layout and safe loading
 # ---------------------------------------------------------------------------------------------
 
+
 def test_checkpoint_layout(tmp_path):
     train(tmp_path / "full", max_steps=4, save_steps=4)
     folder = tmp_path / "full" / "checkpoint-4"
     assert {
-        "model.safetensors", "optimizer.pt", "scheduler.pt", "rng_state.pth", "trainer_state.json",
-        "training_args.bin", "training_args.json",
+        "model.safetensors",
+        "optimizer.pt",
+        "scheduler.pt",
+        "rng_state.pth",
+        "trainer_state.json",
+        "training_args.bin",
+        "training_args.json",
     } <= set(os.listdir(folder))
     assert not (folder / ckpt.SCALER_NAME).exists()  # no fp16 on CPU
     rng = loading.safe_torch_load(str(folder / "rng_state.pth"))
@@ -635,7 +738,9 @@ def test_a_model_with_split_files_loads_them_itself(tmp_path):
             self.body, self.head = nn.Linear(2, 2), nn.Linear(2, 1)
 
         def save_pretrained(self, folder, state_dict=None):
-            torch.save({"body": self.body.state_dict(), "head": self.head.state_dict()}, os.path.join(folder, "parts.pt"))
+            torch.save(
+                {"body": self.body.state_dict(), "head": self.head.state_dict()}, os.path.join(folder, "parts.pt")
+            )
 
         def load_saved_weights(self, folder):
             parts = torch.load(os.path.join(folder, "parts.pt"), weights_only=True)

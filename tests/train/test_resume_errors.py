@@ -1,6 +1,7 @@
 """Resume from a damaged or foreign checkpoint: one clear error that names the file and says what is
 wrong, never a bare EOFError, a JSON position without the file, a size-mismatch traceback, or torch's
 advice to unpickle with weights_only=False; and nothing in a pickle payload ever runs."""
+
 from __future__ import annotations
 
 import json
@@ -58,7 +59,11 @@ DAMAGES = {
     "truncated": lambda data: data[: len(data) // 2],
     "random bytes": lambda data: bytes((index * 151 + 7) % 256 for index in range(len(data))),
 }
-EXPECTED = {"empty": "is empty (0 bytes)", "truncated": "is corrupt or truncated", "random bytes": "refused to unpickle"}
+EXPECTED = {
+    "empty": "is empty (0 bytes)",
+    "truncated": "is corrupt or truncated",
+    "random bytes": "refused to unpickle",
+}
 
 
 @pytest.mark.parametrize("damage", list(DAMAGES))
@@ -69,7 +74,9 @@ def test_a_damaged_torch_file_in_transformers_form_is_an_error_naming_it(tmp_pat
     path.write_bytes(DAMAGES[damage](path.read_bytes()))
     error = resume_error(folder)
     assert str(path) in str(error) and EXPECTED[damage] in str(error), str(error)
-    assert error.__cause__ is None and (error.__context__ is None or error.__suppress_context__)  # no torch traceback under it
+    assert error.__cause__ is None and (
+        error.__context__ is None or error.__suppress_context__
+    )  # no torch traceback under it
     assert_never_advises_unpickling(error)
 
 
@@ -152,7 +159,9 @@ def test_a_scheduler_state_without_its_step_is_not_taken_silently(tmp_path):
 
 def test_an_rng_state_of_another_shape_is_named(tmp_path):
     folder = checkpoint(tmp_path, transformers_form=True)
-    torch.save({"python": (3, (1, 2), None), "numpy": [], "cpu": torch.zeros(4, dtype=torch.uint8)}, folder / "rng_state.pth")
+    torch.save(
+        {"python": (3, (1, 2), None), "numpy": [], "cpu": torch.zeros(4, dtype=torch.uint8)}, folder / "rng_state.pth"
+    )
     error = resume_error(folder)
     assert f"'{folder / 'rng_state.pth'}' is not an RNG state a Trainer saved" in str(error)
 
@@ -191,7 +200,9 @@ def llama_trainer(output_dir: Path, model, **overrides) -> Trainer:
 def test_a_transformers_model_checkpoint_of_another_size_names_the_tensors(tmp_path):
     llama_trainer(tmp_path, tiny_llama(intermediate_size=64)).train()
     with pytest.raises(ValueError) as raised:
-        llama_trainer(tmp_path, tiny_llama(intermediate_size=48)).train(resume_from_checkpoint=str(tmp_path / "checkpoint-2"))
+        llama_trainer(tmp_path, tiny_llama(intermediate_size=48)).train(
+            resume_from_checkpoint=str(tmp_path / "checkpoint-2")
+        )
     message = str(raised.value)
     assert f"'{tmp_path / 'checkpoint-2' / ckpt.WEIGHTS_NAME}' do not fit the model: 6 tensor(s)" in message
     assert "model.layers.0.mlp.gate_proj.weight: [64, 32] in the file, [48, 32] in the model" in message
@@ -210,5 +221,8 @@ def test_a_lora_adapter_of_another_rank_names_the_adapter_file_and_tensors(tmp_p
         llama_trainer(tmp_path, lora(8)).train(resume_from_checkpoint=str(tmp_path / "checkpoint-2"))
     message = str(raised.value)
     assert f"'{tmp_path / 'checkpoint-2' / ckpt.ADAPTER_WEIGHTS_NAME}' do not fit the model: 4 tensor(s)" in message
-    assert "base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight: [4, 32] in the file, [8, 32] in the model" in message
+    assert (
+        "base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight: [4, 32] in the file, [8, 32] in the model"
+        in message
+    )
     assert "LoRA adapter of another rank" in message

@@ -4,6 +4,7 @@ resumes one written by lathe and ends bitwise equal to lathe's. The two librarie
 runs are themselves bit-identical here (shuffled sampler, AdamW, linear warmup, clipping, no
 evaluation during training: transformers' evaluation shifts the training RNG, lathe's restores it),
 and so are the checkpoints' trainer_state.json and model.safetensors."""
+
 from __future__ import annotations
 
 import importlib
@@ -48,14 +49,25 @@ def regression_items(count: int = 10) -> list[dict]:
 def run(library: str, output_dir, resume=None, model=None, dataset=None, collator=None, **overrides):
     module = importlib.import_module(library)
     options = dict(
-        output_dir=str(output_dir), report_to="none", disable_tqdm=True, logging_steps=1, per_device_train_batch_size=2,
-        num_train_epochs=3, learning_rate=0.01, warmup_steps=2, weight_decay=0.01, save_steps=4, seed=0,
+        output_dir=str(output_dir),
+        report_to="none",
+        disable_tqdm=True,
+        logging_steps=1,
+        per_device_train_batch_size=2,
+        num_train_epochs=3,
+        learning_rate=0.01,
+        warmup_steps=2,
+        weight_decay=0.01,
+        save_steps=4,
+        seed=0,
         dataloader_pin_memory=False,
     )
     options.update(overrides)
     trainer = module.Trainer(
-        model=model if model is not None else MLP(), args=module.TrainingArguments(**options),
-        train_dataset=dataset if dataset is not None else regression_items(), data_collator=collator,
+        model=model if model is not None else MLP(),
+        args=module.TrainingArguments(**options),
+        train_dataset=dataset if dataset is not None else regression_items(),
+        data_collator=collator,
     )
     trainer.train(resume_from_checkpoint=resume)
     return trainer
@@ -96,15 +108,21 @@ def test_checkpoints_resume_across_libraries_bitwise(tmp_path, case, dropout):
     their_checkpoint = tmp_path / "transformers" / f"checkpoint-{step}"
     our_checkpoint = tmp_path / "lathe" / f"checkpoint-{step}"
     # Same trainer_state.json byte for byte (same keys, sorted, indent 2), same weights file.
-    assert (their_checkpoint / ckpt.TRAINER_STATE_NAME).read_bytes() == (our_checkpoint / ckpt.TRAINER_STATE_NAME).read_bytes()
+    assert (their_checkpoint / ckpt.TRAINER_STATE_NAME).read_bytes() == (
+        our_checkpoint / ckpt.TRAINER_STATE_NAME
+    ).read_bytes()
     assert (their_checkpoint / ckpt.WEIGHTS_NAME).read_bytes() == (our_checkpoint / ckpt.WEIGHTS_NAME).read_bytes()
 
-    lathe_from_theirs = run("lathe", tmp_path / "lathe-resumed", resume=str(their_checkpoint), model=MLP(dropout), **options)
+    lathe_from_theirs = run(
+        "lathe", tmp_path / "lathe-resumed", resume=str(their_checkpoint), model=MLP(dropout), **options
+    )
     assert_same_weights(theirs.model, lathe_from_theirs.model)
     assert step_logs(lathe_from_theirs, step) == step_logs(theirs, step)
     assert lathe_from_theirs.state.log_history[:step] == theirs.state.log_history[:step]
 
-    theirs_from_ours = run("transformers", tmp_path / "transformers-resumed", resume=str(our_checkpoint), model=MLP(dropout), **options)
+    theirs_from_ours = run(
+        "transformers", tmp_path / "transformers-resumed", resume=str(our_checkpoint), model=MLP(dropout), **options
+    )
     assert_same_weights(ours.model, theirs_from_ours.model)
     assert step_logs(theirs_from_ours, step) == step_logs(ours, step)
 
@@ -114,7 +132,10 @@ def test_checkpoint_files_match_transformers(tmp_path):
     run("lathe", tmp_path / "lathe", max_steps=4)
     theirs, ours = tmp_path / "transformers" / "checkpoint-4", tmp_path / "lathe" / "checkpoint-4"
     assert set(os.listdir(ours)) - LATHE_ONLY_FILES == set(os.listdir(theirs))
-    assert loading.safe_torch_load(str(ours / "rng_state.pth")).keys() == loading.safe_torch_load(str(theirs / "rng_state.pth")).keys()
+    assert (
+        loading.safe_torch_load(str(ours / "rng_state.pth")).keys()
+        == loading.safe_torch_load(str(theirs / "rng_state.pth")).keys()
+    )
     their_optimizer = torch.load(theirs / "optimizer.pt", weights_only=True)
     our_optimizer = torch.load(ours / "optimizer.pt", weights_only=True)
     assert our_optimizer["param_groups"] == their_optimizer["param_groups"]  # decay / no-decay groups, hyperparameters
@@ -122,16 +143,26 @@ def test_checkpoint_files_match_transformers(tmp_path):
     for index, state in our_optimizer["state"].items():
         assert state.keys() == their_optimizer["state"][index].keys()
         assert all(torch.equal(state[key], their_optimizer["state"][index][key]) for key in state)
-    assert torch.load(ours / "scheduler.pt", weights_only=True) == torch.load(theirs / "scheduler.pt", weights_only=True)
-    assert json.loads((ours / ckpt.TRAINER_STATE_NAME).read_text()) == json.loads((theirs / ckpt.TRAINER_STATE_NAME).read_text())
+    assert torch.load(ours / "scheduler.pt", weights_only=True) == torch.load(
+        theirs / "scheduler.pt", weights_only=True
+    )
+    assert json.loads((ours / ckpt.TRAINER_STATE_NAME).read_text()) == json.loads(
+        (theirs / ckpt.TRAINER_STATE_NAME).read_text()
+    )
 
 
 def tiny_llama(**overrides):
     from transformers import LlamaConfig, LlamaForCausalLM
 
     config = dict(
-        vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, max_position_embeddings=64, pad_token_id=0,
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+        pad_token_id=0,
     )
     config.update(overrides)
     torch.manual_seed(0)
@@ -160,13 +191,18 @@ def pad_collate(features: list[dict]) -> dict:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("config", [{}, {"attention_dropout": 0.2, "tie_word_embeddings": True}], ids=["plain", "dropout, tied"])
+@pytest.mark.parametrize(
+    "config", [{}, {"attention_dropout": 0.2, "tie_word_embeddings": True}], ids=["plain", "dropout, tied"]
+)
 def test_causal_lm_checkpoints_resume_across_libraries_bitwise(tmp_path, config):
     """save_pretrained layout (config.json, generation_config.json), padded variable-length batches,
     accumulation 2 (the loss is divided by num_items_in_batch), tokens seen and FLOs counted."""
     options = dict(
-        gradient_accumulation_steps=2, num_train_epochs=2, include_num_input_tokens_seen="non_padding",
-        dataset=token_items(), collator=pad_collate,
+        gradient_accumulation_steps=2,
+        num_train_epochs=2,
+        include_num_input_tokens_seen="non_padding",
+        dataset=token_items(),
+        collator=pad_collate,
     )
     theirs = run("transformers", tmp_path / "transformers", model=tiny_llama(**config), **options)
     ours = run("lathe", tmp_path / "lathe", model=tiny_llama(**config), **options)
@@ -177,10 +213,18 @@ def test_causal_lm_checkpoints_resume_across_libraries_bitwise(tmp_path, config)
     assert {"config.json", "generation_config.json", "model.safetensors"} <= set(os.listdir(our_checkpoint))
     assert set(os.listdir(our_checkpoint)) - LATHE_ONLY_FILES == set(os.listdir(their_checkpoint))
 
-    lathe_from_theirs = run("lathe", tmp_path / "lathe-resumed", resume=str(their_checkpoint), model=tiny_llama(**config), **options)
+    lathe_from_theirs = run(
+        "lathe", tmp_path / "lathe-resumed", resume=str(their_checkpoint), model=tiny_llama(**config), **options
+    )
     assert_same_weights(theirs.model, lathe_from_theirs.model)
     assert step_logs(lathe_from_theirs, 4) == step_logs(theirs, 4)
-    theirs_from_ours = run("transformers", tmp_path / "transformers-resumed", resume=str(our_checkpoint), model=tiny_llama(**config), **options)
+    theirs_from_ours = run(
+        "transformers",
+        tmp_path / "transformers-resumed",
+        resume=str(our_checkpoint),
+        model=tiny_llama(**config),
+        **options,
+    )
     assert_same_weights(ours.model, theirs_from_ours.model)
     assert step_logs(theirs_from_ours, 4) == step_logs(ours, 4)
     for resumed in (lathe_from_theirs, theirs_from_ours):

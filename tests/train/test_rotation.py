@@ -2,6 +2,7 @@
 lathe_checkpoint.json says step N. A symbolic link, a folder without the manifest (transformers' or
 a person's), an incomplete folder or a renamed copy is neither counted nor deleted, get_last_checkpoint
 does not follow a link, and the checkpoint just saved is never deleted, whatever its number."""
+
 from __future__ import annotations
 
 import json
@@ -137,16 +138,25 @@ def test_best_model_and_rotation_leave_foreign_folders_alone(tmp_path):
     stray.mkdir(parents=True)
     (stray / "keep.txt").write_text("x")
     trainer = trainer_for(
-        output_dir, eval_strategy="steps", eval_steps=2, load_best_model_at_end=True, metric_for_best_model="score",
-        greater_is_better=True, trainer_kwargs={
-            "eval_dataset": crash_worker.dataset(8), "callbacks": [Lists()],
+        output_dir,
+        eval_strategy="steps",
+        eval_steps=2,
+        load_best_model_at_end=True,
+        metric_for_best_model="score",
+        greater_is_better=True,
+        trainer_kwargs={
+            "eval_dataset": crash_worker.dataset(8),
+            "callbacks": [Lists()],
             "compute_metrics": lambda prediction: {"score": scores[holder["trainer"].state.global_step]},
         },
     )
     holder["trainer"] = trainer
     trainer.train()
-    assert seen == {2: ["checkpoint-100", "checkpoint-2"], 4: ["checkpoint-100", "checkpoint-2", "checkpoint-4"],
-                    6: ["checkpoint-100", "checkpoint-2", "checkpoint-6"]}
+    assert seen == {
+        2: ["checkpoint-100", "checkpoint-2"],
+        4: ["checkpoint-100", "checkpoint-2", "checkpoint-4"],
+        6: ["checkpoint-100", "checkpoint-2", "checkpoint-6"],
+    }
     assert names(output_dir) == ["checkpoint-100", "checkpoint-2"]
     assert (stray / "keep.txt").read_text() == "x"
 
@@ -162,7 +172,9 @@ def test_the_checkpoint_just_saved_is_kept_whatever_its_number(tmp_path):
     assert names(tmp_path) == ["checkpoint-10", "checkpoint-2"]
     # With the best distinct and a limit of 1: the best and the newest stay.
     fake_checkpoint(tmp_path, 4)
-    rotation.rotate_checkpoints(str(tmp_path), 1, str(tmp_path / "checkpoint-10"), newest=str(tmp_path / "checkpoint-4"))
+    rotation.rotate_checkpoints(
+        str(tmp_path), 1, str(tmp_path / "checkpoint-10"), newest=str(tmp_path / "checkpoint-4")
+    )
     assert names(tmp_path) == ["checkpoint-10", "checkpoint-4"]
 
 
@@ -172,7 +184,9 @@ def test_incomplete_folders_are_not_lathes_to_delete(tmp_path, caplog):
     (tmp_path / "checkpoint-1" / ckpt.WEIGHTS_NAME).write_bytes(b"cut")  # not the size its manifest says
     (tmp_path / "checkpoint-9").write_text("a file, not a folder")
     with caplog.at_level(logging.WARNING, logger="lathe.train.rotation"):
-        assert rotation.rotate_checkpoints(str(tmp_path), 1, None, newest=str(tmp_path / "checkpoint-3")) == [str(tmp_path / "checkpoint-2")]
+        assert rotation.rotate_checkpoints(str(tmp_path), 1, None, newest=str(tmp_path / "checkpoint-3")) == [
+            str(tmp_path / "checkpoint-2")
+        ]
         rotation.rotate_checkpoints(str(tmp_path), 1, None, newest=str(tmp_path / "checkpoint-3"))
     assert names(tmp_path) == ["checkpoint-1", "checkpoint-3", "checkpoint-9"]
     reports = [r.getMessage() for r in caplog.records]
@@ -199,6 +213,12 @@ def test_a_foreign_folder_where_a_checkpoint_is_saved_is_moved_aside_not_deleted
         trainer_for(output_dir, save_total_limit=None).train()
     assert (output_dir / "checkpoint-4.replaced-1" / "notes.txt").read_text() == "mine"
     assert (output_dir / "checkpoint-6.replaced-1").is_symlink() and (target / ckpt.WEIGHTS_NAME).exists()
-    assert names(output_dir) == ["checkpoint-2", "checkpoint-4", "checkpoint-4.replaced-1", "checkpoint-6", "checkpoint-6.replaced-1"]
+    assert names(output_dir) == [
+        "checkpoint-2",
+        "checkpoint-4",
+        "checkpoint-4.replaced-1",
+        "checkpoint-6",
+        "checkpoint-6.replaced-1",
+    ]
     assert all(ckpt.is_complete_checkpoint(str(output_dir / f"checkpoint-{step}")) for step in (2, 4, 6))
     assert "moved to" in caplog.text

@@ -1,4 +1,5 @@
 """Seq2SeqTrainer: generation during evaluate/predict, padded to one length, equal to transformers'."""
+
 import numpy as np
 import pytest
 import torch
@@ -9,8 +10,18 @@ from lathe import Seq2SeqTrainer, Seq2SeqTrainingArguments  # noqa: E402
 
 
 def tiny_t5():
-    config = transformers.T5Config(vocab_size=40, d_model=16, d_ff=32, num_layers=1, num_decoder_layers=1, num_heads=2,
-                                   d_kv=8, decoder_start_token_id=0, pad_token_id=0, eos_token_id=1)
+    config = transformers.T5Config(
+        vocab_size=40,
+        d_model=16,
+        d_ff=32,
+        num_layers=1,
+        num_decoder_layers=1,
+        num_heads=2,
+        d_kv=8,
+        decoder_start_token_id=0,
+        pad_token_id=0,
+        eos_token_id=1,
+    )
     torch.manual_seed(0)
     return transformers.T5ForConditionalGeneration(config)
 
@@ -19,8 +30,14 @@ DATA = [{"input_ids": [5, 6, 7, 1], "attention_mask": [1, 1, 1, 1], "labels": [7
 
 
 def run(trainer_cls, args_cls, tmp_path, **gen):
-    args = args_cls(output_dir=str(tmp_path), predict_with_generate=True, generation_max_length=6,
-                    per_device_eval_batch_size=4, report_to="none", disable_tqdm=True)
+    args = args_cls(
+        output_dir=str(tmp_path),
+        predict_with_generate=True,
+        generation_max_length=6,
+        per_device_eval_batch_size=4,
+        report_to="none",
+        disable_tqdm=True,
+    )
     trainer = trainer_cls(model=tiny_t5(), args=args, eval_dataset=DATA)
     return trainer.predict(DATA[:5], **gen)
 
@@ -49,4 +66,3 @@ def test_generations_equal_transformers(tmp_path):
     assert np.all(theirs.predictions[:, width:] == 0)
     np.testing.assert_array_equal(ours.label_ids, theirs.label_ids[:, :width])
     assert ours.metrics["test_loss"] == pytest.approx(theirs.metrics["test_loss"], rel=1e-6)
-

@@ -2,6 +2,7 @@
 files are the same as a synchronous save's, training that goes on meanwhile cannot leak into them,
 and the cases that must save in the loop (several processes, an overridden save_model, too little
 memory for a copy) do."""
+
 from __future__ import annotations
 
 import threading
@@ -77,11 +78,24 @@ def test_background_and_synchronous_saves_write_the_same_files(tmp_path, monkeyp
     monkeypatch.setattr(snapshot, "_free_memory_bytes", lambda: 1)  # no room for a copy: save in the loop
     trainer_for(tmp_path / "loop", max_steps=2).train()
     background, loop = files_of(tmp_path / "background" / "checkpoint-2"), files_of(tmp_path / "loop" / "checkpoint-2")
-    assert background.keys() == loop.keys() >= {ckpt.WEIGHTS_NAME, ckpt.OPTIMIZER_NAME, ckpt.SCHEDULER_NAME, "rng_state.pth",
-                                                ckpt.TRAINER_STATE_NAME, ckpt.TRAINING_ARGS_JSON}
+    assert (
+        background.keys()
+        == loop.keys()
+        >= {
+            ckpt.WEIGHTS_NAME,
+            ckpt.OPTIMIZER_NAME,
+            ckpt.SCHEDULER_NAME,
+            "rng_state.pth",
+            ckpt.TRAINER_STATE_NAME,
+            ckpt.TRAINING_ARGS_JSON,
+        }
+    )
     for name in (ckpt.WEIGHTS_NAME, ckpt.TRAINER_STATE_NAME):
         assert background[name] == loop[name], name
-    optimizer = [loading.safe_torch_load(str(tmp_path / run / "checkpoint-2" / ckpt.OPTIMIZER_NAME)) for run in ("background", "loop")]
+    optimizer = [
+        loading.safe_torch_load(str(tmp_path / run / "checkpoint-2" / ckpt.OPTIMIZER_NAME))
+        for run in ("background", "loop")
+    ]
     assert optimizer[0]["param_groups"] == optimizer[1]["param_groups"]
     for index, state in optimizer[0]["state"].items():
         for key, value in state.items():
@@ -109,7 +123,10 @@ def test_a_copy_keeps_tied_weights_tied_and_references_frozen_ones():
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad])
     entries = {name: tensor for name, tensor, _frozen in snapshot._model_entries(model)}
     memo = {}
-    copied = {name: tensor if frozen else snapshot._copy_tensor(tensor, memo) for name, tensor, frozen in snapshot._model_entries(model)}
+    copied = {
+        name: tensor if frozen else snapshot._copy_tensor(tensor, memo)
+        for name, tensor, frozen in snapshot._model_entries(model)
+    }
     assert copied["embed.weight"].data_ptr() == copied["head.weight"].data_ptr() != entries["embed.weight"].data_ptr()
     assert copied["norm.weight"].data_ptr() == model.norm.weight.data_ptr()  # frozen: referenced
     assert copied["norm.bias"].data_ptr() != model.norm.bias.data_ptr()
@@ -120,9 +137,19 @@ def test_a_copy_keeps_tied_weights_tied_and_references_frozen_ones():
 
 
 def test_tied_weights_saved_from_a_copy_are_stored_once_and_load_back(tmp_path):
-    args = TrainingArguments(output_dir=str(tmp_path / "out"), max_steps=2, save_steps=2, per_device_train_batch_size=2,
-                             report_to="none", disable_tqdm=True, learning_rate=0.1)
-    data = [{"input_ids": torch.tensor([i % 11, (i + 1) % 11]), "labels": torch.tensor([(i + 1) % 11, (i + 2) % 11])} for i in range(8)]
+    args = TrainingArguments(
+        output_dir=str(tmp_path / "out"),
+        max_steps=2,
+        save_steps=2,
+        per_device_train_batch_size=2,
+        report_to="none",
+        disable_tqdm=True,
+        learning_rate=0.1,
+    )
+    data = [
+        {"input_ids": torch.tensor([i % 11, (i + 1) % 11]), "labels": torch.tensor([(i + 1) % 11, (i + 2) % 11])}
+        for i in range(8)
+    ]
     torch.manual_seed(0)
     trainer = Trainer(model=Tied(), args=args, train_dataset=data)
     trainer.train()

@@ -1,6 +1,7 @@
 """The callback contract of the training loop: the exact event sequence (the same as
 transformers.Trainer's for the same job), the kwargs each event receives, the control-flag resets,
 and the flags a user callback sets acting at that step."""
+
 from __future__ import annotations
 
 import pytest
@@ -20,8 +21,11 @@ from tests.train.trainer_helpers import (
 def run(tmp_path, library="lathe", callbacks=(), items=10, eval_items=None, **overrides):
     model = Regression()
     trainer = make_trainer(
-        library, model=model, args=training_args(tmp_path / library, library, **overrides),
-        train_dataset=regression_items(items), eval_dataset=regression_items(eval_items, seed=1) if eval_items else None,
+        library,
+        model=model,
+        args=training_args(tmp_path / library, library, **overrides),
+        train_dataset=regression_items(items),
+        eval_dataset=regression_items(eval_items, seed=1) if eval_items else None,
         callbacks=list(callbacks),
     )
     trainer.train()
@@ -31,18 +35,44 @@ def run(tmp_path, library="lathe", callbacks=(), items=10, eval_items=None, **ov
 # Each shape: (train items, eval items, options). Batch size 2 throughout.
 SHAPES = {
     # 3 updates per epoch, 6 steps: logs at 2, 4, 6; evaluations and saves at 3 and 6.
-    "accumulation 1, eval/save steps": (6, 4, dict(
-        num_train_epochs=2, logging_steps=2, eval_strategy="steps", eval_steps=3, save_strategy="steps", save_steps=3,
-    )),
+    "accumulation 1, eval/save steps": (
+        6,
+        4,
+        dict(
+            num_train_epochs=2,
+            logging_steps=2,
+            eval_strategy="steps",
+            eval_steps=3,
+            save_strategy="steps",
+            save_steps=3,
+        ),
+    ),
     # 5 batches in windows of 3 and 2 (substep_end after all but the last micro-batch of each).
-    "accumulation 3, epoch eval/save": (10, 4, dict(
-        num_train_epochs=2, gradient_accumulation_steps=3, logging_steps=2, eval_strategy="epoch", save_strategy="epoch",
-    )),
+    "accumulation 3, epoch eval/save": (
+        10,
+        4,
+        dict(
+            num_train_epochs=2,
+            gradient_accumulation_steps=3,
+            logging_steps=2,
+            eval_strategy="epoch",
+            save_strategy="epoch",
+        ),
+    ),
     # Everything per epoch, plus the first-step log and an evaluation before training.
-    "epoch strategies": (8, 2, dict(
-        num_train_epochs=2, gradient_accumulation_steps=2, logging_strategy="epoch", logging_first_step=True,
-        eval_strategy="epoch", save_strategy="epoch", eval_on_start=True,
-    )),
+    "epoch strategies": (
+        8,
+        2,
+        dict(
+            num_train_epochs=2,
+            gradient_accumulation_steps=2,
+            logging_strategy="epoch",
+            logging_first_step=True,
+            eval_strategy="epoch",
+            save_strategy="epoch",
+            eval_on_start=True,
+        ),
+    ),
     # max_steps stops in the middle of the second epoch.
     "max_steps mid-epoch": (6, 0, dict(max_steps=4, logging_steps=2)),
 }
@@ -60,14 +90,29 @@ def test_event_sequence_with_accumulation(tmp_path):
     events = events_of(tmp_path, "lathe", "accumulation 3, epoch eval/save")
     first_epoch = events[: events.index("on_epoch_end:2") + 1]
     assert first_epoch == [
-        "on_init_end:0", "on_train_begin:0", "on_epoch_begin:0",
-        "on_step_begin:0", "on_substep_end:0", "on_substep_end:0", "on_pre_optimizer_step:0", "on_optimizer_step:0",
+        "on_init_end:0",
+        "on_train_begin:0",
+        "on_epoch_begin:0",
+        "on_step_begin:0",
+        "on_substep_end:0",
+        "on_substep_end:0",
+        "on_pre_optimizer_step:0",
+        "on_optimizer_step:0",
         "on_step_end:1",
-        "on_step_begin:1", "on_substep_end:1", "on_pre_optimizer_step:1", "on_optimizer_step:1", "on_step_end:2",
+        "on_step_begin:1",
+        "on_substep_end:1",
+        "on_pre_optimizer_step:1",
+        "on_optimizer_step:1",
+        "on_step_end:2",
         "on_log:2",
         "on_epoch_end:2",
     ]
-    assert events[len(first_epoch):len(first_epoch) + 4] == ["on_prediction_step:2", "on_log:2", "on_evaluate:2", "on_save:2"]
+    assert events[len(first_epoch) : len(first_epoch) + 4] == [
+        "on_prediction_step:2",
+        "on_log:2",
+        "on_evaluate:2",
+        "on_save:2",
+    ]
     assert events[-3:] == ["on_save:4", "on_log:4", "on_train_end:4"]
 
 
@@ -102,8 +147,11 @@ def test_callbacks_receive_the_trainer_objects(tmp_path):
     recorder = recording_callback()
     model = Regression()
     trainer = make_trainer(
-        model=model, args=training_args(tmp_path, max_steps=2, eval_strategy="steps", eval_steps=2),
-        train_dataset=regression_items(6), eval_dataset=regression_items(2, seed=1), callbacks=[recorder],
+        model=model,
+        args=training_args(tmp_path, max_steps=2, eval_strategy="steps", eval_steps=2),
+        train_dataset=regression_items(6),
+        eval_dataset=regression_items(2, seed=1),
+        callbacks=[recorder],
         processing_class=processing_class,
     )
     trainer.train()
@@ -138,8 +186,11 @@ def test_each_event_clears_the_flags_it_owns(tmp_path):
     see it. Flags set inside the step are acted on after on_step_end."""
     first = recording_callback(record_flags=True)
     trainer = make_trainer(
-        model=Regression(), args=training_args(tmp_path, per_device_train_batch_size=1, gradient_accumulation_steps=2, num_train_epochs=2),
-        train_dataset=regression_items(4), eval_dataset=regression_items(2, seed=1), callbacks=[SetEverything(), first],
+        model=Regression(),
+        args=training_args(tmp_path, per_device_train_batch_size=1, gradient_accumulation_steps=2, num_train_epochs=2),
+        train_dataset=regression_items(4),
+        eval_dataset=regression_items(2, seed=1),
+        callbacks=[SetEverything(), first],
     )
     trainer.train()
     seen = {}
@@ -173,8 +224,13 @@ def test_step_begin_clears_requests_made_before_the_step(tmp_path):
     at step 1, because no callback asked during the step."""
     recorder = recording_callback(record_flags=True)
     trainer = run(
-        tmp_path, callbacks=[RequestEarly(), recorder], eval_items=2, max_steps=2,
-        logging_strategy="no", eval_strategy="no", save_strategy="no",
+        tmp_path,
+        callbacks=[RequestEarly(), recorder],
+        eval_items=2,
+        max_steps=2,
+        logging_strategy="no",
+        eval_strategy="no",
+        save_strategy="no",
     )
     assert [entry["step"] for entry in trainer.state.log_history] == [2]  # the closing metrics only
     assert "train_loss" in trainer.state.log_history[0]
@@ -250,14 +306,26 @@ def test_user_requested_log_evaluate_and_save_happen_at_that_step(tmp_path):
     """All three strategies are "no": only the callback's request at step 2 logs, evaluates and saves."""
     recorder = recording_callback()
     trainer = run(
-        tmp_path, callbacks=[RequestAt(2, ("should_log", "should_evaluate", "should_save")), recorder], eval_items=2,
-        max_steps=4, logging_strategy="no", eval_strategy="no", save_strategy="no",
+        tmp_path,
+        callbacks=[RequestAt(2, ("should_log", "should_evaluate", "should_save")), recorder],
+        eval_items=2,
+        max_steps=4,
+        logging_strategy="no",
+        eval_strategy="no",
+        save_strategy="no",
     )
     history = trainer.state.log_history
-    assert [(e["step"], sorted(e)[:2]) for e in history[:-1]] == [(2, ["epoch", "grad_norm"]), (2, ["epoch", "eval_loss"])]
+    assert [(e["step"], sorted(e)[:2]) for e in history[:-1]] == [
+        (2, ["epoch", "grad_norm"]),
+        (2, ["epoch", "eval_loss"]),
+    ]
     assert "train_loss" in history[-1]
     assert [e for e in recorder.events if e.startswith(("on_log", "on_evaluate", "on_save"))] == [
-        "on_log:2", "on_log:2", "on_evaluate:2", "on_save:2", "on_log:4",
+        "on_log:2",
+        "on_log:2",
+        "on_evaluate:2",
+        "on_save:2",
+        "on_log:4",
     ]
     checkpoints = sorted(p.name for p in (tmp_path / "lathe").iterdir() if p.name.startswith("checkpoint-"))
     assert checkpoints == ["checkpoint-2"]

@@ -1,6 +1,7 @@
 """What the Trainer accepts and how: model_init, optimizers, custom losses, dataset shapes (tuples,
 iterables, datasets.Dataset, extra columns, length grouping), token counting, reporters, bf16,
 gradient checkpointing, auto_find_batch_size, and the errors for inputs it cannot train on."""
+
 from __future__ import annotations
 
 import json
@@ -65,7 +66,9 @@ def test_model_init_gives_a_fresh_identical_model_to_each_train(tmp_path):
         models.append(nn.Sequential(nn.Linear(3, 4), nn.Tanh(), nn.Linear(4, 1)))
         return LossWrapper(models[-1])
 
-    trainer = make_trainer(model_init=model_init, args=training_args(tmp_path, max_steps=4), train_dataset=regression_items(8))
+    trainer = make_trainer(
+        model_init=model_init, args=training_args(tmp_path, max_steps=4), train_dataset=regression_items(8)
+    )
     trainer.train()
     first_losses, first_model = losses(trainer), trainer.model
     trainer.train()
@@ -91,7 +94,7 @@ def reference_sgd(items, batch_size, steps, optimizer_factory, scheduler_factory
     optimizer = optimizer_factory(model.parameters())
     scheduler = scheduler_factory(optimizer) if scheduler_factory else None
     for step in range(steps):
-        batch = items[step * batch_size:(step + 1) * batch_size]
+        batch = items[step * batch_size : (step + 1) * batch_size]
         x = torch.stack([item["x"] for item in batch])
         y = torch.stack([item["labels"] for item in batch])
         model(x, y)["loss"].backward()
@@ -104,30 +107,37 @@ def reference_sgd(items, batch_size, steps, optimizer_factory, scheduler_factory
 
 def test_optimizers_are_used_as_given(tmp_path):
     """optimizers=(SGD with momentum, a halving LambdaLR) replace args.optim / learning_rate / lr_scheduler_type."""
+
     def optimizer_factory(parameters):
         return torch.optim.SGD(parameters, lr=0.05, momentum=0.9)
 
     def scheduler_factory(optimizer):
-        return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 0.5 ** step)
+        return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 0.5**step)
 
     model = Regression()
     optimizer = optimizer_factory(model.parameters())
     scheduler = scheduler_factory(optimizer)
     trainer = make_trainer(
-        model=model, args=training_args(tmp_path, max_steps=3, max_grad_norm=0, optim="adamw_torch", lr_scheduler_type="linear"),
-        train_dataset=regression_items(6), optimizers=(optimizer, scheduler),
+        model=model,
+        args=training_args(tmp_path, max_steps=3, max_grad_norm=0, optim="adamw_torch", lr_scheduler_type="linear"),
+        train_dataset=regression_items(6),
+        optimizers=(optimizer, scheduler),
     )
     trainer.train()
     assert trainer.optimizer is optimizer and trainer.lr_scheduler is scheduler
     assert losses(trainer, "learning_rate") == [0.05, 0.025, 0.0125]
-    assert_weights_close(model, reference_sgd(regression_items(6), 2, 3, optimizer_factory, scheduler_factory), atol=1e-7)
+    assert_weights_close(
+        model, reference_sgd(regression_items(6), 2, 3, optimizer_factory, scheduler_factory), atol=1e-7
+    )
 
 
 def test_optimizer_cls_and_kwargs(tmp_path):
     model = Regression()
     trainer = make_trainer(
-        model=model, args=training_args(tmp_path, max_steps=3, max_grad_norm=0),
-        train_dataset=regression_items(6), optimizer_cls_and_kwargs=(torch.optim.Adagrad, {"lr": 0.3}),
+        model=model,
+        args=training_args(tmp_path, max_steps=3, max_grad_norm=0),
+        train_dataset=regression_items(6),
+        optimizer_cls_and_kwargs=(torch.optim.Adagrad, {"lr": 0.3}),
     )
     trainer.train()
     assert type(trainer.optimizer) is torch.optim.Adagrad
@@ -155,8 +165,11 @@ def test_compute_loss_func_receives_the_label_tokens_of_the_whole_window(tmp_pat
     items = token_items(8)
     calls, single_calls = [], []
     accumulated = make_trainer(
-        model=Tagger(), args=training_args(tmp_path / "a", max_steps=2, gradient_accumulation_steps=2),
-        train_dataset=items, data_collator=pad_collate, compute_loss_func=summed_token_loss(calls),
+        model=Tagger(),
+        args=training_args(tmp_path / "a", max_steps=2, gradient_accumulation_steps=2),
+        train_dataset=items,
+        data_collator=pad_collate,
+        compute_loss_func=summed_token_loss(calls),
     )
     accumulated.train()
     lengths = [len(item["input_ids"]) for item in items]
@@ -164,8 +177,11 @@ def test_compute_loss_func_receives_the_label_tokens_of_the_whole_window(tmp_pat
     assert [count for count in window_tokens] == [sum(c for c, _ in calls[:2]), sum(c for c, _ in calls[2:])]
     assert [int(n) for _, n in calls] == [window_tokens[0]] * 2 + [window_tokens[1]] * 2
     single = make_trainer(
-        model=Tagger(), args=training_args(tmp_path / "b", max_steps=2, per_device_train_batch_size=4),
-        train_dataset=items, data_collator=pad_collate, compute_loss_func=summed_token_loss(single_calls),
+        model=Tagger(),
+        args=training_args(tmp_path / "b", max_steps=2, per_device_train_batch_size=4),
+        train_dataset=items,
+        data_collator=pad_collate,
+        compute_loss_func=summed_token_loss(single_calls),
     )
     single.train()
     assert [int(n) for _, n in single_calls] == window_tokens
@@ -196,7 +212,8 @@ def test_label_smoothing_changes_the_loss(tmp_path):
     runs = {}
     for factor in (0.0, 0.2):
         trainer = make_trainer(
-            model=Classifier(), args=training_args(tmp_path / str(factor), max_steps=1, label_smoothing_factor=factor),
+            model=Classifier(),
+            args=training_args(tmp_path / str(factor), max_steps=1, label_smoothing_factor=factor),
             train_dataset=classification_items(),
         )
         trainer.train()
@@ -212,13 +229,24 @@ def test_label_smoothing_matches_transformers(tmp_path):
     results = {}
     for library in ("lathe", "transformers"):
         trainer = make_trainer(
-            library, model=Classifier(),
-            args=training_args(tmp_path / library, library, num_train_epochs=2, label_smoothing_factor=0.1, gradient_accumulation_steps=2),
-            train_dataset=classification_items(), eval_dataset=classification_items(4),
+            library,
+            model=Classifier(),
+            args=training_args(
+                tmp_path / library,
+                library,
+                num_train_epochs=2,
+                label_smoothing_factor=0.1,
+                gradient_accumulation_steps=2,
+            ),
+            train_dataset=classification_items(),
+            eval_dataset=classification_items(4),
         )
         trainer.train()
         results[library] = (losses(trainer), trainer.evaluate()["eval_loss"], trainer.model)
-    (our_losses, our_eval, our_model), (their_losses, their_eval, their_model) = results["lathe"], results["transformers"]
+    (our_losses, our_eval, our_model), (their_losses, their_eval, their_model) = (
+        results["lathe"],
+        results["transformers"],
+    )
     assert our_losses == their_losses
     assert our_eval == pytest.approx(their_eval, rel=1e-6)
     assert_weights_close(our_model, their_model, atol=0)
@@ -238,9 +266,13 @@ class TupleRegression(Regression):
 def test_tuple_dataset_trains_like_the_dict_dataset(tmp_path):
     items = regression_items(8)
     tuples = TensorDataset(torch.stack([i["x"] for i in items]), torch.stack([i["labels"] for i in items]))
-    by_tuple = make_trainer(model=TupleRegression(), args=training_args(tmp_path / "t", num_train_epochs=2), train_dataset=tuples)
+    by_tuple = make_trainer(
+        model=TupleRegression(), args=training_args(tmp_path / "t", num_train_epochs=2), train_dataset=tuples
+    )
     by_tuple.train()
-    by_dict = make_trainer(model=Regression(), args=training_args(tmp_path / "d", num_train_epochs=2), train_dataset=items)
+    by_dict = make_trainer(
+        model=Regression(), args=training_args(tmp_path / "d", num_train_epochs=2), train_dataset=items
+    )
     by_dict.train()
     assert by_tuple.state.global_step == 8
     assert losses(by_tuple) == losses(by_dict)
@@ -253,12 +285,16 @@ def test_iterable_dataset_with_max_steps_cycles_it(tmp_path):
     epoch length, so (like transformers) the epoch advances by 1/(max_steps * accumulation) per batch
     and jumps to the next whole number when the stream restarts."""
     model = Regression()
-    trainer = make_trainer(model=model, args=training_args(tmp_path, max_steps=7), train_dataset=Stream(regression_items(10)))
+    trainer = make_trainer(
+        model=model, args=training_args(tmp_path, max_steps=7), train_dataset=Stream(regression_items(10))
+    )
     trainer.train()
     assert trainer.state.global_step == 7 and model.forward_calls == 7
     assert losses(trainer, "epoch") == pytest.approx([1 / 7, 2 / 7, 3 / 7, 4 / 7, 5 / 7, 1 + 1 / 7, 1 + 2 / 7])
     # The restarted stream gives the same batches again: step 6 sees step 1's inputs.
-    by_list = make_trainer(model=Regression(), args=training_args(tmp_path / "list", max_steps=7), train_dataset=regression_items(10))
+    by_list = make_trainer(
+        model=Regression(), args=training_args(tmp_path / "list", max_steps=7), train_dataset=regression_items(10)
+    )
     by_list.train()
     assert losses(trainer) == losses(by_list)
 
@@ -268,7 +304,9 @@ def test_iterable_dataset_matches_transformers(tmp_path):
     runs = []
     for library in ("lathe", "transformers"):
         trainer = make_trainer(
-            library, model=Regression(), args=training_args(tmp_path / library, library, max_steps=7),
+            library,
+            model=Regression(),
+            args=training_args(tmp_path / library, library, max_steps=7),
             train_dataset=Stream(regression_items(10)),
         )
         trainer.train()
@@ -284,14 +322,16 @@ def test_iterable_dataset_with_accumulation_steps_on_the_short_window_at_the_end
     lone batch's gradient (scaled by 1, not 1/2) into the first update of the next pass."""
     model = Regression()
     trainer = make_trainer(
-        model=model, args=training_args(tmp_path, max_steps=7, gradient_accumulation_steps=2),
+        model=model,
+        args=training_args(tmp_path, max_steps=7, gradient_accumulation_steps=2),
         train_dataset=Stream(regression_items(10)),
     )
     trainer.train()
     assert model.forward_calls == 2 + 2 + 1 + 2 + 2 + 1 + 2
     assert losses(trainer, "epoch") == pytest.approx([e + b / 14 for e in (0, 1) for b in (2, 4, 5)] + [2 + 2 / 14])
     as_list = make_trainer(
-        model=Regression(), args=training_args(tmp_path / "list", max_steps=7, gradient_accumulation_steps=2),
+        model=Regression(),
+        args=training_args(tmp_path / "list", max_steps=7, gradient_accumulation_steps=2),
         train_dataset=regression_items(10),
     )
     as_list.train()
@@ -315,8 +355,11 @@ def test_group_by_length_batches_similar_lengths(tmp_path):
     for strategy in ("group_by_length", "sequential"):
         model = Tagger()
         trainer = make_trainer(
-            model=model, args=training_args(tmp_path / strategy, num_train_epochs=1, train_sampling_strategy=strategy),
-            train_dataset=items, data_collator=pad_collate, compute_loss_func=summed_token_loss([]),
+            model=model,
+            args=training_args(tmp_path / strategy, num_train_epochs=1, train_sampling_strategy=strategy),
+            train_dataset=items,
+            data_collator=pad_collate,
+            compute_loss_func=summed_token_loss([]),
         )
         trainer.train()
         runs[strategy] = model.batches
@@ -343,7 +386,8 @@ def test_remove_unused_columns_on_a_list_of_dicts(tmp_path):
     assert trainer.state.global_step == 3
     assert set(trainer.train_dataset[0]) == {"x", "labels", "id", "text"}  # the items themselves are untouched
     keep_all = make_trainer(
-        model=Strict(), args=training_args(tmp_path, max_steps=3, remove_unused_columns=False),
+        model=Strict(),
+        args=training_args(tmp_path, max_steps=3, remove_unused_columns=False),
         train_dataset=[{k: v for k, v in item.items() if k != "text"} for item in items],
     )
     with pytest.raises(TypeError, match="id"):
@@ -354,7 +398,10 @@ def test_remove_unused_columns_on_a_datasets_dataset(tmp_path):
     datasets = pytest.importorskip("datasets")
     items = regression_items(6)
     table = datasets.Dataset.from_list(
-        [{"x": item["x"].tolist(), "labels": float(item["labels"]), "id": index, "text": "t"} for index, item in enumerate(items)]
+        [
+            {"x": item["x"].tolist(), "labels": float(item["labels"]), "id": index, "text": "t"}
+            for index, item in enumerate(items)
+        ]
     ).with_format("torch")
     model = Strict()
     trainer = make_trainer(model=model, args=training_args(tmp_path, max_steps=3), train_dataset=table)
@@ -371,16 +418,22 @@ def test_include_num_input_tokens_seen(tmp_path, mode):
     attention_mask ones. The count is cumulative and logged with every entry."""
     items = token_items(8, min_length=2, max_length=9, seed=1)
     trainer = make_trainer(
-        model=tiny_llama(), args=training_args(tmp_path, num_train_epochs=1, include_num_input_tokens_seen=mode),
-        train_dataset=items, data_collator=pad_collate,
+        model=tiny_llama(),
+        args=training_args(tmp_path, num_train_epochs=1, include_num_input_tokens_seen=mode),
+        train_dataset=items,
+        data_collator=pad_collate,
     )
     trainer.train()
-    batches = [pad_collate(items[i:i + 2]) for i in range(0, 8, 2)]
+    batches = [pad_collate(items[i : i + 2]) for i in range(0, 8, 2)]
     per_step = [int(b["attention_mask"].sum()) if mode == "non_padding" else b["input_ids"].numel() for b in batches]
-    cumulative = [sum(per_step[:k + 1]) for k in range(4)]
+    cumulative = [sum(per_step[: k + 1]) for k in range(4)]
     assert losses(trainer, "num_input_tokens_seen") == cumulative
     assert trainer.state.num_input_tokens_seen == cumulative[-1]
-    assert cumulative[-1] == (sum(len(i["input_ids"]) for i in items) if mode == "non_padding" else sum(b["input_ids"].numel() for b in batches))
+    assert cumulative[-1] == (
+        sum(len(i["input_ids"]) for i in items)
+        if mode == "non_padding"
+        else sum(b["input_ids"].numel() for b in batches)
+    )
 
 
 # ---------------------------------------------------------------- reporting, precision, memory
@@ -388,7 +441,8 @@ def test_include_num_input_tokens_seen(tmp_path, mode):
 
 def test_report_to_jsonl_writes_one_line_per_log(tmp_path):
     trainer = make_trainer(
-        model=Regression(), args=training_args(tmp_path, max_steps=5, logging_steps=2, report_to="jsonl"),
+        model=Regression(),
+        args=training_args(tmp_path, max_steps=5, logging_steps=2, report_to="jsonl"),
         train_dataset=regression_items(10),
     )
     trainer.train()
@@ -399,9 +453,13 @@ def test_report_to_jsonl_writes_one_line_per_log(tmp_path):
 
 def test_bf16_trains_on_cpu(tmp_path):
     model = Regression()
-    trainer = make_trainer(model=model, args=training_args(tmp_path, max_steps=4, bf16=True), train_dataset=regression_items(8))
+    trainer = make_trainer(
+        model=model, args=training_args(tmp_path, max_steps=4, bf16=True), train_dataset=regression_items(8)
+    )
     trainer.train()
-    fp32 = make_trainer(model=Regression(), args=training_args(tmp_path / "fp32", max_steps=4), train_dataset=regression_items(8))
+    fp32 = make_trainer(
+        model=Regression(), args=training_args(tmp_path / "fp32", max_steps=4), train_dataset=regression_items(8)
+    )
     fp32.train()
     assert all(math.isfinite(loss) for loss in losses(trainer))
     assert model.linear.weight.dtype == torch.float32  # autocast: the weights stay fp32
@@ -413,8 +471,10 @@ def test_gradient_checkpointing_gives_the_same_losses(tmp_path, recwarn):
     runs = {}
     for checkpointing in (False, True):
         trainer = make_trainer(
-            model=tiny_llama(), args=training_args(tmp_path / str(checkpointing), max_steps=3, activation_checkpointing=checkpointing),
-            train_dataset=token_items(6), data_collator=pad_collate,
+            model=tiny_llama(),
+            args=training_args(tmp_path / str(checkpointing), max_steps=3, activation_checkpointing=checkpointing),
+            train_dataset=token_items(6),
+            data_collator=pad_collate,
         )
         trainer.train()
         assert [layer.gradient_checkpointing for layer in trainer.model.model.layers] == [checkpointing] * 2
@@ -431,8 +491,11 @@ def test_gradient_checkpointing_every_n_layers(tmp_path):
     torch.utils.checkpoint: with 2, only layer 0 of 2 is checkpointed."""
     trainer = make_trainer(
         model=tiny_llama(),
-        args=training_args(tmp_path, max_steps=1, activation_checkpointing=True, activation_checkpointing_kwargs={"every_n_layers": 2}),
-        train_dataset=token_items(2), data_collator=pad_collate,
+        args=training_args(
+            tmp_path, max_steps=1, activation_checkpointing=True, activation_checkpointing_kwargs={"every_n_layers": 2}
+        ),
+        train_dataset=token_items(2),
+        data_collator=pad_collate,
     )
     trainer.train()
     assert [layer.gradient_checkpointing for layer in trainer.model.model.layers] == [True, False]
@@ -455,7 +518,8 @@ def test_auto_find_batch_size_shrinks_until_the_batch_fits(tmp_path):
     """8 -> 7 -> 6 -> 5 (x0.9, rounded down): 5 fits. 20 items in batches of 5 are 4 steps."""
     model = FitsUpTo(5)
     trainer = make_trainer(
-        model=model, args=training_args(tmp_path, per_device_train_batch_size=8, num_train_epochs=1, auto_find_batch_size=True),
+        model=model,
+        args=training_args(tmp_path, per_device_train_batch_size=8, num_train_epochs=1, auto_find_batch_size=True),
         train_dataset=regression_items(20),
     )
     trainer.train()
@@ -466,13 +530,15 @@ def test_auto_find_batch_size_shrinks_until_the_batch_fits(tmp_path):
 
 
 @pytest.mark.parametrize(
-    "options, message", [({"auto_find_batch_size": False}, "CUDA out of memory"), ({"auto_find_batch_size": True}, "shape mismatch")],
+    "options, message",
+    [({"auto_find_batch_size": False}, "CUDA out of memory"), ({"auto_find_batch_size": True}, "shape mismatch")],
     ids=["off", "not an out-of-memory error"],
 )
 def test_auto_find_batch_size_only_retries_out_of_memory(tmp_path, options, message):
     model = FitsUpTo(5, message="CUDA out of memory" if message == "CUDA out of memory" else "shape mismatch")
     trainer = make_trainer(
-        model=model, args=training_args(tmp_path, per_device_train_batch_size=8, num_train_epochs=1, **options),
+        model=model,
+        args=training_args(tmp_path, per_device_train_batch_size=8, num_train_epochs=1, **options),
         train_dataset=regression_items(20),
     )
     with pytest.raises(RuntimeError, match=message):
@@ -492,7 +558,9 @@ def test_dataset_of_ints_is_a_clear_error(tmp_path):
 def test_model_returning_no_loss_is_a_clear_error(tmp_path):
     items = [{"x": item["x"]} for item in regression_items(4)]
     trainer = make_trainer(model=Regression(), args=training_args(tmp_path), train_dataset=items)
-    with pytest.raises(ValueError, match=r"returned no loss.*\['logits'\].*'labels' were not among its inputs \(\['x'\]\)"):
+    with pytest.raises(
+        ValueError, match=r"returned no loss.*\['logits'\].*'labels' were not among its inputs \(\['x'\]\)"
+    ):
         trainer.train()
 
 
@@ -511,8 +579,12 @@ def float_label_items(count: int = 4) -> list[dict]:
 @pytest.mark.parametrize("where", ["train", "evaluate", "label smoothing"])
 def test_float_labels_for_a_classification_loss_name_labels_and_the_dtype(tmp_path, where):
     options = {"label_smoothing_factor": 0.1} if where == "label smoothing" else {}
-    trainer = make_trainer(model=Classifier(), args=training_args(tmp_path, **options), train_dataset=float_label_items(),
-                           eval_dataset=float_label_items())
+    trainer = make_trainer(
+        model=Classifier(),
+        args=training_args(tmp_path, **options),
+        train_dataset=float_label_items(),
+        eval_dataset=float_label_items(),
+    )
     with pytest.raises(TypeError) as raised:
         trainer.evaluate() if where == "evaluate" else trainer.train()
     message = str(raised.value)
@@ -526,8 +598,16 @@ def test_float_labels_for_a_classification_loss_name_labels_and_the_dtype(tmp_pa
 @pytest.mark.hf
 def test_float_labels_for_a_transformers_classifier_say_they_read_as_multi_label(tmp_path):
     transformers = pytest.importorskip("transformers")
-    config = transformers.LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                                      num_attention_heads=4, num_key_value_heads=2, pad_token_id=0, num_labels=3)
+    config = transformers.LlamaConfig(
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        pad_token_id=0,
+        num_labels=3,
+    )
     model = transformers.LlamaForSequenceClassification(config)
     items = [{"input_ids": [1, 2, 3], "labels": 1.0}, {"input_ids": [4, 5, 6], "labels": 2.0}]
     trainer = make_trainer(model=model, args=training_args(tmp_path), train_dataset=items)
@@ -538,14 +618,21 @@ def test_float_labels_for_a_transformers_classifier_say_they_read_as_multi_label
 def test_eval_strategy_without_eval_dataset_fails_at_construction(tmp_path):
     for strategy in ("steps", "epoch"):
         with pytest.raises(ValueError, match=rf"eval_strategy='{strategy}' needs an eval_dataset"):
-            make_trainer(model=Regression(), args=training_args(tmp_path, eval_strategy=strategy), train_dataset=regression_items(4))
+            make_trainer(
+                model=Regression(),
+                args=training_args(tmp_path, eval_strategy=strategy),
+                train_dataset=regression_items(4),
+            )
 
 
 @pytest.mark.parametrize(
     "options, message",
     [
         (dict(optim="adamw_foo"), r"optim='adamw_foo' is not valid; choose one of \[.*'sgd'"),
-        (dict(lr_scheduler_type="cosine_foo"), r"lr_scheduler_type='cosine_foo' is not valid; choose one of \[.*'cosine'"),
+        (
+            dict(lr_scheduler_type="cosine_foo"),
+            r"lr_scheduler_type='cosine_foo' is not valid; choose one of \[.*'cosine'",
+        ),
     ],
 )
 def test_unknown_optimizer_or_schedule_names(tmp_path, options, message):
@@ -557,13 +644,17 @@ def test_transformers_only_optimizer_fails_before_training(tmp_path):
     """A name transformers knows but lathe does not implement: refused when the optimizer is built,
     before any step, with the list of what is supported."""
     model = Regression()
-    trainer = make_trainer(model=model, args=training_args(tmp_path, optim="lion_8bit"), train_dataset=regression_items(4))
+    trainer = make_trainer(
+        model=model, args=training_args(tmp_path, optim="lion_8bit"), train_dataset=regression_items(4)
+    )
     with pytest.raises(ValueError, match=r"unsupported optim='lion_8bit'.*'adamw_torch'"):
         trainer.train()
     assert model.forward_calls == 0
 
 
-@pytest.mark.parametrize("items, options", [([], {}), (regression_items(1), {"dataloader_drop_last": True})], ids=["empty", "all dropped"])
+@pytest.mark.parametrize(
+    "items, options", [([], {}), (regression_items(1), {"dataloader_drop_last": True})], ids=["empty", "all dropped"]
+)
 def test_empty_train_dataset_is_a_clear_error(tmp_path, items, options):
     trainer = make_trainer(model=Regression(), args=training_args(tmp_path, **options), train_dataset=items)
     with pytest.raises(ValueError, match="training dataloader is empty"):
@@ -574,8 +665,12 @@ def test_empty_train_dataset_is_a_clear_error(tmp_path, items, options):
 def test_num_examples_counts_the_dataset_or_estimates_from_batches(tmp_path, library):
     if library == "hf":
         pytest.importorskip("transformers")
-    trainer = make_trainer(library, model=Regression(), args=training_args(tmp_path, library, per_device_train_batch_size=4),
-                           train_dataset=regression_items(10))
+    trainer = make_trainer(
+        library,
+        model=Regression(),
+        args=training_args(tmp_path, library, per_device_train_batch_size=4),
+        train_dataset=regression_items(10),
+    )
     assert trainer.num_examples(trainer.get_train_dataloader()) == 10  # the dataset's length, not 3 batches x 4
 
     class Batches:  # a loader whose dataset has no length: len(loader) x per-device batch size

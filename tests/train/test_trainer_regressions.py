@@ -1,20 +1,37 @@
 """Regressions: label smoothing joins the num_items_in_batch normalisation (as in transformers 5);
 an iterable dataset that yields nothing stops training instead of looping forever."""
+
 import subprocess
 import sys
 import textwrap
 
 import pytest
 
-from tests.train.trainer_helpers import assert_weights_close, make_trainer, pad_collate, tiny_llama, token_items, training_args
+from tests.train.trainer_helpers import (
+    assert_weights_close,
+    make_trainer,
+    pad_collate,
+    tiny_llama,
+    token_items,
+    training_args,
+)
 
 
 def run_smoothed(tmp_path, library, batch_size, accumulation):
     trainer = make_trainer(
-        library, model=tiny_llama(),
-        args=training_args(tmp_path / f"{library}{batch_size}", library, max_steps=3, per_device_train_batch_size=batch_size,
-                           gradient_accumulation_steps=accumulation, label_smoothing_factor=0.1, max_grad_norm=0),
-        train_dataset=token_items(12), data_collator=pad_collate,
+        library,
+        model=tiny_llama(),
+        args=training_args(
+            tmp_path / f"{library}{batch_size}",
+            library,
+            max_steps=3,
+            per_device_train_batch_size=batch_size,
+            gradient_accumulation_steps=accumulation,
+            label_smoothing_factor=0.1,
+            max_grad_norm=0,
+        ),
+        train_dataset=token_items(12),
+        data_collator=pad_collate,
     )
     trainer.train()
     return trainer
@@ -33,7 +50,7 @@ def test_label_smoothing_keeps_accumulation_equivalence(tmp_path):
 
 
 def test_an_iterable_dataset_that_yields_nothing_stops_instead_of_looping_forever():
-    code = textwrap.dedent('''
+    code = textwrap.dedent("""
         from torch.utils.data import IterableDataset
         from tests.train.trainer_helpers import Regression, make_trainer, training_args
         class Empty(IterableDataset):
@@ -45,7 +62,7 @@ def test_an_iterable_dataset_that_yields_nothing_stops_instead_of_looping_foreve
         except ValueError as error:
             print("raised:", error)
         print("global_step", trainer.state.global_step)
-    ''')
+    """)
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd="/work/main")
     assert "global_step 0" in result.stdout
 

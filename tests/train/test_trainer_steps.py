@@ -1,6 +1,7 @@
 """Trainer step arithmetic (global_step, max_steps, logged epochs, when logs/evaluations/saves
 happen), the accumulation invariant (k micro-batches of b = one batch of k·b), train_loss and the
 non-finite loss filter."""
+
 from __future__ import annotations
 
 import logging
@@ -26,8 +27,11 @@ from tests.train.trainer_helpers import (
 def run_regression(tmp_path, library="lathe", items=None, callbacks=None, eval_items=None, **overrides):
     model = Regression()
     trainer = make_trainer(
-        library, model=model, args=training_args(tmp_path / library, library, **overrides),
-        train_dataset=items if items is not None else regression_items(10), eval_dataset=eval_items,
+        library,
+        model=model,
+        args=training_args(tmp_path / library, library, **overrides),
+        train_dataset=items if items is not None else regression_items(10),
+        eval_dataset=eval_items,
         callbacks=callbacks,
     )
     trainer.train()
@@ -36,7 +40,9 @@ def run_regression(tmp_path, library="lathe", items=None, callbacks=None, eval_i
 
 def logged(trainer, key="loss"):
     """(step, value) of every training log entry that has `key`."""
-    return [(entry["step"], entry[key]) for entry in trainer.state.log_history if key in entry and "train_loss" not in entry]
+    return [
+        (entry["step"], entry[key]) for entry in trainer.state.log_history if key in entry and "train_loss" not in entry
+    ]
 
 
 # ---------------------------------------------------------------- step arithmetic
@@ -47,13 +53,25 @@ STEP_CASES = {
     "integer epochs": (10, 2, 1, {"num_train_epochs": 3}, 15, [k / 5 for k in range(1, 16)], 15),
     # 5 batches -> ceil(5/2) = 3 updates per epoch (windows of 2, 2, 1 batches); ceil(2.5 * 3) = 8 steps.
     "fractional epochs, accumulation remainder": (
-        10, 2, 2, {"num_train_epochs": 2.5}, 8, [0.4, 0.8, 1.0, 1.4, 1.8, 2.0, 2.4, 2.8], 14,
+        10,
+        2,
+        2,
+        {"num_train_epochs": 2.5},
+        8,
+        [0.4, 0.8, 1.0, 1.4, 1.8, 2.0, 2.4, 2.8],
+        14,
     ),
     # 5 batches -> ceil(5/3) = 2 updates per epoch (windows of 3 and 2 batches).
     "accumulation 3 of 5 batches": (10, 2, 3, {"num_train_epochs": 2}, 4, [0.6, 1.0, 1.6, 2.0], 10),
     # max_steps overrides num_train_epochs and cycles the data: 7 steps of a 3-update epoch.
     "max_steps cycles the data": (
-        10, 2, 2, {"num_train_epochs": 1, "max_steps": 7}, 7, [0.4, 0.8, 1.0, 1.4, 1.8, 2.0, 2.4], 12,
+        10,
+        2,
+        2,
+        {"num_train_epochs": 1, "max_steps": 7},
+        7,
+        [0.4, 0.8, 1.0, 1.4, 1.8, 2.0, 2.4],
+        12,
     ),
     # 4 batches (the last holds 1 item), 2 updates per epoch (3 + 1 batches); ceil(1.5 * 2) = 3 steps.
     "fractional epoch stops mid-epoch": (7, 2, 3, {"num_train_epochs": 1.5}, 3, [0.75, 1.0, 1.75], 7),
@@ -67,8 +85,11 @@ STEP_CASES = {
 def test_step_arithmetic(tmp_path, case):
     count, batch_size, accumulation, options, expected_steps, expected_epochs, micro_batches = STEP_CASES[case]
     trainer, model = run_regression(
-        tmp_path, items=regression_items(count), per_device_train_batch_size=batch_size,
-        gradient_accumulation_steps=accumulation, **options,
+        tmp_path,
+        items=regression_items(count),
+        per_device_train_batch_size=batch_size,
+        gradient_accumulation_steps=accumulation,
+        **options,
     )
     assert trainer.state.global_step == trainer.state.max_steps == expected_steps
     assert [step for step, _ in logged(trainer, "epoch")] == list(range(1, expected_steps + 1))
@@ -87,8 +108,12 @@ def test_step_arithmetic_matches_transformers(tmp_path, case):
     runs = {}
     for library in ("lathe", "transformers"):
         runs[library] = run_regression(
-            tmp_path, library, items=regression_items(count), per_device_train_batch_size=batch_size,
-            gradient_accumulation_steps=accumulation, **options,
+            tmp_path,
+            library,
+            items=regression_items(count),
+            per_device_train_batch_size=batch_size,
+            gradient_accumulation_steps=accumulation,
+            **options,
         )
     (ours, our_model), (theirs, their_model) = runs["lathe"], runs["transformers"]
     assert ours.state.global_step == theirs.state.global_step
@@ -106,15 +131,23 @@ def test_ratio_steps_resolve_against_total_steps_and_the_final_step_always_acts(
     evaluates and saves: the final step always does under step strategies."""
     recorder = recording_callback()
     trainer, _ = run_regression(
-        tmp_path, callbacks=[recorder], eval_items=regression_items(4, seed=1), max_steps=10,
-        logging_steps=0.25, eval_strategy="steps", eval_steps=0.35, save_strategy="steps", save_steps=0.45,
+        tmp_path,
+        callbacks=[recorder],
+        eval_items=regression_items(4, seed=1),
+        max_steps=10,
+        logging_steps=0.25,
+        eval_strategy="steps",
+        eval_steps=0.35,
+        save_strategy="steps",
+        save_steps=0.45,
     )
     assert (trainer.state.logging_steps, trainer.state.eval_steps, trainer.state.save_steps) == (3, 4, 5)
     assert [step for step, _ in logged(trainer)] == [3, 6, 9, 10]
     assert [step for step, _ in logged(trainer, "eval_loss")] == [4, 8, 10]
     assert [e for e in recorder.events if e.startswith("on_save")] == ["on_save:5", "on_save:10"]
     assert sorted(p.name for p in (tmp_path / "lathe").iterdir() if p.name.startswith("checkpoint-")) == [
-        "checkpoint-10", "checkpoint-5",
+        "checkpoint-10",
+        "checkpoint-5",
     ]
 
 
@@ -122,8 +155,15 @@ def test_final_step_acts_when_it_comes_before_the_first_interval(tmp_path):
     """A run shorter than logging/eval/save steps still logs, evaluates and saves once, at its end."""
     recorder = recording_callback()
     trainer, _ = run_regression(
-        tmp_path, callbacks=[recorder], eval_items=regression_items(4, seed=1), max_steps=4,
-        logging_steps=50, eval_strategy="steps", eval_steps=50, save_strategy="steps", save_steps=50,
+        tmp_path,
+        callbacks=[recorder],
+        eval_items=regression_items(4, seed=1),
+        max_steps=4,
+        logging_steps=50,
+        eval_strategy="steps",
+        eval_steps=50,
+        save_strategy="steps",
+        save_steps=50,
     )
     assert [step for step, _ in logged(trainer)] == [4]
     assert [step for step, _ in logged(trainer, "eval_loss")] == [4]
@@ -134,8 +174,14 @@ def test_epoch_strategies_act_at_each_epoch_end(tmp_path):
     """3 updates per epoch (5 batches, accumulation 2), 2 epochs: log, evaluate and save at steps 3 and 6."""
     recorder = recording_callback()
     trainer, _ = run_regression(
-        tmp_path, callbacks=[recorder], eval_items=regression_items(4, seed=1), num_train_epochs=2,
-        gradient_accumulation_steps=2, logging_strategy="epoch", eval_strategy="epoch", save_strategy="epoch",
+        tmp_path,
+        callbacks=[recorder],
+        eval_items=regression_items(4, seed=1),
+        num_train_epochs=2,
+        gradient_accumulation_steps=2,
+        logging_strategy="epoch",
+        eval_strategy="epoch",
+        save_strategy="epoch",
     )
     assert [(step, epoch) for step, epoch in logged(trainer, "epoch")] == [(3, 1.0), (3, 1.0), (6, 2.0), (6, 2.0)]
     assert [step for step, _ in logged(trainer)] == [3, 6]
@@ -159,7 +205,10 @@ def run_llama(tmp_path, name, items, batch_size, accumulation, **overrides):
     options = dict(per_device_train_batch_size=batch_size, gradient_accumulation_steps=accumulation, max_grad_norm=0)
     options.update(overrides)
     trainer = make_trainer(
-        model=model, args=training_args(tmp_path / name, **options), train_dataset=items, data_collator=pad_collate,
+        model=model,
+        args=training_args(tmp_path / name, **options),
+        train_dataset=items,
+        data_collator=pad_collate,
     )
     trainer.train()
     return trainer, model
@@ -178,7 +227,9 @@ def run_llama(tmp_path, name, items, batch_size, accumulation, **overrides):
     ],
     ids=["sgd", "adamw", "short last window"],
 )
-def test_accumulated_micro_batches_equal_one_large_batch_for_a_causal_lm(tmp_path, optim, learning_rate, count, options, atol):
+def test_accumulated_micro_batches_equal_one_large_batch_for_a_causal_lm(
+    tmp_path, optim, learning_rate, count, options, atol
+):
     """k=3 micro-batches of b=2 padded sequences of different lengths = one batch of 6, because the
     summed token loss is divided by the label tokens of the whole window (num_items_in_batch), not
     averaged per micro-batch."""
@@ -213,7 +264,7 @@ def test_short_last_window_is_scaled_by_its_own_size(tmp_path):
     def reference(short_window_divisor):
         model = Regression()
         optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-        batches = [items[i:i + 2] for i in range(0, 10, 2)]
+        batches = [items[i : i + 2] for i in range(0, 10, 2)]
         for window, divisor in ((batches[:3], 3), (batches[3:], short_window_divisor)):
             for batch in window:
                 x = torch.stack([item["x"] for item in batch])
@@ -223,7 +274,9 @@ def test_short_last_window_is_scaled_by_its_own_size(tmp_path):
             optimizer.zero_grad()
         return model
 
-    _, trained = run_regression(tmp_path, items=items, gradient_accumulation_steps=3, num_train_epochs=1, max_grad_norm=0)
+    _, trained = run_regression(
+        tmp_path, items=items, gradient_accumulation_steps=3, num_train_epochs=1, max_grad_norm=0
+    )
     right, wrong = reference(2), reference(3)
     assert max_weight_difference(right, wrong) > 1e-3
     assert_weights_close(trained, right, atol=1e-6)
@@ -274,7 +327,9 @@ def run_nan(tmp_path, library, nan_filter, **overrides):
     options = dict(max_steps=6, logging_steps=2, logging_nan_inf_filter=nan_filter)
     options.update(overrides)
     trainer = make_trainer(
-        library, model=model, args=training_args(tmp_path / f"{library}-{nan_filter}", library, **options),
+        library,
+        model=model,
+        args=training_args(tmp_path / f"{library}-{nan_filter}", library, **options),
         train_dataset=regression_items(12),
     )
     trainer.train()

@@ -1,4 +1,5 @@
 """Launching a test worker on 2 CPU processes with torchrun (gloo), on a free port, with a timeout."""
+
 from __future__ import annotations
 
 import json
@@ -20,12 +21,22 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def launch(tmp_path: Path, name: str, options: dict, timeout: int = 240, worker: Path = WORKER,
-           processes: int = 2) -> subprocess.CompletedProcess:
+def launch(
+    tmp_path: Path, name: str, options: dict, timeout: int = 240, worker: Path = WORKER, processes: int = 2
+) -> subprocess.CompletedProcess:
     """torchrun `worker` (argv: output folder, result file, options as JSON) on 2 processes."""
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(REPOSITORY))
-    command = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={processes}", f"--master_port={free_port()}",
-               str(worker), str(tmp_path / name), str(tmp_path / f"{name}.json"), json.dumps(options)]
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        f"--nproc_per_node={processes}",
+        f"--master_port={free_port()}",
+        str(worker),
+        str(tmp_path / name),
+        str(tmp_path / f"{name}.json"),
+        json.dumps(options),
+    ]
     return subprocess.run(command, env=env, capture_output=True, text=True, timeout=timeout, cwd=REPOSITORY)
 
 

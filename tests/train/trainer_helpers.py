@@ -1,6 +1,7 @@
 """Tiny models, datasets, arguments and a recording callback shared by the Trainer loop tests
 (test_trainer_steps.py, test_trainer_callbacks.py, test_trainer_inputs.py). Each builder takes
 `library` ("lathe" or "transformers") where the same job is also run through transformers.Trainer."""
+
 from __future__ import annotations
 
 import importlib
@@ -11,9 +12,21 @@ from torch import nn
 
 FLAGS = ("should_training_stop", "should_epoch_stop", "should_save", "should_evaluate", "should_log")
 EVENTS = (
-    "on_init_end", "on_train_begin", "on_train_end", "on_epoch_begin", "on_epoch_end", "on_step_begin",
-    "on_pre_optimizer_step", "on_optimizer_step", "on_substep_end", "on_step_end", "on_evaluate",
-    "on_predict", "on_save", "on_log", "on_prediction_step",
+    "on_init_end",
+    "on_train_begin",
+    "on_train_end",
+    "on_epoch_begin",
+    "on_epoch_end",
+    "on_step_begin",
+    "on_pre_optimizer_step",
+    "on_optimizer_step",
+    "on_substep_end",
+    "on_step_end",
+    "on_evaluate",
+    "on_predict",
+    "on_save",
+    "on_log",
+    "on_prediction_step",
 )
 
 
@@ -25,9 +38,18 @@ def training_args(output_dir, library: str = "lathe", **overrides):
     """Quiet, deterministic arguments: plain SGD at a constant, large learning rate (so every step
     moves the weights visibly), sequential sampling, a log every step, no checkpoints."""
     options = dict(
-        output_dir=str(output_dir), report_to="none", disable_tqdm=True, save_strategy="no",
-        train_sampling_strategy="sequential", per_device_train_batch_size=2, optim="sgd",
-        learning_rate=0.1, lr_scheduler_type="constant", logging_steps=1, seed=0, dataloader_pin_memory=False,
+        output_dir=str(output_dir),
+        report_to="none",
+        disable_tqdm=True,
+        save_strategy="no",
+        train_sampling_strategy="sequential",
+        per_device_train_batch_size=2,
+        optim="sgd",
+        learning_rate=0.1,
+        lr_scheduler_type="constant",
+        logging_steps=1,
+        seed=0,
+        dataloader_pin_memory=False,
     )
     options.update(overrides)
     return library_module(library).TrainingArguments(**options)
@@ -86,8 +108,14 @@ def tiny_llama(seed: int = 0, **config_overrides):
     transformers = pytest.importorskip("transformers")  # these tests skip where transformers is missing
 
     config = dict(
-        vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, max_position_embeddings=64, pad_token_id=0,
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+        pad_token_id=0,
     )
     config.update(config_overrides)
     torch.manual_seed(seed)

@@ -7,6 +7,7 @@ temporary folder and renamed into place in one step, so a crash mid-way leaves o
 that is never read. `tokenized_path` (LLaMA-Factory semantics: load when it exists, else save there)
 is written the same way.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -27,11 +28,29 @@ CACHE_FORMAT = 1
 MANIFEST = "lathe_cache.json"
 STALE_TEMPORARY_SECONDS = 24 * 3600
 # Data arguments that cannot change the processed rows: where things live, how fast they are made.
-NEUTRAL_DATA_ARGUMENTS = {"overwrite_cache", "preprocessing_num_workers", "tokenized_path", "dataset_dir",
-                          "eval_num_beams", "media_dir", "data_shared_file_system"}
-TOKENIZER_FILES = {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
-                   "vocab.json", "vocab.txt", "merges.txt", "tokenizer.model", "spiece.model",
-                   "sentencepiece.bpe.model", "chat_template.jinja", "chat_template.json"}
+NEUTRAL_DATA_ARGUMENTS = {
+    "overwrite_cache",
+    "preprocessing_num_workers",
+    "tokenized_path",
+    "dataset_dir",
+    "eval_num_beams",
+    "media_dir",
+    "data_shared_file_system",
+}
+TOKENIZER_FILES = {
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "vocab.json",
+    "vocab.txt",
+    "merges.txt",
+    "tokenizer.model",
+    "spiece.model",
+    "sentencepiece.bpe.model",
+    "chat_template.jinja",
+    "chat_template.json",
+}
 READ_CHUNK = 1 << 20
 
 
@@ -65,7 +84,9 @@ def stable_structure(value: Any, _seen: set | None = None) -> Any:
         return "<cycle>"
     seen = seen | {id(value)}
     if isinstance(value, dict):
-        return {str(key): stable_structure(item, seen) for key, item in sorted(value.items(), key=lambda kv: str(kv[0]))}
+        return {
+            str(key): stable_structure(item, seen) for key, item in sorted(value.items(), key=lambda kv: str(kv[0]))
+        }
     if isinstance(value, (list, tuple)):
         return [stable_structure(item, seen) for item in value]
     if isinstance(value, (set, frozenset)):
@@ -74,8 +95,9 @@ def stable_structure(value: Any, _seen: set | None = None) -> Any:
         fields = {field.name: stable_structure(getattr(value, field.name), seen) for field in dataclasses.fields(value)}
         return {"__class__": type(value).__qualname__, **fields}
     if hasattr(value, "__dict__"):
-        fields = {key: stable_structure(item, seen) for key, item in sorted(vars(value).items())
-                  if not key.startswith("__")}
+        fields = {
+            key: stable_structure(item, seen) for key, item in sorted(vars(value).items()) if not key.startswith("__")
+        }
         return {"__class__": type(value).__qualname__, **fields}
     return f"<{type(value).__qualname__}>"
 
@@ -98,23 +120,41 @@ def describe_tokenizer(tokenizer) -> dict[str, Any]:
     decoder = getattr(tokenizer, "added_tokens_decoder", {}) or {}
     state["added_tokens"] = {str(index): str(token) for index, token in sorted(decoder.items())}
     state["special_tokens"] = stable_structure(getattr(tokenizer, "special_tokens_map", {}))
-    for name in ("bos_token_id", "eos_token_id", "pad_token_id", "unk_token_id", "chat_template", "padding_side",
-                 "truncation_side", "add_bos_token", "add_eos_token", "split_special_tokens",
-                 "clean_up_tokenization_spaces", "model_max_length"):
+    for name in (
+        "bos_token_id",
+        "eos_token_id",
+        "pad_token_id",
+        "unk_token_id",
+        "chat_template",
+        "padding_side",
+        "truncation_side",
+        "add_bos_token",
+        "add_eos_token",
+        "split_special_tokens",
+        "clean_up_tokenization_spaces",
+        "model_max_length",
+    ):
         state[name] = stable_structure(getattr(tokenizer, name, None))
     folder = getattr(tokenizer, "name_or_path", "") or ""
     if os.path.isdir(folder):
-        state["files"] = {name: hash_file(os.path.join(folder, name)) for name in sorted(os.listdir(folder))
-                          if name in TOKENIZER_FILES or name.startswith("tokenizer") or name.endswith(".tiktoken")}
+        state["files"] = {
+            name: hash_file(os.path.join(folder, name))
+            for name in sorted(os.listdir(folder))
+            if name in TOKENIZER_FILES or name.startswith("tokenizer") or name.endswith(".tiktoken")
+        }
     return state
 
 
 def describe_data_args(data_args: Any, packing: bool) -> dict[str, Any]:
     """Every data argument except the ones that cannot change the rows (NEUTRAL_DATA_ARGUMENTS)."""
-    values = ({field.name: getattr(data_args, field.name) for field in dataclasses.fields(data_args)}
-              if dataclasses.is_dataclass(data_args) else dict(vars(data_args)))
-    values = {key: value for key, value in values.items() if key not in NEUTRAL_DATA_ARGUMENTS
-              and not key.startswith("_")}
+    values = (
+        {field.name: getattr(data_args, field.name) for field in dataclasses.fields(data_args)}
+        if dataclasses.is_dataclass(data_args)
+        else dict(vars(data_args))
+    )
+    values = {
+        key: value for key, value in values.items() if key not in NEUTRAL_DATA_ARGUMENTS and not key.startswith("_")
+    }
     values["packing"] = packing  # resolved: None means "true for pt", which the stage already decides
     return stable_structure(values)
 
@@ -225,15 +265,21 @@ def load_tokenized_path(path: str) -> dict[str, Any]:
     """{split: Dataset} from a folder written by `save_tokenized_path` or LLaMA-Factory."""
     import datasets
 
-    if not (os.path.isfile(os.path.join(path, "dataset_dict.json")) or
-            os.path.isfile(os.path.join(path, "dataset_info.json"))):
-        raise ValueError(f"tokenized_path {path} exists but holds no saved dataset (no dataset_dict.json): "
-                         f"remove it to tokenize again, or point tokenized_path at a saved dataset.")
+    if not (
+        os.path.isfile(os.path.join(path, "dataset_dict.json"))
+        or os.path.isfile(os.path.join(path, "dataset_info.json"))
+    ):
+        raise ValueError(
+            f"tokenized_path {path} exists but holds no saved dataset (no dataset_dict.json): "
+            f"remove it to tokenize again, or point tokenized_path at a saved dataset."
+        )
     loaded = datasets.load_from_disk(path)
     return dict(loaded) if isinstance(loaded, datasets.DatasetDict) else {"train": loaded}
 
 
-def save_tokenized_path(splits: dict[str, Any], path: str, key: str | None, stats: dict[str, Any] | None = None) -> None:
+def save_tokenized_path(
+    splits: dict[str, Any], path: str, key: str | None, stats: dict[str, Any] | None = None
+) -> None:
     """DatasetDict.save_to_disk into a sibling temporary folder, then one rename (LLaMA-Factory writes in
     place: a crash leaves a half-written folder that the next run loads)."""
     import datasets

@@ -18,6 +18,7 @@ cannot cross examples. What transformers 5.23 does with packed rows, checked on 
   cu_seq_lens_q/k and no attention_mask ("position_ids" mode).
 Padding in a packed row is a segment of its own (positions 0, 1, ...), so it never mixes with an example.
 """
+
 from __future__ import annotations
 
 from collections.abc import Mapping
@@ -35,9 +36,16 @@ class SFTDataCollator:
     when `packed_attention="auto"`). `neat_packing` is accepted for LLaMA-Factory's arguments: lathe keeps
     packed examples apart either way (LLaMA-Factory's plain packing lets them attend to each other)."""
 
-    def __init__(self, tokenizer, model=None, pad_to_multiple_of: int | None = None,
-                 label_pad_token_id: int = IGNORE_INDEX, neat_packing: bool = False, packed_attention: str = "auto",
-                 return_tensors: str = "pt"):
+    def __init__(
+        self,
+        tokenizer,
+        model=None,
+        pad_to_multiple_of: int | None = None,
+        label_pad_token_id: int = IGNORE_INDEX,
+        neat_packing: bool = False,
+        packed_attention: str = "auto",
+        return_tensors: str = "pt",
+    ):
         if packed_attention not in PACKED_ATTENTION_MODES:
             raise ValueError(f"packed_attention must be one of {PACKED_ATTENTION_MODES}, got {packed_attention!r}.")
         if return_tensors != "pt":
@@ -75,9 +83,12 @@ class SFTDataCollator:
         DataCollatorForSeq2Seq: generation rows hold the reference answer, not one label per token)."""
         right = get_padding_side(self.tokenizer) == "right"
         lengths = [len(feature["input_ids"]) for feature in features]
-        batch = {"input_ids": self._pad([feature["input_ids"] for feature in features], get_pad_token_id(self.tokenizer),
-                                        right),
-                 "attention_mask": self._pad([[1] * size for size in lengths], 0, right)}
+        batch = {
+            "input_ids": self._pad(
+                [feature["input_ids"] for feature in features], get_pad_token_id(self.tokenizer), right
+            ),
+            "attention_mask": self._pad([[1] * size for size in lengths], 0, right),
+        }
         if features[0].get("labels") is not None:
             batch["labels"] = self._pad([feature["labels"] for feature in features], self.label_pad_token_id, right)
         return batch
@@ -97,8 +108,9 @@ class SFTDataCollator:
             pad_positions = torch.arange(padding, dtype=torch.long)  # the padding is one more segment
             position_ids[row] = torch.cat([positions, pad_positions] if right else [pad_positions, positions])
         batch["position_ids"] = position_ids
-        batch["attention_mask"] = block_diagonal_mask(position_ids, attention_implementation(self.model),
-                                                      model_dtype(self.model))
+        batch["attention_mask"] = block_diagonal_mask(
+            position_ids, attention_implementation(self.model), model_dtype(self.model)
+        )
         return batch
 
     def _flatten_packed_rows(self, features) -> dict[str, Any]:
@@ -110,8 +122,10 @@ class SFTDataCollator:
         padding = self._length([len(input_ids)]) - len(input_ids)
         input_ids += [get_pad_token_id(self.tokenizer)] * padding if padding else []
         position_ids += range(padding)
-        batch = {"input_ids": torch.tensor([input_ids], dtype=torch.long),
-                 "position_ids": torch.tensor([position_ids], dtype=torch.long)}
+        batch = {
+            "input_ids": torch.tensor([input_ids], dtype=torch.long),
+            "position_ids": torch.tensor([position_ids], dtype=torch.long),
+        }
         # The example boundaries, as transformers' varlen attention reads them (flash attention and
         # lathe's per-example sdpa, lathe/llm/model/packed_attention.py).
         starts = [index for index, position in enumerate(position_ids) if position == 0] + [len(position_ids)]

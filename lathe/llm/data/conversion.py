@@ -1,5 +1,6 @@
 """A whole dataset through the converters (converters.py): a batched `datasets.map` cached under a
 fingerprint of the converters' code, and the malformed rows counted, located and skipped."""
+
 from __future__ import annotations
 
 import hashlib
@@ -36,8 +37,10 @@ class ConvertBatch:
     def __call__(self, batch: dict[str, list[Any]]) -> dict[str, list[Any]]:
         size = len(next(iter(batch.values()))) if batch else 0
         batch = decode_json_columns(batch, self.json_columns)
-        rows = [convert_example({key: values[i] for key, values in batch.items()}, self.attr, self.require_response)
-                for i in range(size)]
+        rows = [
+            convert_example({key: values[i] for key, values in batch.items()}, self.attr, self.require_response)
+            for i in range(size)
+        ]
         return {key: [row[key] for row in rows] for key in (*CANONICAL_COLUMNS, PROBLEM_COLUMN)}
 
 
@@ -58,14 +61,26 @@ def canonical_features():
     import datasets
 
     message = {"role": datasets.Value("string"), "content": datasets.Value("string")}
-    return datasets.Features({"_prompt": datasets.List(message), "_response": datasets.List(message),
-                              "_system": datasets.Value("string"), "_tools": datasets.Value("string"),
-                              PROBLEM_COLUMN: datasets.Value("string")})
+    return datasets.Features(
+        {
+            "_prompt": datasets.List(message),
+            "_response": datasets.List(message),
+            "_system": datasets.Value("string"),
+            "_tools": datasets.Value("string"),
+            PROBLEM_COLUMN: datasets.Value("string"),
+        }
+    )
 
 
-def convert_dataset(dataset, attr: DatasetAttr, require_response: bool, locate: Callable[[list[int]], list[str]],
-                    num_proc: int | None = None, load_from_cache_file: bool | None = None,
-                    json_columns: tuple[str, ...] = ()):
+def convert_dataset(
+    dataset,
+    attr: DatasetAttr,
+    require_response: bool,
+    locate: Callable[[list[int]], list[str]],
+    num_proc: int | None = None,
+    load_from_cache_file: bool | None = None,
+    json_columns: tuple[str, ...] = (),
+):
     """Convert a loaded dataset to the canonical schema; returns (dataset, ConversionReport).
 
     Malformed rows are skipped and counted; `locate(positions)` names their file and row. Zero usable rows
@@ -76,11 +91,16 @@ def convert_dataset(dataset, attr: DatasetAttr, require_response: bool, locate: 
     report = ConversionReport(attr.name, total=len(dataset))
     if len(dataset) == 0:
         raise ValueError(f"{attr.where()}: the data file(s) hold no rows.")
-    converted = dataset.map(ConvertBatch(attr, require_response, tuple(json_columns)), batched=True,
-                            remove_columns=dataset.column_names,
-                            features=canonical_features(), num_proc=num_proc,
-                            load_from_cache_file=load_from_cache_file, desc=f"Converting {attr.name} ({attr.formatting})",
-                            new_fingerprint=_conversion_fingerprint(dataset, attr, require_response, json_columns))
+    converted = dataset.map(
+        ConvertBatch(attr, require_response, tuple(json_columns)),
+        batched=True,
+        remove_columns=dataset.column_names,
+        features=canonical_features(),
+        num_proc=num_proc,
+        load_from_cache_file=load_from_cache_file,
+        desc=f"Converting {attr.name} ({attr.formatting})",
+        new_fingerprint=_conversion_fingerprint(dataset, attr, require_response, json_columns),
+    )
     problems = converted.with_format("arrow")[PROBLEM_COLUMN]
     bad = compute.indices_nonzero(compute.not_equal(problems, "")).to_pylist()
     if bad:
@@ -92,7 +112,9 @@ def convert_dataset(dataset, attr: DatasetAttr, require_response: bool, locate: 
         media = [i for i, (kind, _) in zip(bad, kinds) if kind == MULTIMODAL]
         if media:  # not a malformed row to skip: the data set is multimodal
             (place,), detail = locate(media[:1]), problems[media[0]].as_py().split("\t", 1)[1]
-            raise ValueError(f"{attr.where()}: {place}: {detail}; {len(media)} row(s) hold image, video or audio input.")
+            raise ValueError(
+                f"{attr.where()}: {place}: {detail}; {len(media)} row(s) hold image, video or audio input."
+            )
         if report.skipped == report.total:
             raise ValueError(f"{attr.where()}: no usable rows. " + report.summary())
         logger.warning(report.summary())

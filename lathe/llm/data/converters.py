@@ -6,6 +6,7 @@ for unsupervised data), `_system` and `_tools` (strings, "" when none). The conv
 LLaMA-Factory 0.9.5's; where it logs and drops a row (or crashes), lathe records why, skips the row,
 and reports how many rows were skipped with the file and row of the first ones.
 """
+
 from __future__ import annotations
 
 import json
@@ -34,8 +35,11 @@ class RowProblem(Exception):
 
 
 def _type_name(value: Any) -> str:
-    return "null" if value is None else {"str": "string", "dict": "object", "list": "list"}.get(
-        type(value).__name__, type(value).__name__)
+    return (
+        "null"
+        if value is None
+        else {"str": "string", "dict": "object", "list": "list"}.get(type(value).__name__, type(value).__name__)
+    )
 
 
 MEDIA_PARTS = ("image", "image_url", "video", "video_url", "audio", "input_audio", "audio_url")
@@ -50,8 +54,10 @@ def _text(value: Any, what: str, allow_none: bool = True) -> str | None:
             try:
                 value.encode("utf-8")
             except UnicodeEncodeError as error:  # "\ud800" written in a JSON file: no tokenizer can take it
-                raise RowProblem("invalid text", f"{what} holds {value[error.start]!r}, a lone surrogate that is "
-                                                 f"not a Unicode character") from None
+                raise RowProblem(
+                    "invalid text",
+                    f"{what} holds {value[error.start]!r}, a lone surrogate that is not a Unicode character",
+                ) from None
         return value
     if value is None and allow_none:
         return value
@@ -59,8 +65,11 @@ def _text(value: Any, what: str, allow_none: bool = True) -> str | None:
         raise RowProblem("missing value", f"{what} is missing")
     media = [part.get("type") for part in value if isinstance(part, dict)] if isinstance(value, list) else []
     if any(kind in MEDIA_PARTS for kind in media):
-        raise RowProblem(MULTIMODAL, f"{what} holds {'/'.join(k for k in media if k in MEDIA_PARTS)} content: "
-                                     "multimodal is not supported yet (lathe trains on text only)")
+        raise RowProblem(
+            MULTIMODAL,
+            f"{what} holds {'/'.join(k for k in media if k in MEDIA_PARTS)} content: "
+            "multimodal is not supported yet (lathe trains on text only)",
+        )
     raise RowProblem("wrong type", f"{what} is {_type_name(value)}, expected a string")
 
 
@@ -84,13 +93,19 @@ def convert_alpaca(example: dict[str, Any], attr: DatasetAttr) -> dict[str, Any]
     history = _column(example, attr.history)
     if history is not None:
         if not isinstance(history, list):
-            raise RowProblem("wrong type", f"column '{attr.history}' (history) is {_type_name(history)}, "
-                                           f"expected a list of [prompt, response] pairs")
+            raise RowProblem(
+                "wrong type",
+                f"column '{attr.history}' (history) is {_type_name(history)}, "
+                f"expected a list of [prompt, response] pairs",
+            )
         for turn, pair in enumerate(history, start=1):
             if not isinstance(pair, (list, tuple)) or len(pair) != 2:
-                raise RowProblem("wrong type", f"history item {turn} is {_type_name(pair)}"
-                                               f"{' of length %d' % len(pair) if isinstance(pair, list) else ''}, "
-                                               f"expected a [prompt, response] pair")
+                raise RowProblem(
+                    "wrong type",
+                    f"history item {turn} is {_type_name(pair)}"
+                    f"{' of length %d' % len(pair) if isinstance(pair, list) else ''}, "
+                    f"expected a [prompt, response] pair",
+                )
             prompt.append({"role": USER, "content": _text(pair[0], f"history item {turn} prompt", False)})
             prompt.append({"role": ASSISTANT, "content": _text(pair[1], f"history item {turn} response", False)})
     parts = []
@@ -112,17 +127,23 @@ def _messages(example: dict[str, Any], attr: DatasetAttr) -> list[dict[str, Any]
     """The messages column, checked: a list of objects, each with a role and string content."""
     messages = example.get(attr.messages)
     if not isinstance(messages, list):
-        raise RowProblem("wrong type", f"column '{attr.messages}' (messages) is {_type_name(messages)}, "
-                                       f"expected a list of messages")
+        raise RowProblem(
+            "wrong type", f"column '{attr.messages}' (messages) is {_type_name(messages)}, expected a list of messages"
+        )
     for number, message in enumerate(messages, start=1):
         if not isinstance(message, dict):
-            raise RowProblem("wrong type", f"message {number} is {_type_name(message)}, expected an object "
-                                           f"with '{attr.role_tag}' and '{attr.content_tag}'")
+            raise RowProblem(
+                "wrong type",
+                f"message {number} is {_type_name(message)}, expected an object "
+                f"with '{attr.role_tag}' and '{attr.content_tag}'",
+            )
         if message.get(attr.role_tag) is None:
             hint = ""
             if attr.role_tag == "from" and "role" in message:
-                hint = ("; the messages look OpenAI-style: set tags {role_tag: role, content_tag: content, "
-                        "user_tag: user, assistant_tag: assistant, system_tag: system} in dataset_info.json")
+                hint = (
+                    "; the messages look OpenAI-style: set tags {role_tag: role, content_tag: content, "
+                    "user_tag: user, assistant_tag: assistant, system_tag: system} in dataset_info.json"
+                )
             raise RowProblem("missing key", f"message {number} has no '{attr.role_tag}' (role_tag){hint}")
     return messages
 
@@ -134,7 +155,9 @@ def _split_system(messages: list[dict[str, Any]], example: dict[str, Any], attr:
     return messages, _text(_column(example, attr.system), f"column '{attr.system}' (system)") or ""
 
 
-def _check_turns(aligned: list[dict[str, str]], tags: list[str], offset: int, role_tag: str, ranking: bool = False) -> None:
+def _check_turns(
+    aligned: list[dict[str, str]], tags: list[str], offset: int, role_tag: str, ranking: bool = False
+) -> None:
     """Alternation (user/observation, then assistant/function, ...) and an even count (odd for ranking
     data, whose answers are in the chosen and rejected columns)."""
     if not aligned:
@@ -142,31 +165,48 @@ def _check_turns(aligned: list[dict[str, str]], tags: list[str], offset: int, ro
     for index, message in enumerate(aligned):
         expected = PROMPT_ROLES if index % 2 == 0 else ANSWER_ROLES
         if message["role"] not in expected:
-            raise RowProblem("wrong role order", f"message {index + 1 + offset} has {role_tag} '{tags[index]}' "
-                                                 f"({message['role']}) where {' or '.join(expected)} is expected "
-                                                 f"(turns must alternate, starting with the user)")
+            raise RowProblem(
+                "wrong role order",
+                f"message {index + 1 + offset} has {role_tag} '{tags[index]}' "
+                f"({message['role']}) where {' or '.join(expected)} is expected "
+                f"(turns must alternate, starting with the user)",
+            )
     if ranking and not len(aligned) % 2:
         count = len(aligned)
-        raise RowProblem("even number of turns", f"the conversation ends with a {aligned[-1]['role']} turn ({count} "
-                                                  f"messages): ranking data ends with the prompt, the answers are "
-                                                  f"in the chosen and rejected columns")
+        raise RowProblem(
+            "even number of turns",
+            f"the conversation ends with a {aligned[-1]['role']} turn ({count} "
+            f"messages): ranking data ends with the prompt, the answers are "
+            f"in the chosen and rejected columns",
+        )
     if len(aligned) % 2 and not ranking:
         count = len(aligned)
-        raise RowProblem("odd number of turns", f"the conversation ends with a {aligned[-1]['role']} turn "
-                                                 f"({count} message{'s' if count > 1 else ''}): it must end with an answer")
+        raise RowProblem(
+            "odd number of turns",
+            f"the conversation ends with a {aligned[-1]['role']} turn "
+            f"({count} message{'s' if count > 1 else ''}): it must end with an answer",
+        )
 
 
 def _tag_roles(attr: DatasetAttr) -> dict[str, str]:
-    tags = {attr.user_tag: USER, attr.assistant_tag: ASSISTANT, attr.observation_tag: OBSERVATION,
-            attr.function_tag: FUNCTION, attr.system_tag: SYSTEM}
+    tags = {
+        attr.user_tag: USER,
+        attr.assistant_tag: ASSISTANT,
+        attr.observation_tag: OBSERVATION,
+        attr.function_tag: FUNCTION,
+        attr.system_tag: SYSTEM,
+    }
     tags.pop(None, None)
     return tags
 
 
 def _role(tag: Any, roles: dict[str, str], number: int, attr: DatasetAttr) -> str:
     if not isinstance(tag, str) or tag not in roles:  # a list or object as the tag is no role either
-        raise RowProblem("unknown role", f"message {number} has {attr.role_tag} '{tag}', which is none of the "
-                                         f"tags {', '.join(repr(t) for t in roles)}")
+        raise RowProblem(
+            "unknown role",
+            f"message {number} has {attr.role_tag} '{tag}', which is none of the "
+            f"tags {', '.join(repr(t) for t in roles)}",
+        )
     return roles[tag]
 
 
@@ -188,8 +228,11 @@ def convert_sharegpt(example: dict[str, Any], attr: DatasetAttr) -> dict[str, An
         content = _text(message.get(attr.content_tag), f"message {number} content ('{attr.content_tag}')", False)
         aligned.append({"role": role, "content": content})
     _check_turns(aligned, [message[attr.role_tag] for message in messages], offset, attr.role_tag, attr.ranking)
-    return {**_prompt_and_response(aligned, attr.ranking), "_system": system,
-            "_tools": _tools_text(_column(example, attr.tools), attr.tools)}
+    return {
+        **_prompt_and_response(aligned, attr.ranking),
+        "_system": system,
+        "_tools": _tools_text(_column(example, attr.tools), attr.tools),
+    }
 
 
 def convert_openai(example: dict[str, Any], attr: DatasetAttr) -> dict[str, Any]:
@@ -207,10 +250,12 @@ def convert_openai(example: dict[str, Any], attr: DatasetAttr) -> dict[str, Any]
         content = message.get(attr.content_tag)
         if tag in (attr.assistant_tag, attr.function_tag) and message.get("tool_calls"):
             calls = message["tool_calls"]
-            if not isinstance(calls, list) or not all(isinstance(call, dict) and isinstance(call.get("function"), dict)
-                                                      for call in calls):
-                raise RowProblem("wrong type", f"message {number} tool_calls must be a list of "
-                                               f"{{'function': {{...}}}} objects")
+            if not isinstance(calls, list) or not all(
+                isinstance(call, dict) and isinstance(call.get("function"), dict) for call in calls
+            ):
+                raise RowProblem(
+                    "wrong type", f"message {number} tool_calls must be a list of {{'function': {{...}}}} objects"
+                )
             content = json.dumps([call["function"] for call in calls], ensure_ascii=False)
             tag = attr.function_tag
         content = _text(content, f"message {number} content ('{attr.content_tag}')", False)
@@ -225,12 +270,18 @@ def convert_openai(example: dict[str, Any], attr: DatasetAttr) -> dict[str, Any]
         tags.append(tag)
     # Tool results after the last message are dropped, as in LLaMA-Factory: nothing answers them.
     _check_turns(aligned, tags, offset, attr.role_tag, attr.ranking)
-    return {**_prompt_and_response(aligned, attr.ranking), "_system": system,
-            "_tools": _tools_text(_column(example, attr.tools), attr.tools)}
+    return {
+        **_prompt_and_response(aligned, attr.ranking),
+        "_system": system,
+        "_tools": _tools_text(_column(example, attr.tools), attr.tools),
+    }
 
 
 CONVERTERS: dict[str, Callable[[dict[str, Any], DatasetAttr], dict[str, Any]]] = {
-    "alpaca": convert_alpaca, "sharegpt": convert_sharegpt, "openai": convert_openai}
+    "alpaca": convert_alpaca,
+    "sharegpt": convert_sharegpt,
+    "openai": convert_openai,
+}
 
 
 def convert_example(example: dict[str, Any], attr: DatasetAttr, require_response: bool) -> dict[str, Any]:
@@ -243,8 +294,9 @@ def convert_example(example: dict[str, Any], attr: DatasetAttr, require_response
 
             row["_response"] = preference_answers(row, example, attr)
         if require_response and len(row["_response"]) != 1:
-            raise RowProblem("missing response", f"column '{attr.response}' (response) is empty: "
-                                                 f"supervised training needs an answer")
+            raise RowProblem(
+                "missing response", f"column '{attr.response}' (response) is empty: supervised training needs an answer"
+            )
     except RowProblem as problem:
         return {**empty, PROBLEM_COLUMN: f"{problem.kind}\t{problem}"}
     return {**row, PROBLEM_COLUMN: ""}
@@ -269,10 +321,16 @@ class ConversionReport:
         return "\n".join(lines)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"dataset": self.dataset, "total": self.total, "skipped": self.skipped,
-                "reasons": dict(self.reasons), "examples": list(self.examples)}
+        return {
+            "dataset": self.dataset,
+            "total": self.total,
+            "skipped": self.skipped,
+            "reasons": dict(self.reasons),
+            "examples": list(self.examples),
+        }
 
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> "ConversionReport":
-        return cls(values["dataset"], values["total"], values["skipped"], Counter(values["reasons"]),
-                   list(values["examples"]))
+        return cls(
+            values["dataset"], values["total"], values["skipped"], Counter(values["reasons"]), list(values["examples"])
+        )

@@ -6,6 +6,7 @@ the row before it in the same `preprocessing_batch_size` batch (the first row ta
 answer). Each pair is encoded as one turn and truncated on its own with `infer_seqlen`; labels are -100
 on the prompt. `kto_tags` is true for a desirable answer.
 """
+
 from __future__ import annotations
 
 import logging
@@ -17,7 +18,15 @@ from lathe.train.labels import IGNORE_INDEX
 
 logger = logging.getLogger("lathe.llm.data")
 
-FEEDBACK_COLUMNS = ("input_ids", "attention_mask", "labels", "kl_input_ids", "kl_attention_mask", "kl_labels", "kto_tags")
+FEEDBACK_COLUMNS = (
+    "input_ids",
+    "attention_mask",
+    "labels",
+    "kl_input_ids",
+    "kl_attention_mask",
+    "kl_labels",
+    "kto_tags",
+)
 
 
 def tagged_answer(response: list[dict]) -> tuple[dict, bool]:
@@ -39,9 +48,15 @@ def encode_feedback_example(prompt, response, kl_response, system, tools, templa
     kl_input_ids, kl_labels = _encode(prompt, kl_answer, system, tools, template, tokenizer, cutoff_len)
     if all(label == IGNORE_INDEX for label in labels):
         raise SkippedExample(f"no answer token left after truncation to cutoff_len={cutoff_len}")
-    return {"input_ids": input_ids, "attention_mask": [1] * len(input_ids), "labels": labels,
-            "kl_input_ids": kl_input_ids, "kl_attention_mask": [1] * len(kl_input_ids), "kl_labels": kl_labels,
-            "kto_tags": desirable}
+    return {
+        "input_ids": input_ids,
+        "attention_mask": [1] * len(input_ids),
+        "labels": labels,
+        "kl_input_ids": kl_input_ids,
+        "kl_attention_mask": [1] * len(kl_input_ids),
+        "kl_labels": kl_labels,
+        "kto_tags": desirable,
+    }
 
 
 def preprocess_feedback_dataset(examples: dict, template, tokenizer, data_args, skipped: Counter | None = None):
@@ -53,12 +68,15 @@ def preprocess_feedback_dataset(examples: dict, template, tokenizer, data_args, 
     count = len(examples["_prompt"])
     systems = examples.get("_system") or [None] * count
     tools = examples.get("_tools") or [None] * count
-    for prompt, response, kl_response, system, tool_text in zip(examples["_prompt"], responses, kl_responses, systems, tools):
+    for prompt, response, kl_response, system, tool_text in zip(
+        examples["_prompt"], responses, kl_responses, systems, tools
+    ):
         try:
             check_preference_example(prompt, response, system, tool_text)
             check_preference_example(prompt, kl_response, system, tool_text)
-            row = encode_feedback_example(prompt, response, kl_response, system, tool_text, template, tokenizer,
-                                          data_args.cutoff_len)
+            row = encode_feedback_example(
+                prompt, response, kl_response, system, tool_text, template, tokenizer, data_args.cutoff_len
+            )
         except SkippedExample as skip:
             batch_skipped[skip.reason] += 1
             continue
@@ -78,13 +96,22 @@ class KTODataCollator:
     def __init__(self, tokenizer, pad_to_multiple_of: int | None = 8, label_pad_token_id: int = IGNORE_INDEX):
         from lathe.llm.data.collator import SFTDataCollator
 
-        self.pad = SFTDataCollator(tokenizer, pad_to_multiple_of=pad_to_multiple_of, label_pad_token_id=label_pad_token_id)
+        self.pad = SFTDataCollator(
+            tokenizer, pad_to_multiple_of=pad_to_multiple_of, label_pad_token_id=label_pad_token_id
+        )
 
     def __call__(self, features: list[dict]) -> dict:
         import torch
 
-        batch = self.pad([{name: feature[name] for name in ("input_ids", "attention_mask", "labels")} for feature in features])
-        kl = self.pad([{name: feature[f"kl_{name}"] for name in ("input_ids", "attention_mask", "labels")} for feature in features])
+        batch = self.pad(
+            [{name: feature[name] for name in ("input_ids", "attention_mask", "labels")} for feature in features]
+        )
+        kl = self.pad(
+            [
+                {name: feature[f"kl_{name}"] for name in ("input_ids", "attention_mask", "labels")}
+                for feature in features
+            ]
+        )
         batch.update({f"kl_{name}": value for name, value in kl.items()})
         batch["kto_tags"] = torch.tensor([bool(feature["kto_tags"]) for feature in features])
         return batch

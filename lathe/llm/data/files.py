@@ -7,6 +7,7 @@ kept as JSON text per value and decoded again, value for value, when rows are co
 `datasets` with every column as text and only empty cells as missing, and leaves parquet, arrow and text
 files to `datasets` (their types are the file's own). Invalid UTF-8 is reported with its file, line and byte.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -35,8 +36,10 @@ def read_files(attr: DatasetAttr, dataset_dir: str, cache_dir: str | None = None
     files, builder = resolve_data_files(attr, dataset_dir)
     if builder == "json":
         if attr.split != "train":
-            raise ValueError(f"{attr.where('split')}: split '{attr.split}' does not exist in local files; "
-                             f"their rows are the 'train' split.")
+            raise ValueError(
+                f"{attr.where('split')}: split '{attr.split}' does not exist in local files; "
+                f"their rows are the 'train' split."
+            )
         try:
             return read_json_files(files)
         except ValueError as error:
@@ -45,14 +48,19 @@ def read_files(attr: DatasetAttr, dataset_dir: str, cache_dir: str | None = None
 
     options: dict[str, Any] = {}
     if builder == "csv":  # every CSV cell is text; only an empty cell is missing ("NA", "None" stay text)
-        options = {"features": datasets.Features({name: datasets.Value("string") for name in _csv_header(files)}),
-                   "keep_default_na": False, "na_values": [""]}
+        options = {
+            "features": datasets.Features({name: datasets.Value("string") for name in _csv_header(files)}),
+            "keep_default_na": False,
+            "na_values": [""],
+        }
     try:
         dataset = datasets.load_dataset(builder, data_files=files, split=attr.split, cache_dir=cache_dir, **options)
     except Exception as error:  # datasets wraps parse errors several layers deep: say where, in one line
         detail = invalid_utf8(files) if isinstance(_innermost(error), UnicodeDecodeError) else None
-        raise ValueError(f"{attr.where('file_name')}: could not read {', '.join(files)} as {builder}: "
-                         f"{detail or _describe(_innermost(error))}") from error
+        raise ValueError(
+            f"{attr.where('file_name')}: could not read {', '.join(files)} as {builder}: "
+            f"{detail or _describe(_innermost(error))}"
+        ) from error
     return RawRows(dataset, files, builder)
 
 
@@ -79,12 +87,15 @@ def _csv_header(files: list[str]) -> list[str]:
         except Exception as error:
             raise ValueError(f"{path}: could not read the CSV header: {_describe(error)}") from None
         if headers[-1] != headers[0]:
-            raise ValueError(f"{path} has the columns {', '.join(headers[-1])} but {files[0]} has "
-                             f"{', '.join(headers[0])}: the files of one dataset must share their columns.")
+            raise ValueError(
+                f"{path} has the columns {', '.join(headers[-1])} but {files[0]} has "
+                f"{', '.join(headers[0])}: the files of one dataset must share their columns."
+            )
     return headers[0]
 
 
 # ---- invalid UTF-8 ----------------------------------------------------------------------------------------
+
 
 def invalid_utf8(files: list[str]) -> str | None:
     """Where the first byte that is not UTF-8 sits, as "FILE line L, byte B (column C): ...", or None."""
@@ -95,14 +106,18 @@ def invalid_utf8(files: list[str]) -> str | None:
                 try:
                     line.decode("utf-8")
                 except UnicodeDecodeError as error:
-                    return _utf8_message(path, number, offset + error.start, error.start, line[error.start], error.reason)
+                    return _utf8_message(
+                        path, number, offset + error.start, error.start, line[error.start], error.reason
+                    )
                 offset += len(line)
     return None
 
 
 def _utf8_message(path: str, line: int, offset: int, column: int, byte: int, reason: str) -> str:
-    return (f"{path} line {line}, byte {offset} (column {column + 1} of the line): invalid UTF-8 "
-            f"(byte 0x{byte:02x}: {reason}); data files must be UTF-8 text.")
+    return (
+        f"{path} line {line}, byte {offset} (column {column + 1} of the line): invalid UTF-8 "
+        f"(byte 0x{byte:02x}: {reason}); data files must be UTF-8 text."
+    )
 
 
 def _decode(data: bytes, path: str) -> str:
@@ -115,6 +130,7 @@ def _decode(data: bytes, path: str) -> str:
 
 
 # ---- JSON and JSON Lines -------------------------------------------------------------------------------
+
 
 def read_json_files(files: list[str]) -> RawRows:
     """Rows of JSON (a list of objects, one object, or a list of strings as "text" rows) and JSON Lines files,
@@ -153,8 +169,10 @@ def _json_rows(text: str, path: str) -> Iterator[dict[str, Any]]:
         return iter([{"text": item} for item in whole])  # a list of strings: one "text" row each, as `datasets`
     for number, item in enumerate(whole, start=1):
         if not isinstance(item, dict):
-            raise ValueError(f"{path} item {number} is a {_kind(item)}; every item of the list must be an object "
-                             f"(one row, its keys the columns).")
+            raise ValueError(
+                f"{path} item {number} is a {_kind(item)}; every item of the list must be an object "
+                f"(one row, its keys the columns)."
+            )
     return iter(whole)
 
 
@@ -175,8 +193,10 @@ def _json_lines(text: str, path: str) -> Iterator[dict[str, Any]]:
         except json.JSONDecodeError as error:
             raise ValueError(f"{path} line {number} column {error.colno}: {error.msg}") from None
         if not isinstance(row, dict):
-            raise ValueError(f"{path} line {number} holds a JSON {_kind(row)}; each line must be an object "
-                             f"(one row, its keys the columns).")
+            raise ValueError(
+                f"{path} line {number} holds a JSON {_kind(row)}; each line must be an object "
+                f"(one row, its keys the columns)."
+            )
         yield row
 
 
@@ -220,8 +240,9 @@ def _json_array(values: list[Any]):
         texts = [None if value is None else json.dumps(value, ensure_ascii=False) for value in values]
         return pyarrow.array(texts, type=pyarrow.large_string())
     except (UnicodeEncodeError, pyarrow.ArrowException):  # lone surrogates: escape them, the decoder restores them
-        return pyarrow.array([None if value is None else json.dumps(value) for value in values],
-                             type=pyarrow.large_string())
+        return pyarrow.array(
+            [None if value is None else json.dumps(value) for value in values], type=pyarrow.large_string()
+        )
 
 
 def decode_json_columns(batch: dict[str, list[Any]], json_columns: tuple[str, ...]) -> dict[str, list[Any]]:
@@ -243,5 +264,7 @@ def file_row_counts(raw: RawRows, split: str, cache_dir: str | None) -> list[int
         return [len(raw.dataset)]
     import datasets
 
-    return [len(datasets.load_dataset(raw.builder, data_files=[path], split=split, cache_dir=cache_dir))
-            for path in raw.files]
+    return [
+        len(datasets.load_dataset(raw.builder, data_files=[path], split=split, cache_dir=cache_dir))
+        for path in raw.files
+    ]

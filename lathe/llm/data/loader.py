@@ -5,6 +5,7 @@ Sampling follows LLaMA-Factory 0.9.5 draw for draw: it uses numpy's global RNG r
 `set_seed(seed)`; lathe uses one `RandomState(seed)` per `get_dataset` call, shared by the training then
 the evaluation datasets in order, which gives the same indices without touching global state.
 """
+
 from __future__ import annotations
 
 import logging
@@ -19,12 +20,16 @@ from lathe.llm.data.registry import DatasetAttr
 
 logger = logging.getLogger("lathe.llm.data")
 
-INTERLEAVE_STRATEGIES = {"interleave_under": "first_exhausted", "interleave_over": "all_exhausted",
-                         "interleave_once": "all_exhausted_without_replacement"}
+INTERLEAVE_STRATEGIES = {
+    "interleave_under": "first_exhausted",
+    "interleave_over": "all_exhausted",
+    "interleave_once": "all_exhausted_without_replacement",
+}
 
 
-def sample_rows(num_rows: int, num_samples: int | None, max_samples: int | None,
-                rng: np.random.RandomState) -> np.ndarray | None:
+def sample_rows(
+    num_rows: int, num_samples: int | None, max_samples: int | None, rng: np.random.RandomState
+) -> np.ndarray | None:
     """Row positions kept by `num_samples` then `max_samples`; None means every row in order.
 
     num_samples: a random permutation cut to that many; when it asks for more rows than there are, every
@@ -60,8 +65,9 @@ def row_locator(files: list[str], rows: np.ndarray | None, count_rows: Callable[
     return locate
 
 
-def load_converted_dataset(attr: DatasetAttr, data_args: Any, require_response: bool, rng: np.random.RandomState,
-                           cache_dir: str | None = None):
+def load_converted_dataset(
+    attr: DatasetAttr, data_args: Any, require_response: bool, rng: np.random.RandomState, cache_dir: str | None = None
+):
     """Read, sample and convert one registry entry; returns (dataset, ConversionReport).
 
     require_response: rows without exactly one answer are malformed (supervised training); pre-training
@@ -77,10 +83,15 @@ def load_converted_dataset(attr: DatasetAttr, data_args: Any, require_response: 
         logger.info("sampled %d rows from dataset '%s'", attr.num_samples, attr.name)
     _check_columns(attr, dataset.column_names, files, require_response)
     overwrite = bool(getattr(data_args, "overwrite_cache", False))
-    return convert_dataset(dataset, attr, require_response=require_response,
-                           locate=row_locator(files, rows, lambda: file_row_counts(raw, attr.split, cache_dir)),
-                           num_proc=data_args.preprocessing_num_workers,
-                           load_from_cache_file=False if overwrite else None, json_columns=raw.json_columns)
+    return convert_dataset(
+        dataset,
+        attr,
+        require_response=require_response,
+        locate=row_locator(files, rows, lambda: file_row_counts(raw, attr.split, cache_dir)),
+        num_proc=data_args.preprocessing_num_workers,
+        load_from_cache_file=False if overwrite else None,
+        json_columns=raw.json_columns,
+    )
 
 
 def _check_columns(attr: DatasetAttr, present: list[str], files: list[str], require_response: bool) -> None:
@@ -98,13 +109,19 @@ def _check_columns(attr: DatasetAttr, present: list[str], files: list[str], requ
             raise ValueError(f"{where}: column '{column}' ({role}) not found; the file has: {listed}.")
     if attr.formatting == "alpaca":
         if not any(getattr(attr, role) in present for role in ("prompt", "query") if getattr(attr, role)):
-            names = " nor ".join(f"'{getattr(attr, role)}' ({role})" for role in ("prompt", "query") if getattr(attr, role))
-            raise ValueError(f"{where}: no prompt column: neither {names} is in the file, which has: {listed}. "
-                             f"Map yours in dataset_info.json, e.g. \"columns\": {{\"prompt\": \"{present[0]}\"}}.")
+            names = " nor ".join(
+                f"'{getattr(attr, role)}' ({role})" for role in ("prompt", "query") if getattr(attr, role)
+            )
+            raise ValueError(
+                f"{where}: no prompt column: neither {names} is in the file, which has: {listed}. "
+                f'Map yours in dataset_info.json, e.g. "columns": {{"prompt": "{present[0]}"}}.'
+            )
         if require_response and (not attr.response or attr.response not in present):
-            raise ValueError(f"{where}: supervised training needs a response column; "
-                             f"{repr(attr.response) if attr.response else 'none is named'} is not in the file, "
-                             f"which has: {listed}.")
+            raise ValueError(
+                f"{where}: supervised training needs a response column; "
+                f"{repr(attr.response) if attr.response else 'none is named'} is not in the file, "
+                f"which has: {listed}."
+            )
     elif attr.messages not in present:
         raise ValueError(f"{where}: column '{attr.messages}' (messages) not found; the file has: {listed}.")
 
@@ -119,8 +136,12 @@ def merge_datasets(datasets_list: list, data_args: Any, seed: int):
     if strategy == "concat":
         return datasets.concatenate_datasets(datasets_list)
     if strategy in INTERLEAVE_STRATEGIES:
-        return datasets.interleave_datasets(datasets_list, probabilities=data_args.interleave_probs, seed=seed,
-                                            stopping_strategy=INTERLEAVE_STRATEGIES[strategy])
+        return datasets.interleave_datasets(
+            datasets_list,
+            probabilities=data_args.interleave_probs,
+            seed=seed,
+            stopping_strategy=INTERLEAVE_STRATEGIES[strategy],
+        )
     raise ValueError(f"mix_strategy '{strategy}' is unknown; use concat, {', '.join(INTERLEAVE_STRATEGIES)}.")
 
 
@@ -137,8 +158,14 @@ def split_validation(dataset, val_size: float, seed: int):
     return parts["train"], parts["test"]
 
 
-def load_datasets(attrs: list[DatasetAttr], data_args: Any, stage: str, rng: np.random.RandomState,
-                  cache_dir: str | None = None, generate: bool = False) -> tuple[dict[str, Any], list[ConversionReport]]:
+def load_datasets(
+    attrs: list[DatasetAttr],
+    data_args: Any,
+    stage: str,
+    rng: np.random.RandomState,
+    cache_dir: str | None = None,
+    generate: bool = False,
+) -> tuple[dict[str, Any], list[ConversionReport]]:
     """{name: canonical dataset} for registry entries, in order, and their conversion reports.
 
     Supervised rows need an answer, except evaluation rows that are generated from (`generate`), which

@@ -15,6 +15,7 @@ Differences from LLaMA-Factory, for packed loss == unpacked loss:
   first token is trained.)
 - Rows are not padded to cutoff_len + 1 here and cutoff_len is not lowered by one: the collator pads.
 """
+
 from __future__ import annotations
 
 import bisect
@@ -55,8 +56,9 @@ def greedy_knapsack(lengths: list[int], capacity: int) -> list[list[int]]:
     return bins
 
 
-def pack_examples(encoded: list[tuple[list[int], list[int]]], cutoff_len: int, neat_packing: bool = False,
-                  cuts: list | None = None) -> dict:
+def pack_examples(
+    encoded: list[tuple[list[int], list[int]]], cutoff_len: int, neat_packing: bool = False, cuts: list | None = None
+) -> dict:
     """(input_ids, labels) pairs -> packed rows: input_ids, attention_mask, position_ids, labels; with
     `cuts` (an ExampleCut per pair) also truncation.COLUMNS summed over each row's examples."""
     rows = {"input_ids": [], "attention_mask": [], "position_ids": [], "labels": []}
@@ -78,13 +80,15 @@ def pack_examples(encoded: list[tuple[list[int], list[int]]], cutoff_len: int, n
     return rows
 
 
-def preprocess_packed_supervised_dataset(examples: dict, template, tokenizer, data_args,
-                                         skipped: Counter | None = None, measure: bool = False) -> dict:
+def preprocess_packed_supervised_dataset(
+    examples: dict, template, tokenizer, data_args, skipped: Counter | None = None, measure: bool = False
+) -> dict:
     """A batched `datasets.map` function: canonical columns -> packed rows (input_ids, attention_mask,
     position_ids, labels). Skipped examples are counted and logged as for unpacked rows; `measure` adds
     truncation.COLUMNS per packed row."""
     cuts: list = []
     encoded, batch_skipped = encode_supervised_examples(examples, template, tokenizer, data_args, cuts)
     report_skips("Packed supervised", batch_skipped, len(examples["_prompt"]), skipped)
-    return pack_examples(encoded, data_args.cutoff_len, getattr(data_args, "neat_packing", False),
-                         cuts if measure else None)
+    return pack_examples(
+        encoded, data_args.cutoff_len, getattr(data_args, "neat_packing", False), cuts if measure else None
+    )

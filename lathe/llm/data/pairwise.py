@@ -9,6 +9,7 @@ efficient_eos template each answer gets an EOS. Truncation gives the two answers
 on the prompt. Rows that cannot be encoded, or whose answers lose every token to truncation, are
 skipped and counted by reason.
 """
+
 from __future__ import annotations
 
 import logging
@@ -43,7 +44,9 @@ def encode_one_answer(prompt, answer, system, tools, template, tokenizer) -> tup
     return prompt_ids, answer_ids
 
 
-def encode_pairwise_example(prompt, response, system, tools, template, tokenizer, cutoff_len: int) -> dict[str, list[int]]:
+def encode_pairwise_example(
+    prompt, response, system, tools, template, tokenizer, cutoff_len: int
+) -> dict[str, list[int]]:
     """One row -> chosen_* and rejected_* input_ids / attention_mask / labels, at most cutoff_len tokens each."""
     prompt_ids, chosen_ids = encode_one_answer(prompt, response[0], system, tools, template, tokenizer)
     _, rejected_ids = encode_one_answer(prompt, response[1], system, tools, template, tokenizer)
@@ -71,7 +74,9 @@ def preprocess_pairwise_dataset(examples: dict, template, tokenizer, data_args, 
     for prompt, response, system, tool_text in zip(examples["_prompt"], examples["_response"], systems, tools):
         try:
             check_preference_example(prompt, response, system, tool_text)
-            row = encode_pairwise_example(prompt, response, system, tool_text, template, tokenizer, data_args.cutoff_len)
+            row = encode_pairwise_example(
+                prompt, response, system, tool_text, template, tokenizer, data_args.cutoff_len
+            )
         except SkippedExample as skip:
             batch_skipped[skip.reason] += 1
             continue
@@ -88,9 +93,18 @@ class PairwiseDataCollator:
     def __init__(self, tokenizer, pad_to_multiple_of: int | None = 8, label_pad_token_id: int = IGNORE_INDEX):
         from lathe.llm.data.collator import SFTDataCollator
 
-        self.pad = SFTDataCollator(tokenizer, pad_to_multiple_of=pad_to_multiple_of, label_pad_token_id=label_pad_token_id)
+        self.pad = SFTDataCollator(
+            tokenizer, pad_to_multiple_of=pad_to_multiple_of, label_pad_token_id=label_pad_token_id
+        )
 
     def __call__(self, features: list[dict]) -> dict:
-        rows = [{"input_ids": feature[f"{side}_input_ids"], "attention_mask": feature[f"{side}_attention_mask"],
-                 "labels": feature[f"{side}_labels"]} for side in SIDES for feature in features]
+        rows = [
+            {
+                "input_ids": feature[f"{side}_input_ids"],
+                "attention_mask": feature[f"{side}_attention_mask"],
+                "labels": feature[f"{side}_labels"],
+            }
+            for side in SIDES
+            for feature in features
+        ]
         return self.pad(rows)

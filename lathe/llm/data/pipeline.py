@@ -6,6 +6,7 @@ The one entry point the workflows call. Order and semantics follow LLaMA-Factory
 the whole result is cached under a key of everything it depends on (see cache.py): a second run with
 the same inputs loads the tokenized rows without reading the data files' rows at all.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -32,23 +33,29 @@ DEFAULT_CACHE_DIR = os.path.join("~", ".cache", "lathe", "tokenized")
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
-def get_dataset(template, model_args, data_args, training_args, stage: str, tokenizer,
-                cache_dir: str | None = None) -> dict[str, Any]:
+def get_dataset(
+    template, model_args, data_args, training_args, stage: str, tokenizer, cache_dir: str | None = None
+) -> dict[str, Any]:
     """{"train_dataset": Dataset | None, "eval_dataset": Dataset | {name: Dataset} | None}.
 
     `cache_dir` holds the tokenization cache (default ~/.cache/lathe/tokenized) and the raw arrow files
     `datasets` makes from the data files.
     """
     if stage not in STAGES:
-        raise ValueError(f"stage '{stage}' is not supported yet by lathe's data pipeline (supported: {', '.join(STAGES)}).")
+        raise ValueError(
+            f"stage '{stage}' is not supported yet by lathe's data pipeline (supported: {', '.join(STAGES)})."
+        )
     if getattr(data_args, "streaming", False):
         raise ValueError("streaming is not supported yet: lathe tokenizes the whole dataset once and caches it.")
     tokenized_path = getattr(data_args, "tokenized_path", None)
     if tokenized_path and os.path.exists(tokenized_path) and not os.path.isdir(tokenized_path):
         raise ValueError(f"tokenized_path {tokenized_path} is a file; it must name a folder (new, or a saved dataset).")
     if tokenized_path and cache.has_tokenized_data(tokenized_path):
-        logger.warning("Loading the tokenized dataset from tokenized_path %s: the data arguments are ignored "
-                       "(as in LLaMA-Factory); remove that folder to tokenize again.", tokenized_path)
+        logger.warning(
+            "Loading the tokenized dataset from tokenized_path %s: the data arguments are ignored "
+            "(as in LLaMA-Factory); remove that folder to tokenize again.",
+            tokenized_path,
+        )
         stats = (cache.read_manifest(tokenized_path) or {}).get("stats")
         return dataset_module(cache.load_tokenized_path(tokenized_path), stats)
     if not getattr(data_args, "dataset", None) and not getattr(data_args, "eval_dataset", None):
@@ -60,7 +67,9 @@ def get_dataset(template, model_args, data_args, training_args, stage: str, toke
     main_first = getattr(training_args, "main_process_first", None)
     with main_first(desc="pre-process dataset") if main_first else contextlib.nullcontext():
         # Replicas read what the main process wrote, even when it was told to overwrite.
-        overwrite = getattr(data_args, "overwrite_cache", False) and getattr(training_args, "local_process_index", 0) == 0
+        overwrite = (
+            getattr(data_args, "overwrite_cache", False) and getattr(training_args, "local_process_index", 0) == 0
+        )
         entry = None if overwrite else cache.load_entry(root, key)
         if entry is not None:
             splits, manifest = entry
@@ -94,29 +103,42 @@ class DataPlan:
     def make(cls, template, model_args, data_args, training_args, stage, tokenizer) -> "DataPlan":
         train_attrs = get_dataset_list(data_args.dataset, data_args.dataset_dir)
         eval_attrs = get_dataset_list(getattr(data_args, "eval_dataset", None), data_args.dataset_dir)
-        return cls(template=template, model_args=model_args, data_args=data_args, stage=stage, tokenizer=tokenizer,
-                   packing=data_args.packing if getattr(data_args, "packing", None) is not None else stage == "pt",
-                   train_attrs=train_attrs, eval_attrs=eval_attrs,
-                   generate=bool(getattr(training_args, "predict_with_generate", False)),
-                   seed=getattr(training_args, "seed", 42),
-                   files={attr.name: resolve_data_files(attr, data_args.dataset_dir)[0]
-                          for attr in train_attrs + eval_attrs})
+        return cls(
+            template=template,
+            model_args=model_args,
+            data_args=data_args,
+            stage=stage,
+            tokenizer=tokenizer,
+            packing=data_args.packing if getattr(data_args, "packing", None) is not None else stage == "pt",
+            train_attrs=train_attrs,
+            eval_attrs=eval_attrs,
+            generate=bool(getattr(training_args, "predict_with_generate", False)),
+            seed=getattr(training_args, "seed", 42),
+            files={attr.name: resolve_data_files(attr, data_args.dataset_dir)[0] for attr in train_attrs + eval_attrs},
+        )
 
     def processor(self, is_eval: bool) -> Callable:
         return select_processor(self.stage, self.packing, generate=is_eval and self.generate)
 
     def key_parts(self) -> dict[str, Any]:
-        processors = {self.processor(False), self.processor(True)} if self.eval_attrs or self._val_size() else \
-            {self.processor(False)}
+        processors = (
+            {self.processor(False), self.processor(True)}
+            if self.eval_attrs or self._val_size()
+            else {self.processor(False)}
+        )
         code = glob.glob(os.path.join(HERE, "*.py")) + glob.glob(os.path.join(HERE, "..", "templates", "*.py"))
         code += [_source_file(function) for function in processors]
         return {
             "stage": self.stage,
-            "datasets": {"train": [self._describe(attr) for attr in self.train_attrs],
-                         "eval": [self._describe(attr) for attr in self.eval_attrs]},
+            "datasets": {
+                "train": [self._describe(attr) for attr in self.train_attrs],
+                "eval": [self._describe(attr) for attr in self.eval_attrs],
+            },
             "data_args": cache.describe_data_args(self.data_args, self.packing),
-            "model_args": {name: cache.stable_structure(getattr(self.model_args, name, None)) for name in
-                           ("split_special_tokens", "add_tokens", "add_special_tokens", "use_fast_tokenizer")},
+            "model_args": {
+                name: cache.stable_structure(getattr(self.model_args, name, None))
+                for name in ("split_special_tokens", "add_tokens", "add_special_tokens", "use_fast_tokenizer")
+            },
             "seed": self.seed,
             "generate_eval": self.generate,
             "template": cache.stable_structure(self.template),
@@ -201,9 +223,14 @@ def build_and_cache(plan: DataPlan, root: str, key: str) -> tuple[dict[str, Any]
             processed = tokenize_split(plan, name, dataset, staging)
             files[name] = [os.path.relpath(item["filename"], staging) for item in processed.cache_files]
             stats[name] = split_stats(processed, rows_before=len(dataset))
-        manifest = {"key": key, "splits": files, "stats": stats, "created": time.time(),
-                    "one_row_per_example": plan.stage != "pt" and not plan.packing,
-                    "reports": [report.to_dict() for report in reports if report.skipped]}
+        manifest = {
+            "key": key,
+            "splits": files,
+            "stats": stats,
+            "created": time.time(),
+            "one_row_per_example": plan.stage != "pt" and not plan.packing,
+            "reports": [report.to_dict() for report in reports if report.skipped],
+        }
         cache.write_manifest(staging, manifest)
     entry = cache.load_entry(root, key)
     if entry is None:
@@ -215,10 +242,14 @@ def build_and_cache(plan: DataPlan, root: str, key: str) -> tuple[dict[str, Any]
 def tokenize_split(plan: DataPlan, name: str, dataset, staging: str):
     """One split through the stage's processor, written as arrow files inside the staging folder."""
     processor = plan.processor(is_eval=name != "train")
-    map_kwargs = dict(batch_size=getattr(plan.data_args, "preprocessing_batch_size", 1000),
-                      num_proc=getattr(plan.data_args, "preprocessing_num_workers", None),
-                      cache_file_name=os.path.join(staging, f"{name}.arrow"), load_from_cache_file=False,
-                      new_fingerprint=cache.hash_text(f"{staging}/{name}")[:32], desc=f"Tokenizing the {name} split")
+    map_kwargs = dict(
+        batch_size=getattr(plan.data_args, "preprocessing_batch_size", 1000),
+        num_proc=getattr(plan.data_args, "preprocessing_num_workers", None),
+        cache_file_name=os.path.join(staging, f"{name}.arrow"),
+        load_from_cache_file=False,
+        new_fingerprint=cache.hash_text(f"{staging}/{name}")[:32],
+        desc=f"Tokenizing the {name} split",
+    )
     with truncation.quiet_length_warning(plan.tokenizer):  # lathe reports what cutoff_len cut instead
         if processor is _pretrain:  # blocks are cut from the whole split's token stream, not batch by batch
             from lathe.llm.data.pretrain import pretrain_blocks
@@ -226,13 +257,20 @@ def tokenize_split(plan: DataPlan, name: str, dataset, staging: str):
             processed = pretrain_blocks(dataset, plan.tokenizer, _resolved_data_args(plan), map_kwargs)
         else:
             options = {"measure": True} if _can_measure(processor) else {}  # sft: what cutoff_len cuts per row
-            function = functools.partial(processor, template=plan.template, tokenizer=plan.tokenizer,
-                                         data_args=_resolved_data_args(plan), **options)
+            function = functools.partial(
+                processor,
+                template=plan.template,
+                tokenizer=plan.tokenizer,
+                data_args=_resolved_data_args(plan),
+                **options,
+            )
             processed = dataset.map(function, batched=True, remove_columns=dataset.column_names, **map_kwargs)
     if len(processed) == 0:
         what = "with text" if plan.stage == "pt" else "usable after tokenization"
-        raise ValueError(f"The {name} split has no examples {what} ({len(dataset)} rows before tokenization); "
-                         f"see the warnings above for skipped rows.")
+        raise ValueError(
+            f"The {name} split has no examples {what} ({len(dataset)} rows before tokenization); "
+            f"see the warnings above for skipped rows."
+        )
     if not processed.cache_files or any(not item["filename"].startswith(staging) for item in processed.cache_files):
         processed = processed.flatten_indices(cache_file_name=os.path.join(staging, f"{name}-flat.arrow"))
     return processed
@@ -259,8 +297,13 @@ def split_stats(dataset, rows_before: int) -> dict[str, Any]:
     """Rows, tokens and trained tokens (labels != -100) of a tokenized split, and what cutoff_len cut
     ("truncation": truncation.split_truncation, None for pre-training, which cuts nothing)."""
     trained, tokens = trained_fraction(dataset)
-    return {"rows_before": rows_before, "rows": len(dataset), "tokens": tokens, "trained_tokens": trained,
-            "truncation": truncation.split_truncation(dataset)}
+    return {
+        "rows_before": rows_before,
+        "rows": len(dataset),
+        "tokens": tokens,
+        "trained_tokens": trained,
+        "truncation": truncation.split_truncation(dataset),
+    }
 
 
 def _log_reports(manifest: dict[str, Any], cutoff_len: int, cached: bool) -> None:
@@ -270,10 +313,20 @@ def _log_reports(manifest: dict[str, Any], cutoff_len: int, cached: bool) -> Non
     for name, stats in manifest.get("stats", {}).items():
         dropped = stats["rows_before"] - stats["rows"]
         if cached and manifest.get("one_row_per_example") and dropped > 0:
-            logger.warning("when this cache entry was built, tokenizing the %s split skipped %d of %d examples",
-                           name, dropped, stats["rows_before"])
-        logger.info("%s split: %d rows (from %d), %d tokens%s", name, stats["rows"], stats["rows_before"],
-                    stats["tokens"], f", {stats['trained_tokens']} trained")
+            logger.warning(
+                "when this cache entry was built, tokenizing the %s split skipped %d of %d examples",
+                name,
+                dropped,
+                stats["rows_before"],
+            )
+        logger.info(
+            "%s split: %d rows (from %d), %d tokens%s",
+            name,
+            stats["rows"],
+            stats["rows_before"],
+            stats["tokens"],
+            f", {stats['trained_tokens']} trained",
+        )
         cut = truncation.report(name, stats.get("truncation"), cutoff_len)
         if cut is not None:
             getattr(logger, cut[0])(cut[1])
@@ -285,7 +338,9 @@ def dataset_module(splits: dict[str, Any], stats: dict[str, Any] | None = None) 
     "truncation" holds what cutoff_len cut per split ({split: counts}, see truncation.py)."""
     module: dict[str, Any] = {"train_dataset": splits.get("train"), "eval_dataset": splits.get("validation")}
     if module["eval_dataset"] is None:
-        named = {name[len("validation_"):]: dataset for name, dataset in splits.items() if name.startswith("validation_")}
+        named = {
+            name[len("validation_") :]: dataset for name, dataset in splits.items() if name.startswith("validation_")
+        }
         module["eval_dataset"] = named or None
     if stats is not None:
         module["truncation"] = {name: values.get("truncation") for name, values in stats.items()}

@@ -13,6 +13,7 @@ Two differences, both so that no token is lost:
 With `packing: false` every document is its own row ([BOS] + text + EOS); where LLaMA-Factory truncates a
 long document to cutoff_len, lathe splits it into several rows.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -40,8 +41,11 @@ def tokenize_documents(examples: dict, tokenizer, data_args) -> dict[str, list[l
         raise ValueError("Pre-training appends EOS to every document, but the tokenizer has no eos_token.")
     texts = [messages[0]["content"] + eos_text for messages in examples["_prompt"] if messages]
     if len(texts) < len(examples["_prompt"]):
-        logger.warning("Pre-training skipped %d of %d rows without text.", len(examples["_prompt"]) - len(texts),
-                       len(examples["_prompt"]))
+        logger.warning(
+            "Pre-training skipped %d of %d rows without text.",
+            len(examples["_prompt"]) - len(texts),
+            len(examples["_prompt"]),
+        )
     return {"input_ids": tokenizer(texts, add_special_tokens=False)["input_ids"] if texts else []}
 
 
@@ -56,7 +60,7 @@ def block_content_size(tokenizer, cutoff_len: int) -> int:
 def cut_blocks(tokens: list[int], size: int, bos_id: int | None) -> list[list[int]]:
     """Consecutive pieces of `size` tokens (the last may be shorter), each after BOS when bos_id is given."""
     prefix = [] if bos_id is None else [bos_id]
-    return [prefix + tokens[start:start + size] for start in range(0, len(tokens), size)]
+    return [prefix + tokens[start : start + size] for start in range(0, len(tokens), size)]
 
 
 def preprocess_pretrain_dataset(examples: dict, tokenizer, data_args) -> dict[str, list[list[int]]]:
@@ -107,19 +111,27 @@ def pretrain_blocks(dataset, tokenizer, data_args, map_kwargs: dict[str, Any]):
     if map_kwargs.get("new_fingerprint"):
         fingerprint = map_kwargs["new_fingerprint"]
         digest = hashlib.sha256(f"{fingerprint}-documents".encode()).hexdigest()
-        documents_kwargs["new_fingerprint"] = digest[:len(fingerprint)]
+        documents_kwargs["new_fingerprint"] = digest[: len(fingerprint)]
     documents_kwargs["desc"] = "Tokenizing documents"
-    documents = dataset.map(functools.partial(tokenize_documents, tokenizer=tokenizer, data_args=data_args),
-                            batched=True, remove_columns=dataset.column_names, **documents_kwargs)
+    documents = dataset.map(
+        functools.partial(tokenize_documents, tokenizer=tokenizer, data_args=data_args),
+        batched=True,
+        remove_columns=dataset.column_names,
+        **documents_kwargs,
+    )
 
     import pyarrow.compute as compute
 
     lengths = compute.list_value_length(documents.with_format("arrow")[:]["input_ids"])
     lengths = lengths.to_numpy(zero_copy_only=False)
     offsets = np.concatenate([[0], np.cumsum(lengths, dtype=np.int64)])  # document i = stream[offsets[i]:offsets[i+1]]
-    cut = functools.partial(_blocks_starting_in_batch, documents=documents, offsets=offsets,
-                            size=block_content_size(tokenizer, data_args.cutoff_len),
-                            bos_id=tokenizer.bos_token_id if adds_bos(tokenizer) else None)
+    cut = functools.partial(
+        _blocks_starting_in_batch,
+        documents=documents,
+        offsets=offsets,
+        size=block_content_size(tokenizer, data_args.cutoff_len),
+        bos_id=tokenizer.bos_token_id if adds_bos(tokenizer) else None,
+    )
     blocks = documents.map(cut, batched=True, with_indices=True, remove_columns=documents.column_names, **map_kwargs)
     for item in documents.cache_files:
         if item["filename"] not in {block_file["filename"] for block_file in blocks.cache_files}:
@@ -130,8 +142,9 @@ def pretrain_blocks(dataset, tokenizer, data_args, map_kwargs: dict[str, Any]):
     return blocks
 
 
-def _blocks_starting_in_batch(batch: dict, indices: list[int], documents, offsets: np.ndarray, size: int,
-                              bos_id: int | None) -> dict[str, list[list[int]]]:
+def _blocks_starting_in_batch(
+    batch: dict, indices: list[int], documents, offsets: np.ndarray, size: int, bos_id: int | None
+) -> dict[str, list[list[int]]]:
     """The blocks whose first token belongs to the documents `indices` (consecutive, as map gives them)."""
     first, stop = indices[0], indices[-1] + 1
     begin, end, total = int(offsets[first]), int(offsets[stop]), int(offsets[-1])
@@ -145,4 +158,4 @@ def _blocks_starting_in_batch(batch: dict, indices: list[int], documents, offset
     if after > stop:
         stream += itertools.chain.from_iterable(documents[stop:after]["input_ids"])
     prefix = [] if bos_id is None else [bos_id]
-    return {"input_ids": [prefix + stream[start - begin:start - begin + size] for start in starts]}
+    return {"input_ids": [prefix + stream[start - begin : start - begin + size] for start in starts]}

@@ -1,6 +1,7 @@
 """What `lathe data preview` prints: a few tokenized examples decoded, with the trained spans marked,
 and the fraction of tokens that are trained. Pairwise rows (rm, dpo) show the chosen and the rejected
 sequence; KTO rows the tagged answer and the mismatched pair of the KL term."""
+
 from __future__ import annotations
 
 from typing import Any
@@ -45,7 +46,11 @@ def mark_trained_spans(input_ids: list[int], labels: list[int] | None, tokenizer
 
 # (input ids, labels) column pairs a row may hold: sft/pt/kto rows, and the two sides of a pairwise row.
 # A KTO row's KL pair (kl_input_ids) is not trained and not counted.
-SEQUENCE_COLUMNS = (("input_ids", "labels"), ("chosen_input_ids", "chosen_labels"), ("rejected_input_ids", "rejected_labels"))
+SEQUENCE_COLUMNS = (
+    ("input_ids", "labels"),
+    ("chosen_input_ids", "chosen_labels"),
+    ("rejected_input_ids", "rejected_labels"),
+)
 
 
 def trained_fraction(dataset) -> tuple[int, int]:
@@ -71,8 +76,10 @@ def preview_examples(dataset, tokenizer, n: int = 3) -> str:
     """A report of the first `n` rows of a tokenized dataset and the trained-token fraction of all rows."""
     trained, total = trained_fraction(dataset)
     share = trained / total if total else 0.0
-    lines = [f"{len(dataset)} examples, {total} tokens, {trained} trained ({share:.1%}); "
-             f"trained spans are shown between {OPEN} and {CLOSE}."]
+    lines = [
+        f"{len(dataset)} examples, {total} tokens, {trained} trained ({share:.1%}); "
+        f"trained spans are shown between {OPEN} and {CLOSE}."
+    ]
     for index in range(min(n, len(dataset))):
         row: dict[str, Any] = dataset[index]
         if "chosen_input_ids" in row:
@@ -83,14 +90,23 @@ def preview_examples(dataset, tokenizer, n: int = 3) -> str:
             tag = "desirable" if row["kto_tags"] else "undesirable"
             lines.append(f"--- example {index + 1}")
             lines += _sequence(f"{tag} answer:", row["input_ids"], row["labels"], tokenizer)
-            lines += _sequence("KL pair (the previous row's answer, scored but not trained):", row["kl_input_ids"],
-                               row["kl_labels"], tokenizer, counted="scored")
+            lines += _sequence(
+                "KL pair (the previous row's answer, scored but not trained):",
+                row["kl_input_ids"],
+                row["kl_labels"],
+                tokenizer,
+                counted="scored",
+            )
         else:
             lines += _sequence(f"--- example {index + 1}:", row["input_ids"], row.get("labels"), tokenizer)
     return "\n".join(lines)
 
 
-def _sequence(title: str, input_ids: list[int], labels: list[int] | None, tokenizer, counted: str = "trained") -> list[str]:
+def _sequence(
+    title: str, input_ids: list[int], labels: list[int] | None, tokenizer, counted: str = "trained"
+) -> list[str]:
     trained = sum(label != IGNORE_INDEX for label in labels) if labels is not None else len(input_ids)
-    return [f"{title} {len(input_ids)} tokens, {trained} {counted} ({trained / max(len(input_ids), 1):.1%})",
-            mark_trained_spans(input_ids, labels, tokenizer)]
+    return [
+        f"{title} {len(input_ids)} tokens, {trained} {counted} ({trained / max(len(input_ids), 1):.1%})",
+        mark_trained_spans(input_ids, labels, tokenizer),
+    ]

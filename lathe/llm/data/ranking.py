@@ -7,6 +7,7 @@ Where LLaMA-Factory trains on a broken pair (an empty or missing side, an answer
 identical answers, which teach nothing) or drops a KTO row without a true/false tag, lathe skips the row
 and reports it with its file and row, as for sft rows.
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -21,13 +22,17 @@ def check_stage_data(attr: DatasetAttr, stage: str) -> None:
     """Ranking data for rm/dpo only, and only ranking data there; KTO-tagged data for kto only, and only it."""
     where = attr.where()
     if stage in PAIRWISE_STAGES and not attr.ranking:
-        raise ValueError(f"{where}: stage {stage} trains on ranking data (\"ranking\": true with chosen and "
-                         f"rejected columns); this dataset is not.")
+        raise ValueError(
+            f'{where}: stage {stage} trains on ranking data ("ranking": true with chosen and '
+            f"rejected columns); this dataset is not."
+        )
     if stage not in PAIRWISE_STAGES and attr.ranking:
         raise ValueError(f"{where}: ranking data is for stage rm or dpo, not stage {stage}.")
     if stage == "kto" and not attr.kto_tag:
-        raise ValueError(f"{where}: stage kto needs a 'kto_tag' column (true: a desirable answer, false: an "
-                         f"undesirable one) named in `columns`.")
+        raise ValueError(
+            f"{where}: stage kto needs a 'kto_tag' column (true: a desirable answer, false: an "
+            f"undesirable one) named in `columns`."
+        )
     if stage != "kto" and attr.kto_tag:
         raise ValueError(f"{where}: data with a 'kto_tag' column is for stage kto, not stage {stage}.")
 
@@ -38,8 +43,11 @@ def preference_answers(row: dict[str, Any], example: dict[str, Any], attr: Datas
         return _kto_answers(row, example, attr)
     chosen, rejected = _ranked_answer(example, attr, "chosen"), _ranked_answer(example, attr, "rejected")
     if chosen == rejected:
-        raise RowProblem("identical answers", f"columns '{attr.chosen}' (chosen) and '{attr.rejected}' (rejected) "
-                                              f"hold the same answer: the pair prefers nothing")
+        raise RowProblem(
+            "identical answers",
+            f"columns '{attr.chosen}' (chosen) and '{attr.rejected}' (rejected) "
+            f"hold the same answer: the pair prefers nothing",
+        )
     return [chosen, rejected]
 
 
@@ -63,28 +71,39 @@ def _ranked_answer(example: dict[str, Any], attr: DatasetAttr, side: str) -> dic
 def _answer_message(value: Any, what: str, attr: DatasetAttr) -> dict[str, str]:
     """A sharegpt/openai answer: one message object whose role is the assistant's (or a function call)."""
     if not isinstance(value, dict):
-        raise RowProblem("wrong type", f"{what} is {_type_name(value)}, expected one message object with "
-                                       f"'{attr.role_tag}' and '{attr.content_tag}'")
+        raise RowProblem(
+            "wrong type",
+            f"{what} is {_type_name(value)}, expected one message object with "
+            f"'{attr.role_tag}' and '{attr.content_tag}'",
+        )
     roles = _tag_roles(attr)
     role = roles.get(value.get(attr.role_tag))
     if role not in ANSWER_ROLES:
-        raise RowProblem("wrong role", f"{what} has {attr.role_tag} {value.get(attr.role_tag)!r}; an answer needs "
-                                       f"the assistant tag {attr.assistant_tag!r} (or {attr.function_tag!r})")
+        raise RowProblem(
+            "wrong role",
+            f"{what} has {attr.role_tag} {value.get(attr.role_tag)!r}; an answer needs "
+            f"the assistant tag {attr.assistant_tag!r} (or {attr.function_tag!r})",
+        )
     content = value.get(attr.content_tag)
     if not isinstance(content, str):
-        raise RowProblem("wrong type", f"{what} content ('{attr.content_tag}') is {_type_name(content)}, "
-                                       f"expected a string")
+        raise RowProblem(
+            "wrong type", f"{what} content ('{attr.content_tag}') is {_type_name(content)}, expected a string"
+        )
     return {"role": role, "content": content}
 
 
 def _kto_answers(row: dict[str, Any], example: dict[str, Any], attr: DatasetAttr) -> list[dict[str, str]]:
     tag = example.get(attr.kto_tag)
     if not isinstance(tag, bool):
-        raise RowProblem("missing kto_tag", f"column '{attr.kto_tag}' (kto_tag) is {_type_name(tag)}, expected "
-                                            f"true (desirable answer) or false (undesirable)")
+        raise RowProblem(
+            "missing kto_tag",
+            f"column '{attr.kto_tag}' (kto_tag) is {_type_name(tag)}, expected "
+            f"true (desirable answer) or false (undesirable)",
+        )
     if len(row["_response"]) != 1:
-        raise RowProblem("missing answer", f"the row has no answer to tag (column '{attr.response}' or the last "
-                                           f"message)")
+        raise RowProblem(
+            "missing answer", f"the row has no answer to tag (column '{attr.response}' or the last message)"
+        )
     answer = row["_response"][0]
     if not answer["content"]:
         raise RowProblem("empty answer", "the tagged answer is empty")

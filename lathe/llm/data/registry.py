@@ -3,6 +3,7 @@
 Every error names the registry file, the dataset and the key at fault. Semantics follow LLaMA-Factory
 0.9.5 where a config works there; where it would crash or silently train on nothing, lathe says why.
 """
+
 from __future__ import annotations
 
 import difflib
@@ -16,15 +17,45 @@ FORMATTINGS = ("alpaca", "sharegpt", "openai")
 # File extension -> the `datasets` builder that reads it.
 FILE_TYPES = {"json": "json", "jsonl": "json", "csv": "csv", "parquet": "parquet", "txt": "text", "arrow": "arrow"}
 
-COLUMN_NAMES = ("prompt", "query", "response", "history", "messages", "system", "tools",
-                "images", "videos", "audios", "chosen", "rejected", "kto_tag")
+COLUMN_NAMES = (
+    "prompt",
+    "query",
+    "response",
+    "history",
+    "messages",
+    "system",
+    "tools",
+    "images",
+    "videos",
+    "audios",
+    "chosen",
+    "rejected",
+    "kto_tag",
+)
 TAG_NAMES = ("role_tag", "content_tag", "user_tag", "assistant_tag", "observation_tag", "function_tag", "system_tag")
 DEFAULT_COLUMNS = {"prompt": "instruction", "query": "input", "response": "output", "messages": "conversations"}
-DEFAULT_TAGS = {"role_tag": "from", "content_tag": "value", "user_tag": "human", "assistant_tag": "gpt",
-                "observation_tag": "observation", "function_tag": "function_call", "system_tag": "system"}
+DEFAULT_TAGS = {
+    "role_tag": "from",
+    "content_tag": "value",
+    "user_tag": "human",
+    "assistant_tag": "gpt",
+    "observation_tag": "observation",
+    "function_tag": "function_call",
+    "system_tag": "system",
+}
 HUB_KEYS = ("hf_hub_url", "ms_hub_url", "om_hub_url", "script_url", "cloud_file_name")
-ENTRY_KEYS = ("file_name", "formatting", "ranking", "subset", "split", "folder", "num_samples",
-              "columns", "tags", "file_sha1") + HUB_KEYS
+ENTRY_KEYS = (
+    "file_name",
+    "formatting",
+    "ranking",
+    "subset",
+    "split",
+    "folder",
+    "num_samples",
+    "columns",
+    "tags",
+    "file_sha1",
+) + HUB_KEYS
 # Columns whose data lathe cannot train on yet: a clear error instead of silently ignoring them.
 UNSUPPORTED_COLUMNS = {"images": "multimodal data", "videos": "multimodal data", "audios": "multimodal data"}
 OFFLINE_MESSAGE = "lathe works offline; download the dataset and point file_name at it"
@@ -87,22 +118,28 @@ def load_dataset_info(dataset_dir: str | dict) -> tuple[dict[str, Any], str]:
     if isinstance(dataset_dir, dict):
         return dataset_dir, "<dataset_info dict>"
     if dataset_dir == "ONLINE" or dataset_dir.startswith("REMOTE:"):
-        raise ValueError(f"dataset_dir '{dataset_dir}' reads the registry from a hub: {OFFLINE_MESSAGE}, "
-                         f"with a local {DATA_CONFIG} next to it.")
+        raise ValueError(
+            f"dataset_dir '{dataset_dir}' reads the registry from a hub: {OFFLINE_MESSAGE}, "
+            f"with a local {DATA_CONFIG} next to it."
+        )
     path = os.path.join(dataset_dir, DATA_CONFIG)
     if not os.path.isfile(path):
         where = "does not exist" if not os.path.isdir(dataset_dir) else f"has no {DATA_CONFIG}"
-        raise FileNotFoundError(f"dataset_dir '{dataset_dir}' {where}: the registry {path} is needed to "
-                                f"find the datasets (LLaMA-Factory's schema).")
+        raise FileNotFoundError(
+            f"dataset_dir '{dataset_dir}' {where}: the registry {path} is needed to "
+            f"find the datasets (LLaMA-Factory's schema)."
+        )
     with open(path, encoding="utf-8") as handle:
         try:
             info = json.load(handle)
         except json.JSONDecodeError as error:
-            raise ValueError(f"{path} is not valid JSON: {error.msg} at line {error.lineno}, "
-                             f"column {error.colno}") from None
+            raise ValueError(
+                f"{path} is not valid JSON: {error.msg} at line {error.lineno}, column {error.colno}"
+            ) from None
     if not isinstance(info, dict):
-        raise ValueError(f"{path} must hold a JSON object mapping dataset names to entries, "
-                         f"found a {type(info).__name__}")
+        raise ValueError(
+            f"{path} must hold a JSON object mapping dataset names to entries, found a {type(info).__name__}"
+        )
     return info, path
 
 
@@ -130,17 +167,22 @@ def parse_entry(name: str, entry: Any, info_path: str) -> DatasetAttr:
     """One dataset_info.json entry -> DatasetAttr, validated."""
     where = f"dataset '{name}' in {info_path}"
     _check_entry_keys(entry, where)
-    attr = DatasetAttr(name=name, file_name=entry["file_name"], info_path=info_path, ranking=entry.get("ranking", False))
+    attr = DatasetAttr(
+        name=name, file_name=entry["file_name"], info_path=info_path, ranking=entry.get("ranking", False)
+    )
     attr.formatting = entry.get("formatting") or "alpaca"
     if attr.formatting not in FORMATTINGS:
-        raise ValueError(f"{where} (key 'formatting'): unknown formatting '{attr.formatting}'"
-                         f"{_closest(str(attr.formatting), FORMATTINGS)} Use one of: {', '.join(FORMATTINGS)}.")
+        raise ValueError(
+            f"{where} (key 'formatting'): unknown formatting '{attr.formatting}'"
+            f"{_closest(str(attr.formatting), FORMATTINGS)} Use one of: {', '.join(FORMATTINGS)}."
+        )
     attr.split = entry.get("split") or "train"
     if not isinstance(attr.split, str):
         raise ValueError(f"{where} (key 'split'): must be a string such as 'train', got {attr.split!r}")
     attr.num_samples = entry.get("num_samples")
-    if attr.num_samples is not None and (isinstance(attr.num_samples, bool) or not isinstance(attr.num_samples, int)
-                                         or attr.num_samples <= 0):
+    if attr.num_samples is not None and (
+        isinstance(attr.num_samples, bool) or not isinstance(attr.num_samples, int) or attr.num_samples <= 0
+    ):
         raise ValueError(f"{where} (key 'num_samples'): must be a positive integer, got {attr.num_samples!r}")
 
     if "columns" in entry:
@@ -149,8 +191,9 @@ def parse_entry(name: str, entry: Any, info_path: str) -> DatasetAttr:
         for column, what in UNSUPPORTED_COLUMNS.items():
             if entry["columns"].get(column):
                 suffix = ": multimodal is not supported yet" if what == "multimodal data" else ""
-                raise ValueError(f"{where} (key 'columns'): '{column}' means {what}, which lathe does not support "
-                                 f"yet{suffix}.")
+                raise ValueError(
+                    f"{where} (key 'columns'): '{column}' means {what}, which lathe does not support yet{suffix}."
+                )
     if "tags" in entry:
         _apply_names(attr, entry["tags"], TAG_NAMES, f"{where} (key 'tags')")
     _check_names(attr, where)
@@ -164,8 +207,9 @@ def _check_entry_keys(entry: Any, where: str) -> None:
         raise ValueError(f"{where} must be a JSON object, found a {type(entry).__name__}")
     for key in entry:
         if key not in ENTRY_KEYS:
-            raise ValueError(f"{where}: unknown key '{key}'{_closest(key, ENTRY_KEYS)} "
-                             f"Known keys: {', '.join(ENTRY_KEYS)}.")
+            raise ValueError(
+                f"{where}: unknown key '{key}'{_closest(key, ENTRY_KEYS)} Known keys: {', '.join(ENTRY_KEYS)}."
+            )
     for key in HUB_KEYS:
         if key in entry:
             raise ValueError(f"{where} (key '{key}'): loads '{entry[key]}' from a hub or script: {OFFLINE_MESSAGE}.")
@@ -193,8 +237,11 @@ def _apply_names(attr: DatasetAttr, names: Any, allowed: tuple[str, ...], where:
 
 def _check_names(attr: DatasetAttr, where: str) -> None:
     """Catch entries that LLaMA-Factory accepts but then crashes on or drops every row of."""
-    replaced = ("; note that `columns` replaces every default column name, so list them all"
-                if not attr.implicit_columns else "")
+    replaced = (
+        "; note that `columns` replaces every default column name, so list them all"
+        if not attr.implicit_columns
+        else ""
+    )
     if attr.formatting == "alpaca":
         if not attr.prompt and not attr.query:
             raise ValueError(f"{where} (key 'columns'): alpaca data needs a 'prompt' or 'query' column{replaced}.")
@@ -203,9 +250,11 @@ def _check_names(attr: DatasetAttr, where: str) -> None:
         raise ValueError(f"{where} (key 'columns'): {attr.formatting} data needs a 'messages' column{replaced}.")
     for tag in ("role_tag", "content_tag", "user_tag", "assistant_tag"):
         if not getattr(attr, tag):
-            raise ValueError(f"{where} (key 'tags'): '{tag}' is not set; `tags` replaces every default tag "
-                             f"(as in LLaMA-Factory), so list role_tag, content_tag, user_tag, assistant_tag "
-                             f"(and observation_tag, function_tag, system_tag where the data has them).")
+            raise ValueError(
+                f"{where} (key 'tags'): '{tag}' is not set; `tags` replaces every default tag "
+                f"(as in LLaMA-Factory), so list role_tag, content_tag, user_tag, assistant_tag "
+                f"(and observation_tag, function_tag, system_tag where the data has them)."
+            )
 
 
 def _check_preference_names(attr: DatasetAttr, where: str) -> None:
@@ -214,23 +263,32 @@ def _check_preference_names(attr: DatasetAttr, where: str) -> None:
     if attr.ranking:
         missing = [column for column in ("chosen", "rejected") if not getattr(attr, column)]
         if missing:
-            raise ValueError(f"{where} (key 'columns'): ranking data needs the {' and '.join(missing)} column"
-                             f"{'s' if len(missing) > 1 else ''}: name them in `columns`, e.g. "
-                             '{"chosen": "chosen", "rejected": "rejected"}.')
+            raise ValueError(
+                f"{where} (key 'columns'): ranking data needs the {' and '.join(missing)} column"
+                f"{'s' if len(missing) > 1 else ''}: name them in `columns`, e.g. "
+                '{"chosen": "chosen", "rejected": "rejected"}.'
+            )
         if attr.kto_tag:
-            raise ValueError(f"{where} (key 'columns'): 'kto_tag' marks KTO data (one answer, good or bad), "
-                             f"which is not ranking data: remove 'ranking' or 'kto_tag'.")
+            raise ValueError(
+                f"{where} (key 'columns'): 'kto_tag' marks KTO data (one answer, good or bad), "
+                f"which is not ranking data: remove 'ranking' or 'kto_tag'."
+            )
     elif attr.chosen or attr.rejected:
-        raise ValueError(f"{where} (key 'ranking'): the entry names chosen/rejected columns but is not marked "
-                         f"\"ranking\": true (LLaMA-Factory would ignore them).")
+        raise ValueError(
+            f"{where} (key 'ranking'): the entry names chosen/rejected columns but is not marked "
+            f'"ranking": true (LLaMA-Factory would ignore them).'
+        )
 
 
 def resolve_data_files(attr: DatasetAttr, dataset_dir: str) -> tuple[list[str], str]:
     """The files behind `file_name` (a file, or every file in a folder, sorted) and their `datasets` builder."""
     local_path = os.path.join(dataset_dir, attr.file_name)
     if os.path.isdir(local_path):
-        files = sorted(os.path.join(local_path, name) for name in os.listdir(local_path)
-                       if not name.startswith(".") and os.path.isfile(os.path.join(local_path, name)))
+        files = sorted(
+            os.path.join(local_path, name)
+            for name in os.listdir(local_path)
+            if not name.startswith(".") and os.path.isfile(os.path.join(local_path, name))
+        )
         if not files:
             raise ValueError(f"{attr.where('file_name')}: the folder {local_path} holds no data files.")
     elif os.path.isfile(local_path):
@@ -238,17 +296,23 @@ def resolve_data_files(attr: DatasetAttr, dataset_dir: str) -> tuple[list[str], 
     else:
         siblings = os.listdir(dataset_dir) if os.path.isdir(dataset_dir) else []
         hint = _closest(attr.file_name, siblings)
-        raise FileNotFoundError(f"{attr.where('file_name')}: file '{attr.file_name}' not found "
-                                f"(looked for {os.path.abspath(local_path)}){hint}")
+        raise FileNotFoundError(
+            f"{attr.where('file_name')}: file '{attr.file_name}' not found "
+            f"(looked for {os.path.abspath(local_path)}){hint}"
+        )
     kinds = {}
     for path in files:
         extension = os.path.splitext(path)[1][1:].lower()
         if extension not in FILE_TYPES:
-            raise ValueError(f"{attr.where('file_name')}: {path} has an unsupported file type '.{extension}'; "
-                             f"allowed: {', '.join('.' + ext for ext in FILE_TYPES)}.")
+            raise ValueError(
+                f"{attr.where('file_name')}: {path} has an unsupported file type '.{extension}'; "
+                f"allowed: {', '.join('.' + ext for ext in FILE_TYPES)}."
+            )
         kinds.setdefault(FILE_TYPES[extension], []).append(os.path.basename(path))
     if len(kinds) > 1:
         listing = "; ".join(f"{kind}: {', '.join(names)}" for kind, names in kinds.items())
-        raise ValueError(f"{attr.where('file_name')}: the folder {local_path} mixes file types ({listing}); "
-                         f"a dataset's files must share one type.")
+        raise ValueError(
+            f"{attr.where('file_name')}: the folder {local_path} mixes file types ({listing}); "
+            f"a dataset's files must share one type."
+        )
     return files, next(iter(kinds))

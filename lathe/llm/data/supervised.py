@@ -7,6 +7,7 @@ does (`infer_seqlen`), so the ids are the same token for token. Examples that ca
 that have no trained token left, are skipped and counted by reason, never dropped silently; with
 `measure`, each row also says what cutoff_len cut from it (truncation.py).
 """
+
 from __future__ import annotations
 
 import logging
@@ -18,7 +19,6 @@ from lathe.llm.templates.tools import InvalidMessage
 from lathe.train.labels import IGNORE_INDEX
 
 logger = logging.getLogger("lathe.llm.data")
-
 
 
 class SkippedExample(ValueError):
@@ -68,7 +68,14 @@ def check_supervised_example(prompt, response, system, tools, need_response: boo
 
 
 def encode_supervised_example(
-    prompt, response, system, tools, template, tokenizer, cutoff_len: int, train_on_prompt: bool = False,
+    prompt,
+    response,
+    system,
+    tools,
+    template,
+    tokenizer,
+    cutoff_len: int,
+    train_on_prompt: bool = False,
     mask_history: bool = False,
 ) -> tuple[list[int], list[int]]:
     """One conversation -> (input_ids, labels), at most cutoff_len tokens.
@@ -79,11 +86,20 @@ def encode_supervised_example(
     labelled EOS instead, and one EOS is appended at the end. Raises SkippedExample for a message that
     cannot be encoded (e.g. tool-call JSON that does not parse)."""
     turns = _encode_turns(prompt, response, system, tools, template, tokenizer, mask_history)
-    return assemble_turns(turns, template.efficient_eos, tokenizer.eos_token_id, cutoff_len, train_on_prompt, mask_history)
+    return assemble_turns(
+        turns, template.efficient_eos, tokenizer.eos_token_id, cutoff_len, train_on_prompt, mask_history
+    )
 
 
 def measure_supervised_example(
-    prompt, response, system, tools, template, tokenizer, cutoff_len: int, train_on_prompt: bool = False,
+    prompt,
+    response,
+    system,
+    tools,
+    template,
+    tokenizer,
+    cutoff_len: int,
+    train_on_prompt: bool = False,
     mask_history: bool = False,
 ) -> tuple[list[int], list[int], ExampleCut]:
     """`encode_supervised_example`, and what cutoff_len cut from it: tokens and trained tokens before and after."""
@@ -95,8 +111,11 @@ def measure_supervised_example(
     if full_length <= cutoff_len:
         return input_ids, labels, ExampleCut(len(input_ids), len(input_ids), trained, trained)
     _, whole_labels = assemble_turns(turns, *assemble, full_length, train_on_prompt, mask_history)
-    return input_ids, labels, ExampleCut(full_length, len(input_ids), len(whole_labels) - whole_labels.count(IGNORE_INDEX),
-                                         trained)
+    return (
+        input_ids,
+        labels,
+        ExampleCut(full_length, len(input_ids), len(whole_labels) - whole_labels.count(IGNORE_INDEX), trained),
+    )
 
 
 def _encode_turns(prompt, response, system, tools, template, tokenizer, mask_history: bool):
@@ -107,8 +126,9 @@ def _encode_turns(prompt, response, system, tools, template, tokenizer, mask_his
         raise SkippedExample(str(error)) from None
 
 
-def assemble_turns(turns, efficient_eos: bool, eos_token_id: int, cutoff_len: int, train_on_prompt: bool,
-                   mask_history: bool) -> tuple[list[int], list[int]]:
+def assemble_turns(
+    turns, efficient_eos: bool, eos_token_id: int, cutoff_len: int, train_on_prompt: bool, mask_history: bool
+) -> tuple[list[int], list[int]]:
     """Encoded turns [(prompt ids, answer ids)] -> (input_ids, labels) within cutoff_len (see above)."""
     if mask_history:
         turns = turns[::-1]  # the last turn first: it gets the budget before the history does
@@ -192,8 +212,9 @@ def report_skips(what: str, batch_skipped: Counter, total: int, skipped: Counter
             skipped.update(batch_skipped)
 
 
-def preprocess_supervised_dataset(examples: dict, template, tokenizer, data_args, skipped: Counter | None = None,
-                                  measure: bool = False):
+def preprocess_supervised_dataset(
+    examples: dict, template, tokenizer, data_args, skipped: Counter | None = None, measure: bool = False
+):
     """A batched `datasets.map` function: canonical columns -> input_ids, attention_mask, labels.
 
     Skipped examples are logged per batch with their reasons and, when `skipped` is given, added to it
@@ -214,7 +235,9 @@ def encode_unsupervised_example(prompt, response, system, tools, template, token
     """Prompt-only rows for generation (predict_with_generate): input_ids = the prompt (ending with the
     assistant header), labels = the reference answer's ids (not masked: they are compared to the
     generated text). Without exactly one response, the reference is an empty answer."""
-    input_ids, labels, _ = measure_unsupervised_example(prompt, response, system, tools, template, tokenizer, cutoff_len)
+    input_ids, labels, _ = measure_unsupervised_example(
+        prompt, response, system, tools, template, tokenizer, cutoff_len
+    )
     return input_ids, labels
 
 
@@ -232,8 +255,9 @@ def measure_unsupervised_example(prompt, response, system, tools, template, toke
     return input_ids[:source_len], labels[:target_len], cut
 
 
-def preprocess_unsupervised_dataset(examples: dict, template, tokenizer, data_args, skipped: Counter | None = None,
-                                    measure: bool = False):
+def preprocess_unsupervised_dataset(
+    examples: dict, template, tokenizer, data_args, skipped: Counter | None = None, measure: bool = False
+):
     """A batched `datasets.map` function for evaluation rows that are generated from: input_ids,
     attention_mask and labels (the reference answer), with skips counted as for supervised rows;
     `measure` as for supervised rows (the labels are the reference answers)."""

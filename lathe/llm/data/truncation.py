@@ -9,6 +9,7 @@ The tokenizer's own "Token indices sequence length is longer than the specified 
 ... indexing errors" warning is silenced while tokenizing: lathe truncates to cutoff_len itself, so no
 sequence that long ever reaches the model, and the report below says what was cut instead.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -97,14 +98,18 @@ def summary(stats: dict[str, Any], cutoff_len: int, trained: bool = True) -> str
     if not stats["truncated_examples"]:
         return f"no example is longer than cutoff_len {cutoff_len} (longest {stats['longest_example']:,} tokens)"
     share = stats["cut_label_tokens"] / max(stats["label_tokens"], 1)
-    return (f"cutoff_len {cutoff_len} cut {stats['truncated_examples']:,} of {stats['examples']:,} examples "
-            f"(longest {stats['longest_example']:,} tokens): {stats['cut_tokens']:,} tokens, of them "
-            f"{stats['cut_label_tokens']:,} of {stats['label_tokens']:,} {what} ({share:.1%})")
+    return (
+        f"cutoff_len {cutoff_len} cut {stats['truncated_examples']:,} of {stats['examples']:,} examples "
+        f"(longest {stats['longest_example']:,} tokens): {stats['cut_tokens']:,} tokens, of them "
+        f"{stats['cut_label_tokens']:,} of {stats['label_tokens']:,} {what} ({share:.1%})"
+    )
 
 
 def advice(stats: dict[str, Any], cutoff_len: int) -> str:
-    return (f"most of the training signal is lost: raise cutoff_len (cutoff_len: {stats['longest_example']} keeps "
-            f"every example whole; it is {cutoff_len} now), or shorten the examples")
+    return (
+        f"most of the training signal is lost: raise cutoff_len (cutoff_len: {stats['longest_example']} keeps "
+        f"every example whole; it is {cutoff_len} now), or shorten the examples"
+    )
 
 
 def report(split: str, stats: dict[str, Any] | None, cutoff_len: int) -> tuple[str, str] | None:

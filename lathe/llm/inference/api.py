@@ -35,7 +35,9 @@ def _fastapi():
     return fastapi
 
 
-def error_body(message: str, kind: str = "invalid_request_error", param: str | None = None, code: str | None = None) -> dict:
+def error_body(
+    message: str, kind: str = "invalid_request_error", param: str | None = None, code: str | None = None
+) -> dict:
     return {"error": {"message": message, "type": kind, "param": param, "code": code}}
 
 
@@ -64,16 +66,24 @@ def _add_guards(app, api_key: str | None, limits: Limits) -> None:
             header = request.headers.get("authorization", "")
             token = header[7:] if header.lower().startswith("bearer ") else ""
             if not hmac.compare_digest(token.encode(), api_key.encode()):
-                return _fail(401, "Missing or wrong API key: send `Authorization: Bearer KEY`.", "authentication_error",
-                             code="invalid_api_key")
+                return _fail(
+                    401,
+                    "Missing or wrong API key: send `Authorization: Bearer KEY`.",
+                    "authentication_error",
+                    code="invalid_api_key",
+                )
         length = request.headers.get("content-length")
         if length is not None and (not length.isdigit() or int(length) > limits.max_body_bytes):
-            return _fail(413, f"The request body is larger than {limits.max_body_bytes} bytes.", code="request_too_large")
+            return _fail(
+                413, f"The request body is larger than {limits.max_body_bytes} bytes.", code="request_too_large"
+            )
         return await call_next(request)
 
     @app.exception_handler(HTTPException)
     async def http_error(request, error):
-        return _fail(error.status_code, str(error.detail), "invalid_request_error" if error.status_code < 500 else "server_error")
+        return _fail(
+            error.status_code, str(error.detail), "invalid_request_error" if error.status_code < 500 else "server_error"
+        )
 
     @app.exception_handler(Exception)
     async def unexpected(request, error):
@@ -92,7 +102,10 @@ def _add_routes(app, fastapi, engine: ChatEngine, model_name: str, limits: Limit
 
     @app.get("/v1/models")
     async def models():
-        return {"object": "list", "data": [{"id": model_name, "object": "model", "created": created, "owned_by": "lathe"}]}
+        return {
+            "object": "list",
+            "data": [{"id": model_name, "object": "model", "created": created, "owned_by": "lathe"}],
+        }
 
     async def serve(request, parse, kind: str):
         try:
@@ -102,8 +115,13 @@ def _add_routes(app, fastapi, engine: ChatEngine, model_name: str, limits: Limit
             status = 413 if error.code == "request_too_large" else 400
             return _fail(status, str(error), param=error.param, code=error.code)
         run = _Run(engine, prompt_ids, parsed, asyncio.get_running_loop())
-        reply = _Reply(kind, model_name, len(prompt_ids), parsed.n,
-                       extract_tool=engine.template.extract_tool if parsed.with_tools else None)
+        reply = _Reply(
+            kind,
+            model_name,
+            len(prompt_ids),
+            parsed.n,
+            extract_tool=engine.template.extract_tool if parsed.with_tools else None,
+        )
         if parsed.stream:
             return StreamingResponse(reply.stream(run, parsed.include_usage), media_type="text/event-stream")
         return await reply.whole(run)
@@ -126,7 +144,9 @@ class _Run:
         for index in range(parsed.n):
             params = _copy_params(parsed.params, index)
             on_text, on_done = self._deliver("text", index, loop), self._deliver("done", index, loop)
-            self.jobs.append(engine.submit(prompt_ids, params, on_text=on_text if parsed.stream else None, on_done=on_done))
+            self.jobs.append(
+                engine.submit(prompt_ids, params, on_text=on_text if parsed.stream else None, on_done=on_done)
+            )
 
     def _deliver(self, kind: str, index: int, loop):
         """A callback for the engine's thread that puts (kind, choice index, value) on this run's queue."""
@@ -163,12 +183,21 @@ class _Reply:
         self.object = "chat.completion" if kind == "chat" else "text_completion"
 
     def usage(self, completion_tokens: int) -> dict:
-        return {"prompt_tokens": self.prompt_tokens * self.n, "completion_tokens": completion_tokens,
-                "total_tokens": self.prompt_tokens * self.n + completion_tokens}
+        return {
+            "prompt_tokens": self.prompt_tokens * self.n,
+            "completion_tokens": completion_tokens,
+            "total_tokens": self.prompt_tokens * self.n + completion_tokens,
+        }
 
     def _envelope(self, choices: list, chunk: bool = False, **extra) -> dict:
-        return {"id": self.id, "object": self.object + (".chunk" if chunk and self.kind == "chat" else ""),
-                "created": self.created, "model": self.model, "choices": choices, **extra}
+        return {
+            "id": self.id,
+            "object": self.object + (".chunk" if chunk and self.kind == "chat" else ""),
+            "created": self.created,
+            "model": self.model,
+            "choices": choices,
+            **extra,
+        }
 
     async def whole(self, run: _Run) -> dict:
         finished = {}
@@ -182,7 +211,9 @@ class _Reply:
             if self.kind == "chat":
                 choices.append({"index": index, **self._message(sequence), "logprobs": None})
             else:
-                choices.append({"index": index, "text": sequence.text, "finish_reason": sequence.finish_reason, "logprobs": None})
+                choices.append(
+                    {"index": index, "text": sequence.text, "finish_reason": sequence.finish_reason, "logprobs": None}
+                )
         return self._envelope(choices, usage=self.usage(used))
 
     def _message(self, sequence) -> dict:
@@ -190,9 +221,18 @@ class _Reply:
         calls = self.extract_tool(sequence.text) if self.extract_tool is not None else sequence.text
         if isinstance(calls, str) or not calls:
             return {"message": {"role": "assistant", "content": sequence.text}, "finish_reason": sequence.finish_reason}
-        tool_calls = [{"id": "call_" + uuid.uuid4().hex[:24], "type": "function",
-                       "function": {"name": call.name, "arguments": call.arguments}} for call in calls]
-        return {"message": {"role": "assistant", "content": None, "tool_calls": tool_calls}, "finish_reason": "tool_calls"}
+        tool_calls = [
+            {
+                "id": "call_" + uuid.uuid4().hex[:24],
+                "type": "function",
+                "function": {"name": call.name, "arguments": call.arguments},
+            }
+            for call in calls
+        ]
+        return {
+            "message": {"role": "assistant", "content": None, "tool_calls": tool_calls},
+            "finish_reason": "tool_calls",
+        }
 
     async def stream(self, run: _Run, include_usage: bool):
         def event(payload: dict) -> str:
@@ -200,8 +240,12 @@ class _Reply:
 
         if self.kind == "chat":
             for index in range(self.n):
-                yield event(self._envelope([{"index": index, "delta": {"role": "assistant", "content": ""},
-                                              "finish_reason": None}], chunk=True))
+                yield event(
+                    self._envelope(
+                        [{"index": index, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}],
+                        chunk=True,
+                    )
+                )
         used = 0
         try:
             async for kind, index, payload in run.events_until_done():
@@ -212,7 +256,9 @@ class _Reply:
                     sequence = payload.sequence
                     used += sequence.completion_tokens
                     end = {"delta": {}} if self.kind == "chat" else {"text": ""}
-                    yield event(self._envelope([{"index": index, **end, "finish_reason": sequence.finish_reason}], chunk=True))
+                    yield event(
+                        self._envelope([{"index": index, **end, "finish_reason": sequence.finish_reason}], chunk=True)
+                    )
         except Exception as error:  # headers are sent: report in the stream, as OpenAI does
             logger.exception("Generation failed while streaming")
             yield event(error_body(f"Generation failed: {error}", "server_error"))
@@ -221,9 +267,16 @@ class _Reply:
         yield "data: [DONE]\n\n"
 
 
-def api_command(config_path: str, overrides: list[str], host: str = "127.0.0.1", port: int = 8000,
-                api_key: str | None = None, model_name: str | None = None, max_tokens: int | None = None,
-                max_batch: int = 16) -> int:
+def api_command(
+    config_path: str,
+    overrides: list[str],
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    api_key: str | None = None,
+    model_name: str | None = None,
+    max_tokens: int | None = None,
+    max_batch: int = 16,
+) -> int:
     from lathe.llm.inference.config import parse_infer_config
 
     _fastapi()
@@ -234,7 +287,10 @@ def api_command(config_path: str, overrides: list[str], host: str = "127.0.0.1",
     name = model_name or os.path.basename(os.path.normpath(config.model.model_name_or_path))
     limits = Limits(max_tokens=max_tokens or config.generating.max_new_tokens)
     app = create_app(engine, name, api_key=api_key, limits=limits)
-    print(f"lathe api: serving {name!r} on http://{host}:{port}/v1 "
-          f"({'API key required' if api_key else 'no API key'}; max_tokens up to {limits.max_tokens})", flush=True)
+    print(
+        f"lathe api: serving {name!r} on http://{host}:{port}/v1 "
+        f"({'API key required' if api_key else 'no API key'}; max_tokens up to {limits.max_tokens})",
+        flush=True,
+    )
     uvicorn.run(app, host=host, port=port, log_level="warning")
     return 0

@@ -2,6 +2,7 @@
 trained with. Replies stream as they are generated; `clear` forgets the conversation, `exit` (or
 end of input) quits. Generation settings come from the config's generation keys, overridable on the
 command line (`temperature=0.2 max_new_tokens=128`)."""
+
 from __future__ import annotations
 
 import sys
@@ -13,6 +14,7 @@ WELCOME = "Chat with the model: `clear` forgets the conversation, `exit` quits."
 
 def chat_loop(engine: ChatEngine, system: str | None = None, read=input, write=None) -> int:
     """The loop itself; `read(prompt)` gives a line (EOFError ends), `write(text)` prints."""
+
     def default_write(text: str) -> None:
         sys.stdout.write(text)
         sys.stdout.flush()
@@ -34,7 +36,9 @@ def chat_loop(engine: ChatEngine, system: str | None = None, read=input, write=N
             continue
         if not query:
             continue
-        messages = ([{"role": "system", "content": system}] if system else []) + history + [{"role": "user", "content": query}]
+        messages = (
+            ([{"role": "system", "content": system}] if system else []) + history + [{"role": "user", "content": query}]
+        )
         try:
             prompt_ids = engine.chat_prompt(messages)
             params = engine.check_length(prompt_ids, engine.default_params())

@@ -9,6 +9,7 @@ function message), so the prompt is token for token what the model saw in traini
 Scheduling: requests queue; a worker thread takes up to `max_batch` of them and decodes them as one
 batch (lathe/llm/inference/generation.py). A request that arrives meanwhile waits for the next batch.
 """
+
 from __future__ import annotations
 
 import json
@@ -39,8 +40,11 @@ def message_text(content, where: str) -> str:
         parts = []
         for index, part in enumerate(content):
             if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
-                raise InvalidRequest(f"{where}.content[{index}] must be a text part ({{'type': 'text', 'text': ...}}); "
-                                     "images and audio are not supported.", param=f"{where}.content")
+                raise InvalidRequest(
+                    f"{where}.content[{index}] must be a text part ({{'type': 'text', 'text': ...}}); "
+                    "images and audio are not supported.",
+                    param=f"{where}.content",
+                )
             parts.append(part["text"])
         return "".join(parts)
     if content is None:
@@ -68,17 +72,24 @@ def to_template_messages(messages) -> tuple[list[dict], str | None]:
             continue
         expected_user = len(turns) % 2 == 0
         if (role in ("user", "tool")) != expected_user:
-            raise InvalidRequest(f"{where}.role is {role!r}, but turns must alternate user (or tool) and assistant, "
-                                 f"starting with user.", param=f"{where}.role")
+            raise InvalidRequest(
+                f"{where}.role is {role!r}, but turns must alternate user (or tool) and assistant, starting with user.",
+                param=f"{where}.role",
+            )
         if role == "assistant" and message.get("tool_calls"):
-            calls = [{"name": call["function"]["name"], "arguments": json.loads(call["function"]["arguments"])}
-                     for call in _tool_calls(message["tool_calls"], where)]
+            calls = [
+                {"name": call["function"]["name"], "arguments": json.loads(call["function"]["arguments"])}
+                for call in _tool_calls(message["tool_calls"], where)
+            ]
             turns.append({"role": "function", "content": json.dumps(calls, ensure_ascii=False)})
         else:
-            turns.append({"role": {"user": "user", "tool": "observation", "assistant": "assistant"}[role], "content": text})
+            turns.append(
+                {"role": {"user": "user", "tool": "observation", "assistant": "assistant"}[role], "content": text}
+            )
     if len(turns) % 2 == 0:
-        raise InvalidRequest("The last message must be from the user (or a tool result): there is nothing to answer.",
-                             param="messages")
+        raise InvalidRequest(
+            "The last message must be from the user (or a tool result): there is nothing to answer.", param="messages"
+        )
     return turns, system
 
 
@@ -88,8 +99,10 @@ def _tool_calls(calls, where: str) -> list:
             json.loads(call["function"]["arguments"])
             str(call["function"]["name"])
     except (TypeError, KeyError, ValueError):
-        raise InvalidRequest(f"{where}.tool_calls must be a list of {{'function': {{'name', 'arguments' (JSON)}}}}.",
-                             param=f"{where}.tool_calls") from None
+        raise InvalidRequest(
+            f"{where}.tool_calls must be a list of {{'function': {{'name', 'arguments' (JSON)}}}}.",
+            param=f"{where}.tool_calls",
+        ) from None
     return calls
 
 
@@ -126,8 +139,9 @@ class ChatEngine:
         turns, system = to_template_messages(messages)
         tools_text = json.dumps(tools, ensure_ascii=False) if tools else None
         try:
-            prompt_ids, _ = self.template.encode_oneturn(self.tokenizer, turns + [{"role": "assistant", "content": ""}],
-                                                         system=system, tools=tools_text)
+            prompt_ids, _ = self.template.encode_oneturn(
+                self.tokenizer, turns + [{"role": "assistant", "content": ""}], system=system, tools=tools_text
+            )
         except InvalidMessage as error:
             raise InvalidRequest(str(error), param="messages") from None
         return prompt_ids
@@ -139,8 +153,14 @@ class ChatEngine:
 
     def default_params(self, **overrides) -> SamplingParams:
         g = self.generating
-        values = dict(max_new_tokens=g.max_new_tokens, temperature=g.temperature, top_p=g.top_p, top_k=g.top_k,
-                      do_sample=g.do_sample, repetition_penalty=g.repetition_penalty)
+        values = dict(
+            max_new_tokens=g.max_new_tokens,
+            temperature=g.temperature,
+            top_p=g.top_p,
+            top_k=g.top_k,
+            do_sample=g.do_sample,
+            repetition_penalty=g.repetition_penalty,
+        )
         values.update({k: v for k, v in overrides.items() if v is not None})
         return SamplingParams(**values)
 
@@ -148,8 +168,11 @@ class ChatEngine:
         """A prompt that fills the context is an error; otherwise max_new_tokens is cut to what fits."""
         room = self.context_length - len(prompt_ids)
         if room <= 0:
-            raise InvalidRequest(f"The prompt is {len(prompt_ids)} tokens; the model's context is {self.context_length}.",
-                                 param="messages", code="context_length_exceeded")
+            raise InvalidRequest(
+                f"The prompt is {len(prompt_ids)} tokens; the model's context is {self.context_length}.",
+                param="messages",
+                code="context_length_exceeded",
+            )
         params.max_new_tokens = min(params.max_new_tokens, room)
         return params
 

@@ -7,6 +7,7 @@ top-p, its own random generator (seed), its own stop conditions (the template's 
 strings, max_new_tokens). Text is streamed as it becomes final: never half a UTF-8 character, never
 the start of what may turn out to be a stop string.
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -34,6 +35,7 @@ class SamplingParams:
 @dataclass
 class Sequence:
     """One row of a batch: a prompt, its settings, and what has been generated so far."""
+
     prompt_ids: list[int]
     params: SamplingParams
     on_text: Callable[[str], None] | None = None  # called with each new piece of final text
@@ -67,8 +69,13 @@ class BatchGenerator:
         cache, steps = None, max(seq.params.max_new_tokens for seq in sequences)
         with torch.inference_mode():
             for _ in range(steps):
-                output = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                                    past_key_values=cache, use_cache=True)
+                output = self.model(
+                    input_ids=input_ids,
+                    attention_mask=attention_mask,
+                    position_ids=position_ids,
+                    past_key_values=cache,
+                    use_cache=True,
+                )
                 cache = output.past_key_values
                 logits = output.logits[:, -1, :].float()
                 next_ids = []
@@ -94,7 +101,9 @@ class BatchGenerator:
         if params.repetition_penalty != 1.0:
             seen = torch.tensor(sorted(set(seq.prompt_ids + seq.generated)), device=logits.device)
             values = logits[seen]
-            logits[seen] = torch.where(values > 0, values / params.repetition_penalty, values * params.repetition_penalty)
+            logits[seen] = torch.where(
+                values > 0, values / params.repetition_penalty, values * params.repetition_penalty
+            )
         if seq.generated and (params.presence_penalty or params.frequency_penalty):
             ids, counts = torch.tensor(seq.generated, device=logits.device).unique(return_counts=True)
             logits[ids] -= params.presence_penalty + params.frequency_penalty * counts.to(logits.dtype)
@@ -138,7 +147,7 @@ class BatchGenerator:
             final = min(final, _stop_prefix_start(seq.text, seq.params.stop, seq.sent))
         if final > seq.sent and seq.on_text is not None:
             try:
-                seq.on_text(seq.text[seq.sent:final])
+                seq.on_text(seq.text[seq.sent : final])
             except Exception:  # a listener that went away must not stop the other rows of the batch
                 seq.on_text = None
         seq.sent = max(seq.sent, final)
@@ -151,8 +160,8 @@ class BatchGenerator:
         input_ids = torch.full((len(rows), length), self.pad_id, dtype=torch.long)
         attention_mask = torch.zeros((len(rows), length), dtype=torch.long)
         for index, row in enumerate(rows):
-            input_ids[index, length - len(row):] = torch.tensor(row, dtype=torch.long)
-            attention_mask[index, length - len(row):] = 1
+            input_ids[index, length - len(row) :] = torch.tensor(row, dtype=torch.long)
+            attention_mask[index, length - len(row) :] = 1
         return input_ids.to(device), attention_mask.to(device)
 
     @staticmethod

@@ -1,6 +1,7 @@
 """The model, tokenizer and template that `lathe chat`, `lathe api` and `lathe export` serve: the same
 loading code and the same template as training, so what is served renders conversations and stops
 exactly as it was trained to."""
+
 from __future__ import annotations
 
 import copy

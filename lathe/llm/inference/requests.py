@@ -1,5 +1,6 @@
 """OpenAI request bodies -> what the engine needs, checked field by field: every mistake becomes an
 InvalidRequest naming the field (a 400 with OpenAI's error body), never a crash in the server."""
+
 from __future__ import annotations
 
 import json
@@ -25,11 +26,14 @@ def parse_body(raw: bytes, limits: Limits):
     """The request body as JSON, its size and nesting depth checked before it is parsed: Python's parser
     recurses once per level, so 50,000 nested lists would end in a RecursionError, not a 400."""
     if len(raw) > limits.max_body_bytes:
-        raise InvalidRequest(f"The request body is larger than {limits.max_body_bytes} bytes.", code="request_too_large")
+        raise InvalidRequest(
+            f"The request body is larger than {limits.max_body_bytes} bytes.", code="request_too_large"
+        )
     depth = json_depth(raw)
     if depth > limits.max_json_depth:
-        raise InvalidRequest(f"The request body nests JSON {depth} levels deep; at most {limits.max_json_depth} "
-                             f"are allowed.")
+        raise InvalidRequest(
+            f"The request body nests JSON {depth} levels deep; at most {limits.max_json_depth} are allowed."
+        )
     try:
         body = json.loads(raw)
     except (ValueError, UnicodeDecodeError) as error:
@@ -39,8 +43,9 @@ def parse_body(raw: bytes, limits: Limits):
     try:  # "\ud800" is valid JSON but no character: the tokenizer could not take it
         json.dumps(body, ensure_ascii=False).encode("utf-8")
     except UnicodeEncodeError as error:
-        raise InvalidRequest(f"The request body holds {error.object[error.start]!r}, a lone surrogate that is not a "
-                             f"Unicode character.") from None
+        raise InvalidRequest(
+            f"The request body holds {error.object[error.start]!r}, a lone surrogate that is not a Unicode character."
+        ) from None
     return body
 
 
@@ -81,7 +86,9 @@ def _stop(body: dict) -> list[str]:
         return []
     stops = [stop] if isinstance(stop, str) else stop
     if not isinstance(stops, list) or not all(isinstance(s, str) and s for s in stops) or len(stops) > MAX_STOP_STRINGS:
-        raise InvalidRequest(f"stop must be a non-empty string or a list of at most {MAX_STOP_STRINGS} of them.", param="stop")
+        raise InvalidRequest(
+            f"stop must be a non-empty string or a list of at most {MAX_STOP_STRINGS} of them.", param="stop"
+        )
     return stops
 
 
@@ -101,13 +108,16 @@ def parse_common(body: dict, engine, limits: Limits) -> ParsedRequest:
     if body.get("model") is not None and not isinstance(body["model"], str):
         raise InvalidRequest("model must be a string.", param="model")
     if _flag(body, "logprobs") or body.get("logit_bias"):
-        raise InvalidRequest("logprobs and logit_bias are not supported.", param="logprobs" if body.get("logprobs") else "logit_bias")
+        raise InvalidRequest(
+            "logprobs and logit_bias are not supported.", param="logprobs" if body.get("logprobs") else "logit_bias"
+        )
     max_tokens = _number(body, "max_completion_tokens", 1, float("inf"), integer=True)
     if max_tokens is None:
         max_tokens = _number(body, "max_tokens", 1, float("inf"), integer=True)
     if max_tokens is not None and max_tokens > limits.max_tokens:
-        raise InvalidRequest(f"max_tokens {max_tokens} is above this server's limit of {limits.max_tokens}.",
-                             param="max_tokens")
+        raise InvalidRequest(
+            f"max_tokens {max_tokens} is above this server's limit of {limits.max_tokens}.", param="max_tokens"
+        )
     temperature = _number(body, "temperature", 0, 2)
     top_p = _number(body, "top_p", 0, 1)
     if top_p == 0:
@@ -116,13 +126,18 @@ def parse_common(body: dict, engine, limits: Limits) -> ParsedRequest:
     seed = _number(body, "seed", -(2**63), 2**63 - 1, integer=True)
     stream = _flag(body, "stream")
     options = body.get("stream_options")
-    if options is not None and (not isinstance(options, dict) or not isinstance(options.get("include_usage", False), bool)):
-        raise InvalidRequest("stream_options must be an object like {\"include_usage\": true}.", param="stream_options")
+    if options is not None and (
+        not isinstance(options, dict) or not isinstance(options.get("include_usage", False), bool)
+    ):
+        raise InvalidRequest('stream_options must be an object like {"include_usage": true}.', param="stream_options")
     if options is not None and not stream:
         raise InvalidRequest("stream_options is only allowed with stream: true.", param="stream_options")
     params = engine.default_params(
         max_new_tokens=min(max_tokens or engine.generating.max_new_tokens, limits.max_tokens),
-        temperature=temperature, top_p=top_p, seed=seed, stop=_stop(body),
+        temperature=temperature,
+        top_p=top_p,
+        seed=seed,
+        stop=_stop(body),
         presence_penalty=_number(body, "presence_penalty", -2, 2) or 0.0,
         frequency_penalty=_number(body, "frequency_penalty", -2, 2) or 0.0,
     )
@@ -140,9 +155,15 @@ def _check_tool_call_arguments(messages, limits: Limits) -> None:
         for call in calls if isinstance(calls, list) else []:
             function = call.get("function") if isinstance(call, dict) else None
             arguments = function.get("arguments") if isinstance(function, dict) else None
-            if isinstance(arguments, str) and json_depth(arguments.encode("utf-8", "surrogatepass")) > limits.max_json_depth:
-                raise InvalidRequest(f"messages[{index}].tool_calls: the arguments nest JSON more than "
-                                     f"{limits.max_json_depth} levels deep.", param=f"messages[{index}].tool_calls")
+            if (
+                isinstance(arguments, str)
+                and json_depth(arguments.encode("utf-8", "surrogatepass")) > limits.max_json_depth
+            ):
+                raise InvalidRequest(
+                    f"messages[{index}].tool_calls: the arguments nest JSON more than "
+                    f"{limits.max_json_depth} levels deep.",
+                    param=f"messages[{index}].tool_calls",
+                )
 
 
 def parse_chat(body: dict, engine, limits: Limits) -> tuple[list[int], ParsedRequest]:

@@ -1,5 +1,6 @@
 """The fine-tuning methods: which parameters train. full (all), freeze (chosen hidden layers and
 modules, or LLaMA Pro's expanded blocks), lora / oft (peft adapters, lathe.llm.model.lora)."""
+
 from __future__ import annotations
 
 import logging
@@ -8,8 +9,14 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from lathe.llm.config import FinetuningArguments, ModelArguments
 
-__all__ = ["init_adapter", "count_parameters", "find_all_linear_modules", "find_layer_stack", "describe_trainable",
-           "OUTPUT_HEAD_NAMES"]
+__all__ = [
+    "init_adapter",
+    "count_parameters",
+    "find_all_linear_modules",
+    "find_layer_stack",
+    "describe_trainable",
+    "OUTPUT_HEAD_NAMES",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -36,7 +43,9 @@ def count_parameters(model) -> tuple[int, int]:
 
 def describe_trainable(model) -> str:
     trainable, total = count_parameters(model)
-    return f"trainable params: {trainable:,} || all params: {total:,} || trainable%: {100 * trainable / max(total, 1):.4f}"
+    return (
+        f"trainable params: {trainable:,} || all params: {total:,} || trainable%: {100 * trainable / max(total, 1):.4f}"
+    )
 
 
 def init_adapter(model, model_args: "ModelArguments", finetuning_args: "FinetuningArguments", is_trainable: bool):
@@ -79,7 +88,11 @@ def find_layer_stack(model) -> tuple[str, int]:
     import torch
 
     config = getattr(model.config, "text_config", None) or model.config
-    num_layers = getattr(config, "num_hidden_layers", None) or getattr(config, "num_layers", None) or getattr(config, "n_layer", None)
+    num_layers = (
+        getattr(config, "num_hidden_layers", None)
+        or getattr(config, "num_layers", None)
+        or getattr(config, "n_layer", None)
+    )
     if not num_layers:
         raise ValueError(f"freeze: {type(model).__name__}'s config does not say how many hidden layers it has.")
     for name, module in model.named_modules():
@@ -92,7 +105,9 @@ def _setup_freeze(model, finetuning_args: "FinetuningArguments") -> None:
     stack, num_layers = find_layer_stack(model)
     count = finetuning_args.freeze_trainable_layers
     if count == 0:
-        raise ValueError("freeze_trainable_layers must be non-zero: n > 0 trains the last n layers, n < 0 the first -n.")
+        raise ValueError(
+            "freeze_trainable_layers must be non-zero: n > 0 trains the last n layers, n < 0 the first -n."
+        )
     if finetuning_args.use_llama_pro:
         from lathe.llm.model.llama_pro import expanded_layer_ids
 
@@ -104,12 +119,14 @@ def _setup_freeze(model, finetuning_args: "FinetuningArguments") -> None:
 
     names = [name for name, _ in model.named_parameters()]
     layer_zero = f"{stack}.0."
-    inside_layer = {name[len(layer_zero):] for name in names if name.startswith(layer_zero)}
+    inside_layer = {name[len(layer_zero) :] for name in names if name.startswith(layer_zero)}
     trainable_prefixes = []
     for module in finetuning_args.freeze_trainable_modules:
         if module != "all" and not any(path == module or path.startswith(module + ".") for path in inside_layer):
             choices = sorted({path.split(".")[0] for path in inside_layer})
-            raise ValueError(f"freeze_trainable_modules: no module {module!r} in the hidden layers; choose from {', '.join(choices)} or all.")
+            raise ValueError(
+                f"freeze_trainable_modules: no module {module!r} in the hidden layers; choose from {', '.join(choices)} or all."
+            )
         suffix = "" if module == "all" else module + "."
         trainable_prefixes += [f"{stack}.{index}.{suffix}" for index in layer_ids]
 
@@ -120,11 +137,20 @@ def _setup_freeze(model, finetuning_args: "FinetuningArguments") -> None:
     extra = finetuning_args.freeze_extra_modules or []
     for module in extra:
         if module not in outside:
-            raise ValueError(f"freeze_extra_modules: no module {module!r} outside the hidden layers; choose from {', '.join(sorted(outside))}.")
+            raise ValueError(
+                f"freeze_extra_modules: no module {module!r} outside the hidden layers; choose from {', '.join(sorted(outside))}."
+            )
 
     for name, param in model.named_parameters():
-        param.requires_grad_(any(name.startswith(prefix) for prefix in trainable_prefixes) or any(module in name for module in extra))
-    logger.info("freeze: training layers %s of %s (%s)", list(layer_ids), stack, ",".join(finetuning_args.freeze_trainable_modules))
+        param.requires_grad_(
+            any(name.startswith(prefix) for prefix in trainable_prefixes) or any(module in name for module in extra)
+        )
+    logger.info(
+        "freeze: training layers %s of %s (%s)",
+        list(layer_ids),
+        stack,
+        ",".join(finetuning_args.freeze_trainable_modules),
+    )
 
 
 def find_all_linear_modules(model) -> list[str]:

@@ -1,5 +1,6 @@
 """Loading the tokenizer and the model from a local folder (or building the model from its config),
 in the dtype and attention implementation the config asks for, with the fine-tuning method applied."""
+
 from __future__ import annotations
 
 import logging
@@ -18,7 +19,11 @@ logger = logging.getLogger(__name__)
 
 # flash_attn (LLaMA-Factory's key) -> transformers' attn_implementation; auto keeps the model's default.
 ATTENTION_IMPLEMENTATIONS = {
-    "auto": None, "disabled": "eager", "sdpa": "sdpa", "fa2": "flash_attention_2", "fa3": "flash_attention_3",
+    "auto": None,
+    "disabled": "eager",
+    "sdpa": "sdpa",
+    "fa2": "flash_attention_2",
+    "fa3": "flash_attention_3",
 }
 NORM_NAME_PARTS = ("norm", "ln")
 
@@ -52,8 +57,12 @@ def load_tokenizer(model_args: "ModelArguments"):
     folder = _model_folder(model_args)
     try:
         tokenizer = AutoTokenizer.from_pretrained(
-            folder, use_fast=model_args.use_fast_tokenizer, split_special_tokens=model_args.split_special_tokens,
-            padding_side="right", trust_remote_code=model_args.trust_remote_code, local_files_only=True,
+            folder,
+            use_fast=model_args.use_fast_tokenizer,
+            split_special_tokens=model_args.split_special_tokens,
+            padding_side="right",
+            trust_remote_code=model_args.trust_remote_code,
+            local_files_only=True,
         )
     except (OSError, ValueError) as error:
         raise OSError(f"Could not load a tokenizer from {folder} (model_name_or_path): {error}") from error
@@ -97,8 +106,13 @@ def weights_dtype(model_args: "ModelArguments", is_trainable: bool, config=None)
     return saved or torch.float32
 
 
-def load_model(tokenizer, model_args: "ModelArguments", finetuning_args: "FinetuningArguments", is_trainable: bool = False,
-               meta: bool = False):
+def load_model(
+    tokenizer,
+    model_args: "ModelArguments",
+    finetuning_args: "FinetuningArguments",
+    is_trainable: bool = False,
+    meta: bool = False,
+):
     """The causal LM of `model_name_or_path` (or a fresh one from its config with train_from_scratch),
     with full/freeze/lora set up for training, or frozen in eval mode for inference.
 
@@ -163,11 +177,16 @@ def _fit_embeddings_to(model, tokenizer, model_args: "ModelArguments") -> None:
     tokenizer ids the embeddings have no rows for."""
     if len(tokenizer) > model.get_input_embeddings().weight.size(0) and not model_args.resize_vocab:
         if is_quantized(model):
-            raise ValueError(f"The tokenizer has {len(tokenizer)} tokens but the quantized model only "
-                             f"{model.get_input_embeddings().weight.size(0)} embedding rows, and quantized embeddings "
-                             "cannot be resized: train without quantization_bit, or with a template that adds no tokens.")
-        logger.warning("The tokenizer has %d tokens but the model only %d embedding rows: resizing (resize_vocab).",
-                       len(tokenizer), model.get_input_embeddings().weight.size(0))
+            raise ValueError(
+                f"The tokenizer has {len(tokenizer)} tokens but the quantized model only "
+                f"{model.get_input_embeddings().weight.size(0)} embedding rows, and quantized embeddings "
+                "cannot be resized: train without quantization_bit, or with a template that adds no tokens."
+            )
+        logger.warning(
+            "The tokenizer has %d tokens but the model only %d embedding rows: resizing (resize_vocab).",
+            len(tokenizer),
+            model.get_input_embeddings().weight.size(0),
+        )
         model_args.resize_vocab = True
     if model_args.resize_vocab:
         _resize_embeddings(model, tokenizer)
@@ -176,7 +195,12 @@ def _fit_embeddings_to(model, tokenizer, model_args: "ModelArguments") -> None:
 def _report_parameters(model, model_args: "ModelArguments", is_trainable: bool) -> None:
     trainable, total = count_parameters(model)
     if is_trainable:
-        logger.info("trainable params: %s || all params: %s || trainable%%: %.4f", f"{trainable:,}", f"{total:,}", 100 * trainable / total)
+        logger.info(
+            "trainable params: %s || all params: %s || trainable%%: %.4f",
+            f"{trainable:,}",
+            f"{total:,}",
+            100 * trainable / total,
+        )
     else:
         logger.info("all params: %s", f"{total:,}")
     if model_args.print_param_status:

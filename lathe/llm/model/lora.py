@@ -2,6 +2,7 @@
 adapter_name_or_path, target discovery (all, names, a regular expression, LLaMA Pro's expanded blocks),
 rsLoRA, DoRA, PiSSA initialisation, additional_target; OFT with its block keys. Adapters save in peft's
 format (adapter_model.safetensors + adapter_config.json)."""
+
 from __future__ import annotations
 
 import logging
@@ -29,10 +30,16 @@ def setup_peft(model, model_args: "ModelArguments", finetuning_args: "Finetuning
     adapters = list(model_args.adapter_name_or_path or [])
     for adapter in adapters:
         if not (Path(adapter) / "adapter_config.json").is_file():
-            raise FileNotFoundError(f"adapter_name_or_path: {adapter!r} has no adapter_config.json (a peft adapter folder is expected).")
+            raise FileNotFoundError(
+                f"adapter_name_or_path: {adapter!r} has no adapter_config.json (a peft adapter folder is expected)."
+            )
     # Merging into quantized weights would round the update away: a quantized base keeps its (single) adapter apart.
     mergeable = not is_quantized(model)
-    resume = adapters[-1] if adapters and ((is_trainable and not finetuning_args.create_new_adapter) or not mergeable) else None
+    resume = (
+        adapters[-1]
+        if adapters and ((is_trainable and not finetuning_args.create_new_adapter) or not mergeable)
+        else None
+    )
     to_merge = adapters[:-1] if resume else adapters
     for adapter in to_merge:
         model = PeftModel.from_pretrained(model, adapter).merge_and_unload()
@@ -53,10 +60,14 @@ def resolve_targets(model, finetuning_args: "FinetuningArguments"):
     requested = finetuning_args.oft_target if oft else finetuning_args.lora_target
     if isinstance(requested, str):  # a regular expression, matched against whole module paths (peft's rule)
         if finetuning_args.use_llama_pro:
-            raise ValueError(f"{key}: use_llama_pro picks the expanded blocks itself: give module names, not a regular expression.")
+            raise ValueError(
+                f"{key}: use_llama_pro picks the expanded blocks itself: give module names, not a regular expression."
+            )
         if not any(re.fullmatch(requested, name) for name, _ in model.named_modules()):
-            raise ValueError(f"{key}: the regular expression {requested!r} matches no module path "
-                             f"(paths look like {_example_path(model)!r}).")
+            raise ValueError(
+                f"{key}: the regular expression {requested!r} matches no module path "
+                f"(paths look like {_example_path(model)!r})."
+            )
         return requested
     targets = find_all_linear_modules(model) if requested == ["all"] else list(requested)
     if requested != ["all"]:
@@ -78,7 +89,9 @@ def _check_targets(model, targets: list[str], key: str) -> None:
     qualified = [name for name, _ in model.named_modules()]
     missing = [t for t in targets if t not in available and not any(q.endswith("." + t) or q == t for q in qualified)]
     if missing:
-        raise ValueError(f"{key}: no module named {', '.join(missing)}; linear layers here: {', '.join(find_all_linear_modules(model))}.")
+        raise ValueError(
+            f"{key}: no module named {', '.join(missing)}; linear layers here: {', '.join(find_all_linear_modules(model))}."
+        )
 
 
 def _new_adapter(model, model_args: "ModelArguments", finetuning_args: "FinetuningArguments"):
@@ -89,16 +102,29 @@ def _new_adapter(model, model_args: "ModelArguments", finetuning_args: "Finetuni
     targets = resolve_targets(model, finetuning_args)
     if finetuning_args.additional_target:
         _check_targets(model, finetuning_args.additional_target, "additional_target")
-    if finetuning_args.use_dora and is_quantized(model) and getattr(model, "quantization_method", None) != "bitsandbytes":
-        raise ValueError("use_dora: DoRA works on bitsandbytes-quantized bases only, not on pre-quantized (GPTQ/AWQ/AQLM) ones.")
+    if (
+        finetuning_args.use_dora
+        and is_quantized(model)
+        and getattr(model, "quantization_method", None) != "bitsandbytes"
+    ):
+        raise ValueError(
+            "use_dora: DoRA works on bitsandbytes-quantized bases only, not on pre-quantized (GPTQ/AWQ/AQLM) ones."
+        )
     if model_args.resize_vocab and finetuning_args.additional_target is None:
         # New token rows must train, or the added tokens keep their initial embeddings.
-        finetuning_args.additional_target = sorted({
-            name.split(".")[-1] for name, module in model.named_modules()
-            if module is model.get_input_embeddings() or module is model.get_output_embeddings()
-        })
+        finetuning_args.additional_target = sorted(
+            {
+                name.split(".")[-1]
+                for name, module in model.named_modules()
+                if module is model.get_input_embeddings() or module is model.get_output_embeddings()
+            }
+        )
         logger.info("resize_vocab: training %s in full with the adapter.", ",".join(finetuning_args.additional_target))
-    config = _oft_config(targets, finetuning_args) if finetuning_args.finetuning_type == "oft" else _lora_config(targets, finetuning_args)
+    config = (
+        _oft_config(targets, finetuning_args)
+        if finetuning_args.finetuning_type == "oft"
+        else _lora_config(targets, finetuning_args)
+    )
     return get_peft_model(model, config)
 
 
@@ -108,12 +134,24 @@ def _lora_config(targets, args: "FinetuningArguments"):
     init = True
     if args.pissa_init:
         init = "pissa" if args.pissa_iter == -1 else f"pissa_niter_{args.pissa_iter}"
-        logger.info("PiSSA initialisation (%s)", "exact SVD" if args.pissa_iter == -1 else f"{args.pissa_iter} fast-SVD iterations")
-    logger.info("%s on %s (rank %d, alpha %d)", "DoRA" if args.use_dora else "LoRA", targets, args.lora_rank, args.lora_alpha)
+        logger.info(
+            "PiSSA initialisation (%s)",
+            "exact SVD" if args.pissa_iter == -1 else f"{args.pissa_iter} fast-SVD iterations",
+        )
+    logger.info(
+        "%s on %s (rank %d, alpha %d)", "DoRA" if args.use_dora else "LoRA", targets, args.lora_rank, args.lora_alpha
+    )
     return LoraConfig(
-        task_type=TaskType.CAUSAL_LM, inference_mode=False, r=args.lora_rank, lora_alpha=args.lora_alpha,
-        lora_dropout=args.lora_dropout, target_modules=targets, use_rslora=args.use_rslora, use_dora=args.use_dora,
-        modules_to_save=args.additional_target, init_lora_weights=init,
+        task_type=TaskType.CAUSAL_LM,
+        inference_mode=False,
+        r=args.lora_rank,
+        lora_alpha=args.lora_alpha,
+        lora_dropout=args.lora_dropout,
+        target_modules=targets,
+        use_rslora=args.use_rslora,
+        use_dora=args.use_dora,
+        modules_to_save=args.additional_target,
+        init_lora_weights=init,
     )
 
 
@@ -123,8 +161,13 @@ def _oft_config(targets, args: "FinetuningArguments"):
     logger.info("OFT on %s (oft_rank %d, oft_block_size %d)", targets, args.oft_rank, args.oft_block_size)
     try:
         return OFTConfig(
-            task_type=TaskType.CAUSAL_LM, inference_mode=False, r=args.oft_rank, oft_block_size=args.oft_block_size,
-            target_modules=targets, module_dropout=args.module_dropout, modules_to_save=args.additional_target,
+            task_type=TaskType.CAUSAL_LM,
+            inference_mode=False,
+            r=args.oft_rank,
+            oft_block_size=args.oft_block_size,
+            target_modules=targets,
+            module_dropout=args.module_dropout,
+            modules_to_save=args.additional_target,
         )
     except ValueError as error:  # peft's own check of the block layout, e.g. sizes that do not divide
         raise ValueError(f"oft_rank / oft_block_size: {error}") from error

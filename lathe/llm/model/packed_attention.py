@@ -15,6 +15,7 @@ through a per-name mask function (AttentionMaskInterface). Under the name `lathe
 - the attention function runs causal sdpa per example on that row, and plain sdpa otherwise.
 The result equals the masked computation (tests/llm/test_packed_attention.py: outputs and gradients).
 """
+
 from __future__ import annotations
 
 import logging
@@ -41,8 +42,9 @@ def _example_bounds(query, kwargs) -> list[int] | None:
     return starts + [query.shape[2]]
 
 
-def packed_sdpa_attention(module, query, key, value, attention_mask, dropout: float = 0.0, scaling=None,
-                          is_causal=None, **kwargs):
+def packed_sdpa_attention(
+    module, query, key, value, attention_mask, dropout: float = 0.0, scaling=None, is_causal=None, **kwargs
+):
     """query/key/value: (batch, heads, length, head_dim); returns (batch, length, heads, head_dim), None."""
     import torch
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
@@ -50,8 +52,9 @@ def packed_sdpa_attention(module, query, key, value, attention_mask, dropout: fl
     same_length = query.shape[2] == key.shape[2]
     bounds = _example_bounds(query, kwargs) if attention_mask is None and query.shape[0] == 1 and same_length else None
     if bounds is None or len(bounds) <= 2:
-        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
-                                      is_causal=is_causal, **kwargs)
+        return sdpa_attention_forward(
+            module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, is_causal=is_causal, **kwargs
+        )
     # split, not slices: the backward of a split is one concatenation, of a slice a zero-filled
     # full-size gradient per example (a sixth of the step here).
     lengths = [end - start for start, end in zip(bounds[:-1], bounds[1:])]
@@ -62,16 +65,24 @@ def packed_sdpa_attention(module, query, key, value, attention_mask, dropout: fl
     return torch.cat(outputs, dim=1), None
 
 
-def packed_sdpa_mask(batch_size: int, q_length: int, kv_length: int, q_offset: int = 0, kv_offset: int = 0,
-                     attention_mask=None, **kwargs):
+def packed_sdpa_mask(
+    batch_size: int, q_length: int, kv_length: int, q_offset: int = 0, kv_offset: int = 0, attention_mask=None, **kwargs
+):
     """No mask for a one-row batch without padding mask and without a cache (the packed training row,
     or one prompt); sdpa's mask for everything else."""
     from transformers.masking_utils import sdpa_mask
 
     if attention_mask is None and batch_size == 1 and q_length == kv_length and q_offset == 0 and kv_offset == 0:
         return None
-    return sdpa_mask(batch_size=batch_size, q_length=q_length, kv_length=kv_length, q_offset=q_offset,
-                     kv_offset=kv_offset, attention_mask=attention_mask, **kwargs)
+    return sdpa_mask(
+        batch_size=batch_size,
+        q_length=q_length,
+        kv_length=kv_length,
+        q_offset=q_offset,
+        kv_offset=kv_offset,
+        attention_mask=attention_mask,
+        **kwargs,
+    )
 
 
 def register() -> None:

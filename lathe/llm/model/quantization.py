@@ -8,6 +8,7 @@ quantized weights). HQQ and EETQ run on a GPU only: transformers refuses HQQ wit
 EETQ's kernels are CUDA code. Pre-quantized checkpoints need their packages (transformers' loaders
 name them); a missing one is an error that names it before any weight is read.
 """
+
 from __future__ import annotations
 
 import logging
@@ -88,8 +89,10 @@ def configure_quantization(config, model_args, compute_dtype) -> dict[str, Any]:
     package, hint = _ON_THE_FLY_PACKAGES[method]
     device = training_device()
     if method in ("hqq", "eetq") and device.type != "cuda":
-        raise ValueError(f"quantization_method: {method} runs on a GPU only (transformers refuses it on the CPU); "
-                         "use quantization_method: bnb, which trains 4- and 8-bit bases on the CPU too.")
+        raise ValueError(
+            f"quantization_method: {method} runs on a GPU only (transformers refuses it on the CPU); "
+            "use quantization_method: bnb, which trains 4- and 8-bit bases on the CPU too."
+        )
     if _missing(package):
         raise ImportError(f"quantization_method: {method} needs the {package} package: {hint}")
     kwargs = {"quantization_config": _quantization_config(method, model_args, compute_dtype)}
@@ -113,8 +116,11 @@ def _quantization_config(method: str, model_args, compute_dtype):
         return transformers.BitsAndBytesConfig(load_in_8bit=True)
     if method == "bnb":
         return transformers.BitsAndBytesConfig(
-            load_in_4bit=True, bnb_4bit_compute_dtype=compute_dtype, bnb_4bit_use_double_quant=model_args.double_quantization,
-            bnb_4bit_quant_type=model_args.quantization_type, bnb_4bit_quant_storage=compute_dtype,
+            load_in_4bit=True,
+            bnb_4bit_compute_dtype=compute_dtype,
+            bnb_4bit_use_double_quant=model_args.double_quantization,
+            bnb_4bit_quant_type=model_args.quantization_type,
+            bnb_4bit_quant_storage=compute_dtype,
         )
     if method == "hqq":  # axis 0: the ATen kernel
         return transformers.HqqConfig(nbits=bits, quant_zero=False, quant_scale=False, axis=0)
@@ -126,13 +132,17 @@ def _prepare_prequantized(saved, model_args) -> None:
     saved = saved if isinstance(saved, dict) else saved.to_dict()
     method = str(saved.get("quant_method", "")).lower()
     if model_args.quantization_bit is not None:
-        logger.warning("quantization_bit does not apply: %s is already quantized (%s).", model_args.model_name_or_path, method)
+        logger.warning(
+            "quantization_bit does not apply: %s is already quantized (%s).", model_args.model_name_or_path, method
+        )
     if method in PREQUANTIZED_PACKAGES:
         packages, hint = PREQUANTIZED_PACKAGES[method]
         missing = [package for package in packages if _missing(package)]
         if missing:
-            raise ImportError(f"{model_args.model_name_or_path} holds a checkpoint quantized with {method.upper()}; loading it "
-                              f"needs {' and '.join(missing)}: {hint}")
+            raise ImportError(
+                f"{model_args.model_name_or_path} holds a checkpoint quantized with {method.upper()}; loading it "
+                f"needs {' and '.join(missing)}: {hint}"
+            )
     if method == "gptq":
         saved.pop("disable_exllama", None)
         saved["use_exllama"] = False  # exllama kernels cannot train
@@ -168,8 +178,13 @@ def dequantize(model, dtype):
         if kind not in ("Linear4bit", "Linear8bitLt"):
             continue
         weight = _dequantized_weight(bitsandbytes, module, kind).to(torch.float32)
-        plain = torch.nn.Linear(module.in_features, module.out_features, bias=module.bias is not None,
-                                device=weight.device, dtype=torch.float32)
+        plain = torch.nn.Linear(
+            module.in_features,
+            module.out_features,
+            bias=module.bias is not None,
+            device=weight.device,
+            dtype=torch.float32,
+        )
         with torch.no_grad():
             plain.weight.copy_(weight)
             if module.bias is not None:
@@ -178,7 +193,9 @@ def dequantize(model, dtype):
         model.set_submodule(name, plain.to(dtype))
         replaced += 1
     if replaced == 0:
-        raise ValueError("dequantize: found no bitsandbytes layers (a GPTQ/AWQ/AQLM checkpoint cannot be dequantized here).")
+        raise ValueError(
+            "dequantize: found no bitsandbytes layers (a GPTQ/AWQ/AQLM checkpoint cannot be dequantized here)."
+        )
     for attribute in ("quantization_config", "_pre_quantization_dtype"):
         if hasattr(model.config, attribute):
             delattr(model.config, attribute)
@@ -208,5 +225,7 @@ def _check_layer(name: str, quantized, plain) -> None:
         actual = plain(probe)
     error = float((actual - expected).abs().max()) / max(float(expected.abs().max()), 1e-6)
     if error > 2e-2:
-        raise RuntimeError(f"dequantize: {name} dequantized computes differently from the quantized layer "
-                           f"(relative difference {error:.2e}); nothing was exported.")
+        raise RuntimeError(
+            f"dequantize: {name} dequantized computes differently from the quantized layer "
+            f"(relative difference {error:.2e}); nothing was exported."
+        )

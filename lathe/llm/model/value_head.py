@@ -5,6 +5,7 @@ Saved as LLaMA-Factory saves it: the language model as usual (full weights, or t
 the head in `value_head.safetensors` beside them, keys `v_head.summary.weight` / `v_head.summary.bias`.
 Loading reads the head back from the last adapter folder, or from the model folder.
 """
+
 from __future__ import annotations
 
 import logging
@@ -61,7 +62,9 @@ class ValueHeadModel(nn.Module):
     def activation_checkpointing_enable(self, activation_checkpointing_kwargs=None, **layer_options) -> None:
         from lathe.train.runtime import enable_gradient_checkpointing
 
-        enable_gradient_checkpointing(self.pretrained_model, {**(activation_checkpointing_kwargs or {}), **layer_options})
+        enable_gradient_checkpointing(
+            self.pretrained_model, {**(activation_checkpointing_kwargs or {}), **layer_options}
+        )
 
     def forward(self, input_ids=None, attention_mask=None, labels=None, **kwargs) -> torch.Tensor:
         # labels are not needed (the scores are the output): no language-model loss is computed.
@@ -79,8 +82,12 @@ class ValueHeadModel(nn.Module):
         from safetensors.torch import save_file
 
         state_dict = self.state_dict() if state_dict is None else state_dict
-        head = {name: tensor.detach().cpu().contiguous() for name, tensor in state_dict.items() if name.startswith("v_head.")}
-        body = {name[len(PREFIX):]: tensor for name, tensor in state_dict.items() if name.startswith(PREFIX)}
+        head = {
+            name: tensor.detach().cpu().contiguous()
+            for name, tensor in state_dict.items()
+            if name.startswith("v_head.")
+        }
+        body = {name[len(PREFIX) :]: tensor for name, tensor in state_dict.items() if name.startswith(PREFIX)}
         os.makedirs(save_directory, exist_ok=True)
         self.pretrained_model.save_pretrained(save_directory, state_dict=body, **kwargs)
         save_file(head, os.path.join(save_directory, VALUE_HEAD_FILE), metadata={"format": "pt"})
@@ -101,8 +108,10 @@ def load_value_head(model: ValueHeadModel, folder: str) -> bool:
     path = os.path.join(folder, VALUE_HEAD_FILE)
     if not os.path.isfile(path):
         if os.path.isfile(os.path.join(folder, VALUE_HEAD_PICKLE)):
-            raise ValueError(f"{folder} holds the value head as {VALUE_HEAD_PICKLE} (a pickle): lathe loads "
-                             f"{VALUE_HEAD_FILE} only; convert it with safetensors.")
+            raise ValueError(
+                f"{folder} holds the value head as {VALUE_HEAD_PICKLE} (a pickle): lathe loads "
+                f"{VALUE_HEAD_FILE} only; convert it with safetensors."
+            )
         return False
     weights = load_file(path)
     expected = {"v_head.summary.weight", "v_head.summary.bias"}
@@ -113,8 +122,10 @@ def load_value_head(model: ValueHeadModel, folder: str) -> bool:
         for name, parameter in (("weight", head.weight), ("bias", head.bias)):
             tensor = weights[f"v_head.summary.{name}"]
             if tensor.shape != parameter.shape:
-                raise ValueError(f"{path}: v_head.summary.{name} has shape {tuple(tensor.shape)}, the model's "
-                                 f"head {tuple(parameter.shape)} (another model's value head?).")
+                raise ValueError(
+                    f"{path}: v_head.summary.{name} has shape {tuple(tensor.shape)}, the model's "
+                    f"head {tuple(parameter.shape)} (another model's value head?)."
+                )
             parameter.copy_(tensor.to(parameter.dtype))
     logger.info("Loaded the value head from %s", path)
     return True

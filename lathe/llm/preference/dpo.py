@@ -3,6 +3,7 @@ the reference model's (sigmoid, hinge, ipo, optionally mixed with BCO) or with e
 plus the SFT term of pref_ftx. Logs TRL's metrics under TRL's names: rewards/chosen, rewards/rejected,
 rewards/accuracies, rewards/margins, logps/chosen, logps/rejected, logits/chosen, logits/rejected (and
 sft_loss, odds_ratio_loss for orpo), averaged over the logging window and the processes."""
+
 from __future__ import annotations
 
 import torch
@@ -51,7 +52,9 @@ class DPOTrainer(PreferenceTrainer):
         rejected half of the batch, from one forward pass."""
         inputs = {key: value for key, value in batch.items() if key != "labels"}
         logits = model(**inputs, return_dict=True, use_cache=False).logits.to(torch.float32)
-        logps, lengths = losses.sequence_log_probs(logits, batch["labels"], ld_alpha=None if is_reference else self.ld_alpha)
+        logps, lengths = losses.sequence_log_probs(
+            logits, batch["labels"], ld_alpha=None if is_reference else self.ld_alpha
+        )
         if self.loss_type in losses.AVERAGED_LOSSES:
             logps = logps / lengths
         pairs = batch["input_ids"].size(0) // 2
@@ -59,8 +62,13 @@ class DPOTrainer(PreferenceTrainer):
         chosen_logits, rejected_logits = logits.split(pairs, dim=0)
         chosen_lengths = lengths[:pairs]
         averaged = chosen_logps if self.loss_type in losses.AVERAGED_LOSSES else chosen_logps / chosen_lengths
-        return {"chosen_logps": chosen_logps, "rejected_logps": rejected_logps, "chosen_logits": chosen_logits,
-                "rejected_logits": rejected_logits, "chosen_logps_avg": averaged}
+        return {
+            "chosen_logps": chosen_logps,
+            "rejected_logps": rejected_logps,
+            "chosen_logits": chosen_logits,
+            "rejected_logits": rejected_logits,
+            "chosen_logps_avg": averaged,
+        }
 
     def reference_log_probs(self, batch: dict):
         """(chosen, rejected) log-probs of the reference model; (None, None) for orpo and simpo."""
@@ -76,11 +84,14 @@ class DPOTrainer(PreferenceTrainer):
         if not self.use_reference:
             return losses.reference_free_loss(chosen, rejected, self.loss_type, self.beta, self.simpo_gamma)
         values, chosen_rewards, rejected_rewards = losses.dpo_loss(
-            chosen, rejected, ref_chosen, ref_rejected, self.loss_type, self.beta, self.label_smoothing)
+            chosen, rejected, ref_chosen, ref_rejected, self.loss_type, self.beta, self.label_smoothing
+        )
         if self.bco_mean is not None:
             if update_bco:  # evaluation reads the running mean without moving it
                 batch_mean = all_reduce(torch.cat((chosen_rewards, rejected_rewards), 0).mean().detach(), mean=True)
-                self.bco_mean.running.update(batch_mean, distributed.world_size() if distributed.is_distributed() else 1)
+                self.bco_mean.running.update(
+                    batch_mean, distributed.world_size() if distributed.is_distributed() else 1
+                )
             bco = losses.bco_loss(chosen, rejected, ref_chosen, ref_rejected, self.beta, self.bco_mean.running.mean)
             values = losses.mix_bco(values, bco, self.bco_weight)
         return values, chosen_rewards, rejected_rewards
@@ -88,18 +99,23 @@ class DPOTrainer(PreferenceTrainer):
     def batch_loss_and_metrics(self, model, batch: dict, split: str):
         policy = self.concatenated_forward(model, batch)
         ref_chosen, ref_rejected = self.reference_log_probs(batch)
-        values, chosen_rewards, rejected_rewards = self.preference_losses(policy, ref_chosen, ref_rejected, split == "train")
+        values, chosen_rewards, rejected_rewards = self.preference_losses(
+            policy, ref_chosen, ref_rejected, split == "train"
+        )
         sft_loss = -policy["chosen_logps_avg"]
         preference_only = values
         if self.ftx_gamma > 1e-6:
             values = values + self.ftx_gamma * sft_loss
         prefix = "eval_" if split == "eval" else ""
         metrics = {
-            "rewards/chosen": chosen_rewards.mean(), "rewards/rejected": rejected_rewards.mean(),
+            "rewards/chosen": chosen_rewards.mean(),
+            "rewards/rejected": rejected_rewards.mean(),
             "rewards/accuracies": (chosen_rewards > rejected_rewards).float().mean(),
             "rewards/margins": (chosen_rewards - rejected_rewards).mean(),
-            "logps/chosen": policy["chosen_logps"].mean(), "logps/rejected": policy["rejected_logps"].mean(),
-            "logits/chosen": policy["chosen_logits"].mean(), "logits/rejected": policy["rejected_logits"].mean(),
+            "logps/chosen": policy["chosen_logps"].mean(),
+            "logps/rejected": policy["rejected_logps"].mean(),
+            "logits/chosen": policy["chosen_logits"].mean(),
+            "logits/rejected": policy["rejected_logits"].mean(),
         }
         if self.loss_type == "orpo":
             metrics["sft_loss"] = sft_loss.mean()

@@ -2,6 +2,7 @@
 (undesirable) the batch's KL estimate, which comes from the mismatched pairs (each prompt with another
 row's answer, scored without gradients). Logs rewards/*, logps/*, logits/* per side (sums over the
 window divided by the counts, as TRL and LLaMA-Factory do), rewards/margins and kl."""
+
 from __future__ import annotations
 
 import torch
@@ -34,8 +35,14 @@ class KTOTrainer(PreferenceTrainer):
         tags = batch["kto_tags"]
         if len(logps) != len(tags):
             raise ValueError(f"{len(logps)} sequences but {len(tags)} kto_tags in the batch.")
-        return {"chosen_logps": logps[tags], "rejected_logps": logps[~tags], "chosen_logits": logits[tags],
-                "rejected_logits": logits[~tags], "kl_logps": kl_logps, "chosen_logps_avg": averaged[tags]}
+        return {
+            "chosen_logps": logps[tags],
+            "rejected_logps": logps[~tags],
+            "chosen_logits": logits[tags],
+            "rejected_logits": logits[~tags],
+            "kl_logps": kl_logps,
+            "chosen_logps_avg": averaged[tags],
+        }
 
     def reference_log_probs(self, batch: dict) -> dict[str, torch.Tensor]:
         module, context = self.reference_module()
@@ -49,8 +56,9 @@ class KTOTrainer(PreferenceTrainer):
         kl = losses.kto_kl(policy["kl_logps"], reference["kl_logps"], lambda value: all_reduce(value, mean=True))
         chosen_logratios = policy["chosen_logps"] - reference["chosen_logps"]
         rejected_logratios = policy["rejected_logps"] - reference["rejected_logps"]
-        values = losses.kto_loss(chosen_logratios, rejected_logratios, kl, self.beta, self.desirable_weight,
-                                 self.undesirable_weight)
+        values = losses.kto_loss(
+            chosen_logratios, rejected_logratios, kl, self.beta, self.desirable_weight, self.undesirable_weight
+        )
         loss = values.nanmean()
         chosen_count, rejected_count = len(policy["chosen_logps"]), len(policy["rejected_logps"])
         if self.ftx_gamma > 1e-6 and chosen_count > 0:

@@ -7,6 +7,7 @@ same order, so the numbers are bit-identical where LLaMA-Factory computes the sa
 not (LLaMA-Factory 0.9.5 never passes `pref_loss` to TRL, so hinge and ipo train the sigmoid loss), lathe
 computes the loss the config asks for.
 """
+
 from __future__ import annotations
 
 import torch
@@ -44,8 +45,15 @@ def sequence_log_probs(logits: torch.Tensor, labels: torch.Tensor, ld_alpha: flo
     return front + ld_alpha * rear, lengths
 
 
-def dpo_loss(chosen_logps, rejected_logps, ref_chosen_logps, ref_rejected_logps, loss_type: str, beta: float,
-             label_smoothing: float = 0.0):
+def dpo_loss(
+    chosen_logps,
+    rejected_logps,
+    ref_chosen_logps,
+    ref_rejected_logps,
+    loss_type: str,
+    beta: float,
+    label_smoothing: float = 0.0,
+):
     """(losses, chosen rewards, rejected rewards) per pair for the losses that compare with a reference.
 
     logits = (chosen - rejected) - (ref chosen - ref rejected); sigmoid: -log sigmoid(beta logits), with
@@ -101,8 +109,9 @@ def mix_bco(losses, bco_losses, weight: float):
     return (losses + bco_losses * weight) / (1.0 + weight)
 
 
-def kto_loss(chosen_logratios, rejected_logratios, kl: torch.Tensor, beta: float, chosen_weight: float,
-             rejected_weight: float):
+def kto_loss(
+    chosen_logratios, rejected_logratios, kl: torch.Tensor, beta: float, chosen_weight: float, rejected_weight: float
+):
     """Per-example KTO losses (desirable then undesirable): 1 - sigmoid(beta (logratio - kl)) for a
     desirable answer, 1 - sigmoid(beta (kl - logratio)) for an undesirable one, each weighted; `kl` is the
     batch's clamped KL estimate (see kto_kl)."""

@@ -8,6 +8,7 @@
 This is LLaMA-Factory 0.9.5's choice (create_ref_model), except that lathe loads the reference with the
 policy's tokenizer, so tokens a template added exist in both.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -58,8 +59,11 @@ def create_reference_model(tokenizer, model_args, finetuning_args) -> nn.Module 
         reference_args.adapter_name_or_path = finetuning_args.ref_model_adapters
     # finetuning_type lora with is_trainable=False: every adapter listed is merged into the weights.
     model = load_model(tokenizer, reference_args, FinetuningArguments(finetuning_type="lora"), is_trainable=False)
-    logger.info("Reference model: %s%s (frozen copy)", reference_args.model_name_or_path,
-                f" + {', '.join(reference_args.adapter_name_or_path)}" if reference_args.adapter_name_or_path else "")
+    logger.info(
+        "Reference model: %s%s (frozen copy)",
+        reference_args.model_name_or_path,
+        f" + {', '.join(reference_args.adapter_name_or_path)}" if reference_args.adapter_name_or_path else "",
+    )
     return model
 
 
@@ -79,8 +83,10 @@ def reference_context(policy: nn.Module, reference: nn.Module | None):
     if reference is not None:
         return reference, contextlib.nullcontext()
     if not hasattr(policy, "disable_adapter"):
-        raise ValueError(f"{type(policy).__name__} has no adapter to switch off: a reference model is needed "
-                         "(set ref_model, or train with finetuning_type: lora).")
+        raise ValueError(
+            f"{type(policy).__name__} has no adapter to switch off: a reference model is needed "
+            "(set ref_model, or train with finetuning_type: lora)."
+        )
     return None, policy.disable_adapter()
 
 

@@ -1,6 +1,7 @@
 """RewardTrainer (stage rm): the value head's score at each sequence's last token, the pairwise loss
 -log sigmoid(chosen - rejected), accuracy (chosen scored higher) in evaluation, and the scores of
 do_predict written to generated_predictions.jsonl as LLaMA-Factory writes them."""
+
 from __future__ import annotations
 
 import json
@@ -53,7 +54,9 @@ class RewardTrainer(MethodOptimizerMixin, Trainer):
         path = os.path.join(self.args.output_dir, PREDICTIONS_FILE)
         os.makedirs(self.args.output_dir, exist_ok=True)
         chosen, rejected = predict_results.predictions
-        lines = [json.dumps({"chosen": round(float(c), 2), "rejected": round(float(r), 2)}) for c, r in zip(chosen, rejected)]
+        lines = [
+            json.dumps({"chosen": round(float(c), 2), "rejected": round(float(r), 2)}) for c, r in zip(chosen, rejected)
+        ]
         with open(path, "w", encoding="utf-8") as handle:
             handle.write("\n".join(lines))
         return path

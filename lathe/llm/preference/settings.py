@@ -1,5 +1,6 @@
 """The preference keys of FinetuningArguments: which stage reads which key, checked once when the
 config is parsed, so a key that would change nothing in the chosen stage is an error, not ignored."""
+
 from __future__ import annotations
 
 # key -> (LLaMA-Factory's default, the stages (and dpo losses) that read it)
@@ -43,7 +44,9 @@ def check_preference_arguments(args) -> None:
         value = getattr(args, key)
         if value != default and value not in (None, []) and not _reads(key, args):
             what = f"stage {args.stage}" + (f" with pref_loss {args.pref_loss}" if args.stage == "dpo" else "")
-            raise ValueError(f"{key}: {value!r} is read by {readers} only, not by {what}: remove it or change the stage/loss.")
+            raise ValueError(
+                f"{key}: {value!r} is read by {readers} only, not by {what}: remove it or change the stage/loss."
+            )
     if args.stage == "dpo" and args.pref_loss == "kto_pair":
         raise ValueError(
             "pref_loss: kto_pair is not supported: LLaMA-Factory 0.9.5 accepts it but trains the sigmoid loss instead "

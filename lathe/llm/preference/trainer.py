@@ -4,6 +4,7 @@ per-micro-batch metrics (rewards/*, logps/*, ...) that are logged with the loss,
 
 Override points used: compute_loss, prediction_step and log (each subclass says how its metrics are
 combined over a logging window and over processes)."""
+
 from __future__ import annotations
 
 import contextlib
@@ -24,7 +25,9 @@ class PreferenceTrainer(MethodOptimizerMixin, Trainer):
 
     def __init__(self, model=None, args=None, ref_model=None, finetuning_args=None, **kwargs):
         if finetuning_args is None:
-            raise ValueError(f"{type(self).__name__} needs finetuning_args (pref_beta, pref_loss, ...: lathe.llm.config.FinetuningArguments).")
+            raise ValueError(
+                f"{type(self).__name__} needs finetuning_args (pref_beta, pref_loss, ...: lathe.llm.config.FinetuningArguments)."
+            )
         disable_dropout(model)
         if ref_model is not None and ref_model is not model:
             disable_dropout(ref_model)
@@ -45,7 +48,12 @@ class PreferenceTrainer(MethodOptimizerMixin, Trainer):
         """(the module computing reference log-probs, the context to run it in). The frozen copy is
         sharded like the policy on the first call under FSDP2."""
         reference = self.ref_model
-        if reference is not None and reference is not self.model and fsdp.is_sharded(self.model) and not fsdp.is_sharded(reference):
+        if (
+            reference is not None
+            and reference is not self.model
+            and fsdp.is_sharded(self.model)
+            and not fsdp.is_sharded(reference)
+        ):
             self.ref_model = reference = shard_reference_like_policy(reference, self.args)
         module, context = reference_context(self.model, reference)
         return (module if module is not None else self.model), context
@@ -90,7 +98,9 @@ class PreferenceTrainer(MethodOptimizerMixin, Trainer):
         self.store_metrics(metrics, "eval")
         if prediction_loss_only:
             return loss.detach(), None, None
-        logits = torch.stack([metrics[key].float() for key in ("eval_logits/chosen", "eval_logits/rejected") if key in metrics])
+        logits = torch.stack(
+            [metrics[key].float() for key in ("eval_logits/chosen", "eval_logits/rejected") if key in metrics]
+        )
         return loss.detach(), logits, torch.zeros(logits.shape[0], device=logits.device)
 
 

@@ -1,4 +1,5 @@
 """Chat templates as data: `Template`, the registry of named templates and `get_template_and_fix_tokenizer`."""
+
 from lathe.llm.templates.registry import (
     TEMPLATES,
     get_template,

@@ -2,6 +2,7 @@
 stop words or tool turns: chatml, chatml_de, cpm4, dbrx, falcon_h1, opencoder, smollm, smollm2, yi, sailor,
 intern2, intern_vl, intern_s1, minicpm_v, minicpm_v_4_6, minicpm_o, llava_next_yi, llava_next_video_yi,
 lfm2, lfm2_vl. (Qwen's ChatML templates are in qwen.py.)"""
+
 from lathe.llm.templates.template import BOS, Template
 
 USER = "<|im_start|>user\n{{content}}<|im_end|>\n<|im_start|>assistant\n"
@@ -17,8 +18,9 @@ def chatml(name: str, **fields) -> Template:
 
 
 _LFM2 = dict(
-    observation=("<|im_start|>tool\n<|tool_response_start|>{{content}}<|tool_response_end|><|im_end|>\n"
-                 "<|im_start|>assistant\n",),
+    observation=(
+        "<|im_start|>tool\n<|tool_response_start|>{{content}}<|tool_response_end|><|im_end|>\n<|im_start|>assistant\n",
+    ),
     tool_format="lfm2",
     stop_words=("<|im_end|>",),
     tool_call_words=("<|tool_call_start|>", "<|tool_call_end|>"),
@@ -50,18 +52,36 @@ _END = ("<|im_end|>",)
 
 TEMPLATES = [
     # <|im_end|> becomes the EOS
-    chatml("chatml", observation=(TOOL_TURN,), stop_words=("<|im_end|>", "<|im_start|>"), replace_eos=True,
-           replace_jinja_template=True),
-    chatml("chatml_de", observation=(TOOL_TURN,), default_system="Du bist ein freundlicher und hilfsbereiter KI-Assistent.",
-           stop_words=("<|im_end|>", "<|im_start|>"), replace_eos=True, replace_jinja_template=True),
+    chatml(
+        "chatml",
+        observation=(TOOL_TURN,),
+        stop_words=("<|im_end|>", "<|im_start|>"),
+        replace_eos=True,
+        replace_jinja_template=True,
+    ),
+    chatml(
+        "chatml_de",
+        observation=(TOOL_TURN,),
+        default_system="Du bist ein freundlicher und hilfsbereiter KI-Assistent.",
+        stop_words=("<|im_end|>", "<|im_start|>"),
+        replace_eos=True,
+        replace_jinja_template=True,
+    ),
     chatml("cpm4", observation=(TOOL_TURN,), prefix=(BOS,), stop_words=_END),
     chatml("dbrx", observation=(TOOL_TURN,), default_system=_DBRX_SYSTEM, stop_words=_END, replace_eos=True),
     chatml("falcon_h1", observation=(TOOL_TURN,), prefix=(BOS,), stop_words=("<|im_end|>", "<|end_of_text|>")),
-    chatml("opencoder", observation=(TOOL_TURN,), default_system="You are OpenCoder, created by OpenCoder Team.",
-           stop_words=_END),
+    chatml(
+        "opencoder",
+        observation=(TOOL_TURN,),
+        default_system="You are OpenCoder, created by OpenCoder Team.",
+        stop_words=_END,
+    ),
     chatml("smollm", stop_words=_END),
-    chatml("smollm2", default_system="You are a helpful AI assistant named SmolLM, trained by Hugging Face.",
-           stop_words=_END),
+    chatml(
+        "smollm2",
+        default_system="You are a helpful AI assistant named SmolLM, trained by Hugging Face.",
+        stop_words=_END,
+    ),
     chatml("yi", stop_words=_END),
     Template(
         name="sailor",
@@ -75,16 +95,28 @@ TEMPLATES = [
         stop_words=_END,
     ),
     chatml("intern2", prefix=(BOS,), default_system=_INTERN_SYSTEM, stop_words=_END),
-    chatml("intern_vl", prefix=(BOS,), stop_words=_END, multimodal="intern_vl", default_system=(
-        "你是书生·万象，英文名是InternVL，是由上海人工智能实验室、清华大学及多家合作单位联合开发的多模态大语言模型。")),
+    chatml(
+        "intern_vl",
+        prefix=(BOS,),
+        stop_words=_END,
+        multimodal="intern_vl",
+        default_system=(
+            "你是书生·万象，英文名是InternVL，是由上海人工智能实验室、清华大学及多家合作单位联合开发的多模态大语言模型。"
+        ),
+    ),
     chatml("intern_s1", prefix=(BOS,), stop_words=_END, multimodal="intern_vl"),
     chatml("minicpm_v", default_system=HELPFUL, stop_words=_END, multimodal="minicpm_v"),
     chatml("minicpm_v_4_6", default_system=HELPFUL, stop_words=_END, multimodal="minicpm_v_4_6"),
-    chatml("minicpm_o", stop_words=_END, multimodal="minicpm_v", default_system=(
-        "You are a helpful assistant. You can accept audio and text input and output voice and text.")),
+    chatml(
+        "minicpm_o",
+        stop_words=_END,
+        multimodal="minicpm_v",
+        default_system=("You are a helpful assistant. You can accept audio and text input and output voice and text."),
+    ),
     chatml("llava_next_yi", stop_words=_END, multimodal="llava_next"),
     chatml("llava_next_video_yi", stop_words=_END, multimodal="llava_next_video"),
     chatml("lfm2", default_system="You are a helpful AI assistant.", **_LFM2),
-    chatml("lfm2_vl", default_system="You are a helpful multimodal assistant by Liquid AI.", multimodal="lfm2_vl",
-           **_LFM2),
+    chatml(
+        "lfm2_vl", default_system="You are a helpful multimodal assistant by Liquid AI.", multimodal="lfm2_vl", **_LFM2
+    ),
 ]

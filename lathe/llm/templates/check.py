@@ -5,14 +5,22 @@ prints (template, EOS, PAD, stop tokens, the chat_template's agreement).
 The comparison is on text, as a server renders it (`apply_chat_template(..., tokenize=False)`) against the
 template's `render_oneturn`: the whole conversation, and the prompt generation starts from.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 PROBES = [
     ("", [{"role": "user", "content": "What is two plus two?"}, {"role": "assistant", "content": "Four."}]),
-    ("Be brief.", [{"role": "user", "content": "Hi!"}, {"role": "assistant", "content": "Hello!"},
-                   {"role": "user", "content": "What is two plus two?"}, {"role": "assistant", "content": "Four."}]),
+    (
+        "Be brief.",
+        [
+            {"role": "user", "content": "Hi!"},
+            {"role": "assistant", "content": "Hello!"},
+            {"role": "user", "content": "What is two plus two?"},
+            {"role": "assistant", "content": "Four."},
+        ],
+    ),
 ]
 
 
@@ -24,8 +32,10 @@ class Difference:
     rendered: str  # what the chat_template renders (or the error it raised)
 
     def describe(self) -> str:
-        return (f"{self.what} of {self.conversation!r}:\n  training template: {self.expected!r}\n"
-                f"  chat_template:     {self.rendered!r}")
+        return (
+            f"{self.what} of {self.conversation!r}:\n  training template: {self.expected!r}\n"
+            f"  chat_template:     {self.rendered!r}"
+        )
 
 
 def _chat(system: str, messages: list[dict]) -> list[dict]:
@@ -60,8 +70,7 @@ def matching_templates(tokenizer) -> list[str]:
 
     if not isinstance(getattr(tokenizer, "chat_template", None), str):
         return []
-    return [name for name, template in sorted(TEMPLATES.items())
-            if not chat_template_differences(template, tokenizer)]
+    return [name for name, template in sorted(TEMPLATES.items()) if not chat_template_differences(template, tokenizer)]
 
 
 def _token_text(tokenizer, token_id) -> str:
@@ -73,15 +82,16 @@ def template_report(template, tokenizer, chat_template=None) -> str:
     tokenizer's own by default: what is saved with the model) renders as the template trains."""
     stops = template.get_stop_token_ids(tokenizer)
     lines = [
-        f"template: {template.name}" + (" (efficient_eos: EOS trained where the next prompt starts)"
-                                         if template.efficient_eos else ""),
+        f"template: {template.name}"
+        + (" (efficient_eos: EOS trained where the next prompt starts)" if template.efficient_eos else ""),
         f"EOS: {tokenizer.eos_token!r} ({tokenizer.eos_token_id}); PAD: {tokenizer.pad_token!r} ({tokenizer.pad_token_id})",
         "stop tokens (generation_config eos_token_id): "
         + ", ".join(f"{_token_text(tokenizer, i)!r} ({i})" for i in stops),
     ]
     if template.reasoning:
-        lines.append(f"reasoning: enable_thinking={template.enable_thinking}, empty thought "
-                     f"{template.empty_thought_text()!r}")
+        lines.append(
+            f"reasoning: enable_thinking={template.enable_thinking}, empty thought {template.empty_thought_text()!r}"
+        )
     saved = chat_template if chat_template is not None else getattr(tokenizer, "chat_template", None)
     if not isinstance(saved, str):
         lines.append("chat_template: none (servers cannot render conversations for this model)")
@@ -94,7 +104,9 @@ def template_report(template, tokenizer, chat_template=None) -> str:
     if not differences:
         lines.append("chat_template: renders the probe conversations exactly as the template trains on them")
     else:
-        lines.append(f"WARNING: the chat_template saved with the model disagrees with the training template on "
-                     f"{len(differences)} probe(s): a server would prompt the model differently from training.")
+        lines.append(
+            f"WARNING: the chat_template saved with the model disagrees with the training template on "
+            f"{len(differences)} probe(s): a server would prompt the model differently from training."
+        )
         lines += ["  " + difference.describe().replace("\n", "\n  ") for difference in differences]
     return "\n".join(lines)

@@ -1,5 +1,6 @@
 """DeepSeek: deepseek (V1/V2 "User: / Assistant:"), deepseekcoder, deepseek3 (<｜User｜> / <｜Assistant｜>) and
 the reasoning deepseekr1."""
+
 from lathe.llm.templates.template import BOS, Template
 
 _V3 = dict(user=("<｜User｜>{{content}}<｜Assistant｜>",), prefix=(BOS,))

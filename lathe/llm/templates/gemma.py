@@ -1,6 +1,7 @@
 """Gemma: <start_of_turn>user / model turns, the system text prepended to the first user message
 (gemma, gemma2, gemma3, gemma3n, paligemma, paligemma_chat); Gemma 4's <|turn> format with its thought
 channel and tool notation (gemma4, gemma4n)."""
+
 from lathe.llm.templates.template import BOS, Template
 
 _TURNS = dict(
@@ -35,8 +36,14 @@ TEMPLATES = [
     Template(name="gemma3n", stop_words=("<end_of_turn>",), replace_eos=True, multimodal="gemma3n", **_TURNS),
     Template(name="gemma4", **_GEMMA4),
     Template(name="gemma4n", **_GEMMA4),
-    Template(name="paligemma", user=("{{content}}\n",), prefix=(BOS,), system_in_first_user=True,
-             multimodal="paligemma"),
-    Template(name="paligemma_chat", stop_words=("<end_of_turn>",), replace_eos=True, multimodal="paligemma",
-             **{**_TURNS, "system": ("{{content}}",)}),
+    Template(
+        name="paligemma", user=("{{content}}\n",), prefix=(BOS,), system_in_first_user=True, multimodal="paligemma"
+    ),
+    Template(
+        name="paligemma_chat",
+        stop_words=("<end_of_turn>",),
+        replace_eos=True,
+        multimodal="paligemma",
+        **{**_TURNS, "system": ("{{content}}",)},
+    ),
 ]

@@ -1,9 +1,12 @@
 """Formats that mark roles with plain text ("Human:", "USER:", "### Instruction:"): default, empty, alpaca,
 fewshot, vicuna and the LLaVA templates built on it, xuanyuan, solar, falcon, yi_vl."""
+
 from lathe.llm.templates.template import EOS, Template
 
-_VICUNA_SYSTEM = ("A chat between a curious user and an artificial intelligence assistant. "
-                  "The assistant gives helpful, detailed, and polite answers to the user's questions.")
+_VICUNA_SYSTEM = (
+    "A chat between a curious user and an artificial intelligence assistant. "
+    "The assistant gives helpful, detailed, and polite answers to the user's questions."
+)
 
 
 def _vicuna(name: str, **fields) -> Template:

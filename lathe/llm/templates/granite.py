@@ -1,5 +1,6 @@
 """IBM Granite: <|start_of_role|>role<|end_of_role|> turns closed by <|end_of_text|> (granite3, granite4) and
 granite3_vision's <|user|> / <|assistant|> lines."""
+
 from lathe.llm.templates.template import Template
 
 
@@ -27,8 +28,10 @@ TEMPLATES = [
         name="granite3_vision",
         user=("<|user|>\n{{content}}\n<|assistant|>\n",),
         system=("<|system|>\n{{content}}\n",),
-        default_system=("A chat between a curious user and an artificial intelligence assistant. "
-                        "The assistant gives helpful, detailed, and polite answers to the user's questions."),
+        default_system=(
+            "A chat between a curious user and an artificial intelligence assistant. "
+            "The assistant gives helpful, detailed, and polite answers to the user's questions."
+        ),
         multimodal="llava_next",
     ),
 ]

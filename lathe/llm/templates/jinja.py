@@ -12,6 +12,7 @@ with Qwen's own templates. Tool descriptions and tool-call messages are not rend
 instead of silently producing a prompt the model never saw. Special tokens are written as their text (not
 `eos_token`), because the EOS variable may be replaced by a server.
 """
+
 from __future__ import annotations
 
 from lathe.llm.templates.template import CONTENT, Template
@@ -73,14 +74,19 @@ def build_jinja_chat_template(template: Template, tokenizer) -> str:
     generation_part = ""
     if template.reasoning:
         assistant_part = _thought_handling(template) + assistant_part
-        generation_part = ("{% if add_generation_prompt and not thinking %}{{ " + jinja_literal(
-            template.empty_thought_text()) + " }}{% endif %}")
+        generation_part = (
+            "{% if add_generation_prompt and not thinking %}{{ "
+            + jinja_literal(template.empty_thought_text())
+            + " }}{% endif %}"
+        )
     return (
         "{% if tools is defined and tools %}"
         "{{ raise_exception('This chat template (lathe template " + template.name + ") does not render tools.') }}"
         "{% endif %}"
-        + _thinking_switch(template) +
-        "{% set system_message = " + jinja_literal(template.default_system) + " %}"
+        + _thinking_switch(template)
+        + "{% set system_message = "
+        + jinja_literal(template.default_system)
+        + " %}"
         "{% if messages and messages[0]['role'] == 'system' %}"
         "{% set loop_messages = messages[1:] %}"
         "{% if messages[0]['content'] %}{% set system_message = messages[0]['content'] %}{% endif %}"
@@ -90,8 +96,11 @@ def build_jinja_chat_template(template: Template, tokenizer) -> str:
         "{% set content = message['content'] %}"
         "{% if loop.first and system_message %}" + system_part + "{% endif %}"
         "{% if message['role'] == 'user' %}{{ " + expression(template.user) + " }}"
-        "{% elif message['role'] == 'assistant' %}" + assistant_part +
-        "{% elif message['role'] in ['tool', 'observation'] %}{{ " + expression(template.observation) + " }}"
+        "{% elif message['role'] == 'assistant' %}"
+        + assistant_part
+        + "{% elif message['role'] in ['tool', 'observation'] %}{{ "
+        + expression(template.observation)
+        + " }}"
         "{% else %}{{ raise_exception('Unsupported role: ' + message['role']) }}"
         "{% endif %}"
         "{% endfor %}" + generation_part
@@ -102,8 +111,10 @@ def _thinking_switch(template: Template) -> str:
     if not template.reasoning:
         return ""
     default = "false" if template.enable_thinking is False else "true"
-    return ("{% if enable_thinking is defined and enable_thinking is not none %}{% set thinking = enable_thinking %}"
-            "{% else %}{% set thinking = " + default + " %}{% endif %}")
+    return (
+        "{% if enable_thinking is defined and enable_thinking is not none %}{% set thinking = enable_thinking %}"
+        "{% else %}{% set thinking = " + default + " %}{% endif %}"
+    )
 
 
 def _thought_handling(template: Template) -> str:
@@ -111,12 +122,22 @@ def _thought_handling(template: Template) -> str:
     disabled the last answer too; the last answer without a thought gets the empty one (trained as the
     answer's start when thinking, as the prompt's end when not: the same text either way)."""
     start, end = template.thought_words
-    remove = ("{% set content = (content.split(" + jinja_literal(start) + ")[0] + content.split("
-              + jinja_literal(end) + ")[-1]).lstrip('\\n') if " + jinja_literal(end) + " in content and "
-              + jinja_literal(start) + " in content else content %}")
+    remove = (
+        "{% set content = (content.split("
+        + jinja_literal(start)
+        + ")[0] + content.split("
+        + jinja_literal(end)
+        + ")[-1]).lstrip('\\n') if "
+        + jinja_literal(end)
+        + " in content and "
+        + jinja_literal(start)
+        + " in content else content %}"
+    )
     is_last = "loop.last"
     history = "not " + is_last if not template.preserve_thinking else "false"
-    has_thought = (jinja_literal(start.strip()) + " in content or " + jinja_literal(end.strip()) + " in content")
-    return ("{% if " + history + " or (" + is_last + " and not thinking) %}" + remove + "{% endif %}"
-            "{% if " + is_last + " and not (" + has_thought + ") %}"
-            "{% set content = " + jinja_literal(template.empty_thought_text()) + " + content %}{% endif %}")
+    has_thought = jinja_literal(start.strip()) + " in content or " + jinja_literal(end.strip()) + " in content"
+    return (
+        "{% if " + history + " or (" + is_last + " and not thinking) %}" + remove + "{% endif %}"
+        "{% if " + is_last + " and not (" + has_thought + ") %}"
+        "{% set content = " + jinja_literal(template.empty_thought_text()) + " + content %}{% endif %}"
+    )

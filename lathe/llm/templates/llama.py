@@ -1,10 +1,12 @@
 """Llama: Llama 2's [INST] with <<SYS>> (llama2, llama2_zh); Llama 3.x's header tokens, where <|eot_id|>
 ends a turn (and becomes the EOS) and tool results come back as the `ipython` role (llama3, mllama,
 llava_next_llama3); Llama 4's (llama4); openchat-3.6 on Llama 3's tokens."""
+
 from lathe.llm.templates.template import BOS, Template
 
-_LLAMA2 = dict(user=(BOS, "[INST] {{content}} [/INST]"), system=("<<SYS>>\n{{content}}\n<</SYS>>\n\n",),
-               system_in_first_user=True)
+_LLAMA2 = dict(
+    user=(BOS, "[INST] {{content}} [/INST]"), system=("<<SYS>>\n{{content}}\n<</SYS>>\n\n",), system_in_first_user=True
+)
 
 
 def _headers(name: str, start: str, end: str, eot: str, eom: str, **fields) -> Template:
@@ -37,8 +39,10 @@ TEMPLATES = [
     _headers("llama4", "<|header_start|>", "<|header_end|>", "<|eot|>", "<|eom|>", multimodal="llama4"),
     Template(
         name="openchat-3.6",
-        user=("<|start_header_id|>GPT4 Correct User<|end_header_id|>\n\n{{content}}<|eot_id|>"
-              "<|start_header_id|>GPT4 Correct Assistant<|end_header_id|>\n\n",),
+        user=(
+            "<|start_header_id|>GPT4 Correct User<|end_header_id|>\n\n{{content}}<|eot_id|>"
+            "<|start_header_id|>GPT4 Correct Assistant<|end_header_id|>\n\n",
+        ),
         prefix=(BOS,),
         stop_words=("<|eot_id|>",),
     ),

@@ -2,6 +2,7 @@
 mistral_small's [SYSTEM_PROMPT]); tool calls follow [TOOL_CALLS], tool results are wrapped in
 [TOOL_RESULTS]. mistral (v3 tokenizer: spaces around the content), ministral / ministral3 / pixtral
 (tekken: no spaces), mistral_small, the LLaVA-NeXT Mistral templates, and breeze."""
+
 from lathe.llm.templates.template import BOS, EOS, Template
 
 
@@ -30,6 +31,7 @@ TEMPLATES = [
     _inst("pixtral", "", multimodal="pixtral"),
     # the system prompt in its own [SYSTEM_PROMPT] block, not merged into the first user message
     _inst("mistral_small", "", system_in_first_user=False, multimodal="pixtral").copy(
-        system=("[SYSTEM_PROMPT]{{content}}[/SYSTEM_PROMPT]",)),
+        system=("[SYSTEM_PROMPT]{{content}}[/SYSTEM_PROMPT]",)
+    ),
     Template(name="breeze", user=("[INST] {{content}} [/INST] ",), prefix=(BOS,), efficient_eos=True),
 ]

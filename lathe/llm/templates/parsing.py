@@ -9,6 +9,7 @@ conversations, and where the slots do not reproduce it (system text merged into 
 rendered differently by position, a template that refuses a lone system message) lathe stops with an error
 that names the templates that do match, instead of training on spans it guessed.
 """
+
 from __future__ import annotations
 
 from lathe.llm.templates.template import CONTENT, Template
@@ -25,7 +26,7 @@ def _inserted_text(short: str, long: str) -> str:
     end = 0
     while end < len(short) - start and short[-1 - end] == long[-1 - end]:
         end += 1
-    return long[start:len(long) - end]
+    return long[start : len(long) - end]
 
 
 def template_from_chat_template(tokenizer) -> Template:
@@ -48,25 +49,29 @@ def cannot_find_spans(tokenizer, reason: str) -> ValueError:
     from lathe.llm.templates.check import matching_templates
 
     matches = matching_templates(tokenizer)
-    hint = (f"it renders like these templates: {', '.join(matches)}" if matches
-            else "no template lathe knows renders like it")
+    hint = (
+        f"it renders like these templates: {', '.join(matches)}"
+        if matches
+        else "no template lathe knows renders like it"
+    )
     return ValueError(
         "`template` is not set and lathe cannot find the assistant turns in the tokenizer's chat_template, so it "
         f"will not guess which tokens to train on ({reason}). Set `template` ({hint}), or use a chat_template "
-        "that marks assistant turns with {% generation %} ... {% endgeneration %}.")
+        "that marks assistant turns with {% generation %} ... {% endgeneration %}."
+    )
 
 
 def _parse_slots(tokenizer) -> Template:
     def render(messages, generation_prompt):
         text = tokenizer.apply_chat_template(messages, add_generation_prompt=generation_prompt, tokenize=False)
-        return text[len(prefix):]
+        return text[len(prefix) :]
 
     prefix = tokenizer.decode(tokenizer.encode(""))
     system_slot = render([{"role": "system", "content": CONTENT}], False)
     user_after_empty_system = render([{"role": "system", "content": ""}, {"role": "user", "content": CONTENT}], True)
     user_slot = render([{"role": "user", "content": CONTENT}], True)
     pair = render([{"role": "user", "content": CONTENT}, {"role": "assistant", "content": CONTENT}], False)
-    assistant_slot = pair[len(user_slot):]
+    assistant_slot = pair[len(user_slot) :]
     reasoning = "<think>" in assistant_slot
     assistant_slot = assistant_slot.replace("<think>", "").replace("</think>", "").lstrip("\n")
     default_system = ""
@@ -74,7 +79,7 @@ def _parse_slots(tokenizer) -> Template:
         # The template writes a default system message when none is given: it is what the lone user
         # rendering has beyond the one with an empty system message.
         default_system = _inserted_text(user_after_empty_system, user_slot)
-        user_slot = user_slot[len(system_slot.replace(CONTENT, default_system, 1)):]
+        user_slot = user_slot[len(system_slot.replace(CONTENT, default_system, 1)) :]
     return Template(
         name="(tokenizer chat_template)",
         user=(user_slot,),

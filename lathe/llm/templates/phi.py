@@ -1,5 +1,6 @@
 """Microsoft Phi: <|user|> / <|assistant|> turns closed by <|end|> (phi, phi_small, phi4_mini, where the raw
 tool list goes between <|tool|> and <|/tool|>) and Phi-4's <|im_start|>role<|im_sep|> turns (phi4)."""
+
 from lathe.llm.templates.template import Template
 
 _PHI = dict(

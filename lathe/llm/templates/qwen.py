@@ -2,6 +2,7 @@
 the reasoning templates qwen3, qwen3_vl, qwen3_5, qwen3_6, qwen3_omni (an empty thought is added to
 answers that have none) with their `_nothink` variants, the multimodal qwen2_vl, qwen2_audio, qwen2_omni,
 and models built on Qwen: mimo, mimo_v2, mimo_vl, keye_vl, llava_next_qwen."""
+
 from lathe.llm.templates.chatml import HELPFUL, chatml
 
 _QWEN = dict(
@@ -26,16 +27,27 @@ TEMPLATES = [
     chatml("qwen3_5_nothink", multimodal="qwen3_vl", **_QWEN35),
     chatml("qwen3_6", reasoning=True, multimodal="qwen3_vl", **_QWEN35),
     # qwen2_audio: tool results as a plain user turn and the default tool format
-    chatml("qwen2_audio", default_system=HELPFUL, stop_words=("<|im_end|>",), replace_eos=True,
-           multimodal="qwen2_audio"),
+    chatml(
+        "qwen2_audio", default_system=HELPFUL, stop_words=("<|im_end|>",), replace_eos=True, multimodal="qwen2_audio"
+    ),
     chatml("qwen2_omni", default_system=HELPFUL, multimodal="qwen2_omni", **_QWEN),
     chatml("qwen3_omni", reasoning=True, multimodal="qwen2_omni", **_QWEN),
     chatml("qwen3_omni_nothink", multimodal="qwen2_omni", **_QWEN),
     chatml("keye_vl", reasoning=True, multimodal="qwen2_vl", **_QWEN),
     chatml("mimo", default_system=HELPFUL, reasoning=True, **_QWEN),
-    chatml("mimo_v2", default_system="You are MiMo, a helpful AI assistant engineered by Xiaomi.", reasoning=True,
-           thought_words=("<think>", "</think>"), **_QWEN),
-    chatml("mimo_vl", default_system="You are MiMo, an AI assistant developed by Xiaomi.", reasoning=True,
-           multimodal="qwen2_vl", **_QWEN),
+    chatml(
+        "mimo_v2",
+        default_system="You are MiMo, a helpful AI assistant engineered by Xiaomi.",
+        reasoning=True,
+        thought_words=("<think>", "</think>"),
+        **_QWEN,
+    ),
+    chatml(
+        "mimo_vl",
+        default_system="You are MiMo, an AI assistant developed by Xiaomi.",
+        reasoning=True,
+        multimodal="qwen2_vl",
+        **_QWEN,
+    ),
     chatml("llava_next_qwen", default_system=HELPFUL, multimodal="llava_next", **_QWEN),
 ]

@@ -1,10 +1,24 @@
 """The template registry and `get_template_and_fix_tokenizer`: the name in the config -> a Template,
 with the tokenizer made to agree with it (EOS, PAD, stop words, chat_template)."""
+
 from __future__ import annotations
 
 import logging
 
-from lathe.llm.templates import chatml, deepseek, gemma, generic, glm, granite, llama, mistral, phi, qwen, tencent, vendors
+from lathe.llm.templates import (
+    chatml,
+    deepseek,
+    gemma,
+    generic,
+    glm,
+    granite,
+    llama,
+    mistral,
+    phi,
+    qwen,
+    tencent,
+    vendors,
+)
 from lathe.llm.templates.template import EOS, Template
 from lathe.llm.templates.tools import get_tool_format
 
@@ -86,6 +100,9 @@ def _warn_if_chat_template_disagrees(template: Template, tokenizer) -> None:
 
     differences = chat_template_differences(template, tokenizer)
     if differences:
-        logger.warning("The tokenizer's own chat_template, which is saved with the model, renders conversations "
-                       "differently from template %r (`lathe data preview` shows how):\n%s", template.name,
-                       differences[0].describe())
+        logger.warning(
+            "The tokenizer's own chat_template, which is saved with the model, renders conversations "
+            "differently from template %r (`lathe data preview` shows how):\n%s",
+            template.name,
+            differences[0].describe(),
+        )

@@ -5,6 +5,7 @@ conversation is rendered by the chat_template itself and the trained spans are i
 Each marked span is one answer; the unmarked tokens before it are that turn's prompt. Unmarked tokens after
 the last answer (a closing newline) are never trained and nothing follows them, so they are left out.
 """
+
 from __future__ import annotations
 
 import json
@@ -49,9 +50,13 @@ class RenderedTemplate(Template):
     def _render(self, tokenizer, messages, system, tools, generation_prompt=False):
         try:
             return tokenizer.apply_chat_template(
-                _chat(messages, system), tools=json.loads(tools) if tools else None, tokenize=True,
-                return_dict=True, return_assistant_tokens_mask=not generation_prompt,
-                add_generation_prompt=generation_prompt)
+                _chat(messages, system),
+                tools=json.loads(tools) if tools else None,
+                tokenize=True,
+                return_dict=True,
+                return_assistant_tokens_mask=not generation_prompt,
+                add_generation_prompt=generation_prompt,
+            )
         except InvalidMessage:
             raise
         except Exception as error:  # the chat_template refused the conversation (roles, tools, ...)
@@ -72,8 +77,9 @@ class RenderedTemplate(Template):
                 position += 1
         answers = sum(message["role"] in ANSWER_ROLES for message in messages)
         if len(pairs) != answers:
-            raise InvalidMessage(f"the chat_template's {{% generation %}} blocks mark {len(pairs)} spans for {answers} "
-                                 "answers")
+            raise InvalidMessage(
+                f"the chat_template's {{% generation %}} blocks mark {len(pairs)} spans for {answers} answers"
+            )
         return pairs
 
     def encode_oneturn(self, tokenizer, messages, system=None, tools=None):
@@ -82,9 +88,9 @@ class RenderedTemplate(Template):
             return prompt, []
         pairs = self.encode_multiturn(tokenizer, messages, system, tools)
         full = [token for pair in pairs for ids in pair for token in ids]
-        if full[:len(prompt)] != prompt:
+        if full[: len(prompt)] != prompt:
             raise InvalidMessage("the chat_template's generation prompt is not where its last answer starts")
-        return prompt, full[len(prompt):]
+        return prompt, full[len(prompt) :]
 
     def jinja_chat_template(self, tokenizer) -> str:
         return tokenizer.chat_template  # the chat_template is the definition of this template

@@ -5,6 +5,7 @@ A slot list is the text around one message: strings where `{{content}}` is repla
 tokenized on its own (`add_special_tokens=False`), exactly as LLaMA-Factory 0.9.5 does, so that the ids
 of a prompt never depend on the response that follows it.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -165,8 +166,10 @@ class Template:
         """`encode_oneturn` as text, before tokenization: what a chat_template must render for the model to
         see at inference what it was trained on (the prompt, and the answer that follows it)."""
         messages = self._prepare_thoughts(messages, oneturn=True)
-        texts = ["".join(s if isinstance(s, str) else _special_text(s, tokenizer) for s in elements)
-                 for elements in self._elements(messages, system, tools)]
+        texts = [
+            "".join(s if isinstance(s, str) else _special_text(s, tokenizer) for s in elements)
+            for elements in self._elements(messages, system, tools)
+        ]
         prompt, response = "".join(texts[:-1]), texts[-1]
         if self.reasoning and not self._has_thought(messages[-1]["content"]):
             if self.enable_thinking:
@@ -266,8 +269,10 @@ def _refuse_media_placeholders(template: Template, index: int, content: str) -> 
     """LLaMA-Factory's multimodal plugins refuse a placeholder without its media; lathe has no media."""
     for placeholder in MEDIA_PLACEHOLDERS:
         if placeholder in content:
-            raise InvalidMessage(f"message {index + 1} holds the {placeholder} placeholder of an image, video or audio "
-                                 f"input: multimodal is not supported yet (template {template.name!r} trains on text)")
+            raise InvalidMessage(
+                f"message {index + 1} holds the {placeholder} placeholder of an image, video or audio "
+                f"input: multimodal is not supported yet (template {template.name!r} trains on text)"
+            )
 
 
 def _special_text(element: SpecialToken, tokenizer) -> str:

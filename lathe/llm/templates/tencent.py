@@ -1,4 +1,5 @@
 """Tencent: Hunyuan (hunyuan, hunyuan_small, the reasoning hy3) and Youtu (the reasoning youtu, youtu_vl)."""
+
 from lathe.llm.templates.template import BOS, Template
 
 TEMPLATES = [

@@ -4,6 +4,7 @@ A tool format says how a template describes the available tools (text appended t
 writes tool calls into an answer, and reads them back from generated text. The formats themselves live
 in tool_formats_json.py and tool_formats_xml.py; tools.py registers them.
 """
+
 from __future__ import annotations
 
 import json

@@ -1,5 +1,6 @@
 """Tool formats whose calls are JSON objects: default (ReAct "Action:"), qwen, ling, llama3, mistral, glm4,
 minimax1. The text each writes is byte for byte what LLaMA-Factory 0.9.5 writes for the same name."""
+
 from __future__ import annotations
 
 import json
@@ -150,8 +151,9 @@ def _describe_glm4(tools: list[dict]) -> str:
     tool_text = ""
     for tool in tools:
         tool = unwrap(tool)
-        tool_text += (f"\n\n## {tool['name']}\n\n{dump(tool, indent=4)}\n"
-                      "在调用上述函数时，请使用 Json 格式表示调用的参数。")
+        tool_text += (
+            f"\n\n## {tool['name']}\n\n{dump(tool, indent=4)}\n在调用上述函数时，请使用 Json 格式表示调用的参数。"
+        )
     return _GLM4_PROMPT.format(tool_text=tool_text)
 
 

@@ -3,6 +3,7 @@ declarations (gemma4) or as Python calls (lfm2). The text each writes is byte fo
 0.9.5 writes for the same name, including where that is not what the model's own chat_template writes
 (glm4_moe leaves </tool_call> out, minimax2 leaves out the <minimax:tool_call> wrapper). Reading calls back
 accepts what the same format writes."""
+
 from __future__ import annotations
 
 import ast
@@ -46,8 +47,9 @@ def _describe_qwen35(tools: list[dict]) -> str:
 def _format_qwen35(calls: list[FunctionCall]) -> str:
     texts = []
     for call in calls:
-        parameters = "".join(f"\n<parameter={key}>\n{value_text(value)}\n</parameter>"
-                             for key, value in _arguments(call).items())
+        parameters = "".join(
+            f"\n<parameter={key}>\n{value_text(value)}\n</parameter>" for key, value in _arguments(call).items()
+        )
         texts.append(f"<tool_call>\n<function={call.name}>{parameters}\n</function>\n</tool_call>")
     return "\n".join(texts)
 
@@ -63,8 +65,12 @@ def _tagged_calls(text: str, call_pattern: str, parameter_pattern: str, raw_stri
 
 
 def _extract_qwen35(text: str):
-    return _tagged_calls(text, r"<tool_call>\s*<function=\s*([^\s<>]+)\s*(.*?)\s*</function>\s*</tool_call>",
-                         r"<parameter=(.*?)>(.*?)</parameter>", raw_strip=True)
+    return _tagged_calls(
+        text,
+        r"<tool_call>\s*<function=\s*([^\s<>]+)\s*(.*?)\s*</function>\s*</tool_call>",
+        r"<parameter=(.*?)>(.*?)</parameter>",
+        raw_strip=True,
+    )
 
 
 # ---- glm4_moe (GLM-4.5 / 4.6 / 4.7): <tool_call>name, then <arg_key>/<arg_value> pairs.
@@ -88,8 +94,10 @@ def _describe_glm4_moe(tools: list[dict]) -> str:
 def _format_glm4_moe(calls: list[FunctionCall]) -> str:
     texts = []
     for call in calls:
-        pairs = "".join(f"\n<arg_key>{key}</arg_key>\n<arg_value>{value_text(value)}</arg_value>"
-                        for key, value in _arguments(call).items())
+        pairs = "".join(
+            f"\n<arg_key>{key}</arg_key>\n<arg_value>{value_text(value)}</arg_value>"
+            for key, value in _arguments(call).items()
+        )
         texts.append(f"\n<tool_call>{call.name}{pairs}")
     return "\n".join(texts)
 
@@ -116,23 +124,27 @@ _MINIMAX2_PROMPT = (
 
 
 def _describe_minimax2(tools: list[dict]) -> str:
-    tool_text = "".join("<tool>" + dump(tool.get("function", "") if tool.get("type") == "function" else tool)
-                        + "</tool>\n" for tool in tools)
+    tool_text = "".join(
+        "<tool>" + dump(tool.get("function", "") if tool.get("type") == "function" else tool) + "</tool>\n"
+        for tool in tools
+    )
     return _MINIMAX2_PROMPT.format(tool_text=tool_text)
 
 
 def _format_minimax2(calls: list[FunctionCall]) -> str:
     texts = []
     for call in calls:
-        parameters = "".join(f'\n<parameter name="{key}">{value_text(value)}</parameter>'
-                             for key, value in _arguments(call).items())
+        parameters = "".join(
+            f'\n<parameter name="{key}">{value_text(value)}</parameter>' for key, value in _arguments(call).items()
+        )
         texts.append(f'<invoke name="{call.name}">{parameters}\n</invoke>')
     return "\n".join(texts)
 
 
 def _extract_minimax2(text: str):
-    return _tagged_calls(text, r"<invoke name=\"(.*?)\">(.*?)</invoke>", r"<parameter name=\"(.*?)\">(.*?)</parameter>",
-                         raw_strip=False)
+    return _tagged_calls(
+        text, r"<invoke name=\"(.*?)\">(.*?)</invoke>", r"<parameter name=\"(.*?)\">(.*?)</parameter>", raw_strip=False
+    )
 
 
 # ---- seed_oss (Seed-OSS): <seed:tool_call><function=name> with <parameter=key> per argument.
@@ -153,14 +165,20 @@ def _describe_seed(tools: list[dict]) -> str:
 def _format_seed(calls: list[FunctionCall]) -> str:
     texts = []
     for call in calls:
-        parameters = "".join(f"\n<parameter={key}>{value_text(value)}</parameter>" for key, value in _arguments(call).items())
+        parameters = "".join(
+            f"\n<parameter={key}>{value_text(value)}</parameter>" for key, value in _arguments(call).items()
+        )
         texts.append(f"\n<seed:tool_call>\n<function={call.name}{parameters}\n</function>\n</seed:tool_call>")
     return "\n".join(texts)
 
 
 def _extract_seed(text: str):
-    return _tagged_calls(text, r"<seed:tool_call>\s*<function=\s*([^\s<]+)\s*(.*?)\s*</function>\s*</seed:tool_call>",
-                         r"<parameter=(.*?)>(.*?)</parameter>", raw_strip=False)
+    return _tagged_calls(
+        text,
+        r"<seed:tool_call>\s*<function=\s*([^\s<]+)\s*(.*?)\s*</function>\s*</seed:tool_call>",
+        r"<parameter=(.*?)>(.*?)</parameter>",
+        raw_strip=False,
+    )
 
 
 # ---- gemma4 (Gemma 4): declarations and calls in Gemma's own notation, strings quoted with <|"|>.
@@ -185,8 +203,9 @@ def _describe_gemma4(tools: list[dict]) -> str:
         if parameters:
             parts = []
             if parameters.get("properties"):
-                properties = ",".join(f"{name}:{{{','.join(_schema_parts(schema))}}}"
-                                      for name, schema in parameters["properties"].items())
+                properties = ",".join(
+                    f"{name}:{{{','.join(_schema_parts(schema))}}}" for name, schema in parameters["properties"].items()
+                )
                 parts.append(f"properties:{{{properties}}}")
             if parameters.get("required"):
                 parts.append("required:[" + ",".join(_quoted(item) for item in parameters["required"]) + "]")
@@ -209,7 +228,9 @@ def _gemma4_value(value: Any, quote_keys: bool = True) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, dict):
-        items = [f"{_quoted(key) if quote_keys else key}:{_gemma4_value(value[key], quote_keys)}" for key in sorted(value)]
+        items = [
+            f"{_quoted(key) if quote_keys else key}:{_gemma4_value(value[key], quote_keys)}" for key in sorted(value)
+        ]
         return "{" + ",".join(items) + "}"
     if isinstance(value, (list, tuple)):
         return "[" + ",".join(_gemma4_value(item, quote_keys) for item in value) + "]"
@@ -264,8 +285,10 @@ def _describe_lfm2(tools: list[dict]) -> str:
 def _format_lfm2(calls: list[FunctionCall]) -> str:
     texts = []
     for call in calls:
-        keywords = [f'{key}="{value}"' if isinstance(value, str) else f"{key}={dump(value)}"
-                    for key, value in _arguments(call).items()]
+        keywords = [
+            f'{key}="{value}"' if isinstance(value, str) else f"{key}={dump(value)}"
+            for key, value in _arguments(call).items()
+        ]
         texts.append(f"{call.name}({', '.join(keywords)})")
     return f"<|tool_call_start|>[{', '.join(texts)}]<|tool_call_end|>"
 
@@ -287,7 +310,7 @@ def _extract_lfm2(text: str):
     if end == -1:
         return text
     try:
-        tree = ast.parse(text[start + len("<|tool_call_start|>"):end].strip(), mode="eval").body
+        tree = ast.parse(text[start + len("<|tool_call_start|>") : end].strip(), mode="eval").body
         nodes = tree.elts if isinstance(tree, ast.List) else [tree]
         calls = []
         for node in nodes:

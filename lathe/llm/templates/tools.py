@@ -5,6 +5,7 @@ The formats (tool_formats_json.py, tool_formats_xml.py) write byte for byte what
 writes for the same name. A malformed tool list or tool call raises `InvalidMessage`, which the
 supervised processor turns into a counted skip.
 """
+
 from __future__ import annotations
 
 import json
@@ -13,8 +14,14 @@ import re
 from lathe.llm.templates import tool_formats_json, tool_formats_xml
 from lathe.llm.templates.tool_calls import FunctionCall, InvalidMessage, ToolFormat, dump
 
-__all__ = ["FunctionCall", "InvalidMessage", "TOOL_FORMATS", "describe_tools", "format_function_message",
-           "get_tool_format"]
+__all__ = [
+    "FunctionCall",
+    "InvalidMessage",
+    "TOOL_FORMATS",
+    "describe_tools",
+    "format_function_message",
+    "get_tool_format",
+]
 
 TOOL_FORMATS: dict[str, ToolFormat] = {fmt.name: fmt for fmt in tool_formats_json.FORMATS + tool_formats_xml.FORMATS}
 
@@ -36,12 +43,16 @@ def describe_tools(tool_format: str, tools: str) -> str:
     if isinstance(parsed, (list, dict)) and len(parsed) == 0:
         return ""
     if not isinstance(parsed, list):
-        raise InvalidMessage(f"tools must be a JSON list of tool descriptions, got {type(parsed).__name__} {tools[:40]!r}")
+        raise InvalidMessage(
+            f"tools must be a JSON list of tool descriptions, got {type(parsed).__name__} {tools[:40]!r}"
+        )
     try:
         return get_tool_format(tool_format).describe_tools(parsed)
     except (KeyError, TypeError, AttributeError) as error:
-        raise InvalidMessage(f"a tool description lacks a field or has the wrong type ({error!r}): each tool needs a "
-                             '"name" and JSON-schema "parameters" with "properties"') from None
+        raise InvalidMessage(
+            f"a tool description lacks a field or has the wrong type ({error!r}): each tool needs a "
+            '"name" and JSON-schema "parameters" with "properties"'
+        ) from None
 
 
 def _parse_calls(text: str) -> list[FunctionCall]:

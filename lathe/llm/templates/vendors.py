@@ -2,6 +2,7 @@
 Baidu (ernie, ernie_nothink, ernie_vl), ByteDance (seed_coder, seed_oss), Cohere (cohere), LG (exaone),
 Moonshot (kimi_vl, moonlight), MiniMax (minimax1, minimax2), OpenAI (gpt_oss), Rednote (dots_ocr),
 and community models (index, olmo, openchat, starchat, telechat2, yuan, zephyr)."""
+
 from lathe.llm.templates.template import BOS, EOS, SpecialToken, Template
 
 _SEED = dict(user=(BOS, "user\n{{content}}", EOS, BOS, "assistant\n"), system=(BOS, "system\n{{content}}", EOS))
@@ -26,8 +27,10 @@ ANT = [
         user=("<role>HUMAN</role>{{content}}<|role_end|><role>ASSISTANT</role>",),
         assistant=("{{content}}<|role_end|>",),
         system=("<role>SYSTEM</role>{{content}}<|role_end|>",),
-        observation=("<role>OBSERVATION</role>\n<tool_response>\n{{content}}\n</tool_response><|role_end|>"
-                     "<role>ASSISTANT</role>",),
+        observation=(
+            "<role>OBSERVATION</role>\n<tool_response>\n{{content}}\n</tool_response><|role_end|>"
+            "<role>ASSISTANT</role>",
+        ),
         tool_format="ling",
         stop_words=("<|endoftext|>",),
         efficient_eos=True,
@@ -64,42 +67,72 @@ BAIDU = [
     ),
 ]
 BYTEDANCE = [
-    Template(name="seed_coder", default_system=(
-        "You are an AI programming assistant, utilizing the Seed-Coder model, developed by ByteDance Seed, "
-        "and you only answer questions related to computer science. For politically sensitive questions, "
-        "security and privacy issues, and other non-computer science questions, you will refuse to answer.\n\n"),
-        **_SEED),
-    Template(name="seed_oss", function=(BOS, "\n{{content}}", EOS), tool_format="seed_oss",
-             thought_words=("<seed:think>", "</seed:think>"), reasoning=True, **_SEED),
+    Template(
+        name="seed_coder",
+        default_system=(
+            "You are an AI programming assistant, utilizing the Seed-Coder model, developed by ByteDance Seed, "
+            "and you only answer questions related to computer science. For politically sensitive questions, "
+            "security and privacy issues, and other non-computer science questions, you will refuse to answer.\n\n"
+        ),
+        **_SEED,
+    ),
+    Template(
+        name="seed_oss",
+        function=(BOS, "\n{{content}}", EOS),
+        tool_format="seed_oss",
+        thought_words=("<seed:think>", "</seed:think>"),
+        reasoning=True,
+        **_SEED,
+    ),
 ]
 COHERE = [
     Template(
         name="cohere",
-        user=("<|START_OF_TURN_TOKEN|><|USER_TOKEN|>{{content}}<|END_OF_TURN_TOKEN|>"
-              "<|START_OF_TURN_TOKEN|><|CHATBOT_TOKEN|>",),
+        user=(
+            "<|START_OF_TURN_TOKEN|><|USER_TOKEN|>{{content}}<|END_OF_TURN_TOKEN|>"
+            "<|START_OF_TURN_TOKEN|><|CHATBOT_TOKEN|>",
+        ),
         system=("<|START_OF_TURN_TOKEN|><|SYSTEM_TOKEN|>{{content}}<|END_OF_TURN_TOKEN|>",),
         prefix=(BOS,),
     ),
 ]
 LG = [
-    Template(name="exaone", user=("[|user|]{{content}}\n[|assistant|]",), assistant=("{{content}}", EOS, "\n"),
-             system=("[|system|]{{content}}[|endofturn|]\n",)),
+    Template(
+        name="exaone",
+        user=("[|user|]{{content}}\n[|assistant|]",),
+        assistant=("{{content}}", EOS, "\n"),
+        system=("[|system|]{{content}}[|endofturn|]\n",),
+    ),
 ]
 MOONSHOT = [
-    Template(name="kimi_vl", default_system="You are a helpful assistant", thought_words=("◁think▷", "◁/think▷"),
-             reasoning=True, multimodal="kimi_vl", **_KIMI),
-    Template(name="moonlight", default_system="You are a helpful assistant provided by Moonshot-AI.", replace_eos=True,
-             **_KIMI),
+    Template(
+        name="kimi_vl",
+        default_system="You are a helpful assistant",
+        thought_words=("◁think▷", "◁/think▷"),
+        reasoning=True,
+        multimodal="kimi_vl",
+        **_KIMI,
+    ),
+    Template(
+        name="moonlight",
+        default_system="You are a helpful assistant provided by Moonshot-AI.",
+        replace_eos=True,
+        **_KIMI,
+    ),
 ]
 MINIMAX = [
     Template(
         name="minimax1",
-        user=("<beginning_of_sentence>user name=user\n{{content}}<end_of_sentence>\n"
-              "<beginning_of_sentence>ai name=assistant\n",),
+        user=(
+            "<beginning_of_sentence>user name=user\n{{content}}<end_of_sentence>\n"
+            "<beginning_of_sentence>ai name=assistant\n",
+        ),
         assistant=("{{content}}<end_of_sentence>\n",),
         system=("<beginning_of_sentence>system ai_setting=assistant\n{{content}}<end_of_sentence>\n",),
-        observation=("<beginning_of_sentence>tool name=tools\n{{content}}<end_of_sentence>\n"
-                     "<beginning_of_sentence>ai name=assistant\n",),
+        observation=(
+            "<beginning_of_sentence>tool name=tools\n{{content}}<end_of_sentence>\n"
+            "<beginning_of_sentence>ai name=assistant\n",
+        ),
         tool_format="minimax1",
         default_system="You are a helpful assistant.",
         stop_words=("<end_of_sentence>",),
@@ -151,12 +184,26 @@ COMMUNITY = [
         system=("<|system|>\n{{content}}<|end|>\n",),
         stop_words=("<|end|>",),
     ),
-    Template(name="telechat2", user=("<_user>{{content}}<_bot>",), system=("<_system>{{content}}",), default_system=(
-        "你是中国电信星辰语义大模型，英文名是TeleChat，你是由中电信人工智能科技有限公司和中国电信人工智能研究院（TeleAI）研发的人工智能助手。")),
-    Template(name="yuan", user=("{{content}}", SpecialToken("token", "<sep>")), assistant=("{{content}}<eod>\n",),
-             stop_words=("<eod>",)),
-    Template(name="zephyr", user=("<|user|>\n{{content}}", EOS, "<|assistant|>\n"), system=("<|system|>\n{{content}}", EOS),
-             default_system="You are Zephyr, a helpful assistant."),
+    Template(
+        name="telechat2",
+        user=("<_user>{{content}}<_bot>",),
+        system=("<_system>{{content}}",),
+        default_system=(
+            "你是中国电信星辰语义大模型，英文名是TeleChat，你是由中电信人工智能科技有限公司和中国电信人工智能研究院（TeleAI）研发的人工智能助手。"
+        ),
+    ),
+    Template(
+        name="yuan",
+        user=("{{content}}", SpecialToken("token", "<sep>")),
+        assistant=("{{content}}<eod>\n",),
+        stop_words=("<eod>",),
+    ),
+    Template(
+        name="zephyr",
+        user=("<|user|>\n{{content}}", EOS, "<|assistant|>\n"),
+        system=("<|system|>\n{{content}}", EOS),
+        default_system="You are Zephyr, a helpful assistant.",
+    ),
 ]
 
 TEMPLATES = ANT + BAIDU + BYTEDANCE + COHERE + LG + MOONSHOT + MINIMAX + OPENAI + REDNOTE + COMMUNITY

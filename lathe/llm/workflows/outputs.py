@@ -1,6 +1,7 @@
 """What a `lathe train` run leaves in output_dir besides the weights: trainer_log.jsonl (LLaMA-Factory's
 LogCallback format), loss plots, generation_config.json with the template's stop tokens, and
 generated_predictions.jsonl with exact-match scores."""
+
 from __future__ import annotations
 
 import json
@@ -192,7 +193,11 @@ def _decode_rows(tokenizer, rows, skip_special_tokens: bool) -> list[str]:
     texts = []
     for row in rows:
         row = np.asarray(row)
-        row = row[(row != IGNORE_INDEX) & (row != tokenizer.pad_token_id)] if tokenizer.pad_token_id is not None else row[row != IGNORE_INDEX]
+        row = (
+            row[(row != IGNORE_INDEX) & (row != tokenizer.pad_token_id)]
+            if tokenizer.pad_token_id is not None
+            else row[row != IGNORE_INDEX]
+        )
         texts.append(tokenizer.decode(row.tolist(), skip_special_tokens=skip_special_tokens).strip())
     return texts
 

@@ -5,6 +5,7 @@ adapter converted to a plain LoRA of the original base, as LLaMA-Factory does:
     output_dir/pissa_backup/     the trained PiSSA adapter
     output_dir/pissa_converted/  the trained adapter as a rank-2r LoRA on the *original* weights
 """
+
 from __future__ import annotations
 
 import logging
@@ -42,8 +43,9 @@ class PissaConvertCallback(TrainerCallback):
 
         if not (args.should_save and isinstance(model, PeftModel)):
             return
-        init_dir, backup_dir, converted_dir = (os.path.join(args.output_dir, name)
-                                               for name in ("pissa_init", "pissa_backup", "pissa_converted"))
+        init_dir, backup_dir, converted_dir = (
+            os.path.join(args.output_dir, name) for name in ("pissa_init", "pissa_backup", "pissa_converted")
+        )
         init = model.peft_config["default"].init_lora_weights
         _save_as_plain_init(model, backup_dir)
         # peft subtracts the initial adapter and folds the residual change into a rank-2r LoRA.

@@ -1,5 +1,6 @@
 """What `lathe train` prints before it starts: the resolved configuration (values that differ from
 the defaults) and the plan — examples, tokens, steps, when it logs/evaluates/saves, trainable parameters."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -9,7 +10,6 @@ from dataclasses import dataclass
 from lathe.llm.config_methods import describe_method
 
 __all__ = ["RunPlan", "make_plan", "format_plan", "format_config", "count_tokens", "print_once"]
-
 
 
 @dataclass
@@ -65,12 +65,22 @@ def make_plan(config, dataset_module: dict, model, resume_from: str | None = Non
     trainable, total = count_parameters(model)
     epochs = total_steps / steps_per_epoch if steps_per_epoch else 0.0
     return RunPlan(
-        stage=config.finetuning.stage, method=describe_method(config.model, config.finetuning), train_examples=train_examples,
-        train_tokens=tokens, trained_tokens=trained, eval_examples=eval_examples,
-        batch_size=batch * training.gradient_accumulation_steps, steps_per_epoch=steps_per_epoch,
-        total_steps=total_steps, epochs=epochs, trainable_parameters=trainable, total_parameters=total,
-        resume_from=resume_from, attention=getattr(getattr(model, "config", None), "_attn_implementation", None),
-        cutoff_len=config.data.cutoff_len, truncation=dataset_module.get("truncation"),
+        stage=config.finetuning.stage,
+        method=describe_method(config.model, config.finetuning),
+        train_examples=train_examples,
+        train_tokens=tokens,
+        trained_tokens=trained,
+        eval_examples=eval_examples,
+        batch_size=batch * training.gradient_accumulation_steps,
+        steps_per_epoch=steps_per_epoch,
+        total_steps=total_steps,
+        epochs=epochs,
+        trainable_parameters=trainable,
+        total_parameters=total,
+        resume_from=resume_from,
+        attention=getattr(getattr(model, "config", None), "_attn_implementation", None),
+        cutoff_len=config.data.cutoff_len,
+        truncation=dataset_module.get("truncation"),
         reference=_reference(config),
     )
 
@@ -115,7 +125,9 @@ def format_plan(plan: RunPlan, config) -> str:
             f"  batch           {plan.batch_size} examples per step = {training.per_device_train_batch_size} per device"
             f" x {training.gradient_accumulation_steps} accumulation x {training.world_size} process(es)"
         )
-        lines.append(f"  steps           {plan.steps_per_epoch} per epoch, {plan.total_steps} in total ({plan.epochs:.2f} epochs)")
+        lines.append(
+            f"  steps           {plan.steps_per_epoch} per epoch, {plan.total_steps} in total ({plan.epochs:.2f} epochs)"
+        )
         lines.append("  " + _every(training.logging_strategy, training.logging_steps, plan.total_steps, "log"))
         lines.append("  " + _every(training.eval_strategy, training.eval_steps, plan.total_steps, "evaluate"))
         save = _every(training.save_strategy, training.save_steps, plan.total_steps, "save")
@@ -130,14 +142,20 @@ def format_plan(plan: RunPlan, config) -> str:
     if config.finetuning.pure_bf16:
         precision = "pure bf16"
     lines.append(f"  precision       {precision} on {training.device}")
-    checkpointing = "on (disable_gradient_checkpointing: true trades memory for speed)" if training.gradient_checkpointing else "off"
+    checkpointing = (
+        "on (disable_gradient_checkpointing: true trades memory for speed)"
+        if training.gradient_checkpointing
+        else "off"
+    )
     lines.append(f"  checkpointing   activations {checkpointing}")
     if training.fsdp or training.deepspeed:
         lines.append(f"  sharding        {_sharding(training)}")
     if plan.reference:
         lines.append(f"  reference       {plan.reference}")
     if plan.attention:
-        attention = "sdpa per packed example (no block mask)" if plan.attention == "lathe_packed_sdpa" else plan.attention
+        attention = (
+            "sdpa per packed example (no block mask)" if plan.attention == "lathe_packed_sdpa" else plan.attention
+        )
         lines.append(f"  attention       {attention}")
     return "\n".join(lines)
 
@@ -148,8 +166,10 @@ def _truncation_lines(plan: RunPlan) -> list[str]:
     from lathe.llm.data import truncation
 
     if plan.stage == "pt":
-        return [f"  cutoff_len      {plan.cutoff_len}-token rows; no token is cut (a longer document continues "
-                f"in the next row)"]
+        return [
+            f"  cutoff_len      {plan.cutoff_len}-token rows; no token is cut (a longer document continues "
+            f"in the next row)"
+        ]
     lines = []
     for split, stats in (plan.truncation or {}).items():
         if not stats or (split != "train" and not stats["truncated_examples"]):

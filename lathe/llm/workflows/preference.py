@@ -4,11 +4,18 @@ reference model, on lathe's own DPOTrainer / KTOTrainer.
     config -> tokenizer, template -> tokenized pairs / tagged answers -> model (full/freeze/lora)
            -> reference (frozen copy, the adapter-less policy, or none) -> train -> save -> evaluate
 """
+
 from __future__ import annotations
 
 from lathe.llm.workflows.plan import format_plan, make_plan, print_once
 from lathe.train.labels import IGNORE_INDEX
-from lathe.llm.workflows.setup import checkpointing_for, finish_training, make_callbacks, resolve_resume_checkpoint, write_run_config
+from lathe.llm.workflows.setup import (
+    checkpointing_for,
+    finish_training,
+    make_callbacks,
+    resolve_resume_checkpoint,
+    write_run_config,
+)
 
 # What LLaMA-Factory plots besides the loss, per stage.
 PLOTTED = {"dpo": ("loss", "rewards/accuracies"), "kto": ("loss", "rewards/chosen")}
@@ -33,7 +40,12 @@ def run(config, dry_run: bool = False, callbacks: list | None = None) -> dict:
     from lathe.llm.workflows.outputs import set_stop_tokens
     from lathe.train.seed import set_seed
 
-    model_args, data_args, training_args, finetuning_args = config.model, config.data, config.training, config.finetuning
+    model_args, data_args, training_args, finetuning_args = (
+        config.model,
+        config.data,
+        config.training,
+        config.finetuning,
+    )
     stage = finetuning_args.stage
     resume_from = resolve_resume_checkpoint(config)
 
@@ -75,9 +87,17 @@ def _make_trainer(config, model, reference, tokenizer, datasets, callbacks):
 
     dpo = config.finetuning.stage == "dpo"
     label_pad = IGNORE_INDEX if config.data.ignore_pad_token_for_loss else tokenizer.pad_token_id
-    collator = (PairwiseDataCollator if dpo else KTODataCollator)(tokenizer, pad_to_multiple_of=8, label_pad_token_id=label_pad)
+    collator = (PairwiseDataCollator if dpo else KTODataCollator)(
+        tokenizer, pad_to_multiple_of=8, label_pad_token_id=label_pad
+    )
     return (DPOTrainer if dpo else KTOTrainer)(
-        model=model, ref_model=reference, finetuning_args=config.finetuning, args=config.training,
-        data_collator=collator, processing_class=tokenizer, train_dataset=datasets["train_dataset"],
-        eval_dataset=datasets["eval_dataset"], callbacks=make_callbacks(config) + list(callbacks or []),
+        model=model,
+        ref_model=reference,
+        finetuning_args=config.finetuning,
+        args=config.training,
+        data_collator=collator,
+        processing_class=tokenizer,
+        train_dataset=datasets["train_dataset"],
+        eval_dataset=datasets["eval_dataset"],
+        callbacks=make_callbacks(config) + list(callbacks or []),
     )

@@ -4,6 +4,7 @@ causal LM trained on every token.
     config -> tokenizer, template -> tokenized blocks -> model (full/freeze/lora)
            -> Trainer.train() -> save -> evaluate (loss, perplexity)
 """
+
 from __future__ import annotations
 
 from lathe.llm.loraplus import MethodOptimizerMixin
@@ -63,7 +64,12 @@ def run(config, dry_run: bool = False, callbacks: list | None = None) -> dict:
     from lathe.llm.workflows.outputs import set_stop_tokens
     from lathe.train.seed import set_seed
 
-    model_args, data_args, training_args, finetuning_args = config.model, config.data, config.training, config.finetuning
+    model_args, data_args, training_args, finetuning_args = (
+        config.model,
+        config.data,
+        config.training,
+        config.finetuning,
+    )
     resume_from = resolve_resume_checkpoint(config)
 
     # Tokenizer and template first: the template may add stop tokens the model must have rows for.
@@ -80,9 +86,14 @@ def run(config, dry_run: bool = False, callbacks: list | None = None) -> dict:
 
     set_stop_tokens(model, tokenizer, template)
     trainer = PretrainTrainer(
-        model=model, args=training_args, data_collator=PretrainCollator(tokenizer), processing_class=tokenizer,
-        train_dataset=datasets["train_dataset"], eval_dataset=datasets["eval_dataset"],
-        callbacks=make_callbacks(config) + list(callbacks or []), finetuning_args=finetuning_args,
+        model=model,
+        args=training_args,
+        data_collator=PretrainCollator(tokenizer),
+        processing_class=tokenizer,
+        train_dataset=datasets["train_dataset"],
+        eval_dataset=datasets["eval_dataset"],
+        callbacks=make_callbacks(config) + list(callbacks or []),
+        finetuning_args=finetuning_args,
     )
     metrics = {}
     if training_args.do_train:

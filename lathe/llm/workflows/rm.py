@@ -4,6 +4,7 @@ of each pair scores above the rejected one; evaluation reports accuracy, do_pred
     config -> tokenizer, template -> tokenized pairs -> model (full/freeze/lora) + value head
            -> RewardTrainer.train() -> save (weights or adapter + value_head.safetensors) -> evaluate -> predict
 """
+
 from __future__ import annotations
 
 from lathe.llm.workflows.plan import format_plan, make_plan, print_once
@@ -27,7 +28,12 @@ def run(config, dry_run: bool = False, callbacks: list | None = None) -> dict:
     from lathe.llm.templates import get_template_and_fix_tokenizer
     from lathe.train.seed import set_seed
 
-    model_args, data_args, training_args, finetuning_args = config.model, config.data, config.training, config.finetuning
+    model_args, data_args, training_args, finetuning_args = (
+        config.model,
+        config.data,
+        config.training,
+        config.finetuning,
+    )
     resume_from = resolve_resume_checkpoint(config)
 
     tokenizer = load_tokenizer(model_args)
@@ -43,9 +49,14 @@ def run(config, dry_run: bool = False, callbacks: list | None = None) -> dict:
         return {}
 
     trainer = RewardTrainer(
-        model=model, args=training_args, data_collator=PairwiseDataCollator(tokenizer, pad_to_multiple_of=8),
-        processing_class=tokenizer, train_dataset=datasets["train_dataset"], eval_dataset=datasets["eval_dataset"],
-        compute_metrics=RewardAccuracy(), callbacks=make_callbacks(config) + list(callbacks or []),
+        model=model,
+        args=training_args,
+        data_collator=PairwiseDataCollator(tokenizer, pad_to_multiple_of=8),
+        processing_class=tokenizer,
+        train_dataset=datasets["train_dataset"],
+        eval_dataset=datasets["eval_dataset"],
+        compute_metrics=RewardAccuracy(),
+        callbacks=make_callbacks(config) + list(callbacks or []),
         finetuning_args=finetuning_args,
     )
     metrics = {}

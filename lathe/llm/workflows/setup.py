@@ -1,5 +1,6 @@
 """What every recipe does around the Trainer: decide where a run starts (LLaMA-Factory's output_dir
 rules), the callbacks it adds, and what it saves when training ends. One home, so pt and sft cannot drift."""
+
 from __future__ import annotations
 
 import logging
@@ -13,7 +14,13 @@ __all__ = ["resolve_resume_checkpoint", "make_callbacks", "finish_training", "ev
 logger = logging.getLogger(__name__)
 
 # Files that mean "a finished model is already here" (LLaMA-Factory refuses to train over them).
-MODEL_FILES = ("model.safetensors", "model.safetensors.index.json", "adapter_model.safetensors", "pytorch_model.bin", "adapter_model.bin")
+MODEL_FILES = (
+    "model.safetensors",
+    "model.safetensors.index.json",
+    "adapter_model.safetensors",
+    "pytorch_model.bin",
+    "adapter_model.bin",
+)
 RUN_CONFIG_NAME = "lathe_train_config.yaml"
 
 

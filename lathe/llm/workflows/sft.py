@@ -4,6 +4,7 @@ on assistant tokens only, and optionally generation on the held-out prompts.
     config -> tokenizer, template -> tokenized conversations -> model (full/freeze/lora)
            -> Seq2SeqTrainer.train() -> save -> evaluate -> predict (generated_predictions.jsonl)
 """
+
 from __future__ import annotations
 
 from lathe.llm.loraplus import MethodOptimizerMixin
@@ -28,7 +29,9 @@ class SFTTrainer(MethodOptimizerMixin, Seq2SeqTrainer):
         if not self.args.predict_with_generate or prediction_loss_only:
             return super().prediction_step(model, inputs, prediction_loss_only, ignore_keys=ignore_keys, **gen_kwargs)
         labels = inputs.pop("labels", None)
-        loss, generated, _ = super().prediction_step(model, inputs, prediction_loss_only, ignore_keys=ignore_keys, **gen_kwargs)
+        loss, generated, _ = super().prediction_step(
+            model, inputs, prediction_loss_only, ignore_keys=ignore_keys, **gen_kwargs
+        )
         if generated is not None:
             generated = generated.clone()
             generated[:, : inputs["input_ids"].size(-1)] = self.processing_class.pad_token_id
@@ -51,7 +54,12 @@ def run(config, dry_run: bool = False, callbacks: list | None = None) -> dict:
     from lathe.llm.workflows.outputs import ExactMatch, save_predictions, set_stop_tokens
     from lathe.train.seed import set_seed
 
-    model_args, data_args, training_args, finetuning_args = config.model, config.data, config.training, config.finetuning
+    model_args, data_args, training_args, finetuning_args = (
+        config.model,
+        config.data,
+        config.training,
+        config.finetuning,
+    )
     resume_from = resolve_resume_checkpoint(config)
 
     # Tokenizer and template first: the template may add stop tokens the model must have rows for.
@@ -74,15 +82,24 @@ def run(config, dry_run: bool = False, callbacks: list | None = None) -> dict:
 
     set_stop_tokens(model, tokenizer, template)
     collator = SFTDataCollator(
-        tokenizer=tokenizer, model=model, neat_packing=data_args.neat_packing,
+        tokenizer=tokenizer,
+        model=model,
+        neat_packing=data_args.neat_packing,
         label_pad_token_id=-100 if data_args.ignore_pad_token_for_loss else tokenizer.pad_token_id,
         pad_to_multiple_of=8 if training_args.do_train else None,
     )
     trainer = SFTTrainer(
-        model=model, args=training_args, data_collator=collator, processing_class=tokenizer,
-        train_dataset=datasets["train_dataset"], eval_dataset=datasets["eval_dataset"],
-        compute_metrics=ExactMatch(tokenizer, config.generating.skip_special_tokens) if training_args.predict_with_generate else None,
-        callbacks=make_callbacks(config) + list(callbacks or []), finetuning_args=finetuning_args,
+        model=model,
+        args=training_args,
+        data_collator=collator,
+        processing_class=tokenizer,
+        train_dataset=datasets["train_dataset"],
+        eval_dataset=datasets["eval_dataset"],
+        compute_metrics=ExactMatch(tokenizer, config.generating.skip_special_tokens)
+        if training_args.predict_with_generate
+        else None,
+        callbacks=make_callbacks(config) + list(callbacks or []),
+        finetuning_args=finetuning_args,
     )
     metrics = {}
     if training_args.do_train:
@@ -104,9 +121,14 @@ def run(config, dry_run: bool = False, callbacks: list | None = None) -> dict:
         trainer.log_metrics("predict", results.metrics)
         trainer.save_metrics("predict", results.metrics)
         if trainer.is_world_process_zero():
-            path = save_predictions(training_args.output_dir, eval_dataset, results, tokenizer, config.generating.skip_special_tokens)
+            path = save_predictions(
+                training_args.output_dir, eval_dataset, results, tokenizer, config.generating.skip_special_tokens
+            )
             # The run's headline number as its last line (the metrics block lists it among timings).
-            print(f"Exact match: {results.metrics['predict_exact_match']:.1f}% of {len(eval_dataset)} "
-                  f"held-out examples (predictions in {path})", flush=True)
+            print(
+                f"Exact match: {results.metrics['predict_exact_match']:.1f}% of {len(eval_dataset)} "
+                f"held-out examples (predictions in {path})",
+                flush=True,
+            )
         metrics.update(results.metrics)
     return metrics

@@ -1,5 +1,6 @@
 """Which recipe trains each `lathe train` stage: the stage -> workflow-module table, and run_train, which
 hands a parsed config to its stage's recipe. Every recipe module has run(config, dry_run, callbacks)."""
+
 from __future__ import annotations
 
 from importlib import import_module

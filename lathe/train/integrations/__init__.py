@@ -1,4 +1,5 @@
 """Reporters named by TrainingArguments.report_to; each optional package is imported lazily in its own module."""
+
 from __future__ import annotations
 
 
@@ -18,5 +19,7 @@ def reporter_callbacks(report_to) -> list:
 
             callbacks.append(JsonlLoggerCallback)
         else:
-            raise ValueError(f"report_to={name!r} is not supported; lathe reports to: 'tensorboard', 'jsonl', or 'none'.")
+            raise ValueError(
+                f"report_to={name!r} is not supported; lathe reports to: 'tensorboard', 'jsonl', or 'none'."
+            )
     return callbacks

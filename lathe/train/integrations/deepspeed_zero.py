@@ -19,6 +19,7 @@ DeepSpeed's own global_stepN/ folder (each rank's optimizer partition) and `late
 those files with pickle; lathe gives the engine a loader that uses torch.load(weights_only=True),
 allowing only the few DeepSpeed classes its files hold, so a checkpoint cannot run code.
 """
+
 from __future__ import annotations
 
 import difflib
@@ -34,12 +35,35 @@ INSTALL_HINT = "pip install 'lathe[deepspeed]'  (or: pip install deepspeed)"
 # Top-level keys of a DeepSpeed config that this integration reads or passes through (DeepSpeed
 # validates its own sections); a misspelt one would be ignored by DeepSpeed, so it is an error here.
 _KNOWN_KEYS = (
-    "train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps", "gradient_clipping",
-    "zero_optimization", "zero_allow_untested_optimizer", "zero_force_ds_cpu_optimizer", "fp16", "bf16",
-    "amp", "steps_per_print", "wall_clock_breakdown", "dump_state", "prescale_gradients",
-    "gradient_predivide_factor", "communication_data_type", "seq_parallel_communication_data_type",
-    "activation_checkpointing", "flops_profiler", "comms_logger", "checkpoint", "data_types",
-    "memory_breakdown", "tensorboard", "wandb", "csv_monitor", "aio", "torch_autocast", "compile",
+    "train_batch_size",
+    "train_micro_batch_size_per_gpu",
+    "gradient_accumulation_steps",
+    "gradient_clipping",
+    "zero_optimization",
+    "zero_allow_untested_optimizer",
+    "zero_force_ds_cpu_optimizer",
+    "fp16",
+    "bf16",
+    "amp",
+    "steps_per_print",
+    "wall_clock_breakdown",
+    "dump_state",
+    "prescale_gradients",
+    "gradient_predivide_factor",
+    "communication_data_type",
+    "seq_parallel_communication_data_type",
+    "activation_checkpointing",
+    "flops_profiler",
+    "comms_logger",
+    "checkpoint",
+    "data_types",
+    "memory_breakdown",
+    "tensorboard",
+    "wandb",
+    "csv_monitor",
+    "aio",
+    "torch_autocast",
+    "compile",
 )
 # Sections where DeepSpeed would build its own optimizer / scheduler instead of lathe's.
 _OWN_OPTIMIZER_SECTIONS = ("optimizer", "scheduler")
@@ -63,7 +87,9 @@ def import_deepspeed():
     try:
         import deepspeed
     except ImportError as error:
-        raise ImportError(f"TrainingArguments.deepspeed is set, but the deepspeed package is not installed: {INSTALL_HINT}.") from error
+        raise ImportError(
+            f"TrainingArguments.deepspeed is set, but the deepspeed package is not installed: {INSTALL_HINT}."
+        ) from error
     return deepspeed
 
 
@@ -94,7 +120,8 @@ def validate(args) -> dict:
             raise ValueError(
                 f"{where}: the {key!r} section is not supported. lathe builds the optimizer and scheduler from TrainingArguments "
                 "(optim, learning_rate, weight_decay, adam_beta1/2, adam_epsilon, lr_scheduler_type, warmup_steps) and DeepSpeed "
-                f"wraps them: remove {key!r} from the config and set those arguments instead.")
+                f"wraps them: remove {key!r} from the config and set those arguments instead."
+            )
         if key not in _KNOWN_KEYS:
             close = difflib.get_close_matches(key, _KNOWN_KEYS, n=1)
             hint = f"; did you mean {close[0]!r}?" if close else ""
@@ -103,13 +130,19 @@ def validate(args) -> dict:
     if stage not in (0, 1, 2, 3):
         raise ValueError(f"{where}: zero_optimization.stage must be 0, 1, 2 or 3, got {stage!r}.")
     if args.fsdp:
-        raise ValueError("deepspeed and fsdp are both set: choose one way to shard the model (FSDP2 via fsdp, or DeepSpeed ZeRO).")
+        raise ValueError(
+            "deepspeed and fsdp are both set: choose one way to shard the model (FSDP2 via fsdp, or DeepSpeed ZeRO)."
+        )
     if args.auto_find_batch_size:
-        raise ValueError("auto_find_batch_size cannot be used with deepspeed: the micro-batch size is fixed in DeepSpeed's "
-                         "engine. Set per_device_train_batch_size instead.")
+        raise ValueError(
+            "auto_find_batch_size cannot be used with deepspeed: the micro-batch size is fixed in DeepSpeed's "
+            "engine. Set per_device_train_batch_size instead."
+        )
     if stage == 3 and args.load_best_model_at_end:
-        raise ValueError("load_best_model_at_end with ZeRO stage 3 is not supported: the partitioned weights cannot take a "
-                         "checkpoint's full tensors in place. Use stage 2, or load the best checkpoint after training.")
+        raise ValueError(
+            "load_best_model_at_end with ZeRO stage 3 is not supported: the partitioned weights cannot take a "
+            "checkpoint's full tensors in place. Use stage 2, or load the best checkpoint after training."
+        )
     _fill(config, args, world_size=None, hidden_size=None, where=where)  # mismatches are errors now, not at train()
     import_deepspeed()
     return config
@@ -124,8 +157,12 @@ def engine_config(args, world_size: int, model) -> dict:
     config = read_config(args.deepspeed)
     hidden = getattr(getattr(model, "config", None), "hidden_size", None)
     _fill(config, args, world_size=world_size, hidden_size=hidden, where="deepspeed config")
-    config.setdefault("zero_allow_untested_optimizer", True)  # the optimizer is lathe's, chosen by TrainingArguments.optim
-    config.setdefault("steps_per_print", 2**31 - 1)  # lathe logs the loss; DeepSpeed's own progress lines would repeat it
+    config.setdefault(
+        "zero_allow_untested_optimizer", True
+    )  # the optimizer is lathe's, chosen by TrainingArguments.optim
+    config.setdefault(
+        "steps_per_print", 2**31 - 1
+    )  # lathe logs the loss; DeepSpeed's own progress lines would repeat it
     return config
 
 
@@ -136,8 +173,11 @@ def _fill(config: dict, args, world_size: int | None, hidden_size: int | None, w
     _fill_precision(config, args, where)
     zero = config.get("zero_optimization")
     if isinstance(zero, dict) and world_size is not None:
-        sizes = {"reduce_bucket_size": lambda h: h * h, "stage3_prefetch_bucket_size": lambda h: int(0.9 * h * h),
-                 "stage3_param_persistence_threshold": lambda h: 10 * h}
+        sizes = {
+            "reduce_bucket_size": lambda h: h * h,
+            "stage3_prefetch_bucket_size": lambda h: int(0.9 * h * h),
+            "stage3_param_persistence_threshold": lambda h: 10 * h,
+        }
         for key, size in sizes.items():
             if zero.get(key) == "auto":
                 if hidden_size is None:
@@ -146,7 +186,7 @@ def _fill(config: dict, args, world_size: int | None, hidden_size: int | None, w
                     zero[key] = size(hidden_size)
     leftover = [key for key, value in _walk(config) if value == "auto"]
     if leftover and world_size is not None:
-        raise ValueError(f"{where}: lathe cannot fill \"auto\" for {', '.join(leftover)}; give a value.")
+        raise ValueError(f'{where}: lathe cannot fill "auto" for {", ".join(leftover)}; give a value.')
 
 
 def _fill_batch_and_clipping(config: dict, args, world_size: int | None, where: str) -> None:
@@ -158,16 +198,23 @@ def _fill_batch_and_clipping(config: dict, args, world_size: int | None, where: 
         ("gradient_clipping", args.max_grad_norm or 0.0, "max_grad_norm"),
     ]
     if world_size is not None:
-        pairs.append(("train_batch_size", micro * accumulation * world_size,
-                      "per_device_train_batch_size x gradient_accumulation_steps x processes"))
+        pairs.append(
+            (
+                "train_batch_size",
+                micro * accumulation * world_size,
+                "per_device_train_batch_size x gradient_accumulation_steps x processes",
+            )
+        )
     for key, value, source in pairs:
         current = config.get(key, "auto")
         if current == "auto":
             if world_size is not None or key != "train_batch_size":
                 config[key] = value
         elif _differs(current, value):
-            raise ValueError(f"{where}: {key}={current!r} but TrainingArguments {source} = {value!r}. Set {key} to \"auto\" "
-                             "(or to the same value) so that both agree.")
+            raise ValueError(
+                f'{where}: {key}={current!r} but TrainingArguments {source} = {value!r}. Set {key} to "auto" '
+                "(or to the same value) so that both agree."
+            )
 
 
 def _fill_precision(config: dict, args, where: str) -> None:
@@ -181,7 +228,9 @@ def _fill_precision(config: dict, args, where: str) -> None:
         if current == "auto":
             section["enabled"] = bool(enabled)
         elif bool(current) != bool(enabled):
-            raise ValueError(f"{where}: {name}.enabled={current!r} but TrainingArguments {name}={enabled!r}; set it to \"auto\".")
+            raise ValueError(
+                f'{where}: {name}.enabled={current!r} but TrainingArguments {name}={enabled!r}; set it to "auto".'
+            )
 
 
 def _differs(current, value) -> bool:
@@ -201,6 +250,7 @@ def _walk(config: dict, prefix: str = ""):
 
 # ----- the engine in the training loop -----
 
+
 def ensure_process_group(args) -> None:
     """DeepSpeed needs a process group even for one process; torchrun's, or a private one-process group."""
     import torch.distributed as dist
@@ -216,7 +266,13 @@ def ensure_process_group(args) -> None:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     # What a launcher would have set: DeepSpeed's engine reads LOCAL_RANK from the environment.
-    for name, value in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1"), ("MASTER_ADDR", "127.0.0.1"), ("MASTER_PORT", str(port))):
+    for name, value in (
+        ("RANK", "0"),
+        ("LOCAL_RANK", "0"),
+        ("WORLD_SIZE", "1"),
+        ("MASTER_ADDR", "127.0.0.1"),
+        ("MASTER_PORT", str(port)),
+    ):
         os.environ.setdefault(name, value)
     dist.init_process_group("gloo", rank=0, world_size=1)
     from lathe.train.distributed import leave_process_group_at_exit
@@ -300,9 +356,11 @@ def load(engine, path: str, strict: bool) -> None:
         raise ValueError(
             f"Checkpoint {path!r} holds DeepSpeed ZeRO optimizer state partitioned over {ranks} processes; resume it with "
             f"{ranks} processes (now {now}). To continue under another number, convert it to a universal checkpoint with "
-            "DeepSpeed's ds_to_universal.py, or start a new run from its model.safetensors.")
-    load_path, _ = engine.load_checkpoint(path, tag=name, load_module_strict=strict, load_optimizer_states=True,
-                                          load_lr_scheduler_states=True)
+            "DeepSpeed's ds_to_universal.py, or start a new run from its model.safetensors."
+        )
+    load_path, _ = engine.load_checkpoint(
+        path, tag=name, load_module_strict=strict, load_optimizer_states=True, load_lr_scheduler_states=True
+    )
     if load_path is None:
         raise ValueError(f"DeepSpeed could not load its checkpoint from {folder!r}.")
 

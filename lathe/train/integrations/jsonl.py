@@ -1,4 +1,5 @@
 """report_to="jsonl": every log event appended as one JSON line to output_dir/log_history.jsonl."""
+
 from __future__ import annotations
 
 import json

@@ -1,4 +1,5 @@
 """report_to="tensorboard": scalars to a SummaryWriter (needs the tensorboard package)."""
+
 from __future__ import annotations
 
 import os
@@ -15,7 +16,9 @@ class TensorBoardCallback(TrainerCallback):
             try:
                 from torch.utils.tensorboard import SummaryWriter
             except ImportError as error:
-                raise ImportError("report_to='tensorboard' needs the tensorboard package: pip install 'lathe[tensorboard]'") from error
+                raise ImportError(
+                    "report_to='tensorboard' needs the tensorboard package: pip install 'lathe[tensorboard]'"
+                ) from error
             log_dir = getattr(args, "logging_dir", None) or os.path.join(args.output_dir, "runs")
             self.tb_writer = SummaryWriter(log_dir=log_dir)
         return self.tb_writer

@@ -1,4 +1,5 @@
 """Rebuilds the .parquet test files from their .json twins: python tests/llm/data/make_parquet.py"""
+
 import json
 import os
 

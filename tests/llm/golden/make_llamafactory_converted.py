@@ -14,6 +14,7 @@ _response), to tests/llm/golden/llamafactory_converted.json. Then it runs LLaMA-
 (sft, template qwen, the saved tokenizer tests/llm/golden/tokenizers/bpe) on PIPELINE_CASES, again after
 `np.random.seed(42)`, and writes every split's input_ids and labels to llamafactory_pipeline.json.
 """
+
 import json
 import os
 import sys
@@ -30,14 +31,32 @@ TOKENIZER = os.path.join(ROOT, "tests", "llm", "golden", "tokenizers", "bpe")
 # Data arguments of each get_dataset case (template qwen, sft, seed 42, packing off).
 PIPELINE_CASES = {
     "val_fraction": {"dataset": "alpaca_json,sharegpt_json,alpaca_csv", "val_size": 0.34, "cutoff_len": 64},
-    "eval_each": {"dataset": "alpaca_jsonl", "eval_dataset": "sharegpt_jsonl,sharegpt_roles",
-                  "eval_on_each_dataset": True, "cutoff_len": 32},
+    "eval_each": {
+        "dataset": "alpaca_jsonl",
+        "eval_dataset": "sharegpt_jsonl,sharegpt_roles",
+        "eval_on_each_dataset": True,
+        "cutoff_len": 32,
+    },
     "sampled": {"dataset": "alpaca_sampled,alpaca_sampled_2", "max_samples": 4, "val_size": 2, "cutoff_len": 64},
     "interleaved": {"dataset": "alpaca_json,sharegpt_json", "mix_strategy": "interleave_under", "cutoff_len": 64},
 }
-NAMES = ["alpaca_json", "alpaca_jsonl", "alpaca_parquet", "alpaca_csv", "alpaca_folder", "pretrain_txt",
-         "sharegpt_json", "sharegpt_jsonl", "sharegpt_parquet", "openai_json", "openai_jsonl", "openai_parquet",
-         "sharegpt_roles", "alpaca_sampled", "alpaca_sampled_2"]
+NAMES = [
+    "alpaca_json",
+    "alpaca_jsonl",
+    "alpaca_parquet",
+    "alpaca_csv",
+    "alpaca_folder",
+    "pretrain_txt",
+    "sharegpt_json",
+    "sharegpt_jsonl",
+    "sharegpt_parquet",
+    "openai_json",
+    "openai_jsonl",
+    "openai_parquet",
+    "sharegpt_roles",
+    "alpaca_sampled",
+    "alpaca_sampled_2",
+]
 COLUMNS = ("_prompt", "_response", "_system", "_tools")
 
 
@@ -89,12 +108,25 @@ def dump_pipeline(cache: str) -> None:
         module = get_dataset(template, model_args, data_args, training_args, "sft", tokenizer)
         splits = {"train": module.get("train_dataset")}
         evaluation = module.get("eval_dataset")
-        splits.update({f"eval_{key}": value for key, value in evaluation.items()} if isinstance(evaluation, dict)
-                      else {"eval": evaluation})
-        results[name] = {split: {key: [row[key] for row in dataset] for key in ("input_ids", "labels")}
-                         for split, dataset in splits.items() if dataset is not None}
-    golden = {"llamafactory": llamafactory.__version__, "datasets": datasets.__version__, "template": "qwen",
-              "tokenizer": "tokenizers/bpe", "seed": 42, "cases": PIPELINE_CASES, "results": results}
+        splits.update(
+            {f"eval_{key}": value for key, value in evaluation.items()}
+            if isinstance(evaluation, dict)
+            else {"eval": evaluation}
+        )
+        results[name] = {
+            split: {key: [row[key] for row in dataset] for key in ("input_ids", "labels")}
+            for split, dataset in splits.items()
+            if dataset is not None
+        }
+    golden = {
+        "llamafactory": llamafactory.__version__,
+        "datasets": datasets.__version__,
+        "template": "qwen",
+        "tokenizer": "tokenizers/bpe",
+        "seed": 42,
+        "cases": PIPELINE_CASES,
+        "results": results,
+    }
     with open(PIPELINE_OUTPUT, "w", encoding="utf-8") as handle:
         json.dump(golden, handle)
         handle.write("\n")

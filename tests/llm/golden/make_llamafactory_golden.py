@@ -9,6 +9,7 @@ environment (`--worker`, where lathe is not imported) to encode every case with 
 `get_template_and_fix_tokenizer` and `SupervisedDatasetProcessor`, and writes
 tests/llm/golden/llamafactory_golden.json.gz with the versions that produced it.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -27,12 +28,22 @@ GOLDEN = HERE / "llamafactory_golden.json.gz"  # gzip: ~600 kB of JSON, 21 kB co
 LLAMA3_TOOL_DATE = (2024, 7, 26)  # llama3's tool prompt states today's date: pinned on both sides
 
 # ---- conversations (canonical columns: _prompt, _response, _system, _tools) ----------------------------
-TOOLS = json.dumps([{
-    "name": "add", "description": "add two numbers",
-    "parameters": {"type": "object", "properties": {
-        "a": {"type": "integer", "description": "first number"},
-        "b": {"type": "integer", "description": "second number"}}, "required": ["a", "b"]},
-}])
+TOOLS = json.dumps(
+    [
+        {
+            "name": "add",
+            "description": "add two numbers",
+            "parameters": {
+                "type": "object",
+                "properties": {
+                    "a": {"type": "integer", "description": "first number"},
+                    "b": {"type": "integer", "description": "second number"},
+                },
+                "required": ["a", "b"],
+            },
+        }
+    ]
+)
 CALL = '{"name": "add", "arguments": {"a": 2, "b": 2}}'
 
 
@@ -51,50 +62,128 @@ def example(messages, system="", tools=""):
 CONVERSATIONS = {
     "single": example([user("what is two plus two ?"), assistant("four .")]),
     "system": example([user("what is two plus two ?"), assistant("four .")], system="be brief ."),
-    "multi": example([user("hi"), assistant("hello"), user("what is two plus two ?"), assistant("four")],
-                     system="be brief ."),
-    "three_turns": example([user("hi"), assistant("hello hello hello"), user("two plus two ?"), assistant("four"),
-                            user("add two and four"), assistant("the sum is 6 .")]),
-    "tools": example([user("what is two plus two ?"), {"role": "function", "content": CALL},
-                      {"role": "observation", "content": '{"result": 4}'}, assistant("four .")], tools=TOOLS),
-    "tools_system": example([user("add 2 and 2"), {"role": "function", "content": CALL},
-                             {"role": "observation", "content": "4"}, assistant("4")], system="be brief .",
-                            tools=TOOLS),
-    "parallel_calls": example([user("add twice"), {"role": "function", "content": f"[{CALL}, {CALL}]"},
-                               {"role": "observation", "content": "4"}, assistant("4 and 4")], tools=TOOLS),
-    "wrapped_call": example([user("add 2 and 2"), {"role": "function", "content": f"ok <tool_call>{CALL}</tool_call>"},
-                             {"role": "observation", "content": "4"}, assistant("4")], tools=TOOLS),
-    "thought_call": example([user("add 2 and 2"),
-                             {"role": "function", "content": f"<think>\nthinking\n</think>\n\n{CALL}"},
-                             {"role": "observation", "content": "4"}, assistant("4")], tools=TOOLS),
+    "multi": example(
+        [user("hi"), assistant("hello"), user("what is two plus two ?"), assistant("four")], system="be brief ."
+    ),
+    "three_turns": example(
+        [
+            user("hi"),
+            assistant("hello hello hello"),
+            user("two plus two ?"),
+            assistant("four"),
+            user("add two and four"),
+            assistant("the sum is 6 ."),
+        ]
+    ),
+    "tools": example(
+        [
+            user("what is two plus two ?"),
+            {"role": "function", "content": CALL},
+            {"role": "observation", "content": '{"result": 4}'},
+            assistant("four ."),
+        ],
+        tools=TOOLS,
+    ),
+    "tools_system": example(
+        [
+            user("add 2 and 2"),
+            {"role": "function", "content": CALL},
+            {"role": "observation", "content": "4"},
+            assistant("4"),
+        ],
+        system="be brief .",
+        tools=TOOLS,
+    ),
+    "parallel_calls": example(
+        [
+            user("add twice"),
+            {"role": "function", "content": f"[{CALL}, {CALL}]"},
+            {"role": "observation", "content": "4"},
+            assistant("4 and 4"),
+        ],
+        tools=TOOLS,
+    ),
+    "wrapped_call": example(
+        [
+            user("add 2 and 2"),
+            {"role": "function", "content": f"ok <tool_call>{CALL}</tool_call>"},
+            {"role": "observation", "content": "4"},
+            assistant("4"),
+        ],
+        tools=TOOLS,
+    ),
+    "thought_call": example(
+        [
+            user("add 2 and 2"),
+            {"role": "function", "content": f"<think>\nthinking\n</think>\n\n{CALL}"},
+            {"role": "observation", "content": "4"},
+            assistant("4"),
+        ],
+        tools=TOOLS,
+    ),
     "function_answer": example([user("add 2 and 2"), {"role": "function", "content": CALL}], tools=TOOLS),
     "empty_tools": example([user("hi"), assistant("hello")], tools="[]"),
     "empty_answer": example([user("hi"), assistant("")]),
-    "bad_call_json": example([user("hi"), {"role": "function", "content": "{not json"},
-                              {"role": "observation", "content": "4"}, assistant("4")]),
-    "thoughts": example([user("hi"), assistant("<think>\nthinking\n</think>\n\nhello"), user("two plus two ?"),
-                         assistant("<think>\nok\n</think>\n\nfour")], system="be brief ."),
-    "thoughts_partial": example([user("hi"), assistant("hello"), user("two plus two ?"),
-                                 assistant("<think>\nok\n</think>\n\nfour")]),
+    "bad_call_json": example(
+        [
+            user("hi"),
+            {"role": "function", "content": "{not json"},
+            {"role": "observation", "content": "4"},
+            assistant("4"),
+        ]
+    ),
+    "thoughts": example(
+        [
+            user("hi"),
+            assistant("<think>\nthinking\n</think>\n\nhello"),
+            user("two plus two ?"),
+            assistant("<think>\nok\n</think>\n\nfour"),
+        ],
+        system="be brief .",
+    ),
+    "thoughts_partial": example(
+        [user("hi"), assistant("hello"), user("two plus two ?"), assistant("<think>\nok\n</think>\n\nfour")]
+    ),
 }
 
 NAMED = ["default", "empty", "alpaca", "chatml", "qwen", "llama3", "mistral", "llama2", "qwen3_nothink"]
 # None of the built-in names uses efficient_eos: this one is registered on both sides (LLaMA-Factory below,
 # lathe in tests/llm/test_supervised.py) with the same slots.
 EFFICIENT_EOS = "test_efficient_eos"
-BASE = {"cutoff_len": 1024, "train_on_prompt": False, "mask_history": False, "tool_format": None,
-        "default_system": None, "enable_thinking": True, "preserve_thinking": False}
+BASE = {
+    "cutoff_len": 1024,
+    "train_on_prompt": False,
+    "mask_history": False,
+    "tool_format": None,
+    "default_system": None,
+    "enable_thinking": True,
+    "preserve_thinking": False,
+}
 
 
 def build_cases() -> list[dict]:
     cases = []
 
     def add(tokenizer, template, conversation, **args):
-        cases.append({"tokenizer": tokenizer, "template": template, "conversation": conversation,
-                      "args": {**BASE, **args}})
+        cases.append(
+            {"tokenizer": tokenizer, "template": template, "conversation": conversation, "args": {**BASE, **args}}
+        )
 
-    general = ["single", "system", "multi", "three_turns", "tools", "tools_system", "parallel_calls",
-               "wrapped_call", "thought_call", "function_answer", "empty_tools", "empty_answer", "bad_call_json"]
+    general = [
+        "single",
+        "system",
+        "multi",
+        "three_turns",
+        "tools",
+        "tools_system",
+        "parallel_calls",
+        "wrapped_call",
+        "thought_call",
+        "function_answer",
+        "empty_tools",
+        "empty_answer",
+        "bad_call_json",
+    ]
     for template in NAMED + [EFFICIENT_EOS]:  # the word tokenizer: every case
         for conversation in general:
             add("word", template, conversation)
@@ -164,15 +253,21 @@ def save_tokenizers() -> None:
     backend = Tokenizer(models.BPE(unk_token="<unk>"))
     backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     backend.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=500, special_tokens=WORD_SPECIAL_TOKENS,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    trainer = trainers.BpeTrainer(
+        vocab_size=500, special_tokens=WORD_SPECIAL_TOKENS, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
+    )
     backend.train_from_iterator(BPE_CORPUS * 4, trainer=trainer)
-    backend.add_tokens([AddedToken(word, normalized=False) for word in
-                        ("<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>", "<think>", "</think>")])
+    backend.add_tokens(
+        [
+            AddedToken(word, normalized=False)
+            for word in ("<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>", "<think>", "</think>")
+        ]
+    )
 
     def fast(**kwargs):
-        return PreTrainedTokenizerFast(tokenizer_object=backend, bos_token="<s>", eos_token="</s>",
-                                       unk_token="<unk>", **kwargs)
+        return PreTrainedTokenizerFast(
+            tokenizer_object=backend, bos_token="<s>", eos_token="</s>", unk_token="<unk>", **kwargs
+        )
 
     fast().save_pretrained(TOKENIZERS / "bpe")
     fast(chat_template=CHATML_TEMPLATE).save_pretrained(TOKENIZERS / "bpe_chatml")
@@ -182,8 +277,13 @@ def save_tokenizers() -> None:
 
 
 # ---- the LLaMA-Factory side (runs in its environment) ----------------------------------------------------
-PROBE = [{"role": "system", "content": "be brief ."}, user("hi"), assistant("hello"), user("two plus two ?"),
-         assistant("four")]
+PROBE = [
+    {"role": "system", "content": "be brief ."},
+    user("hi"),
+    assistant("hello"),
+    user("two plus two ?"),
+    assistant("four"),
+]
 
 
 def run_llamafactory(cases: list[dict]) -> dict:
@@ -227,7 +327,9 @@ def run_llamafactory(cases: list[dict]) -> dict:
             data_args = DataArguments(template=case["template"], **case["args"])
             template = lf_template.get_template_and_fix_tokenizer(tokenizer, data_args)
             result["tokenizer"] = {
-                "eos_token": tokenizer.eos_token, "pad_token": tokenizer.pad_token, "size": len(tokenizer),
+                "eos_token": tokenizer.eos_token,
+                "pad_token": tokenizer.pad_token,
+                "size": len(tokenizer),
                 "stop_token_ids": sorted(template.get_stop_token_ids(tokenizer)),
                 "efficient_eos": template.efficient_eos,
             }
@@ -236,13 +338,15 @@ def run_llamafactory(cases: list[dict]) -> dict:
             ex = CONVERSATIONS[case["conversation"]]
             try:
                 prompt_ids, response_ids = template.encode_oneturn(
-                    tokenizer, ex["_prompt"] + ex["_response"], ex["_system"], ex["_tools"])
+                    tokenizer, ex["_prompt"] + ex["_response"], ex["_system"], ex["_tools"]
+                )
                 if case["args"] == BASE:  # flags do not change encode_oneturn
                     result["oneturn"] = [prompt_ids, response_ids]
             except Exception as error:  # recorded: lathe must refuse the same example
                 result["oneturn_error"] = f"{type(error).__name__}: {error}"
-            processor = SupervisedDatasetProcessor(template=template, tokenizer=tokenizer, processor=None,
-                                                   data_args=data_args)
+            processor = SupervisedDatasetProcessor(
+                template=template, tokenizer=tokenizer, processor=None, data_args=data_args
+            )
             batch = {key: [value] for key, value in ex.items()}
             batch.update(_images=[None], _videos=[None], _audios=[None])
             out = processor.preprocess_dataset(batch)
@@ -251,8 +355,9 @@ def run_llamafactory(cases: list[dict]) -> dict:
             else:
                 result["dropped"] = True
             # prompt-only rows for predict_with_generate
-            processor = UnsupervisedDatasetProcessor(template=template, tokenizer=tokenizer, processor=None,
-                                                     data_args=data_args)
+            processor = UnsupervisedDatasetProcessor(
+                template=template, tokenizer=tokenizer, processor=None, data_args=data_args
+            )
             out = processor.preprocess_dataset(batch)
             result["unsupervised"] = [out["input_ids"][0], out["labels"][0]]
         except Exception as error:
@@ -276,15 +381,22 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as folder:
         cases_file, out_file = Path(folder, "cases.json"), Path(folder, "out.json")
         cases_file.write_text(json.dumps(cases))
-        env = dict(os.environ, HF_HUB_OFFLINE="1", PYTHONPATH=str(HERE.parents[2] / "bench/lf_stubs"),
-                   LLAMAFACTORY_VERBOSITY="ERROR")
-        subprocess.run([args.python, __file__, "--worker", str(cases_file), str(out_file)], check=True, env=env,
-                       cwd=folder)
+        env = dict(
+            os.environ,
+            HF_HUB_OFFLINE="1",
+            PYTHONPATH=str(HERE.parents[2] / "bench/lf_stubs"),
+            LLAMAFACTORY_VERBOSITY="ERROR",
+        )
+        subprocess.run(
+            [args.python, __file__, "--worker", str(cases_file), str(out_file)], check=True, env=env, cwd=folder
+        )
         produced = json.loads(out_file.read_text())
     results = {result["id"]: result for result in produced.pop("results")}
     lines = [json.dumps({**case, "llamafactory": results[case["id"]]}, ensure_ascii=False) for case in cases]
-    header = json.dumps({**produced, "llama3_tool_date": LLAMA3_TOOL_DATE, "probe": PROBE,
-                         "conversations": CONVERSATIONS}, ensure_ascii=False)
+    header = json.dumps(
+        {**produced, "llama3_tool_date": LLAMA3_TOOL_DATE, "probe": PROBE, "conversations": CONVERSATIONS},
+        ensure_ascii=False,
+    )
     text = '{"meta": ' + header + ',\n"cases": [\n' + ",\n".join(lines) + "\n]}\n"
     GOLDEN.write_bytes(gzip.compress(text.encode("utf-8"), mtime=0))
     print(f"wrote {len(cases)} cases to {GOLDEN} (LLaMA-Factory {produced['llamafactory']})")

@@ -13,6 +13,7 @@ tokenizer, 32 alpaca rows, a LoRA adapter), then runs each case through LLaMA-Fa
 tests/llm/golden/llamafactory_methods.json with the versions that produced it. The LLaMA-Factory
 environment needs bitsandbytes (pip install bitsandbytes).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -31,41 +32,76 @@ TOKENIZER = HERE / "tokenizers" / "word"
 
 # Shared by every case; output_dir, model_name_or_path and dataset_dir are filled in per run.
 BASE = {
-    "stage": "sft", "do_train": True, "dataset": "toy", "template": "qwen", "cutoff_len": 64,
-    "per_device_train_batch_size": 4, "learning_rate": 0.01, "lr_scheduler_type": "constant", "max_steps": 4,
-    "logging_steps": 1, "save_strategy": "no", "report_to": "none", "overwrite_output_dir": True, "seed": 42,
+    "stage": "sft",
+    "do_train": True,
+    "dataset": "toy",
+    "template": "qwen",
+    "cutoff_len": 64,
+    "per_device_train_batch_size": 4,
+    "learning_rate": 0.01,
+    "lr_scheduler_type": "constant",
+    "max_steps": 4,
+    "logging_steps": 1,
+    "save_strategy": "no",
+    "report_to": "none",
+    "overwrite_output_dir": True,
+    "seed": 42,
     "disable_tqdm": True,
 }
 ADAPTER = "<adapter>"  # replaced by the assets' adapter folder
 CASES = {
     "lora": {"finetuning_type": "lora"},
     "loraplus": {"finetuning_type": "lora", "loraplus_lr_ratio": 16.0},
-    "loraplus_embedding": {"finetuning_type": "lora", "loraplus_lr_ratio": 4.0, "loraplus_lr_embedding": 1e-3,
-                           "weight_decay": 0.1, "lora_target": "embed_tokens,q_proj,v_proj"},
+    "loraplus_embedding": {
+        "finetuning_type": "lora",
+        "loraplus_lr_ratio": 4.0,
+        "loraplus_lr_embedding": 1e-3,
+        "weight_decay": 0.1,
+        "lora_target": "embed_tokens,q_proj,v_proj",
+    },
     "dora": {"finetuning_type": "lora", "use_dora": True},
     "rslora": {"finetuning_type": "lora", "use_rslora": True, "lora_rank": 4, "lora_alpha": 8},
     "pissa": {"finetuning_type": "lora", "pissa_init": True, "pissa_iter": 16, "pissa_convert": True},
     "pissa_exact_svd": {"finetuning_type": "lora", "pissa_init": True, "pissa_iter": -1},
     "targets_additional": {"finetuning_type": "lora", "lora_target": "q_proj,v_proj", "additional_target": "lm_head"},
     "adapter_continued": {"finetuning_type": "lora", "adapter_name_or_path": ADAPTER},
-    "adapter_merged_new": {"finetuning_type": "lora", "adapter_name_or_path": ADAPTER, "create_new_adapter": True,
-                           "lora_target": "q_proj,v_proj"},
+    "adapter_merged_new": {
+        "finetuning_type": "lora",
+        "adapter_name_or_path": ADAPTER,
+        "create_new_adapter": True,
+        "lora_target": "q_proj,v_proj",
+    },
     "oft": {"finetuning_type": "oft", "oft_block_size": 32, "oft_target": "all"},
     "oft_rank": {"finetuning_type": "oft", "oft_rank": 4, "oft_block_size": 0, "module_dropout": 0.0},
     "qlora_nf4": {"finetuning_type": "lora", "quantization_bit": 4},
-    "qlora_fp4": {"finetuning_type": "lora", "quantization_bit": 4, "quantization_type": "fp4",
-                  "double_quantization": False},
+    "qlora_fp4": {
+        "finetuning_type": "lora",
+        "quantization_bit": 4,
+        "quantization_type": "fp4",
+        "double_quantization": False,
+    },
     "qlora_8bit": {"finetuning_type": "lora", "quantization_bit": 8},
     "qlora_continued": {"finetuning_type": "lora", "quantization_bit": 4, "adapter_name_or_path": ADAPTER},
     "qoft_nf4": {"finetuning_type": "oft", "quantization_bit": 4, "double_quantization": False},
     "freeze": {"finetuning_type": "freeze"},
-    "freeze_first_attention": {"finetuning_type": "freeze", "freeze_trainable_layers": -1,
-                               "freeze_trainable_modules": "self_attn"},
-    "freeze_extra_modules": {"finetuning_type": "freeze", "freeze_trainable_layers": 1,
-                             "freeze_trainable_modules": "mlp", "freeze_extra_modules": "embed_tokens,norm"},
+    "freeze_first_attention": {
+        "finetuning_type": "freeze",
+        "freeze_trainable_layers": -1,
+        "freeze_trainable_modules": "self_attn",
+    },
+    "freeze_extra_modules": {
+        "finetuning_type": "freeze",
+        "freeze_trainable_layers": 1,
+        "freeze_trainable_modules": "mlp",
+        "freeze_extra_modules": "embed_tokens,norm",
+    },
     "llama_pro_freeze": {"finetuning_type": "freeze", "use_llama_pro": True, "freeze_trainable_layers": 2},
-    "llama_pro_lora": {"finetuning_type": "lora", "use_llama_pro": True, "freeze_trainable_layers": 2,
-                       "lora_target": "all"},
+    "llama_pro_lora": {
+        "finetuning_type": "lora",
+        "use_llama_pro": True,
+        "freeze_trainable_layers": 2,
+        "lora_target": "all",
+    },
 }
 
 
@@ -80,24 +116,40 @@ def build_assets(folder) -> dict:
     for item in TOKENIZER.iterdir():
         shutil.copy(item, model_dir / item.name)
     tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
-    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=4,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256, bos_token_id=1,
-                         eos_token_id=2, tie_word_embeddings=False)
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        bos_token_id=1,
+        eos_token_id=2,
+        tie_word_embeddings=False,
+    )
     model = LlamaForCausalLM(config)
     _draw(model, seed=0, scale=0.05)
     model.save_pretrained(str(model_dir))
 
     from peft import LoraConfig, get_peft_model
 
-    adapted = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM"))
+    adapted = get_peft_model(
+        model, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM")
+    )
     _draw(adapted, seed=1, scale=0.1, only="lora_")
     adapted.save_pretrained(str(adapter_dir))
 
     data_dir.mkdir(exist_ok=True)
     (data_dir / "train.json").write_text(json.dumps(rows()), encoding="utf-8")
-    (data_dir / "dataset_info.json").write_text(json.dumps({
-        "toy": {"file_name": "train.json"},
-    }), encoding="utf-8")
+    (data_dir / "dataset_info.json").write_text(
+        json.dumps(
+            {
+                "toy": {"file_name": "train.json"},
+            }
+        ),
+        encoding="utf-8",
+    )
     return {"model": str(model_dir), "data": str(data_dir), "adapter": str(adapter_dir)}
 
 
@@ -129,8 +181,13 @@ def rows() -> list[dict]:
 
 
 def case_config(name: str, assets: dict, output_dir: str) -> dict:
-    config = {**BASE, **CASES[name], "model_name_or_path": assets["model"], "dataset_dir": assets["data"],
-              "output_dir": output_dir}
+    config = {
+        **BASE,
+        **CASES[name],
+        "model_name_or_path": assets["model"],
+        "dataset_dir": assets["data"],
+        "output_dir": output_dir,
+    }
     if config.get("adapter_name_or_path") == ADAPTER:
         config["adapter_name_or_path"] = assets["adapter"]
     return config
@@ -156,30 +213,45 @@ def run_llamafactory(config: dict) -> list[float]:
 
 
 def versions(python: str, env: dict) -> dict:
-    code = ("import json, llamafactory, transformers, peft, bitsandbytes, torch; print(json.dumps({m.__name__: m.__version__ "
-            "for m in (llamafactory, transformers, peft, bitsandbytes, torch)}))")
+    code = (
+        "import json, llamafactory, transformers, peft, bitsandbytes, torch; print(json.dumps({m.__name__: m.__version__ "
+        "for m in (llamafactory, transformers, peft, bitsandbytes, torch)}))"
+    )
     return json.loads(subprocess.run([python, "-c", code], check=True, env=env, capture_output=True, text=True).stdout)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--python", default=str(Path("/work/main/bench/.venv-lf/bin/python")), help="LLaMA-Factory's Python")
+    parser.add_argument(
+        "--python", default=str(Path("/work/main/bench/.venv-lf/bin/python")), help="LLaMA-Factory's Python"
+    )
     parser.add_argument("--worker", nargs=2, metavar=("CONFIG", "OUT"), help=argparse.SUPPRESS)
     parser.add_argument("--only", nargs="*", help="regenerate these cases, keep the others")
     args = parser.parse_args()
     if args.worker:
         Path(args.worker[1]).write_text(json.dumps(run_llamafactory(json.loads(Path(args.worker[0]).read_text()))))
         return
-    env = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", OMP_NUM_THREADS="1",
-               PYTHONPATH=str(Path(args.python).absolute().parents[2] / "lf_stubs"), LLAMAFACTORY_VERBOSITY="WARN")
+    env = dict(
+        os.environ,
+        HF_HUB_OFFLINE="1",
+        HF_DATASETS_OFFLINE="1",
+        OMP_NUM_THREADS="1",
+        PYTHONPATH=str(Path(args.python).absolute().parents[2] / "lf_stubs"),
+        LLAMAFACTORY_VERBOSITY="WARN",
+    )
     golden = json.loads(GOLDEN.read_text()) if GOLDEN.exists() and args.only else {"cases": {}}
     with tempfile.TemporaryDirectory() as folder:
         assets = build_assets(folder)
         for name in args.only or CASES:
             config_file, out_file = Path(folder, "config.json"), Path(folder, "losses.json")
             config_file.write_text(json.dumps(case_config(name, assets, str(Path(folder, "out", name)))))
-            subprocess.run([args.python, __file__, "--worker", str(config_file), str(out_file)], check=True, env=env,
-                           cwd=folder, stdout=subprocess.DEVNULL)
+            subprocess.run(
+                [args.python, __file__, "--worker", str(config_file), str(out_file)],
+                check=True,
+                env=env,
+                cwd=folder,
+                stdout=subprocess.DEVNULL,
+            )
             golden["cases"][name] = {"config": CASES[name], "losses": json.loads(out_file.read_text())}
             print(f"{name}: {golden['cases'][name]['losses']}")
             golden.update(versions=versions(args.python, env), base=BASE)

@@ -8,6 +8,7 @@ the qwen template and the committed BPE tokenizer (tests/llm/golden/tokenizers/b
 cutoff_len by one when packing (201 -> 200) and pad every row to 201. Writes
 tests/llm/golden/llamafactory_packing.json with the versions that produced it.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -21,11 +22,16 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 GOLDEN = HERE / "llamafactory_packing.json"
 TOKENIZER = HERE / "tokenizers" / "bpe"
-WORDS = ("The quick brown fox jumps over the lazy dog . What is two plus two ? Two plus two is four . "
-         "Reverse the string abc : cba . You are a helpful assistant .").split()
+WORDS = (
+    "The quick brown fox jumps over the lazy dog . What is two plus two ? Two plus two is four . "
+    "Reverse the string abc : cba . You are a helpful assistant ."
+).split()
 CUTOFF_LEN = 201  # LLaMA-Factory packs into 200 (cutoff_len - 1) and pads to 201
-CASES = [{"neat_packing": False, "train_on_prompt": False}, {"neat_packing": True, "train_on_prompt": False},
-         {"neat_packing": False, "train_on_prompt": True}]
+CASES = [
+    {"neat_packing": False, "train_on_prompt": False},
+    {"neat_packing": True, "train_on_prompt": False},
+    {"neat_packing": False, "train_on_prompt": True},
+]
 
 
 def conversations(count: int = 30, seed: int = 7) -> list[dict]:
@@ -41,8 +47,14 @@ def conversations(count: int = 30, seed: int = 7) -> list[dict]:
         messages = []
         for _ in range(turns):
             messages += [{"role": "user", "content": text()}, {"role": "assistant", "content": text()}]
-        rows.append({"_prompt": messages[:-1], "_response": messages[-1:],
-                     "_system": text() if rng.random() < 0.3 else "", "_tools": ""})
+        rows.append(
+            {
+                "_prompt": messages[:-1],
+                "_response": messages[-1:],
+                "_system": text() if rng.random() < 0.3 else "",
+                "_tools": "",
+            }
+        )
     return rows
 
 
@@ -62,13 +74,26 @@ def run_llamafactory() -> dict:
         tokenizer = AutoTokenizer.from_pretrained(str(TOKENIZER))
         data_args = DataArguments(template="qwen", cutoff_len=CUTOFF_LEN, packing=True, **case)
         template = get_template_and_fix_tokenizer(tokenizer, data_args)
-        processor = PackedSupervisedDatasetProcessor(template=template, tokenizer=tokenizer, processor=None,
-                                                     data_args=data_args)
+        processor = PackedSupervisedDatasetProcessor(
+            template=template, tokenizer=tokenizer, processor=None, data_args=data_args
+        )
         out = processor.preprocess_dataset(batch)
-        results.append({**case, "packed_cutoff_len": data_args.cutoff_len, "pad_token_id": tokenizer.pad_token_id,
-                        **{key: out[key] for key in ("input_ids", "attention_mask", "position_ids", "labels")}})
-    return {"versions": {"llamafactory": llamafactory.__version__, "transformers": transformers.__version__},
-            "tokenizer": "bpe", "template": "qwen", "cutoff_len": CUTOFF_LEN, "conversations": rows, "cases": results}
+        results.append(
+            {
+                **case,
+                "packed_cutoff_len": data_args.cutoff_len,
+                "pad_token_id": tokenizer.pad_token_id,
+                **{key: out[key] for key in ("input_ids", "attention_mask", "position_ids", "labels")},
+            }
+        )
+    return {
+        "versions": {"llamafactory": llamafactory.__version__, "transformers": transformers.__version__},
+        "tokenizer": "bpe",
+        "template": "qwen",
+        "cutoff_len": CUTOFF_LEN,
+        "conversations": rows,
+        "cases": results,
+    }
 
 
 def main() -> None:
@@ -79,8 +104,13 @@ def main() -> None:
     if args.worker:
         json.dump(run_llamafactory(), sys.stdout)
         return
-    env = dict(os.environ, HF_HUB_OFFLINE="1", PYTHONPATH=str(HERE.parents[2] / "bench/lf_stubs"),
-               TRANSFORMERS_VERBOSITY="error", LLAMAFACTORY_VERBOSITY="ERROR")
+    env = dict(
+        os.environ,
+        HF_HUB_OFFLINE="1",
+        PYTHONPATH=str(HERE.parents[2] / "bench/lf_stubs"),
+        TRANSFORMERS_VERBOSITY="error",
+        LLAMAFACTORY_VERBOSITY="ERROR",
+    )
     output = subprocess.run([args.python, __file__, "--worker"], check=True, env=env, capture_output=True, text=True)
     GOLDEN.write_text(json.dumps(json.loads(output.stdout)) + "\n")
     print(f"wrote {GOLDEN}")

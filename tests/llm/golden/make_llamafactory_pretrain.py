@@ -8,6 +8,7 @@ batch by batch, as `datasets.map(batched=True, batch_size=preprocessing_batch_si
 committed BPE tokenizer (tests/llm/golden/tokenizers/bpe), with and without `add_bos_token`. Writes
 tests/llm/golden/llamafactory_pretrain.json with the versions that produced it.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -21,14 +22,20 @@ HERE = Path(__file__).resolve().parent
 GOLDEN = HERE / "llamafactory_pretrain.json"
 TOKENIZER = HERE / "tokenizers" / "bpe"
 
-WORDS = ("The quick brown fox jumps over the lazy dog . What is two plus two ? Two plus two is four . "
-         "Reverse the string abc : cba . You are a helpful assistant .").split()
+WORDS = (
+    "The quick brown fox jumps over the lazy dog . What is two plus two ? Two plus two is four . "
+    "Reverse the string abc : cba . You are a helpful assistant ."
+).split()
 # 23 documents of 0 to 30 words (one empty): a fixed, varied sample; the tokenizer turns them into ~500 tokens.
 DOCUMENT_WORDS = [7, 0, 12, 3, 30, 1, 9, 18, 5, 22, 2, 14, 8, 27, 4, 11, 6, 19, 1, 25, 10, 3, 16]
 CASES = [
     {"add_bos_token": False, "cutoff_len": 16, "preprocessing_batch_size": 1000},  # one batch: only its tail dropped
     {"add_bos_token": False, "cutoff_len": 16, "preprocessing_batch_size": 4},  # a tail dropped per batch of 4
-    {"add_bos_token": True, "cutoff_len": 16, "preprocessing_batch_size": 1000},  # BOS written over each block's first token
+    {
+        "add_bos_token": True,
+        "cutoff_len": 16,
+        "preprocessing_batch_size": 1000,
+    },  # BOS written over each block's first token
 ]
 
 
@@ -57,11 +64,15 @@ def run_llamafactory() -> dict:
         processor = PretrainDatasetProcessor(template=None, tokenizer=tokenizer, processor=None, data_args=data_args)
         size, blocks = case["preprocessing_batch_size"], []
         for start in range(0, len(texts), size):
-            batch = {"_prompt": [[{"role": "user", "content": text}] for text in texts[start:start + size]]}
+            batch = {"_prompt": [[{"role": "user", "content": text}] for text in texts[start : start + size]]}
             blocks += processor.preprocess_dataset(batch)["input_ids"]
         results.append({**case, "input_ids": blocks})
-    return {"versions": {"llamafactory": llamafactory.__version__, "transformers": transformers.__version__},
-            "tokenizer": "bpe", "documents": texts, "cases": results}
+    return {
+        "versions": {"llamafactory": llamafactory.__version__, "transformers": transformers.__version__},
+        "tokenizer": "bpe",
+        "documents": texts,
+        "cases": results,
+    }
 
 
 def main() -> None:
@@ -72,8 +83,12 @@ def main() -> None:
     if args.worker:
         json.dump(run_llamafactory(), sys.stdout)
         return
-    env = dict(os.environ, HF_HUB_OFFLINE="1", PYTHONPATH=str(HERE.parents[2] / "bench/lf_stubs"),
-               TRANSFORMERS_VERBOSITY="error")
+    env = dict(
+        os.environ,
+        HF_HUB_OFFLINE="1",
+        PYTHONPATH=str(HERE.parents[2] / "bench/lf_stubs"),
+        TRANSFORMERS_VERBOSITY="error",
+    )
     output = subprocess.run([args.python, __file__, "--worker"], check=True, env=env, capture_output=True, text=True)
     GOLDEN.write_text(json.dumps(json.loads(output.stdout), indent=None) + "\n")
     print(f"wrote {GOLDEN}")

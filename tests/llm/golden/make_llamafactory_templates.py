@@ -15,6 +15,7 @@ Templates that LLaMA-Factory pairs with a multimodal plugin are encoded with the
 through; the worker first checks, with a stand-in processor, that every such plugin leaves text-only
 messages and ids unchanged (recorded in the meta data), which is why their text rows equal a plain template's.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -34,16 +35,48 @@ GOLDEN = HERE / "llamafactory_templates.json.gz"
 TOOL_DATE = (2024, 7, 26)  # llama3's tool prompt states today's date: pinned on both sides
 
 TOOLS = [
-    {"name": "add", "description": "add two numbers", "parameters": {"type": "object", "properties": {
-        "a": {"type": "integer", "description": "first number"}, "b": {"type": "integer", "description": "second"}},
-        "required": ["a", "b"]}},
-    {"type": "function", "function": {"name": "tag", "description": "tag it", "parameters": {"type": "object",
-        "properties": {"labels": {"type": "array", "items": {"type": "string"}},
-                       "mode": {"type": "string", "enum": ["fast", "slow"]}}}}},
+    {
+        "name": "add",
+        "description": "add two numbers",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "a": {"type": "integer", "description": "first number"},
+                "b": {"type": "integer", "description": "second"},
+            },
+            "required": ["a", "b"],
+        },
+    },
+    {
+        "type": "function",
+        "function": {
+            "name": "tag",
+            "description": "tag it",
+            "parameters": {
+                "type": "object",
+                "properties": {
+                    "labels": {"type": "array", "items": {"type": "string"}},
+                    "mode": {"type": "string", "enum": ["fast", "slow"]},
+                },
+            },
+        },
+    },
 ]
 CALL = {"name": "add", "arguments": {"a": 2, "b": 2}}
-CALLS = [CALL, {"name": "tag", "arguments": {"labels": ["x", "y z"], "mode": "fast", "flag": True, "none": None,
-                                             "ratio": 0.5, "nested": {"k": "v"}}}]
+CALLS = [
+    CALL,
+    {
+        "name": "tag",
+        "arguments": {
+            "labels": ["x", "y z"],
+            "mode": "fast",
+            "flag": True,
+            "none": None,
+            "ratio": 0.5,
+            "nested": {"k": "v"},
+        },
+    },
+]
 
 
 def user(text):
@@ -62,28 +95,63 @@ def conversations(thought_words) -> dict:
     def thought(text, answer):
         return thought_words[0] + text + thought_words[1] + answer
 
-    tool_turns = [user("what is two plus two ?"), {"role": "function", "content": json.dumps(CALL)},
-                  {"role": "observation", "content": '{"result": 4}'}, assistant("four .")]
+    tool_turns = [
+        user("what is two plus two ?"),
+        {"role": "function", "content": json.dumps(CALL)},
+        {"role": "observation", "content": '{"result": 4}'},
+        assistant("four ."),
+    ]
     return {
         "single": example([user("what is two plus two ?"), assistant("four .")]),
         "system": example([user("what is two plus two ?"), assistant("four .")], system="be brief ."),
-        "multi": example([user("hi"), assistant("hello"), user("two plus two ?"), assistant("four")],
-                         system="be brief ."),
-        "three_turns": example([user("hi"), assistant("hello hello"), user("two plus two ?"), assistant("four"),
-                                user("add two and four"), assistant("the sum is 6 .")]),
+        "multi": example(
+            [user("hi"), assistant("hello"), user("two plus two ?"), assistant("four")], system="be brief ."
+        ),
+        "three_turns": example(
+            [
+                user("hi"),
+                assistant("hello hello"),
+                user("two plus two ?"),
+                assistant("four"),
+                user("add two and four"),
+                assistant("the sum is 6 ."),
+            ]
+        ),
         "tools": example(tool_turns, tools=json.dumps(TOOLS)),
         "tools_system": example(tool_turns, system="be brief .", tools=json.dumps(TOOLS)),
-        "parallel": example([user("add and tag"), {"role": "function", "content": json.dumps(CALLS)},
-                             {"role": "observation", "content": "done"}, assistant("done .")], tools=json.dumps(TOOLS)),
-        "thoughts": example([user("hi"), assistant(thought("greet", "hello")), user("two plus two ?"),
-                             assistant(thought("add", "four"))], system="be brief ."),
-        "thoughts_partial": example([user("hi"), assistant("hello"), user("two plus two ?"),
-                                     assistant(thought("add", "four"))]),
+        "parallel": example(
+            [
+                user("add and tag"),
+                {"role": "function", "content": json.dumps(CALLS)},
+                {"role": "observation", "content": "done"},
+                assistant("done ."),
+            ],
+            tools=json.dumps(TOOLS),
+        ),
+        "thoughts": example(
+            [
+                user("hi"),
+                assistant(thought("greet", "hello")),
+                user("two plus two ?"),
+                assistant(thought("add", "four")),
+            ],
+            system="be brief .",
+        ),
+        "thoughts_partial": example(
+            [user("hi"), assistant("hello"), user("two plus two ?"), assistant(thought("add", "four"))]
+        ),
     }
 
 
-BASE = {"cutoff_len": 1024, "train_on_prompt": False, "mask_history": False, "tool_format": None,
-        "default_system": None, "enable_thinking": True, "preserve_thinking": False}
+BASE = {
+    "cutoff_len": 1024,
+    "train_on_prompt": False,
+    "mask_history": False,
+    "tool_format": None,
+    "default_system": None,
+    "enable_thinking": True,
+    "preserve_thinking": False,
+}
 INFERENCE = ("multi", "tools_system", "thoughts")  # cases whose inference prompt is recorded too
 
 
@@ -91,9 +159,15 @@ def build_cases(templates: dict) -> list[dict]:
     cases = []
 
     def add(template, conversation, **args):
-        cases.append({"id": len(cases), "template": template, "conversation": conversation,
-                      "example": conversations(templates[template]["thought_words"])[conversation],
-                      "args": {**BASE, **args}})
+        cases.append(
+            {
+                "id": len(cases),
+                "template": template,
+                "conversation": conversation,
+                "example": conversations(templates[template]["thought_words"])[conversation],
+                "args": {**BASE, **args},
+            }
+        )
 
     for name, info in templates.items():
         for conversation in ("single", "system", "multi", "tools", "tools_system", "parallel"):
@@ -120,8 +194,10 @@ CORPUS = [
     'user assistant system tool model ipython {"name": "add", "arguments": {"a": 2, "b": 2}} {"result": 4}',
     "You have access to the following tools: Tool Name Tool Description Tool Args Action Input",
 ]
-MARKER = re.compile(r"<\|[^<>|\n]*\|>|<｜[^｜\n]*｜>|\[/?[A-Z_]+\]|\[\|[a-z]+\|\]|<\|[a-z]+>|<[a-z]+\|>"
-                    r"|</?[a-z_:]+>|◁/?think▷|\[gMASK\]")
+MARKER = re.compile(
+    r"<\|[^<>|\n]*\|>|<｜[^｜\n]*｜>|\[/?[A-Z_]+\]|\[\|[a-z]+\|\]|<\|[a-z]+>|<[a-z]+\|>"
+    r"|</?[a-z_:]+>|◁/?think▷|\[gMASK\]"
+)
 EXTRA = ["]~b]", "]~!b[", "[e~[", "sop", '<|"|>', "<|tool_call>", "<tool_call|>", "<|tool>", "<tool|>"]
 
 
@@ -140,8 +216,14 @@ def lathe_templates() -> dict:
 
     infos = {}
     for name, template in TEMPLATES.items():
-        slots = [*template.user, *template.assistant, *template.system, *template.observation, *template.function,
-                 *template.prefix]
+        slots = [
+            *template.user,
+            *template.assistant,
+            *template.system,
+            *template.observation,
+            *template.function,
+            *template.prefix,
+        ]
         texts = [s if isinstance(s, str) else s.text for s in slots] + list(template.stop_words)
         texts += list(template.thought_words) + list(template.tool_call_words) + [template.raw_tools_slot or ""]
         infos[name] = {"thought_words": list(template.thought_words), "reasoning": template.reasoning, "texts": texts}
@@ -155,12 +237,14 @@ def save_tokenizer(markers: list[str]) -> None:
     backend = Tokenizer(models.BPE(unk_token="<unk>"))
     backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     backend.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=400, special_tokens=["<unk>", "<s>", "</s>"],
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    trainer = trainers.BpeTrainer(
+        vocab_size=400, special_tokens=["<unk>", "<s>", "</s>"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
+    )
     backend.train_from_iterator(CORPUS * 4, trainer=trainer)
     backend.add_special_tokens([AddedToken(marker, normalized=False, special=True) for marker in markers])
-    PreTrainedTokenizerFast(tokenizer_object=backend, bos_token="<s>", eos_token="</s>",
-                            unk_token="<unk>").save_pretrained(TOKENIZER)
+    PreTrainedTokenizerFast(
+        tokenizer_object=backend, bos_token="<s>", eos_token="</s>", unk_token="<unk>"
+    ).save_pretrained(TOKENIZER)
 
 
 # ---- the LLaMA-Factory side (runs in its environment) -------------------------------------------------
@@ -172,7 +256,13 @@ class StandInProcessor:
 
     image_processor = video_processor = feature_extractor = audio_processor = Part()
     image_seq_length, boi_token, eoi_token, full_image_sequence = 0, "<boi>", "<eoi>", "<img>"
-    boa_token, eoa_token, full_audio_sequence, audio_bos_token, audio_eos_token = "<boa>", "<eoa>", "<aud>", "<a>", "</a>"
+    boa_token, eoa_token, full_audio_sequence, audio_bos_token, audio_eos_token = (
+        "<boa>",
+        "<eoa>",
+        "<aud>",
+        "<a>",
+        "</a>",
+    )
     image_token, video_token, audio_token = "<image>", "<video>", "<audio>"
 
 
@@ -219,15 +309,20 @@ def run_case(case, lf_template, pristine, base_plugin, tokenizer_class, processo
     except Exception as error:
         return {"error": f"{type(error).__name__}: {error}"}
     template.mm_plugin = base_plugin  # text rows: checked to be unchanged by the template's own plugin
-    result["tokenizer"] = {"eos_token": tokenizer.eos_token, "pad_token": tokenizer.pad_token, "size": len(tokenizer),
-                           "stop_token_ids": sorted(template.get_stop_token_ids(tokenizer))}
+    result["tokenizer"] = {
+        "eos_token": tokenizer.eos_token,
+        "pad_token": tokenizer.pad_token,
+        "size": len(tokenizer),
+        "stop_token_ids": sorted(template.get_stop_token_ids(tokenizer)),
+    }
     ex = case["example"]
     batch = {key: [value] for key, value in ex.items()}
     batch.update(_images=[None], _videos=[None], _audios=[None])
     supervised, unsupervised = processors
     try:
-        out = supervised(template=template, tokenizer=tokenizer, processor=None, data_args=data_args).preprocess_dataset(
-            copy.deepcopy(batch))
+        out = supervised(
+            template=template, tokenizer=tokenizer, processor=None, data_args=data_args
+        ).preprocess_dataset(copy.deepcopy(batch))
         result["input_ids"], result["labels"] = out["input_ids"][0], out["labels"][0]
     except Exception as error:
         result["encode_error"] = f"{type(error).__name__}: {error}"
@@ -263,11 +358,18 @@ def run_llamafactory(cases: list[dict]) -> dict:
     processors = (SupervisedDatasetProcessor, UnsupervisedDatasetProcessor)
     base_plugin = get_mm_plugin(name="base")
     plugins = plugins_leave_text_unchanged(lf_template, AutoTokenizer.from_pretrained(str(TOKENIZER)))
-    results = {case["id"]: run_case(case, lf_template, pristine, base_plugin, AutoTokenizer, processors, DataArguments)
-               for case in cases}
-    return {"llamafactory": llamafactory.__version__, "transformers": transformers.__version__,
-            "templates": sorted(pristine), "results": results, "tool_formats": tool_format_goldens(),
-            "plugins_leave_text_unchanged": plugins}
+    results = {
+        case["id"]: run_case(case, lf_template, pristine, base_plugin, AutoTokenizer, processors, DataArguments)
+        for case in cases
+    }
+    return {
+        "llamafactory": llamafactory.__version__,
+        "transformers": transformers.__version__,
+        "templates": sorted(pristine),
+        "results": results,
+        "tool_formats": tool_format_goldens(),
+        "plugins_leave_text_unchanged": plugins,
+    }
 
 
 def main() -> None:
@@ -286,18 +388,26 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as folder:
         cases_file, out_file = Path(folder, "cases.json"), Path(folder, "out.json")
         cases_file.write_text(json.dumps(cases, ensure_ascii=False))
-        env = dict(os.environ, HF_HUB_OFFLINE="1", PYTHONPATH=str(Path(args.python).parents[2] / "lf_stubs"),  # bench/lf_stubs beside the venv
-                   LLAMAFACTORY_VERBOSITY="ERROR", OMP_NUM_THREADS="1")
-        subprocess.run([args.python, __file__, "--worker", str(cases_file), str(out_file)], check=True, env=env,
-                       cwd=folder)
+        env = dict(
+            os.environ,
+            HF_HUB_OFFLINE="1",
+            PYTHONPATH=str(Path(args.python).parents[2] / "lf_stubs"),  # bench/lf_stubs beside the venv
+            LLAMAFACTORY_VERBOSITY="ERROR",
+            OMP_NUM_THREADS="1",
+        )
+        subprocess.run(
+            [args.python, __file__, "--worker", str(cases_file), str(out_file)], check=True, env=env, cwd=folder
+        )
         produced = json.loads(out_file.read_text())
     results = produced.pop("results")
     lines = [json.dumps({**case, "llamafactory": results[str(case["id"])]}, ensure_ascii=False) for case in cases]
     header = json.dumps({**produced, "tool_date": TOOL_DATE, "tools": TOOLS, "calls": CALLS}, ensure_ascii=False)
     text = '{"meta": ' + header + ',\n"cases": [\n' + ",\n".join(lines) + "\n]}\n"
     GOLDEN.write_bytes(gzip.compress(text.encode("utf-8"), mtime=0))
-    print(f"wrote {len(cases)} cases to {GOLDEN} ({GOLDEN.stat().st_size // 1024} kB, LLaMA-Factory "
-          f"{produced['llamafactory']})")
+    print(
+        f"wrote {len(cases)} cases to {GOLDEN} ({GOLDEN.stat().st_size // 1024} kB, LLaMA-Factory "
+        f"{produced['llamafactory']})"
+    )
 
 
 if __name__ == "__main__":
