@@ -313,9 +313,14 @@ def tokenization(tool: str, config: dict, lf_root: Path, timeout: int) -> dict |
 
 
 # ------------------------------------------------------------------------------------------ report
-def run_example(path: Path, lf_root: Path, assets: tuple[str, str], timeout: int) -> dict:
+def run_example(path: Path, lf_root: Path, assets: tuple[str, str], timeout: int, earlier: dict | None = None) -> dict:
+    """`earlier`: LLaMA-Factory's training result from the last results.json, reused instead of a rerun
+    (--lathe-only: after a lathe change LLaMA-Factory's run is the same; tokenization is still compared)."""
     record = {"example": example_name(path)}
     for tool in ("lathe", "llamafactory"):
+        if tool == "llamafactory" and earlier is not None:
+            record[tool] = earlier
+            continue
         record[tool] = run_training(tool, changed_config(path, tool, *assets), lf_root, timeout)
     if record["lathe"]["ran"] and record["llamafactory"]["ran"]:
         ours = tokenization("lathe", changed_config(path, "lathe", *assets), lf_root, timeout)
@@ -378,6 +383,11 @@ def main() -> int:
     parser.add_argument("--only", help="comma-separated substrings of example paths")
     parser.add_argument("--timeout", type=int, default=900, help="seconds per run")
     parser.add_argument("--report", help="also write the table (markdown) into this file, between the markers")
+    parser.add_argument(
+        "--lathe-only",
+        action="store_true",
+        help="rerun lathe only; take LLaMA-Factory's training results from the last results.json",
+    )
     parser.add_argument("--from-results", action="store_true", help="run nothing: render the last results.json")
     args = parser.parse_args()
     if args.from_results:
@@ -392,9 +402,14 @@ def main() -> int:
         print(f"No LLaMA-Factory checkout at {lf_root}: {__doc__.splitlines()[2].strip()}", file=sys.stderr)
         return 2
     assets = build_assets(lf_root)
+    results_file = WORK / "results.json"
+    previous = {}
+    if args.lathe_only and results_file.exists():
+        previous = {record["example"]: record for record in json.loads(results_file.read_text(encoding="utf-8"))}
     records = []
     for path in examples(lf_root, args.only.split(",") if args.only else None):
-        record = run_example(path, lf_root, assets, args.timeout)
+        earlier = previous.get(example_name(path), {}).get("llamafactory") if args.lathe_only else None
+        record = run_example(path, lf_root, assets, args.timeout, earlier)
         records.append(record)
         print(
             f"{record['example']}\n  lathe:         {cell(record['lathe'])}\n  LLaMA-Factory: {cell(record['llamafactory'])}\n"

@@ -19,9 +19,9 @@ from functools import partial
 import torch
 import torch.nn.functional as F
 
-__all__ = ["LossVariantsMixin", "asft_loss", "dft_loss", "eaft_loss", "load_reference_model", "loss_function_for"]
+from lathe.train.labels import IGNORE_INDEX
 
-IGNORE_INDEX = -100
+__all__ = ["LossVariantsMixin", "asft_loss", "dft_loss", "eaft_loss", "load_reference_model", "loss_function_for"]
 
 
 def _shifted(outputs, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

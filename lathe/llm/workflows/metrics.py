@@ -16,13 +16,13 @@ import logging
 import numpy as np
 
 from lathe.llm.workflows.outputs import ExactMatch
+from lathe.train.labels import IGNORE_INDEX
 
 __all__ = ["GenerationMetrics", "similarity_scores"]
 
 logger = logging.getLogger(__name__)
 
 INSTALL_HINT = "pip install 'lathe[metrics]'  (or: pip install jieba nltk rouge-chinese)"
-IGNORE_INDEX = -100
 
 
 def _scorers():

@@ -12,6 +12,7 @@ import time
 from datetime import timedelta
 
 from lathe.train.callbacks import TrainerCallback
+from lathe.train.labels import IGNORE_INDEX
 
 __all__ = [
     "TRAINER_LOG",
@@ -29,7 +30,6 @@ logger = logging.getLogger(__name__)
 
 TRAINER_LOG = "trainer_log.jsonl"
 PREDICTIONS_FILE = "generated_predictions.jsonl"
-IGNORE_INDEX = -100
 
 
 class TrainerLogCallback(TrainerCallback):
