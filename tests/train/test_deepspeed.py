@@ -187,9 +187,9 @@ def test_checkpoint_files_are_loaded_without_unpickling_code(tmp_path):
     from deepspeed.runtime.checkpoint_engine.torch_checkpoint_engine import TorchCheckpointEngine
     from deepspeed.runtime.zero.config import ZeroStageEnum
 
-    from lathe.train.integrations.deepspeed_zero import _safe_checkpoint_engine
+    from lathe.train.integrations.deepspeed_checkpoint import safe_checkpoint_engine
 
-    engine = _safe_checkpoint_engine(TorchCheckpointEngine())
+    engine = safe_checkpoint_engine(TorchCheckpointEngine())
     fine = tmp_path / "fine.pt"
     torch.save({"zero_stage": ZeroStageEnum.gradients, "state": {"exp_avg": torch.ones(2)}}, fine)
     assert engine.load(str(fine))["zero_stage"] == ZeroStageEnum.gradients
@@ -210,9 +210,9 @@ def test_checkpoint_files_are_loaded_without_unpickling_code(tmp_path):
 def test_a_damaged_deepspeed_file_is_an_error_naming_it(tmp_path):
     from deepspeed.runtime.checkpoint_engine.torch_checkpoint_engine import TorchCheckpointEngine
 
-    from lathe.train.integrations.deepspeed_zero import _safe_checkpoint_engine
+    from lathe.train.integrations.deepspeed_checkpoint import safe_checkpoint_engine
 
-    engine = _safe_checkpoint_engine(TorchCheckpointEngine())
+    engine = safe_checkpoint_engine(TorchCheckpointEngine())
     whole = tmp_path / "mp_rank_00_model_states.pt"
     torch.save({"module": {"w": torch.ones(64)}}, whole)
     whole.write_bytes(whole.read_bytes()[:100])

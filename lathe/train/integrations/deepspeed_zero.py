@@ -15,18 +15,24 @@ the Trainer's step maths (lathe.train.distributed) applies unchanged; lathe norm
 itself (`scale_wrt_gas=False`) and tells the engine where each accumulation window ends.
 
 Checkpoints keep transformers' layout: checkpoint-N/ holds model.safetensors (full weights) beside
-DeepSpeed's own global_stepN/ folder (each rank's optimizer partition) and `latest`. DeepSpeed opens
-those files with pickle; lathe gives the engine a loader that uses torch.load(weights_only=True),
-allowing only the few DeepSpeed classes its files hold, so a checkpoint cannot run code.
+DeepSpeed's own files, read safely (lathe.train.integrations.deepspeed_checkpoint).
 """
 
 from __future__ import annotations
 
 import difflib
-import glob
 import json
 import logging
 import os
+
+from lathe.train.integrations.deepspeed_checkpoint import (  # noqa: F401 (the engine's checkpoint API, here too)
+    full_state_dict,
+    has_checkpoint,
+    load,
+    safe_checkpoint_engine,
+    save,
+    tag,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -88,13 +94,6 @@ _KNOWN_KEYS = (
 _NOT_READ_BY_DEEPSPEED = ("comms_config", "monitor_config")
 # Sections where DeepSpeed would build its own optimizer / scheduler instead of lathe's.
 _OWN_OPTIMIZER_SECTIONS = ("optimizer", "scheduler")
-# The classes DeepSpeed's checkpoint files hold besides tensors and plain containers.
-_CHECKPOINT_CLASSES = (
-    ("deepspeed.utils.tensor_fragment", "fragment_address"),
-    ("deepspeed.runtime.zero.config", "ZeroStageEnum"),
-    ("deepspeed.runtime.fp16.loss_scaler", "LossScaler"),
-    ("deepspeed.runtime.fp16.loss_scaler", "DynamicLossScaler"),
-)
 
 
 def import_deepspeed():
@@ -338,7 +337,7 @@ def initialize(model, optimizer, lr_scheduler, args):
     config = engine_config(args, dist.get_world_size(), model)
     optimizer = _offloaded(optimizer, config)
     engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, lr_scheduler=lr_scheduler, config=config)
-    engine.checkpoint_engine = _safe_checkpoint_engine(engine.checkpoint_engine)
+    engine.checkpoint_engine = safe_checkpoint_engine(engine.checkpoint_engine)
     return engine
 
 
@@ -383,83 +382,7 @@ def partitions_weights(engine) -> bool:
     return engine is not None and engine.zero_optimization_stage() == 3
 
 
-def full_state_dict(engine):
-    """The model's full weights, on rank 0 (a collective under stage 3: every rank calls it).
-    Stages 0-2 keep the weights whole on every rank, but as views into one flat buffer, which
-    safetensors refuses to save: each is copied (tied weights stay one tensor). None on other
-    ranks under stage 3."""
-    if partitions_weights(engine):
-        return engine._zero3_consolidated_16bit_state_dict()
-    copies, state = {}, {}
-    for name, tensor in engine.module.state_dict().items():
-        key = (tensor.data_ptr(), tuple(tensor.shape), tuple(tensor.stride()), tensor.dtype)
-        if key not in copies:
-            copies[key] = tensor.detach().clone()
-        state[name] = copies[key]
-    return state
-
-
 def gathered_parameters(model):
     """A context in which every ZeRO-3 partitioned weight of `model` is whole on every rank (read only)."""
     deepspeed = import_deepspeed()
     return deepspeed.zero.GatheredParameters(list(model.parameters()), modifier_rank=None)
-
-
-def tag(global_step: int) -> str:
-    return f"global_step{global_step}"
-
-
-def save(engine, folder: str, global_step: int, exclude_frozen: bool) -> None:
-    """DeepSpeed's files for `folder` (every rank writes its optimizer partition): global_stepN/ and `latest`."""
-    engine.save_checkpoint(folder, tag=tag(global_step), exclude_frozen_parameters=exclude_frozen)
-
-
-def has_checkpoint(path: str) -> bool:
-    return os.path.isfile(os.path.join(path, "latest"))
-
-
-def load(engine, path: str, strict: bool) -> None:
-    """Weights, optimizer partitions and scheduler from `path` (written by save). The optimizer state is
-    partitioned over the ranks that wrote it, so the number of processes must be the same."""
-    with open(os.path.join(path, "latest"), encoding="utf-8") as f:
-        name = f.read().strip()
-    folder = os.path.join(path, name)
-    ranks = len(glob.glob(os.path.join(folder, "*zero_pp_rank_*_optim_states.pt")))
-    now = engine.dp_world_size
-    if engine.zero_optimization_stage() > 0 and ranks != now:
-        raise ValueError(
-            f"Checkpoint {path!r} holds DeepSpeed ZeRO optimizer state partitioned over {ranks} processes; resume it with "
-            f"{ranks} processes (now {now}). To continue under another number, convert it to a universal checkpoint with "
-            "DeepSpeed's ds_to_universal.py, or start a new run from its model.safetensors."
-        )
-    load_path, _ = engine.load_checkpoint(
-        path, tag=name, load_module_strict=strict, load_optimizer_states=True, load_lr_scheduler_states=True
-    )
-    if load_path is None:
-        raise ValueError(f"DeepSpeed could not load its checkpoint from {folder!r}.")
-
-
-def _safe_checkpoint_engine(original):
-    """DeepSpeed's torch checkpoint engine, with load() on torch.load(weights_only=True) that allows
-    DeepSpeed's checkpoint classes and nothing else (lathe.train.loading: a file holding other
-    objects, or a damaged one, is an error naming it)."""
-    from lathe.train.loading import safe_torch_load
-
-    class SafeTorchCheckpointEngine(type(original)):
-        def load(self, path: str, map_location=None):
-            return safe_torch_load(path, map_location=map_location, allowed=_allowed_classes())
-
-    original.__class__ = SafeTorchCheckpointEngine
-    return original
-
-
-def _allowed_classes() -> list:
-    import importlib
-
-    allowed = []
-    for module, name in _CHECKPOINT_CLASSES:
-        try:
-            allowed.append(getattr(importlib.import_module(module), name))
-        except (ImportError, AttributeError):
-            continue
-    return allowed
