@@ -9,6 +9,7 @@ from dataclasses import fields
 
 from lathe.train.args_deprecated import map_deprecated_names, warn_from_user_code, yaml_no
 from lathe.train.args_types import coerce_field_types
+from lathe.train.args_integrations import check_integration_fields
 from lathe.train.args_enums import IntervalStrategy, OptimizerNames, SaveStrategy, SchedulerType, to_enum
 
 # Python logging levels by name; "passive" (-1) leaves the level the application set.
@@ -47,6 +48,7 @@ def normalize_and_validate(args) -> None:
 
     map_deprecated_names(args)
     parse_dict_fields(args)
+    check_integration_fields(args)
     resolve_checkpointing_alias(args)
     convert_choice_fields(args)
     fill_dependent_defaults(args)
