@@ -9,7 +9,7 @@ from dataclasses import fields
 from lathe.train.args_deprecated import map_deprecated_names, warn_from_user_code, yaml_no
 from lathe.train.args_types import coerce_field_types
 from lathe.train.args_integrations import check_integration_fields
-from lathe.train.integrations import REPORTERS, available_reporters
+from lathe.train.integrations import REPORTERS, available_reporters, with_kubeflow
 from lathe.train.args_enums import IntervalStrategy, OptimizerNames, SaveStrategy, SchedulerType, to_enum
 
 # Python logging levels by name; "passive" (-1) leaves the level the application set.
@@ -165,7 +165,7 @@ def _metadata_choices(args, name: str) -> list:
 def normalize_report_to(value) -> list[str]:
     """'none'/None -> [], 'all' -> every installed supported reporter, a name -> [name]; names are checked."""
     if value is None or value == "none" or value == ["none"]:
-        return []
+        return with_kubeflow([])
     if value == "all" or value == ["all"]:
         return available_reporters()  # the installed integrations, as transformers resolves "all"
     names = [value] if isinstance(value, str) else list(value)
@@ -174,7 +174,7 @@ def normalize_report_to(value) -> list[str]:
         raise ValueError(
             f"report_to has unsupported entries {unknown}; choose from {list(SUPPORTED_REPORTERS)}, 'all' or 'none'"
         )
-    return names
+    return with_kubeflow(names)
 
 
 def fill_dependent_defaults(args) -> None:

@@ -9,6 +9,7 @@ import os
 # name -> (module, callback class); lathe's own jsonl needs nothing installed.
 REPORTERS = {
     "jsonl": ("lathe.train.integrations.jsonl", "JsonlLoggerCallback"),
+    "kubeflow": ("lathe.train.integrations.kubeflow", "KubeflowCallback"),
     "mlflow": ("lathe.train.integrations.mlflow_reporter", "MLflowCallback"),
     "tensorboard": ("lathe.train.integrations.tensorboard", "TensorBoardCallback"),
     "trackio": ("lathe.train.integrations.trackio_reporter", "TrackioCallback"),
@@ -36,7 +37,16 @@ def available_reporters() -> list[str]:
     for name in ("wandb", "trackio"):
         if importlib.util.find_spec(name):
             installed.append(name)
-    return installed
+    return installed + with_kubeflow([])
+
+
+def with_kubeflow(report_to: list[str]) -> list[str]:
+    """transformers adds 'kubeflow' to every report_to inside a Kubeflow TrainJob."""
+    from lathe.train.integrations.kubeflow import kubeflow_requested
+
+    if kubeflow_requested() and "kubeflow" not in report_to:
+        return [*report_to, "kubeflow"]
+    return report_to
 
 
 def reporter_callbacks(report_to) -> list:
