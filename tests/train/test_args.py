@@ -303,6 +303,7 @@ def test_gradient_checkpointing_is_an_alias_of_activation_checkpointing():
         (dict(lr_scheduler_kwargs="num_cycles=2"), "lr_scheduler_kwargs"),
         (dict(lr_scheduler_kwargs="{num_cycles: 2}"), "lr_scheduler_kwargs"),
         (dict(torch_empty_cache_steps=0), "torch_empty_cache_steps"),
+        (dict(torch_empty_cache_steps=1.0), "torch_empty_cache_steps"),
         (dict(fsdp="full_shard sideways"), "fsdp"),
         (dict(push_to_hub=True), "push_to_hub"),
     ],
