@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from pathlib import Path
 
 from lathe import Trainer
@@ -32,10 +33,20 @@ def wandb_records(path: Path):
             yield record
 
 
+def finished_wandb_records(folder: Path) -> list:
+    """The run's records once wandb's writer (a separate process) has written the last one, `exit`."""
+    for _ in range(300):
+        paths = list(folder.glob("wandb/offline-run-*/run-*.wandb"))
+        records = list(wandb_records(paths[0])) if len(paths) == 1 else []
+        if records and records[-1].WhichOneof("record_type") == "exit":
+            return records
+        time.sleep(0.1)
+    raise TimeoutError(f"wandb wrote no complete run under {folder} within 30 s")
+
+
 def read_wandb(folder: Path) -> dict:
-    (path,) = folder.glob("wandb/offline-run-*/run-*.wandb")
     history, summary, config, name = [], {}, {}, None
-    for record in wandb_records(path):
+    for record in finished_wandb_records(folder):
         kind = record.WhichOneof("record_type")
         if kind == "history":
             history.append(
@@ -46,7 +57,7 @@ def read_wandb(folder: Path) -> dict:
         elif kind == "config":
             config.update({item.key: json.loads(item.value_json) for item in record.config.update})
         elif kind == "run":
-            name = record.run.display_name
+            name = name or record.run.display_name or None
     return {"history": history, "summary": summary, "name": name, "learning_rate": config.get("learning_rate")}
 
 

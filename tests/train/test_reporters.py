@@ -31,6 +31,7 @@ def logged(tmp_path_factory):
         HF_HUB_OFFLINE="1",
     )
     env.pop("WANDB_MODE", None)  # lathe's default: offline
+    env.pop("PYTEST_CURRENT_TEST", None)  # wandb changes what it records when it sees it runs under pytest
     done = subprocess.run(
         [sys.executable, "-m", "tests.train.reporters_worker", str(folder)],
         cwd=REPO,
