@@ -39,8 +39,6 @@ _PENDING_TRAINER = {
 KNOWN_PENDING = {
     "Trainer": _PENDING_TRAINER,
     "Seq2SeqTrainer": _PENDING_TRAINER,
-    "TrainingArguments": {"optim_target_modules"},
-    "Seq2SeqTrainingArguments": {"optim_target_modules"},
 }
 
 
