@@ -14,8 +14,8 @@ logger = logging.getLogger(__name__)
 class DefaultFlowCallback(TrainerCallback):
     """Sets should_log / should_evaluate / should_save / should_training_stop from the strategies.
 
-    Same rules as transformers, plus one: the final step of a run always logs under the "steps"
-    logging strategy, so the last loss is never lost between two logging points.
+    transformers' rules exactly: the final step logs only on the logging grid (the run's loss is in the
+    final `train_loss`), and evaluates and saves under "steps" strategies whether on their grids or not.
     """
 
     def on_step_end(self, args, state, control, **kwargs):
@@ -31,10 +31,8 @@ class DefaultFlowCallback(TrainerCallback):
 
         if step >= state.max_steps:
             control.should_training_stop = True
-            if args.logging_strategy == "steps":
-                control.should_log = True
-            if args.eval_strategy == "steps" and args.eval_delay <= step:
-                control.should_evaluate = True
+            if args.eval_strategy == "steps" and step % state.eval_steps != 0 and args.eval_delay <= step:
+                control.should_evaluate = True  # not twice when the last step is on the evaluation grid
             if args.save_strategy == "steps":
                 control.should_save = True
         return control

@@ -172,9 +172,10 @@ def create_optimizer(
 ) -> torch.optim.Optimizer:
     """Build the optimizer for the trainable parameters of `model`, in two groups.
 
-    Group 0: weight-decayed parameters (args.weight_decay); group 1: biases and norms (0.0). A group with no
-    parameters is left out. `optimizer_cls_and_kwargs` overrides what `args.optim` names (the Trainer's argument
-    of the same name).
+    Group 0: weight-decayed parameters (args.weight_decay); group 1: biases and norms (0.0). Both groups are
+    kept even when one is empty, as transformers keeps them: the optimizer's state_dict then has the same
+    groups in both libraries, so checkpoints cross-resume for any model. `optimizer_cls_and_kwargs` overrides
+    what `args.optim` names (the Trainer's argument of the same name).
     """
     if optimizer_cls_and_kwargs is None:
         optimizer_cls_and_kwargs = get_optimizer_cls_and_kwargs(args, model)
@@ -190,7 +191,6 @@ def create_optimizer(
         {"params": decay, "weight_decay": args.weight_decay},
         {"params": no_decay, "weight_decay": 0.0},
     ]
-    groups = [group for group in groups if group["params"]]
-    if not groups:
+    if not decay and not no_decay:
         raise ValueError("create_optimizer: the model has no parameters with requires_grad=True")
     return optimizer_cls(groups, **dict(optimizer_kwargs))

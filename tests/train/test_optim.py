@@ -327,10 +327,13 @@ def test_create_optimizer_groups_decay_and_no_decay_trainable_params():
     ]
 
 
-def test_create_optimizer_drops_empty_groups_and_rejects_a_frozen_model():
+def test_create_optimizer_keeps_an_empty_group_and_rejects_a_frozen_model():
+    """transformers keeps both groups, the empty no-decay one too: the optimizer state_dicts of the two
+    libraries then have the same groups, so checkpoints cross-resume (test_resume_hf.py)."""
     model = nn.Linear(3, 3, bias=False)
     optimizer = create_optimizer(model, Args(weight_decay=0.1))
-    assert len(optimizer.param_groups) == 1 and optimizer.param_groups[0]["weight_decay"] == 0.1
+    assert [group["weight_decay"] for group in optimizer.param_groups] == [0.1, 0.0]
+    assert [len(group["params"]) for group in optimizer.param_groups] == [1, 0]
     model.weight.requires_grad_(False)
     with pytest.raises(ValueError, match="no parameters with requires_grad"):
         create_optimizer(model, Args())
