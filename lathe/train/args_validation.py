@@ -255,6 +255,15 @@ def check_output_dir(output_dir: str) -> None:
         )
 
 
+def make_output_dir(output_dir: str) -> None:
+    """The Trainer makes output_dir when it is built, as transformers does; an error says which folder."""
+    try:
+        os.makedirs(output_dir, exist_ok=True)
+    except OSError as error:  # the errno is kept (OSError(errno, ...) picks the subclass)
+        message = f"Cannot create output_dir {output_dir!r}: {error}. Check that output_dir is writable."
+        raise (OSError(error.errno, message) if error.errno is not None else OSError(message)) from error
+
+
 def check_step_intervals(args) -> None:
     """logging/eval/save steps: a whole number of steps (10.0 becomes 10), or a fraction in (0, 1)."""
     if args.logging_strategy == IntervalStrategy.STEPS and args.logging_steps == 0:

@@ -7,7 +7,6 @@ from __future__ import annotations
 import gc
 import inspect
 import logging
-import os
 import warnings
 from collections.abc import Mapping
 
@@ -27,7 +26,7 @@ from lathe.train import (
     saving,
     stepping,
 )
-from lathe.train.args_validation import check_output_dir
+from lathe.train.args_validation import check_output_dir, make_output_dir
 from lathe.train.collators import default_collator_for
 from lathe.train.commit import BackgroundCommitter
 from lathe.train.flow import default_callback_handler
@@ -109,7 +108,7 @@ class Trainer:
         self.current_flos, self._flops_estimate = 0.0, None
         self._checkpoint_commits = BackgroundCommitter()
         if args.should_save:  # transformers makes output_dir here, before anything is written into it
-            os.makedirs(args.output_dir, exist_ok=True)
+            make_output_dir(args.output_dir)
         self.control = self.callback_handler.on_init_end(args, self.state, self.control)
 
     # ----- wiring -----

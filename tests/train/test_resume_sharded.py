@@ -1,0 +1,52 @@
+"""Resuming from a checkpoint whose weights were re-laid out as shards (model.safetensors.index.json and
+the files it lists), as transformers' tests do to a checkpoint and as large models are saved: the run
+continues bit for bit; a missing or truncated shard is an error naming it."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+from safetensors.torch import load_file, save_file
+
+from lathe.train import checkpoint as ckpt
+from tests.train.test_resume import assert_resumed_exactly, train
+
+
+def shard(folder, per_shard: int = 1) -> list[str]:
+    """Replace folder's model.safetensors by shards of `per_shard` tensors and an index."""
+    state = load_file(os.path.join(folder, ckpt.WEIGHTS_NAME))
+    os.remove(os.path.join(folder, ckpt.WEIGHTS_NAME))
+    keys = sorted(state)
+    groups = [keys[i : i + per_shard] for i in range(0, len(keys), per_shard)]
+    names = [f"model-{i + 1:05d}-of-{len(groups):05d}.safetensors" for i in range(len(groups))]
+    for name, group in zip(names, groups):
+        save_file({key: state[key] for key in group}, os.path.join(folder, name), metadata={"format": "pt"})
+    weight_map = {key: name for name, group in zip(names, groups) for key in group}
+    with open(os.path.join(folder, ckpt.WEIGHTS_INDEX_NAME), "w", encoding="utf-8") as f:
+        json.dump({"metadata": {}, "weight_map": weight_map}, f)
+    return names
+
+
+@pytest.mark.parametrize("per_shard", [1, 3])
+def test_resume_from_a_sharded_checkpoint_is_bitwise_exact(tmp_path, per_shard):
+    full = train(tmp_path / "full")
+    checkpoint = tmp_path / "full" / "checkpoint-8"
+    assert len(shard(checkpoint, per_shard)) == 4 // per_shard + (4 % per_shard > 0)
+    assert ckpt.checkpoint_problem(str(checkpoint)) is None
+    resumed = train(tmp_path / "resumed", resume=str(checkpoint))
+    assert_resumed_exactly(full, resumed, 8)
+
+
+def test_a_missing_or_truncated_shard_is_named(tmp_path):
+    train(tmp_path / "full", max_steps=4)
+    checkpoint = tmp_path / "full" / "checkpoint-4"
+    names = shard(checkpoint)
+    last = checkpoint / names[-1]
+    last.write_bytes(last.read_bytes()[:-3])
+    with pytest.raises(ValueError, match="checkpoint-4"):
+        train(tmp_path / "again", resume=str(checkpoint))
+    assert "missing" in ckpt.checkpoint_problem(str(checkpoint))
+    os.remove(last)
+    assert ckpt.checkpoint_problem(str(checkpoint)) == f"{ckpt.WEIGHTS_NAME} is missing"
