@@ -24,6 +24,7 @@ from lathe.train import (
     resume,
     runtime,
     saving,
+    schedules,
     stepping,
 )
 from lathe.train.args_validation import check_output_dir, make_output_dir
@@ -362,7 +363,7 @@ class Trainer:
         self.create_scheduler(num_training_steps=num_training_steps, optimizer=self.optimizer)
 
     def _get_learning_rate(self) -> float:
-        if isinstance(self.lr_scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau):
+        if schedules.steps_on_metric(self.lr_scheduler):
             return self.optimizer.param_groups[0]["lr"]
         return self.lr_scheduler.get_last_lr()[0]
 
