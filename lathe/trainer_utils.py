@@ -5,3 +5,4 @@ from lathe.train.checkpoint import PREFIX_CHECKPOINT_DIR, get_last_checkpoint  #
 from lathe.train.evaluation import speed_metrics  # noqa: F401
 from lathe.train.outputs import EvalLoopOutput, EvalPrediction, PredictionOutput, TrainOutput  # noqa: F401
 from lathe.train.seed import enable_full_determinism, set_seed  # noqa: F401
+from lathe.train.rotation import rotate_checkpoints, sort_checkpoints  # noqa: F401
