@@ -238,11 +238,4 @@ def default_callback_handler(args, callbacks, model, processing_class, optimizer
 
     defaults = [DefaultFlowCallback, PrinterCallback if args.disable_tqdm else ProgressCallback]
     defaults += reporter_callbacks(args.report_to)
-    handler = CallbackHandler(defaults + list(callbacks or []), model, processing_class, optimizer, lr_scheduler)
-    if not any(isinstance(callback, DefaultFlowCallback) for callback in handler.callbacks):
-        logger.warning(
-            "The Trainer will not log, evaluate, save or stop at max_steps without a DefaultFlowCallback; "
-            "add one with trainer.add_callback(DefaultFlowCallback). Current callbacks:\n%s",
-            handler.callback_list,
-        )
-    return handler
+    return CallbackHandler(defaults + list(callbacks or []), model, processing_class, optimizer, lr_scheduler)

@@ -228,6 +228,12 @@ def _compare_process_counts(args, path: str, saved: TrainerState, changed: list[
 
 def _restore_callback_states(callbacks: list, saved: TrainerState) -> None:
     states = saved.stateful_callbacks or {}
+    present = {type(callback).__name__ for callback in callbacks}
+    not_found = [name for name in states if name not in present]
+    if not_found:  # the Trainer's logger, in transformers' words
+        logging.getLogger("lathe.train.trainer").warning(
+            "Checkpoint included callbacks not included in current configuration. Ignoring. (%s)" % ", ".join(not_found)
+        )
     for callback in callbacks:
         entry = states.get(type(callback).__name__)
         if entry is None:

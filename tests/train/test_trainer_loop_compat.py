@@ -239,3 +239,38 @@ def test_label_smoothing_is_disabled_for_a_multi_label_model_as_in_transformers(
             trainer.train()
             losses[library, factor] = [loss for _, loss, _ in entries(trainer)]
     assert losses["lathe", 0.2] == losses["lathe", 0.0] == losses["transformers", 0.2]
+
+
+def test_callback_warnings_go_through_the_modules_loggers_with_the_names_in_the_message(tmp_path):
+    """transformers' tests patch transformers.trainer_callback.logger.warning / transformers.trainer.logger
+    and read the message: lathe's modules of those paths expose the loggers its warnings use, and the
+    messages are formatted before they are logged."""
+    from unittest.mock import patch
+
+    import lathe.trainer
+    import lathe.trainer_callback
+    from lathe import CallbackHandler, EarlyStoppingCallback, ProgressCallback
+
+    with patch.object(lathe.trainer_callback.logger, "warning") as warning:
+        CallbackHandler([ProgressCallback()], None, None, None, None)
+    assert "DefaultFlowCallback" in warning.call_args[0][0]
+    with patch.object(lathe.trainer_callback.logger, "warning") as warning:
+        make_trainer(model=Regression(), args=training_args(tmp_path), callbacks=[ProgressCallback, ProgressCallback])
+    assert "ProgressCallback" in warning.call_args[0][0]
+
+    options = dict(max_steps=2, save_strategy="steps", save_steps=2, eval_strategy="steps", eval_steps=2)
+    options.update(load_best_model_at_end=True, metric_for_best_model="loss")
+    early = EarlyStoppingCallback()
+    data = dict(train_dataset=regression_items(4), eval_dataset=regression_items(2, seed=1))
+    make_trainer(model=Regression(), args=training_args(tmp_path, **options), callbacks=[early], **data).train()
+    resumed = make_trainer(
+        model=Regression(),
+        args=training_args(tmp_path, restore_callback_states_from_checkpoint=True, **options),
+        **data,
+    )
+    with patch.object(lathe.trainer.logger, "warning") as warning:
+        resumed.train(resume_from_checkpoint=str(tmp_path / "checkpoint-2"))
+    messages = [call[0][0] for call in warning.call_args_list]
+    assert any(
+        "callbacks not included in current configuration" in m and "EarlyStoppingCallback" in m for m in messages
+    )
