@@ -197,7 +197,10 @@ def fill_dependent_defaults(args) -> None:
     if needs_metric and args.metric_for_best_model is None:
         args.metric_for_best_model = "loss"
     if args.save_strategy == SaveStrategy.BEST and args.metric_for_best_model is None:
-        raise ValueError("save_strategy='best' needs metric_for_best_model (e.g. 'loss' or 'eval_accuracy').")
+        raise ValueError(  # transformers' sentence first: code written for it matches on it
+            "`args.metric_for_best_model` must be provided when using 'best' save_strategy: save_strategy='best' "
+            "needs metric_for_best_model (e.g. 'loss' or 'eval_accuracy')."
+        )
     # "loss" and "eval_loss" both end in "loss": lower is better for losses, higher for anything else.
     if args.greater_is_better is None and args.metric_for_best_model is not None:
         args.greater_is_better = not args.metric_for_best_model.endswith("loss")

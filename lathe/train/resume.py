@@ -82,12 +82,15 @@ def resolve_resume_path(args, resume_from_checkpoint) -> str | None:
         path = ckpt.get_last_checkpoint(args.output_dir)
         if path is None:
             raise ValueError(
-                f"resume_from_checkpoint=True, but {args.output_dir!r} holds no complete checkpoint-N folder."
+                f"No valid checkpoint found in output directory ({args.output_dir}): resume_from_checkpoint=True, "
+                "but it holds no complete checkpoint-N folder."
             )
     else:
         path = str(resume_from_checkpoint)
         if not os.path.isdir(path):
-            raise ValueError(f"resume_from_checkpoint={path!r} is not a folder.")
+            raise ValueError(
+                f"Can't find a valid checkpoint at {path}: resume_from_checkpoint={path!r} is not a folder."
+            )
         problem = ckpt.checkpoint_problem(path)
         if problem is not None:
             raise ValueError(

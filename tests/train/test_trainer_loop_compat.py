@@ -274,3 +274,16 @@ def test_callback_warnings_go_through_the_modules_loggers_with_the_names_in_the_
     assert any(
         "callbacks not included in current configuration" in m and "EarlyStoppingCallback" in m for m in messages
     )
+
+
+def test_errors_start_with_transformers_sentences(tmp_path):
+    """Code written for transformers matches on these; lathe's detail follows them."""
+    with pytest.raises(ValueError, match="`args.metric_for_best_model` must be provided"):
+        training_args(tmp_path, eval_strategy="epoch", save_strategy="best")
+    trainer = make_trainer(
+        model=Regression(), args=training_args(tmp_path / "fresh"), train_dataset=regression_items(4)
+    )
+    with pytest.raises(ValueError, match="^Can't find a valid checkpoint at .*not a folder"):
+        trainer.train(resume_from_checkpoint=str(tmp_path / "nowhere"))
+    with pytest.raises(ValueError, match=r"^No valid checkpoint found in output directory \(.*fresh\)"):
+        trainer.train(resume_from_checkpoint=True)
