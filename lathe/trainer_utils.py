@@ -6,3 +6,4 @@ from lathe.train.evaluation import speed_metrics  # noqa: F401
 from lathe.train.outputs import EvalLoopOutput, EvalPrediction, PredictionOutput, TrainOutput  # noqa: F401
 from lathe.train.seed import enable_full_determinism, set_seed  # noqa: F401
 from lathe.train.rotation import rotate_checkpoints, sort_checkpoints  # noqa: F401
+from lathe.train.resume import compare_trainer_and_checkpoint_args  # noqa: F401

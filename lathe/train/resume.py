@@ -149,6 +149,7 @@ def load_checkpoint(trainer, path: str, plan) -> tuple[TrainerState, dict | None
         )
     saved = TrainerState.load_from_json(os.path.join(path, ckpt.TRAINER_STATE_NAME))
     batch_size = trainer._train_batch_size
+    compare_trainer_and_checkpoint_args(args, saved)
     _warn_about_changed_arguments(args, path, saved, plan, batch_size)
     # Keep the step counts of this run (they depend on the current arguments) and the
     # process flags; take everything else from the checkpoint.
@@ -177,6 +178,29 @@ def load_checkpoint(trainer, path: str, plan) -> tuple[TrainerState, dict | None
             plan.max_steps,
         )
     return saved, rng_state
+
+
+def compare_trainer_and_checkpoint_args(training_args, trainer_state) -> None:
+    """transformers.trainer_utils' check, with its lines, through the Trainer's logger: logging/eval/save steps
+    and the per-device batch of the arguments against those trainer_state.json stored. (lathe's own warning
+    below also names the settings that change the trained result.)"""
+    lines = [
+        f"\n\t{name}: {getattr(training_args, name)} (from args) != {getattr(trainer_state, name)} (from trainer_state.json)"
+        for name in ("logging_steps", "eval_steps", "save_steps")
+        if None not in (getattr(training_args, name, None), getattr(trainer_state, name, None))
+        and getattr(training_args, name) != getattr(trainer_state, name)
+    ]
+    saved_batch = (trainer_state.train_batch_size or 0) // max(1, training_args.n_gpu)
+    if trainer_state.train_batch_size is not None and training_args.per_device_train_batch_size != saved_batch:
+        lines.append(
+            f"\n\tper_device_train_batch_size: {training_args.per_device_train_batch_size} (from args) != "
+            f"{saved_batch} (from trainer_state.json)"
+        )
+    if lines:
+        logging.getLogger("lathe.train.trainer").warning(
+            "Warning: The following arguments do not match the ones in the `trainer_state.json` within the "
+            "checkpoint directory: " + "".join(lines)
+        )
 
 
 def _warn_about_changed_arguments(args, path: str, saved: TrainerState, plan, batch_size: int) -> None:

@@ -287,3 +287,28 @@ def test_errors_start_with_transformers_sentences(tmp_path):
         trainer.train(resume_from_checkpoint=str(tmp_path / "nowhere"))
     with pytest.raises(ValueError, match=r"^No valid checkpoint found in output directory \(.*fresh\)"):
         trainer.train(resume_from_checkpoint=True)
+
+
+def changed_arguments_warning(tmp_path, library, logger_name):
+    first = dict(max_steps=6, save_strategy="steps", save_steps=5, eval_strategy="steps", eval_steps=5)
+    data = dict(train_dataset=regression_items(40), eval_dataset=regression_items(4, seed=1))
+    folder = tmp_path / library
+    make_trainer(library, model=Regression(), args=training_args(folder, library, **first), **data).train()
+    second = dict(first, save_steps=10, eval_steps=10, per_device_train_batch_size=4)
+    trainer = make_trainer(library, model=Regression(), args=training_args(folder, library, **second), **data)
+    handler, logger = Lines(), logging.getLogger(logger_name)
+    logger.addHandler(handler)
+    try:
+        trainer.train(resume_from_checkpoint=str(folder / "checkpoint-5"))
+    finally:
+        logger.removeHandler(handler)
+    return [message for message in handler.messages if "do not match the ones in the `trainer_state.json`" in message]
+
+
+@pytest.mark.hf
+def test_resuming_with_other_steps_or_batch_warns_with_transformers_lines(tmp_path):
+    ours = changed_arguments_warning(tmp_path, "lathe", "lathe.train.trainer")
+    theirs = changed_arguments_warning(tmp_path, "transformers", "transformers.trainer_utils")
+    assert ours == theirs and len(ours) == 1
+    assert "\tsave_steps: 10 (from args) != 5 (from trainer_state.json)" in ours[0]
+    assert "\tper_device_train_batch_size: 4 (from args) != 2 (from trainer_state.json)" in ours[0]
