@@ -51,7 +51,8 @@ def load_model_weights(model, folder: str, strict: bool = True) -> None:
         return
     single = os.path.join(folder, WEIGHTS_NAME)
     if os.path.isfile(single) and not hasattr(model, "save_pretrained"):
-        check_shapes(model.state_dict(), _safetensors_shapes(single), single)
+        if not _loads_its_own_way(model):  # an override (e.g. resizing a growing buffer) decides about shapes
+            check_shapes(model.state_dict(), _safetensors_shapes(single), single)
         load_model(model, single, strict=strict)
         return
     # transformers drops tied weights from the file; load non-strictly and let tying restore them.
@@ -110,6 +111,13 @@ def _read_safetensors(path: str) -> dict:
         raise CheckpointFileError(
             f"{path!r} is not a readable safetensors file ({error}); the checkpoint is corrupt."
         ) from None
+
+
+def _loads_its_own_way(model) -> bool:
+    """Whether the model's class overrides load_state_dict (transformers hands it the file's tensors as they are)."""
+    import torch
+
+    return type(model).load_state_dict is not torch.nn.Module.load_state_dict
 
 
 def read_model_weights(folder: str) -> dict:

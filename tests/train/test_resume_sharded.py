@@ -8,6 +8,7 @@ import json
 import os
 
 import pytest
+import torch
 from safetensors.torch import load_file, save_file
 
 from lathe.train import checkpoint as ckpt
@@ -50,3 +51,33 @@ def test_a_missing_or_truncated_shard_is_named(tmp_path):
     assert "missing" in ckpt.checkpoint_problem(str(checkpoint))
     os.remove(last)
     assert ckpt.checkpoint_problem(str(checkpoint)) == f"{ckpt.WEIGHTS_NAME} is missing"
+
+
+class GrowingBuffer(torch.nn.Module):
+    """Records what it trained on in a buffer that grows, and resizes it in its own load_state_dict."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.fc = torch.nn.Linear(4, 1)
+        self.register_buffer("seen", torch.empty(0))
+
+    def load_state_dict(self, state_dict, strict=True, assign=False):
+        if "seen" in state_dict and state_dict["seen"].shape != self.seen.shape:
+            self.seen = state_dict["seen"].clone()
+        return super().load_state_dict(state_dict, strict=strict)
+
+    def forward(self, x, labels=None, sample_id=None):
+        self.seen = torch.cat([self.seen, x[:, 0].detach()])
+        return {"loss": ((self.fc(x).squeeze(-1) - labels) ** 2).mean()}
+
+
+def test_a_model_that_overrides_load_state_dict_decides_about_shapes_itself(tmp_path):
+    """As in transformers, the file's tensors go to the model's own load_state_dict (lathe's shape check
+    would refuse the grown buffer)."""
+    full = train(tmp_path / "full", model=GrowingBuffer(), max_steps=4)
+    resumed = train(
+        tmp_path / "resumed", resume=str(tmp_path / "full" / "checkpoint-4"), model=GrowingBuffer(), max_steps=6
+    )
+    assert full.model.seen.shape == (8,) and resumed.model.seen.shape == (12,)
+    assert torch.equal(resumed.model.seen[:8], full.model.seen)
