@@ -7,3 +7,4 @@ from lathe.train.outputs import EvalLoopOutput, EvalPrediction, PredictionOutput
 from lathe.train.seed import enable_full_determinism, set_seed  # noqa: F401
 from lathe.train.rotation import rotate_checkpoints, sort_checkpoints  # noqa: F401
 from lathe.train.resume import compare_trainer_and_checkpoint_args  # noqa: F401
+from lathe.train.weights import load_sharded_checkpoint  # noqa: F401

@@ -153,3 +153,40 @@ def check_missing(model, missing, unexpected, folder, strict):
         )
     if hasattr(model, "tie_weights"):
         model.tie_weights()
+
+
+def load_sharded_checkpoint(model, folder: str, strict: bool = True, prefer_safe: bool = True):
+    """transformers.trainer_utils.load_sharded_checkpoint: load the shards an index lists into `model`, one
+    shard in memory at a time; with `strict`, keys that differ are an error before anything loads. Shards
+    are safetensors or, from pytorch_model.bin.index.json, torch files read with weights_only=True. Returns
+    (missing_keys, unexpected_keys) as load_state_dict does."""
+    import torch
+
+    from lathe.train import loading
+
+    indexes = {
+        True: os.path.join(folder, WEIGHTS_INDEX_NAME),
+        False: os.path.join(folder, "pytorch_model.bin.index.json"),
+    }
+    present = {safe: os.path.isfile(path) for safe, path in indexes.items()}
+    if not any(present.values()):
+        raise ValueError(
+            f"Can't find a checkpoint index ({WEIGHTS_INDEX_NAME} or pytorch_model.bin.index.json) in {folder}."
+        )
+    safe = present[True] and (prefer_safe or not present[False])
+    with open(indexes[safe], encoding="utf-8") as f:
+        weight_map = json.load(f)["weight_map"]
+    model_keys = model.state_dict().keys()
+    missing = [key for key in model_keys if key not in weight_map]
+    unexpected = [key for key in weight_map if key not in model_keys]
+    if strict and (missing or unexpected):
+        raise RuntimeError(
+            f"Error(s) in loading state_dict for {type(model).__name__}: missing keys {missing}, unexpected keys "
+            f"{unexpected} (index {indexes[safe]!r})."
+        )
+    for shard in sorted(set(weight_map.values())):
+        path = os.path.join(folder, shard)
+        model.load_state_dict(
+            _read_safetensors(path) if safe else loading.safe_torch_load(path, map_location="cpu"), strict=False
+        )
+    return torch.nn.modules.module._IncompatibleKeys(missing, unexpected)

@@ -81,3 +81,32 @@ def test_a_model_that_overrides_load_state_dict_decides_about_shapes_itself(tmp_
     )
     assert full.model.seen.shape == (8,) and resumed.model.seen.shape == (12,)
     assert torch.equal(resumed.model.seen[:8], full.model.seen)
+
+
+@pytest.mark.hf
+@pytest.mark.parametrize("strict", [True, False])
+def test_load_sharded_checkpoint_loads_as_transformers(tmp_path, strict):
+    from transformers import trainer_utils
+
+    from lathe.trainer_utils import load_sharded_checkpoint
+
+    source = GrowingBuffer()
+    torch.nn.init.normal_(source.fc.weight)
+    save_file({"fc.weight": source.fc.weight.detach().clone()}, str(tmp_path / "model-00001-of-00002.safetensors"))
+    save_file({"fc.bias": source.fc.bias.detach().clone()}, str(tmp_path / "model-00002-of-00002.safetensors"))
+    weight_map = {"fc.weight": "model-00001-of-00002.safetensors", "fc.bias": "model-00002-of-00002.safetensors"}
+    (tmp_path / ckpt.WEIGHTS_INDEX_NAME).write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+    results = []
+    for load in (load_sharded_checkpoint, trainer_utils.load_sharded_checkpoint):
+        target = GrowingBuffer()  # its "seen" buffer is not in the shards: missing, allowed only when not strict
+        if strict:
+            target = torch.nn.Sequential()
+            target.fc = torch.nn.Linear(4, 1)
+        result = load(target, str(tmp_path), strict=strict)
+        assert torch.equal(target.fc.weight, source.fc.weight) and torch.equal(target.fc.bias, source.fc.bias)
+        results.append((sorted(result.missing_keys), sorted(result.unexpected_keys)))
+    assert results[0] == results[1] == ([] if strict else ["seen"], [])
+    with pytest.raises(RuntimeError, match="missing keys"):
+        load_sharded_checkpoint(GrowingBuffer(), str(tmp_path))
+    with pytest.raises(ValueError, match="Can't find a checkpoint index"):
+        load_sharded_checkpoint(GrowingBuffer(), str(tmp_path / "nowhere"))
