@@ -70,7 +70,7 @@ class Trainer:
 
         if args is None:
             args = TrainingArguments(output_dir="tmp_trainer")  # transformers 5.23's Trainer default
-            logger.info("No TrainingArguments passed; using defaults with output_dir=%r.", args.output_dir)
+            logger.info(f"No `TrainingArguments` passed, using `output_dir={args.output_dir}`.")  # transformers' words
         self.args = args
         runtime.apply_log_level(args)
         if tokenizer is not None:
