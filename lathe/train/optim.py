@@ -193,4 +193,8 @@ def create_optimizer(
     ]
     if not decay and not no_decay:
         raise ValueError("create_optimizer: the model has no parameters with requires_grad=True")
+    if getattr(args, "deepspeed", None):
+        # ZeRO leaves an empty group out of the optimizer it wraps, and the schedule built on both groups then
+        # no longer fits; DeepSpeed's checkpoints are its own format, so the plain layout is not at stake there.
+        groups = [group for group in groups if group["params"]]
     return optimizer_cls(groups, **dict(optimizer_kwargs))
