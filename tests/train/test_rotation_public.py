@@ -69,3 +69,26 @@ def test_rotate_checkpoints_never_deletes_a_folder_lathe_did_not_write(tmp_path)
     assert names(tmp_path) == ["checkpoint-10", "checkpoint-25", "checkpoint-5"]
     with pytest.raises(ValueError, match="checkpoint_prefix"):
         rotate_checkpoints(str(tmp_path), save_total_limit=1, checkpoint_prefix="ckpt")
+
+
+@pytest.mark.hf
+@pytest.mark.parametrize(
+    "targets, key",
+    [
+        ("model.layers.0.mlp", "model.layers.0.mlp"),
+        (r".*\.mlp\..*", "model.layers.0.mlp.up_proj"),
+        (["attn", "mlp"], "model.layers.0.mlp.up_proj"),
+        (["q_proj"], "model.layers.0.self_attn.q_proj"),
+        ([r".*\.k_proj"], "model.layers.1.self_attn.k_proj"),
+        (["embed"], "model.layers.1.self_attn.k_proj"),
+    ],
+)
+def test_check_target_module_exists_matches_transformers(targets, key):
+    from transformers import trainer_utils
+
+    from lathe.trainer_utils import check_target_module_exists
+
+    for flag in (False, True):
+        assert check_target_module_exists(targets, key, return_is_regex=flag) == (
+            trainer_utils.check_target_module_exists(targets, key, return_is_regex=flag)
+        )
