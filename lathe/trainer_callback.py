@@ -3,3 +3,4 @@
 from lathe.train.callbacks import CallbackHandler, TrainerCallback  # noqa: F401
 from lathe.train.flow import DefaultFlowCallback, EarlyStoppingCallback, PrinterCallback, ProgressCallback  # noqa: F401
 from lathe.train.state import ExportableState, TrainerControl, TrainerState  # noqa: F401
+from lathe.train.callbacks import logger  # noqa: F401  (the callbacks' logger, as transformers.trainer_callback.logger)

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import math
+from functools import partial
 
 import torch
+from torch.optim.lr_scheduler import LambdaLR
 
 _LOW_PRECISION = (torch.float16, torch.bfloat16)
 
@@ -162,3 +164,35 @@ class Adafactor(torch.optim.Optimizer):
         work.add_(-update)
         if param.dtype in _LOW_PRECISION:
             param.copy_(work)
+
+
+class AdafactorSchedule(LambdaLR):
+    """A stand-in schedule for an Adafactor that sets its own step size (relative_step): the Trainer needs a
+    scheduler, and logs its learning rate. Before the first update it reports `initial_lr`; afterwards, the
+    step size Adafactor used for each group's first parameter (written into the group's "lr")."""
+
+    def __init__(self, optimizer, initial_lr: float = 0.0):
+        for group in optimizer.param_groups:  # LambdaLR takes its base rates from here
+            group["initial_lr"] = initial_lr
+        super().__init__(optimizer, partial(_constant, value=initial_lr))
+        for group in optimizer.param_groups:
+            del group["initial_lr"]
+
+    def get_lr(self):
+        optimizer = self.optimizer
+        # lathe's Adafactor names it _step_size; transformers' _get_lr (so either optimizer works here)
+        step_size = getattr(optimizer, "_step_size", None) or optimizer._get_lr
+        rates = [
+            step_size(group, optimizer.state[group["params"][0]])
+            for group in optimizer.param_groups
+            if group["params"] and group["params"][0].grad is not None
+        ]
+        return rates or self.base_lrs  # before the first update
+
+
+def _constant(step: int, *, value: float) -> float:
+    return value
+
+
+def get_adafactor_schedule(optimizer, initial_lr: float = 0.0) -> AdafactorSchedule:
+    return AdafactorSchedule(optimizer, initial_lr)

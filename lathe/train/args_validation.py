@@ -196,7 +196,10 @@ def fill_dependent_defaults(args) -> None:
     if needs_metric and args.metric_for_best_model is None:
         args.metric_for_best_model = "loss"
     if args.save_strategy == SaveStrategy.BEST and args.metric_for_best_model is None:
-        raise ValueError("save_strategy='best' needs metric_for_best_model (e.g. 'loss' or 'eval_accuracy').")
+        raise ValueError(  # transformers' sentence first: code written for it matches on it
+            "`args.metric_for_best_model` must be provided when using 'best' save_strategy: save_strategy='best' "
+            "needs metric_for_best_model (e.g. 'loss' or 'eval_accuracy')."
+        )
     # "loss" and "eval_loss" both end in "loss": lower is better for losses, higher for anything else.
     if args.greater_is_better is None and args.metric_for_best_model is not None:
         args.greater_is_better = not args.metric_for_best_model.endswith("loss")
@@ -252,6 +255,15 @@ def check_output_dir(output_dir: str) -> None:
             f"output_dir={output_dir!r} is an existing file, not a folder: checkpoints and results "
             "go into a folder there. Choose another output_dir, or move the file away."
         )
+
+
+def make_output_dir(output_dir: str) -> None:
+    """The Trainer makes output_dir when it is built, as transformers does; an error says which folder."""
+    try:
+        os.makedirs(output_dir, exist_ok=True)
+    except OSError as error:  # the errno is kept (OSError(errno, ...) picks the subclass)
+        message = f"Cannot create output_dir {output_dir!r}: {error}. Check that output_dir is writable."
+        raise (OSError(error.errno, message) if error.errno is not None else OSError(message)) from error
 
 
 def check_step_intervals(args) -> None:

@@ -90,6 +90,13 @@ class CallbackHandler(TrainerCallback):
         self._listeners: dict[str, list] = {}
         for callback in callbacks:
             self.add_callback(callback)
+        from lathe.train.flow import DefaultFlowCallback  # flow.py builds on this module
+
+        if not any(isinstance(callback, DefaultFlowCallback) for callback in self.callbacks):
+            logger.warning(
+                "The Trainer will not log, evaluate, save or stop at max_steps without a DefaultFlowCallback; add one "
+                f"with trainer.add_callback(DefaultFlowCallback). Current callbacks:\n{self.callback_list}"
+            )
         self.model = model
         self.processing_class = processing_class
         self.optimizer = optimizer
@@ -101,10 +108,10 @@ class CallbackHandler(TrainerCallback):
         instance = callback() if isinstance(callback, type) else callback
         callback_class = callback if isinstance(callback, type) else callback.__class__
         if callback_class in [c.__class__ for c in self.callbacks]:
+            # Formatted here, as transformers does: code that patches logger.warning reads the message itself.
             logger.warning(
-                "Adding a %s to the callbacks of this Trainer, but there is already one. Current callbacks:\n%s",
-                callback_class.__name__,
-                self.callback_list,
+                f"Adding a {callback_class.__name__} to the callbacks of this Trainer, but there is already one. "
+                f"Current callbacks:\n{self.callback_list}"
             )
         self.callbacks.append(instance)
         self._listeners.clear()

@@ -11,6 +11,9 @@ import re
 import shutil
 from contextlib import contextmanager
 
+from lathe.train import shards
+from lathe.train.shards import WEIGHTS_INDEX_NAME, WEIGHTS_NAME  # noqa: F401  (the layout's names, used here too)
+
 logger = logging.getLogger(__name__)
 
 PREFIX_CHECKPOINT_DIR = "checkpoint"
@@ -23,8 +26,6 @@ SCHEDULER_NAME = "scheduler.pt"
 SCALER_NAME = "scaler.pt"
 TRAINING_ARGS_NAME = "training_args.bin"
 TRAINING_ARGS_JSON = "training_args.json"
-WEIGHTS_NAME = "model.safetensors"
-WEIGHTS_INDEX_NAME = "model.safetensors.index.json"
 ADAPTER_WEIGHTS_NAME = "adapter_model.safetensors"
 
 
@@ -269,7 +270,7 @@ def checkpoint_problem(folder: str) -> str | None:
         return f"it has no model weights ({WEIGHTS_NAME}, {WEIGHTS_INDEX_NAME} or {ADAPTER_WEIGHTS_NAME})"
     # A transformers process killed while writing leaves truncated safetensors files, which
     # resume would then fail on ("SafetensorError: header too small"): check their lengths.
-    truncated = [name for name in weights if not _safetensors_files_complete(folder, name)]
+    truncated = [name for name in weights if not shards.files_complete(folder, name)]
     return f"{truncated[0]} is truncated or corrupt" if truncated else None
 
 
@@ -280,42 +281,16 @@ def _manifest_problem(folder: str, manifest: str) -> str | None:
         sizes = [(str(name), int(size)) for name, size in files.items()]
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as error:
         return f"its {MANIFEST_NAME} is unreadable ({error!r})"
+    relaid = shards.complete_layout(folder)
     for name, size in sizes:
         path = os.path.join(folder, name)
+        if relaid and shards.is_model_weights_file(name) and not os.path.isfile(path):
+            continue  # weights re-laid out since (sharded or merged): their own complete headers vouch for them
         if not os.path.isfile(path):
             return f"{name} is missing"
         if os.path.getsize(path) != size:
             return f"{name} has {os.path.getsize(path)} bytes, {MANIFEST_NAME} says {size}"
     return None
-
-
-def _safetensors_files_complete(folder: str, name: str) -> bool:
-    if name == WEIGHTS_INDEX_NAME:
-        try:
-            with open(os.path.join(folder, name), encoding="utf-8") as f:
-                shards = set(json.load(f)["weight_map"].values())
-        except (OSError, ValueError, KeyError, AttributeError, TypeError):
-            return False
-        return all(
-            isinstance(shard, str) and _safetensors_file_complete(os.path.join(folder, shard)) for shard in shards
-        )
-    return not name.endswith(".safetensors") or _safetensors_file_complete(os.path.join(folder, name))
-
-
-def _safetensors_file_complete(path: str) -> bool:
-    """Reads only the header: 8 bytes of header length, a JSON header whose data offsets say how
-    long the file must be."""
-    try:
-        size = os.path.getsize(path)
-        with open(path, "rb") as f:
-            header_length = int.from_bytes(f.read(8), "little")
-            if size < 8 + header_length:
-                return False
-            header = json.loads(f.read(header_length))
-        data_end = max((entry["data_offsets"][1] for key, entry in header.items() if key != "__metadata__"), default=0)
-        return size >= 8 + header_length + data_end
-    except (OSError, ValueError, KeyError, TypeError, IndexError, AttributeError):
-        return False
 
 
 def checkpoint_step(folder: str) -> int | None:

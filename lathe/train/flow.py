@@ -14,8 +14,8 @@ logger = logging.getLogger(__name__)
 class DefaultFlowCallback(TrainerCallback):
     """Sets should_log / should_evaluate / should_save / should_training_stop from the strategies.
 
-    Same rules as transformers, plus one: the final step of a run always logs under the "steps"
-    logging strategy, so the last loss is never lost between two logging points.
+    transformers' rules exactly: the final step logs only on the logging grid (the run's loss is in the
+    final `train_loss`), and evaluates and saves under "steps" strategies whether on their grids or not.
     """
 
     def on_step_end(self, args, state, control, **kwargs):
@@ -31,10 +31,8 @@ class DefaultFlowCallback(TrainerCallback):
 
         if step >= state.max_steps:
             control.should_training_stop = True
-            if args.logging_strategy == "steps":
-                control.should_log = True
-            if args.eval_strategy == "steps" and args.eval_delay <= step:
-                control.should_evaluate = True
+            if args.eval_strategy == "steps" and step % state.eval_steps != 0 and args.eval_delay <= step:
+                control.should_evaluate = True  # not twice when the last step is on the evaluation grid
             if args.save_strategy == "steps":
                 control.should_save = True
         return control
@@ -248,11 +246,5 @@ def default_callback_handler(args, callbacks, model, processing_class, optimizer
         from lathe.train.debug import UnderflowOverflowCallback
 
         defaults.append(UnderflowOverflowCallback())
-    handler = CallbackHandler(defaults + list(callbacks or []), model, processing_class, optimizer, lr_scheduler)
-    if not any(isinstance(callback, DefaultFlowCallback) for callback in handler.callbacks):
-        logger.warning(
-            "The Trainer will not log, evaluate, save or stop at max_steps without a DefaultFlowCallback; "
-            "add one with trainer.add_callback(DefaultFlowCallback). Current callbacks:\n%s",
-            handler.callback_list,
-        )
-    return handler
+    # CallbackHandler warns when no DefaultFlowCallback is left (as transformers' handler does).
+    return CallbackHandler(defaults + list(callbacks or []), model, processing_class, optimizer, lr_scheduler)

@@ -24,7 +24,11 @@ def training_loop(trainer, batch_size: int, resume_path: str | None, trial, igno
     trainer.is_in_train = True
     trainer._train_batch_size = batch_size
     train_dataloader = trainer.get_train_dataloader()
-    plan = batching.plan_training(args, _length(train_dataloader), _length(train_dataloader.dataset), batch_size)
+    batches = _length(train_dataloader)
+    # num_examples: len(loader.dataset), or an estimate for a loader without one (a get_train_dataloader override).
+    plan = batching.plan_training(
+        args, batches, trainer.num_examples(train_dataloader) if batches else None, batch_size
+    )
     model = prepare_for_training(trainer, plan)
     trainer.state = new_state(trainer, batch_size, plan, trial)
     rng_state = None
@@ -33,6 +37,7 @@ def training_loop(trainer, batch_size: int, resume_path: str | None, trial, igno
     start = batching.resume_position(
         trainer.state.global_step, plan, args.gradient_accumulation_steps, args.ignore_data_skip, trainer.state.epoch
     )
+    log_training_summary(trainer, plan, train_dataloader, resume_path, start)
     begin_run(trainer, model, train_dataloader)
     trainer.control = trainer.callback_handler.on_train_begin(args, trainer.state, trainer.control)
     if args.eval_on_start:  # a baseline metric; ReduceLROnPlateau must not count it as an epoch's result
@@ -141,6 +146,8 @@ def prepare_for_training(trainer, plan):
         runtime.enable_gradient_checkpointing(trainer.model, args.gradient_checkpointing_kwargs)
     wrapped = distributed.wrap_model(trainer.model, args)  # DDP under several processes
     model = trainer.model_wrapped = runtime.compile_model(wrapped, args) if args.torch_compile else wrapped
+    if trainer._created_lr_scheduler:  # a second train() keeps the optimizer (and its state), not the spent schedule
+        trainer.lr_scheduler, trainer._created_lr_scheduler = None, False
     trainer.create_optimizer_and_scheduler(plan.max_steps)
     trainer._zero_engine = None
     if args.deepspeed:
@@ -159,6 +166,37 @@ def new_state(trainer, batch_size: int, plan, trial) -> TrainerState:
     state.compute_steps(trainer.args, plan.max_steps)
     state.init_training_references(trainer, plan.max_steps, plan.num_train_epochs, trial)
     return state
+
+
+def log_training_summary(trainer, plan, train_dataloader, resume_path, start) -> None:
+    """transformers' "***** Running training *****" block at info level, line for line."""
+    args, batch_size = trainer.args, trainer._train_batch_size
+    if plan.batches_per_epoch:
+        examples = trainer.num_examples(train_dataloader)
+    else:
+        examples = batch_size * args.gradient_accumulation_steps * args.world_size * plan.max_steps
+    total_batch = batch_size * args.gradient_accumulation_steps * args.world_size
+    trainable = sum(p.numel() for p in trainer.model.parameters() if p.requires_grad)
+    logger.info("***** Running training *****")
+    logger.info(f"  Num examples = {examples:,}")
+    logger.info(f"  Num Epochs = {plan.num_train_epochs:,}")
+    logger.info(f"  Num update steps per epoch = {plan.updates_per_epoch or plan.max_steps:,}")
+    logger.info(f"  Instantaneous batch size per device = {args.per_device_train_batch_size:,}")
+    if args.per_device_train_batch_size != batch_size:
+        logger.info(f"  Training with DataParallel so batch size has been adjusted to: {batch_size:,}")
+    logger.info(f"  Total train batch size (w. parallel, distributed & accumulation) = {total_batch:,}")
+    logger.info(f"  Gradient Accumulation steps = {args.gradient_accumulation_steps}")
+    logger.info(f"  Total optimization steps = {plan.max_steps:,}")
+    logger.info(f"  Number of trainable parameters = {trainable:,}")
+    if resume_path is not None:
+        logger.info(
+            f"  Resuming training from checkpoint with epoch {start.epoch} and global step {trainer.state.global_step}"
+        )
+        if not args.ignore_data_skip:
+            logger.info(
+                f"  Fast-forwarding the dataloader past {start.epoch} epochs and {start.batches_to_skip}"
+                " batches to resume from the exact training state."
+            )
 
 
 def begin_run(trainer, model, train_dataloader) -> None:

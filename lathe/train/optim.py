@@ -155,6 +155,13 @@ def _target_matches(targets, module_name: str) -> tuple[bool, bool]:
     return False, False
 
 
+def check_target_module_exists(optim_target_modules, key: str, return_is_regex: bool = False):
+    """transformers.trainer_utils' public form of the matching above: whether `key` is selected, and with
+    `return_is_regex` also whether a regex selected it."""
+    found, is_regex = _target_matches(optim_target_modules, key)
+    return (found, is_regex) if return_is_regex else found
+
+
 def _low_rank_groups(args, model, name: str, options: dict) -> list[dict]:
     """transformers' two groups for GaLore / APOLLO: every parameter outside the targets, then the weights of
     the nn.Linear modules optim_target_modules selects ("all-linear": all of them) with `options`."""
@@ -295,9 +302,10 @@ def create_optimizer(
 ) -> torch.optim.Optimizer:
     """Build the optimizer for the trainable parameters of `model`, in two groups.
 
-    Group 0: weight-decayed parameters (args.weight_decay); group 1: biases and norms (0.0). A group with no
-    parameters is left out. `optimizer_cls_and_kwargs` overrides what `args.optim` names (the Trainer's argument
-    of the same name).
+    Group 0: weight-decayed parameters (args.weight_decay); group 1: biases and norms (0.0). Both groups are
+    kept even when one is empty, as transformers keeps them: the optimizer's state_dict then has the same
+    groups in both libraries, so checkpoints cross-resume for any model. `optimizer_cls_and_kwargs` overrides
+    what `args.optim` names (the Trainer's argument of the same name).
     """
     if optimizer_cls_and_kwargs is None:
         optimizer_cls_and_kwargs = get_optimizer_cls_and_kwargs(args, model)
@@ -316,9 +324,12 @@ def create_optimizer(
         {"params": decay, "weight_decay": args.weight_decay},
         {"params": no_decay, "weight_decay": 0.0},
     ]
-    groups = [group for group in groups if group["params"]]
-    if not groups:
+    if not decay and not no_decay:
         raise ValueError("create_optimizer: the model has no parameters with requires_grad=True")
+    if getattr(args, "deepspeed", None):
+        # ZeRO leaves an empty group out of the optimizer it wraps, and the schedule built on both groups then
+        # no longer fits; DeepSpeed's checkpoints are its own format, so the plain layout is not at stake there.
+        groups = [group for group in groups if group["params"]]
     return optimizer_cls(groups, **optimizer_kwargs)
 
 

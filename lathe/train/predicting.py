@@ -9,7 +9,7 @@ from collections.abc import Mapping
 
 import torch
 
-from lathe.train import evaluation, runtime, seed
+from lathe.train import evaluation, runtime, schedules, seed
 from lathe.train.outputs import EvalLoopOutput, PredictionOutput
 
 
@@ -125,7 +125,7 @@ def prediction_step(trainer, model, inputs, prediction_loss_only: bool, ignore_k
 
 
 def evaluate_during_training(trainer, trial, ignore_keys_for_eval, skip_scheduler: bool = False) -> dict:
-    """Evaluation during training; also feeds ReduceLROnPlateau its metric.
+    """Evaluation during training; also feeds ReduceLROnPlateau or GreedyLR its metric.
 
     It leaves the RNG as it found it (creating the eval dataloader's iterator draws a seed from
     the global RNG), so evaluating more or less often never changes the trained weights, and a
@@ -136,12 +136,12 @@ def evaluate_during_training(trainer, trial, ignore_keys_for_eval, skip_schedule
         metrics = trainer.evaluate(ignore_keys=ignore_keys_for_eval)
     finally:
         seed.restore_rng_state(rng_state)
-    if isinstance(trainer.lr_scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau) and not skip_scheduler:
+    if schedules.steps_on_metric(trainer.lr_scheduler) and not skip_scheduler:
         name = trainer.args.metric_for_best_model or "loss"
         key = name if name.startswith("eval_") else f"eval_{name}"
         if key not in metrics:
             raise KeyError(
-                f"reduce_lr_on_plateau watches {key!r}, which evaluation did not return (got {sorted(metrics)})."
+                f"{type(trainer.lr_scheduler).__name__} watches {key!r}, which evaluation did not return (got {sorted(metrics)})."
             )
         trainer.lr_scheduler.step(metrics[key])
     return metrics

@@ -90,12 +90,15 @@ def resolve_resume_path(args, resume_from_checkpoint) -> str | None:
         path = ckpt.get_last_checkpoint(args.output_dir)
         if path is None:
             raise ValueError(
-                f"resume_from_checkpoint=True, but {args.output_dir!r} holds no complete checkpoint-N folder."
+                f"No valid checkpoint found in output directory ({args.output_dir}): resume_from_checkpoint=True, "
+                "but it holds no complete checkpoint-N folder."
             )
     else:
         path = str(resume_from_checkpoint)
         if not os.path.isdir(path):
-            raise ValueError(f"resume_from_checkpoint={path!r} is not a folder.")
+            raise ValueError(
+                f"Can't find a valid checkpoint at {path}: resume_from_checkpoint={path!r} is not a folder."
+            )
         problem = ckpt.checkpoint_problem(path)
         if problem is not None:
             raise ValueError(
@@ -154,6 +157,7 @@ def load_checkpoint(trainer, path: str, plan) -> tuple[TrainerState, dict | None
         )
     saved = TrainerState.load_from_json(os.path.join(path, ckpt.TRAINER_STATE_NAME))
     batch_size = trainer._train_batch_size
+    compare_trainer_and_checkpoint_args(args, saved)
     _warn_about_changed_arguments(args, path, saved, plan, batch_size)
     # Keep the step counts of this run (they depend on the current arguments) and the
     # process flags; take everything else from the checkpoint.
@@ -182,6 +186,29 @@ def load_checkpoint(trainer, path: str, plan) -> tuple[TrainerState, dict | None
             plan.max_steps,
         )
     return saved, rng_state
+
+
+def compare_trainer_and_checkpoint_args(training_args, trainer_state) -> None:
+    """transformers.trainer_utils' check, with its lines, through the Trainer's logger: logging/eval/save steps
+    and the per-device batch of the arguments against those trainer_state.json stored. (lathe's own warning
+    below also names the settings that change the trained result.)"""
+    lines = [
+        f"\n\t{name}: {getattr(training_args, name)} (from args) != {getattr(trainer_state, name)} (from trainer_state.json)"
+        for name in ("logging_steps", "eval_steps", "save_steps")
+        if None not in (getattr(training_args, name, None), getattr(trainer_state, name, None))
+        and getattr(training_args, name) != getattr(trainer_state, name)
+    ]
+    saved_batch = (trainer_state.train_batch_size or 0) // max(1, training_args.n_gpu)
+    if trainer_state.train_batch_size is not None and training_args.per_device_train_batch_size != saved_batch:
+        lines.append(
+            f"\n\tper_device_train_batch_size: {training_args.per_device_train_batch_size} (from args) != "
+            f"{saved_batch} (from trainer_state.json)"
+        )
+    if lines:
+        logging.getLogger("lathe.train.trainer").warning(
+            "Warning: The following arguments do not match the ones in the `trainer_state.json` within the "
+            "checkpoint directory: " + "".join(lines)
+        )
 
 
 def _warn_about_changed_arguments(args, path: str, saved: TrainerState, plan, batch_size: int) -> None:
@@ -236,6 +263,12 @@ def _compare_process_counts(args, path: str, saved: TrainerState, changed: list[
 
 def _restore_callback_states(callbacks: list, saved: TrainerState) -> None:
     states = saved.stateful_callbacks or {}
+    present = {type(callback).__name__ for callback in callbacks}
+    not_found = [name for name in states if name not in present]
+    if not_found:  # the Trainer's logger, in transformers' words
+        logging.getLogger("lathe.train.trainer").warning(
+            "Checkpoint included callbacks not included in current configuration. Ignoring. (%s)" % ", ".join(not_found)
+        )
     for callback in callbacks:
         entry = states.get(type(callback).__name__)
         if entry is None:

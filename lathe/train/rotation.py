@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import shutil
 
 from lathe.train import checkpoint as ckpt
@@ -50,16 +51,31 @@ def why_not_owned(path: str, step: int) -> str | None:
 
 
 def rotate_checkpoints(
-    output_dir: str, save_total_limit: int | None, best_model_checkpoint: str | None, newest: str | None = None
+    output_dir: str,
+    save_total_limit: int | None = None,
+    best_model_checkpoint: str | None = None,
+    use_mtime: bool = False,
+    checkpoint_prefix: str = ckpt.PREFIX_CHECKPOINT_DIR,
+    *,
+    newest: str | None = None,
 ) -> list[str]:
     """Delete the oldest of lathe's own checkpoints beyond save_total_limit; returns the deleted paths.
-    Never deleted: `newest` (the checkpoint just published, whatever its number), the best one
-    (transformers' rule: the best is kept, and with a limit of 1 and a distinct best, 2 remain so the
-    newest can still resume), and anything owned_checkpoints does not list. Call only after the
-    newest save is committed."""
+    transformers.trainer_utils.rotate_checkpoints' arguments (oldest by step, or by modification time with
+    `use_mtime`). Never deleted: `newest` (the checkpoint just published, whatever its number; by default
+    the last one), the best one (transformers' rule: the best is kept, and with a limit of 1 and a distinct
+    best, 2 remain so the newest can still resume), and anything owned_checkpoints does not list: unlike
+    transformers, a checkpoint-N folder lathe did not write is never deleted (nor counted). Call only after
+    the newest save is committed."""
+    if checkpoint_prefix != ckpt.PREFIX_CHECKPOINT_DIR:
+        raise ValueError(
+            f"lathe writes checkpoints as {ckpt.PREFIX_CHECKPOINT_DIR}-N; got checkpoint_prefix={checkpoint_prefix!r}"
+        )
     if not save_total_limit or save_total_limit <= 0:
         return []
     order = owned_checkpoints(output_dir)
+    if use_mtime:
+        by_time = sort_checkpoints(output_dir, use_mtime=True)
+        order = [path for path in by_time if path in order]
     # The newest last and the best just before it, so both fall inside the kept tail.
     newest = _find(order, newest) or (order[-1] if order else None)
     best = _find(order, best_model_checkpoint)
@@ -108,3 +124,29 @@ def delete_checkpoint(path: str) -> None:
     except OSError:
         trash = path  # cannot rename (e.g. the filesystem refuses): delete in place as before
     shutil.rmtree(trash, ignore_errors=True)
+
+
+def sort_checkpoints(
+    output_dir: str,
+    checkpoint_prefix: str = ckpt.PREFIX_CHECKPOINT_DIR,
+    use_mtime: bool = False,
+    best_model_checkpoint: str | None = None,
+) -> list[str]:
+    """transformers.trainer_utils.sort_checkpoints: the <checkpoint_prefix>-N folders of output_dir (any of
+    them: listing deletes nothing), oldest first by N, or by modification time with `use_mtime` (by N when
+    those times span less than a second, which some filesystems fake); the best one moved second to last."""
+    pattern = re.compile(re.escape(checkpoint_prefix) + r"-(\d+)$")
+    found = []
+    for name in sorted(os.listdir(output_dir)) if os.path.isdir(output_dir) else []:
+        path, match = os.path.join(output_dir, name), pattern.match(name)
+        if match and os.path.isdir(path):
+            found.append((os.path.getmtime(path) if use_mtime else int(match.group(1)), path))
+    found.sort()
+    if use_mtime and len(found) > 1 and found[-1][0] - found[0][0] < 1.0:
+        return sort_checkpoints(output_dir, checkpoint_prefix, False, best_model_checkpoint)
+    paths = [path for _, path in found]
+    best = _find(paths, best_model_checkpoint)
+    if best is not None and best != paths[-1]:
+        paths.remove(best)
+        paths.insert(len(paths) - 1, best)
+    return paths

@@ -1,9 +1,11 @@
 """Where and how the model runs: device placement, autocast precision, the fp16 GradScaler,
-gradient clipping, gradient checkpointing and torch.compile. The loop never branches on these itself."""
+gradient clipping, gradient checkpointing and torch.compile, and the process's log level. The loop never
+branches on these itself."""
 
 from __future__ import annotations
 
 import contextlib
+import logging
 from collections.abc import Mapping
 
 import torch
@@ -117,3 +119,16 @@ def barrier() -> None:
     dist = sys.modules.get("torch.distributed")
     if dist is not None and dist.is_available() and dist.is_initialized():
         dist.barrier()
+
+
+def apply_log_level(args) -> None:
+    """log_level / log_level_replica, as transformers' Trainer applies them to its library logger: the
+    level of the "lathe" logger. Like transformers' default handler, messages then reach stderr even where
+    the program configured no logging; 'passive' leaves everything as it is."""
+    name = args.log_level if args.should_log else args.log_level_replica
+    if name == "passive":
+        return
+    library = logging.getLogger("lathe")
+    library.setLevel(args.get_process_log_level())
+    if not library.handlers and not logging.getLogger().handlers:
+        library.addHandler(logging.StreamHandler())  # once: the handler is there on the next call

@@ -11,6 +11,7 @@ from typing import Callable
 import torch
 from torch.optim.lr_scheduler import LambdaLR, ReduceLROnPlateau
 
+from lathe.train.greedy import GreedyLR
 from lathe.train.layerwise import LayerwiseScheduler, is_layerwise
 
 # Every `*_factor` function below maps the scheduler's step counter to a multiplier of the optimizer's base LR.
@@ -309,7 +310,12 @@ _BINDERS: dict[str, tuple[Callable, bool]] = {
     "warmup_stable_decay": (_bind_warmup_stable_decay, False),  # it can use num_stable_steps instead
 }
 
-SCHEDULER_NAMES = ("constant", "reduce_lr_on_plateau", *_BINDERS)
+SCHEDULER_NAMES = ("constant", "reduce_lr_on_plateau", "greedy", *_BINDERS)
+
+
+def steps_on_metric(scheduler) -> bool:
+    """ReduceLROnPlateau and GreedyLR step with the evaluation metric (Trainer._evaluate), not at every update."""
+    return isinstance(scheduler, (ReduceLROnPlateau, GreedyLR))
 
 
 def get_scheduler(
@@ -322,8 +328,8 @@ def get_scheduler(
     """Build the LR scheduler called `name` (a str or str-enum such as SchedulerType) for `optimizer`.
 
     Same signature and numbers as transformers.get_scheduler. Every schedule is a LambdaLR over one of the
-    `*_factor` functions, except reduce_lr_on_plateau, which is torch's ReduceLROnPlateau built from
-    `scheduler_specific_kwargs` (and must be stepped with a metric).
+    `*_factor` functions, except reduce_lr_on_plateau (torch's ReduceLROnPlateau) and greedy (GreedyLR), built
+    from `scheduler_specific_kwargs` and stepped with a metric.
     """
     name = getattr(name, "value", name)  # accept SchedulerType members as well as plain strings
     if name not in SCHEDULER_NAMES:
@@ -339,6 +345,8 @@ def get_scheduler(
         return LambdaLR(optimizer, constant_factor)
     if name == "reduce_lr_on_plateau":
         return ReduceLROnPlateau(optimizer, **kwargs)
+    if name == "greedy":
+        return GreedyLR(optimizer, **kwargs)
 
     binder, needs_training_steps = _BINDERS[name]
     if num_warmup_steps is None:

@@ -22,7 +22,7 @@ import contextlib
 
 import torch
 
-from lathe.train import distributed, runtime
+from lathe.train import distributed, runtime, schedules
 
 
 class PlainBackend:
@@ -64,8 +64,8 @@ class PlainBackend:
         return True
 
     def scheduler_step(self) -> None:
-        # ReduceLROnPlateau steps on an evaluation metric instead (Trainer._evaluate).
-        if not isinstance(self.lr_scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau):
+        # ReduceLROnPlateau and GreedyLR step on an evaluation metric instead (Trainer._evaluate).
+        if not schedules.steps_on_metric(self.lr_scheduler):
             self.lr_scheduler.step()
 
     def zero_grad(self) -> None:

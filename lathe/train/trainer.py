@@ -24,9 +24,10 @@ from lathe.train import (
     resume,
     runtime,
     saving,
+    schedules,
     stepping,
 )
-from lathe.train.args_validation import check_output_dir
+from lathe.train.args_validation import check_output_dir, make_output_dir
 from lathe.train.collators import default_collator_for
 from lathe.train.commit import BackgroundCommitter
 from lathe.train.flow import default_callback_handler
@@ -68,9 +69,10 @@ class Trainer:
         from lathe.train.args import TrainingArguments
 
         if args is None:
-            args = TrainingArguments(output_dir="trainer_output")
-            logger.info("No TrainingArguments passed; using defaults with output_dir=%r.", args.output_dir)
+            args = TrainingArguments(output_dir="tmp_trainer")  # transformers 5.23's Trainer default
+            logger.info(f"No `TrainingArguments` passed, using `output_dir={args.output_dir}`.")  # transformers' words
         self.args = args
+        runtime.apply_log_level(args)
         if tokenizer is not None:
             message = "Trainer(tokenizer=...) is deprecated; use processing_class=... (transformers 5 name)."
             warnings.warn(message, FutureWarning, stacklevel=2)
@@ -86,12 +88,11 @@ class Trainer:
         self.compute_loss_func, self.compute_metrics = compute_loss_func, compute_metrics
         self.preprocess_logits_for_metrics = preprocess_logits_for_metrics
         self.optimizer, self.lr_scheduler = optimizers
+        self._created_lr_scheduler = False  # a scheduler passed in is the user's: it is never rebuilt
         self.optimizer_cls_and_kwargs = optimizer_cls_and_kwargs
         self._check_what_was_given()
         self._inspect_model(self.model)
-        self.label_smoother = (
-            LabelSmoother(epsilon=args.label_smoothing_factor) if args.label_smoothing_factor else None
-        )
+        self.label_smoother = self._label_smoother(args.label_smoothing_factor)
         self._train_batch_size = args.train_batch_size
         self.is_in_train = False
         self.hp_search_backend = None
@@ -107,6 +108,8 @@ class Trainer:
         )
         self.current_flos, self._flops_estimate = 0.0, None
         self._checkpoint_commits = BackgroundCommitter()
+        if args.should_save:  # transformers makes output_dir here, before anything is written into it
+            make_output_dir(args.output_dir)
         self.control = self.callback_handler.on_init_end(args, self.state, self.control)
 
     # ----- wiring -----
@@ -148,6 +151,16 @@ class Trainer:
         self.can_return_loss = facts.can_return_loss
         self.main_input_name = facts.main_input_name
         self._loss_shifts_labels = facts.shifts_labels
+
+    def _label_smoother(self, factor: float):
+        if not factor:
+            return None
+        if getattr(getattr(self.model, "config", None), "problem_type", None) == "multi_label_classification":
+            # Smoothing one-hot targets has no meaning for independent per-label targets (transformers' rule).
+            message = "Label smoothing is not compatible with multi-label classification. Disabling label smoothing for this training run."
+            warnings.warn(message, UserWarning, stacklevel=3)
+            return None
+        return LabelSmoother(epsilon=factor)
 
     def call_model_init(self, trial=None):
         parameters = inspect.signature(self.model_init).parameters
@@ -335,6 +348,7 @@ class Trainer:
         from lathe.train.optim import get_scheduler
 
         if self.lr_scheduler is None:
+            self._created_lr_scheduler = True  # so that a second train() builds a fresh one, as transformers
             self.lr_scheduler = get_scheduler(
                 self.args.lr_scheduler_type,
                 optimizer=optimizer or self.optimizer,
@@ -349,7 +363,7 @@ class Trainer:
         self.create_scheduler(num_training_steps=num_training_steps, optimizer=self.optimizer)
 
     def _get_learning_rate(self) -> float:
-        if isinstance(self.lr_scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau):
+        if schedules.steps_on_metric(self.lr_scheduler):
             return self.optimizer.param_groups[0]["lr"]
         return self.lr_scheduler.get_last_lr()[0]
 

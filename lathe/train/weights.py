@@ -51,7 +51,8 @@ def load_model_weights(model, folder: str, strict: bool = True) -> None:
         return
     single = os.path.join(folder, WEIGHTS_NAME)
     if os.path.isfile(single) and not hasattr(model, "save_pretrained"):
-        check_shapes(model.state_dict(), _safetensors_shapes(single), single)
+        if not _loads_its_own_way(model):  # an override (e.g. resizing a growing buffer) decides about shapes
+            check_shapes(model.state_dict(), _safetensors_shapes(single), single)
         load_model(model, single, strict=strict)
         return
     # transformers drops tied weights from the file; load non-strictly and let tying restore them.
@@ -112,6 +113,13 @@ def _read_safetensors(path: str) -> dict:
         ) from None
 
 
+def _loads_its_own_way(model) -> bool:
+    """Whether the model's class overrides load_state_dict (transformers hands it the file's tensors as they are)."""
+    import torch
+
+    return type(model).load_state_dict is not torch.nn.Module.load_state_dict
+
+
 def read_model_weights(folder: str) -> dict:
     """The state dict in `folder`'s model.safetensors, or in the shards its index lists."""
     single = os.path.join(folder, WEIGHTS_NAME)
@@ -145,3 +153,40 @@ def check_missing(model, missing, unexpected, folder, strict):
         )
     if hasattr(model, "tie_weights"):
         model.tie_weights()
+
+
+def load_sharded_checkpoint(model, folder: str, strict: bool = True, prefer_safe: bool = True):
+    """transformers.trainer_utils.load_sharded_checkpoint: load the shards an index lists into `model`, one
+    shard in memory at a time; with `strict`, keys that differ are an error before anything loads. Shards
+    are safetensors or, from pytorch_model.bin.index.json, torch files read with weights_only=True. Returns
+    (missing_keys, unexpected_keys) as load_state_dict does."""
+    import torch
+
+    from lathe.train import loading
+
+    indexes = {
+        True: os.path.join(folder, WEIGHTS_INDEX_NAME),
+        False: os.path.join(folder, "pytorch_model.bin.index.json"),
+    }
+    present = {safe: os.path.isfile(path) for safe, path in indexes.items()}
+    if not any(present.values()):
+        raise ValueError(
+            f"Can't find a checkpoint index ({WEIGHTS_INDEX_NAME} or pytorch_model.bin.index.json) in {folder}."
+        )
+    safe = present[True] and (prefer_safe or not present[False])
+    with open(indexes[safe], encoding="utf-8") as f:
+        weight_map = json.load(f)["weight_map"]
+    model_keys = model.state_dict().keys()
+    missing = [key for key in model_keys if key not in weight_map]
+    unexpected = [key for key in weight_map if key not in model_keys]
+    if strict and (missing or unexpected):
+        raise RuntimeError(
+            f"Error(s) in loading state_dict for {type(model).__name__}: missing keys {missing}, unexpected keys "
+            f"{unexpected} (index {indexes[safe]!r})."
+        )
+    for shard in sorted(set(weight_map.values())):
+        path = os.path.join(folder, shard)
+        model.load_state_dict(
+            _read_safetensors(path) if safe else loading.safe_torch_load(path, map_location="cpu"), strict=False
+        )
+    return torch.nn.modules.module._IncompatibleKeys(missing, unexpected)

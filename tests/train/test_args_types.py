@@ -120,6 +120,7 @@ def test_an_output_dir_that_is_a_file_is_an_error_naming_it(tmp_path):
     # A file that appears after the arguments were made: the error comes when training starts.
     later = tmp_path / "later"
     trainer = crash_worker.build_trainer(str(later), {"args": {"max_steps": 2}})
+    later.rmdir()  # the Trainer made it, as transformers' does; a file takes its place
     later.write_text("a file")
     with pytest.raises(ValueError, match=rf"output_dir='{later}' is an existing file"):
         trainer.train()

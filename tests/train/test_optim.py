@@ -104,9 +104,9 @@ def test_schedule_matches_transformers_at_every_step(case):
 
 
 @pytest.mark.hf
-def test_every_transformers_schedule_is_covered_except_greedy():
+def test_every_transformers_schedule_is_covered():
     trainer_utils = pytest.importorskip("transformers.trainer_utils")
-    theirs = {member.value for member in trainer_utils.SchedulerType} - {"greedy"}
+    theirs = {member.value for member in trainer_utils.SchedulerType}
     assert theirs == set(SCHEDULER_NAMES)
 
 
@@ -187,7 +187,7 @@ def test_scheduler_name_may_be_a_str_enum():
 # --- scheduler errors --------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("name", ["cosine_warm", "greedy"])  # greedy: a transformers name lathe does not build
+@pytest.mark.parametrize("name", ["cosine_warm", "Linear"])
 def test_unsupported_scheduler_lists_valid_names(name):
     with pytest.raises(ValueError, match=f"unsupported lr scheduler '{name}'") as error:
         get_scheduler(name, make_optimizer(), WARMUP, TOTAL)
@@ -327,10 +327,13 @@ def test_create_optimizer_groups_decay_and_no_decay_trainable_params():
     ]
 
 
-def test_create_optimizer_drops_empty_groups_and_rejects_a_frozen_model():
+def test_create_optimizer_keeps_an_empty_group_and_rejects_a_frozen_model():
+    """transformers keeps both groups, the empty no-decay one too: the optimizer state_dicts of the two
+    libraries then have the same groups, so checkpoints cross-resume (test_resume_hf.py)."""
     model = nn.Linear(3, 3, bias=False)
     optimizer = create_optimizer(model, Args(weight_decay=0.1))
-    assert len(optimizer.param_groups) == 1 and optimizer.param_groups[0]["weight_decay"] == 0.1
+    assert [group["weight_decay"] for group in optimizer.param_groups] == [0.1, 0.0]
+    assert [len(group["params"]) for group in optimizer.param_groups] == [1, 0]
     model.weight.requires_grad_(False)
     with pytest.raises(ValueError, match="no parameters with requires_grad"):
         create_optimizer(model, Args())

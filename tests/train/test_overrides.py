@@ -111,7 +111,7 @@ def test_compute_loss_override_changes_training_and_eval_loss(tmp_path):
     trainer.train()
     # w <- w - 0.1 * 2w = 0.8 w, three times.
     assert weight(trainer).tolist() == pytest.approx([0.512, -1.024], abs=1e-6)
-    assert logged(trainer, "loss")[-1][1] == pytest.approx((1 + 4) * (1 + 0.64 + 0.64**2) / 3, abs=1e-5)
+    assert trainer.state.log_history[-1]["train_loss"] == pytest.approx((1 + 4) * (1 + 0.64 + 0.64**2) / 3, abs=1e-5)
     calls_in_training = trainer.calls
     assert calls_in_training == 3
     # Evaluation reports the custom loss too (prediction_step asks compute_loss, return_outputs=True).

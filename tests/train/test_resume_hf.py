@@ -151,6 +151,40 @@ def test_checkpoint_files_match_transformers(tmp_path):
     )
 
 
+class BiasFree(nn.Module):
+    """No bias and no norm: every parameter decays, so the no-decay group is empty."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.hidden = nn.Linear(4, 16, bias=False)
+        self.head = nn.Linear(16, 1, bias=False)
+
+    def forward(self, x, labels=None):
+        prediction = self.head(torch.relu(self.hidden(x))).squeeze(-1)
+        return {"loss": ((prediction - labels) ** 2).mean(), "logits": prediction}
+
+
+def test_a_model_without_bias_or_norm_cross_resumes_both_ways(tmp_path):
+    """Both libraries keep the empty no-decay group, so the optimizer state loads either way
+    (without it: "loaded state dict has a different number of parameter groups")."""
+    options = dict(save_steps=4)
+    theirs = run("transformers", tmp_path / "transformers", model=BiasFree(), **options)
+    ours = run("lathe", tmp_path / "lathe", model=BiasFree(), **options)
+    assert_same_weights(theirs.model, ours.model)
+    groups = torch.load(tmp_path / "lathe" / "checkpoint-4" / "optimizer.pt", weights_only=True)["param_groups"]
+    assert [len(group["params"]) for group in groups] == [2, 0]
+    lathe_from_theirs = run(
+        "lathe", tmp_path / "lathe-resumed", resume=str(tmp_path / "transformers" / "checkpoint-4"), model=BiasFree()
+    )
+    assert_same_weights(theirs.model, lathe_from_theirs.model)
+    theirs_from_ours = run(
+        "transformers", tmp_path / "hf-resumed", resume=str(tmp_path / "lathe" / "checkpoint-4"), model=BiasFree()
+    )
+    assert_same_weights(ours.model, theirs_from_ours.model)
+    assert step_logs(theirs_from_ours, 4) == step_logs(ours, 4)
+
+
 def tiny_llama(**overrides):
     from transformers import LlamaConfig, LlamaForCausalLM
 

@@ -130,16 +130,18 @@ def test_control_flags_seen_by_each_event_match_transformers(tmp_path, shape):
 
 
 @pytest.mark.hf
-def test_final_step_log_is_the_one_intended_difference(tmp_path):
-    """5 steps, logging_steps=2: transformers logs at 2 and 4 and drops the loss of step 5 from the
-    logs; lathe's DefaultFlowCallback also logs the final step (one extra on_log, before the run's
-    closing metrics log)."""
+def test_final_step_off_the_logging_grid_is_not_logged_as_in_transformers(tmp_path):
+    """5 steps, logging_steps=2: both log at 2 and 4 only; the loss of step 5 is in train_loss, and
+    log_history, the events and the calls to log() are transformers' exactly."""
     options = dict(num_train_epochs=1, logging_steps=2)
     ours, theirs = recording_callback("lathe"), recording_callback("transformers")
-    run(tmp_path, "lathe", [ours], **options)
-    run(tmp_path, "transformers", [theirs], **options)
-    position = theirs.events.index("on_step_end:5") + 1
-    assert ours.events == theirs.events[:position] + ["on_log:5"] + theirs.events[position:]
+    ours_trainer = run(tmp_path, "lathe", [ours], **options)
+    theirs_trainer = run(tmp_path, "transformers", [theirs], **options)
+    assert ours.events == theirs.events
+    assert [e for e in ours.events if e.startswith("on_log")] == ["on_log:2", "on_log:4", "on_log:5"]
+    steps = [entry["step"] for entry in ours_trainer.state.log_history]
+    assert steps == [entry["step"] for entry in theirs_trainer.state.log_history] == [2, 4, 5]
+    assert "loss" not in ours_trainer.state.log_history[-1] and "train_loss" in ours_trainer.state.log_history[-1]
 
 
 def test_callbacks_receive_the_trainer_objects(tmp_path):

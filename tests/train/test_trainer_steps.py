@@ -125,10 +125,11 @@ def test_step_arithmetic_matches_transformers(tmp_path, case):
     assert_weights_close(our_model, their_model, atol=0)
 
 
-def test_ratio_steps_resolve_against_total_steps_and_the_final_step_always_acts(tmp_path):
+def test_ratio_steps_resolve_against_total_steps_and_the_final_step_evaluates_and_saves(tmp_path):
     """logging/eval/save steps below 1 are fractions of max_steps, rounded up: with 10 steps,
-    0.25 -> every 3, 0.35 -> every 4, 0.45 -> every 5. Step 10 is no multiple of 3 or 4, yet it logs,
-    evaluates and saves: the final step always does under step strategies."""
+    0.25 -> every 3, 0.35 -> every 4, 0.45 -> every 5. Step 10 is no multiple of 3 or 4, yet it
+    evaluates and saves (the final step always does under step strategies); like transformers, it
+    does not log the loss off the logging grid (the run's loss is train_loss)."""
     recorder = recording_callback()
     trainer, _ = run_regression(
         tmp_path,
@@ -142,7 +143,7 @@ def test_ratio_steps_resolve_against_total_steps_and_the_final_step_always_acts(
         save_steps=0.45,
     )
     assert (trainer.state.logging_steps, trainer.state.eval_steps, trainer.state.save_steps) == (3, 4, 5)
-    assert [step for step, _ in logged(trainer)] == [3, 6, 9, 10]
+    assert [step for step, _ in logged(trainer)] == [3, 6, 9]
     assert [step for step, _ in logged(trainer, "eval_loss")] == [4, 8, 10]
     assert [e for e in recorder.events if e.startswith("on_save")] == ["on_save:5", "on_save:10"]
     assert sorted(p.name for p in (tmp_path / "lathe").iterdir() if p.name.startswith("checkpoint-")) == [
@@ -152,7 +153,8 @@ def test_ratio_steps_resolve_against_total_steps_and_the_final_step_always_acts(
 
 
 def test_final_step_acts_when_it_comes_before_the_first_interval(tmp_path):
-    """A run shorter than logging/eval/save steps still logs, evaluates and saves once, at its end."""
+    """A run shorter than eval/save steps still evaluates and saves once, at its end; it logs no
+    loss (transformers' rule: only on the logging grid), its loss is train_loss."""
     recorder = recording_callback()
     trainer, _ = run_regression(
         tmp_path,
@@ -165,7 +167,8 @@ def test_final_step_acts_when_it_comes_before_the_first_interval(tmp_path):
         save_strategy="steps",
         save_steps=50,
     )
-    assert [step for step, _ in logged(trainer)] == [4]
+    assert [step for step, _ in logged(trainer)] == []
+    assert trainer.state.log_history[-1]["train_loss"] > 0
     assert [step for step, _ in logged(trainer, "eval_loss")] == [4]
     assert [e for e in recorder.events if e.startswith("on_save")] == ["on_save:4"]
 
@@ -293,15 +296,20 @@ def test_train_loss_is_the_mean_of_the_logged_losses(tmp_path):
     assert metrics["train_loss"] == pytest.approx(sum(losses) / len(losses), rel=1e-6)
 
 
-def test_train_loss_weights_each_logged_loss_by_its_steps(tmp_path):
-    """Logs at steps 3, 6, 9 and 10 cover 3, 3, 3 and 1 steps."""
+def test_train_loss_counts_every_step_also_those_after_the_last_log(tmp_path):
+    """Logs at steps 3, 6 and 9 average their 3 steps each; step 10 is off the logging grid, so it is
+    not logged (transformers' rule) but train_loss still averages all 10 steps. The per-step losses
+    come from the same run logged at every step."""
     trainer, _ = run_regression(tmp_path, max_steps=10, logging_steps=3)
+    every_step, _ = run_regression(tmp_path / "every", max_steps=10, logging_steps=1)
+    step_losses = [loss for _, loss in logged(every_step)]
     entries = logged(trainer)
-    assert [step for step, _ in entries] == [3, 6, 9, 10]
-    weighted = sum(loss * steps for (_, loss), steps in zip(entries, [3, 3, 3, 1])) / 10
+    assert [step for step, _ in entries] == [3, 6, 9]
+    for (_, loss), start in zip(entries, (0, 3, 6)):
+        assert loss == pytest.approx(sum(step_losses[start : start + 3]) / 3, rel=1e-6)
     output_loss = trainer.state.log_history[-1]["train_loss"]
-    assert output_loss == pytest.approx(weighted, rel=1e-6)
-    assert output_loss != pytest.approx(sum(loss for _, loss in entries) / 4, rel=1e-3)
+    assert output_loss == pytest.approx(sum(step_losses) / 10, rel=1e-6)
+    assert output_loss != pytest.approx(sum(loss for _, loss in entries) / 3, rel=1e-3)
 
 
 # ---------------------------------------------------------------- non-finite losses
