@@ -176,12 +176,18 @@ def activation_bytes(
     return tokens * (layers_total + outside) * element + mask, tokens * recompute * element
 
 
-def logits_bytes(shape: Shape, batch: int, seq_len: int, half: bool, chunk: int | None) -> int:
+def logits_bytes(shape: Shape, batch: int, seq_len: int, half: bool, chunk: int | None, head_trains: bool) -> int:
     """The loss's peak. Standard path: during backward the fp32 log-probabilities, their gradient and the
     logits' gradient coexist (3 x tokens x vocab x 4 bytes), plus the half-precision logits under autocast.
-    Chunked path: the same for one chunk of tokens."""
-    tokens = batch * seq_len if chunk is None else min(chunk, batch * seq_len)
-    return tokens * shape.vocab * (3 * 4 + (2 if half else 0))
+    Chunked path (lathe.train.chunked_loss): one chunk's fp32 logits and a temporary of that size, the
+    labelled hidden states, their gradient and its scaled copy, and a trained head's weight gradient with
+    the chunk's contribution to it."""
+    tokens = batch * seq_len
+    if chunk is None:
+        return tokens * shape.vocab * (3 * 4 + (2 if half else 0))
+    element = 2 if half else 4
+    head = 2 * shape.vocab * shape.hidden * 4 if head_trains else 0
+    return 2 * min(chunk, tokens) * shape.vocab * 4 + 3 * tokens * shape.hidden * element + head
 
 
 def _quantized_bytes(module, bits: int, double_quant: bool) -> int:
@@ -292,7 +298,9 @@ def fill_batch_terms(plan: MemoryPlan, model, shape: Shape, settings: Settings) 
     kept, recompute = activation_bytes(*args, settings.checkpointing, settings.masked)
     other, other_recompute = activation_bytes(*args, not settings.checkpointing, settings.masked)
     plan.activations, plan.activations_other = kept + recompute, other + other_recompute
-    plan.logits = logits_bytes(shape, batch, seq_len, settings.half, settings.chunk)
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    head_trains = head is not None and any(param.requires_grad for param in head.parameters())
+    plan.logits = logits_bytes(shape, batch, seq_len, settings.half, settings.chunk, head_trains)
     # A layer's transient tensors during backward (the gradient flowing down, an MLP-wide one).
     workspace = batch * seq_len * (2 * shape.hidden + shape.intermediate) * element
     held_gradients = plan.gradients if settings.accumulation > 1 else 0

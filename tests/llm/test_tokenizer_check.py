@@ -14,14 +14,15 @@ pytest.importorskip("transformers")
 WORDS = ["<unk>", "<|endoftext|>", "hello", "world", "the", "cat", "sat", "on", "mat"]
 
 
-def _word_level_folder(folder, model_type: str) -> str:
+def _word_level_folder(folder, model_type: str, unknown: str | None = "<unk>") -> str:
     """A word-level tokenizer.json saved by PreTrainedTokenizerFast, beside a config.json of `model_type`."""
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
-    backend = Tokenizer(models.WordLevel({word: index for index, word in enumerate(WORDS)}, unk_token="<unk>"))
+    vocab = {word: index for index, word in enumerate(WORDS)}
+    backend = Tokenizer(models.WordLevel(vocab, unk_token=unknown) if unknown else models.WordLevel(vocab))
     backend.pre_tokenizer = pre_tokenizers.Whitespace()
-    PreTrainedTokenizerFast(tokenizer_object=backend, eos_token="<|endoftext|>", unk_token="<unk>").save_pretrained(
+    PreTrainedTokenizerFast(tokenizer_object=backend, eos_token="<|endoftext|>", unk_token=unknown).save_pretrained(
         str(folder)
     )
     config = {"model_type": model_type, "vocab_size": len(WORDS), "hidden_size": 8, "num_attention_heads": 2}
@@ -52,6 +53,16 @@ def test_the_same_tokenizer_loads_in_a_llama_folder_and_encodes_as_its_file(tmp_
     text = "hello world the cat sat on the mat"
     assert tokenizer(text, add_special_tokens=False)["input_ids"] == [2, 3, 4, 5, 6, 7, 4, 8]
     assert Tokenizer.from_file(f"{folder}/tokenizer.json").encode(text).ids == [2, 3, 4, 5, 6, 7, 4, 8]
+
+
+def test_a_vocabulary_without_an_unknown_token_is_checked_on_its_own_words(tmp_path):
+    # The fixed sample cannot be encoded by such a tokenizer (tokenizers raises): the check uses its words.
+    tokenizer = _load(_word_level_folder(tmp_path, "llama", unknown=None))
+    assert tokenizer("hello cat", add_special_tokens=False)["input_ids"] == [2, 5]
+    qwen2 = tmp_path / "qwen2"
+    qwen2.mkdir()
+    with pytest.raises(TokenizerMismatchError, match="first difference at token 0"):
+        _load(_word_level_folder(qwen2, "qwen2", unknown=None))
 
 
 def test_normal_folders_pass_and_the_check_is_cheap(tiny_tokenizer_dir, tmp_path):

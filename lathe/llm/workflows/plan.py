@@ -101,7 +101,21 @@ def _longest_row(dataset) -> int:
     return int(compute.max(lengths).as_py() or 0)
 
 
-def memory_settings(config, train_dataset):
+def _loss_chunk(training, vocab: int | None) -> int | None:
+    """Tokens per chunk of the chunked cross-entropy when the run asks for it (TrainingArguments'
+    chunked_cross_entropy 'auto' or 'yes'), None for the standard loss. 'auto' falls back to the standard
+    loss where the model does not allow it; the plan assumes it does and says which path it assumed."""
+    if str(getattr(training, "chunked_cross_entropy", "no")) in ("no", "False") or not vocab:
+        return None
+    size = getattr(training, "chunked_cross_entropy_size", None)
+    if size:
+        return int(size)
+    from lathe.train.chunked_loss import default_chunk_size
+
+    return default_chunk_size(vocab)
+
+
+def memory_settings(config, train_dataset, model_vocab: int | None = None):
     """The memory plan's view of the run: the longest padded batch of the training data."""
     from lathe.llm.memory_plan import Settings
 
@@ -119,7 +133,7 @@ def memory_settings(config, train_dataset):
         accumulation=training.gradient_accumulation_steps,
         half=bool(training.bf16 or training.fp16 or config.finetuning.pure_bf16),
         masked=masked,
-        chunk=None,  # the standard loss: full-vocabulary logits
+        chunk=_loss_chunk(training, model_vocab),
         quantization_bit=model_args.quantization_bit if model_args.quantization_method == "bnb" else None,
         double_quant=model_args.double_quantization,
         device=str(training.device),
@@ -130,7 +144,8 @@ def _plan_memory(plan: RunPlan, config, model, train_dataset) -> None:
     from lathe.llm.memory_fit import advice, available_memory
     from lathe.llm.memory_plan import estimate_memory
 
-    settings = memory_settings(config, train_dataset)
+    vocab = getattr(getattr(model, "config", None), "vocab_size", None)
+    settings = memory_settings(config, train_dataset, vocab)
     plan.memory = estimate_memory(model, settings, available_memory(config.training.device))
     if plan.memory is not None and config.training.world_size > 1:
         plan.memory.notes.append(
