@@ -179,15 +179,17 @@ def activation_bytes(
 def logits_bytes(shape: Shape, batch: int, seq_len: int, half: bool, chunk: int | None, head_trains: bool) -> int:
     """The loss's peak. Standard path: during backward the fp32 log-probabilities, their gradient and the
     logits' gradient coexist (3 x tokens x vocab x 4 bytes), plus the half-precision logits under autocast.
-    Chunked path (lathe.train.chunked_loss): one chunk's fp32 logits and a temporary of that size, the
-    labelled hidden states, their gradient and its scaled copy, and a trained head's weight gradient with
-    the chunk's contribution to it."""
+    Chunked path (lathe.train.chunked_loss): a chunk's fp32 logits and logsumexp's temporary of that size,
+    plus the previous chunk's logits while the next are computed (when there are several chunks); the
+    labelled hidden states, their gradient and its scaled copy; a trained head's weight gradient and the
+    chunk's contribution to it."""
     tokens = batch * seq_len
     if chunk is None:
         return tokens * shape.vocab * (3 * 4 + (2 if half else 0))
     element = 2 if half else 4
     head = 2 * shape.vocab * shape.hidden * 4 if head_trains else 0
-    return 2 * min(chunk, tokens) * shape.vocab * 4 + 3 * tokens * shape.hidden * element + head
+    buffers = 2 if chunk >= tokens else 3
+    return buffers * min(chunk, tokens) * shape.vocab * 4 + 3 * tokens * shape.hidden * element + head
 
 
 def _quantized_bytes(module, bits: int, double_quant: bool) -> int:

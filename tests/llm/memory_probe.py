@@ -82,6 +82,7 @@ def train(spec: dict, steps: int, folder: str | None = None):
 def measure(spec: dict) -> dict:
     """In a forked child: peak RSS above the child's own starting RSS (the high-water mark reset first)."""
     from lathe.llm.memory_plan import Settings, estimate_memory
+    from lathe.llm.workflows.plan import loss_chunk
 
     folder = model_folder(spec)
     # A forked child shares the parent's library code but maps it in again as it runs: run the same
@@ -98,6 +99,7 @@ def measure(spec: dict) -> dict:
         optim=str(config.training.optim),
         checkpointing=config.training.gradient_checkpointing,
         quantization_bit=config.model.quantization_bit,
+        chunk=loss_chunk(config.training, spec["vocab"]),
     )
     plan = estimate_memory(model, settings)
     terms = {key: value for key, value in vars(plan).items() if isinstance(value, int) and not isinstance(value, bool)}

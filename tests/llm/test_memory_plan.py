@@ -95,8 +95,11 @@ def test_checkpointing_chunked_loss_batch_and_cutoff_move_the_right_terms():
     assert (checkpointed.activations, checkpointed.activations_other) == (base.activations_other, base.activations)
     chunked = estimate_memory(model, Settings(batch=2, seq_len=64, chunk=32))
     assert base.logits == 3 * 128 * VOCAB * 4  # log-probabilities, their gradient, the logits' gradient
-    # One 32-token chunk of logits and a temporary; the hidden states' gradient; the trained head's gradient.
-    assert chunked.logits == 2 * 32 * VOCAB * 4 + 3 * 128 * 64 * 4 + 2 * VOCAB * 64 * 4
+    # A 32-token chunk's logits, logsumexp's temporary and the previous chunk's logits; the hidden states'
+    # gradient and its copies; the trained head's gradient and a chunk's contribution to it.
+    assert chunked.logits == 3 * 32 * VOCAB * 4 + 3 * 128 * 64 * 4 + 2 * VOCAB * 64 * 4
+    one_chunk = estimate_memory(model, Settings(batch=2, seq_len=64, chunk=512))  # no previous chunk
+    assert one_chunk.logits == 2 * 128 * VOCAB * 4 + 3 * 128 * 64 * 4 + 2 * VOCAB * 64 * 4
     assert "chunked loss: 32 tokens per chunk" in chunked.loss_path
     assert "full-vocabulary logits" in base.loss_path
     doubled = estimate_memory(model, Settings(batch=4, seq_len=64))

@@ -101,7 +101,7 @@ def _longest_row(dataset) -> int:
     return int(compute.max(lengths).as_py() or 0)
 
 
-def _loss_chunk(training, vocab: int | None) -> int | None:
+def loss_chunk(training, vocab: int | None) -> int | None:
     """Tokens per chunk of the chunked cross-entropy when the run asks for it (TrainingArguments'
     chunked_cross_entropy 'auto' or 'yes'), None for the standard loss. 'auto' falls back to the standard
     loss where the model does not allow it; the plan assumes it does and says which path it assumed."""
@@ -133,7 +133,7 @@ def memory_settings(config, train_dataset, model_vocab: int | None = None):
         accumulation=training.gradient_accumulation_steps,
         half=bool(training.bf16 or training.fp16 or config.finetuning.pure_bf16),
         masked=masked,
-        chunk=_loss_chunk(training, model_vocab),
+        chunk=loss_chunk(training, model_vocab),
         quantization_bit=model_args.quantization_bit if model_args.quantization_method == "bnb" else None,
         double_quant=model_args.double_quantization,
         device=str(training.device),
