@@ -86,6 +86,7 @@ def advice(plan: MemoryPlan, model, settings: Settings) -> list[str]:
         options.append(
             f"quantization_bit: 4 with lora (QLoRA: the decoder's weights at about 0.27x of {_mib(plan.weights)})"
         )
+    options += _chunked_loss_option(plan, settings, peak_with, shape.vocab)
     shorter = settings.seq_len // 2
     if shorter >= 8:
         options.append(f"cutoff_len: {shorter} ({_mib(peak_with(seq_len=shorter))})")
@@ -107,3 +108,18 @@ def start_batch_from_plan(trainer, plan: MemoryPlan | None) -> None:
             trainer._train_batch_size,
         )
         trainer._train_batch_size = start
+
+
+def _chunked_loss_option(plan: MemoryPlan, settings: Settings, peak_with, vocab: int) -> list[str]:
+    """The chunked cross-entropy (lathe.train.chunked_loss) when the run uses the standard loss and its
+    logits are a large part of the peak."""
+    if settings.chunk is not None or plan.logits < plan.peak // 5:
+        return []
+    try:
+        from lathe.train.chunked_loss import default_chunk_size
+    except ImportError:  # a lathe without the chunked loss
+        return []
+    chunk = default_chunk_size(vocab)
+    return [
+        f"chunked_cross_entropy: auto (logits {_mib(plan.logits)} -> one chunk at a time: {_mib(peak_with(chunk=chunk))})"
+    ]
