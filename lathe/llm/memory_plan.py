@@ -118,6 +118,11 @@ def _layer_methods(model, layers: int) -> tuple[list[_LayerMethod], bool, bool]:
     return methods, embeddings, head
 
 
+def _head_trains(model) -> bool:
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    return head is not None and any(param.requires_grad for param in head.parameters())
+
+
 def _lora_in_features(model, dropout_name: str) -> int:
     owner = model.get_submodule(dropout_name.split(".lora_dropout.")[0])
     base = getattr(owner, "base_layer", owner)
@@ -154,6 +159,7 @@ def activation_bytes(
     """(what the forward keeps for backward, what one layer's recomputation adds during backward), per
     device; logits excluded (see logits_bytes). Without checkpointing nothing is recomputed."""
     methods, embeddings, head = _layer_methods(model, shape.layers)
+    head = head or _head_trains(model)  # a head tied to the embeddings is named after them
     attention = getattr(getattr(model, "config", None), "_attn_implementation", None)
     eager = attention == "eager"
     first = 0 if embeddings else next((i for i, layer in enumerate(methods) if layer.trained), shape.layers)
@@ -300,9 +306,7 @@ def fill_batch_terms(plan: MemoryPlan, model, shape: Shape, settings: Settings) 
     kept, recompute = activation_bytes(*args, settings.checkpointing, settings.masked)
     other, other_recompute = activation_bytes(*args, not settings.checkpointing, settings.masked)
     plan.activations, plan.activations_other = kept + recompute, other + other_recompute
-    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
-    head_trains = head is not None and any(param.requires_grad for param in head.parameters())
-    plan.logits = logits_bytes(shape, batch, seq_len, settings.half, settings.chunk, head_trains)
+    plan.logits = logits_bytes(shape, batch, seq_len, settings.half, settings.chunk, _head_trains(model))
     # A layer's transient tensors during backward (the gradient flowing down, an MLP-wide one).
     workspace = batch * seq_len * (2 * shape.hidden + shape.intermediate) * element
     held_gradients = plan.gradients if settings.accumulation > 1 else 0
