@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 
 from lathe.llm.model.adapters import count_parameters, init_adapter
 from lathe.llm.model.quantization import configure_quantization, is_quantized, quantization_compute_dtype
+from lathe.llm.model.tokenizer_check import check_tokenizer_matches_file
 
 if TYPE_CHECKING:
     from lathe.llm.config import FinetuningArguments, ModelArguments
@@ -66,6 +67,7 @@ def load_tokenizer(model_args: "ModelArguments"):
         )
     except (OSError, ValueError) as error:
         raise OSError(f"Could not load a tokenizer from {folder} (model_name_or_path): {error}") from error
+    check_tokenizer_matches_file(tokenizer, folder)  # before tokens are added: the folder's tokenizer as it is
 
     if model_args.model_max_length is not None and tokenizer.model_max_length < model_args.model_max_length:
         tokenizer.model_max_length = model_args.model_max_length  # silences "sequence too long" warnings

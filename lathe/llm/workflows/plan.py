@@ -4,12 +4,16 @@ the defaults) and the plan — examples, tokens, steps, when it logs/evaluates/s
 from __future__ import annotations
 
 import dataclasses
+import logging
 import math
 from dataclasses import dataclass
 
 from lathe.llm.config_methods import describe_method
 
-__all__ = ["RunPlan", "make_plan", "format_plan", "format_config", "count_tokens", "print_once"]
+__all__ = ["RunPlan", "make_plan", "format_plan", "format_config", "count_tokens", "print_once", "report_plan"]
+
+logger = logging.getLogger(__name__)
+MEMORY_STAGES = ("pt", "sft")  # causal-LM stages the memory plan sizes (dpo/kto/rm: not yet)
 
 
 @dataclass
@@ -31,6 +35,8 @@ class RunPlan:
     cutoff_len: int | None = None
     truncation: dict | None = None  # {split: what cutoff_len cut} (lathe.llm.data.truncation); None: unknown
     reference: str | None = None  # dpo / kto: what the policy is compared with
+    memory: object | None = None  # lathe.llm.memory_plan.MemoryPlan; None: not estimated
+    memory_advice: list = dataclasses.field(default_factory=list)  # what to change when it does not fit
 
 
 def count_tokens(dataset) -> tuple[int, int]:
@@ -64,7 +70,7 @@ def make_plan(config, dataset_module: dict, model, resume_from: str | None = Non
         eval_examples = len(evaluation) if evaluation is not None else None
     trainable, total = count_parameters(model)
     epochs = total_steps / steps_per_epoch if steps_per_epoch else 0.0
-    return RunPlan(
+    plan = RunPlan(
         stage=config.finetuning.stage,
         method=describe_method(config.model, config.finetuning),
         train_examples=train_examples,
@@ -83,6 +89,85 @@ def make_plan(config, dataset_module: dict, model, resume_from: str | None = Non
         truncation=dataset_module.get("truncation"),
         reference=_reference(config),
     )
+    if train is not None and training.do_train and config.finetuning.stage in MEMORY_STAGES:
+        _plan_memory(plan, config, model, train)
+    return plan
+
+
+def _longest_row(dataset) -> int:
+    import pyarrow.compute as compute
+
+    lengths = compute.list_value_length(dataset.with_format("arrow")[:]["input_ids"])
+    return int(compute.max(lengths).as_py() or 0)
+
+
+def loss_chunk(training, vocab: int | None) -> int | None:
+    """Tokens per chunk of the chunked cross-entropy when the run asks for it (TrainingArguments'
+    chunked_cross_entropy 'auto' or 'yes'), None for the standard loss. 'auto' falls back to the standard
+    loss where the model does not allow it; the plan assumes it does and says which path it assumed."""
+    if str(getattr(training, "chunked_cross_entropy", "no")) in ("no", "False") or not vocab:
+        return None
+    size = getattr(training, "chunked_cross_entropy_size", None)
+    if size:
+        return int(size)
+    from lathe.train.chunked_loss import default_chunk_size
+
+    return default_chunk_size(vocab)
+
+
+def memory_settings(config, train_dataset, model_vocab: int | None = None):
+    """The memory plan's view of the run: the longest padded batch of the training data."""
+    from lathe.llm.memory_plan import Settings
+
+    training, model_args = config.training, config.model
+    if config.finetuning.stage == "pt" or config.data.packing:
+        seq_len, masked = config.data.cutoff_len, False  # full cutoff_len blocks, no padding
+    else:
+        seq_len = -(-_longest_row(train_dataset) // 8) * 8  # the collator pads to a multiple of 8
+        masked = training.per_device_train_batch_size > 1
+    return Settings(
+        batch=training.per_device_train_batch_size,
+        seq_len=max(seq_len, 1),
+        optim=str(getattr(training.optim, "value", training.optim)),
+        checkpointing=bool(training.gradient_checkpointing),
+        accumulation=training.gradient_accumulation_steps,
+        half=bool(training.bf16 or training.fp16 or config.finetuning.pure_bf16),
+        masked=masked,
+        chunk=loss_chunk(training, model_vocab),
+        quantization_bit=model_args.quantization_bit if model_args.quantization_method == "bnb" else None,
+        double_quant=model_args.double_quantization,
+        device=str(training.device),
+    )
+
+
+def _plan_memory(plan: RunPlan, config, model, train_dataset) -> None:
+    from lathe.llm.memory_fit import advice, available_memory
+    from lathe.llm.memory_plan import estimate_memory
+
+    vocab = getattr(getattr(model, "config", None), "vocab_size", None)
+    settings = memory_settings(config, train_dataset, vocab)
+    plan.memory = estimate_memory(model, settings, available_memory(config.training.device))
+    if plan.memory is not None and config.training.world_size > 1:
+        plan.memory.notes.append(
+            "several processes: the plan assumes each holds the whole model, gradients and optimizer state "
+            "(FSDP/ZeRO shard them; DDP adds gradient buckets)"
+        )
+    if plan.memory is not None and not plan.memory.fits:
+        plan.memory_advice = advice(plan.memory, model, settings)
+
+
+def report_plan(config, plan: RunPlan) -> None:
+    """Print the plan (main process) and warn, before the first step, when it will not fit the device."""
+    print_once(config, format_plan(plan, config))
+    memory = plan.memory
+    if memory is not None and not memory.fits:
+        logger.warning(
+            "The memory plan expects a peak of %.0f MiB per device, more than the %.0f MiB %s. Change one of: %s.",
+            memory.peak / 2**20,
+            memory.available / 2**20,
+            "free on the GPU" if memory.device.startswith("cuda") else "of available RAM",
+            "; ".join(plan.memory_advice),
+        )
 
 
 def _reference(config) -> str | None:
@@ -157,7 +242,18 @@ def format_plan(plan: RunPlan, config) -> str:
             "sdpa per packed example (no block mask)" if plan.attention == "lathe_packed_sdpa" else plan.attention
         )
         lines.append(f"  attention       {attention}")
+    lines += _memory_lines(plan, config)
     return "\n".join(lines)
+
+
+def _memory_lines(plan: RunPlan, config) -> list[str]:
+    from lathe.llm.memory_fit import format_memory
+
+    if plan.memory is not None:
+        return format_memory(plan.memory) + [f"    try: {option}" for option in plan.memory_advice]
+    if config.training.do_train and plan.stage not in MEMORY_STAGES:
+        return [f"  memory          not estimated for stage {plan.stage} (docs/MEMORY.md)"]
+    return []
 
 
 def _truncation_lines(plan: RunPlan) -> list[str]:

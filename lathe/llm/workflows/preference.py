@@ -7,7 +7,7 @@ reference model, on lathe's own DPOTrainer / KTOTrainer.
 
 from __future__ import annotations
 
-from lathe.llm.workflows.plan import format_plan, make_plan, print_once
+from lathe.llm.workflows.plan import make_plan, report_plan
 from lathe.train.labels import IGNORE_INDEX
 from lathe.llm.workflows.setup import (
     checkpointing_for,
@@ -56,7 +56,8 @@ def run(config, dry_run: bool = False, callbacks: list | None = None) -> dict:
     model = load_model(tokenizer, model_args, finetuning_args, is_trainable=training_args.do_train, meta=dry_run)
     checkpointing_for(model, training_args)
 
-    print_once(config, format_plan(make_plan(config, datasets, model, resume_from), config))
+    plan = make_plan(config, datasets, model, resume_from)
+    report_plan(config, plan)
     if dry_run:
         return {}
 

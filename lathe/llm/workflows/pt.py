@@ -8,7 +8,8 @@ causal LM trained on every token.
 from __future__ import annotations
 
 from lathe.llm.loraplus import MethodOptimizerMixin
-from lathe.llm.workflows.plan import format_plan, make_plan, print_once
+from lathe.llm.memory_fit import start_batch_from_plan
+from lathe.llm.workflows.plan import make_plan, report_plan
 from lathe.llm.workflows.setup import (
     checkpointing_for,
     evaluate_and_save,
@@ -79,7 +80,8 @@ def run(config, dry_run: bool = False, callbacks: list | None = None) -> dict:
     model = load_model(tokenizer, model_args, finetuning_args, is_trainable=training_args.do_train, meta=dry_run)
     checkpointing_for(model, training_args)
 
-    print_once(config, format_plan(make_plan(config, datasets, model, resume_from), config))
+    plan = make_plan(config, datasets, model, resume_from)
+    report_plan(config, plan)
     if dry_run:
         return {}
 
@@ -94,6 +96,7 @@ def run(config, dry_run: bool = False, callbacks: list | None = None) -> dict:
         callbacks=make_callbacks(config) + list(callbacks or []),
         finetuning_args=finetuning_args,
     )
+    start_batch_from_plan(trainer, plan.memory)
     metrics = {}
     if training_args.do_train:
         write_run_config(config)

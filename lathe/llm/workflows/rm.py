@@ -7,7 +7,7 @@ of each pair scores above the rejected one; evaluation reports accuracy, do_pred
 
 from __future__ import annotations
 
-from lathe.llm.workflows.plan import format_plan, make_plan, print_once
+from lathe.llm.workflows.plan import make_plan, report_plan
 from lathe.llm.workflows.setup import (
     checkpointing_for,
     evaluate_and_save,
@@ -44,7 +44,8 @@ def run(config, dry_run: bool = False, callbacks: list | None = None) -> dict:
     model = ValueHeadModel(model) if dry_run else add_value_head(model, model_args)
     checkpointing_for(model, training_args)
 
-    print_once(config, format_plan(make_plan(config, datasets, model, resume_from), config))
+    plan = make_plan(config, datasets, model, resume_from)
+    report_plan(config, plan)
     if dry_run:
         return {}
 

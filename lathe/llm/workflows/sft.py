@@ -8,7 +8,8 @@ on assistant tokens only, and optionally generation on the held-out prompts.
 from __future__ import annotations
 
 from lathe.llm.loraplus import MethodOptimizerMixin
-from lathe.llm.workflows.plan import format_plan, make_plan, print_once
+from lathe.llm.memory_fit import start_batch_from_plan
+from lathe.llm.workflows.plan import make_plan, report_plan
 from lathe.llm.workflows.setup import (
     checkpointing_for,
     evaluate_and_save,
@@ -76,7 +77,8 @@ def run(config, dry_run: bool = False, callbacks: list | None = None) -> dict:
 
         use_packed_attention(model)  # sdpa per packed example instead of over a block-diagonal mask
 
-    print_once(config, format_plan(make_plan(config, datasets, model, resume_from), config))
+    plan = make_plan(config, datasets, model, resume_from)
+    report_plan(config, plan)
     if dry_run:
         return {}
 
@@ -104,6 +106,7 @@ def run(config, dry_run: bool = False, callbacks: list | None = None) -> dict:
         finetuning_args=finetuning_args,
         ref_model=load_reference_model(tokenizer, model_args, finetuning_args),
     )
+    start_batch_from_plan(trainer, plan.memory)
     metrics = {}
     if training_args.do_train:
         write_run_config(config)

@@ -1,0 +1,340 @@
+"""The memory plan: the expected peak memory per device of a causal-LM training step (weights,
+gradients, optimizer state, activations, logits) from the model's shape and the run's settings, and
+whether it fits the device. docs/MEMORY.md explains each term and its measured accuracy."""
+
+from __future__ import annotations
+
+import logging
+import re
+from dataclasses import dataclass, field
+
+__all__ = ["MemoryPlan", "Settings", "estimate_memory", "fill_batch_terms"]
+
+logger = logging.getLogger(__name__)
+
+MIB = 2**20
+BATCH_LIMIT = 4096  # the largest batch the fit search tries
+PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+# Optimizer state bytes per trainable parameter element: Adam's two moments in the parameter's dtype.
+EIGHT_BIT_OPTIMIZERS = ("8bit",)
+STATELESS_OPTIMIZERS = ("sgd", "adafactor")
+
+
+@dataclass
+class Shape:
+    """What the activations depend on: a decoder's sizes, from its config."""
+
+    hidden: int
+    intermediate: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    layers: int
+    vocab: int
+
+
+@dataclass
+class MemoryPlan:
+    weights: int
+    gradients: int
+    optimizer: int
+    activations: int  # saved for backward, with the run's checkpointing setting
+    activations_other: int  # the same with gradient checkpointing switched the other way
+    logits: int  # what the loss holds at its peak: full-vocabulary logits, or one chunk's
+    optimizer_step: int  # the optimizer's temporaries during step()
+    peak: int
+    batch_size: int  # per device
+    seq_len: int
+    checkpointing: bool
+    loss_path: str
+    device: str
+    available: int | None  # free memory of the device (None: unknown)
+    largest_batch: int | None = None  # the largest per-device batch the plan says fits
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def fits(self) -> bool:
+        return self.available is None or self.peak <= self.available
+
+
+def model_shape(model) -> Shape | None:
+    """The decoder's sizes, or None for a model without a transformers decoder config."""
+    config = getattr(model, "config", None)
+    if config is not None and hasattr(config, "get_text_config"):
+        config = config.get_text_config()
+    try:
+        hidden, layers = int(config.hidden_size), int(config.num_hidden_layers)
+        heads, vocab = int(config.num_attention_heads), int(config.vocab_size)
+    except (AttributeError, TypeError):
+        return None
+    kv_heads = int(getattr(config, "num_key_value_heads", None) or heads)
+    head_dim = int(getattr(config, "head_dim", None) or hidden // heads)
+    intermediate = int(getattr(config, "intermediate_size", None) or 4 * hidden)
+    return Shape(hidden, intermediate, heads, kv_heads, head_dim, layers, vocab)
+
+
+def _layer_index(name: str) -> int | None:
+    match = re.search(r"\.layers\.(\d+)\.", name)
+    return int(match.group(1)) if match else None
+
+
+@dataclass
+class _LayerMethod:
+    """What one decoder layer trains: which projections keep their input for backward, LoRA ranks."""
+
+    trained: bool = False
+    norms_trained: bool = False
+    saves_input: set = field(default_factory=set)
+    lora_rank: dict = field(default_factory=dict)
+    dropout_inputs: int = 0  # elements per token of the LoRA dropouts' outputs (each keeps its own copy)
+
+
+def _layer_methods(model, layers: int) -> tuple[list[_LayerMethod], bool, bool]:
+    """Per layer what trains; whether the embeddings and the LM head train (or carry LoRA)."""
+    methods = [_LayerMethod() for _ in range(layers)]
+    embeddings = head = False
+    for name, param in model.named_parameters():
+        if not param.requires_grad:
+            continue
+        index = _layer_index(name)
+        if index is None or index >= layers:
+            embeddings |= "embed" in name
+            head |= "lm_head" in name
+            continue
+        layer = methods[index]
+        layer.trained = True
+        projection = next((part for part in PROJECTIONS if f".{part}." in name), None)
+        if projection is None:
+            layer.norms_trained |= "norm" in name
+        else:
+            layer.saves_input.add(projection)
+            if ".lora_A." in name:
+                layer.lora_rank[projection] = param.shape[0]
+    for name, module in model.named_modules():
+        index = _layer_index(name + ".")
+        if ".lora_dropout." in name and index is not None and index < layers and getattr(module, "p", 0) > 0:
+            in_features = getattr(module, "in_features", None) or _lora_in_features(model, name)
+            methods[index].dropout_inputs += in_features
+    return methods, embeddings, head
+
+
+def _head_trains(model) -> bool:
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    return head is not None and any(param.requires_grad for param in head.parameters())
+
+
+def _lora_in_features(model, dropout_name: str) -> int:
+    owner = model.get_submodule(dropout_name.split(".lora_dropout.")[0])
+    base = getattr(owner, "base_layer", owner)
+    return int(getattr(base, "in_features", 0))
+
+
+def _norm(shape: Shape, trained: bool, output_saved: bool) -> int:
+    # RMSNorm: x and rsqrt(mean(x^2)) for the input's gradient, x*rsqrt for the weight's, the output for the next matmul.
+    return shape.hidden + 1 + (shape.hidden if trained else 0) + (shape.hidden if output_saved else 0)
+
+
+def _layer_elements(shape: Shape, layer: _LayerMethod, seq_len: int, masked: bool, eager: bool) -> int:
+    """Elements per token one decoder layer saves for backward (Llama-family layout, measured layout of
+    transformers 5 with sdpa or eager attention)."""
+    kv, inter = shape.kv_heads * shape.head_dim, shape.intermediate
+    q = shape.heads * shape.head_dim
+    saves = layer.saves_input
+    elements = _norm(shape, layer.norms_trained, bool(saves & {"q_proj", "k_proj", "v_proj"}))
+    elements += _norm(shape, layer.norms_trained, bool(saves & {"gate_proj", "up_proj"}))
+    if eager:  # q, repeated k and v, the probabilities, the output made contiguous for o_proj
+        elements += 3 * q + shape.heads * seq_len + q
+    else:  # sdpa: q, k, v (repeated to every head when a mask is passed), output, log-sum-exp
+        elements += q + 2 * (q if masked else kv) + q + shape.heads
+    elements += 3 * inter + (inter if "down_proj" in saves else 0)  # gate, silu(gate), up; down's input
+    elements += sum(layer.lora_rank.values())  # lora_B keeps lora_A's output
+    # A LoRA dropout's output (kept by lora_A) and its mask (one byte per element, counted as a quarter).
+    elements += layer.dropout_inputs + layer.dropout_inputs // 4
+    return elements
+
+
+def activation_bytes(
+    model, shape: Shape, batch: int, seq_len: int, element: int, checkpointing: bool, masked: bool
+) -> tuple[int, int]:
+    """(what the forward keeps for backward, what one layer's recomputation adds during backward), per
+    device; logits excluded (see logits_bytes). Without checkpointing nothing is recomputed."""
+    methods, embeddings, head = _layer_methods(model, shape.layers)
+    head = head or _head_trains(model)  # a head tied to the embeddings is named after them
+    attention = getattr(getattr(model, "config", None), "_attn_implementation", None)
+    eager = attention == "eager"
+    first = 0 if embeddings else next((i for i, layer in enumerate(methods) if layer.trained), shape.layers)
+    # Layers below the first trained one need no backward; from there on every layer passes gradients down.
+    per_layer = []
+    for index, layer in enumerate(methods):
+        if index >= first and not layer.trained:
+            layer = _LayerMethod(trained=True)  # frozen, but its input gradient is needed
+        per_layer.append(_layer_elements(shape, layer, seq_len, masked, eager) if index >= first else 0)
+    flowing = shape.layers - first
+    recompute = 0
+    if checkpointing and flowing:
+        layers_total, recompute = flowing * shape.hidden, max(per_layer)  # each layer's input; one layer again
+    else:
+        layers_total = sum(per_layer)
+    outside = _norm(shape, head, head) if flowing or head else 0  # the final norm
+    outside += 2 * shape.head_dim  # the rotary cos / sin
+    tokens = batch * seq_len
+    mask = batch * seq_len * seq_len * element if masked and not eager else 0
+    return tokens * (layers_total + outside) * element + mask, tokens * recompute * element
+
+
+def logits_bytes(shape: Shape, batch: int, seq_len: int, half: bool, chunk: int | None, head_trains: bool) -> int:
+    """The loss's peak. Standard path: during backward the fp32 log-probabilities, their gradient and the
+    logits' gradient coexist (3 x tokens x vocab x 4 bytes), plus the half-precision logits under autocast.
+    Chunked path (lathe.train.chunked_loss): a chunk's fp32 logits and logsumexp's temporary of that size,
+    plus the previous chunk's logits while the next are computed (when there are several chunks); the
+    labelled hidden states, their gradient and its scaled copy; a trained head's weight gradient and the
+    chunk's contribution to it."""
+    tokens = batch * seq_len
+    if chunk is None:
+        return tokens * shape.vocab * (3 * 4 + (2 if half else 0))
+    element = 2 if half else 4
+    head = 2 * shape.vocab * shape.hidden * 4 if head_trains else 0
+    buffers = 2 if chunk >= tokens else 3
+    return buffers * min(chunk, tokens) * shape.vocab * 4 + 3 * tokens * shape.hidden * element + head
+
+
+def _quantized_bytes(module, bits: int, double_quant: bool) -> int:
+    """A bitsandbytes-quantized linear weight: packed values plus the block scales (blocks of 64)."""
+    elements = module.in_features * module.out_features
+    if bits == 8:
+        return elements + module.out_features * 4
+    scales = elements // 64 + elements // (64 * 256) * 4 if double_quant else elements // 64 * 4
+    return elements * bits // 8 + scales
+
+
+def parameter_bytes(model, quantization_bit: int | None = None, double_quant: bool = True) -> tuple[int, int, int]:
+    """(weight bytes, trainable elements, trainable bytes). A base to be quantized while loading (a plan
+    made on the meta device before quantization) counts its decoder linears at quantization_bit."""
+    import torch
+
+    quantized = {}
+    if quantization_bit:
+        for name, module in model.named_modules():
+            if isinstance(module, torch.nn.Linear) and _layer_index(name + ".") is not None and "lora_" not in name:
+                plain = name.replace(".base_layer", "") + ".weight"
+                quantized[plain] = _quantized_bytes(module, quantization_bit, double_quant)
+    weights = trainable = trainable_bytes = 0
+    for name, param in model.named_parameters():
+        size = param.numel() * param.element_size()
+        plain = name.replace(".base_layer", "")
+        is_packed = param.dtype in (torch.uint8, torch.int8)  # already quantized by bitsandbytes
+        weights += quantized.get(plain, size) if not is_packed else _packed_bytes(param)
+        if param.requires_grad:
+            trainable += param.numel()
+            trainable_bytes += size
+    return weights, trainable, trainable_bytes
+
+
+def _packed_bytes(param) -> int:
+    state = getattr(param, "quant_state", None)
+    absmax = getattr(state, "absmax", None)
+    return param.numel() * param.element_size() + (absmax.numel() * absmax.element_size() if absmax is not None else 0)
+
+
+def optimizer_bytes(optim: str, trainable: int, trainable_bytes: int) -> tuple[int, int, str | None]:
+    """(state bytes, step temporaries, a note when the optimizer is not one the plan models)."""
+    name = str(getattr(optim, "value", optim))
+    if any(part in name for part in STATELESS_OPTIMIZERS):
+        return 0, trainable_bytes, None
+    if any(part in name for part in EIGHT_BIT_OPTIMIZERS):
+        return 2 * trainable, trainable_bytes, None
+    note = None if name.startswith("adamw") or name == "adam" else f"optimizer {name}: state assumed Adam-sized"
+    # Two moments; the step's foreach sqrt(v) is one more parameter-sized list.
+    return 2 * trainable_bytes, trainable_bytes, note
+
+
+@dataclass
+class Settings:
+    """The run's settings the plan depends on (from the train config, or given by hand)."""
+
+    batch: int
+    seq_len: int
+    optim: str = "adamw_torch"
+    checkpointing: bool = False
+    accumulation: int = 1
+    half: bool = False  # bf16 / fp16 activations
+    masked: bool = False  # padded batches: an attention mask is materialised
+    chunk: int | None = None  # chunked cross-entropy's tokens per chunk; None: full-vocabulary logits
+    quantization_bit: int | None = None
+    double_quant: bool = True
+    device: str = "cpu"
+
+
+def estimate_memory(model, settings: Settings, available: int | None = None) -> MemoryPlan | None:
+    """The plan for `model` as set up for training (method applied, possibly on the meta device);
+    None when the model is not a transformers decoder the plan knows how to size."""
+    shape = model_shape(model)
+    if shape is None:
+        return None
+    weights, trainable, trainable_bytes = parameter_bytes(model, settings.quantization_bit, settings.double_quant)
+    optimizer, step_temp, note = optimizer_bytes(settings.optim, trainable, trainable_bytes)
+    plan = MemoryPlan(
+        weights=weights,
+        gradients=trainable_bytes,
+        optimizer=optimizer,
+        activations=0,
+        activations_other=0,
+        logits=0,
+        optimizer_step=step_temp,
+        peak=0,
+        batch_size=settings.batch,
+        seq_len=settings.seq_len,
+        checkpointing=settings.checkpointing,
+        loss_path="standard loss: full-vocabulary logits"
+        if settings.chunk is None
+        else f"chunked loss: {settings.chunk} tokens per chunk",
+        device=settings.device,
+        available=available,
+        notes=[note] if note else [],
+    )
+    if not any(name.endswith(PROJECTIONS) for name, _ in model.named_modules()):
+        plan.notes.append(f"{type(model).__name__}: activations sized as a Llama-style decoder's")
+    fill_batch_terms(plan, model, shape, settings)
+    plan.largest_batch = largest_fitting_batch(plan, model, shape, settings)
+    return plan
+
+
+def fill_batch_terms(plan: MemoryPlan, model, shape: Shape, settings: Settings) -> None:
+    element = 2 if settings.half else 4
+    batch, seq_len = settings.batch, settings.seq_len
+    args = (model, shape, batch, seq_len, element)
+    kept, recompute = activation_bytes(*args, settings.checkpointing, settings.masked)
+    other, other_recompute = activation_bytes(*args, not settings.checkpointing, settings.masked)
+    plan.activations, plan.activations_other = kept + recompute, other + other_recompute
+    plan.logits = logits_bytes(shape, batch, seq_len, settings.half, settings.chunk, _head_trains(model))
+    # A layer's transient tensors during backward (the gradient flowing down, an MLP-wide one).
+    workspace = batch * seq_len * (2 * shape.hidden + shape.intermediate) * element
+    held_gradients = plan.gradients if settings.accumulation > 1 else 0
+    # The loss's backward comes first, before any layer is recomputed; then layer by layer, while the
+    # gradients fill in; then the optimizer's step.
+    loss_backward = kept + plan.logits + held_gradients
+    layers_backward = kept + recompute + workspace + plan.gradients
+    optimizer_step = plan.gradients + plan.optimizer_step
+    plan.peak = plan.weights + plan.optimizer + max(loss_backward, layers_backward, optimizer_step)
+
+
+def largest_fitting_batch(plan: MemoryPlan, model, shape: Shape, settings: Settings, limit: int = BATCH_LIMIT):
+    """The largest per-device batch whose planned peak fits the available memory (0: not even 1; None:
+    the available memory is unknown)."""
+    if plan.available is None:
+        return None
+    import dataclasses
+
+    def fits(batch: int) -> bool:
+        trial = dataclasses.replace(plan, notes=[])
+        fill_batch_terms(trial, model, shape, dataclasses.replace(settings, batch=batch))
+        return trial.peak <= plan.available
+
+    low, high = 0, 1
+    while high <= limit and fits(high):
+        low, high = high, high * 2
+    high = min(high, limit + 1)
+    while high - low > 1:  # fits(low) and not fits(high)
+        middle = (low + high) // 2
+        low, high = (middle, high) if fits(middle) else (low, middle)
+    return low
