@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 from lathe.train import (
+    causal_lm,
     batching,
     distributed,
     loaders,
@@ -148,6 +149,8 @@ class Trainer:
         self.can_return_loss = facts.can_return_loss
         self.main_input_name = facts.main_input_name
         self._loss_shifts_labels = facts.shifts_labels
+        self._lm_loss = causal_lm.choose_loss_path(model, self.args, self.compute_loss_func)
+        self._logits_wanted = False  # prediction_step sets it while compute_metrics needs the logits
 
     def call_model_init(self, trial=None):
         parameters = inspect.signature(self.model_init).parameters
@@ -279,6 +282,11 @@ class Trainer:
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         """The model's loss, or label smoothing / compute_loss_func applied to its outputs (modeling.compute_loss)."""
         try:
+            if self._runs_chunked_loss(inputs):
+                # The label smoother's denominator whenever it smooths, else the model's (batching.py).
+                counts = self.label_smoother is not None or self.model_accepts_loss_kwargs
+                loss, outputs = self._lm_loss.compute_loss(model, inputs, num_items_in_batch if counts else None)
+                return (loss, outputs) if return_outputs else loss
             loss, outputs = modeling.compute_loss(
                 model,
                 inputs,
@@ -294,6 +302,14 @@ class Trainer:
                 raise
             raise explained from error
         return (loss, outputs) if return_outputs else loss
+
+    def _runs_chunked_loss(self, inputs) -> bool:
+        return (
+            self._lm_loss is not None
+            and not self._logits_wanted
+            and isinstance(inputs, Mapping)
+            and inputs.get("labels") is not None
+        )
 
     def _prepare_inputs(self, inputs):
         if isinstance(inputs, Mapping) and len(inputs) == 0:
