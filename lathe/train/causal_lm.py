@@ -69,21 +69,25 @@ def final_logit_softcap(model) -> float | None:
 
 
 class HeadIntercept:
-    """One forward pre-hook on the LM head, registered once. While a request is pending, the head's input
-    (the final hidden states, inside the model's forward, so FSDP2 has its weights gathered) goes to the
-    request, and the head then computes logits for no position. With no request pending the head runs as
-    usual (generation, a full-logits evaluation, the chunks recomputed by a checkpointed loss)."""
+    """One forward pre-hook on the LM head and the model's loss_function, installed once. While a request
+    is pending, the head's input (the final hidden states, inside the model's forward, so FSDP2 has the
+    head's weight gathered) goes to the request, and the head then computes logits for no position; the
+    model's loss_function returns the request's loss, so the loss is the forward's output as usual (DDP and
+    FSDP2 hook their backward passes onto it). With no request pending both behave as before (generation,
+    a full-logits evaluation, the chunks a checkpointed loss recomputes)."""
 
-    def __init__(self, head):
+    def __init__(self, model):
         self.request = self.result = None
-        head.register_forward_pre_hook(self._hook)
+        self.original_loss = model.loss_function
+        model.get_output_embeddings().register_forward_pre_hook(self._hook)
+        model.loss_function = self._loss_function
 
     @classmethod
-    def on(cls, head) -> HeadIntercept:
-        """The head's intercept, registered on first use (a second Trainer on the same model shares it)."""
-        if not isinstance(getattr(head, "_lathe_head_intercept", None), cls):
-            head._lathe_head_intercept = cls(head)
-        return head._lathe_head_intercept
+    def on(cls, model) -> HeadIntercept:
+        """The model's intercept, installed on first use (a second Trainer on the same model shares it)."""
+        if not isinstance(getattr(model, "_lathe_head_intercept", None), cls):
+            model._lathe_head_intercept = cls(model)
+        return model._lathe_head_intercept
 
     def _hook(self, module, args):
         request, self.request = self.request, None
@@ -93,19 +97,26 @@ class HeadIntercept:
         self.result = request(hidden, module)
         return (hidden[..., :0, :],)
 
+    def _loss_function(self, *args, **kwargs):
+        if self.result is None:
+            return self.original_loss(*args, **kwargs)
+        result, self.result = self.result, None
+        return result
+
     def run(self, model, inputs: Mapping, request):
-        """(request's result, model outputs) of model(**inputs)."""
+        """(request's result, model outputs) of model(**inputs): with labels among the inputs the result
+        is the outputs' loss; without, it is returned as computed."""
         self.request, self.result = request, None
         try:
             outputs = model(**inputs)
+            if self.request is not None:
+                raise RuntimeError(
+                    f"{type(unwrap(model)).__name__}'s forward never called its LM head, so the chunked loss got "
+                    "no hidden states; set chunked_cross_entropy='no'."
+                )
+            result = outputs["loss"] if "labels" in inputs else self.result
         finally:
-            self.request = None
-        if self.result is None:
-            raise RuntimeError(
-                f"{type(unwrap(model)).__name__}'s forward never called its LM head, so the chunked loss got no hidden "
-                "states; set chunked_cross_entropy='no'."
-            )
-        result, self.result = self.result, None
+            self.request = self.result = None
         return result, outputs
 
 
@@ -114,15 +125,14 @@ class ChunkedLMLoss:
 
     def __init__(self, model, chunk_size: int | None, label_smoothing: float):
         inner = unwrap(model)
-        self.intercept = HeadIntercept.on(inner.get_output_embeddings())
+        self.intercept = HeadIntercept.on(inner)
         self.softcap = final_logit_softcap(model)
         self.chunk_size = chunk_size or default_chunk_size(inner.config.vocab_size)
         self.label_smoothing = label_smoothing
 
     def compute_loss(self, model, inputs: Mapping, num_items_in_batch):
         """(loss, outputs); outputs carry the loss and logits for no position."""
-        inputs = dict(inputs)
-        labels, shift_labels = inputs.pop("labels"), inputs.pop("shift_labels", None)
+        labels, shift_labels = inputs["labels"], inputs.get("shift_labels")
 
         def request(hidden, head):
             return chunked_causal_lm_loss(
@@ -136,10 +146,7 @@ class ChunkedLMLoss:
                 shift_labels=shift_labels,
             )
 
-        loss, outputs = self.intercept.run(model, inputs, request)
-        if isinstance(outputs, Mapping):
-            outputs["loss"] = loss
-        return loss, outputs
+        return self.intercept.run(model, inputs, request)
 
     def describe(self) -> str:
         return (
