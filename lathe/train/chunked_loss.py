@@ -184,26 +184,25 @@ def _vocab_size(head: nn.Module) -> int:
 
 def _module_token_log_probs(hidden, labels, head, softcap):
     logits = _softcapped(head(hidden).float(), softcap)
-    return logits.gather(1, labels.unsqueeze(1)).squeeze(1) - torch.logsumexp(logits, dim=-1), logits.sum(-1)
+    return logits.gather(1, labels.unsqueeze(1)).squeeze(1) - torch.logsumexp(logits, dim=-1)
 
 
 def chunked_token_log_probs(hidden, head, labels, *, softcap=None, chunk_size=None):
-    """(log p(label) per position, sum of that position's logits over the vocabulary, detached) for
-    hidden [n, H] and labels [n], chunk by chunk: each chunk checkpointed, its logits recomputed in
-    backward. What preference training needs from the logits without holding them."""
+    """log p(label) per row of hidden [n, H] with labels [n], chunk by chunk: each chunk checkpointed, its
+    logits recomputed in backward (the gradient of a log-prob depends on what the caller does with it, so
+    it cannot be computed ahead as the fused loss does). What preference training needs from the logits."""
     from torch.utils.checkpoint import checkpoint
 
     size = chunk_size or default_chunk_size(_vocab_size(head))
     if hidden.shape[0] == 0:
-        empty = hidden.new_zeros(0, dtype=torch.float32)
-        return empty, empty
-    logps, sums = [], []
+        return hidden.new_zeros(0, dtype=torch.float32)
+    wants_grad = torch.is_grad_enabled() and (hidden.requires_grad or any(p.requires_grad for p in head.parameters()))
+    parts = []
     for start in range(0, hidden.shape[0], size):
         args = (hidden[start : start + size], labels[start : start + size], head, softcap)
-        if torch.is_grad_enabled() and (hidden.requires_grad or any(p.requires_grad for p in head.parameters())):
-            logp, total = checkpoint(_module_token_log_probs, *args, use_reentrant=False)
-        else:
-            logp, total = _module_token_log_probs(*args)
-        logps.append(logp)
-        sums.append(total.detach())
-    return torch.cat(logps), torch.cat(sums)
+        parts.append(
+            checkpoint(_module_token_log_probs, *args, use_reentrant=False)
+            if wants_grad
+            else _module_token_log_probs(*args)
+        )
+    return torch.cat(parts)
