@@ -41,8 +41,8 @@ BPE_SOURCE = REPO_ROOT / "tests" / "llm" / "golden" / "tokenizers" / "bpe" / "to
 VOCAB = 151_936  # Qwen2.5's padded embedding size; its tokenizer has 151,665 entries
 MODEL = dict(
     vocab_size=VOCAB,
-    hidden_size=128,
-    intermediate_size=352,
+    hidden_size=64,
+    intermediate_size=176,
     num_hidden_layers=2,
     num_attention_heads=4,
     num_key_value_heads=2,
@@ -58,7 +58,7 @@ COMMON = dict(
     per_device_train_batch_size=4,
     learning_rate=1e-4,
     lr_scheduler_type="constant",
-    max_steps=4,
+    max_steps=3,
     logging_steps=1,
     save_strategy="no",
     report_to="none",
@@ -233,9 +233,9 @@ def build_assets() -> dict:
         words = "the quick brown fox jumps over lazy dog what is two plus four sum add reverse string answer".split()
         rows = [
             {
-                "instruction": " ".join(rng.choice(words) for _ in range(300)),
+                "instruction": " ".join(rng.choice(words) for _ in range(60)),
                 "input": "",
-                "output": " ".join(rng.choice(words) for _ in range(1200)),
+                "output": " ".join(rng.choice(words) for _ in range(320)),
             }
             for _ in range(4)
         ]
@@ -322,11 +322,11 @@ def report(results: dict) -> str:
         "# Memory: the 151,936-vocabulary sft job (bench/memory_bench.py)",
         "",
         f"Measured {datetime.date.today()} on this machine's CPU (fp32, OMP_NUM_THREADS=1 for every runner, one "
-        "runner at a time). A small-hidden Qwen2-shaped model built from a config (hidden 128, 2 layers, tied "
+        "runner at a time). A small-hidden Qwen2-shaped model built from a config (hidden 64, 2 layers, tied "
         "embeddings, vocabulary 151,936), its BPE tokenizer built by the script, template qwen, batch 4 x 1024 "
         "tokens (4 examples cut to cutoff_len 1024: every step trains on the same batch), AdamW at lr 1e-4, "
-        "gradient checkpointing on (LLaMA-Factory's default, also in the plain runners), 4 steps. "
-        "Peak = the process's peak RSS (loading included); step = median of steps 2-4; loss = step 1's, "
+        "gradient checkpointing on (LLaMA-Factory's default, also in the plain runners), 3 steps. "
+        "Peak = the process's peak RSS (loading included); step = median of steps 2-3; loss = step 1's, "
         "as compute_loss returned it. One fp32 logits tensor of this batch is 2,374 MiB.",
         "",
         "No GPU was lent to this task, so the GPU half of the benchmark (a Qwen2.5-0.5B-shaped model against "
