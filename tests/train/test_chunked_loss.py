@@ -263,3 +263,20 @@ def test_two_ranks_with_the_chunked_loss_train_like_one_process_with_the_models_
     assert ranks["losses"] == pytest.approx(single["losses"], abs=1e-6)
     assert_same_weights(ranks["weights"], single["weights"])
     assert ranks["metrics"]["eval_loss"] == pytest.approx(single["metrics"]["eval_loss"], abs=1e-6)
+
+
+def test_a_compute_loss_func_set_after_init_gets_the_logits_and_the_log_says_so(tmp_path, caplog):
+    """The LLM loss variants (DFT, EAFT, ASFT) set compute_loss_func after Trainer.__init__."""
+    trainer = trainer_for(tiny_model(), tmp_path, chunked_cross_entropy="auto")
+    assert trainer._lm_loss is not None
+    seen = []
+
+    def loss_func(outputs, labels, num_items_in_batch=None):
+        seen.append(tuple(outputs.logits.shape))
+        return outputs.logits.float().mean()
+
+    trainer.compute_loss_func = loss_func
+    with caplog.at_level(logging.INFO, logger="lathe.train.trainer"):
+        trainer.compute_loss(trainer.model, batch())
+    assert seen == [(3, 10, VOCAB)] and trainer._lm_loss is None
+    assert "the model's own (full logits), because compute_loss_func" in caplog.text
