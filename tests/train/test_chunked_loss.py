@@ -186,6 +186,7 @@ def test_a_lora_head_trains_through_the_checkpointed_chunks(tmp_path):
     assert_same_step(results[1], results[0])
 
 
+@pytest.mark.slow
 def test_training_steps_and_evaluation_match_and_evaluation_builds_no_logits(tmp_path):
     data = [{k: v[0] for k, v in batch(1, 10, seed).items()} for seed in range(8)]
     shapes, runs = [], {}
