@@ -268,7 +268,7 @@ class Trainer:
         """Forward and backward of one micro-batch; returns the detached, normalised loss."""
         if not model.training:  # model.train() walks every module; only evaluation turns training off
             model.train()
-        self._check_loss_path()
+        causal_lm.trainer_path(self)  # a compute_loss_func set since __init__ turns the chunked loss off, logged
         inputs = self._prepare_inputs(inputs)
         with runtime.autocast_context(self.args.device, self._autocast_dtype):
             loss = self.compute_loss(model, inputs, num_items_in_batch=num_items_in_batch)
@@ -283,10 +283,11 @@ class Trainer:
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         """The model's loss, or label smoothing / compute_loss_func applied to its outputs (modeling.compute_loss)."""
         try:
-            if self._runs_chunked_loss(inputs):
+            chunked = causal_lm.trainer_path(self, inputs)
+            if chunked is not None:
                 # The label smoother's denominator whenever it smooths, else the model's (batching.py).
                 counts = self.label_smoother is not None or self.model_accepts_loss_kwargs
-                loss, outputs = self._lm_loss.compute_loss(model, inputs, num_items_in_batch if counts else None)
+                loss, outputs = chunked.compute_loss(model, inputs, num_items_in_batch if counts else None)
                 return (loss, outputs) if return_outputs else loss
             loss, outputs = modeling.compute_loss(
                 model,
@@ -303,22 +304,6 @@ class Trainer:
                 raise
             raise explained from error
         return (loss, outputs) if return_outputs else loss
-
-    def _runs_chunked_loss(self, inputs) -> bool:
-        self._check_loss_path()
-        return (
-            self._lm_loss is not None
-            and not self._logits_wanted
-            and isinstance(inputs, Mapping)
-            and inputs.get("labels") is not None
-        )
-
-    def _check_loss_path(self) -> None:
-        """A compute_loss_func set after __init__ (as the LLM loss variants do) reads the model's logits: the
-        chunked loss steps aside, once, and says so."""
-        if self._lm_loss is not None and self.compute_loss_func is not None:
-            logger.info("Causal-LM loss: the model's own (full logits), because compute_loss_func reads the logits.")
-            self._lm_loss = None
 
     def _prepare_inputs(self, inputs):
         if isinstance(inputs, Mapping) and len(inputs) == 0:

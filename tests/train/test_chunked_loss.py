@@ -277,7 +277,7 @@ def test_a_compute_loss_func_set_after_init_gets_the_logits_and_the_log_says_so(
         return outputs.logits.float().mean()
 
     trainer.compute_loss_func = loss_func
-    with caplog.at_level(logging.INFO, logger="lathe.train.trainer"):
+    with caplog.at_level(logging.INFO, logger="lathe.train.causal_lm"):
         trainer.compute_loss(trainer.model, batch())
     assert seen == [(3, 10, VOCAB)] and trainer._lm_loss is None
     assert "the model's own (full logits), because compute_loss_func" in caplog.text
