@@ -281,3 +281,17 @@ def test_a_compute_loss_func_set_after_init_gets_the_logits_and_the_log_says_so(
         trainer.compute_loss(trainer.model, batch())
     assert seen == [(3, 10, VOCAB)] and trainer._lm_loss is None
     assert "the model's own (full logits), because compute_loss_func" in caplog.text
+
+
+@pytest.mark.slow
+def test_the_chunked_loss_compiles_to_the_same_loss_and_gradients():
+    torch.manual_seed(2)
+    head = torch.nn.Linear(16, VOCAB)
+    hidden = torch.randn(2, 10, 16, requires_grad=True)
+    labels = torch.randint(0, VOCAB, (2, 10))
+    labels[0, :3] = -100
+    compiled = torch.compile(chunked_causal_lm_loss)(hidden, head, labels, chunk_size=4, label_smoothing=0.1)
+    expected = reference_loss(hidden, head, labels, smoothing=0.1)
+    assert compiled.item() == pytest.approx(expected.item(), rel=1e-6)
+    for ours, theirs in zip(grads(compiled, [hidden, head.weight]), grads(expected, [hidden, head.weight])):
+        torch.testing.assert_close(ours, theirs, rtol=1e-5, atol=1e-7)
