@@ -267,16 +267,6 @@ class TrainingArguments(IntegrationArguments, CoreArguments, FluentSetters, Deri
     skip_memory_metrics: bool = field(
         default=True, metadata=_help("Skip adding memory-usage reports to the metrics (they slow training down).")
     )
-    use_liger_kernel: bool = field(
-        default=False,
-        metadata=_help(
-            "Patch the model with Liger-Kernel (Triton, CUDA) where it is installed and usable; elsewhere the "
-            "causal-LM loss runs as chunked cross-entropy (chunked_cross_entropy='auto'). The log says which."
-        ),
-    )
-    liger_kernel_config: dict[str, bool] | None = field(
-        default=None, metadata=_help("Keyword arguments of Liger-Kernel's _apply_liger_kernel_to_instance().")
-    )
     chunked_cross_entropy: str | bool = field(
         default="no",
         metadata=_help(

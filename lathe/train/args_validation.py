@@ -28,7 +28,6 @@ _DICT_FIELDS = (
     "gradient_checkpointing_kwargs",
     "fsdp_config",
     "deepspeed",
-    "liger_kernel_config",
 )
 # Of those, these may also name a JSON file, which the FSDP / DeepSpeed set-up reads later.
 _DICT_OR_PATH_FIELDS = ("fsdp_config", "deepspeed")
