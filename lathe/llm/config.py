@@ -305,6 +305,9 @@ def _fill_training_defaults(raw: dict[str, Any]) -> None:
         raw["generation_max_length"] = cutoff_len
     if raw.get("eval_num_beams") is not None:
         raw["generation_num_beams"] = raw["eval_num_beams"]
+    # The causal-LM loss chunk by chunk over tokens, logits never whole (lathe.train.chunked_loss): the same
+    # loss in a fraction of the memory; models, loss variants and settings it cannot serve run the model's own.
+    raw.setdefault("chunked_cross_entropy", "auto")
     # The collators need every column the processors produce (labels, position_ids, ...).
     raw["remove_unused_columns"] = False
     if raw.get("early_stopping_steps") is not None and raw.get("metric_for_best_model") is None:

@@ -267,6 +267,24 @@ class TrainingArguments(IntegrationArguments, CoreArguments, FluentSetters, Deri
     skip_memory_metrics: bool = field(
         default=True, metadata=_help("Skip adding memory-usage reports to the metrics (they slow training down).")
     )
+    chunked_cross_entropy: str | bool = field(
+        default="no",
+        metadata=_help(
+            "Compute a transformers causal LM's loss with its LM head, chunk by chunk over tokens, so the "
+            "full-vocabulary logits never exist (same loss and gradients, a fraction of the memory). 'no': the "
+            "model's own loss; 'auto': chunked where the model, compute_loss_func and torch_compile allow it, "
+            "else the model's own loss (logged); 'yes' (True): chunked, or an error saying why not. "
+            "lathe extension (not in transformers).",
+            choices=["no", "auto", "yes"],
+        ),
+    )
+    chunked_cross_entropy_size: int | None = field(
+        default=None,
+        metadata=_help(
+            "Tokens per chunk of chunked_cross_entropy; None: about 2**25 / vocab_size (256 for a 151,936 "
+            "vocabulary). lathe extension."
+        ),
+    )
 
     # --- Flags for scripts (the Trainer does not read them) ---
     do_train: bool = field(default=False, metadata=_help("Whether a script should run training."))

@@ -95,9 +95,15 @@ class IntegrationArguments:
     )
 
     # --- Kernels and fault tolerance ---
-    # use_liger_kernel / liger_kernel_config are stored and validated here; what they do (Liger's fused
-    # kernels, patched into the model before training) is wired by the issue-18 kernel integration.
-    use_liger_kernel: bool = field(default=False, metadata=_help("Patch the model with Liger's fused kernels."))
+    # use_liger_kernel / liger_kernel_config are stored and validated here; what they do is chosen in
+    # lathe.train.causal_lm: Liger where installed and on a CUDA device, else the chunked cross-entropy.
+    use_liger_kernel: bool = field(
+        default=False,
+        metadata=_help(
+            "Patch the model with Liger's fused kernels where Liger-Kernel is installed and a CUDA device is used; "
+            "elsewhere the causal-LM loss runs as lathe's chunked cross-entropy. The log says which."
+        ),
+    )
     liger_kernel_config: dict[str, bool] | None = field(
         default=None, metadata=_help("Which Liger kernels to apply, e.g. {'rms_norm': True, 'rope': False}.")
     )

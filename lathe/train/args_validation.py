@@ -123,6 +123,13 @@ def convert_choice_fields(args) -> None:
     if isinstance(args.include_num_input_tokens_seen, bool):
         args.include_num_input_tokens_seen = "all" if args.include_num_input_tokens_seen else "no"
     _check_choice(args, "include_num_input_tokens_seen", _TOKENS_SEEN_CHOICES)
+    if isinstance(args.chunked_cross_entropy, bool):
+        args.chunked_cross_entropy = "yes" if args.chunked_cross_entropy else "no"
+    _check_choice(args, "chunked_cross_entropy", _metadata_choices(args, "chunked_cross_entropy"))
+    if args.chunked_cross_entropy_size is not None and args.chunked_cross_entropy_size < 1:
+        raise ValueError(
+            f"chunked_cross_entropy_size must be a positive number of tokens, got {args.chunked_cross_entropy_size}"
+        )
     _check_choice(args, "log_level", LOG_LEVELS)
     _check_choice(args, "log_level_replica", LOG_LEVELS)
     _check_choice(args, "train_sampling_strategy", _metadata_choices(args, "train_sampling_strategy"))

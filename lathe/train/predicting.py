@@ -101,7 +101,12 @@ def prediction_step(trainer, model, inputs, prediction_loss_only: bool, ignore_k
         labels = labels[0] if len(labels) == 1 else (labels or None)
     with torch.no_grad(), runtime.autocast_context(trainer.args.device, trainer._autocast_dtype):
         if has_labels or loss_without_labels:
-            loss, outputs = trainer.compute_loss(model, inputs, return_outputs=True)
+            # The chunked causal-LM loss never builds the logits; only predictions that are kept need them.
+            trainer._logits_wanted = not prediction_loss_only
+            try:
+                loss, outputs = trainer.compute_loss(model, inputs, return_outputs=True)
+            finally:
+                trainer._logits_wanted = False
             loss = loss.detach().mean()
             skip = set(ignore_keys) | {"loss"}
         else:

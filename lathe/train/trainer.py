@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 from lathe.train import (
+    causal_lm,
     batching,
     distributed,
     loaders,
@@ -151,6 +152,8 @@ class Trainer:
         self.can_return_loss = facts.can_return_loss
         self.main_input_name = facts.main_input_name
         self._loss_shifts_labels = facts.shifts_labels
+        self._lm_loss = causal_lm.choose_loss_path(model, self.args, self.compute_loss_func)
+        self._logits_wanted = False  # prediction_step sets it while compute_metrics needs the logits
 
     def _label_smoother(self, factor: float):
         if not factor:
@@ -278,6 +281,7 @@ class Trainer:
         """Forward and backward of one micro-batch; returns the detached, normalised loss."""
         if not model.training:  # model.train() walks every module; only evaluation turns training off
             model.train()
+        causal_lm.trainer_path(self)  # a compute_loss_func set since __init__ turns the chunked loss off, logged
         inputs = self._prepare_inputs(inputs)
         with runtime.autocast_context(self.args.device, self._autocast_dtype):
             loss = self.compute_loss(model, inputs, num_items_in_batch=num_items_in_batch)
@@ -292,6 +296,12 @@ class Trainer:
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         """The model's loss, or label smoothing / compute_loss_func applied to its outputs (modeling.compute_loss)."""
         try:
+            chunked = causal_lm.trainer_path(self, inputs)
+            if chunked is not None:
+                # The label smoother's denominator whenever it smooths, else the model's (batching.py).
+                counts = self.label_smoother is not None or self.model_accepts_loss_kwargs
+                loss, outputs = chunked.compute_loss(model, inputs, num_items_in_batch if counts else None)
+                return (loss, outputs) if return_outputs else loss
             loss, outputs = modeling.compute_loss(
                 model,
                 inputs,

@@ -52,10 +52,29 @@ def test_every_case_has_a_golden():
     assert all(len(case["losses"]) == 4 for case in GOLDEN_CASES.values())
 
 
+# lathe trains with chunked cross-entropy by default (lathe.train.chunked_loss): its gradients equal the
+# full-logits path's to ~1e-6 relative, not bit for bit. LoRA+ at 16x on lora_B (lr 0.16) with Adam is the one
+# case that magnifies that: Adam's first update of an element is lr * g / (|g| + 1e-8), whose slope at g ~ 0 is
+# lr / 1e-8 = 1.6e7, so lora_B elements whose gradient is ~1e-9 (absolute differences of ~1e-9 between the two
+# summation orders) move by up to ~1e-2 differently, and the next losses differ by up to 2e-3. Its step-1 loss
+# is held to TOLERANCE; the model's own loss (chunked_cross_entropy: no) is held to TOLERANCE at every step.
+ILL_CONDITIONED = {"loraplus": dict(rel=1e-3, abs=1e-3)}
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_step_losses_equal_llamafactory(name, assets, tmp_path, monkeypatch):
     losses, _ = train(case_config(name, assets, str(tmp_path / "out")), monkeypatch)
+    expected = GOLDEN_CASES[name]["losses"]
+    assert losses[0] == pytest.approx(expected[0], **TOLERANCE)
+    assert losses == pytest.approx(expected, **ILL_CONDITIONED.get(name, TOLERANCE))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(ILL_CONDITIONED))
+def test_step_losses_with_the_models_own_loss_equal_llamafactory_bit_for_bit(name, assets, tmp_path, monkeypatch):
+    config = {**case_config(name, assets, str(tmp_path / "out")), "chunked_cross_entropy": "no"}
+    losses, _ = train(config, monkeypatch)
     assert losses == pytest.approx(GOLDEN_CASES[name]["losses"], **TOLERANCE)
 
 

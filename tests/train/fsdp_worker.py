@@ -76,6 +76,8 @@ def arguments(output_dir: str, options: dict) -> TrainingArguments:
         fsdp_config=options.get("fsdp_config"),
         ddp_timeout=options.get("ddp_timeout", 1800),
         optim=options.get("optim", "adamw_torch"),
+        chunked_cross_entropy=options.get("chunked", "no"),
+        chunked_cross_entropy_size=options.get("chunk_size"),
         **options.get("ddp", {}),
     )
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import torch
 
 from lathe.llm.preference import losses
+from lathe.llm.preference.logprobs import forward_log_probs
 from lathe.llm.preference.trainer import PreferenceTrainer, all_reduce, no_grad_context, stack_means
 from lathe.train import distributed
 from lathe.train.callbacks import TrainerCallback
@@ -51,15 +52,14 @@ class DPOTrainer(PreferenceTrainer):
         """Log-probs (summed, or per token for ipo/orpo/simpo) and logits of the chosen half and the
         rejected half of the batch, from one forward pass."""
         inputs = {key: value for key, value in batch.items() if key != "labels"}
-        logits = model(**inputs, return_dict=True, use_cache=False).logits.to(torch.float32)
-        logps, lengths = losses.sequence_log_probs(
-            logits, batch["labels"], ld_alpha=None if is_reference else self.ld_alpha
+        logps, lengths, logits = forward_log_probs(
+            self, model, inputs, batch["labels"], ld_alpha=None if is_reference else self.ld_alpha
         )
         if self.loss_type in losses.AVERAGED_LOSSES:
             logps = logps / lengths
         pairs = batch["input_ids"].size(0) // 2
         chosen_logps, rejected_logps = logps.split(pairs, dim=0)
-        chosen_logits, rejected_logits = logits.split(pairs, dim=0)
+        chosen_logits, rejected_logits = logits.split(pairs)
         chosen_lengths = lengths[:pairs]
         averaged = chosen_logps if self.loss_type in losses.AVERAGED_LOSSES else chosen_logps / chosen_lengths
         return {

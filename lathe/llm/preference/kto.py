@@ -8,6 +8,7 @@ from __future__ import annotations
 import torch
 
 from lathe.llm.preference import losses
+from lathe.llm.preference.logprobs import forward_log_probs
 from lathe.llm.preference.trainer import PreferenceTrainer, all_reduce, no_grad_context
 
 SIDES = ("chosen", "rejected")
@@ -23,8 +24,7 @@ class KTOTrainer(PreferenceTrainer):
     def _log_probs(self, model, batch: dict, prefix: str = ""):
         """(logits, summed log-probs, mean token log-probs) of the target rows, or of the KL rows (prefix kl_)."""
         inputs = {"input_ids": batch[f"{prefix}input_ids"], "attention_mask": batch[f"{prefix}attention_mask"]}
-        logits = model(**inputs, return_dict=True, use_cache=False).logits.to(torch.float32)
-        logps, lengths = losses.sequence_log_probs(logits, batch[f"{prefix}labels"])
+        logps, lengths, logits = forward_log_probs(self, model, inputs, batch[f"{prefix}labels"])
         return logits, logps, logps / lengths
 
     def split_forward(self, model, batch: dict, kl_model=None) -> dict[str, torch.Tensor]:
@@ -38,8 +38,8 @@ class KTOTrainer(PreferenceTrainer):
         return {
             "chosen_logps": logps[tags],
             "rejected_logps": logps[~tags],
-            "chosen_logits": logits[tags],
-            "rejected_logits": logits[~tags],
+            "chosen_logits": logits.rows(tags),
+            "rejected_logits": logits.rows(~tags),
             "kl_logps": kl_logps,
             "chosen_logps_avg": averaged[tags],
         }
@@ -69,7 +69,7 @@ class KTOTrainer(PreferenceTrainer):
         for side, count in zip(SIDES, (chosen_count, rejected_count)):
             metrics[f"rewards/{side}_sum"] = rewards[side].nansum()
             metrics[f"logps/{side}_sum"] = policy[f"{side}_logps"].detach().nansum()
-            metrics[f"logits/{side}_sum"] = policy[f"{side}_logits"].detach().nansum()
+            metrics[f"logits/{side}_sum"] = policy[f"{side}_logits"].nansum().detach()
             metrics[f"count/{side}"] = torch.tensor(float(count), device=loss.device)
         metrics["kl"] = kl
         return loss, metrics

@@ -32,13 +32,18 @@ def sequence_log_probs(logits: torch.Tensor, labels: torch.Tensor, ld_alpha: flo
     mask = labels != IGNORE_INDEX
     labels[labels == IGNORE_INDEX] = 0  # any valid index; masked out below
     token_logps = torch.gather(logits.log_softmax(-1), dim=2, index=labels.unsqueeze(2)).squeeze(2)
+    return summed_log_probs(token_logps, mask, ld_alpha)
+
+
+def summed_log_probs(token_logps: torch.Tensor, mask: torch.Tensor, ld_alpha: float | None = None):
+    """sequence_log_probs from the log-probs of each row's next tokens [rows, T - 1] and their mask."""
     lengths = mask.sum(-1)
     if ld_alpha is None:
         return (token_logps * mask).sum(-1), lengths
-    half = labels.shape[0] // 2
+    half = token_logps.shape[0] // 2
     shorter = torch.min(lengths[:half], lengths[half:])
     shared_end = torch.argmax(mask.int(), dim=1) + torch.cat([shorter, shorter], dim=0)
-    positions = torch.arange(labels.shape[-1], device=token_logps.device).expand_as(token_logps)
+    positions = torch.arange(token_logps.shape[-1], device=token_logps.device).expand_as(token_logps)
     shared = positions < shared_end.unsqueeze(1)
     front = (token_logps * (shared * mask).float()).sum(-1)
     rear = (token_logps * (~shared * mask).float()).sum(-1)
