@@ -165,8 +165,12 @@ def test_the_plan_prints_the_memory_and_warns_when_it_will_not_fit(
     run_train(config, dry_run=True)
     out = capsys.readouterr().out
     assert "  memory          " in out and "MiB peak per device, expected for 8 x " in out
-    assert "standard loss: full-vocabulary logits" in out
+    # lathe.llm's default loss is chunked (chunked_cross_entropy: auto): the plan names the path it assumed.
+    assert "chunked loss: " in out and " tokens per chunk" in out
     assert "weights " in out and "without checkpointing), logits " in out and "fits: " in out
+
+    run_train(_run_config(tiny_model_dir, tmp_path, chunked_cross_entropy="no"), dry_run=True)
+    assert "standard loss: full-vocabulary logits" in capsys.readouterr().out
 
     monkeypatch.setattr("lathe.llm.memory_fit.available_memory", lambda device: 1024)
     config = _run_config(tiny_model_dir, tmp_path)
