@@ -24,6 +24,7 @@ from lathe.train import (
     resume,
     runtime,
     saving,
+    session,
     stepping,
 )
 from lathe.train.args_validation import check_output_dir
@@ -31,13 +32,15 @@ from lathe.train.collators import default_collator_for
 from lathe.train.commit import BackgroundCommitter
 from lathe.train.flow import default_callback_handler
 from lathe.train.loss import LabelSmoother
+from lathe.train.memory import TrainerMemoryTracker
 from lathe.train.seed import enable_full_determinism, set_seed
 from lathe.train.state import TrainerControl, TrainerState
+from lathe.train.surface import TrainerSurface
 
 logger = logging.getLogger(__name__)
 
 
-class Trainer:
+class Trainer(TrainerSurface):
     """The transformers.Trainer API on plain PyTorch.
 
     Where things happen: train() retries on out-of-memory around _training_loop (loop.py: the epochs),
@@ -47,6 +50,10 @@ class Trainer:
     _maybe_log_save_evaluate acts on the flags the callbacks set. The documented override points (each
     tested): compute_loss, training_step, prediction_step, evaluate, evaluation_loop, create_optimizer,
     create_scheduler, get_train_dataloader, get_eval_dataloader, get_test_dataloader, log."""
+
+    # Whether compute_loss's loss is already divided for gradient accumulation (transformers 5.23): None decides
+    # from model_accepts_loss_kwargs and compute_loss_func; a subclass computing its own loss may set it.
+    loss_is_scaled_for_ga: bool | None = None
 
     def __init__(
         self,
@@ -71,6 +78,9 @@ class Trainer:
             args = TrainingArguments(output_dir="trainer_output")
             logger.info("No TrainingArguments passed; using defaults with output_dir=%r.", args.output_dir)
         self.args = args
+        self._memory_tracker = TrainerMemoryTracker(args.skip_memory_metrics)
+        self._memory_tracker.start("init")
+        runtime.apply_tf32(args)
         if tokenizer is not None:
             message = "Trainer(tokenizer=...) is deprecated; use processing_class=... (transformers 5 name)."
             warnings.warn(message, FutureWarning, stacklevel=2)
@@ -94,7 +104,8 @@ class Trainer:
         )
         self._train_batch_size = args.train_batch_size
         self.is_in_train = False
-        self.hp_search_backend = None
+        self.neftune_noise_alpha = args.neftune_noise_alpha
+        self.hp_search_backend = self.hp_name = self._trial = self.hub_model_id = None
         # Set while train() runs: the fp16 GradScaler, DeepSpeed's engine, the run's tally (run.TrainingRun).
         self.scaler = self._zero_engine = self._run = None
         self._backend = stepping.PlainBackend(None, [], None, None)  # the run's back-end (stepping.choose_backend)
@@ -108,6 +119,7 @@ class Trainer:
         self.current_flos, self._flops_estimate = 0.0, None
         self._checkpoint_commits = BackgroundCommitter()
         self.control = self.callback_handler.on_init_end(args, self.state, self.control)
+        self._memory_tracker.stop_and_update_metrics(stage="init")
 
     # ----- wiring -----
 
@@ -183,10 +195,11 @@ class Trainer:
         if kwargs:
             raise TypeError(f"train() got unexpected keyword arguments: {sorted(kwargs)}")
         check_output_dir(self.args.output_dir)  # a file may have appeared there since the arguments were made
-        if self.model_init is not None:
-            set_seed(self.args.seed)  # fresh, reproducible weights for each train() call
-            self.model = self.model_wrapped = self._place_model(self.call_model_init(trial))
-            self.optimizer = self.lr_scheduler = None
+        # model_init's fresh model, memory tracking, NEFTune's hook, a search trial's arguments (session.py)
+        with session.train_call(self, trial):
+            return self._train_with_retries(resume_from_checkpoint, trial, ignore_keys_for_eval)
+
+    def _train_with_retries(self, resume_from_checkpoint, trial, ignore_keys_for_eval):
         resume_path = resume.resolve_resume_path(self.args, resume_from_checkpoint)
         batch_size = resume.restore_batch_size(self.args, resume_path) or self._train_batch_size
         while True:
@@ -266,12 +279,14 @@ class Trainer:
         if not model.training:  # model.train() walks every module; only evaluation turns training off
             model.train()
         inputs = self._prepare_inputs(inputs)
-        with runtime.autocast_context(self.args.device, self._autocast_dtype):
+        with runtime.autocast_context(self.args.device, self._autocast_dtype), self.compute_loss_context_manager():
             loss = self.compute_loss(model, inputs, num_items_in_batch=num_items_in_batch)
+        runtime.maybe_empty_device_cache(self.args, self.state.global_step)  # torch_empty_cache_steps
         # Divided by the accumulation window (or by its label tokens, inside the loss), the micro-batch
         # losses of a window add up to the loss of the whole window: batching.normalise_loss says why.
-        by_items = num_items_in_batch is not None and self._counts_items()
-        world_scale = distributed.world_size() if by_items and self.args.average_tokens_across_devices else 1
+        counted = num_items_in_batch is not None and self._counts_items()
+        world_scale = distributed.world_size() if counted and self.args.average_tokens_across_devices else 1
+        by_items = counted if self.loss_is_scaled_for_ga is None else self.loss_is_scaled_for_ga
         loss = batching.normalise_loss(loss, self.current_gradient_accumulation_steps, by_items, world_scale)
         self._backend.backward(loss)
         return loss.detach()
