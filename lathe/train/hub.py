@@ -86,8 +86,11 @@ def _hyperparameters(trainer) -> dict:
         found["total_train_batch_size"] = args.train_batch_size * args.world_size * args.gradient_accumulation_steps
     if args.eval_batch_size * args.world_size != found["eval_batch_size"]:
         found["total_eval_batch_size"] = args.eval_batch_size * args.world_size
-    optim, optim_args = getattr(args.optim, "value", args.optim), args.optim_args or "No additional optimizer arguments"
-    if "adam" in optim.lower():
+    # transformers formats the enum member itself ("Use OptimizerNames.SGD"); the card says the same.
+    name = getattr(args.optim, "value", args.optim)
+    optim = f"OptimizerNames.{args.optim.name}" if hasattr(args.optim, "name") else name
+    optim_args = args.optim_args or "No additional optimizer arguments"
+    if "adam" in name.lower():
         found["optimizer"] = (
             f"Use {optim} with betas=({args.adam_beta1},{args.adam_beta2}) and epsilon={args.adam_epsilon} "
             f"and optimizer_args={optim_args}"
