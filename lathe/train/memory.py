@@ -10,7 +10,7 @@ import inspect
 import threading
 import time
 
-_INSTALL_HINT = "skip_memory_metrics=False needs psutil to read the process's memory: pip install psutil"
+_INSTALL_HINT = "skip_memory_metrics=False needs psutil to read the process's memory: pip install 'lathe[memory]' (or pip install psutil)"
 
 # transformers derives the stage from the calling method's name; lathe's own callers pass it.
 STAGES = {

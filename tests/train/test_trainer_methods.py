@@ -201,6 +201,7 @@ def hp_space(trial):
     return {"learning_rate": trial.suggest_categorical("learning_rate", [0.01, 0.05, 0.2])}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("library", BOTH)
 def test_hyperparameter_search_with_optuna(tmp_path, library):
     optuna = pytest.importorskip("optuna")
@@ -220,6 +221,7 @@ def test_hyperparameter_search_with_optuna(tmp_path, library):
     assert best.objective == pytest.approx(again.evaluate()["eval_loss"], rel=1e-6)
 
 
+@pytest.mark.slow
 @pytest.mark.hf
 def test_hyperparameter_search_equals_transformers(tmp_path):
     optuna = pytest.importorskip("optuna")
