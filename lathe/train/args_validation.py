@@ -44,6 +44,10 @@ def normalize_and_validate(args) -> None:
     coerce_field_types(args)
     if args.push_to_hub:
         raise ValueError("push_to_hub=True is not supported: lathe works offline. Copy output_dir to the Hub yourself.")
+    if getattr(args, "sortish_sampler", False):
+        warn_from_user_code(
+            "sortish_sampler=True has no effect: transformers 5.23 defines it but no sampler reads it, nor does lathe."
+        )
     if args.past_index != -1:
         raise ValueError(
             f"past_index={args.past_index}: transformers 5 removed it (it fed a model's memory output, such as "

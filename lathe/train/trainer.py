@@ -119,6 +119,8 @@ class Trainer(TrainerSurface):
         self.current_flos, self._flops_estimate = 0.0, None
         self._checkpoint_commits = BackgroundCommitter()
         self.control = self.callback_handler.on_init_end(args, self.state, self.control)
+        if getattr(self.model, "config", None) is not None:
+            self.model.config.use_cache = args.use_cache  # as transformers does, whatever the config said
         self._memory_tracker.stop_and_update_metrics(stage="init")
 
     # ----- wiring -----
