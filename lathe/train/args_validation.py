@@ -41,6 +41,10 @@ def normalize_and_validate(args) -> None:
         raise TypeError(f"output_dir must be a path (str), got {args.output_dir!r} ({type(args.output_dir).__name__})")
     args.output_dir = os.path.expanduser(args.output_dir)
     check_output_dir(args.output_dir)
+    if isinstance(args.torch_empty_cache_steps, float):  # transformers refuses 1.0 here, before any conversion
+        raise ValueError(
+            f"torch_empty_cache_steps must be a positive integer or None, got {args.torch_empty_cache_steps}"
+        )
     coerce_field_types(args)
     if args.push_to_hub:
         raise ValueError("push_to_hub=True is not supported: lathe works offline. Copy output_dir to the Hub yourself.")

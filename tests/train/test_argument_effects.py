@@ -119,8 +119,9 @@ def test_torch_empty_cache_steps(tmp_path, library, monkeypatch):
     args = training_args(tmp_path, library, max_steps=4, gradient_accumulation_steps=2, torch_empty_cache_steps=2)
     make_trainer(library, model=Regression(), args=args, train_dataset=regression_items(16)).train()
     assert len(calls) == 4  # steps 0 and 2, after each of their 2 micro-batches
-    with pytest.raises(ValueError, match="torch_empty_cache_steps"):
-        training_args(tmp_path, library, torch_empty_cache_steps=0)
+    for wrong in (0, -1, 1.0, "none"):
+        with pytest.raises(ValueError, match="torch_empty_cache_steps"):
+            training_args(tmp_path, library, torch_empty_cache_steps=wrong)
 
 
 MEMORY_KEYS = {
