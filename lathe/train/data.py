@@ -256,12 +256,10 @@ def build_dataloader(
     (or a LengthGroupedSampler when `group_by_length`, which takes precedence over `shuffle` as in
     HF); iterable datasets get a plain batched DataLoader in their own order (`shuffle` is theirs).
 
-    The dataset is passed through unwrapped, so DataLoader's `__getitems__` fast path still applies.
-    `length_group_size` is the batch size length grouping works in: HF uses the per-device batch
-    size times gradient_accumulation_steps so all micro-batches of one update have similar lengths.
-    `generator` only seeds the workers' base seed; without it DataLoader draws that seed from the
-    global RNG once per iter(), exactly as under HF, which keeps the two RNG streams in step.
-    `in_order=False` (workers only) yields batches as workers finish them: resume is then not exact.
+    The dataset is passed through unwrapped (DataLoader's `__getitems__` fast path). Length grouping works in
+    `length_group_size` (HF: batch size x accumulation, so one update's micro-batches have similar lengths).
+    `generator` only seeds the workers' base seed; without it DataLoader draws that seed from the global RNG
+    once per iter(), as under HF (the RNG streams stay in step). in_order=False: resume is not exact.
     """
     options = _loader_options(
         collate_fn,

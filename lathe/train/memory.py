@@ -61,6 +61,10 @@ class TrainerMemoryTracker:
             self.cpu_mem_used_peak = max(self.cpu_mem_used(), self.cpu_mem_used_peak)
             time.sleep(0.001)
 
+    def started(self, stage: str) -> TrainerMemoryTracker:
+        self.start(stage)
+        return self
+
     def start(self, stage: str | None = None) -> None:
         if self.skip_memory_metrics:
             return

@@ -12,6 +12,11 @@ from lathe.train.optim import get_optimizer_cls_and_kwargs
 class TrainerSurface:
     """Mixed into Trainer (trainer.py), which holds the override points and the loop's wiring."""
 
+    # Whether compute_loss's loss is already divided for gradient accumulation (transformers 5.23): None decides
+    # from model_accepts_loss_kwargs and compute_loss_func; a subclass computing its own loss may set it.
+    # Trainer.training_step reads it.
+    loss_is_scaled_for_ga: bool | None = None
+
     get_num_trainable_parameters = queries.get_num_trainable_parameters
     get_learning_rates = queries.get_learning_rates
     get_optimizer_group = queries.get_optimizer_group

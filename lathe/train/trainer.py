@@ -51,10 +51,6 @@ class Trainer(TrainerSurface):
     tested): compute_loss, training_step, prediction_step, evaluate, evaluation_loop, create_optimizer,
     create_scheduler, get_train_dataloader, get_eval_dataloader, get_test_dataloader, log."""
 
-    # Whether compute_loss's loss is already divided for gradient accumulation (transformers 5.23): None decides
-    # from model_accepts_loss_kwargs and compute_loss_func; a subclass computing its own loss may set it.
-    loss_is_scaled_for_ga: bool | None = None
-
     def __init__(
         self,
         model=None,
@@ -78,13 +74,9 @@ class Trainer(TrainerSurface):
             args = TrainingArguments(output_dir="trainer_output")
             logger.info("No TrainingArguments passed; using defaults with output_dir=%r.", args.output_dir)
         self.args = args
-        self._memory_tracker = TrainerMemoryTracker(args.skip_memory_metrics)
-        self._memory_tracker.start("init")
+        self._memory_tracker = TrainerMemoryTracker(args.skip_memory_metrics).started("init")
         runtime.apply_tf32(args)
-        if tokenizer is not None:
-            message = "Trainer(tokenizer=...) is deprecated; use processing_class=... (transformers 5 name)."
-            warnings.warn(message, FutureWarning, stacklevel=2)
-            processing_class = processing_class or tokenizer
+        processing_class = _processing_class(processing_class, tokenizer)
         # Seed before model_init so the initial weights are reproducible.
         enable_full_determinism(args.seed) if args.full_determinism else set_seed(args.seed)
         self.model_init = model_init
@@ -103,8 +95,7 @@ class Trainer(TrainerSurface):
             LabelSmoother(epsilon=args.label_smoothing_factor) if args.label_smoothing_factor else None
         )
         self._train_batch_size = args.train_batch_size
-        self.is_in_train = False
-        self.neftune_noise_alpha = args.neftune_noise_alpha
+        self.is_in_train, self.neftune_noise_alpha = False, args.neftune_noise_alpha
         self.hp_search_backend = self.hp_name = self._trial = self.hub_model_id = None
         # Set while train() runs: the fp16 GradScaler, DeepSpeed's engine, the run's tally (run.TrainingRun).
         self.scaler = self._zero_engine = self._run = None
@@ -119,11 +110,14 @@ class Trainer(TrainerSurface):
         self.current_flos, self._flops_estimate = 0.0, None
         self._checkpoint_commits = BackgroundCommitter()
         self.control = self.callback_handler.on_init_end(args, self.state, self.control)
-        if getattr(self.model, "config", None) is not None:
-            self.model.config.use_cache = args.use_cache  # as transformers does, whatever the config said
-        self._memory_tracker.stop_and_update_metrics(stage="init")
+        self._finish_init()
 
     # ----- wiring -----
+
+    def _finish_init(self) -> None:
+        if getattr(self.model, "config", None) is not None:
+            self.model.config.use_cache = self.args.use_cache  # as transformers does, whatever the config said
+        self._memory_tracker.stop_and_update_metrics(stage="init")
 
     def _check_what_was_given(self) -> None:
         args = self.args
@@ -394,3 +388,11 @@ class Trainer(TrainerSurface):
     save_metrics = results.save_metrics
     metrics_format = staticmethod(results.metrics_format)
     log_metrics = results.log_metrics
+
+
+def _processing_class(processing_class, tokenizer):
+    if tokenizer is not None:
+        message = "Trainer(tokenizer=...) is deprecated; use processing_class=... (transformers 5 name)."
+        warnings.warn(message, FutureWarning, stacklevel=3)
+        return processing_class or tokenizer
+    return processing_class

@@ -267,3 +267,15 @@ def test_trial_name_and_params_in_the_state(tmp_path):
     assert set(trainer.state.trial_params) == {"learning_rate"}
     assert trainer.args.output_dir == str(tmp_path)  # restored after the trial
     assert os.path.isdir(tmp_path / "named-0" / "checkpoint-4")
+
+
+@pytest.mark.hf
+@pytest.mark.parametrize("name", ["Trainer", "Seq2SeqTrainer"])
+def test_every_public_method_of_transformers_trainer_exists(name):
+    transformers = pytest.importorskip("transformers")
+    import lathe
+
+    theirs, ours = getattr(transformers, name), getattr(lathe, name)
+    missing = [n for n in dir(theirs) if not n.startswith("_") and not hasattr(ours, n)]
+    assert not missing, f"lathe.{name} lacks transformers' {missing}"
+    assert not hasattr(ours.get_optimizer_cls_and_kwargs, "__self__")  # a staticmethod, callable on the class
