@@ -17,8 +17,10 @@ from pathlib import Path
 from typing import Any, Literal
 
 from lathe.llm.config_keys import SUPPORTED_FINETUNING_TYPES, SUPPORTED_STAGES
-from lathe.llm.config_sections import DataArguments, ModelArguments, help_text as _help
 from lathe.llm.config_methods import check_methods, check_quantized_training, target_modules
+from lathe.llm.config_optim import OptimizerMethodArguments, validate_methods
+from lathe.llm.config_sections import DataArguments, ModelArguments
+from lathe.llm.config_sections import help_text as _help
 from lathe.llm.config_values import RawConfig, build_sections, check_keys, parse_overrides, split_commas
 
 __all__ = [
@@ -34,8 +36,8 @@ __all__ = [
 
 
 @dataclass
-class FinetuningArguments:
-    """Which stage and method: full, freeze or LoRA (LLaMA-Factory's fine-tuning arguments that lathe supports)."""
+class FinetuningArguments(OptimizerMethodArguments):
+    """Which stage and method: full, freeze or LoRA, and the optimizer and loss keys (lathe.llm.config_optim)."""
 
     _argument_group_name = "finetuning"
 
@@ -166,6 +168,7 @@ class FinetuningArguments:
             raise ValueError(f"lora_rank must be a positive integer, got {self.lora_rank}")
         self.lora_alpha = self.lora_alpha or self.lora_rank * 2
         check_methods(self)
+        self.check_optimizer_keys()
 
 
 @dataclass
@@ -242,7 +245,8 @@ def _field_hints(dtype: type) -> dict[str, Any]:
 def parse_train_config(source: str | Path | dict, overrides: list[str] | tuple[str, ...] = ()) -> TrainConfig:
     """Read a LLaMA-Factory-style config (file path or dict) plus command-line overrides into a TrainConfig.
 
-    Precedence: dataclass defaults < file < overrides. `do_train` defaults to True.
+    Precedence: dataclass defaults < file < overrides. `do_train` defaults to True unless the config asks
+    for do_eval or do_predict (then, as in LLaMA-Factory, it only evaluates or predicts).
     """
     config_input = RawConfig(source, overrides)
     raw, origin, where, path = config_input.values, config_input.origin, config_input.where, config_input.path
@@ -263,7 +267,8 @@ def parse_train_config(source: str | Path | dict, overrides: list[str] | tuple[s
     config_input.coerce(known)
 
     _check_stage(raw, origin)
-    raw.setdefault("do_train", True)
+    if not (raw.get("do_eval") or raw.get("do_predict")):
+        raw.setdefault("do_train", True)  # a config that asks for nothing trains; with do_eval / do_predict only, not
     overwrite_output_dir = bool(raw.pop("overwrite_output_dir", False))
     _fill_training_defaults(raw)
 
@@ -361,6 +366,7 @@ def _validate(config: TrainConfig, where: str) -> None:
     check_quantized_training(model, finetuning, training, where)
     if training.fp16 and finetuning.pure_bf16:
         raise ValueError(f"fp16 and pure_bf16{where} contradict each other.")
+    validate_methods(config, where)
     if finetuning.early_stopping_steps is not None:
         if finetuning.early_stopping_steps <= 0:
             raise ValueError(f"early_stopping_steps{where} must be a positive number of evaluations.")

@@ -23,15 +23,13 @@ UNSUPPORTED_BY_FEATURE: dict[str, dict[str, object]] = {
         "new_special_tokens_config": None,
         "init_special_tokens": "noise_init",
     },
-    "model patches (RoPE scaling, S^2-Attn, mixture-of-depths, unsloth, liger kernels, MoE aux loss, v1 kernels)": {
+    "model patches (RoPE scaling, S^2-Attn, unsloth, liger kernels, MoE aux loss)": {
         "rope_scaling": None,
         "shift_attn": False,
-        "mixture_of_depths": None,
         "use_unsloth": False,
         "use_unsloth_gc": False,
         "enable_liger_kernel": False,
         "moe_aux_loss_coef": None,
-        "use_v1_kernels": False,
         "use_liger_kernel": False,
         "liger_kernel_config": None,
     },
@@ -47,28 +45,6 @@ UNSUPPORTED_BY_FEATURE: dict[str, dict[str, object]] = {
         "sglang_tp_size": -1,
         "sglang_config": None,
         "sglang_lora_backend": "triton",
-        "use_kt": False,
-        "kt_weight_path": None,
-        "kt_expert_checkpoint_path": None,
-        "kt_use_lora_experts": None,
-        "kt_lora_expert_num": None,
-        "kt_lora_expert_intermediate_size": None,
-    },
-    "multimodal inputs (images, video, audio)": {
-        "media_dir": None,
-        "image_max_pixels": 768 * 768,
-        "image_min_pixels": 32 * 32,
-        "image_do_pan_and_scan": False,
-        "crop_to_patches": False,
-        "video_max_pixels": 256 * 256,
-        "video_min_pixels": 16 * 16,
-        "video_fps": 2.0,
-        "video_maxlen": 128,
-        "use_audio_in_video": False,
-        "audio_sampling_rate": 16000,
-        "freeze_vision_tower": True,
-        "freeze_multi_modal_projector": True,
-        "freeze_language_model": False,
     },
     "export (in `lathe train`)": {
         "export_dir": None,
@@ -98,50 +74,7 @@ UNSUPPORTED_BY_FEATURE: dict[str, dict[str, object]] = {
         "reward_model_quantization_bit": None,
         "reward_model_type": "lora",
     },
-    "special optimizers and losses (GaLore, APOLLO, BAdam, Adam-mini, Muon, DFT/ASFT/EAFT)": {
-        "use_galore": False,
-        "galore_target": "all",
-        "galore_rank": 16,
-        "galore_update_interval": 200,
-        "galore_scale": 2.0,
-        "galore_proj_type": "std",
-        "galore_layerwise": False,
-        "use_apollo": False,
-        "apollo_target": "all",
-        "apollo_rank": 16,
-        "apollo_update_interval": 200,
-        "apollo_scale": 32.0,
-        "apollo_proj": "random",
-        "apollo_proj_type": "std",
-        "apollo_scale_type": "channel",
-        "apollo_layerwise": False,
-        "apollo_scale_front": False,
-        "use_badam": False,
-        "badam_mode": "layer",
-        "badam_start_block": None,
-        "badam_switch_mode": "ascending",
-        "badam_switch_interval": 50,
-        "badam_update_ratio": 0.05,
-        "badam_mask_mode": "adjacent",
-        "badam_verbose": 0,
-        "use_adam_mini": False,
-        "use_muon": False,
-        "use_dft_loss": False,
-        "use_asft_loss": False,
-        "asft_alpha": 0.1,
-        "use_eaft_loss": False,
-        "eaft_alpha": 1.0,
-        "optim_target_modules": None,
-    },
-    "other training back-ends (Megatron MCA, HyperParallel, Ray, FP8, accelerate config)": {
-        "use_mca": False,
-        "use_hyper_parallel": False,
-        "hyper_parallel_args": None,
-        "ray_num_workers": 1,
-        "ray_init_kwargs": None,
-        "fp8": False,
-        "fp8_backend": "auto",
-        "fp8_enable_fsdp_float8_all_gather": False,
+    "other training settings (accelerate config, parallelism config, JIT checkpoints, debug)": {
         "accelerator_config": None,
         "parallelism_config": None,
         "enable_jit_checkpoint": False,
@@ -193,3 +126,130 @@ UNSUPPORTED_KEYS: dict[str, tuple[str, object]] = {
 
 SUPPORTED_STAGES = ("pt", "sft", "rm", "dpo", "kto")
 SUPPORTED_FINETUNING_TYPES = ("full", "freeze", "lora", "oft")
+
+
+# ----------------------------------------------------------------------------------------------
+# What cannot run here, and why: a config that sets one of these stops at once with one line.
+
+ANY_VALUE = object()  # keys that only configs for that back-end carry: their presence is the request
+
+_MULTIMODAL = (
+    "images, video and audio (multimodal models) are not supported: lathe trains text-only causal language models."
+)
+_MEGATRON = (
+    "a Megatron-Core key (LLaMA-Factory's USE_MCA back-end), which lathe does not run: use FSDP2 "
+    "(fsdp) or DeepSpeed ZeRO (deepspeed) to shard the model."
+)
+_RAY = (
+    "Ray is not supported: lathe train starts several processes with torchrun itself (nproc_per_node, "
+    "NNODES, ... as in LLaMA-Factory)."
+)
+_KTRANSFORMERS = (
+    "KTransformers (use_kt) runs MoE experts on the CPU through the kt-kernel package and "
+    "patched transformers/accelerate builds, which lathe does not integrate."
+)
+_HYPER_PARALLEL = "HyperParallel is not supported: use FSDP2 (fsdp) or DeepSpeed ZeRO (deepspeed)."
+_MEGATRON_KEYS = (
+    "tensor_model_parallel_size",
+    "pipeline_model_parallel_size",
+    "virtual_pipeline_model_parallel_size",
+    "context_parallel_size",
+    "expert_model_parallel_size",
+    "expert_tensor_parallel_size",
+    "sequence_parallel",
+    "bias_activation_fusion",
+    "apply_rope_fusion",
+    "use_distributed_optimizer",
+    "overlap_param_gather",
+    "overlap_grad_reduce",
+    "moe_grouped_gemm",
+    "moe_token_dispatcher_type",
+    "moe_layer_recompute",
+    "recompute_granularity",
+    "recompute_method",
+    "recompute_num_layers",
+    "transformer_impl",
+    "account_for_embedding_in_pipeline_split",
+    "account_for_loss_in_pipeline_split",
+)
+
+# key -> (LLaMA-Factory's default, which changes nothing; or ANY_VALUE) and why it cannot run.
+REFUSED_KEYS: dict[str, tuple[object, str]] = {
+    **{
+        key: (default, _MULTIMODAL)
+        for key, default in {
+            "media_dir": None,
+            "image_max_pixels": 768 * 768,
+            "image_min_pixels": 32 * 32,
+            "image_do_pan_and_scan": False,
+            "crop_to_patches": False,
+            "video_max_pixels": 256 * 256,
+            "video_min_pixels": 16 * 16,
+            "video_fps": 2.0,
+            "video_maxlen": 128,
+            "use_audio_in_video": False,
+            "audio_sampling_rate": 16000,
+            "freeze_vision_tower": True,
+            "freeze_multi_modal_projector": True,
+            "freeze_language_model": False,
+        }.items()
+    },
+    "use_v1_kernels": (
+        False,
+        "LLaMA-Factory's v1 kernels (fused Ascend NPU operators through torch_npu, Triton MoE "
+        "kernels) are not part of lathe; remove the key (on a CPU LLaMA-Factory applies none).",
+    ),
+    **{
+        key: (default, _KTRANSFORMERS)
+        for key, default in {
+            "use_kt": False,
+            "kt_weight_path": None,
+            "kt_expert_checkpoint_path": None,
+            "kt_use_lora_experts": None,
+            "kt_lora_expert_num": None,
+            "kt_lora_expert_intermediate_size": None,
+        }.items()
+    },
+    "use_mca": (False, _MEGATRON),
+    **{key: (ANY_VALUE, _MEGATRON) for key in _MEGATRON_KEYS},
+    "ray_num_workers": (1, _RAY),
+    "ray_init_kwargs": (None, _RAY),
+    "use_hyper_parallel": (False, _HYPER_PARALLEL),
+    "hyper_parallel_args": (None, _HYPER_PARALLEL),
+    # Their reason depends on the machine or on an installed package: see refusal_reason.
+    "fp8": (False, ""),
+    "fp8_backend": ("auto", ""),
+    "fp8_enable_fsdp_float8_all_gather": (False, ""),
+    "mixture_of_depths": (None, ""),
+}
+
+
+def refusal_reason(key: str) -> str:
+    """Why `key`, set, cannot run here (one sentence)."""
+    if key.startswith("fp8"):
+        return _fp8_reason()
+    if key == "mixture_of_depths":
+        return _mixture_of_depths_reason()
+    return REFUSED_KEYS[key][1]
+
+
+def _fp8_reason() -> str:
+    import torch
+
+    if torch.cuda.is_available() and torch.cuda.get_device_capability() >= (8, 9):
+        return "FP8 training is not supported by lathe yet (this GPU has FP8 tensor cores): train in bf16."
+    return (
+        "FP8 training needs a GPU with FP8 tensor cores (NVIDIA compute capability 8.9 or newer, e.g. L4, H100); "
+        "this machine has none: train in bf16 or fp32."
+    )
+
+
+def _mixture_of_depths_reason() -> str:
+    try:
+        import MoD  # noqa: F401  (the mixture-of-depth package)
+    except Exception as error:  # 1.2.0 imports TRANSFORMERS_CACHE, which transformers 5 removed
+        return (
+            f"Mixture-of-Depths needs the mixture-of-depth package, which does not import here "
+            f"({type(error).__name__}: {error})."
+        )
+    return "Mixture-of-Depths (convert / load) is not supported by lathe yet."

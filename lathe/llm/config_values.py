@@ -11,7 +11,7 @@ import typing
 from pathlib import Path
 from typing import Any, Literal, Union
 
-from lathe.llm.config_keys import UNSUPPORTED_KEYS
+from lathe.llm.config_keys import ANY_VALUE, REFUSED_KEYS, UNSUPPORTED_KEYS, refusal_reason
 
 __all__ = [
     "read_source",
@@ -136,6 +136,7 @@ def check_keys(
     one error listing unknown keys (with the closest known one) and keys not supported yet.
     `origin(key)` says where a key came from, for the message; `hints` maps keys that belong to
     another command to what to say about them."""
+    _refuse_what_cannot_run(raw, origin)
     errors = []
     hints = hints or {}
     for key in list(raw):
@@ -158,6 +159,17 @@ def check_keys(
             errors.append(f"Unknown key {key!r}{origin(key)}{suggestion}")
     if errors:
         raise ValueError("\n".join(errors))
+
+
+def _refuse_what_cannot_run(raw: dict[str, Any], origin) -> None:
+    """The first key (in file order) asking for what cannot run here stops the run, with one line saying
+    why; such keys left at LLaMA-Factory's default change nothing and are dropped."""
+    for key in [key for key in raw if key in REFUSED_KEYS]:
+        default, value = REFUSED_KEYS[key][0], raw[key]
+        if default is not ANY_VALUE and (value == default or (isinstance(value, str) and value == str(default))):
+            del raw[key]
+            continue
+        raise ValueError(f"{key}{origin(key)}: {refusal_reason(key)}")
 
 
 def _members(hint: Any) -> tuple[list[Any], bool]:

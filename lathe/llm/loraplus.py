@@ -69,7 +69,8 @@ def create_loraplus_optimizer(model, training_args, finetuning_args):
 
 class MethodOptimizerMixin:
     """Mixed into the recipes' Trainers (before the Trainer class): `create_optimizer` builds the
-    optimizer a fine-tuning method needs, LoRA+'s parameter groups, and otherwise the Trainer's own.
+    optimizer a fine-tuning method needs (LoRA+'s parameter groups, GaLore, APOLLO, BAdam, Adam-mini,
+    Muon: lathe.llm.workflows.optimizers), and otherwise the Trainer's own.
     Reads `self.finetuning_args`, set by the `finetuning_args=` argument or by the subclass."""
 
     finetuning_args = None
@@ -80,7 +81,8 @@ class MethodOptimizerMixin:
         super().__init__(*args, **kwargs)
 
     def create_optimizer(self, model=None):
-        method = self.finetuning_args
-        if self.optimizer is None and method is not None and method.loraplus_lr_ratio is not None:
-            self.optimizer = create_loraplus_optimizer(model or self.model, self.args, method)
+        if self.optimizer is None and self.finetuning_args is not None:
+            from lathe.llm.workflows.optimizers import create_custom_optimizer
+
+            self.optimizer = create_custom_optimizer(model or self.model, self.args, self.finetuning_args)
         return super().create_optimizer(model)

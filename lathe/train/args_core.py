@@ -64,12 +64,18 @@ class CoreArguments:
     optim: OptimizerNames | str = field(
         default="adamw_torch_fused",
         metadata=help_text(
-            "Optimizer name; lathe builds adamw_torch, adamw_torch_fused, sgd, adagrad, rmsprop and adafactor."
+            "Optimizer name; lathe builds adamw_torch, adamw_torch_fused, sgd, adagrad, rmsprop, adafactor, galore_* and apollo_*."
         ),
     )
     optim_args: str | None = field(
         default=None,
         metadata=help_text("Extra optimizer arguments as a 'key=value,key=value' string."),
+    )
+    optim_target_modules: str | list[str] | None = field(
+        default=None,
+        metadata=help_text(
+            "GaLore / APOLLO optimizers: the nn.Linear modules they project, as names, a regex or 'all-linear'."
+        ),
     )
     weight_decay: float = field(
         default=0.0,

@@ -66,9 +66,10 @@ class SchedulerType(ExplicitEnum):
 class OptimizerNames(ExplicitEnum):
     """Every optimizer name transformers 5.23 accepts for `optim`.
 
-    The full list is kept so that configs written for transformers parse; the Trainer builds only
-    the plain-PyTorch ones (adamw_torch, adamw_torch_fused, sgd, adagrad, rmsprop, adafactor) and
-    rejects the rest when it creates the optimizer, naming the missing back-end.
+    The full list is kept so that configs written for transformers parse; the Trainer builds the
+    plain-PyTorch ones (adamw_torch, adamw_torch_fused, sgd, adagrad, rmsprop, adafactor), GaLore's
+    (galore_*, from galore-torch) and APOLLO's (apollo_*, from apollo-torch), and rejects the rest when
+    it creates the optimizer, naming the missing back-end.
     """
 
     ADAMW_TORCH = "adamw_torch"

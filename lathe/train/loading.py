@@ -71,10 +71,11 @@ def _load_error_detail(error: Exception) -> str:
     return detail if len(detail) <= 300 else detail[:300] + "..."
 
 
-def load_state_into(target, path: str, what: str, map_location=None) -> None:
+def load_state_into(target, path: str, what: str, map_location=None, allowed: list | None = None) -> None:
     """target.load_state_dict(the state in `path`), with a CheckpointFileError naming the file when it
-    does not fit (another optimizer's state, a scheduler state without its step count, ...)."""
-    state = safe_torch_load(path, map_location=map_location)
+    does not fit (another optimizer's state, a scheduler state without its step count, ...). `allowed`:
+    classes the state may hold besides tensors (GaLore's and APOLLO's projectors in optimizer state)."""
+    state = safe_torch_load(path, map_location=map_location, allowed=allowed)
     # A learning-rate scheduler takes any dict into its __dict__: without last_epoch it would silently restart.
     if hasattr(target, "last_epoch") and not (isinstance(state, dict) and "last_epoch" in state):
         raise _does_not_fit(path, what, "it has no 'last_epoch'")

@@ -19,6 +19,7 @@ __all__ = [
     "get_decay_parameter_names",
     "get_optimizer_cls_and_kwargs",
     "get_scheduler",
+    "optimizer_state_classes",
     "parse_optim_args",
 ]
 
@@ -142,6 +143,115 @@ def _rmsprop(args, optim_args, model):
     return torch.optim.RMSprop, {"lr": args.learning_rate, **extra}
 
 
+def _target_matches(targets, module_name: str) -> tuple[bool, bool]:
+    """(whether optim_target_modules selects `module_name`, whether a regex did), as transformers matches:
+    a string is a regex over the whole name; a list entry matches as the name, a substring or a regex."""
+    if isinstance(targets, str):
+        return bool(re.fullmatch(targets, module_name)), targets != module_name
+    if module_name in targets or any(target in module_name for target in targets):
+        return True, False
+    if any(re.fullmatch(target, module_name) for target in targets):
+        return True, True
+    return False, False
+
+
+def _low_rank_groups(args, model, name: str, options: dict) -> list[dict]:
+    """transformers' two groups for GaLore / APOLLO: every parameter outside the targets, then the weights of
+    the nn.Linear modules optim_target_modules selects ("all-linear": all of them) with `options`."""
+    targets = getattr(args, "optim_target_modules", None)
+    if targets is None:
+        raise ValueError(f"optim={name} needs optim_target_modules: module names, a regex, or 'all-linear'.")
+    if not isinstance(targets, (str, list, tuple)):
+        raise TypeError(
+            f"optim_target_modules must be a list of strings, a regex string or 'all-linear'; got {targets!r}"
+        )
+    if model is None:
+        raise ValueError(f"optim={name} needs the model to choose the parameters it projects.")
+    all_linear = isinstance(targets, str) and targets.replace("_", "-") == "all-linear"
+    target_names = set()
+    for module_name, module in model.named_modules():
+        matched, by_regex = _target_matches(targets, module_name)
+        if not isinstance(module, nn.Linear):
+            if matched and not by_regex:
+                warnings.warn(f"optim_target_modules matches {module_name}, which is not an nn.Linear: {name} skips it")
+            continue
+        if matched or all_linear:
+            target_names.add(module_name + ".weight")
+    if not target_names:
+        raise ValueError(f"optim_target_modules={targets!r} selects no nn.Linear module of the model for optim={name}.")
+    # Frozen parameters stay in the groups, as in transformers: APOLLO seeds its projections by position.
+    named = list(model.named_parameters())
+    return [
+        {"params": [p for n, p in named if n not in target_names]},
+        {"params": [p for n, p in named if n in target_names], **options},
+    ]
+
+
+def _pop_options(name: str, optim_args: dict, defaults: dict) -> dict:
+    """transformers' defaults for GaLore / APOLLO, overridden by optim_args; other optim_args keys warn."""
+    options = {
+        key: type(default)(optim_args.pop(key)) if key in optim_args else default for key, default in defaults.items()
+    }
+    for key in optim_args:
+        warnings.warn(f"optim_args key {key!r} is not used by optim={name}; known keys: {list(defaults)}")
+    return options
+
+
+def _galore(args, optim_args, model):
+    from lathe.train.integrations import galore
+
+    name = str(getattr(args.optim, "value", args.optim))
+    kind = "adafactor" if "adafactor" in name else "adamw_8bit" if "8bit" in name else "adamw"
+    options = _pop_options(name, optim_args, {"rank": 128, "update_proj_gap": 200, "scale": 0.25, "proj_type": "std"})
+    if kind == "adamw_8bit" and model is not None and any(p.device.type != "cuda" for p in model.parameters()):
+        raise ValueError(
+            f"optim={name} uses bitsandbytes' 8-bit AdamW, which runs on CUDA GPUs only; the model is not on one."
+        )
+    optimizer_cls = galore.optimizer_class(kind, f"optim={name}")
+    kwargs = {"lr": args.learning_rate, "params": _low_rank_groups(args, model, name, galore.group_options(**options))}
+    if kind == "adafactor":
+        kwargs.update(scale_parameter=False, relative_step=False)
+    # Like transformers, adam_beta1/2, adam_epsilon and weight_decay do not reach GaLore (its defaults apply).
+    return _maybe_layerwise(name, args, optimizer_cls), kwargs
+
+
+def _apollo(args, optim_args, model):
+    from lathe.train.integrations import apollo
+
+    name = str(getattr(args.optim, "value", args.optim))
+    options = _pop_options(
+        name,
+        optim_args,
+        {
+            "rank": 128,
+            "proj": "random",
+            "scale_type": "channel",
+            "update_proj_gap": 200,
+            "scale": 1.0,
+            "proj_type": "std",
+        },
+    )
+    group = {**apollo.group_options(**options), "betas": (args.adam_beta1, args.adam_beta2), "eps": args.adam_epsilon}
+    kwargs = {"lr": args.learning_rate, "params": _low_rank_groups(args, model, name, group)}
+    return _maybe_layerwise(name, args, apollo.optimizer_class(f"optim={name}")), kwargs
+
+
+def _maybe_layerwise(name: str, args, optimizer_cls):
+    if not name.endswith("layerwise"):
+        return optimizer_cls
+    from lathe.train.layerwise import PerParameter
+
+    if args.gradient_accumulation_steps != 1:
+        raise ValueError(
+            f"optim={name} steps each parameter inside the backward pass, so gradient_accumulation_steps must be 1."
+        )
+    if args.world_size > 1:
+        raise ValueError(
+            f"optim={name} does not work with several processes: DDP would reduce gradients its hooks already used."
+        )
+    return PerParameter(optimizer_cls)
+
+
 _BUILDERS: dict[str, Callable] = {
     "adamw_torch": _adamw,
     "adamw_torch_fused": _adamw_fused,
@@ -149,6 +259,19 @@ _BUILDERS: dict[str, Callable] = {
     "sgd": _sgd,
     "adagrad": _adagrad,
     "rmsprop": _rmsprop,
+    **dict.fromkeys(
+        (
+            "galore_adamw",
+            "galore_adamw_8bit",
+            "galore_adafactor",
+            "galore_adamw_layerwise",
+            "galore_adamw_8bit_layerwise",
+            "galore_adafactor_layerwise",
+        ),
+        _galore,
+    ),
+    "apollo_adamw": _apollo,
+    "apollo_adamw_layerwise": _apollo,
 }
 
 OPTIMIZER_NAMES = tuple(_BUILDERS)
@@ -179,6 +302,9 @@ def create_optimizer(
     if optimizer_cls_and_kwargs is None:
         optimizer_cls_and_kwargs = get_optimizer_cls_and_kwargs(args, model)
     optimizer_cls, optimizer_kwargs = optimizer_cls_and_kwargs
+    optimizer_kwargs = dict(optimizer_kwargs)
+    if "params" in optimizer_kwargs:  # the optimizer chose its own groups (GaLore, APOLLO), as in transformers
+        return optimizer_cls(optimizer_kwargs.pop("params"), **optimizer_kwargs)
 
     decay_names = set(get_decay_parameter_names(model))
     decay, no_decay = [], []
@@ -193,4 +319,23 @@ def create_optimizer(
     groups = [group for group in groups if group["params"]]
     if not groups:
         raise ValueError("create_optimizer: the model has no parameters with requires_grad=True")
-    return optimizer_cls(groups, **dict(optimizer_kwargs))
+    return optimizer_cls(groups, **optimizer_kwargs)
+
+
+def optimizer_state_classes(optimizer) -> list[type]:
+    """Classes other than tensors and containers in `optimizer`'s state_dict, which loading a checkpoint
+    must allow (torch.load(weights_only=True)): GaLore's and APOLLO's gradient projectors."""
+    from lathe.train.layerwise import is_layerwise
+
+    inner = list(optimizer.optimizer_dict.values()) if is_layerwise(optimizer) else [optimizer]
+    packages = {type(each).__module__.split(".")[0] for each in inner}
+    classes = []
+    if "galore_torch" in packages:
+        from lathe.train.integrations import galore
+
+        classes += galore.state_classes()
+    if "apollo_torch" in packages:
+        from lathe.train.integrations import apollo
+
+        classes += apollo.state_classes()
+    return classes

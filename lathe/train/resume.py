@@ -52,7 +52,15 @@ def load_weights(model, args, path: str, optimizer=None, optimizer_file: str | N
     if not fsdp.is_sharded(model):
         weights_io.load_model_weights(model, path)
         if optimizer_file is not None:
-            loading.load_state_into(optimizer, optimizer_file, "optimizer", map_location=args.device)
+            from lathe.train.optim import optimizer_state_classes  # optimizers of optional packages (GaLore, ...)
+
+            loading.load_state_into(
+                optimizer,
+                optimizer_file,
+                "optimizer",
+                map_location=args.device,
+                allowed=optimizer_state_classes(optimizer),
+            )
         return
     if hasattr(model, "load_saved_weights"):
         raise NotImplementedError(

@@ -45,9 +45,21 @@ def make_grad_scaler(args, device: torch.device):
     return torch.amp.GradScaler(device.type)
 
 
-def clip_gradients(parameters, max_norm: float) -> torch.Tensor:
-    """Clip to max_norm and return the total norm *before* clipping (what is logged as grad_norm)."""
-    return torch.nn.utils.clip_grad_norm_(parameters, max_norm)
+def clip_gradients(parameters, max_norm: float, sparse: bool = False) -> torch.Tensor:
+    """Clip to max_norm and return the total norm *before* clipping (what is logged as grad_norm).
+
+    sparse: some gradients are sparse tensors (BAdam's ratio mode), which torch's foreach norm cannot
+    take: the norm is then taken tensor by tensor, as torch computed it before foreach kernels."""
+    if not sparse:
+        return torch.nn.utils.clip_grad_norm_(parameters, max_norm)
+    gradients = [p.grad for p in parameters if p.grad is not None]
+    if not gradients:
+        return torch.tensor(0.0)
+    total = torch.norm(torch.stack([torch.norm(g.detach(), 2.0) for g in gradients]), 2.0)
+    coefficient = torch.clamp(max_norm / (total + 1e-6), max=1.0)
+    for gradient in gradients:
+        gradient.detach().mul_(coefficient.to(gradient.device))
+    return total
 
 
 def clear_gradients(parameters: list) -> None:

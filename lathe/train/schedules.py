@@ -11,6 +11,8 @@ from typing import Callable
 import torch
 from torch.optim.lr_scheduler import LambdaLR, ReduceLROnPlateau
 
+from lathe.train.layerwise import LayerwiseScheduler, is_layerwise
+
 # Every `*_factor` function below maps the scheduler's step counter to a multiplier of the optimizer's base LR.
 # They are module-level and bound with functools.partial rather than closures, so that LambdaLR can put their
 # arguments in its state_dict and the scheduler pickles (both needed for checkpoints and multiprocessing).
@@ -326,6 +328,11 @@ def get_scheduler(
     name = getattr(name, "value", name)  # accept SchedulerType members as well as plain strings
     if name not in SCHEDULER_NAMES:
         raise ValueError(f"unsupported lr scheduler {name!r}; valid names are {list(SCHEDULER_NAMES)}")
+    if is_layerwise(optimizer):  # one schedule per parameter optimizer, stepped by hooks as they are
+        return LayerwiseScheduler(
+            optimizer,
+            lambda inner: get_scheduler(name, inner, num_warmup_steps, num_training_steps, scheduler_specific_kwargs),
+        )
     kwargs = dict(scheduler_specific_kwargs or {})
 
     if name == "constant":

@@ -36,6 +36,9 @@ class PlainBackend:
         self.optimizer = optimizer
         self.lr_scheduler = lr_scheduler
         self.grad_norm = None  # the total norm before clipping of the last update (logged as grad_norm)
+        # Optimizers that change which parameters train (BAdam's blocks) or give sparse gradients say so.
+        self.flips_requires_grad = bool(getattr(optimizer, "changes_requires_grad", False))
+        self.sparse_gradients = bool(getattr(optimizer, "sparse_gradients", False))
 
     def gradient_sync(self, sync: bool):
         """The context of one micro-batch's forward and backward. Gradients are reduced across ranks
@@ -48,8 +51,11 @@ class PlainBackend:
 
     def clip_gradients(self, max_norm: float | None) -> None:
         """Clip the total norm to max_norm (0 or None: no clipping, and no norm is logged)."""
+        if self.flips_requires_grad:  # BAdam trains one block at a time: clip what trains now
+            self.trainable_parameters = [parameter for parameter in self.parameters if parameter.requires_grad]
+        clip = max_norm and max_norm > 0
         self.grad_norm = (
-            runtime.clip_gradients(self.trainable_parameters, max_norm) if max_norm and max_norm > 0 else None
+            runtime.clip_gradients(self.trainable_parameters, max_norm, self.sparse_gradients) if clip else None
         )
 
     def optimizer_step(self) -> bool:

@@ -127,8 +127,9 @@ def test_predictions_file_and_exact_match(tiny_tokenizer_dir, tmp_path):
     results = SimpleNamespace(predictions=predictions, label_ids=labels)
     path = save_predictions(str(tmp_path), {"input_ids": [prompt, prompt]}, results, tokenizer)
     lines = [json.loads(line) for line in open(path, encoding="utf-8")]
-    assert lines[0] == {"prompt": "What is two plus two?", "predict": "four", "label": "four"}
-    assert lines[1]["predict"] == "five"
+    # As LLaMA-Factory writes them: the prompt with its special tokens, answers unstripped.
+    assert lines[0] == {"prompt": "What is two plus two?", "predict": " four", "label": " four"}
+    assert lines[1]["predict"] == " five"
 
 
 @pytest.mark.filterwarnings("ignore:.*is_gradient_checkpointing:FutureWarning")
@@ -177,5 +178,5 @@ def test_sft_trainer_generates_after_the_prompt_only(tiny_model_dir, tmp_path):
 
     path = save_predictions(str(tmp_path), {"input_ids": [row["input_ids"] for row in rows]}, results, tokenizer)
     lines = [json.loads(line) for line in open(path, encoding="utf-8")]
-    assert [line["label"] for line in lines] == ["four", "cba."]
+    assert [line["label"] for line in lines] == [" four", " cba."]
     assert lines[1]["prompt"] == "Reverse abc:"

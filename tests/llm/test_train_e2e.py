@@ -275,7 +275,12 @@ def test_predict_writes_generated_predictions(tiny_model_dir, data_dir, tmp_path
     )
     lines = [json.loads(line) for line in (output / "generated_predictions.jsonl").read_text().splitlines()]
     assert len(lines) == 8 and set(lines[0]) == {"prompt", "predict", "label"}
-    assert lines[0]["label"].endswith(".") and "plus" in lines[0]["prompt"]
+    # LLaMA-Factory's format: the label as decoded (chatml's newline after <|im_end|> kept), the prompt with its markers.
+    assert (
+        lines[0]["label"].endswith(".\n")
+        and lines[0]["prompt"].startswith("<|im_start|>")
+        and "plus" in lines[0]["prompt"]
+    )
     assert 0 <= metrics["predict_exact_match"] <= 100
     assert "predict_exact_match" in json.loads((output / "predict_results.json").read_text())
 

@@ -187,9 +187,9 @@ def test_checkpoint_files_are_loaded_without_unpickling_code(tmp_path):
     from deepspeed.runtime.checkpoint_engine.torch_checkpoint_engine import TorchCheckpointEngine
     from deepspeed.runtime.zero.config import ZeroStageEnum
 
-    from lathe.train.integrations.deepspeed_zero import _safe_checkpoint_engine
+    from lathe.train.integrations.deepspeed_checkpoint import safe_checkpoint_engine
 
-    engine = _safe_checkpoint_engine(TorchCheckpointEngine())
+    engine = safe_checkpoint_engine(TorchCheckpointEngine())
     fine = tmp_path / "fine.pt"
     torch.save({"zero_stage": ZeroStageEnum.gradients, "state": {"exp_avg": torch.ones(2)}}, fine)
     assert engine.load(str(fine))["zero_stage"] == ZeroStageEnum.gradients
@@ -210,9 +210,9 @@ def test_checkpoint_files_are_loaded_without_unpickling_code(tmp_path):
 def test_a_damaged_deepspeed_file_is_an_error_naming_it(tmp_path):
     from deepspeed.runtime.checkpoint_engine.torch_checkpoint_engine import TorchCheckpointEngine
 
-    from lathe.train.integrations.deepspeed_zero import _safe_checkpoint_engine
+    from lathe.train.integrations.deepspeed_checkpoint import safe_checkpoint_engine
 
-    engine = _safe_checkpoint_engine(TorchCheckpointEngine())
+    engine = safe_checkpoint_engine(TorchCheckpointEngine())
     whole = tmp_path / "mp_rank_00_model_states.pt"
     torch.save({"module": {"w": torch.ones(64)}}, whole)
     whole.write_bytes(whole.read_bytes()[:100])
@@ -220,3 +220,54 @@ def test_a_damaged_deepspeed_file_is_an_error_naming_it(tmp_path):
         ValueError, match=r"mp_rank_00_model_states.pt' is corrupt or truncated: torch.load cannot read it"
     ):
         engine.load(str(whole))
+
+
+def test_every_key_deepspeed_reads_is_accepted(tmp_path, caplog):
+    """LLaMA-Factory's example configs: a "_comment", comms_config / monitor_config (which DeepSpeed 0.19 never
+    reads: accepted with a warning saying so), offload sections, zero_force_ds_cpu_optimizer, steps_per_print."""
+    config = {
+        "_comment": "anything",
+        "train_micro_batch_size_per_gpu": "auto",
+        "zero_force_ds_cpu_optimizer": True,
+        "steps_per_print": 10,
+        "comms_config": {"verbose": False},
+        "monitor_config": {"enabled": True},
+        "zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu", "pin_memory": False}},
+        "comms_logger": {"enabled": False},
+        "tensor_parallel": {"autotp_size": 1},
+        "timers": {},
+        "log_level": "info",
+    }
+    with caplog.at_level("WARNING"):
+        make_args(tmp_path, config)
+    assert "does not read 'comms_config'" in caplog.text and "does not read 'monitor_config'" in caplog.text
+    with pytest.raises(ValueError, match=r"'amp': NVIDIA Apex AMP integration has been removed"):
+        make_args(tmp_path, {"amp": {"enabled": True}})  # DeepSpeed's own words for the features it removed
+    with pytest.raises(ValueError, match=r"tensor_parallel.autotp_size > 1 \(DeepSpeed AutoTP\) is not supported"):
+        make_args(tmp_path, {"zero_optimization": {"stage": 2}, "tensor_parallel": {"autotp_size": 2}})
+
+
+def test_offloaded_optimizer_becomes_deepspeeds_cpu_optimizer(monkeypatch):
+    """As accelerate does for transformers: same parameter groups, AdamW mode for AdamW; what has no CPU
+    kernel is an error naming the way out. (Building the real CPU Adam compiles a C++ op for minutes here;
+    a run with LLaMA-Factory's ds_z2/ds_z3 offload configs equals the run without offload: docs/LLAMAFACTORY_EXAMPLES.md.)"""
+    import deepspeed.ops.adam
+
+    from lathe.train.integrations.deepspeed_zero import _offloaded
+
+    built = {}
+
+    class CPUAdam:
+        def __init__(self, param_groups, **kwargs):
+            built.update(groups=param_groups, **kwargs)
+
+    monkeypatch.setattr(deepspeed.ops.adam, "DeepSpeedCPUAdam", CPUAdam)
+    weight = torch.nn.Parameter(torch.ones(2))
+    adamw = torch.optim.AdamW([{"params": [weight], "weight_decay": 0.1}], lr=0.01, betas=(0.8, 0.9))
+    offload = {"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"}}}
+    assert isinstance(_offloaded(adamw, offload), CPUAdam)
+    assert built["adamw_mode"] is True and built["lr"] == 0.01 and built["groups"][0]["betas"] == (0.8, 0.9)
+    assert _offloaded(adamw, {**offload, "zero_force_ds_cpu_optimizer": False}) is adamw
+    assert _offloaded(adamw, {"zero_optimization": {"stage": 2}}) is adamw
+    with pytest.raises(ValueError, match="ZeRO-Offload .* not SGD: use optim adamw_torch"):
+        _offloaded(torch.optim.SGD([weight], lr=0.1), offload)

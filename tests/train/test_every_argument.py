@@ -91,6 +91,7 @@ FIELDS = {
     "warmup_steps": C("logs", 2, lr_scheduler_type="linear"),
     "optim": C("weights", "adamw_torch"),
     "optim_args": C("weights", "momentum=0.9"),
+    "optim_target_modules": Elsewhere("test_low_rank_optim.py"),
     "weight_decay": C("weights", 0.5),
     "adam_beta1": C("weights", 0.5, optim="adamw_torch"),
     "adam_beta2": C("weights", 0.5, optim="adamw_torch"),

@@ -17,6 +17,7 @@ from typing import Any, Literal
 from lathe.llm.config import DataArguments, FinetuningArguments, GeneratingArguments, ModelArguments, _field_hints
 from lathe.llm.config_keys import UNSUPPORTED_KEYS
 from lathe.llm.config_methods import check_quantized_training
+from lathe.llm.config_optim import OptimizerMethodArguments
 from lathe.llm.config_values import RawConfig, build_sections, check_keys
 
 __all__ = ["ExportArguments", "InferConfig", "parse_infer_config"]
@@ -132,6 +133,7 @@ _TRAINING_ONLY = {
         "ref_model",
         "ref_model_adapters",
         "ld_alpha",
+        *(f.name for f in dataclasses.fields(OptimizerMethodArguments)),
     ),
     "model": (
         "disable_gradient_checkpointing",

@@ -12,6 +12,7 @@ import time
 from datetime import timedelta
 
 from lathe.train.callbacks import TrainerCallback
+from lathe.train.labels import IGNORE_INDEX
 
 __all__ = [
     "TRAINER_LOG",
@@ -29,7 +30,6 @@ logger = logging.getLogger(__name__)
 
 TRAINER_LOG = "trainer_log.jsonl"
 PREDICTIONS_FILE = "generated_predictions.jsonl"
-IGNORE_INDEX = -100
 
 
 class TrainerLogCallback(TrainerCallback):
@@ -203,9 +203,8 @@ def _decode_rows(tokenizer, rows, skip_special_tokens: bool) -> list[str]:
 
 
 class ExactMatch:
-    """compute_metrics for generation: the share of predictions equal to the reference after
-    stripping whitespace (BLEU/ROUGE are not computed: LLaMA-Factory's need jieba, nltk and
-    rouge-chinese, which lathe does not depend on)."""
+    """The share of predictions equal to the reference after stripping whitespace (lathe's addition to
+    LLaMA-Factory's BLEU-4 / ROUGE, which lathe.llm.workflows.metrics computes)."""
 
     def __init__(self, tokenizer, skip_special_tokens: bool = True):
         self.tokenizer = tokenizer
@@ -218,11 +217,32 @@ class ExactMatch:
         return {"exact_match": round(100.0 * sum(matches) / max(len(matches), 1), 4)}
 
 
+def _padding_last(rows, pad_token_id):
+    """-100 read as padding, and each row's leading padding (the blanked prompt) moved to its end."""
+    import numpy as np
+
+    rows = np.where(np.asarray(rows) != IGNORE_INDEX, rows, pad_token_id)
+    for index in range(len(rows)):
+        kept = np.nonzero(rows[index] != pad_token_id)[0]
+        if len(kept):
+            rows[index] = np.concatenate((rows[index][kept[0] :], rows[index][: kept[0]]), axis=-1)
+    return rows
+
+
 def save_predictions(output_dir: str, dataset, predict_results, tokenizer, skip_special_tokens: bool = True) -> str:
-    """generated_predictions.jsonl: one {"prompt", "predict", "label"} line per example, in order."""
-    prompts = _decode_rows(tokenizer, dataset["input_ids"], skip_special_tokens)
-    predictions = _decode_rows(tokenizer, predict_results.predictions, skip_special_tokens)
-    labels = _decode_rows(tokenizer, predict_results.label_ids, skip_special_tokens)
+    """generated_predictions.jsonl: one {"prompt", "predict", "label"} line per example, in order, decoded as
+    LLaMA-Factory writes them: the prompt with its special tokens, answers with skip_special_tokens, unstripped."""
+    import numpy as np
+
+    pad = tokenizer.pad_token_id
+    prompts = tokenizer.batch_decode([list(row) for row in dataset["input_ids"]], skip_special_tokens=False)
+    predictions = tokenizer.batch_decode(
+        _padding_last(predict_results.predictions, pad), skip_special_tokens=skip_special_tokens
+    )
+    labels = tokenizer.batch_decode(
+        np.where(np.asarray(predict_results.label_ids) != IGNORE_INDEX, predict_results.label_ids, pad),
+        skip_special_tokens=skip_special_tokens,
+    )
     path = os.path.join(output_dir, PREDICTIONS_FILE)
     os.makedirs(output_dir, exist_ok=True)
     with open(path, "w", encoding="utf-8") as f:

@@ -18,8 +18,7 @@ from lathe.llm.workflows.setup import (
     write_run_config,
 )
 from lathe.train.trainer import Trainer
-
-IGNORE_INDEX = -100
+from lathe.train.labels import IGNORE_INDEX
 
 
 class PretrainTrainer(MethodOptimizerMixin, Trainer):

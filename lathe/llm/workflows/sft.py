@@ -17,10 +17,11 @@ from lathe.llm.workflows.setup import (
     resolve_resume_checkpoint,
     write_run_config,
 )
+from lathe.llm.workflows.losses import LossVariantsMixin, load_reference_model
 from lathe.train.seq2seq import Seq2SeqTrainer
 
 
-class SFTTrainer(MethodOptimizerMixin, Seq2SeqTrainer):
+class SFTTrainer(LossVariantsMixin, MethodOptimizerMixin, Seq2SeqTrainer):
     """Seq2SeqTrainer for decoder-only models: with predict_with_generate, the rows hold the prompt
     only and the labels the reference answer, so generation runs without labels (their length
     differs from the prompt's) and the prompt is blanked out of what generate() returns."""
@@ -51,7 +52,8 @@ def run(config, dry_run: bool = False, callbacks: list | None = None) -> dict:
     from lathe.llm.data.pipeline import get_dataset
     from lathe.llm.model.loader import load_model, load_tokenizer
     from lathe.llm.templates import get_template_and_fix_tokenizer
-    from lathe.llm.workflows.outputs import ExactMatch, save_predictions, set_stop_tokens
+    from lathe.llm.workflows.metrics import GenerationMetrics
+    from lathe.llm.workflows.outputs import save_predictions, set_stop_tokens
     from lathe.train.seed import set_seed
 
     model_args, data_args, training_args, finetuning_args = (
@@ -95,11 +97,12 @@ def run(config, dry_run: bool = False, callbacks: list | None = None) -> dict:
         processing_class=tokenizer,
         train_dataset=datasets["train_dataset"],
         eval_dataset=datasets["eval_dataset"],
-        compute_metrics=ExactMatch(tokenizer, config.generating.skip_special_tokens)
+        compute_metrics=GenerationMetrics(tokenizer, config.generating.skip_special_tokens)
         if training_args.predict_with_generate
         else None,
         callbacks=make_callbacks(config) + list(callbacks or []),
         finetuning_args=finetuning_args,
+        ref_model=load_reference_model(tokenizer, model_args, finetuning_args),
     )
     metrics = {}
     if training_args.do_train:

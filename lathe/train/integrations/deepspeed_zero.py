@@ -15,25 +15,32 @@ the Trainer's step maths (lathe.train.distributed) applies unchanged; lathe norm
 itself (`scale_wrt_gas=False`) and tells the engine where each accumulation window ends.
 
 Checkpoints keep transformers' layout: checkpoint-N/ holds model.safetensors (full weights) beside
-DeepSpeed's own global_stepN/ folder (each rank's optimizer partition) and `latest`. DeepSpeed opens
-those files with pickle; lathe gives the engine a loader that uses torch.load(weights_only=True),
-allowing only the few DeepSpeed classes its files hold, so a checkpoint cannot run code.
+DeepSpeed's own files, read safely (lathe.train.integrations.deepspeed_checkpoint).
 """
 
 from __future__ import annotations
 
 import difflib
-import glob
 import json
 import logging
 import os
+
+from lathe.train.integrations.deepspeed_checkpoint import (  # noqa: F401 (the engine's checkpoint API, here too)
+    full_state_dict,
+    has_checkpoint,
+    load,
+    safe_checkpoint_engine,
+    save,
+    tag,
+)
 
 logger = logging.getLogger(__name__)
 
 INSTALL_HINT = "pip install 'lathe[deepspeed]'  (or: pip install deepspeed)"
 
-# Top-level keys of a DeepSpeed config that this integration reads or passes through (DeepSpeed
-# validates its own sections); a misspelt one would be ignored by DeepSpeed, so it is an error here.
+# Every top-level key DeepSpeed 0.19's config parser reads (DeepSpeedConfig._initialize_params and the
+# section parsers it calls); the sections' own keys DeepSpeed validates itself. A key outside this list
+# DeepSpeed would ignore without a word, so a misspelt one is an error here.
 _KNOWN_KEYS = (
     "train_batch_size",
     "train_micro_batch_size_per_gpu",
@@ -44,12 +51,13 @@ _KNOWN_KEYS = (
     "zero_force_ds_cpu_optimizer",
     "fp16",
     "bf16",
-    "amp",
     "steps_per_print",
     "wall_clock_breakdown",
+    "memory_breakdown",
     "dump_state",
     "prescale_gradients",
     "gradient_predivide_factor",
+    "gradient_allreduce_op",
     "communication_data_type",
     "seq_parallel_communication_data_type",
     "activation_checkpointing",
@@ -57,23 +65,35 @@ _KNOWN_KEYS = (
     "comms_logger",
     "checkpoint",
     "data_types",
-    "memory_breakdown",
     "tensorboard",
     "wandb",
     "csv_monitor",
+    "comet",
     "aio",
     "torch_autocast",
     "compile",
+    "autotuning",
+    "data_efficiency",
+    "datastates_ckpt",
+    "dataloader_drop_last",
+    "disable_allgather",
+    "disable_python_gc",
+    "expert_parallel",
+    "hybrid_engine",
+    "log_level",
+    "managed_gradient_accumulation",
+    "pipeline",
+    "tensor_parallel",
+    "timers",
+    "use_data_before_expert_parallelism",
+    "weight_quantization",
 )
+# Keys LLaMA-Factory's example configs carry that DeepSpeed 0.19 never reads (its communication logger
+# and monitors are configured by comms_logger, tensorboard, wandb, csv_monitor, comet): accepted, with a
+# warning that they do nothing, as DeepSpeed would silently do nothing with them.
+_NOT_READ_BY_DEEPSPEED = ("comms_config", "monitor_config")
 # Sections where DeepSpeed would build its own optimizer / scheduler instead of lathe's.
 _OWN_OPTIMIZER_SECTIONS = ("optimizer", "scheduler")
-# The classes DeepSpeed's checkpoint files hold besides tensors and plain containers.
-_CHECKPOINT_CLASSES = (
-    ("deepspeed.utils.tensor_fragment", "fragment_address"),
-    ("deepspeed.runtime.zero.config", "ZeroStageEnum"),
-    ("deepspeed.runtime.fp16.loss_scaler", "LossScaler"),
-    ("deepspeed.runtime.fp16.loss_scaler", "DynamicLossScaler"),
-)
 
 
 def import_deepspeed():
@@ -116,6 +136,16 @@ def validate(args) -> dict:
     config = read_config(args.deepspeed)
     where = f"deepspeed config {args.deepspeed!r}" if not isinstance(args.deepspeed, dict) else "deepspeed config"
     for key in config:
+        if key.startswith("_"):
+            continue  # a JSON comment ("_comment"), by the usual convention; DeepSpeed skips it too
+        if key in _NOT_READ_BY_DEEPSPEED:
+            logger.warning(
+                "%s: DeepSpeed does not read %r, so it has no effect (its settings belong in %s).",
+                where,
+                key,
+                "comms_logger" if key == "comms_config" else "tensorboard / wandb / csv_monitor / comet",
+            )
+            continue
         if key in _OWN_OPTIMIZER_SECTIONS:
             raise ValueError(
                 f"{where}: the {key!r} section is not supported. lathe builds the optimizer and scheduler from TrainingArguments "
@@ -123,9 +153,17 @@ def validate(args) -> dict:
                 f"wraps them: remove {key!r} from the config and set those arguments instead."
             )
         if key not in _KNOWN_KEYS:
+            removed = _removed_by_deepspeed().get(key)
+            if removed:
+                raise ValueError(f"{where}: {key!r}: {removed}")
             close = difflib.get_close_matches(key, _KNOWN_KEYS, n=1)
             hint = f"; did you mean {close[0]!r}?" if close else ""
             raise ValueError(f"{where} has an unknown key {key!r}{hint}")
+    if int((config.get("tensor_parallel") or {}).get("autotp_size") or 0) > 1:
+        raise ValueError(
+            f"{where}: tensor_parallel.autotp_size > 1 (DeepSpeed AutoTP) is not supported: lathe gives every process its "
+            "own share of the data, while tensor-parallel ranks must see the same batch. Shard with ZeRO-3 or FSDP2 instead."
+        )
     stage = zero_stage(config)
     if stage not in (0, 1, 2, 3):
         raise ValueError(f"{where}: zero_optimization.stage must be 0, 1, 2 or 3, got {stage!r}.")
@@ -146,6 +184,16 @@ def validate(args) -> dict:
     _fill(config, args, world_size=None, hidden_size=None, where=where)  # mismatches are errors now, not at train()
     import_deepspeed()
     return config
+
+
+def _removed_by_deepspeed() -> dict:
+    """DeepSpeed's own explanations for the keys of features it removed (amp, elasticity, ...)."""
+    try:
+        import_deepspeed()
+        from deepspeed.runtime.config import _REMOVED_TOP_LEVEL_CONFIG_KEYS
+    except ImportError:
+        return {}
+    return dict(_REMOVED_TOP_LEVEL_CONFIG_KEYS)
 
 
 def zero_stage(config: dict):
@@ -287,9 +335,34 @@ def initialize(model, optimizer, lr_scheduler, args):
     import torch.distributed as dist
 
     config = engine_config(args, dist.get_world_size(), model)
+    optimizer = _offloaded(optimizer, config)
     engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, lr_scheduler=lr_scheduler, config=config)
-    engine.checkpoint_engine = _safe_checkpoint_engine(engine.checkpoint_engine)
+    engine.checkpoint_engine = safe_checkpoint_engine(engine.checkpoint_engine)
     return engine
+
+
+def _offloaded(optimizer, config: dict):
+    """With the optimizer offloaded to the CPU (zero_optimization.offload_optimizer), DeepSpeed insists on its
+    own CPU kernels unless zero_force_ds_cpu_optimizer is false: the optimizer becomes DeepSpeed's CPU Adam
+    (AdamW mode for AdamW) or CPU Adagrad over the same parameter groups, as accelerate does for transformers."""
+    device = ((config.get("zero_optimization") or {}).get("offload_optimizer") or {}).get("device", "none")
+    if device in (None, "none") or not config.get("zero_force_ds_cpu_optimizer", True):
+        return optimizer
+    import torch
+
+    defaults = {key: value for key, value in optimizer.defaults.items() if key in ("lr", "weight_decay")}
+    if isinstance(optimizer, (torch.optim.Adam, torch.optim.AdamW)):
+        from deepspeed.ops.adam import DeepSpeedCPUAdam
+
+        return DeepSpeedCPUAdam(optimizer.param_groups, adamw_mode=isinstance(optimizer, torch.optim.AdamW), **defaults)
+    if isinstance(optimizer, torch.optim.Adagrad):
+        from deepspeed.ops.adagrad import DeepSpeedCPUAdagrad
+
+        return DeepSpeedCPUAdagrad(optimizer.param_groups, **defaults)
+    raise ValueError(
+        f"ZeRO-Offload (zero_optimization.offload_optimizer) runs DeepSpeed's CPU Adam or Adagrad, not "
+        f"{type(optimizer).__name__}: use optim adamw_torch / adagrad, or set zero_force_ds_cpu_optimizer: false."
+    )
 
 
 def backward(engine, loss) -> None:
@@ -309,83 +382,7 @@ def partitions_weights(engine) -> bool:
     return engine is not None and engine.zero_optimization_stage() == 3
 
 
-def full_state_dict(engine):
-    """The model's full weights, on rank 0 (a collective under stage 3: every rank calls it).
-    Stages 0-2 keep the weights whole on every rank, but as views into one flat buffer, which
-    safetensors refuses to save: each is copied (tied weights stay one tensor). None on other
-    ranks under stage 3."""
-    if partitions_weights(engine):
-        return engine._zero3_consolidated_16bit_state_dict()
-    copies, state = {}, {}
-    for name, tensor in engine.module.state_dict().items():
-        key = (tensor.data_ptr(), tuple(tensor.shape), tuple(tensor.stride()), tensor.dtype)
-        if key not in copies:
-            copies[key] = tensor.detach().clone()
-        state[name] = copies[key]
-    return state
-
-
 def gathered_parameters(model):
     """A context in which every ZeRO-3 partitioned weight of `model` is whole on every rank (read only)."""
     deepspeed = import_deepspeed()
     return deepspeed.zero.GatheredParameters(list(model.parameters()), modifier_rank=None)
-
-
-def tag(global_step: int) -> str:
-    return f"global_step{global_step}"
-
-
-def save(engine, folder: str, global_step: int, exclude_frozen: bool) -> None:
-    """DeepSpeed's files for `folder` (every rank writes its optimizer partition): global_stepN/ and `latest`."""
-    engine.save_checkpoint(folder, tag=tag(global_step), exclude_frozen_parameters=exclude_frozen)
-
-
-def has_checkpoint(path: str) -> bool:
-    return os.path.isfile(os.path.join(path, "latest"))
-
-
-def load(engine, path: str, strict: bool) -> None:
-    """Weights, optimizer partitions and scheduler from `path` (written by save). The optimizer state is
-    partitioned over the ranks that wrote it, so the number of processes must be the same."""
-    with open(os.path.join(path, "latest"), encoding="utf-8") as f:
-        name = f.read().strip()
-    folder = os.path.join(path, name)
-    ranks = len(glob.glob(os.path.join(folder, "*zero_pp_rank_*_optim_states.pt")))
-    now = engine.dp_world_size
-    if engine.zero_optimization_stage() > 0 and ranks != now:
-        raise ValueError(
-            f"Checkpoint {path!r} holds DeepSpeed ZeRO optimizer state partitioned over {ranks} processes; resume it with "
-            f"{ranks} processes (now {now}). To continue under another number, convert it to a universal checkpoint with "
-            "DeepSpeed's ds_to_universal.py, or start a new run from its model.safetensors."
-        )
-    load_path, _ = engine.load_checkpoint(
-        path, tag=name, load_module_strict=strict, load_optimizer_states=True, load_lr_scheduler_states=True
-    )
-    if load_path is None:
-        raise ValueError(f"DeepSpeed could not load its checkpoint from {folder!r}.")
-
-
-def _safe_checkpoint_engine(original):
-    """DeepSpeed's torch checkpoint engine, with load() on torch.load(weights_only=True) that allows
-    DeepSpeed's checkpoint classes and nothing else (lathe.train.loading: a file holding other
-    objects, or a damaged one, is an error naming it)."""
-    from lathe.train.loading import safe_torch_load
-
-    class SafeTorchCheckpointEngine(type(original)):
-        def load(self, path: str, map_location=None):
-            return safe_torch_load(path, map_location=map_location, allowed=_allowed_classes())
-
-    original.__class__ = SafeTorchCheckpointEngine
-    return original
-
-
-def _allowed_classes() -> list:
-    import importlib
-
-    allowed = []
-    for module, name in _CHECKPOINT_CLASSES:
-        try:
-            allowed.append(getattr(importlib.import_module(module), name))
-        except (ImportError, AttributeError):
-            continue
-    return allowed

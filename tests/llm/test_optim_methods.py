@@ -1,0 +1,148 @@
+"""LLaMA-Factory's optimizer and loss keys (GaLore, APOLLO, BAdam, Adam-mini, Muon, DFT, EAFT, ASFT) train the
+same numbers in `lathe train` as in LLaMA-Factory 0.9.5: every step's loss, grad_norm and learning rate, and
+the saved weights; a prediction-only config (its nlg_eval example: an adapter, do_predict, no do_train) writes
+the same generated_predictions.jsonl and BLEU-4 / ROUGE scores. Against tests/llm/golden/llamafactory_optim.json
+(made by make_llamafactory_optim.py with LLaMA-Factory installed beside)."""
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from lathe.llm.commands import run_train
+from lathe.llm.config import parse_train_config
+from lathe.train.callbacks import TrainerCallback
+from tests.llm.golden.make_llamafactory_optim import (
+    CASES,
+    GOLDEN,
+    PREDICT_CASES,
+    TOKENIZER,
+    build_assets,
+    case_config,
+    encoded_pairs,
+)
+
+pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore::UserWarning", "ignore::FutureWarning")]
+
+GOLDENS = json.loads(GOLDEN.read_text(encoding="utf-8"))
+PACKAGES = {
+    "use_galore": "galore_torch",
+    "use_apollo": "apollo_torch",
+    "use_badam": "badam",
+    "use_adam_mini": "adam_mini",
+}
+
+
+@pytest.fixture(scope="module")
+def assets(tmp_path_factory):
+    return build_assets(tmp_path_factory.mktemp("methods"))
+
+
+@pytest.fixture(autouse=True)
+def private_cache(tmp_path_factory, monkeypatch):
+    monkeypatch.setenv("HOME", str(tmp_path_factory.getbasetemp() / "home"))
+
+
+class Recorder(TrainerCallback):
+    def __init__(self):
+        self.steps = []
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if logs and "loss" in logs:
+            self.steps.append({key: logs[key] for key in ("loss", "grad_norm", "learning_rate") if key in logs})
+
+
+def _train(name, assets, output_dir, **extra):
+    for key, package in PACKAGES.items():
+        if CASES[name].get(key):
+            pytest.importorskip(package)
+    recorder = Recorder()
+    config = parse_train_config({**case_config(name, *assets, str(output_dir)), **extra})
+    run_train(config, callbacks=[recorder])
+    return recorder.steps
+
+
+def _fingerprint(folder: Path) -> dict:
+    from safetensors.torch import load_file
+
+    tensors = load_file(str(folder / "model.safetensors"))
+    return {name: [float(t.double().sum()), float(t.double().square().sum())] for name, t in sorted(tensors.items())}
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_step_losses_equal_llamafactory(name, assets, tmp_path):
+    golden = GOLDENS["cases"][name]
+    assert golden["config"] == CASES[name], f"{name}: the golden file is stale; rerun make_llamafactory_optim.py"
+    steps = _train(name, assets, tmp_path / "out")
+    assert [s["loss"] for s in steps] == pytest.approx([s["loss"] for s in golden["steps"]], rel=0, abs=0)
+    assert [s["learning_rate"] for s in steps] == [s["learning_rate"] for s in golden["steps"]]
+    assert [s["grad_norm"] for s in steps] == pytest.approx([s["grad_norm"] for s in golden["steps"]], rel=1e-6)
+    weights = _fingerprint(tmp_path / "out")
+    assert weights.keys() == golden["weights"].keys()
+    for key, (total, squares) in golden["weights"].items():
+        assert weights[key] == pytest.approx([total, squares], rel=1e-6, abs=1e-9), key
+
+
+@pytest.mark.parametrize("name", list(PREDICT_CASES))
+def test_prediction_only_equals_llamafactory(name, assets, tmp_path):
+    pytest.importorskip("jieba")
+    golden = GOLDENS["cases"][name]
+    assert golden["config"] == PREDICT_CASES[name], f"{name}: the golden file is stale"
+    output = tmp_path / "out"
+    config = parse_train_config(case_config(name, *assets, str(output)))
+    assert not config.training.do_train  # do_predict without do_train predicts only
+    metrics = run_train(config)
+    lines = [
+        json.loads(line) for line in (output / "generated_predictions.jsonl").read_text(encoding="utf-8").splitlines()
+    ]
+    assert lines == golden["predictions"]
+    saved = json.loads((output / "predict_results.json").read_text(encoding="utf-8"))
+    for key, value in golden["metrics"].items():
+        assert metrics[key] == value and saved[key] == value, key
+    assert not any(path.name.startswith("checkpoint") or path.name == "model.safetensors" for path in output.iterdir())
+
+
+def test_bleu_and_rouge_equal_llamafactory():
+    pytest.importorskip("jieba")
+    from transformers import AutoTokenizer
+
+    from lathe.llm.workflows.metrics import GenerationMetrics
+    from lathe.train.outputs import EvalPrediction
+
+    tokenizer = AutoTokenizer.from_pretrained(str(TOKENIZER))
+    tokenizer.pad_token = tokenizer.eos_token
+    predictions, labels = encoded_pairs(tokenizer)
+    scores = GenerationMetrics(tokenizer)(EvalPrediction(predictions=np.array(predictions), label_ids=np.array(labels)))
+    golden = GOLDENS["cases"]["similarity"]["scores"]
+    assert {key: scores[key] for key in golden} == golden
+    assert scores["exact_match"] == 16.6667  # lathe's own addition: 1 of 6 equal
+
+
+class StopAfter(TrainerCallback):
+    def __init__(self, step):
+        self.step = step
+
+    def on_step_end(self, args, state, control, **kwargs):
+        control.should_training_stop = state.global_step >= self.step
+
+
+@pytest.mark.parametrize("name", ["badam_layer", "galore_layerwise"])
+def test_interrupted_run_resumes_to_llamafactorys_weights(name, assets, tmp_path):
+    """Stopped after step 3 (a checkpoint there), resumed: the weights of the uninterrupted run. For BAdam the
+    checkpoint records the active block (BAdam's own state does not: it would restart at the first block)."""
+    output = tmp_path / "out"
+    for key, package in PACKAGES.items():
+        if CASES[name].get(key):
+            pytest.importorskip(package)
+    values = {**case_config(name, *assets, str(output)), "save_strategy": "steps", "save_steps": 3}
+    run_train(parse_train_config(values), callbacks=[StopAfter(3)])
+    recorder = Recorder()
+    run_train(
+        parse_train_config({**values, "resume_from_checkpoint": str(output / "checkpoint-3")}), callbacks=[recorder]
+    )
+    golden = GOLDENS["cases"][name]
+    assert [s["loss"] for s in recorder.steps] == [s["loss"] for s in golden["steps"][3:]]
+    weights = _fingerprint(output)
+    for key, (total, squares) in golden["weights"].items():
+        assert weights[key] == pytest.approx([total, squares], rel=1e-6, abs=1e-9), key
