@@ -1,5 +1,12 @@
 """transformers.data.data_collator's names (lathe.data_collator)."""
 
+from lathe.train.collator_base import (  # noqa: F401
+    DataCollator,
+    DataCollatorMixin,
+    InputDataClass,
+    pad_without_fast_tokenizer_warning,
+    to_numpy,
+)
 from lathe.train.collators import (  # noqa: F401
     DataCollatorForLanguageModeling,
     DataCollatorForSeq2Seq,
@@ -7,4 +14,11 @@ from lathe.train.collators import (  # noqa: F401
     DataCollatorWithPadding,
     DefaultDataCollator,
     default_data_collator,
+    numpy_default_data_collator,
+    torch_default_data_collator,
+)
+from lathe.train.permutation import DataCollatorForPermutationLanguageModeling  # noqa: F401
+from lathe.train.token_collators import (  # noqa: F401
+    DataCollatorForMultipleChoice,
+    DataCollatorForTokenClassification,
 )

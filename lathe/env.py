@@ -16,6 +16,10 @@ OPTIONAL_PACKAGES = (
     "uvicorn",
     "matplotlib",
     "tensorboard",
+    "wandb",
+    "mlflow",
+    "mlflow-skinny",
+    "trackio",
     "optuna",
 )
 

@@ -1,3 +1,10 @@
 """transformers.hf_argparser's import path."""
 
-from lathe.train.argparser import HfArgumentParser  # noqa: F401
+from lathe.train.argparser import (  # noqa: F401
+    DataClass,
+    DataClassType,
+    HfArg,
+    HfArgumentParser,
+    make_choice_type_function,
+    string_to_bool,
+)

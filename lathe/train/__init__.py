@@ -39,6 +39,10 @@ _EXPORTS = {
     "DataCollatorForSeq2Seq": "lathe.train.collators",
     "DataCollatorForLanguageModeling": "lathe.train.masking",
     "DataCollatorWithFlattening": "lathe.train.collators",
+    "DataCollatorForTokenClassification": "lathe.train.token_collators",
+    "DataCollatorForMultipleChoice": "lathe.train.token_collators",
+    "DataCollatorForPermutationLanguageModeling": "lathe.train.permutation",
+    "DataCollatorMixin": "lathe.train.collator_base",
     # reproducibility and checkpoints
     "set_seed": "lathe.train.seed",
     "enable_full_determinism": "lathe.train.seed",

@@ -16,40 +16,25 @@ from enum import Enum
 from pathlib import Path
 from typing import Any, Literal, Union
 
-__all__ = ["HfArgumentParser", "ArgumentParser", "string_to_bool"]
+from lathe.train.argparser_types import (
+    DataClass,
+    DataClassType,
+    HfArg,
+    _json_object,
+    _string_or_bool,
+    make_choice_type_function,
+    string_to_bool,
+)
 
-_TRUE_STRINGS = ("yes", "true", "t", "y", "1")
-_FALSE_STRINGS = ("no", "false", "f", "n", "0")
-
-
-def string_to_bool(value: str | bool) -> bool:
-    """Read yes/no, true/false, t/f, y/n, 1/0 (any case) as a bool; a bool passes through."""
-    if isinstance(value, bool):
-        return value
-    if value.lower() in _TRUE_STRINGS:
-        return True
-    if value.lower() in _FALSE_STRINGS:
-        return False
-    raise argparse.ArgumentTypeError(f"expected a boolean (yes/no, true/false, t/f, y/n, 1/0), got {value!r}")
-
-
-def _string_or_bool(value: str | bool) -> str | bool:
-    """For `Union[str, bool]` fields: true/false-like strings become bools, any other string stays a string."""
-    try:
-        return string_to_bool(value)
-    except argparse.ArgumentTypeError:
-        return value
-
-
-def _json_object(text: str) -> dict:
-    """For `dict` fields: the command line can only carry a dict as JSON text."""
-    try:
-        value = json.loads(text)
-    except ValueError as error:
-        raise argparse.ArgumentTypeError(f"expected a JSON object, got {text!r} ({error})") from None
-    if not isinstance(value, dict):
-        raise argparse.ArgumentTypeError(f"expected a JSON object, got {text!r}")
-    return value
+__all__ = [
+    "ArgumentParser",
+    "DataClass",
+    "DataClassType",
+    "HfArg",
+    "HfArgumentParser",
+    "make_choice_type_function",
+    "string_to_bool",
+]
 
 
 class _StoreConverted(argparse.Action):
@@ -97,19 +82,11 @@ def _list_item(hint: Any) -> Any:
     return arguments[0] if arguments else str
 
 
-def _choice_conversion(hint: Any, keep_values: bool = False) -> tuple[list[str], Any]:
-    """(choices as the strings a user types, string -> value) for a Literal or Enum type.
-
-    Enum fields get the member (a dataclass need not convert); `keep_values` gives the plain value
-    instead, for `Union[Enum, str]` fields whose dataclass converts the string itself.
-    """
-    if typing.get_origin(hint) is Literal:
-        by_string = {str(value): value for value in typing.get_args(hint)}
-    elif keep_values:
-        by_string = {str(member.value): member.value for member in hint}
-    else:
-        by_string = {str(member.value): member for member in hint}
-    return list(by_string), by_string.__getitem__
+def _choice_kwargs(hint: Any) -> dict[str, Any]:
+    """A Literal or Enum option as transformers makes it: `choices` are the Literal's values (a tuple) or
+    the members' values (a list), and the option gives that value, not the member (the dataclass converts)."""
+    choices = typing.get_args(hint) if typing.get_origin(hint) is Literal else [member.value for member in hint]
+    return {"type": make_choice_type_function(choices), "choices": choices}
 
 
 def _argument_kwargs(field: dataclasses.Field, hint: Any) -> dict[str, Any]:
@@ -131,8 +108,7 @@ def _argument_kwargs(field: dataclasses.Field, hint: Any) -> dict[str, Any]:
                 # HF turns `Union[str, bool]` into bool and so rejects e.g. "non_padding".
                 return {"action": _StoreConverted, "convert": _string_or_bool, "nargs": "?", "const": True}
             if len(enums) == 1 and len(others) == 1:
-                choices, convert = _choice_conversion(enums[0], keep_values=True)
-                return {"action": _StoreConverted, "convert": convert, "choices": choices}
+                return _choice_kwargs(enums[0])
             # Union[dict, str] and friends: take the string; the dataclass's __post_init__ parses it.
             return {"type": str}
         if len(members) != 1:
@@ -144,16 +120,9 @@ def _argument_kwargs(field: dataclasses.Field, hint: Any) -> dict[str, Any]:
 
     if hint is bool:
         # "nullable_bool" is no argparse keyword: the caller pops it to pick the default and `--no_*`.
-        return {
-            "action": _StoreConverted,
-            "convert": string_to_bool,
-            "nargs": "?",
-            "const": True,
-            "nullable_bool": nullable,
-        }
+        return {"type": string_to_bool, "nargs": "?", "const": True, "nullable_bool": nullable}
     if typing.get_origin(hint) is Literal or _is_enum(hint):
-        choices, convert = _choice_conversion(hint)
-        return {"action": _StoreConverted, "convert": convert, "choices": choices}
+        return _choice_kwargs(hint)
     if _is_list(hint):
         kwargs = _argument_kwargs(field, _list_item(hint))
         kwargs.pop("const", None)
@@ -267,24 +236,29 @@ class HfArgumentParser(argparse.ArgumentParser):
                 kwargs[key] = field.metadata[key]
 
         default = _default_of(field)
+        if is_bool and nullable_bool and default in (None, dataclasses.MISSING):
+            # As in transformers: an unset Optional[bool] takes a value (`--opt true`), no bare `--opt`.
+            for key in ("nargs", "const"):
+                if key not in field.metadata:
+                    kwargs.pop(key)
         if default is not dataclasses.MISSING:
             kwargs["default"] = default
         elif is_bool:
-            # As in HF: a bool without default is an off switch, Optional[bool] an unset one.
+            # As in transformers: a bool without default is an off switch, Optional[bool] an unset one.
             kwargs["default"] = None if nullable_bool else False
         else:
             kwargs["required"] = True
         container.add_argument(*names, dest=field.name, help=_help_of(field), **kwargs)
 
         if is_bool and default is True:
-            # SUPPRESS: the positive option above owns the shared dest's default.
+            # After the positive option, which so owns the shared dest's default (argparse keeps the first).
             container.add_argument(
                 f"--no_{field.name}",
                 f"--no-{field.name.replace('_', '-')}",
                 action="store_false",
                 dest=field.name,
-                default=argparse.SUPPRESS,
-                help=f"Set {field.name} to False.",
+                default=False,
+                help=_help_of(field),
             )
 
     def parse_args_into_dataclasses(

@@ -11,13 +11,25 @@ from lathe.train.args_core import deprecated as _deprecated
 from lathe.train.args_core import help_text as _help
 from lathe.train.args_derived import DerivedValues
 from lathe.train.args_enums import ExplicitEnum, IntervalStrategy, OptimizerNames, SaveStrategy, SchedulerType
+from lathe.train.args_integrations import (
+    AcceleratorConfig,
+    DebugOption,
+    HubStrategy,
+    IntegrationArguments,
+    IntegrationProperties,
+    ParallelMode,
+)
 from lathe.train.args_setters import FluentSetters
 from lathe.train.args_validation import LOG_LEVELS, normalize_and_validate
 
 __all__ = [
+    "AcceleratorConfig",
+    "DebugOption",
     "ExplicitEnum",
+    "HubStrategy",
     "IntervalStrategy",
     "OptimizerNames",
+    "ParallelMode",
     "SaveStrategy",
     "SchedulerType",
     "Seq2SeqTrainingArguments",
@@ -27,8 +39,9 @@ __all__ = [
 
 
 @dataclass(repr=False)  # printed by DerivedValues.__str__ (sorted fields), as before the split
-class TrainingArguments(CoreArguments, FluentSetters, DerivedValues):
-    """The options of `Trainer`, with transformers 5.23's names and defaults.
+class TrainingArguments(IntegrationArguments, CoreArguments, FluentSetters, DerivedValues, IntegrationProperties):
+    """The options of `Trainer`, with transformers 5.23's names and defaults (the Hub, debug, accelerate,
+    kernel and tracker fields are in args_integrations.py).
 
     Validation happens once, in `__post_init__` (see `args_validation`): numeric and boolean fields
     hold their type (strings converted as HfArgumentParser converts them, see `args_types`), strategy
@@ -300,6 +313,15 @@ class TrainingArguments(CoreArguments, FluentSetters, DerivedValues):
         default=None, metadata=_deprecated(None, "Ignored: weights are always saved as safetensors.")
     )
     no_cuda: bool | None = field(default=None, metadata=_deprecated("use_cpu", "Old name of use_cpu."))
+
+    # the dict fields the command line gives as JSON (transformers' list)
+    _VALID_DICT_FIELDS = [
+        "accelerator_config",
+        "fsdp_config",
+        "deepspeed",
+        "gradient_checkpointing_kwargs",
+        "lr_scheduler_kwargs",
+    ]
 
     def __post_init__(self):
         normalize_and_validate(self)

@@ -138,8 +138,10 @@ class DerivedValues:
     # --- Serialisation ---
 
     def to_dict(self) -> dict[str, Any]:
-        """All fields as JSON-safe values: enums become their strings, config objects their dicts."""
-        return {f.name: _json_safe(getattr(self, f.name)) for f in fields(self) if f.init}
+        """All fields as JSON-safe values: enums become their strings, config objects their dicts; secrets
+        (fields ending in `_token`) are masked as transformers masks them ("<HUB_TOKEN>")."""
+        values = {f.name: _json_safe(getattr(self, f.name)) for f in fields(self) if f.init}
+        return {key: f"<{key.upper()}>" if key.endswith("_token") else value for key, value in values.items()}
 
     def to_json_string(self) -> str:
         return json.dumps(self.to_dict(), indent=2)

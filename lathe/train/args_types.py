@@ -16,6 +16,8 @@ _FALSE_STRINGS = ("no", "false", "f", "n", "0")
 _CHECKED = (int, float, bool)
 # Where infinity means something: clipping to an infinite norm computes and logs the norm, clips nothing.
 _INFINITY_ALLOWED = ("max_grad_norm",)
+# Where transformers refuses a float even when whole (e.g. 1.0), so lathe does too.
+_INTEGER_ONLY = ("torch_empty_cache_steps",)
 
 
 def coerce_field_types(args) -> None:
@@ -65,6 +67,8 @@ def _convert(name: str, value, kind):
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise TypeError(f"{name} must be {_describe(kind)}, got {value!r} ({type(value).__name__})")
     if kind is int:
+        if name in _INTEGER_ONLY and not isinstance(value, numbers.Integral):
+            raise ValueError(f"{name} must be an integer, got {value!r}")
         return _whole(name, value)
     _check_finite(name, value)
     return value if isinstance(value, (int, float)) else float(value)  # numpy scalars become Python numbers

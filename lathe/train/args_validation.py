@@ -1,6 +1,5 @@
 """TrainingArguments.__post_init__: deprecated names, defaults that depend on other fields, and checks."""
 
-import importlib.util
 import json
 import logging
 import math
@@ -9,13 +8,15 @@ from dataclasses import fields
 
 from lathe.train.args_deprecated import map_deprecated_names, warn_from_user_code, yaml_no
 from lathe.train.args_types import coerce_field_types
+from lathe.train.args_integrations import check_integration_fields
+from lathe.train.integrations import REPORTERS, available_reporters, with_kubeflow
 from lathe.train.args_enums import IntervalStrategy, OptimizerNames, SaveStrategy, SchedulerType, to_enum
 
 # Python logging levels by name; "passive" (-1) leaves the level the application set.
 LOG_LEVELS = {"debug": 10, "info": 20, "warning": 30, "error": 40, "critical": 50, "passive": -1}
 
 # Reporter names `report_to` accepts; the reporter module builds one callback per name.
-SUPPORTED_REPORTERS = ("jsonl", "tensorboard")
+SUPPORTED_REPORTERS = tuple(REPORTERS)
 
 _TOKENS_SEEN_CHOICES = ("no", "all", "non_padding")
 _METRIC_INPUTS = ("inputs", "loss")
@@ -60,6 +61,7 @@ def normalize_and_validate(args) -> None:
 
     map_deprecated_names(args)
     parse_dict_fields(args)
+    check_integration_fields(args)
     resolve_checkpointing_alias(args)
     convert_choice_fields(args)
     fill_dependent_defaults(args)
@@ -176,19 +178,16 @@ def _metadata_choices(args, name: str) -> list:
 def normalize_report_to(value) -> list[str]:
     """'none'/None -> [], 'all' -> every installed supported reporter, a name -> [name]; names are checked."""
     if value is None or value == "none" or value == ["none"]:
-        return []
+        return with_kubeflow([])
     if value == "all" or value == ["all"]:
-        # jsonl needs nothing; tensorboard needs the tensorboard package behind torch's SummaryWriter.
-        return [
-            name for name in SUPPORTED_REPORTERS if name != "tensorboard" or importlib.util.find_spec("tensorboard")
-        ]
+        return available_reporters()  # the installed integrations, as transformers resolves "all"
     names = [value] if isinstance(value, str) else list(value)
     unknown = [name for name in names if name not in SUPPORTED_REPORTERS]
     if unknown:
         raise ValueError(
             f"report_to has unsupported entries {unknown}; choose from {list(SUPPORTED_REPORTERS)}, 'all' or 'none'"
         )
-    return names
+    return with_kubeflow(names)
 
 
 def fill_dependent_defaults(args) -> None:

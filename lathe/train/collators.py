@@ -1,4 +1,4 @@
-"""Collators: turn a list of dataset items into one batch of PyTorch tensors, as transformers' do."""
+"""Collators: turn a list of dataset items into one batch of PyTorch tensors (or NumPy arrays), as transformers' do."""
 
 from __future__ import annotations
 
@@ -11,11 +11,11 @@ from typing import Any
 import numpy as np
 import torch
 
+from lathe.train.collator_base import DataCollatorMixin, check_return_tensors, convert_batch
 from lathe.train.labels import IGNORE_INDEX
 from lathe.train.masking import DataCollatorForLanguageModeling
 from lathe.train.padding import (
     as_list,
-    check_return_tensors,
     get_padding_side,
     normalize_padding,
     pad_batch,
@@ -31,6 +31,8 @@ __all__ = [
     "DataCollatorWithPadding",
     "DefaultDataCollator",
     "default_data_collator",
+    "numpy_default_data_collator",
+    "torch_default_data_collator",
 ]
 
 _NUMBER_TYPES = (bool, int, float, np.number)
@@ -50,11 +52,11 @@ def default_data_collator(features: list, return_tensors: str = "pt"):
         raise ValueError("default_data_collator got an empty batch.")
     first = features[0]
     if isinstance(first, Mapping):
-        return _collate_dicts(features)
+        return _collate_dicts(features) if return_tensors == "pt" else _collate_dicts_numpy(features)
     if isinstance(first, (tuple, list)) and _is_tuple_of_tensors(first):
-        return _collate_positions(features)
+        return convert_batch(_collate_positions(features), return_tensors)
     if hasattr(first, "__dict__") and not isinstance(first, (torch.Tensor, np.ndarray, tuple, list)):
-        return _collate_dicts([vars(feature) for feature in features])
+        return default_data_collator([vars(feature) for feature in features], return_tensors)
     hint = ""
     if isinstance(first, (tuple, list)) and all(isinstance(value, _NUMBER_TYPES) for value in first):
         hint = " A list of numbers reads as one token sequence: return {'input_ids': [...]} instead."
@@ -120,8 +122,45 @@ def _collate_dicts(features) -> dict:
     return batch
 
 
+def torch_default_data_collator(features: list) -> dict:
+    """`default_data_collator` with PyTorch tensors."""
+    return default_data_collator(features, "pt")
+
+
+def numpy_default_data_collator(features: list) -> dict:
+    """`default_data_collator` with NumPy arrays."""
+    return default_data_collator(features, "np")
+
+
+def _collate_dicts_numpy(features) -> dict:
+    # transformers' NumPy rules: int labels int64, others float32; other fields as np.array makes them
+    first = features[0]
+    batch = {}
+    for name in ("label", "label_ids"):
+        if first.get(name) is None:
+            continue
+        values = [feature[name] for feature in features]
+        if isinstance(first[name], np.ndarray) and name == "label_ids":
+            batch["labels"] = np.stack(values)
+        else:
+            sample = first[name] if name == "label" else first[name][0]
+            sample = sample.item() if isinstance(sample, np.ndarray) else sample
+            dtype = np.int64 if isinstance(sample, (int, np.integer)) else np.float32
+            batch["labels"] = np.array(values, dtype=dtype)
+        break
+    for key, value in first.items():
+        if key in ("label", "label_ids") or value is None or isinstance(value, str):
+            continue
+        values = [feature[key] for feature in features]
+        try:
+            batch[key] = np.stack(values) if isinstance(value, np.ndarray) else np.array(values)
+        except ValueError as error:
+            raise ValueError(f"Cannot batch field {key!r} into one array ({error}); pad it first.") from error
+    return batch
+
+
 @dataclass
-class DefaultDataCollator:
+class DefaultDataCollator(DataCollatorMixin):
     """`default_data_collator` as an object, so `return_tensors` can be set once."""
 
     return_tensors: str = "pt"
@@ -129,8 +168,11 @@ class DefaultDataCollator:
     def __post_init__(self):
         check_return_tensors(self.return_tensors)
 
-    def __call__(self, features: list, return_tensors: str | None = None):
-        return default_data_collator(features, return_tensors or self.return_tensors)
+    def torch_call(self, features: list):
+        return default_data_collator(features, "pt")
+
+    def numpy_call(self, features: list):
+        return default_data_collator(features, "np")
 
 
 # ---------------------------------------------------------------------------- padding collators
@@ -156,7 +198,7 @@ class DataCollatorWithPadding:
         for name in ("label", "label_ids"):
             if name in batch:
                 batch["labels"] = batch.pop(name)
-        return batch
+        return convert_batch(batch, self.return_tensors)
 
 
 @dataclass
@@ -177,7 +219,8 @@ class DataCollatorForSeq2Seq:
         normalize_padding(self.padding)
 
     def __call__(self, features: list, return_tensors: str | None = None) -> dict:
-        check_return_tensors(return_tensors or self.return_tensors)
+        return_tensors = return_tensors or self.return_tensors
+        check_return_tensors(return_tensors)
         label_name = "label" if "label" in features[0] else "labels"
         labels = [feature[label_name] for feature in features] if label_name in features[0] else None
         if labels is not None and all(label is None for label in labels):
@@ -187,7 +230,7 @@ class DataCollatorForSeq2Seq:
         batch = pad_batch(self.tokenizer, inputs, self.padding, self.max_length, self.pad_to_multiple_of)
         if labels is None:
             batch["labels"] = None  # transformers keeps the key; models treat labels=None as "no loss"
-            return batch
+            return convert_batch(batch, return_tensors)
         labels = [as_list(label) for label in labels]
         strategy = normalize_padding(self.padding)
         if strategy != "do_not_pad":
@@ -201,7 +244,7 @@ class DataCollatorForSeq2Seq:
         batch["labels"] = to_tensor("labels", labels, torch.int64)
         if self.model is not None and hasattr(self.model, "prepare_decoder_input_ids_from_labels"):
             batch["decoder_input_ids"] = self.model.prepare_decoder_input_ids_from_labels(labels=batch["labels"])
-        return batch
+        return convert_batch(batch, return_tensors)
 
 
 # ---------------------------------------------------------------------------- padding-free packing
@@ -230,7 +273,8 @@ class DataCollatorWithFlattening(DefaultDataCollator):
         self.position_ids_start = position_ids_start
 
     def __call__(self, features: list, return_tensors: str | None = None, separator_id: int | None = None) -> dict:
-        check_return_tensors(return_tensors or self.return_tensors)
+        return_tensors = return_tensors or self.return_tensors
+        check_return_tensors(return_tensors)
         separator_id = self.separator_id if separator_id is None else separator_id
         has_labels = "labels" in features[0]
         input_ids, labels, position_ids, seq_idx, lengths = [], [], [], [], []
@@ -259,4 +303,4 @@ class DataCollatorWithFlattening(DefaultDataCollator):
             batch["cu_seq_lens_q"] = torch.tensor(boundaries, dtype=torch.int32)
             batch["cu_seq_lens_k"] = torch.tensor(boundaries, dtype=torch.int32)
             batch["max_length_q"] = batch["max_length_k"] = max(lengths)
-        return batch
+        return convert_batch(batch, return_tensors)

@@ -240,6 +240,14 @@ def default_callback_handler(args, callbacks, model, processing_class, optimizer
 
     defaults = [DefaultFlowCallback, PrinterCallback if args.disable_tqdm else ProgressCallback]
     defaults += reporter_callbacks(args.report_to)
+    if getattr(args, "enable_jit_checkpoint", False):  # transformers' JIT checkpoint: on SIGTERM, save and stop
+        import signal
+
+        defaults.append(GracefulStopCallback(signals=(signal.SIGTERM,)))
+    if "underflow_overflow" in getattr(args, "debug", ()):
+        from lathe.train.debug import UnderflowOverflowCallback
+
+        defaults.append(UnderflowOverflowCallback())
     handler = CallbackHandler(defaults + list(callbacks or []), model, processing_class, optimizer, lr_scheduler)
     if not any(isinstance(callback, DefaultFlowCallback) for callback in handler.callbacks):
         logger.warning(

@@ -8,10 +8,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 
 from lathe.train.labels import IGNORE_INDEX
-from lathe.train.padding import as_list, check_return_tensors, pad_batch, stack_or_pad_sequences
+from lathe.train.collator_base import DataCollatorMixin, check_return_tensors
+from lathe.train.padding import as_list, pad_batch, stack_or_pad_sequences
 
 
 def _special_tokens_mask(tokenizer, token_ids: list) -> list:
@@ -50,11 +52,12 @@ def _spread_to_whole_words(word_ids: torch.Tensor, masked: torch.Tensor) -> torc
 
 
 @dataclass
-class DataCollatorForLanguageModeling:
+class DataCollatorForLanguageModeling(DataCollatorMixin):
     """Pad token sequences and build `labels`: causal LM (`mlm=False`) copies `input_ids` with padding
     set to -100; masked LM draws `mlm_probability` of the non-special tokens as targets, and of those
     replaces `mask_replace_prob` by the mask token, `random_replace_prob` by a random token, and keeps
-    the rest. `seed` gives the collator its own generator (offset by the DataLoader worker id)."""
+    the rest. `seed` gives the collator its own generator (offset by the DataLoader worker id).
+    With return_tensors="np" the batch is the same draws as arrays (torch's generator, not NumPy's)."""
 
     tokenizer: Any
     mlm: bool = True
@@ -103,10 +106,6 @@ class DataCollatorForLanguageModeling:
     def _make_generator(self) -> torch.Generator:
         worker = torch.utils.data.get_worker_info()
         return torch.Generator().manual_seed(self.seed + (worker.id if worker is not None else 0))
-
-    def __call__(self, examples: list, return_tensors: str | None = None) -> dict:
-        check_return_tensors(return_tensors or self.return_tensors)
-        return self.torch_call(examples)
 
     def torch_call(self, examples: list) -> dict:
         if self.seed is not None and self.generator is None:
@@ -162,6 +161,13 @@ class DataCollatorForLanguageModeling:
         random_words = torch.randint(_vocabulary_size(self.tokenizer), labels.shape, generator=self.generator)
         inputs[randomised] = random_words[randomised]
         return inputs, labels
+
+    def numpy_mask_tokens(self, inputs, special_tokens_mask=None, offset_mapping=None):
+        """`torch_mask_tokens` on an array: (masked inputs, labels) as arrays; the input array is left as it was."""
+        masked, labels = self.torch_mask_tokens(
+            torch.from_numpy(np.array(inputs)), special_tokens_mask=special_tokens_mask, offset_mapping=offset_mapping
+        )
+        return masked.numpy(), labels.numpy()
 
 
 def _vocabulary_size(tokenizer) -> int | None:

@@ -7,16 +7,11 @@ from collections.abc import Mapping
 import numpy as np
 import torch
 
+from lathe.train.collator_base import pad_without_fast_tokenizer_warning
+
 # transformers treats a `model_max_length` above this as "no limit" (its LARGE_INTEGER).
 _NO_LENGTH_LIMIT = int(1e20)
 _PADDING_STRATEGIES = ("longest", "max_length", "do_not_pad")
-
-
-def check_return_tensors(return_tensors) -> None:
-    if return_tensors != "pt":
-        raise ValueError(
-            f"lathe collators return PyTorch tensors only: return_tensors must be 'pt', got {return_tensors!r}."
-        )
 
 
 def as_list(value):
@@ -108,8 +103,13 @@ def pad_batch(tokenizer, features: list, padding=True, max_length=None, pad_to_m
     converts every item to a BatchEncoding first: ~1.7 ms for 16 short rows, a step's worth of
     overhead on a small model."""
     if callable(getattr(tokenizer, "pad", None)) and not _is_plain_token_batch(tokenizer, features):
-        return tokenizer.pad(
-            features, padding=padding, max_length=max_length, pad_to_multiple_of=pad_to_multiple_of, return_tensors="pt"
+        return pad_without_fast_tokenizer_warning(
+            tokenizer,
+            features,
+            padding=padding,
+            max_length=max_length,
+            pad_to_multiple_of=pad_to_multiple_of,
+            return_tensors="pt",
         )
     if not all(isinstance(feature, Mapping) for feature in features):
         raise TypeError("Padding collators expect dict items such as {'input_ids': [...]}, one per example.")

@@ -291,8 +291,8 @@ def test_gradient_checkpointing_is_an_alias_of_activation_checkpointing():
         (dict(save_strategy="best"), "metric_for_best_model"),
         (dict(lr_scheduler_type="reduce_lr_on_plateau"), "eval_strategy"),
         (dict(lr_scheduler_type="greedy"), "eval_strategy"),
-        (dict(report_to="wandb"), "report_to"),
-        (dict(report_to=["jsonl", "mlflow"]), "report_to"),
+        (dict(report_to="comet_ml"), "report_to"),
+        (dict(report_to=["jsonl", "neptune"]), "report_to"),
         (dict(include_num_input_tokens_seen="some"), "include_num_input_tokens_seen"),
         (dict(train_sampling_strategy="shuffled"), "train_sampling_strategy"),
         (dict(log_level="loud"), "log_level"),
@@ -303,6 +303,7 @@ def test_gradient_checkpointing_is_an_alias_of_activation_checkpointing():
         (dict(lr_scheduler_kwargs="num_cycles=2"), "lr_scheduler_kwargs"),
         (dict(lr_scheduler_kwargs="{num_cycles: 2}"), "lr_scheduler_kwargs"),
         (dict(torch_empty_cache_steps=0), "torch_empty_cache_steps"),
+        (dict(torch_empty_cache_steps=1.0), "torch_empty_cache_steps"),
         (dict(fsdp="full_shard sideways"), "fsdp"),
         (dict(push_to_hub=True), "push_to_hub"),
     ],
@@ -383,9 +384,25 @@ def test_report_to_is_normalised_to_a_list(value, expected):
     assert make(report_to=value).report_to == expected
 
 
-def test_report_to_all_lists_installed_reporters():
-    reporters = make(report_to="all").report_to
-    assert "jsonl" in reporters and set(reporters) <= {"jsonl", "tensorboard"}
+def test_report_to_all_lists_installed_reporters(monkeypatch):
+    import importlib.util
+
+    installed = {"mlflow", "wandb"}
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object() if name in installed else None)
+    assert make(report_to="all").report_to == ["mlflow", "wandb"]  # transformers' order; jsonl is lathe's own
+    installed.update({"tensorboard", "trackio"})
+    assert make(report_to=["all"]).report_to == ["mlflow", "tensorboard", "wandb", "trackio"]
+    monkeypatch.setenv("DISABLE_MLFLOW_INTEGRATION", "true")
+    assert make(report_to="all").report_to == ["tensorboard", "wandb", "trackio"]
+
+
+@pytest.mark.hf
+def test_report_to_all_equals_transformers_among_supported():
+    transformers = pytest.importorskip("transformers")
+    theirs = transformers.TrainingArguments(output_dir="o", report_to="all").report_to
+    from lathe.train.integrations import REPORTERS
+
+    assert make(report_to="all").report_to == [name for name in theirs if name in REPORTERS]
 
 
 @pytest.mark.parametrize("value, expected", [(True, "all"), (False, "no"), ("non_padding", "non_padding")])
@@ -475,7 +492,9 @@ def test_to_dict_round_trips_through_json():
     d = args.to_dict()
     assert d["eval_strategy"] == "steps" and type(d["eval_strategy"]) is str
     assert type(d["optim"]) is str and type(d["lr_scheduler_type"]) is str
-    rebuilt = make(**json.loads(args.to_json_string()))
+    assert d["hub_token"] == "<HUB_TOKEN>"  # secrets are masked, as transformers masks them
+    saved = {key: value for key, value in json.loads(args.to_json_string()).items() if key != "hub_token"}
+    rebuilt = make(**saved)
     assert rebuilt == args
     assert rebuilt.to_dict() == d
 
@@ -524,7 +543,7 @@ def test_setters_validate_what_they_set():
     with pytest.raises(ValueError, match="optim"):
         make().set_optimizer(name="adamw_apex_fused")
     with pytest.raises(ValueError, match="report_to"):
-        make().set_logging(report_to="wandb")
+        make().set_logging(report_to="comet_ml")
     with pytest.warns(FutureWarning, match="activation_checkpointing"):
         args = make().set_training(gradient_checkpointing=True)
     assert args.activation_checkpointing and args.gradient_checkpointing

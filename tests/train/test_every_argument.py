@@ -64,6 +64,23 @@ class Peer:
     reason: str
 
 
+@dataclass
+class Moot:
+    """Acts only together with `needs`, which lathe refuses (so this one can never act)."""
+
+    needs: str
+    value: object
+
+
+@dataclass
+class Gap:
+    """A known gap: the field is still ignored; `expected` is the entry it must satisfy once fixed (the test is a
+    strict xfail, so fixing it fails the test until the entry is updated)."""
+
+    reason: str
+    expected: object
+
+
 def C(observe, value, **context):
     return Changes(observe, value, context)
 
@@ -199,6 +216,23 @@ FIELDS = {
     "generation_max_length": Elsewhere("test_seq2seq.py"),
     "generation_num_beams": Elsewhere("test_args_types.py"),
     "generation_config": Elsewhere("test_trainer_methods.py"),
+    # Fields of i17b's args_integrations.py: the Hub ones act only when pushing, which lathe refuses.
+    "hub_model_id": Moot("push_to_hub", True),
+    "hub_strategy": Moot("push_to_hub", True),
+    "hub_token": Moot("push_to_hub", True),
+    "hub_private_repo": Moot("push_to_hub", True),
+    "hub_always_push": Moot("push_to_hub", True),
+    "hub_revision": Moot("push_to_hub", True),
+    "debug": Elsewhere("test_args_integrations.py"),
+    "accelerator_config": Elsewhere("test_args_integrations.py"),
+    "parallelism_config": Elsewhere("test_args_integrations.py"),
+    "use_liger_kernel": Gap("issue 18 wires Liger's kernels; until then it must be refused", R(True, "liger")),
+    "liger_kernel_config": Elsewhere("test_args_integrations.py"),
+    "enable_jit_checkpoint": Elsewhere("test_args_integrations.py"),
+    "project": Elsewhere("test_args_integrations.py"),
+    "trackio_space_id": Elsewhere("test_args_integrations.py"),
+    "trackio_bucket_id": Elsewhere("test_args_integrations.py"),
+    "trackio_static_space_id": R("some/space", "trackio_static_space_id"),
 }
 
 
@@ -475,6 +509,30 @@ def test_field_warns_it_does_nothing(tmp_path, name, entry):
 def test_field_is_set_by_the_named_test(name, entry):
     with open(os.path.join(TESTS, entry.test_file), encoding="utf-8") as f:
         assert re.search(rf"\b{name}\s*=", f.read()), f"{entry.test_file} never sets {name}"
+
+
+MOOT_VALUES = {"hub_strategy": "end", "hub_private_repo": True, "hub_always_push": True}
+
+
+@pytest.mark.parametrize(("name", "entry"), _entries(Moot))
+def test_field_acts_only_with_a_refused_one(tmp_path, name, entry):
+    assert isinstance(FIELDS[entry.needs], Raises) and FIELDS[entry.needs].value == entry.value
+    with pytest.raises(ValueError, match=entry.needs):
+        make_trainer(tmp_path, {name: MOOT_VALUES.get(name, "x"), entry.needs: entry.value})
+
+
+@pytest.mark.parametrize(("name", "entry"), _entries(Gap))
+def test_known_gap_is_still_open(tmp_path, name, entry):
+    expected = entry.expected
+    context = dict(expected.context)
+    model_kind = context.pop("model", "probe")
+    try:
+        make_trainer(tmp_path, {**context, name: expected.value}, model_kind).train()
+    except (ValueError, TypeError, NotImplementedError, RuntimeError, ImportError) as error:
+        if re.search(expected.match, str(error)):
+            pytest.fail(f"{name} is no longer ignored ({error}); replace its Gap entry by {expected}")
+        raise
+    pytest.xfail(f"{name} is still ignored: {entry.reason}")
 
 
 @pytest.mark.hf
