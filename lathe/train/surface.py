@@ -70,6 +70,21 @@ class TrainerSurface:
             "(training_step, evaluate, save_model) and torch.distributed directly."
         )
 
+    def gather_function(self, tensors, use_gather_object: bool | None = None):
+        """accelerate's gather_for_metrics as transformers' Trainer exposes it: `tensors` (a tensor, or lists /
+        tuples / dicts of them) from every process, concatenated on the first dimension in rank order; unchanged
+        in one process. Unlike accelerate it keeps the samples even sharding repeats at the end of an evaluation
+        (lathe's own evaluation loop cuts them by the dataset's size); anything else comes back as the list of
+        every rank's value (use_gather_object)."""
+        from lathe.train import distributed
+
+        if not distributed.is_distributed():
+            return tensors
+        gathered = distributed.gather_objects(_to_cpu(tensors))
+        if use_gather_object or self.args.eval_use_gather_object:
+            return gathered
+        return _concatenated(gathered)
+
     def create_accelerator_and_postprocess(self) -> None:
         """transformers builds its accelerate.Accelerator here; lathe has none, so there is nothing to create."""
 
@@ -80,3 +95,28 @@ class TrainerSurface:
         dist = sys.modules.get("torch.distributed")
         if dist is not None and dist.is_available() and dist.is_initialized():
             dist.destroy_process_group()
+
+
+def _to_cpu(value):
+    import torch
+
+    if torch.is_tensor(value):
+        return value.detach().cpu()
+    if isinstance(value, (list, tuple)):
+        return type(value)(_to_cpu(v) for v in value)
+    if isinstance(value, dict):
+        return {k: _to_cpu(v) for k, v in value.items()}
+    return value
+
+
+def _concatenated(per_rank: list):
+    import torch
+
+    first = per_rank[0]
+    if torch.is_tensor(first):
+        return torch.cat([t.reshape(1) if t.dim() == 0 else t for t in per_rank])
+    if isinstance(first, (list, tuple)):
+        return type(first)(_concatenated([r[i] for r in per_rank]) for i in range(len(first)))
+    if isinstance(first, dict):
+        return {k: _concatenated([r[k] for r in per_rank]) for k in first}
+    return per_rank

@@ -279,3 +279,17 @@ def test_every_public_method_of_transformers_trainer_exists(name):
     missing = [n for n in dir(theirs) if not n.startswith("_") and not hasattr(ours, n)]
     assert not missing, f"lathe.{name} lacks transformers' {missing}"
     assert not hasattr(ours.get_optimizer_cls_and_kwargs, "__self__")  # a staticmethod, callable on the class
+
+
+def test_gather_function(tmp_path, monkeypatch):
+    from lathe.train import distributed
+
+    trainer = regression_trainer("lathe", tmp_path)
+    batch = {"logits": torch.ones(2, 3)}
+    assert trainer.gather_function(batch) is batch  # one process: unchanged, as accelerate's gather_for_metrics
+    ranks = [{"logits": torch.full((2, 3), float(rank)), "loss": torch.tensor(float(rank))} for rank in range(2)]
+    monkeypatch.setattr(distributed, "is_distributed", lambda: True)
+    monkeypatch.setattr(distributed, "gather_objects", lambda value: ranks)
+    gathered = trainer.gather_function(ranks[0])
+    assert gathered["logits"].tolist() == [[0.0] * 3] * 2 + [[1.0] * 3] * 2 and gathered["loss"].tolist() == [0.0, 1.0]
+    assert trainer.gather_function(ranks[0], use_gather_object=True) == ranks
