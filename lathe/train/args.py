@@ -301,7 +301,7 @@ class TrainingArguments(IntegrationArguments, CoreArguments, FluentSetters, Deri
     past_index: int = field(
         default=-1,
         metadata=_help(
-            "Index of the model output that holds memory for the next step (transformers 4); -1 disables it."
+            "Removed in transformers 5 (a model output fed back as memory, e.g. Transformer-XL's mems); must stay -1."
         ),
     )
 

@@ -42,9 +42,22 @@ def normalize_and_validate(args) -> None:
         raise TypeError(f"output_dir must be a path (str), got {args.output_dir!r} ({type(args.output_dir).__name__})")
     args.output_dir = os.path.expanduser(args.output_dir)
     check_output_dir(args.output_dir)
+    if isinstance(args.torch_empty_cache_steps, float):  # transformers refuses 1.0 here, before any conversion
+        raise ValueError(
+            f"torch_empty_cache_steps must be a positive integer or None, got {args.torch_empty_cache_steps}"
+        )
     coerce_field_types(args)
     if args.push_to_hub:
         raise ValueError("push_to_hub=True is not supported: lathe works offline. Copy output_dir to the Hub yourself.")
+    if getattr(args, "sortish_sampler", False):
+        warn_from_user_code(
+            "sortish_sampler=True has no effect: transformers 5.23 defines it but no sampler reads it, nor does lathe."
+        )
+    if args.past_index != -1:
+        raise ValueError(
+            f"past_index={args.past_index}: transformers 5 removed it (it fed a model's memory output, such as "
+            "Transformer-XL's mems, back as an input); lathe does not support it. Leave past_index at -1."
+        )
 
     map_deprecated_names(args)
     parse_dict_fields(args)
@@ -340,6 +353,14 @@ def check_precision(args) -> None:
 
         if torch.cuda.is_available() and not torch.cuda.is_bf16_supported():
             raise ValueError("bf16 needs an Ampere or newer GPU; set fp16=True instead, or use_cpu=True.")
+    if args.tf32:
+        from lathe.train.runtime import tf32_available
+
+        if not tf32_available():
+            raise ValueError(
+                "tf32=True needs an Ampere or newer NVIDIA GPU with CUDA (TF32 matmuls), and none is available "
+                "here; leave tf32 unset (None) or False."
+            )
 
 
 def check_scheduler(args) -> None:

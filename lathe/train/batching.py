@@ -147,6 +147,8 @@ def normalise_loss(
         # loss, exactly. A mean of per-micro-batch means would weigh a micro-batch of 10 label tokens
         # like one of 1,000 (the gradient-accumulation bug transformers fixed in 4.46).
         return loss * world_scale if world_scale != 1 else loss
+    if world_scale != 1:  # counted over ranks but divided by the window (a Trainer's loss_is_scaled_for_ga=False)
+        loss = loss * world_scale
     # x / 1 is exact, so skipping it changes no bit and saves an op (and its backward) per micro-batch.
     return loss if window_size == 1 else loss / window_size
 

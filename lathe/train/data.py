@@ -247,6 +247,7 @@ def build_dataloader(
     length_group_size: int | None = None,
     worker_init_fn: Callable | None = None,
     multiprocessing_context=None,
+    in_order: bool = True,
     generator: torch.Generator | None = None,
     num_shards: int = 1,
     shard_index: int = 0,
@@ -255,12 +256,10 @@ def build_dataloader(
     (or a LengthGroupedSampler when `group_by_length`, which takes precedence over `shuffle` as in
     HF); iterable datasets get a plain batched DataLoader in their own order (`shuffle` is theirs).
 
-    The dataset is passed through unwrapped, so DataLoader's `__getitems__` fast path still applies.
-    `length_group_size` is the batch size length grouping works in: HF uses the per-device batch
-    size times gradient_accumulation_steps so all micro-batches of one update have similar lengths.
-    `generator` only seeds the workers' base seed; without it DataLoader draws that seed from the
-    global RNG once per iter(), exactly as under HF, which keeps the two RNG streams in step.
-    Do not use `in_order=False`: out-of-order batches would make resume inexact.
+    The dataset is passed through unwrapped (DataLoader's `__getitems__` fast path). Length grouping works in
+    `length_group_size` (HF: batch size x accumulation, so one update's micro-batches have similar lengths).
+    `generator` only seeds the workers' base seed; without it DataLoader draws that seed from the global RNG
+    once per iter(), as under HF (the RNG streams stay in step). in_order=False: resume is not exact.
     """
     options = _loader_options(
         collate_fn,
@@ -271,6 +270,7 @@ def build_dataloader(
         persistent_workers,
         prefetch_factor,
         multiprocessing_context,
+        in_order,
     )
     if isinstance(dataset, IterableDataset):
         if num_shards > 1:
@@ -305,6 +305,7 @@ def _loader_options(
     persistent_workers: bool,
     prefetch_factor: int | None,
     multiprocessing_context,
+    in_order: bool = True,
 ) -> dict[str, Any]:
     options: dict[str, Any] = {
         "collate_fn": collate_fn,
@@ -315,8 +316,8 @@ def _loader_options(
         "generator": generator,
     }
     if num_workers > 0:
-        # torch rejects these three with num_workers=0.
-        options.update(persistent_workers=persistent_workers, prefetch_factor=prefetch_factor)
+        # torch rejects these with num_workers=0.
+        options.update(persistent_workers=persistent_workers, prefetch_factor=prefetch_factor, in_order=in_order)
         options["multiprocessing_context"] = multiprocessing_context
     return options
 

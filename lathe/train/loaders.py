@@ -35,6 +35,8 @@ def build_dataloader(trainer, dataset, description: str, batch_size: int, train:
         pin_memory=args.dataloader_pin_memory,
         persistent_workers=args.dataloader_persistent_workers,
         prefetch_factor=args.dataloader_prefetch_factor,
+        multiprocessing_context=args.dataloader_multiprocessing_context,
+        in_order=args.dataloader_in_order,
         group_by_length=train and strategy == "group_by_length",
         length_column_name=args.length_column_name,
         model_input_name=trainer.main_input_name,

@@ -234,6 +234,7 @@ def finish_run(trainer) -> TrainOutput:
     trainer.store_flos()
     metrics["total_flos"] = state.total_flos
     metrics["train_loss"] = train_loss
+    trainer._memory_tracker.stop_and_update_metrics(metrics, stage="train")  # skip_memory_metrics=False
     trainer.is_in_train = False
     trainer.log(metrics)
     saving.final_rotation(args, trainer._best_checkpoint_path())

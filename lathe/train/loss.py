@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import warnings
+
 import torch
 import torch.nn.functional as F
 
@@ -39,3 +41,15 @@ class LabelSmoother:
         nll = nll.sum() / active
         smoothed = smoothed.sum() / (active * log_probs.shape[-1])
         return (1 - self.epsilon) * nll + self.epsilon * smoothed
+
+
+def label_smoother_for(model, factor: float) -> LabelSmoother | None:
+    """The Trainer's label smoother for label_smoothing_factor, or None (0, or a multi-label model)."""
+    if not factor:
+        return None
+    if getattr(getattr(model, "config", None), "problem_type", None) == "multi_label_classification":
+        # Smoothing one-hot targets has no meaning for independent per-label targets (transformers' rule).
+        message = "Label smoothing is not compatible with multi-label classification. Disabling label smoothing for this training run."
+        warnings.warn(message, UserWarning, stacklevel=3)
+        return None
+    return LabelSmoother(epsilon=factor)

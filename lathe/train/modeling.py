@@ -159,3 +159,14 @@ class FlopsEstimate:
         if self.parameters is not None and self.main_input in inputs:
             return 6 * inputs[self.main_input].numel() * self.parameters
         return self.counter(inputs) if self.counter is not None else 0
+
+
+def floating_point_ops(trainer, inputs) -> int:
+    """Trainer.floating_point_ops: operations of one forward + backward pass over `inputs` (FlopsEstimate),
+    for total_flos; the estimate is made once per model."""
+    if not isinstance(inputs, Mapping):
+        return 0
+    estimate = trainer._flops_estimate
+    if estimate is None or estimate.model is not trainer.model:
+        estimate = trainer._flops_estimate = FlopsEstimate(trainer.model)
+    return estimate(inputs)

@@ -9,7 +9,7 @@ from collections.abc import Mapping
 
 import torch
 
-from lathe.train import evaluation, runtime, schedules, seed
+from lathe.train import evaluation, hp_search, runtime, schedules, seed
 from lathe.train.outputs import EvalLoopOutput, PredictionOutput
 
 
@@ -21,6 +21,7 @@ def evaluate(trainer, eval_dataset=None, ignore_keys=None, metric_key_prefix: st
         for name, dataset in datasets.items():
             metrics.update(trainer.evaluate(dataset, ignore_keys, f"{metric_key_prefix}_{name}"))
         return metrics
+    trainer._memory_tracker.start("eval")
     dataloader = trainer.get_eval_dataloader(eval_dataset)
     start = time.time()
     output = trainer.evaluation_loop(
@@ -41,10 +42,12 @@ def evaluate(trainer, eval_dataset=None, ignore_keys=None, metric_key_prefix: st
     )
     trainer.log(output.metrics)
     trainer.control = trainer.callback_handler.on_evaluate(trainer.args, trainer.state, trainer.control, output.metrics)
+    trainer._memory_tracker.stop_and_update_metrics(output.metrics, stage="eval")  # after the log, as transformers
     return output.metrics
 
 
 def predict(trainer, test_dataset, ignore_keys=None, metric_key_prefix: str = "test") -> PredictionOutput:
+    trainer._memory_tracker.start("test")
     dataloader = trainer.get_test_dataloader(test_dataset)
     start = time.time()
     output = trainer.evaluation_loop(
@@ -59,6 +62,7 @@ def predict(trainer, test_dataset, ignore_keys=None, metric_key_prefix: str = "t
         )
     )
     trainer.control = trainer.callback_handler.on_predict(trainer.args, trainer.state, trainer.control, output.metrics)
+    trainer._memory_tracker.stop_and_update_metrics(output.metrics, stage="test")
     return PredictionOutput(predictions=output.predictions, label_ids=output.label_ids, metrics=output.metrics)
 
 
@@ -72,6 +76,9 @@ def evaluation_loop(
 ) -> EvalLoopOutput:
     if prediction_loss_only is None:
         prediction_loss_only = trainer.args.prediction_loss_only
+    full_eval_dtype = runtime.full_eval_dtype(trainer.args)
+    if full_eval_dtype is not None and not trainer.is_in_train:  # the whole model cast, and it stays cast
+        trainer.model = trainer.model.to(dtype=full_eval_dtype, device=trainer.args.device)
     with torch.no_grad():
         return evaluation.evaluation_loop(
             trainer, dataloader, description, prediction_loss_only, ignore_keys, metric_key_prefix
@@ -104,7 +111,8 @@ def prediction_step(trainer, model, inputs, prediction_loss_only: bool, ignore_k
             # The chunked causal-LM loss never builds the logits; only predictions that are kept need them.
             trainer._logits_wanted = not prediction_loss_only
             try:
-                loss, outputs = trainer.compute_loss(model, inputs, return_outputs=True)
+                with trainer.compute_loss_context_manager():
+                    loss, outputs = trainer.compute_loss(model, inputs, return_outputs=True)
             finally:
                 trainer._logits_wanted = False
             loss = loss.detach().mean()
@@ -141,6 +149,7 @@ def evaluate_during_training(trainer, trial, ignore_keys_for_eval, skip_schedule
         metrics = trainer.evaluate(ignore_keys=ignore_keys_for_eval)
     finally:
         seed.restore_rng_state(rng_state)
+    hp_search.report_to_search(trainer, trial, trainer.state.global_step, metrics)  # optuna may prune here
     if schedules.steps_on_metric(trainer.lr_scheduler) and not skip_scheduler:
         name = trainer.args.metric_for_best_model or "loss"
         key = name if name.startswith("eval_") else f"eval_{name}"

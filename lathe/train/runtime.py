@@ -132,3 +132,60 @@ def apply_log_level(args) -> None:
     library.setLevel(args.get_process_log_level())
     if not library.handlers and not logging.getLogger().handlers:
         library.addHandler(logging.StreamHandler())  # once: the handler is there on the next call
+
+
+def tf32_available() -> bool:
+    """TF32 matrix multiplies need an Ampere (compute capability 8) or newer CUDA GPU."""
+    if not torch.cuda.is_available() or torch.version.cuda is None:
+        return False
+    return torch.cuda.get_device_properties(torch.cuda.current_device()).major >= 8
+
+
+def apply_tf32(args) -> None:
+    """tf32=True / False switches TF32 matmuls on / off for the process (transformers does it when the
+    arguments are made; lathe when the Trainer is); None leaves torch's setting alone. TrainingArguments
+    refuses tf32=True where TF32 is not available."""
+    if args.tf32 is None or not tf32_available():
+        return  # without TF32 hardware there is nothing to switch off
+    if hasattr(torch.backends, "fp32_precision"):
+        torch.backends.fp32_precision = "tf32" if args.tf32 else "ieee"
+    else:
+        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = bool(args.tf32)
+
+
+def maybe_empty_device_cache(args, global_step: int) -> None:
+    """torch_empty_cache_steps: after the forward of every micro-batch of each N-th step, as transformers."""
+    if args.torch_empty_cache_steps is not None and global_step % args.torch_empty_cache_steps == 0:
+        empty_device_cache()
+
+
+def empty_device_cache() -> None:
+    """torch_empty_cache_steps: return the accelerator's cached, unused memory (nothing to do on the CPU)."""
+    for name in ("cuda", "xpu", "mps", "npu", "mlu", "musa"):
+        backend = getattr(torch, name, None)
+        if backend is not None and backend.is_available():
+            backend.empty_cache()
+            if name == "mps" and hasattr(torch.mps, "clear_graph_cache"):
+                torch.mps.clear_graph_cache()
+            return
+
+
+def full_eval_dtype(args) -> torch.dtype | None:
+    """fp16_full_eval / bf16_full_eval: evaluate with the whole model cast to that dtype (outside train())."""
+    return torch.float16 if args.fp16_full_eval else torch.bfloat16 if args.bf16_full_eval else None
+
+
+def autocast_smart_context_manager(trainer, cache_enabled: bool | None = True):
+    """transformers' hook around the forward pass; its autocast comes from accelerate, so this returns a null
+    context there, and here too: lathe's autocast (bf16 / fp16) is entered by training_step and prediction_step
+    themselves. Override it to wrap every forward in a context of your own."""
+    return contextlib.nullcontext()
+
+
+def compute_loss_context_manager(trainer) -> contextlib.ExitStack:
+    """The contexts compute_loss runs in (training_step and prediction_step enter it)."""
+    stack = contextlib.ExitStack()
+    context = trainer.autocast_smart_context_manager()
+    if not isinstance(context, contextlib.nullcontext):
+        stack.enter_context(context)
+    return stack

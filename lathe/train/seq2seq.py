@@ -4,6 +4,8 @@ generation settings from Seq2SeqTrainingArguments or per call."""
 from __future__ import annotations
 
 import contextlib
+import copy
+from pathlib import Path
 
 import torch
 
@@ -13,6 +15,38 @@ from lathe.train.trainer import Trainer
 class Seq2SeqTrainer(Trainer):
     """Trainer whose evaluate()/predict() accept generation kwargs (max_length, num_beams, ...)
     and, with args.predict_with_generate, return generated token ids as predictions."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        if getattr(self.args, "generation_config", None) is not None:  # Seq2SeqTrainingArguments.generation_config
+            self.model.generation_config = self.load_generation_config(self.args.generation_config)
+
+    @staticmethod
+    def load_generation_config(gen_config_arg):
+        """A GenerationConfig from Seq2SeqTrainingArguments.generation_config: a GenerationConfig (copied), or a
+        generation_config.json file or the folder holding one; checked strictly, as in transformers."""
+        try:
+            from transformers import GenerationConfig
+        except ImportError as error:
+            raise ImportError("generation_config needs transformers: pip install 'lathe[llm]'") from error
+        if isinstance(gen_config_arg, GenerationConfig):
+            config = copy.deepcopy(gen_config_arg)
+        else:
+            path = Path(gen_config_arg)
+            if path.is_file():
+                config = GenerationConfig.from_pretrained(path.parent, path.name)
+            elif path.is_dir():
+                config = GenerationConfig.from_pretrained(path)
+            else:
+                raise ValueError(
+                    f"generation_config={str(gen_config_arg)!r} is neither a GenerationConfig, a file nor a folder; "
+                    "lathe works offline and does not download it from the Hub."
+                )
+        try:
+            config.validate(strict=True)
+        except ValueError as error:
+            raise ValueError(str(error) + "\n\nFix these issues to train your model.") from error
+        return config
 
     def evaluate(self, eval_dataset=None, ignore_keys=None, metric_key_prefix: str = "eval", **gen_kwargs):
         self._gen_kwargs = self._generation_kwargs(gen_kwargs)

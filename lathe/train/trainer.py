@@ -21,25 +21,27 @@ from lathe.train import (
     loop,
     modeling,
     predicting,
-    results,
     resume,
     runtime,
     saving,
     schedules,
+    session,
     stepping,
 )
 from lathe.train.args_validation import check_output_dir, make_output_dir
 from lathe.train.collators import default_collator_for
 from lathe.train.commit import BackgroundCommitter
 from lathe.train.flow import default_callback_handler
-from lathe.train.loss import LabelSmoother
+from lathe.train.loss import label_smoother_for
+from lathe.train.memory import TrainerMemoryTracker
 from lathe.train.seed import enable_full_determinism, set_seed
 from lathe.train.state import TrainerControl, TrainerState
+from lathe.train.surface import TrainerSurface
 
 logger = logging.getLogger(__name__)
 
 
-class Trainer:
+class Trainer(TrainerSurface):
     """The transformers.Trainer API on plain PyTorch.
 
     Where things happen: train() retries on out-of-memory around _training_loop (loop.py: the epochs),
@@ -74,10 +76,9 @@ class Trainer:
             logger.info(f"No `TrainingArguments` passed, using `output_dir={args.output_dir}`.")  # transformers' words
         self.args = args
         runtime.apply_log_level(args)
-        if tokenizer is not None:
-            message = "Trainer(tokenizer=...) is deprecated; use processing_class=... (transformers 5 name)."
-            warnings.warn(message, FutureWarning, stacklevel=2)
-            processing_class = processing_class or tokenizer
+        self._memory_tracker = TrainerMemoryTracker(args.skip_memory_metrics).started("init")
+        runtime.apply_tf32(args)
+        processing_class = _processing_class(processing_class, tokenizer)
         # Seed before model_init so the initial weights are reproducible.
         enable_full_determinism(args.seed) if args.full_determinism else set_seed(args.seed)
         self.model_init = model_init
@@ -93,10 +94,10 @@ class Trainer:
         self.optimizer_cls_and_kwargs = optimizer_cls_and_kwargs
         self._check_what_was_given()
         self._inspect_model(self.model)
-        self.label_smoother = self._label_smoother(args.label_smoothing_factor)
+        self.label_smoother = label_smoother_for(self.model, args.label_smoothing_factor)
         self._train_batch_size = args.train_batch_size
-        self.is_in_train = False
-        self.hp_search_backend = None
+        self.is_in_train, self.neftune_noise_alpha = False, args.neftune_noise_alpha
+        self.hp_search_backend = self.hp_name = self._trial = self.hub_model_id = None
         # Set while train() runs: the fp16 GradScaler, DeepSpeed's engine, the run's tally (run.TrainingRun).
         self.scaler = self._zero_engine = self._run = None
         self._backend = stepping.PlainBackend(None, [], None, None)  # the run's back-end (stepping.choose_backend)
@@ -112,8 +113,14 @@ class Trainer:
         if args.should_save:  # transformers makes output_dir here, before anything is written into it
             make_output_dir(args.output_dir)
         self.control = self.callback_handler.on_init_end(args, self.state, self.control)
+        self._finish_init()
 
     # ----- wiring -----
+
+    def _finish_init(self) -> None:
+        if getattr(self.model, "config", None) is not None:
+            self.model.config.use_cache = self.args.use_cache  # as transformers does, whatever the config said
+        self._memory_tracker.stop_and_update_metrics(stage="init")
 
     def _check_what_was_given(self) -> None:
         args = self.args
@@ -155,16 +162,6 @@ class Trainer:
         self._lm_loss = causal_lm.choose_loss_path(model, self.args, self.compute_loss_func)
         self._logits_wanted = False  # prediction_step sets it while compute_metrics needs the logits
 
-    def _label_smoother(self, factor: float):
-        if not factor:
-            return None
-        if getattr(getattr(self.model, "config", None), "problem_type", None) == "multi_label_classification":
-            # Smoothing one-hot targets has no meaning for independent per-label targets (transformers' rule).
-            message = "Label smoothing is not compatible with multi-label classification. Disabling label smoothing for this training run."
-            warnings.warn(message, UserWarning, stacklevel=3)
-            return None
-        return LabelSmoother(epsilon=factor)
-
     def call_model_init(self, trial=None):
         parameters = inspect.signature(self.model_init).parameters
         model = self.model_init() if len(parameters) == 0 else self.model_init(trial)
@@ -199,10 +196,11 @@ class Trainer:
         if kwargs:
             raise TypeError(f"train() got unexpected keyword arguments: {sorted(kwargs)}")
         check_output_dir(self.args.output_dir)  # a file may have appeared there since the arguments were made
-        if self.model_init is not None:
-            set_seed(self.args.seed)  # fresh, reproducible weights for each train() call
-            self.model = self.model_wrapped = self._place_model(self.call_model_init(trial))
-            self.optimizer = self.lr_scheduler = None
+        # model_init's fresh model, memory tracking, NEFTune's hook, a search trial's arguments (session.py)
+        with session.train_call(self, trial):
+            return self._train_with_retries(resume_from_checkpoint, trial, ignore_keys_for_eval)
+
+    def _train_with_retries(self, resume_from_checkpoint, trial, ignore_keys_for_eval):
         resume_path = resume.resolve_resume_path(self.args, resume_from_checkpoint)
         batch_size = resume.restore_batch_size(self.args, resume_path) or self._train_batch_size
         while True:
@@ -255,10 +253,6 @@ class Trainer:
             self._save_checkpoint(model, trial)
             self.control = self.callback_handler.on_save(self.args, self.state, self.control)
 
-    def store_flos(self) -> None:
-        self.state.total_flos += self.current_flos
-        self.current_flos = 0.0
-
     def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
         """Add epoch (and tokens seen) to `logs`, append them to log_history, call on_log."""
         if self.state.epoch is not None:
@@ -283,12 +277,14 @@ class Trainer:
             model.train()
         causal_lm.trainer_path(self)  # a compute_loss_func set since __init__ turns the chunked loss off, logged
         inputs = self._prepare_inputs(inputs)
-        with runtime.autocast_context(self.args.device, self._autocast_dtype):
+        with runtime.autocast_context(self.args.device, self._autocast_dtype), self.compute_loss_context_manager():
             loss = self.compute_loss(model, inputs, num_items_in_batch=num_items_in_batch)
+        runtime.maybe_empty_device_cache(self.args, self.state.global_step)  # torch_empty_cache_steps
         # Divided by the accumulation window (or by its label tokens, inside the loss), the micro-batch
         # losses of a window add up to the loss of the whole window: batching.normalise_loss says why.
-        by_items = num_items_in_batch is not None and self._counts_items()
-        world_scale = distributed.world_size() if by_items and self.args.average_tokens_across_devices else 1
+        counted = num_items_in_batch is not None and self._counts_items()
+        world_scale = distributed.world_size() if counted and self.args.average_tokens_across_devices else 1
+        by_items = counted if self.loss_is_scaled_for_ga is None else self.loss_is_scaled_for_ga
         loss = batching.normalise_loss(loss, self.current_gradient_accumulation_steps, by_items, world_scale)
         self._backend.backward(loss)
         return loss.detach()
@@ -330,15 +326,6 @@ class Trainer:
     @property
     def _autocast_dtype(self):
         return runtime.autocast_dtype(self.args)
-
-    def floating_point_ops(self, inputs) -> int:
-        """Operations of one forward + backward pass over `inputs` (modeling.FlopsEstimate), for total_flos."""
-        if not isinstance(inputs, Mapping):
-            return 0
-        estimate = self._flops_estimate
-        if estimate is None or estimate.model is not self.model:
-            estimate = self._flops_estimate = modeling.FlopsEstimate(self.model)
-        return estimate(inputs)
 
     # ----- optimizer and scheduler (optim.py, schedules.py) -----
 
@@ -384,8 +371,6 @@ class Trainer:
     get_train_dataloader = loaders.get_train_dataloader
     get_eval_dataloader = loaders.get_eval_dataloader
     get_test_dataloader = loaders.get_test_dataloader
-    num_examples = loaders.num_examples
-    num_tokens = loaders.num_tokens
 
     evaluate = predicting.evaluate
     predict = predicting.predict
@@ -397,7 +382,10 @@ class Trainer:
     _save_checkpoint = saving.save_checkpoint
     _best_checkpoint_path = saving.best_checkpoint_path
 
-    save_state = results.save_state
-    save_metrics = results.save_metrics
-    metrics_format = staticmethod(results.metrics_format)
-    log_metrics = results.log_metrics
+
+def _processing_class(processing_class, tokenizer):
+    if tokenizer is not None:
+        message = "Trainer(tokenizer=...) is deprecated; use processing_class=... (transformers 5 name)."
+        warnings.warn(message, FutureWarning, stacklevel=3)
+        return processing_class or tokenizer
+    return processing_class

@@ -25,21 +25,7 @@ CLASSES = {
 }
 
 # KNOWN PENDING, each added by a branch merged beside this one; the lead empties these after merging them.
-# optim_target_modules: branch i15-optim (issue 15). The Trainer methods: branch i17c (issue 17, point 5).
-_PENDING_TRAINER = {
-    "accelerator", "autocast_smart_context_manager", "compute_loss_context_manager",
-    "create_accelerator_and_postprocess", "create_model_card", "deepspeed", "end", "gather_function",
-    "get_batch_samples", "get_cp_size", "get_learning_rates", "get_num_trainable_parameters",
-    "get_optimizer_cls_and_kwargs", "get_optimizer_group", "get_sp_size", "get_total_train_batch_size",
-    "get_tp_size", "hp_name", "hub_model_id", "hyperparameter_search", "init_hf_repo", "is_deepspeed_enabled",
-    "is_distributed_loading_by_transformers", "is_fsdp_enabled", "is_fsdp_xla_enabled", "is_fsdp_xla_v1_enabled",
-    "is_fsdp_xla_v2_enabled", "is_model_parallel", "load_generation_config", "loss_is_scaled_for_ga",
-    "neftune_noise_alpha", "place_model_on_device", "push_to_hub", "set_initial_training_values",
-}  # fmt: skip
-KNOWN_PENDING = {
-    "Trainer": _PENDING_TRAINER,
-    "Seq2SeqTrainer": _PENDING_TRAINER,
-}
+KNOWN_PENDING: dict[str, set[str]] = {}
 
 
 def _instance(name: str, cls, output_dir: str):
