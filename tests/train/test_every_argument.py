@@ -226,7 +226,9 @@ FIELDS = {
     "debug": Elsewhere("test_args_integrations.py"),
     "accelerator_config": Elsewhere("test_args_integrations.py"),
     "parallelism_config": Elsewhere("test_args_integrations.py"),
-    "use_liger_kernel": Gap("issue 18 wires Liger's kernels; until then it must be refused", R(True, "liger")),
+    "use_liger_kernel": Elsewhere("test_chunked_loss.py"),  # Liger on CUDA; the chunked loss otherwise, logged
+    "chunked_cross_entropy": Elsewhere("test_chunked_loss.py"),
+    "chunked_cross_entropy_size": Elsewhere("test_chunked_loss.py"),
     "liger_kernel_config": Elsewhere("test_args_integrations.py"),
     "enable_jit_checkpoint": Elsewhere("test_args_integrations.py"),
     "project": Elsewhere("test_args_integrations.py"),
