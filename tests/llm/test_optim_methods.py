@@ -74,7 +74,8 @@ def _fingerprint(folder: Path) -> dict:
 def test_step_losses_equal_llamafactory(name, assets, tmp_path):
     golden = GOLDENS["cases"][name]
     assert golden["config"] == CASES[name], f"{name}: the golden file is stale; rerun make_llamafactory_optim.py"
-    steps = _train(name, assets, tmp_path / "out")
+    # LLaMA-Factory computes the full logits: with that path (chunked_cross_entropy: no) the losses are its bits.
+    steps = _train(name, assets, tmp_path / "out", chunked_cross_entropy="no")
     assert [s["loss"] for s in steps] == pytest.approx([s["loss"] for s in golden["steps"]], rel=0, abs=0)
     assert [s["learning_rate"] for s in steps] == [s["learning_rate"] for s in golden["steps"]]
     assert [s["grad_norm"] for s in steps] == pytest.approx([s["grad_norm"] for s in golden["steps"]], rel=1e-6)
@@ -119,6 +120,15 @@ def test_bleu_and_rouge_equal_llamafactory():
     assert scores["exact_match"] == 16.6667  # lathe's own addition: 1 of 6 equal
 
 
+@pytest.mark.parametrize("name", ["baseline", "galore", "badam_layer", "muon"])
+def test_the_default_chunked_loss_stays_within_rounding_of_llamafactory(name, assets, tmp_path):
+    """lathe.llm's default loss (chunked: the logits never whole) sums in another order: the same steps within
+    1e-5 (measured: about 1e-6)."""
+    golden = GOLDENS["cases"][name]
+    steps = _train(name, assets, tmp_path / "out")
+    assert [s["loss"] for s in steps] == pytest.approx([s["loss"] for s in golden["steps"]], rel=0, abs=1e-5)
+
+
 class StopAfter(TrainerCallback):
     def __init__(self, step):
         self.step = step
@@ -136,6 +146,7 @@ def test_interrupted_run_resumes_to_llamafactorys_weights(name, assets, tmp_path
         if CASES[name].get(key):
             pytest.importorskip(package)
     values = {**case_config(name, *assets, str(output)), "save_strategy": "steps", "save_steps": 3}
+    values["chunked_cross_entropy"] = "no"  # bit for bit against LLaMA-Factory's full-logits loss
     run_train(parse_train_config(values), callbacks=[StopAfter(3)])
     recorder = Recorder()
     run_train(
