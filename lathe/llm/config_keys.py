@@ -23,15 +23,13 @@ UNSUPPORTED_BY_FEATURE: dict[str, dict[str, object]] = {
         "new_special_tokens_config": None,
         "init_special_tokens": "noise_init",
     },
-    "model patches (RoPE scaling, S^2-Attn, unsloth, liger kernels, MoE aux loss)": {
+    "model patches (RoPE scaling, S^2-Attn, unsloth, liger kernels at load, MoE aux loss)": {
         "rope_scaling": None,
         "shift_attn": False,
         "use_unsloth": False,
         "use_unsloth_gc": False,
         "enable_liger_kernel": False,
         "moe_aux_loss_coef": None,
-        "use_liger_kernel": False,
-        "liger_kernel_config": None,
     },
     "inference engines other than transformers (vLLM, SGLang, KTransformers)": {
         "infer_backend": "huggingface",
@@ -74,12 +72,6 @@ UNSUPPORTED_BY_FEATURE: dict[str, dict[str, object]] = {
         "reward_model_quantization_bit": None,
         "reward_model_type": "lora",
     },
-    "other training settings (accelerate config, parallelism config, JIT checkpoints, debug)": {
-        "accelerator_config": None,
-        "parallelism_config": None,
-        "enable_jit_checkpoint": False,
-        "debug": "",
-    },
     "the torch profiler integration": {
         "enable_torch_profiler": False,
         "profiler_output_dir": None,
@@ -92,7 +84,7 @@ UNSUPPORTED_BY_FEATURE: dict[str, dict[str, object]] = {
         "profiler_with_stack": True,
         "profile_modules": None,
     },
-    "experiment trackers other than tensorboard/jsonl (SwanLab, Trackio) and the Hub": {
+    "the SwanLab experiment tracker": {
         "use_swanlab": False,
         "swanlab_project": "llamafactory",
         "swanlab_workspace": None,
@@ -102,16 +94,6 @@ UNSUPPORTED_BY_FEATURE: dict[str, dict[str, object]] = {
         "swanlab_logdir": None,
         "swanlab_lark_webhook_url": None,
         "swanlab_lark_secret": None,
-        "project": "huggingface",
-        "trackio_space_id": None,
-        "trackio_bucket_id": None,
-        "trackio_static_space_id": None,
-        "hub_model_id": None,
-        "hub_strategy": "every_save",
-        "hub_token": None,
-        "hub_private_repo": None,
-        "hub_always_push": False,
-        "hub_revision": None,
     },
     "training extras (token accuracy, shuffling off, effective tokens/s)": {
         "compute_accuracy": False,

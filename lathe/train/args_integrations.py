@@ -194,11 +194,18 @@ def _check_liger(args) -> None:
         raise TypeError(f"use_liger_kernel must be a bool, got {args.use_liger_kernel!r}")
     config = args.liger_kernel_config
     if isinstance(config, str):
-        config = args.liger_kernel_config = json.loads(config)
+        config = args.liger_kernel_config = _json_object("liger_kernel_config", config)
     if config is not None and (
         not isinstance(config, dict) or not all(isinstance(k, str) and isinstance(v, bool) for k, v in config.items())
     ):
         raise ValueError(f"liger_kernel_config must map kernel names to True/False, got {config!r}")
+
+
+def _json_object(name: str, text: str):
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as error:
+        raise ValueError(f"{name}: not valid JSON ({error}): {text!r}") from None
 
 
 def check_accelerator_config(args) -> None:
@@ -206,8 +213,12 @@ def check_accelerator_config(args) -> None:
     value = args.accelerator_config
     if value is None:
         value = AcceleratorConfig()
+    elif isinstance(value, str) and value.lstrip().startswith("{"):
+        value = _json_object("accelerator_config", value)
     elif isinstance(value, str):
-        value = json.loads(value) if value.lstrip().startswith("{") else AcceleratorConfig.from_json_file(value)
+        if not os.path.isfile(value):
+            raise ValueError(f"accelerator_config={value!r}: expected a dict, a JSON object string or a JSON file path")
+        value = AcceleratorConfig.from_json_file(value)
     if isinstance(value, dict):
         names = [f.name for f in dataclasses.fields(AcceleratorConfig)]
         unknown = [key for key in value if key not in names]
@@ -215,7 +226,7 @@ def check_accelerator_config(args) -> None:
             raise ValueError(f"accelerator_config has unknown keys {unknown}; the keys are {names}")
         value = AcceleratorConfig(**{key: _cli_bool(item) for key, item in value.items()})
     if not isinstance(value, AcceleratorConfig):
-        raise TypeError(f"accelerator_config must be a dict, a JSON string or a file path, got {value!r}")
+        raise ValueError(f"accelerator_config must be a dict, a JSON string or a file path, got {value!r}")
     args.accelerator_config = value
     refused = {"use_seedable_sampler": False, "non_blocking": True, "use_configured_state": True}
     # how accelerate shares batches between processes: the same thing as the default in one process

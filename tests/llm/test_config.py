@@ -256,3 +256,27 @@ def test_lathe_train_with_a_file_as_output_dir_exits_2_without_a_traceback(tmp_p
     assert error.startswith(f"lathe train: error: output_dir='{tmp_path / 'taken'}' is an existing file, not a folder")
     assert f"(in {config})" in error
     assert "Traceback" not in error
+
+
+def test_training_arguments_keys_llamafactory_passes_to_transformers_reach_the_trainer():
+    """LLaMA-Factory hands these to transformers' Seq2SeqTrainingArguments; lathe's has them too, with the same
+    meaning (or transformers' clear error, as for pushing to the Hub offline)."""
+    config = parse_train_config(
+        {
+            **BASE,
+            "debug": "underflow_overflow",
+            "enable_jit_checkpoint": True,
+            "use_liger_kernel": True,
+            "project": "demo",
+            "hub_strategy": "end",
+        }
+    )
+    training = config.training
+    assert [option.value for option in training.debug] == ["underflow_overflow"]
+    assert training.enable_jit_checkpoint is True and training.use_liger_kernel is True
+    assert training.project == "demo" and training.hub_strategy.value == "end"
+    with pytest.raises(ValueError, match="push_to_hub"):
+        parse_train_config({**BASE, "push_to_hub": True})
+    # A key of LLaMA-Factory's model loading (Liger patched in at load time) is still refused with its reason.
+    with pytest.raises(ValueError, match="enable_liger_kernel .*not support yet"):
+        parse_train_config({**BASE, "enable_liger_kernel": True})
