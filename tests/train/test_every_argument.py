@@ -12,7 +12,7 @@ fails the test. The kinds of entry:
   Peer(reason)                        transformers' Trainer does not read it either (checked against its source
                                       where transformers is installed); scripts read it
 
-A field added to TrainingArguments needs an entry here."""
+A field added to TrainingArguments needs an entry here; there is no kind for "still ignored"."""
 
 from __future__ import annotations
 
@@ -70,15 +70,6 @@ class Moot:
 
     needs: str
     value: object
-
-
-@dataclass
-class Gap:
-    """A known gap: the field is still ignored; `expected` is the entry it must satisfy once fixed (the test is a
-    strict xfail, so fixing it fails the test until the entry is updated)."""
-
-    reason: str
-    expected: object
 
 
 def C(observe, value, **context):
@@ -521,20 +512,6 @@ def test_field_acts_only_with_a_refused_one(tmp_path, name, entry):
     assert isinstance(FIELDS[entry.needs], Raises) and FIELDS[entry.needs].value == entry.value
     with pytest.raises(ValueError, match=entry.needs):
         make_trainer(tmp_path, {name: MOOT_VALUES.get(name, "x"), entry.needs: entry.value})
-
-
-@pytest.mark.parametrize(("name", "entry"), _entries(Gap))
-def test_known_gap_is_still_open(tmp_path, name, entry):
-    expected = entry.expected
-    context = dict(expected.context)
-    model_kind = context.pop("model", "probe")
-    try:
-        make_trainer(tmp_path, {**context, name: expected.value}, model_kind).train()
-    except (ValueError, TypeError, NotImplementedError, RuntimeError, ImportError) as error:
-        if re.search(expected.match, str(error)):
-            pytest.fail(f"{name} is no longer ignored ({error}); replace its Gap entry by {expected}")
-        raise
-    pytest.xfail(f"{name} is still ignored: {entry.reason}")
 
 
 @pytest.mark.hf
