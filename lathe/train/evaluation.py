@@ -30,8 +30,8 @@ def to_numpy(data):
 
 def pad_and_concatenate(arrays: list, padding_index: int = IGNORE_INDEX):
     """Concatenate per-batch arrays on axis 0, padding the other axes to the largest shape with
-    `padding_index` (e.g. sequence lengths that differ between batches). Done once at the end, so
-    gathering is linear in the data instead of re-copying on every batch."""
+    `padding_index` (e.g. sequence lengths that differ between batches). Gathered merges pairs of
+    equal chunks, so each row is copied log n times, not once per batch as a running concatenation."""
     first = arrays[0]
     if isinstance(first, (list, tuple)):
         return type(first)(pad_and_concatenate([a[i] for a in arrays], padding_index) for i in range(len(first)))
@@ -58,6 +58,7 @@ class Gathered:
         self.concatenate = concatenate
         self.on_device: list = []
         self.on_cpu: list = []
+        self._batches_per_chunk: list[int] = []  # on_cpu[i] holds this many batches (merged below)
 
     def add(self, value) -> None:
         if value is None:
@@ -67,22 +68,44 @@ class Gathered:
             self.flush()
 
     def flush(self) -> None:
-        self.on_cpu.extend(to_numpy(v) for v in self.on_device)
+        for value in self.on_device:
+            self.on_cpu.append(to_numpy(value))
+            self._batches_per_chunk.append(1)
+            self._merge_equal_chunks()
         self.on_device.clear()
+
+    def _merge_equal_chunks(self) -> None:
+        """Merge the last two chunks while they hold as many batches each (a binary counter: log n
+        chunks, each row copied log n times). Thousands of small arrays kept between the large,
+        varying-size logits of each batch fragment glibc's heap: RSS grew ~0.8 MB per batch on the
+        lm bench (84 MB at 80 batches vs 38 MB at 8); merged, it stays flat (~40 MB, as transformers).
+        Under several processes, result() interleaves the ranks batch by batch, so nothing merges."""
+        if not self.concatenate or _is_distributed():
+            return
+        sizes = self._batches_per_chunk
+        while len(sizes) > 1 and sizes[-1] == sizes[-2]:
+            self.on_cpu[-2:] = [pad_and_concatenate(self.on_cpu[-2:])]
+            sizes[-2:] = [sizes[-2] * 2]
 
     def result(self, total: int | None = None):
         """Everything gathered; under several processes, every rank's batches in dataset order,
         cut to `total` rows (even sharding repeats a few samples at the end)."""
         self.flush()
-        from lathe.train import distributed
+        if _is_distributed():
+            from lathe.train import distributed
 
-        if distributed.is_distributed():
             self.on_cpu = distributed.interleave_batches(distributed.gather_objects(self.on_cpu))
         if not self.on_cpu:
             return None
         if not self.concatenate:
             return self.on_cpu
         return _first_rows(pad_and_concatenate(self.on_cpu), total)
+
+
+def _is_distributed() -> bool:
+    from lathe.train import distributed  # lazily: distributed imports this module's helpers
+
+    return distributed.is_distributed()
 
 
 def _first_rows(data, total: int | None):

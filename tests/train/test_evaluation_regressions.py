@@ -73,3 +73,29 @@ def test_eval_loss_is_nan_without_the_filter(tmp_path):
     args = training_args(tmp_path, per_device_eval_batch_size=4, logging_nan_inf_filter=False)
     trainer = make_trainer(model=NanOnSecondBatch(), args=args)
     assert torch.isnan(torch.tensor(trainer.evaluate(regression_items(10))["eval_loss"]))
+
+
+def test_gathered_batches_merge_into_log_n_chunks_with_the_same_padded_result():
+    """Kept predictions merge pairwise as they come (a flat heap on long evaluations): 37 batches of
+    varying length end as 3 chunks (37 = 32 + 4 + 1), and the result is the one-shot padded concat."""
+    import numpy as np
+
+    from lathe.train.evaluation import Gathered, pad_and_concatenate
+
+    generator = torch.Generator().manual_seed(0)
+    batches = [
+        torch.randint(0, 50, (3, int(torch.randint(2, 9, (1,), generator=generator))), generator=generator)
+        for _ in range(37)
+    ]
+    gathered = Gathered(transfer_every=1)
+    for batch in batches:
+        gathered.add(batch)
+    assert len(gathered.on_cpu) == 3
+    expected = pad_and_concatenate([b.numpy() for b in batches])
+    np.testing.assert_array_equal(gathered.result(), expected)
+    assert expected.shape == (111, max(b.shape[1] for b in batches))
+
+    unmerged = Gathered(transfer_every=1, concatenate=False)  # eval_do_concat_batches=False: a list per batch
+    for batch in batches:
+        unmerged.add(batch)
+    assert len(unmerged.result()) == 37
