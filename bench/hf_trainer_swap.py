@@ -25,6 +25,14 @@ SWAPPED_MODULES = {
     "transformers.data.data_collator": "lathe.data_collator",
     "transformers.trainer_seq2seq": "lathe.trainer_seq2seq",
     "transformers.training_args_seq2seq": "lathe.training_args_seq2seq",
+    "transformers.trainer_jit_checkpoint": "lathe.trainer_jit_checkpoint",
+}
+
+# Modules of which lathe provides a part: the functions lathe has replace transformers' (so the tests' library
+# logger, `logging.get_logger()`, and `set_verbosity` are lathe's, as after a user's import change); the rest
+# stays transformers' own (its tqdm, warning_once, ... keep working for transformers' code).
+PARTLY_SWAPPED_MODULES = {
+    "transformers.utils.logging": "lathe.utils.logging",
 }
 
 # Names 5.23 removed but test files of that era still import at module level (an import error would hide every
@@ -116,6 +124,12 @@ def swap_in_lathe():
                 log["kept_constants"].setdefault(module_name, []).append(name)
                 continue
             _set_everywhere(top, module, name, original, replacement)
+    for module_name, lathe_name in PARTLY_SWAPPED_MODULES.items():
+        module, lathe_module = importlib.import_module(module_name), importlib.import_module(lathe_name)
+        for name in defined_public_names(module):
+            if callable(getattr(module, name)) and callable(getattr(lathe_module, name, None)):
+                setattr(module, name, getattr(lathe_module, name))
+                log["replaced"].setdefault(module_name, []).append(name)
     return log
 
 

@@ -45,6 +45,8 @@ HF_IMPORTS = {
         "enable_full_determinism",
         "PREFIX_CHECKPOINT_DIR",
     ],
+    "trainer_jit_checkpoint": ["CheckpointManager", "JITCheckpointCallback"],
+    "utils.logging": ["get_logger", "get_verbosity", "set_verbosity", "set_verbosity_info", "enable_default_handler"],
 }
 
 TOP_LEVEL = [

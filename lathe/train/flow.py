@@ -231,20 +231,28 @@ class GracefulStopCallback(TrainerCallback):
         self._previous.clear()
 
 
-def default_callback_handler(args, callbacks, model, processing_class, optimizer, lr_scheduler) -> CallbackHandler:
+def default_callback_handler(trainer, callbacks) -> CallbackHandler:
     """The Trainer's callbacks, in the order they run: flow, then the printer or progress bar, then the
-    report_to reporters, then the user's."""
+    report_to reporters, then the JIT checkpoint (its SIGTERM handler set now, as transformers), then the user's."""
     from lathe.train.integrations import reporter_callbacks
 
+    args = trainer.args
     defaults = [DefaultFlowCallback, PrinterCallback if args.disable_tqdm else ProgressCallback]
     defaults += reporter_callbacks(args.report_to)
-    if getattr(args, "enable_jit_checkpoint", False):  # transformers' JIT checkpoint: on SIGTERM, save and stop
-        import signal
+    if getattr(args, "enable_jit_checkpoint", False):
+        from lathe.train.jit_checkpoint import JITCheckpointCallback
 
-        defaults.append(GracefulStopCallback(signals=(signal.SIGTERM,)))
+        defaults.append(JITCheckpointCallback())
+        defaults[-1].set_trainer(trainer)
     if "underflow_overflow" in getattr(args, "debug", ()):
         from lathe.train.debug import UnderflowOverflowCallback
 
         defaults.append(UnderflowOverflowCallback())
     # CallbackHandler warns when no DefaultFlowCallback is left (as transformers' handler does).
-    return CallbackHandler(defaults + list(callbacks or []), model, processing_class, optimizer, lr_scheduler)
+    return CallbackHandler(
+        defaults + list(callbacks or []),
+        trainer.model,
+        trainer.processing_class,
+        trainer.optimizer,
+        trainer.lr_scheduler,
+    )

@@ -1,6 +1,7 @@
 """save_total_limit: which checkpoint-N entries of output_dir lathe may count and delete, and deleting
 them. The rule: only a real folder (never a symbolic link) whose lathe_checkpoint.json proves lathe
-wrote it complete, as the step its name says. Everything else is neither counted nor touched."""
+wrote it complete, as the step its name says, or an empty folder (nothing in it to lose; os.rmdir
+refuses if anything appears inside). Everything else is neither counted nor touched."""
 
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ def owned_checkpoints(output_dir: str) -> list[str]:
         reason = why_not_owned(path, step)
         if reason is None:
             owned.append(path)
-        elif (path, reason) not in _reported:
+        elif (path, reason) not in _reported and not _is_empty_folder(path):
             _reported.add((path, reason))
             logger.warning("save_total_limit leaves %s alone and does not count it: %s.", path, reason)
     return owned
@@ -64,8 +65,8 @@ def rotate_checkpoints(
     `use_mtime`). Never deleted: `newest` (the checkpoint just published, whatever its number; by default
     the last one), the best one (transformers' rule: the best is kept, and with a limit of 1 and a distinct
     best, 2 remain so the newest can still resume), and anything owned_checkpoints does not list: unlike
-    transformers, a checkpoint-N folder lathe did not write is never deleted (nor counted). Call only after
-    the newest save is committed."""
+    transformers, a checkpoint-N folder lathe did not write is never deleted (nor counted) unless it is
+    empty. Call only after the newest save is committed."""
     if checkpoint_prefix != ckpt.PREFIX_CHECKPOINT_DIR:
         raise ValueError(
             f"lathe writes checkpoints as {ckpt.PREFIX_CHECKPOINT_DIR}-N; got checkpoint_prefix={checkpoint_prefix!r}"
@@ -76,6 +77,10 @@ def rotate_checkpoints(
     if use_mtime:
         by_time = sort_checkpoints(output_dir, use_mtime=True)
         order = [path for path in by_time if path in order]
+    # Empty checkpoint-N folders count as transformers counts them, but as the oldest: they go first,
+    # so one never costs a checkpoint that holds something.
+    owned = set(order)
+    order = [path for _step, path in ckpt.numbered_entries(output_dir) if _is_empty_folder(path)] + order
     # The newest last and the best just before it, so both fall inside the kept tail.
     newest = _find(order, newest) or (order[-1] if order else None)
     best = _find(order, best_model_checkpoint)
@@ -85,10 +90,15 @@ def rotate_checkpoints(
             order.append(kept)
     limit = 2 if save_total_limit == 1 and best is not None and best != newest else save_total_limit
     to_delete = order[: max(0, len(order) - limit)]
+    deleted = []
     for path in to_delete:
         logger.info("Deleting older checkpoint %s (save_total_limit=%s).", path, save_total_limit)
-        delete_checkpoint(path)
-    return to_delete
+        if path in owned:
+            delete_checkpoint(path)
+        elif not _remove_empty_folder(path):
+            continue
+        deleted.append(path)
+    return deleted
 
 
 def keep_only(output_dir: str, kept: str) -> list[str]:
@@ -98,6 +108,20 @@ def keep_only(output_dir: str, kept: str) -> list[str]:
     for path in to_delete:
         delete_checkpoint(path)
     return to_delete
+
+
+def _is_empty_folder(path: str) -> bool:
+    return os.path.isdir(path) and not os.path.islink(path) and not os.listdir(path)
+
+
+def _remove_empty_folder(path: str) -> bool:
+    """os.rmdir removes only an empty folder: if something was put inside since it was listed, it stays."""
+    try:
+        os.rmdir(path)
+        return True
+    except OSError as error:
+        logger.warning("save_total_limit leaves %s alone: %s.", path, error.strerror or error)
+        return False
 
 
 def _find(paths: list[str], wanted: str | None) -> str | None:

@@ -5,10 +5,11 @@ branches on these itself."""
 from __future__ import annotations
 
 import contextlib
-import logging
 from collections.abc import Mapping
 
 import torch
+
+from lathe.utils import logging as lathe_logging
 
 
 def move_to_device(data, device: torch.device):
@@ -128,10 +129,7 @@ def apply_log_level(args) -> None:
     name = args.log_level if args.should_log else args.log_level_replica
     if name == "passive":
         return
-    library = logging.getLogger("lathe")
-    library.setLevel(args.get_process_log_level())
-    if not library.handlers and not logging.getLogger().handlers:
-        library.addHandler(logging.StreamHandler())  # once: the handler is there on the next call
+    lathe_logging.set_verbosity(args.get_process_log_level())
 
 
 def tf32_available() -> bool:

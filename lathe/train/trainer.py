@@ -105,9 +105,7 @@ class Trainer(TrainerSurface):
             is_local_process_zero=self.is_local_process_zero(), is_world_process_zero=self.is_world_process_zero()
         )
         self.control = TrainerControl()
-        self.callback_handler = default_callback_handler(
-            args, callbacks, self.model, processing_class, self.optimizer, self.lr_scheduler
-        )
+        self.callback_handler = default_callback_handler(self, callbacks)
         self.current_flos, self._flops_estimate = 0.0, None
         self._checkpoint_commits = BackgroundCommitter()
         if args.should_save:  # transformers makes output_dir here, before anything is written into it

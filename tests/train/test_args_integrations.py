@@ -7,6 +7,7 @@ import dataclasses
 import json
 import os
 import signal
+import time
 
 import pytest
 import torch
@@ -142,17 +143,57 @@ def test_debug_underflow_overflow_stops_at_the_first_inf_and_prints_the_frames(t
     assert model.calls == 2  # stopped in the batch where it happened
 
 
-class SendSigterm(TrainerCallback):
+class SigtermAtStep2(TrainerCallback):
+    """Sends SIGTERM at step 2's end, then holds step 3's start until the grace period has passed."""
+
+    def __init__(self):
+        self.manager = None
+
     def on_step_end(self, args, state, control, **kwargs):
         if state.global_step == 2:
             os.kill(os.getpid(), signal.SIGTERM)
 
+    def on_step_begin(self, args, state, control, **kwargs):
+        deadline = time.monotonic() + 10
+        while state.global_step == 2 and not self.manager.is_checkpoint_requested and time.monotonic() < deadline:
+            time.sleep(0.01)
 
-def test_enable_jit_checkpoint_saves_and_stops_on_sigterm(tmp_path):
+
+def test_enable_jit_checkpoint_saves_and_stops_after_the_grace_period(tmp_path):
+    """transformers' JIT checkpoint: the handler is set when the Trainer is made; SIGTERM arms a timer of
+    kill_wait seconds; the next step hook (here step 3's pre-optimizer hook) saves checkpoint-2 and stops
+    after that step. Resuming from it ends where an uninterrupted run ends."""
+    from lathe.trainer_jit_checkpoint import JITCheckpointCallback
+
     previous = signal.getsignal(signal.SIGTERM)
-    args = training_args(tmp_path, max_steps=6, enable_jit_checkpoint=True)
-    trainer = Trainer(model=Regression(), args=args, train_dataset=regression_items(20), callbacks=[SendSigterm()])
+    sender = SigtermAtStep2()
+    args = training_args(tmp_path / "jit", max_steps=6, enable_jit_checkpoint=True)
+    trainer = Trainer(model=Regression(), args=args, train_dataset=regression_items(20), callbacks=[sender])
+    (jit,) = [c for c in trainer.callback_handler.callbacks if isinstance(c, JITCheckpointCallback)]
+    assert jit.trainer is trainer and signal.getsignal(signal.SIGTERM) == jit.jit_manager._sigterm_handler
+    assert jit.jit_manager.kill_wait == 3  # transformers' grace period
+    jit.jit_manager.kill_wait, sender.manager = 0.2, jit.jit_manager
     trainer.train()
-    assert trainer.state.global_step == 3  # the signal arrives in step 2's end: step 3 finishes, saves, stops
-    assert sorted(os.listdir(tmp_path)) == ["checkpoint-3"]
+    assert trainer.state.global_step == 3
+    assert sorted(os.listdir(tmp_path / "jit")) == ["checkpoint-2"]  # no sentinel file, no step-end save
     assert signal.getsignal(signal.SIGTERM) == previous  # the handler is restored after training
+
+    resumed = Trainer(
+        model=Regression(), args=training_args(tmp_path / "jit", max_steps=6), train_dataset=regression_items(20)
+    )
+    resumed.train(resume_from_checkpoint=str(tmp_path / "jit" / "checkpoint-2"))
+    straight = Trainer(
+        model=Regression(), args=training_args(tmp_path / "straight", max_steps=6), train_dataset=regression_items(20)
+    )
+    straight.train()
+    for ours, reference in zip(resumed.model.parameters(), straight.model.parameters()):
+        assert torch.equal(ours, reference)
+
+
+def test_without_enable_jit_checkpoint_sigterm_is_left_alone(tmp_path):
+    from lathe.trainer_jit_checkpoint import JITCheckpointCallback
+
+    previous = signal.getsignal(signal.SIGTERM)
+    trainer = Trainer(model=Regression(), args=training_args(tmp_path), train_dataset=regression_items(4))
+    assert not any(isinstance(c, JITCheckpointCallback) for c in trainer.callback_handler.callbacks)
+    assert signal.getsignal(signal.SIGTERM) == previous

@@ -1,0 +1,1 @@
+"""transformers.utils' import paths that lathe provides: `from lathe.utils import logging`."""
