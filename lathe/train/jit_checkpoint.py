@@ -5,9 +5,11 @@ hook saves a checkpoint through the Trainer and stops training.
 
 What differs from transformers, by design: lathe's checkpoints are published by one rename, so no
 `checkpoint-is-incomplete.txt` sentinel is written; an interrupted save leaves no checkpoint-N folder.
-A checkpoint taken in `on_pre_optimizer_step` holds the state before that step (weights, optimizer,
-schedule, data position) and the random state after its forward passes, as in transformers: resuming
-redoes the step, with other dropout draws. lathe's `GracefulStopCallback` stops at a step boundary."""
+A checkpoint taken in `on_pre_optimizer_step` is taken mid-step, as in transformers: it holds the weights,
+optimizer, schedule and data position before that step, but the random state after its forward passes and
+`num_input_tokens_seen` / `total_flos` counting its micro-batches; resuming redoes the step (other dropout
+draws, those micro-batches counted twice). For an exact resume, lathe's `GracefulStopCallback` stops and
+saves at a step boundary."""
 
 from __future__ import annotations
 
