@@ -176,11 +176,8 @@ REFUSED_KEYS: dict[str, tuple[object, str]] = {
             "freeze_language_model": False,
         }.items()
     },
-    "use_v1_kernels": (
-        False,
-        "LLaMA-Factory's v1 kernels (fused Ascend NPU operators through torch_npu, Triton MoE "
-        "kernels) are not part of lathe; remove the key (on a CPU LLaMA-Factory applies none).",
-    ),
+    # Refused where a GPU is (see refusal_reason); on a CPU, where LLaMA-Factory has none to apply, see applies_nothing.
+    "use_v1_kernels": (False, ""),
     **{
         key: (default, _KTRANSFORMERS)
         for key, default in {
@@ -206,8 +203,28 @@ REFUSED_KEYS: dict[str, tuple[object, str]] = {
 }
 
 
+def applies_nothing(key: str, value) -> str | None:
+    """What to log when `key`, set to `value`, does nothing in LLaMA-Factory on this machine either (so lathe
+    runs without it); None when it would act and must be refused."""
+    if key == "use_v1_kernels" and str(value).lower() == "true":
+        import torch
+
+        if not torch.cuda.is_available():
+            # LLaMA-Factory registers a v1 kernel only for the accelerator it was written for (NPU, CUDA).
+            return (
+                "use_v1_kernels: LLaMA-Factory's v1 kernels are Ascend NPU and CUDA/Triton operators; none exists "
+                "for the CPU, so none is applied (as in LLaMA-Factory on this machine)."
+            )
+    return None
+
+
 def refusal_reason(key: str) -> str:
     """Why `key`, set, cannot run here (one sentence)."""
+    if key == "use_v1_kernels":
+        return (
+            "LLaMA-Factory's v1 kernels (fused Ascend NPU operators through torch_npu, CUDA/Triton fused-MoE "
+            "kernels) are not part of lathe, and on this machine LLaMA-Factory would apply them: remove the key."
+        )
     if key.startswith("fp8"):
         return _fp8_reason()
     if key == "mixture_of_depths":

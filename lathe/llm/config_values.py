@@ -6,12 +6,15 @@ from __future__ import annotations
 
 import difflib
 import json
+import logging
 import types
 import typing
 from pathlib import Path
 from typing import Any, Literal, Union
 
-from lathe.llm.config_keys import ANY_VALUE, REFUSED_KEYS, UNSUPPORTED_KEYS, refusal_reason
+from lathe.llm.config_keys import ANY_VALUE, REFUSED_KEYS, UNSUPPORTED_KEYS, applies_nothing, refusal_reason
+
+logger = logging.getLogger(__name__)
 
 __all__ = [
     "read_source",
@@ -167,6 +170,11 @@ def _refuse_what_cannot_run(raw: dict[str, Any], origin) -> None:
     for key in [key for key in raw if key in REFUSED_KEYS]:
         default, value = REFUSED_KEYS[key][0], raw[key]
         if default is not ANY_VALUE and (value == default or (isinstance(value, str) and value == str(default))):
+            del raw[key]
+            continue
+        nothing = applies_nothing(key, value)
+        if nothing is not None:
+            logger.warning(nothing)
             del raw[key]
             continue
         raise ValueError(f"{key}{origin(key)}: {refusal_reason(key)}")

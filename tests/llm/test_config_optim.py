@@ -1,6 +1,8 @@
 """The optimizer and loss keys (lathe.llm.config_optim): LLaMA-Factory's defaults, and an error wherever
 LLaMA-Factory would silently drop one of two keys or cannot run the combination."""
 
+import logging
+
 import pytest
 import torch
 
@@ -97,7 +99,6 @@ def test_mixture_of_depths_names_its_package():
     "values, message",
     [
         ({"image_max_pixels": 262144}, "image_max_pixels: images, video and audio .*not supported"),
-        ({"use_v1_kernels": True}, "use_v1_kernels: .*Ascend NPU operators"),
         ({"use_kt": True}, "use_kt: KTransformers"),
         (
             {"tensor_model_parallel_size": 1, "pipeline_model_parallel_size": 4},
@@ -111,6 +112,20 @@ def test_mixture_of_depths_names_its_package():
 def test_what_cannot_run_here_stops_with_one_line_naming_the_key(values, message):
     with pytest.raises(ValueError, match=message) as error:
         parse_train_config({**BASE, "lora_rnak": 3, **values})  # before any other complaint
+    assert "\n" not in str(error.value)
+
+
+def test_use_v1_kernels_applies_none_on_a_cpu_as_llamafactory_and_is_refused_on_a_gpu(monkeypatch, caplog):
+    """LLaMA-Factory registers a v1 kernel only for its accelerator (NPU, CUDA): on a CPU it applies none and
+    trains, so lathe runs too and says so; where a GPU is, LLaMA-Factory would patch the model: refused."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with caplog.at_level(logging.WARNING, logger="lathe.llm.config_values"):
+        config = parse_train_config({**BASE, "use_v1_kernels": True})
+    assert "none exists for the CPU, so none is applied" in caplog.text
+    assert config.model.model_name_or_path == BASE["model_name_or_path"]
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    with pytest.raises(ValueError, match="use_v1_kernels: .*Ascend NPU operators.*would apply them") as error:
+        parse_train_config({**BASE, "lora_rnak": 3, "use_v1_kernels": True})
     assert "\n" not in str(error.value)
 
 

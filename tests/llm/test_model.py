@@ -1,5 +1,7 @@
 """Model loading and the fine-tuning methods on the tiny local Llama (tests/llm/conftest.py)."""
 
+import logging
+
 import pytest
 import torch
 
@@ -84,6 +86,24 @@ def test_dtype_and_attention_follow_the_config(tiny_model_dir):
     _, model = _load(tiny_model_dir, finetuning_type="freeze", freeze_trainable_layers=1, bf16=True)
     dtypes = {p.requires_grad: p.dtype for p in model.parameters()}
     assert dtypes == {True: torch.float32, False: torch.bfloat16}
+
+
+def test_fa2_without_flash_attn_falls_back_as_llamafactory(tiny_model_dir, caplog):
+    """LLaMA-Factory on a machine without FlashAttention-2: fa2 warns and keeps the model's default attention
+    (the run goes on); Gemma 2 (soft-capping) takes eager, for fa2 and auto alike."""
+    from transformers.utils import is_flash_attn_2_available
+
+    from lathe.llm.model.loader import attention_implementation
+
+    assert not is_flash_attn_2_available()  # a CPU machine, as in CI
+    with caplog.at_level(logging.WARNING, logger="lathe.llm.model.loader"):
+        _, model = _load(tiny_model_dir, is_trainable=False, finetuning_type="full", flash_attn="fa2")
+    assert "fa2 asks for FlashAttention-2, which is not installed" in caplog.text
+    _, default = _load(tiny_model_dir, is_trainable=False, finetuning_type="full", flash_attn="auto")
+    assert model.config._attn_implementation == default.config._attn_implementation != "flash_attention_2"
+    assert attention_implementation("fa2", "gemma2") == attention_implementation("auto", "gemma2") == "eager"
+    assert attention_implementation("auto", "llama") is None
+    assert attention_implementation("sdpa", "gemma2") == "sdpa"
 
 
 def _trainable_names(model):

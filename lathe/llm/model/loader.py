@@ -146,7 +146,7 @@ def _instantiate(model_args: "ModelArguments", is_trainable: bool, meta: bool):
     folder = _model_folder(model_args)
     config = load_config(model_args)
     dtype = weights_dtype(model_args, is_trainable, config)
-    attention = ATTENTION_IMPLEMENTATIONS[model_args.flash_attn]
+    attention = attention_implementation(model_args.flash_attn, getattr(config, "model_type", None))
     config.use_cache = model_args.use_kv_cache and not is_trainable  # a cache only costs memory in training
     kwargs = {"dtype": dtype, "trust_remote_code": model_args.trust_remote_code}
     if attention is not None:
@@ -172,6 +172,27 @@ def _instantiate(model_args: "ModelArguments", is_trainable: bool, meta: bool):
                 "Use flash_attn: sdpa or auto."
             ) from error
         raise
+
+
+def attention_implementation(flash_attn: str, model_type: str | None) -> str | None:
+    """transformers' attn_implementation for LLaMA-Factory's flash_attn, with LLaMA-Factory's fallbacks: fa2
+    without FlashAttention-2 keeps the model's default attention (Gemma 2: eager, for its soft-capping), and
+    says so; None keeps the model's default."""
+    from transformers.utils import is_flash_attn_2_available
+
+    if flash_attn == "fa2" or (flash_attn == "auto" and model_type == "gemma2"):
+        if is_flash_attn_2_available():
+            return "flash_attention_2"
+        if model_type == "gemma2":
+            logger.warning("flash_attn: FlashAttention-2 is not installed: Gemma 2 uses eager attention.")
+            return "eager"
+        if flash_attn == "fa2":
+            logger.warning(
+                "flash_attn: fa2 asks for FlashAttention-2, which is not installed (it needs the flash-attn package "
+                "and a supported GPU): the model's default attention is used instead, as LLaMA-Factory does."
+            )
+            return None
+    return ATTENTION_IMPLEMENTATIONS[flash_attn]
 
 
 def _fit_embeddings_to(model, tokenizer, model_args: "ModelArguments") -> None:
