@@ -3,6 +3,7 @@ and what to change when it does not fit."""
 
 from __future__ import annotations
 
+from lathe.llm.memory_preference import PAIRED_STAGES, rows_per_forward
 from lathe.llm.memory_plan import BATCH_LIMIT, MIB, MemoryPlan, Settings, fill_batch_terms, model_shape
 
 __all__ = ["available_memory", "format_memory", "advice"]
@@ -40,10 +41,14 @@ def _mib(value: int) -> str:
 def format_memory(plan: MemoryPlan) -> list[str]:
     """The plan's lines under 'Plan:' in `lathe train`'s output."""
     switched = "without" if plan.checkpointing else "with"
+    reference = f", reference model {_mib(plan.reference)}" if plan.reference else ""
+    batch = f"{plan.batch_size}"
+    if plan.stage in PAIRED_STAGES:
+        batch = f"{plan.batch_size} pairs ({rows_per_forward(plan.stage, plan.batch_size)} rows)"
     lines = [
-        f"  memory          {_mib(plan.peak)} peak per device, expected for {plan.batch_size} x {plan.seq_len} "
+        f"  memory          {_mib(plan.peak)} peak per device, expected for {batch} x {plan.seq_len} "
         f"tokens, {plan.loss_path}",
-        f"    weights {_mib(plan.weights)}, gradients {_mib(plan.gradients)}, optimizer {_mib(plan.optimizer)}, "
+        f"    weights {_mib(plan.weights)}{reference}, gradients {_mib(plan.gradients)}, optimizer {_mib(plan.optimizer)}, "
         f"activations {_mib(plan.activations)} ({_mib(plan.activations_other)} {switched} checkpointing), "
         f"logits {_mib(plan.logits)}",
     ]

@@ -8,6 +8,17 @@ import logging
 import re
 from dataclasses import dataclass, field
 
+from lathe.llm.memory_preference import (
+    PREFERENCE_STAGES,
+    lm_logits_bytes,
+    log_prob_bytes,
+    preference_peak,
+    reference_bytes,
+    rows_per_forward,
+    unused_head_bytes,
+    value_head_activations,
+)
+
 __all__ = ["MemoryPlan", "Settings", "estimate_memory", "fill_batch_terms"]
 
 logger = logging.getLogger(__name__)
@@ -51,6 +62,8 @@ class MemoryPlan:
     available: int | None  # free memory of the device (None: unknown)
     largest_batch: int | None = None  # the largest per-device batch the plan says fits
     notes: list[str] = field(default_factory=list)
+    reference: int = 0  # dpo / kto: a frozen reference copy's weights
+    stage: str = "sft"
 
     @property
     def fits(self) -> bool:
@@ -263,6 +276,9 @@ class Settings:
     quantization_bit: int | None = None
     double_quant: bool = True
     device: str = "cpu"
+    stage: str = "sft"  # dpo / kto / rm: lathe.llm.memory_preference's terms
+    reference_copy: bool = False  # dpo / kto: a frozen copy of the base model is loaded as the reference
+    kl_seq_len: int | None = None  # kto: the longest padded KL row
 
 
 def estimate_memory(model, settings: Settings, available: int | None = None) -> MemoryPlan | None:
@@ -272,6 +288,8 @@ def estimate_memory(model, settings: Settings, available: int | None = None) -> 
     if shape is None:
         return None
     weights, trainable, trainable_bytes = parameter_bytes(model, settings.quantization_bit, settings.double_quant)
+    unused, unused_bytes = unused_head_bytes(model, settings.stage)  # rm: the LM head gets no gradient
+    trainable, trainable_bytes = trainable - unused, trainable_bytes - unused_bytes
     optimizer, step_temp, note = optimizer_bytes(settings.optim, trainable, trainable_bytes)
     plan = MemoryPlan(
         weights=weights,
@@ -285,13 +303,16 @@ def estimate_memory(model, settings: Settings, available: int | None = None) -> 
         batch_size=settings.batch,
         seq_len=settings.seq_len,
         checkpointing=settings.checkpointing,
-        loss_path="standard loss: full-vocabulary logits"
-        if settings.chunk is None
-        else f"chunked loss: {settings.chunk} tokens per chunk",
+        loss_path=loss_path(settings),
         device=settings.device,
         available=available,
         notes=[note] if note else [],
+        stage=settings.stage,
     )
+    if settings.reference_copy:
+        plan.reference = reference_bytes(
+            model, 2 if settings.half else 4, settings.quantization_bit, settings.double_quant
+        )
     if not any(name.endswith(PROJECTIONS) for name, _ in model.named_modules()):
         plan.notes.append(f"{type(model).__name__}: activations sized as a Llama-style decoder's")
     fill_batch_terms(plan, model, shape, settings)
@@ -299,16 +320,37 @@ def estimate_memory(model, settings: Settings, available: int | None = None) -> 
     return plan
 
 
+def loss_path(settings: Settings) -> str:
+    """The plan's words for the loss path it assumed."""
+    if settings.stage == "rm":
+        return "value head: the LM's full-vocabulary logits built in the forward, unused"
+    what = "log-probs" if settings.stage in PREFERENCE_STAGES else "loss"
+    if settings.chunk is None:
+        return f"standard {what}: full-vocabulary logits"
+    return f"chunked {what}: {settings.chunk} tokens per chunk"
+
+
 def fill_batch_terms(plan: MemoryPlan, model, shape: Shape, settings: Settings) -> None:
     element = 2 if settings.half else 4
-    batch, seq_len = settings.batch, settings.seq_len
+    batch, seq_len = rows_per_forward(settings.stage, settings.batch), settings.seq_len
     args = (model, shape, batch, seq_len, element)
     kept, recompute = activation_bytes(*args, settings.checkpointing, settings.masked)
     other, other_recompute = activation_bytes(*args, not settings.checkpointing, settings.masked)
+    if settings.stage == "rm":
+        head = value_head_activations(shape, batch, seq_len)
+        kept, other = kept + head, other + head
     plan.activations, plan.activations_other = kept + recompute, other + other_recompute
-    plan.logits = logits_bytes(shape, batch, seq_len, settings.half, settings.chunk, _head_trains(model))
+    if settings.stage == "rm":
+        plan.logits = lm_logits_bytes(shape, batch, seq_len, element)
+    elif settings.stage in PREFERENCE_STAGES:
+        plan.logits = log_prob_bytes(shape, batch, seq_len, settings.half, settings.chunk, _head_trains(model))
+    else:
+        plan.logits = logits_bytes(shape, batch, seq_len, settings.half, settings.chunk, _head_trains(model))
     # A layer's transient tensors during backward (the gradient flowing down, an MLP-wide one).
     workspace = batch * seq_len * (2 * shape.hidden + shape.intermediate) * element
+    if settings.stage in PREFERENCE_STAGES:
+        plan.peak = preference_peak(plan, model, shape, settings, kept, recompute, workspace)
+        return
     held_gradients = plan.gradients if settings.accumulation > 1 else 0
     # The loss's backward comes first, before any layer is recomputed; then layer by layer, while the
     # gradients fill in; then the optimizer's step.
