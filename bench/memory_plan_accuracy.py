@@ -2,7 +2,9 @@
 configuration, CPU peak RSS above the loaded process) with glibc's mmap threshold fixed at 64 KiB (RSS
 follows what is allocated) and without it (plain RSS), and prints the markdown table of docs/MEMORY.md.
 
-    OMP_NUM_THREADS=1 PYTHONPATH=. python bench/memory_plan_accuracy.py
+    OMP_NUM_THREADS=1 PYTHONPATH=. python bench/memory_plan_accuracy.py [preference]
+
+With `preference`, the stages dpo, kto and rm (their table in docs/MEMORY.md) instead of pt / sft.
 """
 
 import json
@@ -62,6 +64,43 @@ CONFIGS = [
     ),
 ]
 
+# Preference rows (tests/llm/memory_probe.py): chosen / target rows of seq_len tokens, the rejected / KL
+# rows 24 shorter (padded), a 16-token unlabelled prompt; chunked log-probs unless said otherwise.
+PREFERENCE_CONFIGS = [
+    ("dpo, full, vocab 8k, 2 pairs x 256", {**SMALL, "batch": 2, "seq_len": 256, "checkpointing": False, "keys": FULL}),
+    ("dpo, lora, vocab 8k, 2 pairs x 256", {**SMALL, "batch": 2, "seq_len": 256, "checkpointing": False, "keys": LORA}),
+    (
+        "dpo, full, vocab 8k, standard log-probs, 2 pairs x 256",
+        {**SMALL, "batch": 2, "seq_len": 256, "checkpointing": False, "keys": {**FULL, "chunked_cross_entropy": "no"}},
+    ),
+    ("dpo, full, wide, 2 pairs x 256", {**WIDE, "batch": 2, "seq_len": 256, "checkpointing": False, "keys": FULL}),
+    ("dpo, lora, wide, 2 pairs x 256", {**WIDE, "batch": 2, "seq_len": 256, "checkpointing": False, "keys": LORA}),
+    (
+        "dpo, lora, wide, checkpointing, 2 pairs x 256",
+        {**WIDE, "batch": 2, "seq_len": 256, "checkpointing": True, "keys": LORA},
+    ),
+    (
+        "dpo, lora, vocab 151,936, checkpointing, 1 pair x 512",
+        {**LARGE_VOCAB, "batch": 1, "seq_len": 512, "checkpointing": True, "keys": LORA},
+    ),
+    ("kto, full, wide, 4 x 256", {**WIDE, "batch": 4, "seq_len": 256, "checkpointing": False, "keys": FULL}),
+    (
+        "kto, full, wide, checkpointing, 4 x 256",
+        {**WIDE, "batch": 4, "seq_len": 256, "checkpointing": True, "keys": FULL},
+    ),
+    ("kto, lora, vocab 8k, 4 x 256", {**SMALL, "batch": 4, "seq_len": 256, "checkpointing": False, "keys": LORA}),
+    ("rm, full, vocab 8k, 2 pairs x 256", {**SMALL, "batch": 2, "seq_len": 256, "checkpointing": False, "keys": FULL}),
+    (
+        "rm, lora, wide, checkpointing, 2 pairs x 256",
+        {**WIDE, "batch": 2, "seq_len": 256, "checkpointing": True, "keys": LORA},
+    ),
+    (
+        "rm, full, vocab 151,936, 1 pair x 512",
+        {**LARGE_VOCAB, "batch": 1, "seq_len": 512, "checkpointing": False, "keys": FULL},
+    ),
+]
+PREFERENCE_CONFIGS = [(name, {**spec, "stage": name.split(",")[0]}) for name, spec in PREFERENCE_CONFIGS]
+
 
 def probe(specs: list[dict], env: dict) -> list[dict]:
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", **env}
@@ -71,13 +110,14 @@ def probe(specs: list[dict], env: dict) -> list[dict]:
 
 
 def main() -> None:
-    specs = [spec for _, spec in CONFIGS]
+    configs = PREFERENCE_CONFIGS if sys.argv[1:] == ["preference"] else CONFIGS
+    specs = [spec for _, spec in configs]
     fixed = probe(specs, {"MALLOC_MMAP_THRESHOLD_": "65536"})
     plain = probe(specs, {})
     mib = 2**20
     print("| run | planned | measured (threshold 64 KiB) | plan / measured | plain RSS | plan / plain RSS |")
     print("|---|---:|---:|---:|---:|---:|")
-    for (name, _), one, two in zip(CONFIGS, fixed, plain):
+    for (name, _), one, two in zip(configs, fixed, plain):
         planned = one["planned"]
         print(
             f"| {name} | {planned / mib:,.1f} MiB | {one['measured'] / mib:,.1f} MiB | {planned / one['measured']:.3f} "

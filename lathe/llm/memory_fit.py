@@ -82,10 +82,12 @@ def advice(plan: MemoryPlan, model, settings: Settings) -> list[str]:
         options.append(
             f"gradient checkpointing (disable_gradient_checkpointing: false): {_mib(peak_with(checkpointing=True))}"
         )
-    if plan.gradients + plan.optimizer > plan.peak // 10:
+    if plan.gradients + plan.optimizer + plan.reference > plan.peak // 10:
+        # dpo / kto: with lora the reference is the policy with its adapter off, no copy.
+        reference = " and the reference copy" if plan.reference else ""
         options.append(
-            f"finetuning_type: lora (frees most of the {_mib(plan.gradients + plan.optimizer)} of gradients and "
-            "optimizer state)"
+            f"finetuning_type: lora (frees most of the {_mib(plan.gradients + plan.optimizer + plan.reference)} of "
+            f"gradients, optimizer state{reference})"
         )
     if not settings.quantization_bit:
         options.append(
@@ -118,8 +120,8 @@ def start_batch_from_plan(trainer, plan: MemoryPlan | None) -> None:
 def _chunked_loss_option(plan: MemoryPlan, settings: Settings, peak_with, vocab: int) -> list[str]:
     """The chunked cross-entropy (lathe.train.chunked_loss) when the run uses the standard loss and its
     logits are a large part of the peak."""
-    if settings.chunk is not None or plan.logits < plan.peak // 5:
-        return []
+    if settings.chunk is not None or settings.stage == "rm" or plan.logits < plan.peak // 5:
+        return []  # rm: the value head's LM builds its logits whatever the loss path
     try:
         from lathe.train.chunked_loss import default_chunk_size
     except ImportError:  # a lathe without the chunked loss

@@ -69,15 +69,17 @@ def unused_head_bytes(model, stage: str) -> tuple[int, int]:
 
 
 def no_grad_forward_bytes(shape, rows: int, seq_len: int, element: int, masked: bool, chunk: int | None) -> int:
-    """The transient peak of a forward pass without gradients (reference log-probs, KL rows): one
-    layer's tensors at a time (the residual stream, the normalised input, the MLP's gate and up
-    products; attention's q, k, v and output are no larger), the attention mask of padded rows, and the
-    log-prob path's logits: one chunk's fp32 logits and its logsumexp temporary, or (standard path) the
-    whole batch's logits and log-probabilities beside the policy's, which the loss still holds."""
+    """The transient peak of a forward pass without gradients (reference log-probs, KL rows), on top of
+    what the policy keeps: one layer's tensors at a time (the residual stream, the normalised input, the
+    MLP's gate, its activation, up and their product, alive together for a moment; the rotary tables;
+    measured 1,900 values per token for 2H + 4I + 2 head_dim = 1,856), the attention mask of padded rows,
+    and the log-prob path: one chunk's fp32 logits and logsumexp's temporary, or (standard path) the
+    policy's logits and log-probabilities, which the loss holds, beside this pass's logits, their
+    shifted copy and its log-probabilities."""
     tokens = rows * seq_len
-    layer = tokens * (2 * shape.hidden + 2 * shape.intermediate) * element
+    layer = tokens * (2 * shape.hidden + 4 * shape.intermediate + 2 * shape.head_dim) * element
     mask = rows * seq_len * seq_len * element if masked else 0
-    logits = 2 * min(chunk, tokens) * shape.vocab * 4 if chunk is not None else 4 * tokens * shape.vocab * 4
+    logits = 2 * min(chunk, tokens) * shape.vocab * 4 if chunk is not None else 5 * tokens * shape.vocab * 4
     return max(layer, logits) + mask
 
 
@@ -86,16 +88,16 @@ def log_prob_bytes(shape, rows: int, seq_len: int, half: bool, chunk: int | None
     chunked_loss.chunked_token_log_probs: each chunk checkpointed, its logits recomputed in backward): the
     recomputed fp32 logits kept by logsumexp, logsumexp's gradient and its temporary, and the gather's
     gradient (4 x chunk x vocab x 4 bytes, measured 3.4-4); the labelled hidden states, their gradient
-    and its scattered copy; a trained head's weight gradient and a chunk's contribution to it. Standard:
-    the fp32 logits and log-probabilities of every row stay alive until backward, where the
-    log-probabilities' gradient, its temporary and the logits' gradient (whole, and its shifted slice)
-    join them (5 x tokens x vocab x 4 bytes)."""
-    tokens = rows * seq_len
+    and its scattered copy; a trained head's weight gradient and a chunk's contribution to it. Standard
+    (losses.sequence_log_probs on the model's logits): the standard loss's term, memory_plan.logits_bytes
+    (the saved log-probabilities, their gradient and the logits' gradient; measured 2.98)."""
+    from lathe.llm.memory_plan import logits_bytes
+
     if chunk is None:
-        return tokens * shape.vocab * (5 * 4 + (2 if half else 0))
+        return logits_bytes(shape, rows, seq_len, half, None, head_trains)
     element = 2 if half else 4
     head = 2 * shape.vocab * shape.hidden * 4 if head_trains else 0
-    return 4 * min(chunk, tokens) * shape.vocab * 4 + 3 * tokens * shape.hidden * element + head
+    return 4 * min(chunk, rows * seq_len) * shape.vocab * 4 + 3 * rows * seq_len * shape.hidden * element + head
 
 
 def value_head_activations(shape, rows: int, seq_len: int) -> int:

@@ -249,6 +249,31 @@ CONFIGS = {
         "checkpointing": True,
         "keys": {"finetuning_type": "lora", "lora_target": "all"},
     },
+    # Preference stages (memory_probe's rows: the rejected / KL side 24 tokens shorter, so batches are padded).
+    "dpo, full, reference copy, 2 pairs x 256": {
+        **SMALL,
+        "stage": "dpo",
+        "batch": 2,
+        "seq_len": 256,
+        "checkpointing": False,
+        "keys": FULL,
+    },
+    "kto, lora, 4 x 256": {
+        **SMALL,
+        "stage": "kto",
+        "batch": 4,
+        "seq_len": 256,
+        "checkpointing": False,
+        "keys": {"finetuning_type": "lora", "lora_target": "all"},
+    },
+    "rm, lora, gradient checkpointing, 2 pairs x 256": {
+        **WIDE,
+        "stage": "rm",
+        "batch": 2,
+        "seq_len": 256,
+        "checkpointing": True,
+        "keys": {"finetuning_type": "lora", "lora_target": "all"},
+    },
 }
 QLORA = {
     **WIDE,
