@@ -279,6 +279,7 @@ class Settings:
     stage: str = "sft"  # dpo / kto / rm: lathe.llm.memory_preference's terms
     reference_copy: bool = False  # dpo / kto: a frozen copy of the base model is loaded as the reference
     kl_seq_len: int | None = None  # kto: the longest padded KL row
+    reference_forward: bool = True  # dpo: the reference's log-probs are computed (not for orpo / simpo)
 
 
 def estimate_memory(model, settings: Settings, available: int | None = None) -> MemoryPlan | None:

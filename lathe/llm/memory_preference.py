@@ -37,7 +37,7 @@ def reference_bytes(model, element: int, quantization_bit: int | None, double_qu
     total = 0
     seen = set()
     for name, module in model.named_modules():
-        if "lora_" in name or name.split(".")[-1] == "v_head" or ".v_head." in name + ".":
+        if "lora_" in name or "v_head" in name.split("."):
             continue
         for param_name, param in module.named_parameters(recurse=False):
             if id(param) in seen or "lora_" in param_name:
@@ -123,7 +123,9 @@ def preference_peak(plan, model, shape, settings, kept: int, recompute: int, wor
         forward_end, loss_backward = kept + plan.logits, kept + held_gradients
     else:
         seq_len = max(settings.seq_len, settings.kl_seq_len or 0)
-        forward_end = kept + no_grad_forward_bytes(shape, rows, seq_len, element, settings.masked, settings.chunk)
+        no_grad = no_grad_forward_bytes(shape, rows, seq_len, element, settings.masked, settings.chunk)
+        # kto always runs its KL rows without gradients; dpo runs the reference unless the loss has none.
+        forward_end = kept + no_grad if settings.stage == "kto" or settings.reference_forward else 0
         loss_backward = kept + plan.logits + held_gradients
     layers_backward = kept + recompute + workspace + plan.gradients
     optimizer_step = plan.gradients + plan.optimizer_step

@@ -189,6 +189,7 @@ def preference_settings(spec: dict, config) -> dict:
         "masked": True,  # the rejected / KL rows are shorter: the batch is padded
         "reference_copy": reference_kind(config.finetuning, True) == "copy",
         "kl_seq_len": spec["seq_len"] - SHORTER if stage == "kto" else None,
+        "reference_forward": stage == "kto" or (stage == "dpo" and config.finetuning.use_ref_model),
     }
 
 

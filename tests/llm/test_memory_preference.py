@@ -3,6 +3,7 @@ the model lathe actually loads, the reward model's gradients against what backwa
 head's activations against what autograd saves, the log-prob paths and the no-grad forward against
 measured peaks, the printed plan of dpo / kto / rm runs, and auto_find_batch_size's start."""
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -136,6 +137,21 @@ def test_the_reward_models_activations_equal_what_autograd_saves(method):
     assert dpo.activations == plain and dpo.logits == log_prob_bytes(model_shape(model), 4, 32, False, None, False)
 
 
+def test_without_a_reference_no_forward_runs_beside_the_kept_activations():
+    peft = pytest.importorskip("peft")
+    model = peft.get_peft_model(_llama(), peft.LoraConfig(r=8, target_modules=["q_proj", "v_proj"]))
+    settings = Settings(batch=2, seq_len=256, stage="dpo", masked=True, chunk=64)
+    sigmoid = estimate_memory(model, settings)
+    orpo = estimate_memory(model, dataclasses.replace(settings, reference_forward=False))
+    shape = model_shape(model)
+    kept = activation_bytes(model, shape, 4, 256, 4, False, True)[0]
+    # LoRA: the reference's forward (the policy with its adapter off) sets dpo-sigmoid's peak ...
+    no_grad = no_grad_forward_bytes(shape, 4, 256, 4, True, 64)
+    assert sigmoid.peak == sigmoid.weights + sigmoid.optimizer + kept + no_grad
+    # ... and orpo, without one, peaks in the backward of its log-probs.
+    assert orpo.peak == orpo.weights + orpo.optimizer + kept + orpo.logits < sigmoid.peak
+
+
 ROWS, SEQ_LEN, HIDDEN = 4, 256, 64
 CHUNKS = {"standard": None, "one chunk": 4096, "256-token chunks": 256}
 
@@ -239,6 +255,9 @@ def test_the_plan_of_dpo_kto_and_rm_runs_is_printed(model_dir, tmp_path, capsys,
     run_train(_config(model_dir, tmp_path, finetuning_type="lora"), dry_run=True)
     out = capsys.readouterr().out
     assert "expected for 2 pairs (4 rows) x " in out and "reference model" not in out  # the adapter-less policy
+
+    run_train(_config(model_dir, tmp_path, finetuning_type="full", pref_loss="orpo"), dry_run=True)
+    assert "reference model" not in capsys.readouterr().out  # orpo compares chosen with rejected only
 
     run_train(_config(model_dir, tmp_path, stage="kto", dataset="feedback", finetuning_type="full"), dry_run=True)
     out = capsys.readouterr().out

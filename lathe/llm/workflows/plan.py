@@ -124,6 +124,7 @@ def _preference_settings(config, train_dataset) -> dict:
         "kl_seq_len": kl_seq_len,
         "masked": rows_per_forward(stage, config.training.per_device_train_batch_size) > 1,
         "reference_copy": stage != "rm" and reference_kind(config.finetuning, config.training.do_train) == "copy",
+        "reference_forward": stage == "kto" or (stage == "dpo" and config.finetuning.use_ref_model),
     }
 
 
