@@ -50,7 +50,9 @@ def format_memory(plan: MemoryPlan) -> list[str]:
         f"tokens, {plan.loss_path}",
         f"    weights {_mib(plan.weights)}{reference}, gradients {_mib(plan.gradients)}, optimizer {_mib(plan.optimizer)}, "
         f"activations {_mib(plan.activations)} ({_mib(plan.activations_other)} {switched} checkpointing), "
-        f"logits {_mib(plan.logits)}",
+        f"logits {_mib(plan.logits)}"
+        + (f", gathered while computing {_mib(plan.gathered)}" if plan.gathered else "")
+        + (f", DDP buckets {_mib(plan.buckets)}" if plan.buckets else ""),
     ]
     if plan.available is not None:
         where = "free on the GPU" if plan.device.startswith("cuda") else "available RAM"

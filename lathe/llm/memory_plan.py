@@ -8,6 +8,7 @@ import logging
 import re
 from dataclasses import dataclass, field
 
+from lathe.llm.memory_sharding import shard_plan
 from lathe.llm.memory_preference import (
     PREFERENCE_STAGES,
     lm_logits_bytes,
@@ -64,6 +65,8 @@ class MemoryPlan:
     notes: list[str] = field(default_factory=list)
     reference: int = 0  # dpo / kto: a frozen reference copy's weights
     stage: str = "sft"
+    gathered: int = 0  # FSDP2 / ZeRO-3: parameters (and gradients) held whole while computing
+    buckets: int = 0  # DDP: its gradient buckets
 
     @property
     def fits(self) -> bool:
@@ -280,6 +283,7 @@ class Settings:
     reference_copy: bool = False  # dpo / kto: a frozen copy of the base model is loaded as the reference
     kl_seq_len: int | None = None  # kto: the longest padded KL row
     reference_forward: bool = True  # dpo: the reference's log-probs are computed (not for orpo / simpo)
+    sharding: object | None = None  # lathe.llm.memory_sharding.Sharding; None: one process holds everything
 
 
 def estimate_memory(model, settings: Settings, available: int | None = None) -> MemoryPlan | None:
@@ -314,6 +318,7 @@ def estimate_memory(model, settings: Settings, available: int | None = None) -> 
         plan.reference = reference_bytes(
             model, 2 if settings.half else 4, settings.quantization_bit, settings.double_quant
         )
+    shard_plan(plan, model, settings.sharding, settings.half)
     if not any(name.endswith(PROJECTIONS) for name, _ in model.named_modules()):
         plan.notes.append(f"{type(model).__name__}: activations sized as a Llama-style decoder's")
     fill_batch_terms(plan, model, shape, settings)
@@ -355,10 +360,11 @@ def fill_batch_terms(plan: MemoryPlan, model, shape: Shape, settings: Settings) 
     held_gradients = plan.gradients if settings.accumulation > 1 else 0
     # The loss's backward comes first, before any layer is recomputed; then layer by layer, while the
     # gradients fill in; then the optimizer's step.
-    loss_backward = kept + plan.logits + held_gradients
-    layers_backward = kept + recompute + workspace + plan.gradients
+    loss_backward = kept + plan.logits + held_gradients + plan.gathered
+    layers_backward = kept + recompute + workspace + plan.gradients + plan.gathered
     optimizer_step = plan.gradients + plan.optimizer_step
-    plan.peak = plan.weights + plan.optimizer + max(loss_backward, layers_backward, optimizer_step)
+    base = plan.weights + plan.optimizer + plan.buckets
+    plan.peak = base + max(loss_backward, layers_backward, optimizer_step)
 
 
 def largest_fitting_batch(plan: MemoryPlan, model, shape: Shape, settings: Settings, limit: int = BATCH_LIMIT):

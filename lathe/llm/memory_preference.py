@@ -119,6 +119,7 @@ def preference_peak(plan, model, shape, settings, kept: int, recompute: int, wor
     rows = rows_per_forward(settings.stage, settings.batch)
     element = 2 if settings.half else 4
     held_gradients = plan.gradients if settings.accumulation > 1 else 0
+    kept += plan.gathered  # FSDP2 / ZeRO-3: parameters held whole while computing
     if settings.stage == "rm":  # the LM's logits exist at the end of the forward only
         forward_end, loss_backward = kept + plan.logits, kept + held_gradients
     else:
@@ -130,4 +131,4 @@ def preference_peak(plan, model, shape, settings, kept: int, recompute: int, wor
     layers_backward = kept + recompute + workspace + plan.gradients
     optimizer_step = plan.gradients + plan.optimizer_step
     steps = (forward_end, loss_backward, layers_backward, optimizer_step)
-    return plan.weights + plan.reference + plan.optimizer + max(steps)
+    return plan.weights + plan.reference + plan.optimizer + plan.buckets + max(steps)

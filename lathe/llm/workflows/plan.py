@@ -145,6 +145,7 @@ def loss_chunk(training, vocab: int | None) -> int | None:
 def memory_settings(config, train_dataset, model_vocab: int | None = None):
     """The memory plan's view of the run: the longest padded batch of the training data."""
     from lathe.llm.memory_plan import Settings
+    from lathe.llm.memory_sharding import sharding_of
 
     training, model_args = config.training, config.model
     rows = {"seq_len": config.data.cutoff_len, "masked": False}  # pt, packing: full cutoff_len blocks
@@ -162,6 +163,7 @@ def memory_settings(config, train_dataset, model_vocab: int | None = None):
         quantization_bit=model_args.quantization_bit if model_args.quantization_method == "bnb" else None,
         double_quant=model_args.double_quantization,
         device=str(training.device),
+        sharding=sharding_of(training),
         **rows,
     )
 
@@ -173,11 +175,6 @@ def _plan_memory(plan: RunPlan, config, model, train_dataset) -> None:
     vocab = getattr(getattr(model, "config", None), "vocab_size", None)
     settings = memory_settings(config, train_dataset, vocab)
     plan.memory = estimate_memory(model, settings, available_memory(config.training.device))
-    if plan.memory is not None and config.training.world_size > 1:
-        plan.memory.notes.append(
-            "several processes: the plan assumes each holds the whole model, gradients and optimizer state "
-            "(FSDP/ZeRO shard them; DDP adds gradient buckets)"
-        )
     if plan.memory is not None and settings.reference_copy and config.finetuning.ref_model is not None:
         plan.memory.notes.append(f"ref_model {config.finetuning.ref_model}: sized as the policy's base model")
     if plan.memory is not None and not plan.memory.fits:
