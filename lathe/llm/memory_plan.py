@@ -252,16 +252,23 @@ def _packed_bytes(param) -> int:
     return param.numel() * param.element_size() + (absmax.numel() * absmax.element_size() if absmax is not None else 0)
 
 
-def optimizer_bytes(optim: str, trainable: int, trainable_bytes: int) -> tuple[int, int, str | None]:
-    """(state bytes, step temporaries, a note when the optimizer is not one the plan models)."""
+def optimizer_bytes(optim: str, trainable: int, trainable_bytes: int, step_list: int | None = None):
+    """(state bytes, step temporaries, a note when the optimizer is not one the plan models). The step's
+    temporaries: none for a fused kernel (adamw_torch_fused, lathe.llm's default); otherwise torch's
+    foreach step (its default for CUDA tensors) makes one parameter-sized list (AdamW's sqrt(v)), and on
+    the CPU it steps one parameter at a time: `step_list` gives that size (None: the whole list)."""
     name = str(getattr(optim, "value", optim))
+    step = 0 if "fused" in name else trainable_bytes if step_list is None else step_list
     if any(part in name for part in STATELESS_OPTIMIZERS):
-        return 0, trainable_bytes, None
+        return 0, step, None
     if any(part in name for part in EIGHT_BIT_OPTIMIZERS):
-        return 2 * trainable, trainable_bytes, None
+        return 2 * trainable, step, None
     note = None if name.startswith("adamw") or name == "adam" else f"optimizer {name}: state assumed Adam-sized"
-    # Two moments; the step's foreach sqrt(v) is one more parameter-sized list.
-    return 2 * trainable_bytes, trainable_bytes, note
+    return 2 * trainable_bytes, step, note
+
+
+def _largest_trainable(model) -> int:
+    return max((p.numel() * p.element_size() for p in model.parameters() if p.requires_grad), default=0)
 
 
 @dataclass
@@ -295,7 +302,9 @@ def estimate_memory(model, settings: Settings, available: int | None = None) -> 
     weights, trainable, trainable_bytes = parameter_bytes(model, settings.quantization_bit, settings.double_quant)
     unused, unused_bytes = unused_head_bytes(model, settings.stage)  # rm: the LM head gets no gradient
     trainable, trainable_bytes = trainable - unused, trainable_bytes - unused_bytes
-    optimizer, step_temp, note = optimizer_bytes(settings.optim, trainable, trainable_bytes)
+    # torch steps foreach (one list for all parameters) on CUDA, one parameter at a time elsewhere.
+    one_at_a_time = None if settings.device.startswith("cuda") else _largest_trainable(model)
+    optimizer, step_temp, note = optimizer_bytes(settings.optim, trainable, trainable_bytes, one_at_a_time)
     plan = MemoryPlan(
         weights=weights,
         gradients=trainable_bytes,

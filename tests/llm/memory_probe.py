@@ -3,6 +3,10 @@ CPU peak RSS (VmHWM) above the RSS of the loaded process, over a few training st
 from its config with lathe.llm's method setup, and the memory plan of the same run. Prints one JSON line.
 
     python tests/llm/memory_probe.py '[{"vocab": 8000, "hidden": 128, ..., "batch": 4, "seq_len": 256, "keys": {...}}, ...]'
+
+Under torchrun (several processes: FSDP2 when the keys say `fsdp`) each configuration runs in the launched
+processes themselves, after a warm-up, with the high-water mark reset when training begins (every rank
+builds the whole model before it is sharded); rank 0 prints the largest measured peak of the ranks.
 """
 
 import json
@@ -43,7 +47,7 @@ def model_folder(spec: dict) -> str:
     return folder
 
 
-def train(spec: dict, steps: int, folder: str | None = None):
+def train(spec: dict, steps: int, folder: str | None = None, callbacks: list | None = None):
     """Build the model as `lathe train` does and train it `steps` steps on random rows; returns the model and config."""
     import torch
 
@@ -80,7 +84,7 @@ def train(spec: dict, steps: int, folder: str | None = None):
     rows = [
         {"input_ids": ids, "labels": ids.clone()} for ids in torch.randint(0, spec["vocab"], shape, generator=generator)
     ]
-    Trainer(model=model, args=config.training, train_dataset=rows).train()
+    Trainer(model=model, args=config.training, train_dataset=rows, callbacks=callbacks).train()
     return model, config
 
 
@@ -220,20 +224,69 @@ def main(specs: list[dict]) -> list[dict]:
 
     torch.set_num_threads(1)
     warm_up(specs)
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        return [measure_launched(spec) for spec in specs]
     return [in_child(measure, spec) for spec in specs]
+
+
+def measure_launched(spec: dict) -> dict:
+    """One configuration in this launched process: peak RSS from the start of training (the sharded
+    model) above the RSS before the model was built; the largest of the ranks, and rank 0's plan."""
+    import torch
+    import torch.distributed as dist
+
+    from lathe.llm.memory_plan import Settings, estimate_memory
+    from lathe.llm.memory_sharding import sharding_of
+    from lathe.llm.workflows.plan import loss_chunk
+    from lathe.train.callbacks import TrainerCallback
+
+    folder = model_folder(spec) if dist.get_rank() == 0 else None
+    holder = [folder]
+    dist.broadcast_object_list(holder)
+    baseline = rss("VmRSS")
+
+    class ResetPeak(TrainerCallback):
+        def on_train_begin(self, args, state, control, **kwargs):
+            with open("/proc/self/clear_refs", "w") as clear:
+                clear.write("5")
+
+    model, config = train(spec, spec.get("steps", 2), holder[0], callbacks=[ResetPeak()])
+    measured = torch.tensor(rss("VmHWM") - baseline)
+    dist.all_reduce(measured, op=dist.ReduceOp.MAX)
+    settings = Settings(
+        batch=spec["batch"],
+        seq_len=spec["seq_len"],
+        optim=str(config.training.optim),
+        checkpointing=config.training.gradient_checkpointing,
+        chunk=loss_chunk(config.training, spec["vocab"]),
+        sharding=sharding_of(config.training),
+        **preference_settings(spec, config),
+    )
+    plan = estimate_memory(unsharded_copy(spec, config), settings)
+    terms = {key: value for key, value in vars(plan).items() if isinstance(value, int) and not isinstance(value, bool)}
+    return {"measured": int(measured), "planned": plan.peak, "plan": terms}
+
+
+def unsharded_copy(spec: dict, config):
+    """The model as the plan sees it before sharding (`lathe train` plans before the Trainer shards)."""
+    from lathe.llm.model.loader import load_model
+
+    return load_model(range(spec["vocab"]), config.model, config.finetuning, is_trainable=True)
 
 
 def warm_up(specs: list[dict]) -> None:
     """The loaded process: every module imported and the code paths run once, on a tiny model of the same kind."""
     tiny = {"vocab": 64, "hidden": 16, "intermediate": 16, "layers": 1, "heads": 2, "kv_heads": 1, "batch": 1}
     kinds = {(json.dumps(spec.get("keys", {}), sort_keys=True), spec.get("stage", "sft")) for spec in specs}
-    for keys, stage in kinds:
+    for keys, stage in sorted(kinds):  # the same order on every rank (string hashes differ)
         saved = "quantization_bit" in keys or stage in ("dpo", "kto")  # the reference copy loads weights
-        for checkpointing in {spec["checkpointing"] for spec in specs}:
+        for checkpointing in sorted({spec["checkpointing"] for spec in specs}):
             warm = {**tiny, "seq_len": 48, "checkpointing": checkpointing, "saved": saved, "stage": stage}
             train({**warm, "keys": json.loads(keys)}, 2)
 
 
 if __name__ == "__main__":
-    for result in main(json.loads(sys.argv[1])):
-        print(json.dumps(result))
+    results = main(json.loads(sys.argv[1]))
+    if int(os.environ.get("RANK", "0")) == 0:
+        for result in results:
+            print(json.dumps(result))

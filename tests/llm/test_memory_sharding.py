@@ -3,6 +3,8 @@ ZeRO 1/2/3 divide by the world size, what FSDP2 gathers whole while computing (a
 blocks and root), DDP's buckets, reading the `fsdp` / `deepspeed` keys, and the printed plan."""
 
 import dataclasses
+import os
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -120,3 +122,40 @@ def test_the_plan_of_a_sharded_run_is_printed(tiny_model_dir, tmp_path, monkeypa
     out = capsys.readouterr().out
     assert "note: FSDP2 over 2 processes: weights, gradients, optimizer state 1/2 per process" in out
     assert ", gathered while computing " in out and "assumes each holds the whole model" not in out
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not Path("/proc/self/clear_refs").exists(), reason="needs Linux's /proc/self/clear_refs")
+def test_the_fsdp2_plan_is_within_20_percent_of_two_cpu_processes():
+    # bench/memory_plan_accuracy.py fsdp's first row: weights, gradients and optimizer state most of the peak.
+    import json
+    import socket
+    import subprocess
+    import sys
+
+    spec = {
+        **{"vocab": 512, "hidden": 512, "intermediate": 1536, "layers": 4, "heads": 8, "kv_heads": 4},
+        **{"batch": 1, "seq_len": 64, "checkpointing": False},
+        "keys": {"finetuning_type": "full", "fsdp": "full_shard auto_wrap"},
+    }
+    root = Path(__file__).resolve().parents[2]
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    env = {**os.environ, "PYTHONPATH": str(root), "OMP_NUM_THREADS": "1", "MALLOC_MMAP_THRESHOLD_": "65536"}
+    probe = str(Path(__file__).with_name("memory_probe.py"))
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={port}", probe]
+    done = subprocess.run([*command, json.dumps([spec])], capture_output=True, text=True, env=env, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads([line for line in done.stdout.splitlines() if line.startswith('{"measured"')][-1])
+    assert 0.8 <= result["planned"] / result["measured"] <= 1.2, result
+    # Each process's weights term is half of the whole model's.
+    assert result["plan"]["weights"] * 2 == pytest.approx(spec_weights(spec), rel=0.01)
+
+
+def spec_weights(spec: dict) -> int:
+    """fp32 bytes of the spec's Llama (untied head)."""
+    hidden, inter, heads, kv_heads = spec["hidden"], spec["intermediate"], spec["heads"], spec["kv_heads"]
+    kv = hidden // heads * kv_heads
+    layer = 2 * hidden * hidden + 2 * hidden * kv + 3 * hidden * inter + 2 * hidden
+    return 4 * (spec["layers"] * layer + 2 * spec["vocab"] * hidden + hidden)
