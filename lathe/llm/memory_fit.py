@@ -84,7 +84,8 @@ def advice(plan: MemoryPlan, model, settings: Settings) -> list[str]:
         options.append(
             f"gradient checkpointing (disable_gradient_checkpointing: false): {_mib(peak_with(checkpointing=True))}"
         )
-    if plan.gradients + plan.optimizer + plan.reference > plan.peak // 10:
+    has_lora = any(".lora_" in name for name, _ in model.named_parameters())
+    if not has_lora and plan.gradients + plan.optimizer + plan.reference > plan.peak // 10:
         # dpo / kto: with lora the reference is the policy with its adapter off, no copy.
         reference = " and the reference copy" if plan.reference else ""
         options.append(

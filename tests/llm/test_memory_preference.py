@@ -100,6 +100,23 @@ def test_the_reward_models_gradients_are_what_backward_fills(tie):
     assert trainable - filled == (0 if tie else VOCAB * 64 * 4)
 
 
+def test_lora_is_advised_for_what_the_reference_copy_costs_but_never_to_a_lora_run():
+    from lathe.llm.memory_fit import advice
+
+    peft = pytest.importorskip("peft")
+    model = _llama()
+    settings = Settings(batch=2, seq_len=64, stage="dpo", reference_copy=True)
+    full = estimate_memory(model, settings, available=0)
+    assert any(
+        option.startswith("finetuning_type: lora") and "reference copy" in option
+        for option in advice(full, model, settings)
+    )
+    lora = peft.get_peft_model(model, peft.LoraConfig(r=8, target_modules=["q_proj", "v_proj"]))
+    with_ref_model = estimate_memory(lora, settings, available=0)  # ref_model: a copy beside the LoRA policy
+    assert with_ref_model.reference > 0
+    assert not any(option.startswith("finetuning_type: lora") for option in advice(with_ref_model, lora, settings))
+
+
 def _saved_bytes(model, forward) -> int:
     """Bytes autograd keeps for backward during forward() (distinct storages, parameters excluded)."""
     parameters = {param.untyped_storage()._cdata for param in model.parameters()}
