@@ -43,15 +43,19 @@ UNSUPPORTED_BY_FEATURE: dict[str, dict[str, object]] = {
         "sglang_config": None,
         "sglang_lora_backend": "triton",
     },
-    "export (in `lathe train`)": {
+    "export (in `lathe train`; `lathe export` reads it)": {
         "export_dir": None,
         "export_size": 5,
         "export_device": "cpu",
+        "export_legacy_format": False,
+    },
+    "GPTQ quantization while exporting (LLaMA-Factory runs optimum's GPTQ there)": {
         "export_quantization_bit": None,
         "export_quantization_dataset": None,
         "export_quantization_nsamples": 128,
         "export_quantization_maxlen": 1024,
-        "export_legacy_format": False,
+    },
+    "pushing the exported model to a model hub (lathe works offline)": {
         "export_hub_model_id": None,
     },
     "dataset streaming and shared-file-system preprocessing": {
