@@ -21,6 +21,7 @@ from lathe.llm.config_methods import check_methods, check_quantized_training, ta
 from lathe.llm.config_optim import OptimizerMethodArguments, validate_methods
 from lathe.llm.config_sections import DataArguments, ModelArguments
 from lathe.llm.config_sections import help_text as _help
+from lathe.llm.config_stages import check_stage_options, resolve_liger_kernel
 from lathe.llm.config_values import RawConfig, build_sections, check_keys, parse_overrides, split_commas
 
 __all__ = [
@@ -337,6 +338,8 @@ def _resolve(config: TrainConfig) -> None:
     if training.activation_checkpointing and not training.activation_checkpointing_kwargs:
         kwargs = {"use_reentrant": model.use_reentrant_gc}
         training.activation_checkpointing_kwargs = training.gradient_checkpointing_kwargs = kwargs
+    if model.enable_liger_kernel and training.do_train:
+        resolve_liger_kernel(finetuning.stage, training)
 
 
 def _check_output_dir(output_dir: str, where: str) -> None:
@@ -352,7 +355,7 @@ def _check_output_dir(output_dir: str, where: str) -> None:
 def _validate(config: TrainConfig, where: str) -> None:
     """Checks across sections, in LLaMA-Factory's order, with the fix in the message."""
     model, data, training, finetuning = config.model, config.data, config.training, config.finetuning
-    _check_stage_options(data, training, finetuning, where)
+    check_stage_options(data, training, finetuning, where)
     if training.do_train and not data.dataset:
         raise ValueError(f"dataset{where} is required for training: name(s) from {data.dataset_dir}/dataset_info.json.")
     _check_output_dir(training.output_dir, where)
@@ -375,26 +378,3 @@ def _validate(config: TrainConfig, where: str) -> None:
             raise ValueError(f"early_stopping_steps{where} must be a positive number of evaluations.")
         if getattr(training.eval_strategy, "value", training.eval_strategy) == "no":
             raise ValueError(f"early_stopping_steps{where} counts evaluations: set eval_strategy to steps or epoch.")
-
-
-def _check_stage_options(data, training, finetuning, where: str) -> None:
-    """Options that only some stages read: set for another stage, they are errors (nothing would read them)."""
-    if finetuning.stage != "sft":
-        if training.predict_with_generate:
-            raise ValueError(f"predict_with_generate{where} only applies to stage sft.")
-        if data.neat_packing:
-            raise ValueError(f"neat_packing{where} only applies to stage sft (pt always concatenates documents).")
-        if data.train_on_prompt or data.mask_history:
-            raise ValueError(f"train_on_prompt and mask_history{where} only apply to stage sft.")
-    if finetuning.stage == "sft" and training.do_predict and not training.predict_with_generate:
-        raise ValueError(f"do_predict{where} writes generated_predictions.jsonl and needs predict_with_generate: true.")
-    if finetuning.stage in ("rm", "dpo", "kto") and data.packing:
-        raise ValueError(
-            f"packing{where} applies to stages pt and sft; stage {finetuning.stage} keeps one example per row."
-        )
-    if finetuning.stage in ("dpo", "kto") and training.do_predict:
-        raise ValueError(
-            f"do_predict{where} is not read by stage {finetuning.stage}: predictions are written for stage sft (generated answers) and rm (scores)."
-        )
-    if finetuning.stage == "rm" and training.load_best_model_at_end:
-        raise ValueError(f"load_best_model_at_end{where} is not supported for stage rm (as in LLaMA-Factory).")

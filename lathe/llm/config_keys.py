@@ -23,12 +23,11 @@ UNSUPPORTED_BY_FEATURE: dict[str, dict[str, object]] = {
         "new_special_tokens_config": None,
         "init_special_tokens": "noise_init",
     },
-    "model patches (RoPE scaling, S^2-Attn, unsloth, liger kernels at load, MoE aux loss)": {
+    "model patches (RoPE scaling, S^2-Attn, unsloth, MoE aux loss)": {
         "rope_scaling": None,
         "shift_attn": False,
         "use_unsloth": False,
         "use_unsloth_gc": False,
-        "enable_liger_kernel": False,
         "moe_aux_loss_coef": None,
     },
     "inference engines other than transformers (vLLM, SGLang, KTransformers)": {
@@ -44,15 +43,19 @@ UNSUPPORTED_BY_FEATURE: dict[str, dict[str, object]] = {
         "sglang_config": None,
         "sglang_lora_backend": "triton",
     },
-    "export (in `lathe train`)": {
+    "export (in `lathe train`; `lathe export` reads it)": {
         "export_dir": None,
         "export_size": 5,
         "export_device": "cpu",
+        "export_legacy_format": False,
+    },
+    "GPTQ quantization while exporting (LLaMA-Factory runs optimum's GPTQ there)": {
         "export_quantization_bit": None,
         "export_quantization_dataset": None,
         "export_quantization_nsamples": 128,
         "export_quantization_maxlen": 1024,
-        "export_legacy_format": False,
+    },
+    "pushing the exported model to a model hub (lathe works offline)": {
         "export_hub_model_id": None,
     },
     "dataset streaming and shared-file-system preprocessing": {

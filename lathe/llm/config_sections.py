@@ -54,6 +54,13 @@ class ModelArguments:
             "Attention implementation: auto (the model's default), disabled (eager), sdpa, fa2 (flash_attention_2), fa3 (flash_attention_3)."
         ),
     )
+    enable_liger_kernel: bool = field(
+        default=False,
+        metadata=help_text(
+            "Liger-Kernel's fused kernels (CUDA GPU, liger-kernel installed); elsewhere lathe's chunked "
+            "cross-entropy, logged (transformers' use_liger_kernel)."
+        ),
+    )
     disable_gradient_checkpointing: bool = field(
         default=False,
         metadata=help_text(

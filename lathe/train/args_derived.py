@@ -40,9 +40,13 @@ class DerivedValues:
         """cuda:<local rank> when CUDA is usable, else mps, else cpu; use_cpu forces cpu.
         Computed once (the loop reads it on every step), like transformers' cached device."""
         cached = self.__dict__.get("_cached_device")
-        if cached is None or cached[0] != (self.use_cpu, self.local_process_index):
-            cached = ((self.use_cpu, self.local_process_index), self._find_device())
-            self.__dict__["_cached_device"] = cached
+        # What the device depends on, cheap to ask on every step: the local rank only changes when
+        # local_rank is set or a process group comes up (then LOCAL_RANK or the rank decide it).
+        if cached is None or cached[0] != (self.use_cpu, self.local_rank, _initialized_process_group() is not None):
+            self._process_group()  # under a launcher, resolving the device joins the process group (transformers too)
+            device = self._find_device()
+            key = (self.use_cpu, self.local_rank, _initialized_process_group() is not None)
+            self.__dict__["_cached_device"] = cached = (key, device)
         return cached[1]
 
     def _find_device(self) -> "torch.device":  # noqa: F821

@@ -183,16 +183,22 @@ def choose_loss_path(model, args, compute_loss_func) -> ChunkedLMLoss | None:
     return path
 
 
-def trainer_path(trainer, inputs=None) -> ChunkedLMLoss | None:
-    """The Trainer's chunked loss for these inputs (labels given, logits not wanted), else None. A
-    compute_loss_func set after __init__ (as the LLM loss variants do) reads the model's logits: the chunked
-    loss then steps aside, once, and says so."""
+def active_path(trainer) -> ChunkedLMLoss | None:
+    """The Trainer's chunked loss, or None. A compute_loss_func set after __init__ (as the LLM loss variants
+    do) reads the model's logits: the chunked loss then steps aside, once, and says so. Code that computes
+    its own loss from the head (the preference log-probs) asks here too."""
     if trainer._lm_loss is not None and trainer.compute_loss_func is not None:
         logger.info("Causal-LM loss: the model's own (full logits), because compute_loss_func reads the logits.")
         trainer._lm_loss = None
-    if trainer._lm_loss is None or trainer._logits_wanted or not isinstance(inputs, Mapping):
+    return trainer._lm_loss
+
+
+def trainer_path(trainer, inputs=None) -> ChunkedLMLoss | None:
+    """The Trainer's chunked loss for these inputs (labels given, logits not wanted), else None."""
+    path = active_path(trainer)
+    if path is None or trainer._logits_wanted or not isinstance(inputs, Mapping):
         return None
-    return trainer._lm_loss if inputs.get("labels") is not None else None
+    return path if inputs.get("labels") is not None else None
 
 
 def _apply_liger(model, args) -> str | None:

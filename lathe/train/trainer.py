@@ -273,7 +273,6 @@ class Trainer(TrainerSurface):
         """Forward and backward of one micro-batch; returns the detached, normalised loss."""
         if not model.training:  # model.train() walks every module; only evaluation turns training off
             model.train()
-        causal_lm.trainer_path(self)  # a compute_loss_func set since __init__ turns the chunked loss off, logged
         inputs = self._prepare_inputs(inputs)
         with runtime.autocast_context(self.args.device, self._autocast_dtype), self.compute_loss_context_manager():
             loss = self.compute_loss(model, inputs, num_items_in_batch=num_items_in_batch)

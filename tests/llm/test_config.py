@@ -277,6 +277,15 @@ def test_training_arguments_keys_llamafactory_passes_to_transformers_reach_the_t
     assert training.project == "demo" and training.hub_strategy.value == "end"
     with pytest.raises(ValueError, match="push_to_hub"):
         parse_train_config({**BASE, "push_to_hub": True})
-    # A key of LLaMA-Factory's model loading (Liger patched in at load time) is still refused with its reason.
-    with pytest.raises(ValueError, match="enable_liger_kernel .*not support yet"):
-        parse_train_config({**BASE, "enable_liger_kernel": True})
+
+
+@pytest.mark.parametrize(
+    "stage, config", [("sft", None), ("dpo", {"fused_linear_cross_entropy": False, "cross_entropy": True})]
+)
+def test_enable_liger_kernel_is_use_liger_kernel_with_llamafactorys_logits_rule(stage, config):
+    """LLaMA-Factory's enable_liger_kernel patches Liger in at load; lathe runs transformers' use_liger_kernel
+    (Liger on a CUDA GPU, else its chunked loss), and for the stages that read logits switches Liger's fused
+    linear cross-entropy off, as LLaMA-Factory's require_logits does."""
+    training = parse_train_config({**BASE, "stage": stage, "enable_liger_kernel": True}).training
+    assert training.use_liger_kernel is True and training.liger_kernel_config == config
+    assert parse_train_config({**BASE, "stage": stage}).training.use_liger_kernel is False

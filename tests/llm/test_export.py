@@ -166,7 +166,7 @@ def test_config_errors_name_the_key(tiny_model_dir, tmp_path):
         parse_infer_config(config_for(tiny_model_dir, tmp_path / "x", export_sise=2), command="export")
     with pytest.raises(ValueError, match="adapter_name_or_path.*finetuning_type: lora"):
         parse_infer_config(config_for(tiny_model_dir, tmp_path / "x", adapter_name_or_path="a", finetuning_type="full"))
-    with pytest.raises(ValueError, match="export_quantization_bit .*not support"):
+    with pytest.raises(ValueError, match="export_quantization_bit .*GPTQ quantization while exporting.*not support"):
         parse_infer_config(config_for(tiny_model_dir, tmp_path / "x", export_quantization_bit=4))
     (tmp_path / "full").mkdir()
     (tmp_path / "full" / "keep.txt").write_text("mine")

@@ -168,6 +168,24 @@ def test_activation_checkpointing_gives_the_same_lora_update(tiny_model_dir, dat
     assert any(not torch.equal(value, torch.zeros_like(value)) for name, value in plain.items() if "lora_B" in name)
 
 
+def test_enable_liger_kernel_without_liger_trains_with_the_chunked_loss_and_says_so(
+    tiny_model_dir, data_dir, tmp_path, caplog
+):
+    """On a CPU (LLaMA-Factory would stop: Liger's kernels need Triton on a GPU) lathe trains with its chunked
+    cross-entropy, which gives the same update as the default run, and logs why."""
+    import logging
+
+    _needs("sft")
+    extra = {"plot_loss": False, "max_steps": 2, "eval_strategy": "no", "val_size": 0.0}
+    with caplog.at_level(logging.INFO, logger="lathe.train.causal_lm"):
+        _train(tiny_model_dir, data_dir, tmp_path / "liger", "sft", "lora", enable_liger_kernel=True, **extra)
+    assert "use_liger_kernel: " in caplog.text and "using lathe's chunked cross-entropy instead" in caplog.text
+    _train(tiny_model_dir, data_dir, tmp_path / "plain", "sft", "lora", **extra)
+    liger, plain = _adapter(tmp_path / "liger"), _adapter(tmp_path / "plain")
+    for name in plain:
+        torch.testing.assert_close(liger[name], plain[name], rtol=0, atol=1e-6)
+
+
 def test_freeze_trains_only_the_chosen_layer(tiny_model_dir, data_dir, tmp_path):
     _needs("sft")
     from safetensors.torch import load_file

@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from lathe.llm.preference import losses
-from lathe.train.causal_lm import HeadIntercept, unwrap
+from lathe.train.causal_lm import HeadIntercept, active_path, unwrap
 from lathe.train.chunked_loss import chunked_token_log_probs, is_plain_linear
 from lathe.train.labels import IGNORE_INDEX
 
@@ -39,7 +39,7 @@ class RowLogits:
 
 def forward_log_probs(trainer, model, inputs: dict, labels: torch.Tensor, ld_alpha: float | None = None):
     """(summed log-probs per row, answer lengths, RowLogits) of model(**inputs) scored against labels."""
-    path = getattr(trainer, "_lm_loss", None)
+    path = active_path(trainer)
     if path is None:
         logits = model(**inputs, return_dict=True, use_cache=False).logits.to(torch.float32)
         logps, lengths = losses.sequence_log_probs(logits, labels, ld_alpha=ld_alpha)
