@@ -302,8 +302,9 @@ def estimate_memory(model, settings: Settings, available: int | None = None) -> 
     weights, trainable, trainable_bytes = parameter_bytes(model, settings.quantization_bit, settings.double_quant)
     unused, unused_bytes = unused_head_bytes(model, settings.stage)  # rm: the LM head gets no gradient
     trainable, trainable_bytes = trainable - unused, trainable_bytes - unused_bytes
-    # torch steps foreach (one list for all parameters) on CUDA, one parameter at a time elsewhere.
-    one_at_a_time = None if settings.device.startswith("cuda") else _largest_trainable(model)
+    # torch steps foreach (one list for all parameters) on CUDA, one parameter at a time elsewhere, where
+    # sqrt(v) and its quotient by the bias correction coexist: twice the largest parameter.
+    one_at_a_time = None if settings.device.startswith("cuda") else 2 * _largest_trainable(model)
     optimizer, step_temp, note = optimizer_bytes(settings.optim, trainable, trainable_bytes, one_at_a_time)
     plan = MemoryPlan(
         weights=weights,
