@@ -8,7 +8,6 @@ import logging
 import re
 from dataclasses import dataclass, field
 
-from lathe.llm.memory_sharding import shard_plan
 from lathe.llm.memory_preference import (
     PREFERENCE_STAGES,
     lm_logits_bytes,
@@ -19,6 +18,7 @@ from lathe.llm.memory_preference import (
     unused_head_bytes,
     value_head_activations,
 )
+from lathe.llm.memory_sharding import shard_plan
 
 __all__ = ["MemoryPlan", "Settings", "estimate_memory", "fill_batch_terms"]
 
