@@ -174,6 +174,7 @@ def measure(spec: dict) -> dict:
         checkpointing=config.training.gradient_checkpointing,
         quantization_bit=config.model.quantization_bit,
         chunk=loss_chunk(config.training, spec["vocab"]),
+        half=bool(config.training.bf16 or config.training.fp16 or config.finetuning.pure_bf16),
         **preference_settings(spec, config),
     )
     plan = estimate_memory(model, settings)
@@ -259,6 +260,7 @@ def measure_launched(spec: dict) -> dict:
         optim=str(config.training.optim),
         checkpointing=config.training.gradient_checkpointing,
         chunk=loss_chunk(config.training, spec["vocab"]),
+        half=bool(config.training.bf16 or config.training.fp16 or config.finetuning.pure_bf16),
         sharding=sharding_of(config.training),
         **preference_settings(spec, config),
     )
