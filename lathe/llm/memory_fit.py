@@ -3,6 +3,7 @@ and what to change when it does not fit."""
 
 from __future__ import annotations
 
+from lathe.llm.memory_preference import PAIRED_STAGES, rows_per_forward
 from lathe.llm.memory_plan import BATCH_LIMIT, MIB, MemoryPlan, Settings, fill_batch_terms, model_shape
 
 __all__ = ["available_memory", "format_memory", "advice"]
@@ -40,12 +41,18 @@ def _mib(value: int) -> str:
 def format_memory(plan: MemoryPlan) -> list[str]:
     """The plan's lines under 'Plan:' in `lathe train`'s output."""
     switched = "without" if plan.checkpointing else "with"
+    reference = f", reference model {_mib(plan.reference)}" if plan.reference else ""
+    batch = f"{plan.batch_size}"
+    if plan.stage in PAIRED_STAGES:
+        batch = f"{plan.batch_size} pairs ({rows_per_forward(plan.stage, plan.batch_size)} rows)"
     lines = [
-        f"  memory          {_mib(plan.peak)} peak per device, expected for {plan.batch_size} x {plan.seq_len} "
+        f"  memory          {_mib(plan.peak)} peak per device, expected for {batch} x {plan.seq_len} "
         f"tokens, {plan.loss_path}",
-        f"    weights {_mib(plan.weights)}, gradients {_mib(plan.gradients)}, optimizer {_mib(plan.optimizer)}, "
+        f"    weights {_mib(plan.weights)}{reference}, gradients {_mib(plan.gradients)}, optimizer {_mib(plan.optimizer)}, "
         f"activations {_mib(plan.activations)} ({_mib(plan.activations_other)} {switched} checkpointing), "
-        f"logits {_mib(plan.logits)}",
+        f"logits {_mib(plan.logits)}"
+        + (f", gathered while computing {_mib(plan.gathered)}" if plan.gathered else "")
+        + (f", DDP buckets {_mib(plan.buckets)}" if plan.buckets else ""),
     ]
     if plan.available is not None:
         where = "free on the GPU" if plan.device.startswith("cuda") else "available RAM"
@@ -77,10 +84,13 @@ def advice(plan: MemoryPlan, model, settings: Settings) -> list[str]:
         options.append(
             f"gradient checkpointing (disable_gradient_checkpointing: false): {_mib(peak_with(checkpointing=True))}"
         )
-    if plan.gradients + plan.optimizer > plan.peak // 10:
+    has_lora = any(".lora_" in name for name, _ in model.named_parameters())
+    if not has_lora and plan.gradients + plan.optimizer + plan.reference > plan.peak // 10:
+        # dpo / kto: with lora the reference is the policy with its adapter off, no copy.
+        reference = " and the reference copy" if plan.reference else ""
         options.append(
-            f"finetuning_type: lora (frees most of the {_mib(plan.gradients + plan.optimizer)} of gradients and "
-            "optimizer state)"
+            f"finetuning_type: lora (frees most of the {_mib(plan.gradients + plan.optimizer + plan.reference)} of "
+            f"gradients, optimizer state{reference})"
         )
     if not settings.quantization_bit:
         options.append(
@@ -113,8 +123,8 @@ def start_batch_from_plan(trainer, plan: MemoryPlan | None) -> None:
 def _chunked_loss_option(plan: MemoryPlan, settings: Settings, peak_with, vocab: int) -> list[str]:
     """The chunked cross-entropy (lathe.train.chunked_loss) when the run uses the standard loss and its
     logits are a large part of the peak."""
-    if settings.chunk is not None or plan.logits < plan.peak // 5:
-        return []
+    if settings.chunk is not None or settings.stage == "rm" or plan.logits < plan.peak // 5:
+        return []  # rm: the value head's LM builds its logits whatever the loss path
     try:
         from lathe.train.chunked_loss import default_chunk_size
     except ImportError:  # a lathe without the chunked loss

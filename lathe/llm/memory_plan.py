@@ -8,6 +8,18 @@ import logging
 import re
 from dataclasses import dataclass, field
 
+from lathe.llm.memory_preference import (
+    PREFERENCE_STAGES,
+    lm_logits_bytes,
+    log_prob_bytes,
+    preference_peak,
+    reference_bytes,
+    rows_per_forward,
+    unused_head_bytes,
+    value_head_activations,
+)
+from lathe.llm.memory_sharding import shard_plan
+
 __all__ = ["MemoryPlan", "Settings", "estimate_memory", "fill_batch_terms"]
 
 logger = logging.getLogger(__name__)
@@ -51,6 +63,10 @@ class MemoryPlan:
     available: int | None  # free memory of the device (None: unknown)
     largest_batch: int | None = None  # the largest per-device batch the plan says fits
     notes: list[str] = field(default_factory=list)
+    reference: int = 0  # dpo / kto: a frozen reference copy's weights
+    stage: str = "sft"
+    gathered: int = 0  # FSDP2 / ZeRO-3: parameters (and gradients) held whole while computing
+    buckets: int = 0  # DDP: its gradient buckets
 
     @property
     def fits(self) -> bool:
@@ -236,16 +252,23 @@ def _packed_bytes(param) -> int:
     return param.numel() * param.element_size() + (absmax.numel() * absmax.element_size() if absmax is not None else 0)
 
 
-def optimizer_bytes(optim: str, trainable: int, trainable_bytes: int) -> tuple[int, int, str | None]:
-    """(state bytes, step temporaries, a note when the optimizer is not one the plan models)."""
+def optimizer_bytes(optim: str, trainable: int, trainable_bytes: int, step_list: int | None = None):
+    """(state bytes, step temporaries, a note when the optimizer is not one the plan models). The step's
+    temporaries: none for a fused kernel (adamw_torch_fused, lathe.llm's default); otherwise torch's
+    foreach step (its default for CUDA tensors) makes one parameter-sized list (AdamW's sqrt(v)), and on
+    the CPU it steps one parameter at a time: `step_list` gives that size (None: the whole list)."""
     name = str(getattr(optim, "value", optim))
+    step = 0 if "fused" in name else trainable_bytes if step_list is None else step_list
     if any(part in name for part in STATELESS_OPTIMIZERS):
-        return 0, trainable_bytes, None
+        return 0, step, None
     if any(part in name for part in EIGHT_BIT_OPTIMIZERS):
-        return 2 * trainable, trainable_bytes, None
+        return 2 * trainable, step, None
     note = None if name.startswith("adamw") or name == "adam" else f"optimizer {name}: state assumed Adam-sized"
-    # Two moments; the step's foreach sqrt(v) is one more parameter-sized list.
-    return 2 * trainable_bytes, trainable_bytes, note
+    return 2 * trainable_bytes, step, note
+
+
+def _largest_trainable(model) -> int:
+    return max((p.numel() * p.element_size() for p in model.parameters() if p.requires_grad), default=0)
 
 
 @dataclass
@@ -263,6 +286,11 @@ class Settings:
     quantization_bit: int | None = None
     double_quant: bool = True
     device: str = "cpu"
+    stage: str = "sft"  # dpo / kto / rm: lathe.llm.memory_preference's terms
+    reference_copy: bool = False  # dpo / kto: a frozen copy of the base model is loaded as the reference
+    kl_seq_len: int | None = None  # kto: the longest padded KL row
+    reference_forward: bool = True  # dpo: the reference's log-probs are computed (not for orpo / simpo)
+    sharding: object | None = None  # lathe.llm.memory_sharding.Sharding; None: one process holds everything
 
 
 def estimate_memory(model, settings: Settings, available: int | None = None) -> MemoryPlan | None:
@@ -272,7 +300,12 @@ def estimate_memory(model, settings: Settings, available: int | None = None) -> 
     if shape is None:
         return None
     weights, trainable, trainable_bytes = parameter_bytes(model, settings.quantization_bit, settings.double_quant)
-    optimizer, step_temp, note = optimizer_bytes(settings.optim, trainable, trainable_bytes)
+    unused, unused_bytes = unused_head_bytes(model, settings.stage)  # rm: the LM head gets no gradient
+    trainable, trainable_bytes = trainable - unused, trainable_bytes - unused_bytes
+    # torch steps foreach (one list for all parameters) on CUDA, one parameter at a time elsewhere, where
+    # sqrt(v) and its quotient by the bias correction coexist: twice the largest parameter.
+    one_at_a_time = None if settings.device.startswith("cuda") else 2 * _largest_trainable(model)
+    optimizer, step_temp, note = optimizer_bytes(settings.optim, trainable, trainable_bytes, one_at_a_time)
     plan = MemoryPlan(
         weights=weights,
         gradients=trainable_bytes,
@@ -285,13 +318,17 @@ def estimate_memory(model, settings: Settings, available: int | None = None) -> 
         batch_size=settings.batch,
         seq_len=settings.seq_len,
         checkpointing=settings.checkpointing,
-        loss_path="standard loss: full-vocabulary logits"
-        if settings.chunk is None
-        else f"chunked loss: {settings.chunk} tokens per chunk",
+        loss_path=loss_path(settings),
         device=settings.device,
         available=available,
         notes=[note] if note else [],
+        stage=settings.stage,
     )
+    if settings.reference_copy:
+        plan.reference = reference_bytes(
+            model, 2 if settings.half else 4, settings.quantization_bit, settings.double_quant
+        )
+    shard_plan(plan, model, settings.sharding, settings.half)
     if not any(name.endswith(PROJECTIONS) for name, _ in model.named_modules()):
         plan.notes.append(f"{type(model).__name__}: activations sized as a Llama-style decoder's")
     fill_batch_terms(plan, model, shape, settings)
@@ -299,23 +336,45 @@ def estimate_memory(model, settings: Settings, available: int | None = None) -> 
     return plan
 
 
+def loss_path(settings: Settings) -> str:
+    """The plan's words for the loss path it assumed."""
+    if settings.stage == "rm":
+        return "value head: the LM's full-vocabulary logits built in the forward, unused"
+    what = "log-probs" if settings.stage in PREFERENCE_STAGES else "loss"
+    if settings.chunk is None:
+        return f"standard {what}: full-vocabulary logits"
+    return f"chunked {what}: {settings.chunk} tokens per chunk"
+
+
 def fill_batch_terms(plan: MemoryPlan, model, shape: Shape, settings: Settings) -> None:
     element = 2 if settings.half else 4
-    batch, seq_len = settings.batch, settings.seq_len
+    batch, seq_len = rows_per_forward(settings.stage, settings.batch), settings.seq_len
     args = (model, shape, batch, seq_len, element)
     kept, recompute = activation_bytes(*args, settings.checkpointing, settings.masked)
     other, other_recompute = activation_bytes(*args, not settings.checkpointing, settings.masked)
+    if settings.stage == "rm":
+        head = value_head_activations(shape, batch, seq_len)
+        kept, other = kept + head, other + head
     plan.activations, plan.activations_other = kept + recompute, other + other_recompute
-    plan.logits = logits_bytes(shape, batch, seq_len, settings.half, settings.chunk, _head_trains(model))
+    if settings.stage == "rm":
+        plan.logits = lm_logits_bytes(shape, batch, seq_len, element)
+    elif settings.stage in PREFERENCE_STAGES:
+        plan.logits = log_prob_bytes(shape, batch, seq_len, settings.half, settings.chunk, _head_trains(model))
+    else:
+        plan.logits = logits_bytes(shape, batch, seq_len, settings.half, settings.chunk, _head_trains(model))
     # A layer's transient tensors during backward (the gradient flowing down, an MLP-wide one).
     workspace = batch * seq_len * (2 * shape.hidden + shape.intermediate) * element
+    if settings.stage in PREFERENCE_STAGES:
+        plan.peak = preference_peak(plan, model, shape, settings, kept, recompute, workspace)
+        return
     held_gradients = plan.gradients if settings.accumulation > 1 else 0
     # The loss's backward comes first, before any layer is recomputed; then layer by layer, while the
     # gradients fill in; then the optimizer's step.
-    loss_backward = kept + plan.logits + held_gradients
-    layers_backward = kept + recompute + workspace + plan.gradients
+    loss_backward = kept + plan.logits + held_gradients + plan.gathered
+    layers_backward = kept + recompute + workspace + plan.gradients + plan.gathered
     optimizer_step = plan.gradients + plan.optimizer_step
-    plan.peak = plan.weights + plan.optimizer + max(loss_backward, layers_backward, optimizer_step)
+    base = plan.weights + plan.optimizer + plan.buckets
+    plan.peak = base + max(loss_backward, layers_backward, optimizer_step)
 
 
 def largest_fitting_batch(plan: MemoryPlan, model, shape: Shape, settings: Settings, limit: int = BATCH_LIMIT):

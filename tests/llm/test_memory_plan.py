@@ -87,6 +87,64 @@ def test_weights_gradients_and_optimizer_state_are_the_parameters_bytes():
     assert plan.weights - quantized.weights == pytest.approx(linears * (4 - 0.5 - 1 / 64), rel=0.01)
 
 
+def _step_model():
+    """A Llama whose largest parameters (embeddings, head: 8,000 x 128, 4 MB) dwarf RSS's page-level noise."""
+    config = transformers.LlamaConfig(
+        vocab_size=8000,
+        hidden_size=128,
+        intermediate_size=256,
+        num_hidden_layers=1,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+    )
+    torch.manual_seed(0)
+    return transformers.AutoModelForCausalLM.from_config(config).train()
+
+
+def measure_optimizer_steps() -> dict:
+    """Run by the test below in a fresh process (glibc's mmap threshold fixed): the peak RSS of an AdamW
+    step, its state already there, above the RSS before it; torch's default kernel on the CPU and fused."""
+    from tests.llm.memory_probe import rss
+
+    torch.set_num_threads(1)
+    model = _step_model()
+    peaks = {}
+    for name, fused in (("adamw_torch", False), ("adamw_torch_fused", True)):
+        optimizer = torch.optim.AdamW(model.parameters(), fused=fused)
+        for _ in range(2):  # the second step: the state exists
+            ids = torch.randint(0, 8000, (2, 16))
+            model(input_ids=ids, labels=ids).loss.backward()
+            with open("/proc/self/clear_refs", "w") as clear:
+                clear.write("5")
+            start = rss("VmRSS")
+            optimizer.step()
+            peaks[name] = rss("VmHWM") - start
+            model.zero_grad()
+    return peaks
+
+
+@pytest.mark.skipif(not Path("/proc/self/clear_refs").exists(), reason="needs Linux's /proc/self/clear_refs")
+def test_the_optimizer_steps_temporaries_as_measured():
+    root = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "PYTHONPATH": str(root), "OMP_NUM_THREADS": "1", "MALLOC_MMAP_THRESHOLD_": "65536"}
+    code = "import json; from tests.llm.test_memory_plan import measure_optimizer_steps as m; print(json.dumps(m()))"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300, cwd=root)
+    assert done.returncode == 0, done.stderr[-3000:]
+    measured = json.loads(done.stdout.strip().splitlines()[-1])
+    model = _step_model()
+    largest = max(param.numel() * 4 for param in model.parameters())  # the embeddings / head
+    # On the CPU torch's AdamW steps one parameter at a time: the largest one's sqrt(v) and its quotient.
+    default = estimate_memory(model, Settings(batch=2, seq_len=16, optim="adamw_torch"))
+    assert default.optimizer_step == 2 * largest
+    assert 0.85 <= default.optimizer_step / measured["adamw_torch"] <= 1.15, measured
+    # The fused kernel updates in place: nothing beyond the measuring noise (a tenth of the largest parameter).
+    fused = estimate_memory(model, Settings(batch=2, seq_len=16, optim="adamw_torch_fused"))
+    assert fused.optimizer_step == 0 and measured["adamw_torch_fused"] < largest // 10, measured
+    # On CUDA the default is torch's foreach step: one parameter-sized list for all of them.
+    cuda = estimate_memory(model, Settings(batch=2, seq_len=16, optim="adamw_torch", device="cuda:0"))
+    assert cuda.optimizer_step == sum(param.numel() * 4 for param in model.parameters())
+
+
 def test_checkpointing_chunked_loss_batch_and_cutoff_move_the_right_terms():
     model = _llama()
     base = estimate_memory(model, Settings(batch=2, seq_len=64))
@@ -245,6 +303,31 @@ CONFIGS = {
     "lora, gradient checkpointing, 4 x 256": {
         **WIDE,
         "batch": 4,
+        "seq_len": 256,
+        "checkpointing": True,
+        "keys": {"finetuning_type": "lora", "lora_target": "all"},
+    },
+    # Preference stages (memory_probe's rows: the rejected / KL side 24 tokens shorter, so batches are padded).
+    "dpo, full, reference copy, 2 pairs x 256": {
+        **SMALL,
+        "stage": "dpo",
+        "batch": 2,
+        "seq_len": 256,
+        "checkpointing": False,
+        "keys": FULL,
+    },
+    "kto, lora, 4 x 256": {
+        **SMALL,
+        "stage": "kto",
+        "batch": 4,
+        "seq_len": 256,
+        "checkpointing": False,
+        "keys": {"finetuning_type": "lora", "lora_target": "all"},
+    },
+    "rm, lora, gradient checkpointing, 2 pairs x 256": {
+        **WIDE,
+        "stage": "rm",
+        "batch": 2,
         "seq_len": 256,
         "checkpointing": True,
         "keys": {"finetuning_type": "lora", "lora_target": "all"},

@@ -25,6 +25,18 @@ def needs_reference(finetuning_args) -> bool:
     return finetuning_args.stage == "kto" or finetuning_args.use_ref_model
 
 
+def reference_kind(finetuning_args, do_train: bool) -> str:
+    """What the reference costs in memory: "copy" (a frozen model is loaded), "adapter" (the policy with
+    its LoRA adapter off: no second copy), "itself" (evaluation only) or "none"."""
+    if not needs_reference(finetuning_args):
+        return "none"
+    if finetuning_args.ref_model is not None:
+        return "copy"
+    if not do_train:
+        return "itself"
+    return "adapter" if finetuning_args.finetuning_type == "lora" else "copy"
+
+
 def describe_reference(finetuning_args, do_train: bool) -> str | None:
     """The plan's line: what dpo / kto compare the policy with (None for the other stages)."""
     if finetuning_args.stage == "dpo" and not finetuning_args.use_ref_model:

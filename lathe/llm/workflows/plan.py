@@ -9,11 +9,12 @@ import math
 from dataclasses import dataclass
 
 from lathe.llm.config_methods import describe_method
+from lathe.llm.memory_preference import PREFERENCE_STAGES
 
 __all__ = ["RunPlan", "make_plan", "format_plan", "format_config", "count_tokens", "print_once", "report_plan"]
 
 logger = logging.getLogger(__name__)
-MEMORY_STAGES = ("pt", "sft")  # causal-LM stages the memory plan sizes (dpo/kto/rm: not yet)
+MEMORY_STAGES = ("pt", "sft", "dpo", "kto", "rm")  # the stages the memory plan sizes
 
 
 @dataclass
@@ -94,11 +95,37 @@ def make_plan(config, dataset_module: dict, model, resume_from: str | None = Non
     return plan
 
 
-def _longest_row(dataset) -> int:
+def _longest_row(dataset, column: str = "input_ids") -> int:
     import pyarrow.compute as compute
 
-    lengths = compute.list_value_length(dataset.with_format("arrow")[:]["input_ids"])
+    lengths = compute.list_value_length(dataset.with_format("arrow")[:][column])
     return int(compute.max(lengths).as_py() or 0)
+
+
+def _padded(length: int) -> int:
+    return max(-(-length // 8) * 8, 1)  # the collators pad to a multiple of 8
+
+
+def _preference_settings(config, train_dataset) -> dict:
+    """dpo / rm: chosen and rejected rows padded together (the longer side decides); kto: the target rows
+    and the KL rows, padded apart; whether a frozen reference copy is loaded."""
+    from lathe.llm.memory_preference import rows_per_forward
+    from lathe.llm.preference.reference import reference_kind
+
+    stage = config.finetuning.stage
+    if stage == "kto":
+        seq_len, kl_seq_len = _longest_row(train_dataset), _padded(_longest_row(train_dataset, "kl_input_ids"))
+    else:
+        seq_len = max(_longest_row(train_dataset, f"{side}_input_ids") for side in ("chosen", "rejected"))
+        kl_seq_len = None
+    return {
+        "stage": stage,
+        "seq_len": _padded(seq_len),
+        "kl_seq_len": kl_seq_len,
+        "masked": rows_per_forward(stage, config.training.per_device_train_batch_size) > 1,
+        "reference_copy": stage != "rm" and reference_kind(config.finetuning, config.training.do_train) == "copy",
+        "reference_forward": stage == "kto" or (stage == "dpo" and config.finetuning.use_ref_model),
+    }
 
 
 def loss_chunk(training, vocab: int | None) -> int | None:
@@ -118,25 +145,26 @@ def loss_chunk(training, vocab: int | None) -> int | None:
 def memory_settings(config, train_dataset, model_vocab: int | None = None):
     """The memory plan's view of the run: the longest padded batch of the training data."""
     from lathe.llm.memory_plan import Settings
+    from lathe.llm.memory_sharding import sharding_of
 
     training, model_args = config.training, config.model
-    if config.finetuning.stage == "pt" or config.data.packing:
-        seq_len, masked = config.data.cutoff_len, False  # full cutoff_len blocks, no padding
-    else:
-        seq_len = -(-_longest_row(train_dataset) // 8) * 8  # the collator pads to a multiple of 8
-        masked = training.per_device_train_batch_size > 1
+    rows = {"seq_len": config.data.cutoff_len, "masked": False}  # pt, packing: full cutoff_len blocks
+    if config.finetuning.stage in PREFERENCE_STAGES:
+        rows = _preference_settings(config, train_dataset)
+    elif config.finetuning.stage != "pt" and not config.data.packing:
+        rows = {"seq_len": _padded(_longest_row(train_dataset)), "masked": training.per_device_train_batch_size > 1}
     return Settings(
         batch=training.per_device_train_batch_size,
-        seq_len=max(seq_len, 1),
         optim=str(getattr(training.optim, "value", training.optim)),
         checkpointing=bool(training.gradient_checkpointing),
         accumulation=training.gradient_accumulation_steps,
         half=bool(training.bf16 or training.fp16 or config.finetuning.pure_bf16),
-        masked=masked,
-        chunk=loss_chunk(training, model_vocab),
+        chunk=None if config.finetuning.stage == "rm" else loss_chunk(training, model_vocab),
         quantization_bit=model_args.quantization_bit if model_args.quantization_method == "bnb" else None,
         double_quant=model_args.double_quantization,
         device=str(training.device),
+        sharding=sharding_of(training),
+        **rows,
     )
 
 
@@ -147,11 +175,8 @@ def _plan_memory(plan: RunPlan, config, model, train_dataset) -> None:
     vocab = getattr(getattr(model, "config", None), "vocab_size", None)
     settings = memory_settings(config, train_dataset, vocab)
     plan.memory = estimate_memory(model, settings, available_memory(config.training.device))
-    if plan.memory is not None and config.training.world_size > 1:
-        plan.memory.notes.append(
-            "several processes: the plan assumes each holds the whole model, gradients and optimizer state "
-            "(FSDP/ZeRO shard them; DDP adds gradient buckets)"
-        )
+    if plan.memory is not None and settings.reference_copy and config.finetuning.ref_model is not None:
+        plan.memory.notes.append(f"ref_model {config.finetuning.ref_model}: sized as the policy's base model")
     if plan.memory is not None and not plan.memory.fits:
         plan.memory_advice = advice(plan.memory, model, settings)
 

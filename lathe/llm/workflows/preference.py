@@ -7,6 +7,7 @@ reference model, on lathe's own DPOTrainer / KTOTrainer.
 
 from __future__ import annotations
 
+from lathe.llm.memory_fit import start_batch_from_plan
 from lathe.llm.workflows.plan import make_plan, report_plan
 from lathe.train.labels import IGNORE_INDEX
 from lathe.llm.workflows.setup import (
@@ -64,6 +65,7 @@ def run(config, dry_run: bool = False, callbacks: list | None = None) -> dict:
     set_stop_tokens(model, tokenizer, template)
     reference = make_reference(model, tokenizer, config)
     trainer = _make_trainer(config, model, reference, tokenizer, datasets, callbacks)
+    start_batch_from_plan(trainer, plan.memory)
     metrics = {}
     if training_args.do_train:
         write_run_config(config)

@@ -7,6 +7,7 @@ of each pair scores above the rejected one; evaluation reports accuracy, do_pred
 
 from __future__ import annotations
 
+from lathe.llm.memory_fit import start_batch_from_plan
 from lathe.llm.workflows.plan import make_plan, report_plan
 from lathe.llm.workflows.setup import (
     checkpointing_for,
@@ -60,6 +61,7 @@ def run(config, dry_run: bool = False, callbacks: list | None = None) -> dict:
         callbacks=make_callbacks(config) + list(callbacks or []),
         finetuning_args=finetuning_args,
     )
+    start_batch_from_plan(trainer, plan.memory)
     metrics = {}
     if training_args.do_train:
         write_run_config(config)
