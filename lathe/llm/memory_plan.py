@@ -14,6 +14,7 @@ from lathe.llm.memory_preference import (
     log_prob_bytes,
     preference_peak,
     reference_bytes,
+    rm_loss_path,
     rows_per_forward,
     unused_head_bytes,
     value_head_activations,
@@ -318,7 +319,7 @@ def estimate_memory(model, settings: Settings, available: int | None = None) -> 
         batch_size=settings.batch,
         seq_len=settings.seq_len,
         checkpointing=settings.checkpointing,
-        loss_path=loss_path(settings),
+        loss_path=loss_path(settings, model),
         device=settings.device,
         available=available,
         notes=[note] if note else [],
@@ -336,10 +337,10 @@ def estimate_memory(model, settings: Settings, available: int | None = None) -> 
     return plan
 
 
-def loss_path(settings: Settings) -> str:
+def loss_path(settings: Settings, model=None) -> str:
     """The plan's words for the loss path it assumed."""
     if settings.stage == "rm":
-        return "value head: the LM's full-vocabulary logits built in the forward, unused"
+        return rm_loss_path(model)
     what = "log-probs" if settings.stage in PREFERENCE_STAGES else "loss"
     if settings.chunk is None:
         return f"standard {what}: full-vocabulary logits"
@@ -357,7 +358,7 @@ def fill_batch_terms(plan: MemoryPlan, model, shape: Shape, settings: Settings) 
         kept, other = kept + head, other + head
     plan.activations, plan.activations_other = kept + recompute, other + other_recompute
     if settings.stage == "rm":
-        plan.logits = lm_logits_bytes(shape, batch, seq_len, element)
+        plan.logits = lm_logits_bytes(model, shape, batch, seq_len, element)
     elif settings.stage in PREFERENCE_STAGES:
         plan.logits = log_prob_bytes(shape, batch, seq_len, settings.half, settings.chunk, _head_trains(model))
     else:

@@ -10,9 +10,10 @@ What each stage holds at its peak (read from lathe/llm/preference/ and lathe/llm
 - kto: batch target rows with gradients; the KL rows (each prompt with another row's answer, padded on
   their own) through the policy and the reference, and the target rows through the reference, all
   without gradients.
-- rm: 2 x batch rows through the causal LM with output_hidden_states; its full-vocabulary logits are
-  built in the forward (nothing asks the LM for fewer) and dropped unused, so the LM head gets no
-  gradient and no optimizer state; a value head (dropout, one linear) scores the last hidden state.
+- rm: 2 x batch rows through the causal LM with output_hidden_states; the LM computes its logits for the
+  last position only (`logits_to_keep=1`; a model whose forward lacks it builds them all), unused, so
+  the LM head gets no gradient and no optimizer state; a value head (dropout, one linear) scores the
+  last hidden state.
 """
 
 from __future__ import annotations
@@ -107,10 +108,20 @@ def value_head_activations(shape, rows: int, seq_len: int) -> int:
     return rows * seq_len * shape.hidden * (4 + 1)
 
 
-def lm_logits_bytes(shape, rows: int, seq_len: int, element: int) -> int:
-    """rm: the full-vocabulary logits the causal LM builds at the end of its forward (model dtype) and
-    drops unused before backward."""
-    return rows * seq_len * shape.vocab * element
+def lm_logits_bytes(model, shape, rows: int, seq_len: int, element: int) -> int:
+    """rm: the logits the causal LM builds at the end of its forward (model dtype), unused."""
+    return rows * rm_logit_positions(model, seq_len) * shape.vocab * element
+
+
+def rm_logit_positions(model, seq_len: int) -> int:
+    """How many positions' logits the reward model's LM computes: one where it takes logits_to_keep."""
+    return 1 if getattr(model, "_keeps_logits_of_last_position_only", False) else seq_len
+
+
+def rm_loss_path(model) -> str:
+    if rm_logit_positions(model, 2) == 1:
+        return "value head: the LM's logits for the last position only"
+    return "value head: the LM's full-vocabulary logits built in the forward, unused"
 
 
 def preference_peak(plan, model, shape, settings, kept: int, recompute: int, workspace: int) -> int:

@@ -282,7 +282,7 @@ def test_the_plan_of_dpo_kto_and_rm_runs_is_printed(model_dir, tmp_path, capsys,
 
     run_train(_config(model_dir, tmp_path, stage="rm", finetuning_type="full"), dry_run=True)
     out = capsys.readouterr().out
-    assert "expected for 2 pairs (4 rows) x " in out and "value head: the LM's full-vocabulary logits" in out
+    assert "expected for 2 pairs (4 rows) x " in out and "value head: the LM's logits for the last position only" in out
 
     monkeypatch.setattr("lathe.llm.memory_fit.available_memory", lambda device: 1024)
     run_train(_config(model_dir, tmp_path, finetuning_type="full"), dry_run=True)

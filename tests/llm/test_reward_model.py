@@ -173,3 +173,44 @@ def test_last_token_scores_read_the_last_real_token():
     values = torch.tensor([[0.1, 0.2, 0.3, 9.0], [0.5, 0.6, 9.0, 9.0]])
     mask = torch.tensor([[1, 1, 1, 0], [1, 1, 0, 0]])
     assert last_token_scores(values, mask).tolist() == pytest.approx([0.3, 0.6])
+
+
+@pytest.mark.parametrize("method", ["full", "lora"])
+def test_the_reward_model_asks_its_lm_for_the_last_positions_logits_only(method):
+    """The scores read hidden states only: the LM computes one position's logits instead of every position's
+    (the memory plan counts that), and the scores are the very same floats as with every position's."""
+    from lathe.llm.memory_plan import Settings, estimate_memory
+    from lathe.llm.model.value_head import ValueHeadModel
+
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        vocab_size=120,
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+    )
+    base = LlamaForCausalLM(config)
+    if method == "lora":
+        peft = pytest.importorskip("peft")
+        base = peft.get_peft_model(base, peft.LoraConfig(r=4, target_modules=["q_proj", "v_proj"]))
+    model = ValueHeadModel(base, dropout=0.0)
+    assert model._keeps_logits_of_last_position_only
+    seen = []
+    head = base.get_output_embeddings()
+    hook = head.register_forward_hook(lambda module, args, output: seen.append(tuple(output.shape)))
+    ids = torch.randint(3, 100, (4, 12))
+    mask = torch.ones_like(ids)
+    with torch.no_grad():
+        scores = model(input_ids=ids, attention_mask=mask)
+        every_position = model(input_ids=ids, attention_mask=mask, logits_to_keep=0)
+    hook.remove()
+    vocab = base.config.vocab_size
+    assert seen == [(4, 1, vocab), (4, 12, vocab)]
+    assert torch.equal(scores, every_position) and scores.shape == (4, 12)
+    plan = estimate_memory(model, Settings(batch=2, seq_len=12, stage="rm"))
+    assert plan.logits == 4 * 1 * vocab * 4
+    assert plan.loss_path == "value head: the LM's logits for the last position only"

@@ -8,6 +8,8 @@ Loading reads the head back from the last adapter folder, or from the model fold
 
 from __future__ import annotations
 
+import functools
+import inspect
 import logging
 import os
 
@@ -51,6 +53,14 @@ class ValueHeadModel(nn.Module):
     def config(self):
         return self.pretrained_model.config
 
+    @functools.cached_property
+    def _keeps_logits_of_last_position_only(self) -> bool:
+        """Whether the causal LM's forward takes transformers' `logits_to_keep` (a PEFT model passes it on)."""
+        base = self.pretrained_model
+        if hasattr(base, "get_base_model"):
+            base = base.get_base_model()
+        return "logits_to_keep" in inspect.signature(base.forward).parameters
+
     @property
     def supports_gradient_checkpointing(self) -> bool:
         return bool(getattr(self.pretrained_model, "supports_gradient_checkpointing", False))
@@ -69,6 +79,11 @@ class ValueHeadModel(nn.Module):
     def forward(self, input_ids=None, attention_mask=None, labels=None, **kwargs) -> torch.Tensor:
         # labels are not needed (the scores are the output): no language-model loss is computed.
         kwargs.update(output_hidden_states=True, return_dict=True, use_cache=False)
+        if self._keeps_logits_of_last_position_only:
+            # The scores read the hidden states only: the LM's full-vocabulary logits (TRL's value-head model
+            # builds them and drops them; up to 2/3 of an rm step's peak with a large vocabulary) shrink to
+            # one position. The hidden states, and so the scores, are the same.
+            kwargs.setdefault("logits_to_keep", 1)
         outputs = self.pretrained_model(input_ids=input_ids, attention_mask=attention_mask, **kwargs)
         last_hidden_state = outputs.hidden_states[-1]
         if last_hidden_state.device != self.v_head.summary.weight.device:
