@@ -228,7 +228,12 @@ def test_the_plan_prints_the_memory_and_warns_when_it_will_not_fit(
     assert "weights " in out and "without checkpointing), logits " in out and "fits: " in out
 
     run_train(_run_config(tiny_model_dir, tmp_path, chunked_cross_entropy="no"), dry_run=True)
-    assert "standard loss: full-vocabulary logits" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "standard loss: full-vocabulary logits" in out and "half precision" not in out
+
+    # Half precision is undercounted (docs/MEMORY.md): the plan says so rather than look exact.
+    run_train(_run_config(tiny_model_dir, tmp_path, bf16=True), dry_run=True)
+    assert "    note: half precision: this plan undercounts" in capsys.readouterr().out
 
     monkeypatch.setattr("lathe.llm.memory_fit.available_memory", lambda device: 1024)
     config = _run_config(tiny_model_dir, tmp_path)
