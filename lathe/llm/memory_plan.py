@@ -5,7 +5,6 @@ whether it fits the device. docs/MEMORY.md explains each term and its measured a
 from __future__ import annotations
 
 import logging
-import re
 from dataclasses import dataclass, field
 
 from lathe.llm.memory_preference import (
@@ -19,6 +18,8 @@ from lathe.llm.memory_preference import (
     unused_head_bytes,
     value_head_activations,
 )
+from lathe.llm.memory_layers import PROJECTIONS, _head_trains, _layer_index, _LayerMethod, _layer_methods
+from lathe.llm.memory_precision import autocast_weight_copies
 from lathe.llm.memory_sharding import shard_plan
 
 __all__ = ["MemoryPlan", "Settings", "estimate_memory", "fill_batch_terms"]
@@ -27,7 +28,6 @@ logger = logging.getLogger(__name__)
 
 MIB = 2**20
 BATCH_LIMIT = 4096  # the largest batch the fit search tries
-PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 # Optimizer state bytes per trainable parameter element: Adam's two moments in the parameter's dtype.
 EIGHT_BIT_OPTIMIZERS = ("8bit",)
 STATELESS_OPTIMIZERS = ("sgd", "adafactor")
@@ -90,75 +90,20 @@ def model_shape(model) -> Shape | None:
     return Shape(hidden, intermediate, heads, kv_heads, head_dim, layers, vocab)
 
 
-def _layer_index(name: str) -> int | None:
-    match = re.search(r"\.layers\.(\d+)\.", name)
-    return int(match.group(1)) if match else None
+def _norm(shape: Shape, trained: bool, outputs_saved: int, wide: int = 1) -> int:
+    # RMSNorm: x and rsqrt(mean(x^2)) for the input's gradient, x*rsqrt for the weight's (float32 even under
+    # half precision: `wide` elements each), the output for the next matmuls (autocast: one copy each).
+    return (shape.hidden + 1 + (shape.hidden if trained else 0)) * wide + shape.hidden * outputs_saved
 
 
-@dataclass
-class _LayerMethod:
-    """What one decoder layer trains: which projections keep their input for backward, LoRA ranks."""
-
-    trained: bool = False
-    norms_trained: bool = False
-    saves_input: set = field(default_factory=set)
-    lora_rank: dict = field(default_factory=dict)
-    dropout_inputs: int = 0  # elements per token of the LoRA dropouts' outputs (each keeps its own copy)
-
-
-def _layer_methods(model, layers: int) -> tuple[list[_LayerMethod], bool, bool]:
-    """Per layer what trains; whether the embeddings and the LM head train (or carry LoRA)."""
-    methods = [_LayerMethod() for _ in range(layers)]
-    embeddings = head = False
-    for name, param in model.named_parameters():
-        if not param.requires_grad:
-            continue
-        index = _layer_index(name)
-        if index is None or index >= layers:
-            embeddings |= "embed" in name
-            head |= "lm_head" in name
-            continue
-        layer = methods[index]
-        layer.trained = True
-        projection = next((part for part in PROJECTIONS if f".{part}." in name), None)
-        if projection is None:
-            layer.norms_trained |= "norm" in name
-        else:
-            layer.saves_input.add(projection)
-            if ".lora_A." in name:
-                layer.lora_rank[projection] = param.shape[0]
-    for name, module in model.named_modules():
-        index = _layer_index(name + ".")
-        if ".lora_dropout." in name and index is not None and index < layers and getattr(module, "p", 0) > 0:
-            in_features = getattr(module, "in_features", None) or _lora_in_features(model, name)
-            methods[index].dropout_inputs += in_features
-    return methods, embeddings, head
-
-
-def _head_trains(model) -> bool:
-    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
-    return head is not None and any(param.requires_grad for param in head.parameters())
-
-
-def _lora_in_features(model, dropout_name: str) -> int:
-    owner = model.get_submodule(dropout_name.split(".lora_dropout.")[0])
-    base = getattr(owner, "base_layer", owner)
-    return int(getattr(base, "in_features", 0))
-
-
-def _norm(shape: Shape, trained: bool, output_saved: bool) -> int:
-    # RMSNorm: x and rsqrt(mean(x^2)) for the input's gradient, x*rsqrt for the weight's, the output for the next matmul.
-    return shape.hidden + 1 + (shape.hidden if trained else 0) + (shape.hidden if output_saved else 0)
-
-
-def _layer_elements(shape: Shape, layer: _LayerMethod, seq_len: int, masked: bool, eager: bool) -> int:
+def _layer_elements(shape: Shape, layer: _LayerMethod, seq_len: int, masked: bool, eager: bool, wide: int) -> int:
     """Elements per token one decoder layer saves for backward (Llama-family layout, measured layout of
     transformers 5 with sdpa or eager attention)."""
     kv, inter = shape.kv_heads * shape.head_dim, shape.intermediate
     q = shape.heads * shape.head_dim
-    saves = layer.saves_input
-    elements = _norm(shape, layer.norms_trained, bool(saves & {"q_proj", "k_proj", "v_proj"}))
-    elements += _norm(shape, layer.norms_trained, bool(saves & {"gate_proj", "up_proj"}))
+    saves, copies = layer.saves_input, len if wide > 1 and layer.norms_trained else bool  # float32 norm outputs
+    elements = _norm(shape, layer.norms_trained, copies(saves & {"q_proj", "k_proj", "v_proj"}), wide)
+    elements += _norm(shape, layer.norms_trained, copies(saves & {"gate_proj", "up_proj"}), wide)
     if eager:  # q, repeated k and v, the probabilities, the output made contiguous for o_proj
         elements += 3 * q + shape.heads * seq_len + q
     else:  # sdpa: q, k, v (repeated to every head when a mask is passed), output, log-sum-exp
@@ -185,15 +130,15 @@ def activation_bytes(
     for index, layer in enumerate(methods):
         if index >= first and not layer.trained:
             layer = _LayerMethod(trained=True)  # frozen, but its input gradient is needed
-        per_layer.append(_layer_elements(shape, layer, seq_len, masked, eager) if index >= first else 0)
+        per_layer.append(_layer_elements(shape, layer, seq_len, masked, eager, 4 // element) if index >= first else 0)
     flowing = shape.layers - first
     recompute = 0
     if checkpointing and flowing:
         layers_total, recompute = flowing * shape.hidden, max(per_layer)  # each layer's input; one layer again
     else:
         layers_total = sum(per_layer)
-    outside = _norm(shape, head, head) if flowing or head else 0  # the final norm
-    outside += 2 * shape.head_dim  # the rotary cos / sin
+    # The final norm, the rotary cos / sin (float32).
+    outside = (_norm(shape, head, head, 4 // element) if flowing or head else 0) + 2 * shape.head_dim * 4 // element
     tokens = batch * seq_len
     mask = batch * seq_len * seq_len * element if masked and not eager else 0
     return tokens * (layers_total + outside) * element + mask, tokens * recompute * element
@@ -356,6 +301,8 @@ def fill_batch_terms(plan: MemoryPlan, model, shape: Shape, settings: Settings) 
     if settings.stage == "rm":
         head = value_head_activations(shape, batch, seq_len)
         kept, other = kept + head, other + head
+    copies = autocast_weight_copies(model) if settings.half else 0  # kept without checkpointing only
+    kept, other = (kept, other + copies) if settings.checkpointing else (kept + copies, other)
     plan.activations, plan.activations_other = kept + recompute, other + other_recompute
     if settings.stage == "rm":
         plan.logits = lm_logits_bytes(model, shape, batch, seq_len, element)
