@@ -3,6 +3,7 @@ and what to change when it does not fit."""
 
 from __future__ import annotations
 
+from lathe.llm.memory_layers import has_lora
 from lathe.llm.memory_preference import PAIRED_STAGES, rows_per_forward
 from lathe.llm.memory_plan import BATCH_LIMIT, MIB, MemoryPlan, Settings, fill_batch_terms, model_shape
 
@@ -84,8 +85,7 @@ def advice(plan: MemoryPlan, model, settings: Settings) -> list[str]:
         options.append(
             f"gradient checkpointing (disable_gradient_checkpointing: false): {_mib(peak_with(checkpointing=True))}"
         )
-    has_lora = any(".lora_" in name for name, _ in model.named_parameters())
-    if not has_lora and plan.gradients + plan.optimizer + plan.reference > plan.peak // 10:
+    if not has_lora(model) and plan.gradients + plan.optimizer + plan.reference > plan.peak // 10:
         # dpo / kto: with lora the reference is the policy with its adapter off, no copy.
         reference = " and the reference copy" if plan.reference else ""
         options.append(

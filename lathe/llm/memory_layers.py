@@ -9,6 +9,11 @@ from dataclasses import dataclass, field
 PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 
+def has_lora(model) -> bool:
+    """Whether the model carries LoRA adapters (peft's lora_A / lora_B parameters)."""
+    return any(".lora_" in name for name, _ in model.named_parameters())
+
+
 def _layer_index(name: str) -> int | None:
     match = re.search(r"\.layers\.(\d+)\.", name)
     return int(match.group(1)) if match else None

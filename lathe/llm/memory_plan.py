@@ -124,13 +124,14 @@ def activation_bytes(
     head = head or _head_trains(model)  # a head tied to the embeddings is named after them
     attention = getattr(getattr(model, "config", None), "_attn_implementation", None)
     eager = attention == "eager"
+    wide = 4 // element  # a float32 tensor in `element`-sized units (2 under half precision)
     first = 0 if embeddings else next((i for i, layer in enumerate(methods) if layer.trained), shape.layers)
     # Layers below the first trained one need no backward; from there on every layer passes gradients down.
     per_layer = []
     for index, layer in enumerate(methods):
         if index >= first and not layer.trained:
             layer = _LayerMethod(trained=True)  # frozen, but its input gradient is needed
-        per_layer.append(_layer_elements(shape, layer, seq_len, masked, eager, 4 // element) if index >= first else 0)
+        per_layer.append(_layer_elements(shape, layer, seq_len, masked, eager, wide) if index >= first else 0)
     flowing = shape.layers - first
     recompute = 0
     if checkpointing and flowing:
@@ -138,7 +139,7 @@ def activation_bytes(
     else:
         layers_total = sum(per_layer)
     # The final norm, the rotary cos / sin (float32).
-    outside = (_norm(shape, head, head, 4 // element) if flowing or head else 0) + 2 * shape.head_dim * 4 // element
+    outside = (_norm(shape, head, head, wide) if flowing or head else 0) + 2 * shape.head_dim * wide
     tokens = batch * seq_len
     mask = batch * seq_len * seq_len * element if masked and not eager else 0
     return tokens * (layers_total + outside) * element + mask, tokens * recompute * element

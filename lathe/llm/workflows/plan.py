@@ -170,6 +170,7 @@ def memory_settings(config, train_dataset, model_vocab: int | None = None):
 
 def _plan_memory(plan: RunPlan, config, model, train_dataset) -> None:
     from lathe.llm.memory_fit import advice, available_memory
+    from lathe.llm.memory_layers import has_lora
     from lathe.llm.memory_plan import estimate_memory
 
     vocab = getattr(getattr(model, "config", None), "vocab_size", None)
@@ -177,7 +178,7 @@ def _plan_memory(plan: RunPlan, config, model, train_dataset) -> None:
     plan.memory = estimate_memory(model, settings, available_memory(config.training.device))
     if plan.memory is not None and settings.reference_copy and config.finetuning.ref_model is not None:
         plan.memory.notes.append(f"ref_model {config.finetuning.ref_model}: sized as the policy's base model")
-    if plan.memory is not None and settings.half and any(".lora_" in name for name, _ in model.named_parameters()):
+    if plan.memory is not None and settings.half and has_lora(model):
         # Measured on the CPU: LoRA under autocast keeps more than its terms count (full fine-tuning: 0.88-0.96).
         plan.memory.notes.append(
             "half precision with LoRA: this plan undercounts (0.67-0.89 of the measured peak on the CPU, "
