@@ -43,14 +43,9 @@ def _with_method(model, method: str):
     return model
 
 
-def _saved_for_backward(model, batch: int, seq_len: int, masked: bool, with_labels: bool = True) -> int:
-    """Bytes the forward keeps for backward (distinct storages, parameters excluded), minus the loss's
-    log-probabilities, which the plan counts under logits."""
+def saved_bytes(model, forward) -> tuple[int, object]:
+    """(bytes autograd keeps for backward during forward(), its output): distinct storages, parameters excluded."""
     parameters = {param.untyped_storage()._cdata for param in model.parameters()}
-    ids = torch.randint(0, VOCAB, (batch, seq_len))
-    mask = torch.ones_like(ids)
-    if masked:
-        mask[0, -3:] = 0
     saved = {}
 
     def pack(tensor):
@@ -60,8 +55,20 @@ def _saved_for_backward(model, batch: int, seq_len: int, masked: bool, with_labe
         return tensor
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
-        model(input_ids=ids, attention_mask=mask, labels=ids if with_labels else None)
-    return sum(saved.values()) - (batch * seq_len * VOCAB * 4 if with_labels else 0)
+        output = forward()
+    return sum(saved.values()), output
+
+
+def _saved_for_backward(model, batch: int, seq_len: int, masked: bool, with_labels: bool = True) -> int:
+    """Bytes the forward keeps for backward, minus the loss's log-probabilities, which the plan counts under
+    logits."""
+    ids = torch.randint(0, VOCAB, (batch, seq_len))
+    mask = torch.ones_like(ids)
+    if masked:
+        mask[0, -3:] = 0
+    labels = ids if with_labels else None
+    saved, _ = saved_bytes(model, lambda: model(input_ids=ids, attention_mask=mask, labels=labels))
+    return saved - (batch * seq_len * VOCAB * 4 if with_labels else 0)
 
 
 def test_half_precision_activations_equal_what_autograd_saves_under_autocast():

@@ -17,6 +17,7 @@ from lathe.llm.memory_plan import Settings, activation_bytes, estimate_memory, m
 from lathe.llm.memory_preference import log_prob_bytes, no_grad_forward_bytes
 from tests.llm.golden.make_llamafactory_preference import BASE, DATA_DIR, build_model
 from tests.llm.memory_probe import rss
+from tests.llm.test_memory_plan import saved_bytes
 
 transformers = pytest.importorskip("transformers")
 pytestmark = pytest.mark.filterwarnings("ignore:.*is_gradient_checkpointing:FutureWarning")
@@ -117,22 +118,6 @@ def test_lora_is_advised_for_what_the_reference_copy_costs_but_never_to_a_lora_r
     assert not any(option.startswith("finetuning_type: lora") for option in advice(with_ref_model, lora, settings))
 
 
-def _saved_bytes(model, forward) -> int:
-    """Bytes autograd keeps for backward during forward() (distinct storages, parameters excluded)."""
-    parameters = {param.untyped_storage()._cdata for param in model.parameters()}
-    saved = {}
-
-    def pack(tensor):
-        storage = tensor.untyped_storage()
-        if storage._cdata not in parameters:
-            saved[storage._cdata] = storage.nbytes()
-        return tensor
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
-        output = forward()
-    return sum(saved.values()), output
-
-
 @pytest.mark.parametrize("method", ["full", "lora"])
 def test_the_reward_models_activations_equal_what_autograd_saves(method):
     from lathe.llm.model.value_head import ValueHeadModel
@@ -145,7 +130,7 @@ def test_the_reward_models_activations_equal_what_autograd_saves(method):
     ids = torch.randint(0, VOCAB, (4, 32))
     mask = torch.ones_like(ids)
     mask[0, -3:] = 0
-    saved, _ = _saved_bytes(model, lambda: model(input_ids=ids, attention_mask=mask))
+    saved, _ = saved_bytes(model, lambda: model(input_ids=ids, attention_mask=mask))
     plan = estimate_memory(model, Settings(batch=2, seq_len=32, stage="rm", masked=True))
     assert plan.activations == pytest.approx(saved, rel=0.07), (plan.activations, saved)
     # dpo and rm carry chosen and rejected rows in one forward: 2 x batch rows.

@@ -8,26 +8,13 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-import torch
 
 from lathe.llm.memory_plan import Settings, estimate_memory
 from lathe.llm.memory_sharding import Sharding, sharding_of
 
+from tests.llm.test_memory_plan import _llama  # 3 layers, hidden 64, vocabulary 500
+
 transformers = pytest.importorskip("transformers")
-VOCAB = 500
-
-
-def _llama():
-    config = transformers.LlamaConfig(
-        vocab_size=VOCAB,
-        hidden_size=64,
-        intermediate_size=160,
-        num_hidden_layers=3,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-    )
-    torch.manual_seed(0)
-    return transformers.AutoModelForCausalLM.from_config(config).train()
 
 
 def _bytes(module, trainable_only: bool = False, element: int | None = None) -> int:
