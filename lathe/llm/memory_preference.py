@@ -18,6 +18,8 @@ What each stage holds at its peak (read from lathe/llm/preference/ and lathe/llm
 
 from __future__ import annotations
 
+from lathe.llm.memory_layers import _layer_index
+
 PREFERENCE_STAGES = ("dpo", "kto", "rm")
 PAIRED_STAGES = ("dpo", "rm")  # chosen and rejected in one batch of 2 x batch rows
 
@@ -33,7 +35,7 @@ def reference_bytes(model, element: int, quantization_bit: int | None, double_qu
     quantized as the policy's base is when quantization_bit is set."""
     import torch
 
-    from lathe.llm.memory_plan import _layer_index, _packed_bytes, _quantized_bytes
+    from lathe.llm.memory_plan import _packed_bytes, _quantized_bytes
 
     total = 0
     seen = set()

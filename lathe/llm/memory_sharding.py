@@ -20,6 +20,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from lathe.llm.memory_layers import _layer_index
+
 __all__ = ["Sharding", "sharding_of", "shard_plan"]
 
 
@@ -102,8 +104,6 @@ def gathered_bytes(model, sharding: Sharding, element: int | None) -> int:
     blocks' (all blocks' without resharding after forward), in the gathered dtype (`element` bytes under
     mixed precision, else the parameters' own), plus one block's and the root's trainable parameters'
     unsharded fp32 gradients."""
-    from lathe.llm.memory_plan import _layer_index
-
     blocks: dict[int, list[int]] = {}
     root = [0, 0]  # gathered bytes, trainable elements
     for name, param in model.named_parameters():
