@@ -209,7 +209,8 @@ REFUSED_KEYS: dict[str, tuple[object, str]] = {
 def applies_nothing(key: str, value) -> str | None:
     """What to log when `key`, set to `value`, does nothing in LLaMA-Factory on this machine either (so lathe
     runs without it); None when it would act and must be refused."""
-    if key == "use_v1_kernels" and str(value).lower() == "true":
+    # true and "auto" ask for every kernel LLaMA-Factory registered for this machine's accelerator.
+    if key == "use_v1_kernels" and str(value).lower() in ("true", "auto"):
         import torch
 
         if not torch.cuda.is_available():
@@ -224,6 +225,13 @@ def applies_nothing(key: str, value) -> str | None:
 def refusal_reason(key: str) -> str:
     """Why `key`, set, cannot run here (one sentence)."""
     if key == "use_v1_kernels":
+        import torch
+
+        if not torch.cuda.is_available():  # a named kernel: LLaMA-Factory has none for the CPU and stops too
+            return (
+                "a list of LLaMA-Factory's v1 kernels names Ascend NPU or CUDA/Triton operators, of which none exists "
+                "for the CPU (LLaMA-Factory stops with 'Kernel ... not found' here): use true or remove the key."
+            )
         return (
             "LLaMA-Factory's v1 kernels (fused Ascend NPU operators through torch_npu, CUDA/Triton fused-MoE "
             "kernels) are not part of lathe, and on this machine LLaMA-Factory would apply them: remove the key."

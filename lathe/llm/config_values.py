@@ -169,7 +169,9 @@ def _refuse_what_cannot_run(raw: dict[str, Any], origin) -> None:
     why; such keys left at LLaMA-Factory's default change nothing and are dropped."""
     for key in [key for key in raw if key in REFUSED_KEYS]:
         default, value = REFUSED_KEYS[key][0], raw[key]
-        if default is not ANY_VALUE and (value == default or (isinstance(value, str) and value == str(default))):
+        if default is not ANY_VALUE and (
+            value == default or (isinstance(value, str) and value.lower() == str(default).lower())
+        ):
             del raw[key]
             continue
         nothing = applies_nothing(key, value)

@@ -123,10 +123,20 @@ def test_use_v1_kernels_applies_none_on_a_cpu_as_llamafactory_and_is_refused_on_
         config = parse_train_config({**BASE, "use_v1_kernels": True})
     assert "none exists for the CPU, so none is applied" in caplog.text
     assert config.model.model_name_or_path == BASE["model_name_or_path"]
+    parse_train_config({**BASE, "use_v1_kernels": "auto"})  # every kernel registered here: none, as true
+    with pytest.raises(ValueError, match="use_v1_kernels: a list of LLaMA-Factory's v1 kernels .*use true"):
+        parse_train_config({**BASE, "use_v1_kernels": "npu_swiglu,npu_rms_norm"})
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     with pytest.raises(ValueError, match="use_v1_kernels: .*Ascend NPU operators.*would apply them") as error:
         parse_train_config({**BASE, "lora_rnak": 3, "use_v1_kernels": True})
     assert "\n" not in str(error.value)
+
+
+def test_their_llamafactory_defaults_are_accepted_from_the_command_line_too(tmp_path, write_yaml):
+    """`key=false` on the command line is the string 'false': still LLaMA-Factory's default False."""
+    path = write_yaml(tmp_path / "c.yaml", BASE)
+    config = parse_train_config(path, ["use_v1_kernels=false", "use_kt=False", "fp8=false"])
+    assert config.model.model_name_or_path == BASE["model_name_or_path"]
 
 
 def test_their_llamafactory_defaults_are_accepted():
