@@ -168,7 +168,7 @@ def worker_save(impl: str, job, saves: int, fsync: bool) -> dict:
     import torch
 
     if impl == "lathe" and not fsync:
-        from lathe.train import checkpoint as ckpt
+        from lathe.train.checkpoints import layout as ckpt
 
         ckpt._fsync_tree = ckpt._fsync_dir = lambda folder: None
     output_dir = WORK_DIR / f"save-{impl}{'' if fsync else '-nofsync'}"
@@ -436,7 +436,7 @@ def _save_section(save_runs: dict, meta: dict, verdicts: list) -> list[str]:
         "",
         f"lathe / transformers, time the training loop waits: {ratio:.2f}×; until the checkpoint is published: "
         f"{published['lathe'] / published['hf']:.2f}× ({published['lathe-nofsync'] / published['hf']:.2f}× with fsync patched out). "
-        "The loop waits only while lathe copies the weights, optimizer state and trainer state (lathe/train/snapshot.py); "
+        "The loop waits only while lathe copies the weights, optimizer state and trainer state (lathe/train/checkpoints/snapshot.py); "
         "a background thread writes the files from that copy, then flushes every file, the staging folder and "
         f"output_dir to disk (one `os.fsync` each, {save_runs['lathe'][0]['checkpoint_files'] + 2} for this checkpoint, "
         "the files concurrently) before one rename publishes the checkpoint, as the crash-safety design requires "

@@ -397,7 +397,7 @@ NOTES = [
     "takes the final hidden states at the LM head's input, keeps only the labelled positions, and for each "
     "256-token chunk computes the logits, the loss and, in the same pass, the gradients of the hidden states "
     "and of the head's weight (softmax minus the one-hot): one chunk of logits (~148 MiB) is alive at a time "
-    "and nothing is recomputed (lathe/train/chunked_loss.py).",
+    "and nothing is recomputed (lathe/train/loss/chunked.py).",
     "- **plain PyTorch, chunked cross-entropy** (the floor the issue measured) runs the base model, then "
     "F.cross_entropy over 256-token chunks of the labelled positions, each chunk checkpointed (its logits "
     "recomputed in backward: one more head product per step than lathe).",

@@ -66,7 +66,7 @@ CHILD = r'''
 import json, sys, time
 sys.path.insert(0, sys.argv[3])
 from bench.measure import current_rss_mb, high_water_rss_mb, peak_rss_mb, reset_peak_rss
-from lathe.train.callbacks import TrainerCallback
+from lathe.train.callbacks.events import TrainerCallback
 
 marks = {}
 anon = {"process": 0, "training": 0}

@@ -187,7 +187,7 @@ def run_worker(runner: str, config: dict) -> dict:
     if runner == "lathe":
         from lathe.llm.commands import run_train
         from lathe.llm.config import parse_train_config
-        from lathe.train.callbacks import TrainerCallback
+        from lathe.train.callbacks.events import TrainerCallback
 
         callback = measuring_callback(TrainerCallback)
         run_train(parse_train_config(config), callbacks=[callback])

@@ -1,11 +1,13 @@
 """lathe: train and fine-tune PyTorch models. Public names are re-exported lazily from lathe.train."""
 
+from lathe import _moved
 from lathe._lazy import make_getattr
 from lathe.train import _EXPORTS
 
 __version__ = "0.1.0"
 __all__ = sorted(_EXPORTS)
 __getattr__ = make_getattr(__name__, _EXPORTS)
+_moved.install()  # old module paths (pickled checkpoints, scripts) import the moved modules
 
 
 def __dir__():

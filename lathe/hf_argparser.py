@@ -1,6 +1,6 @@
 """transformers.hf_argparser's import path."""
 
-from lathe.train.argparser import (  # noqa: F401
+from lathe.train.args.parser import (  # noqa: F401
     DataClass,
     DataClassType,
     HfArg,

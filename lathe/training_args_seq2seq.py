@@ -1,3 +1,3 @@
 """transformers.training_args_seq2seq's import path."""
 
-from lathe.train.args import Seq2SeqTrainingArguments  # noqa: F401
+from lathe.train.args.training_args import Seq2SeqTrainingArguments  # noqa: F401

@@ -233,7 +233,7 @@ def _jsonable(values: dict[str, Any]) -> dict[str, Any]:
 
 
 def _training_arguments_class():
-    from lathe.train.args import Seq2SeqTrainingArguments
+    from lathe.train.args.training_args import Seq2SeqTrainingArguments
 
     return Seq2SeqTrainingArguments
 
@@ -306,7 +306,7 @@ def _fill_training_defaults(raw: dict[str, Any]) -> None:
         raw["generation_max_length"] = cutoff_len
     if raw.get("eval_num_beams") is not None:
         raw["generation_num_beams"] = raw["eval_num_beams"]
-    # The causal-LM loss chunk by chunk over tokens, logits never whole (lathe.train.chunked_loss): the same
+    # The causal-LM loss chunk by chunk over tokens, logits never whole (lathe.train.loss.chunked): the same
     # loss in a fraction of the memory; models, loss variants and settings it cannot serve run the model's own.
     raw.setdefault("chunked_cross_entropy", "auto")
     # The collators need every column the processors produce (labels, position_ids, ...).

@@ -196,7 +196,7 @@ def _to_bool(value: Any) -> bool | None:
     if isinstance(value, int) and value in (0, 1):
         return bool(value)
     if isinstance(value, str):
-        from lathe.train.argparser import string_to_bool
+        from lathe.train.args.parser import string_to_bool
 
         try:
             return string_to_bool(value)

@@ -53,7 +53,7 @@ def loraplus_parameter_groups(
 
 def create_loraplus_optimizer(model, training_args, finetuning_args):
     """The optimizer `optim` names (with its arguments), over LoRA+'s parameter groups."""
-    from lathe.train.optim import get_optimizer_cls_and_kwargs
+    from lathe.train.optim.optimizers import get_optimizer_cls_and_kwargs
 
     optimizer_cls, kwargs = get_optimizer_cls_and_kwargs(training_args, model)
     groups = loraplus_parameter_groups(

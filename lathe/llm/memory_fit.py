@@ -121,12 +121,12 @@ def start_batch_from_plan(trainer, plan: MemoryPlan | None) -> None:
 
 
 def _chunked_loss_option(plan: MemoryPlan, settings: Settings, peak_with, vocab: int) -> list[str]:
-    """The chunked cross-entropy (lathe.train.chunked_loss) when the run uses the standard loss and its
+    """The chunked cross-entropy (lathe.train.loss.chunked) when the run uses the standard loss and its
     logits are a large part of the peak."""
     if settings.chunk is not None or settings.stage == "rm" or plan.logits < plan.peak // 5:
         return []  # rm: the value head's LM builds its logits whatever the loss path
     try:
-        from lathe.train.chunked_loss import default_chunk_size
+        from lathe.train.loss.chunked import default_chunk_size
     except ImportError:  # a lathe without the chunked loss
         return []
     chunk = default_chunk_size(vocab)

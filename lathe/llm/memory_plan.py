@@ -148,7 +148,7 @@ def activation_bytes(
 def logits_bytes(shape: Shape, batch: int, seq_len: int, half: bool, chunk: int | None, head_trains: bool) -> int:
     """The loss's peak. Standard path: during backward the fp32 log-probabilities, their gradient and the
     logits' gradient coexist (3 x tokens x vocab x 4 bytes), plus the half-precision logits under autocast.
-    Chunked path (lathe.train.chunked_loss): a chunk's fp32 logits and logsumexp's temporary of that size,
+    Chunked path (lathe.train.loss.chunked): a chunk's fp32 logits and logsumexp's temporary of that size,
     plus the previous chunk's logits while the next are computed (when there are several chunks); the
     labelled hidden states, their gradient and its scaled copy; a trained head's weight gradient and the
     chunk's contribution to it."""

@@ -2,7 +2,7 @@
 which it holds a 1/world share of, and what a sharded run gathers whole while it computes. One process
 (or a dry run outside a launch) holds everything: no Sharding.
 
-- FSDP2 (`fsdp`, lathe.train.fsdp.shard_model): every block, then the root, fully_shard-ed. Weights,
+- FSDP2 (`fsdp`, lathe.train.parallel.fsdp.shard_model): every block, then the root, fully_shard-ed. Weights,
   gradients and optimizer state (and its step's temporaries) are 1/world per process; dpo/kto's frozen
   reference is sharded like the policy (preference.reference.shard_reference_like_policy). While it
   computes, a process holds whole: the root's parameters (embeddings, head, final norm: the root is not
@@ -62,7 +62,7 @@ def sharding_of(training) -> Sharding | None:
     if world <= 1:
         return None
     if training.fsdp:
-        from lathe.train.fsdp import settings_from_args
+        from lathe.train.parallel.fsdp import settings_from_args
 
         settings = settings_from_args(training)
         return Sharding(
@@ -77,7 +77,7 @@ def sharding_of(training) -> Sharding | None:
             offload=settings.cpu_offload,
         )
     if training.deepspeed:
-        from lathe.train.integrations.deepspeed_zero import read_config, zero_stage
+        from lathe.train.parallel.deepspeed_zero import read_config, zero_stage
 
         config = read_config(training.deepspeed)
         stage = int(zero_stage(config) or 0)

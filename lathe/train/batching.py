@@ -11,7 +11,7 @@ from itertools import islice
 
 import torch
 
-from lathe.train.labels import IGNORE_INDEX
+from lathe.train.data.labels import IGNORE_INDEX
 
 
 @dataclass(frozen=True)

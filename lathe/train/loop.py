@@ -9,8 +9,10 @@ import logging
 
 import torch
 
-from lathe.train import batching, data, distributed, resume, runtime, saving, stepping
-from lathe.train.outputs import TrainOutput
+from lathe.train import batching, resume, runtime, saving, stepping
+from lathe.train.data import sampling as data
+from lathe.train.parallel import distributed
+from lathe.train.evaluation.outputs import TrainOutput
 from lathe.train.run import TrainingRun
 from lathe.train.state import TrainerState
 
@@ -151,7 +153,7 @@ def prepare_for_training(trainer, plan):
     trainer.create_optimizer_and_scheduler(plan.max_steps)
     trainer._zero_engine = None
     if args.deepspeed:
-        from lathe.train.integrations import deepspeed_zero
+        from lathe.train.parallel import deepspeed_zero
 
         trainer.floating_point_ops({})  # counts the parameters (for total_flos) before ZeRO-3 partitions them
         engine = deepspeed_zero.initialize(model, trainer.optimizer, trainer.lr_scheduler, args)
@@ -214,7 +216,7 @@ def begin_run(trainer, model, train_dataloader) -> None:
 
 def finish_run(trainer) -> TrainOutput:
     """Publish the checkpoints, reload the best model if asked, log the run's metrics, call train_end."""
-    from lathe.train.evaluation import speed_metrics
+    from lathe.train.evaluation.loop import speed_metrics
 
     args, state, run = trainer.args, trainer.state, trainer._run
     trainer._checkpoint_commits.wait()  # every checkpoint is published before train() returns

@@ -10,9 +10,10 @@ import logging
 import os
 
 
-from lathe.train import checkpoint as ckpt
-from lathe.train import weights as weights_io
-from lathe.train import fsdp, loading
+from lathe.train.checkpoints import layout as ckpt
+from lathe.train.checkpoints import weights as weights_io
+from lathe.train.parallel import fsdp
+from lathe.train.checkpoints import loading
 from lathe.train.saving import find_best_checkpoint, has_frozen_parameters, stateful_callbacks, zero_module
 from lathe.train.state import TrainerState
 
@@ -52,7 +53,9 @@ def load_weights(model, args, path: str, optimizer=None, optimizer_file: str | N
     if not fsdp.is_sharded(model):
         weights_io.load_model_weights(model, path)
         if optimizer_file is not None:
-            from lathe.train.optim import optimizer_state_classes  # optimizers of optional packages (GaLore, ...)
+            from lathe.train.optim.optimizers import (
+                optimizer_state_classes,
+            )  # optimizers of optional packages (GaLore, ...)
 
             loading.load_state_into(
                 optimizer,

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from lathe.train import distributed
+from lathe.train.parallel import distributed
 
 
 class LossTracker:

@@ -1,6 +1,6 @@
 """The Trainer's side of saving: what goes into checkpoint-N (weights, optimizer, scheduler, scaler, RNG,
-TrainerState with the callbacks' states) and how it is published (lathe.train.checkpoint: staging folder
-and one rename; in one process written by a background thread, lathe.train.commit); save_model; which
+TrainerState with the callbacks' states) and how it is published (lathe.train.checkpoints.layout: staging folder
+and one rename; in one process written by a background thread, lathe.train.checkpoints.commit); save_model; which
 checkpoint is the best, and the rotation that keeps it. Resuming from a checkpoint is resume.py."""
 
 from __future__ import annotations
@@ -9,10 +9,12 @@ import os
 
 import torch
 
-from lathe.train import checkpoint as ckpt
-from lathe.train import weights as weights_io
-from lathe.train import fsdp, rotation, runtime, snapshot
-from lathe.train.evaluation import is_better
+from lathe.train.checkpoints import layout as ckpt
+from lathe.train.checkpoints import weights as weights_io
+from lathe.train.parallel import fsdp
+from lathe.train.checkpoints import rotation, snapshot
+from lathe.train import runtime
+from lathe.train.evaluation.loop import is_better
 from lathe.train.state import ExportableState, TrainerState
 
 
@@ -55,7 +57,7 @@ def save_checkpoint(trainer, model, trial=None) -> None:
     """checkpoint-<global_step>, written into a staging folder and published by one rename;
     rotation deletes older checkpoints only after that rename. In a single process the files
     are written from a copy of the state, flushed and renamed while the next training steps run
-    (lathe.train.snapshot, lathe.train.commit)."""
+    (lathe.train.checkpoints.snapshot, lathe.train.checkpoints.commit)."""
     args, state, commits = trainer.args, trainer.state, trainer._checkpoint_commits
     commits.wait()  # the previous checkpoint is published before anything looks for it
     final_path = ckpt.checkpoint_path(args.output_dir, state.global_step)
@@ -183,7 +185,7 @@ def update_best_metric(args, state, metrics: dict) -> bool:
 
 
 def zero_module():
-    from lathe.train.integrations import deepspeed_zero
+    from lathe.train.parallel import deepspeed_zero
 
     return deepspeed_zero
 

@@ -138,15 +138,15 @@ class Seq2SeqTrainer(Trainer):
         once one rank is done). Gather the whole model once for the generate call instead: decoding then
         runs without collectives, at the memory cost of one full copy of the weights per rank. None
         when the weights are whole already."""
-        from lathe.train import distributed
+        from lathe.train.parallel import distributed
 
         if distributed.world_size() <= 1:
             return None
-        from lathe.train import fsdp
+        from lathe.train.parallel import fsdp
 
         if fsdp.is_sharded(self.model):  # the same for FSDP2 (transformers turns synced_gpus on for it)
             return fsdp.whole_weights(self.model, fsdp.settings_from_args(self.args).reshard_after_forward)
-        from lathe.train.integrations import deepspeed_zero
+        from lathe.train.parallel import deepspeed_zero
 
         if not deepspeed_zero.partitions_weights(getattr(self, "_zero_engine", None)):
             return None

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import contextlib
 
-from lathe.train import hp_search, neftune
+from lathe.train.features import hp_search, neftune
 from lathe.train.seed import set_seed
 
 

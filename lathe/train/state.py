@@ -91,7 +91,7 @@ class TrainerState:
     def load_from_json(cls, json_path: str) -> "TrainerState":
         """The state saved in `json_path`; a file that is not JSON, or holds a value of the wrong
         type, is a CheckpointFileError naming it (rather than a failure steps later)."""
-        from lathe.train.checkpoint import CheckpointFileError
+        from lathe.train.checkpoints.layout import CheckpointFileError
 
         try:
             with open(json_path, encoding="utf-8") as f:
@@ -120,7 +120,7 @@ class TrainerState:
                 setattr(self, f"{step_kind}_steps", int(num_steps))
 
     def init_training_references(self, trainer, max_steps, num_train_epochs, trial=None) -> None:
-        from lathe.train.hp_search import trial_params
+        from lathe.train.features.hp_search import trial_params
 
         if getattr(trainer, "hp_name", None) is not None and getattr(trainer, "_trial", None) is not None:
             self.trial_name = trainer.hp_name(trainer._trial)

@@ -22,7 +22,9 @@ import contextlib
 
 import torch
 
-from lathe.train import distributed, runtime, schedules
+from lathe.train.parallel import distributed
+from lathe.train import runtime
+from lathe.train.optim import schedules
 
 
 class PlainBackend:
@@ -96,7 +98,7 @@ class GradScalerBackend(PlainBackend):
 
 
 class DeepSpeedBackend:
-    """DeepSpeed's engine (lathe.train.integrations.deepspeed_zero): its backward reduces gradients into
+    """DeepSpeed's engine (lathe.train.parallel.deepspeed_zero): its backward reduces gradients into
     each rank's partition, and its step clips (gradient_clipping), steps the partitioned optimizer and the
     scheduler (not after an fp16 overflow) and zeroes, so the last three methods have nothing left to do."""
 
@@ -109,7 +111,7 @@ class DeepSpeedBackend:
         return contextlib.nullcontext()
 
     def backward(self, loss: torch.Tensor) -> None:
-        from lathe.train.integrations import deepspeed_zero
+        from lathe.train.parallel import deepspeed_zero
 
         deepspeed_zero.backward(self.engine, loss)
 
@@ -117,7 +119,7 @@ class DeepSpeedBackend:
         pass  # inside engine.step(), from the config's gradient_clipping (= max_grad_norm)
 
     def optimizer_step(self) -> bool:
-        from lathe.train.integrations import deepspeed_zero
+        from lathe.train.parallel import deepspeed_zero
 
         self.grad_norm = deepspeed_zero.step(self.engine)
         return True

@@ -5,8 +5,11 @@ lathe's answers (no accelerate, no tensor/context/sequence parallelism, no XLA).
 
 from __future__ import annotations
 
-from lathe.train import hp_search, hub, loaders, modeling, queries, results, runtime
-from lathe.train.optim import get_optimizer_cls_and_kwargs
+from lathe.train.features import hp_search, hub
+from lathe.train.data import loaders
+from lathe.train import modeling, queries, runtime
+from lathe.train.evaluation import results
+from lathe.train.optim.optimizers import get_optimizer_cls_and_kwargs
 
 
 class TrainerSurface:
@@ -88,7 +91,7 @@ class TrainerSurface:
         in one process. Unlike accelerate it keeps the samples even sharding repeats at the end of an evaluation
         (lathe's own evaluation loop cuts them by the dataset's size); anything else comes back as the list of
         every rank's value (use_gather_object)."""
-        from lathe.train import distributed
+        from lathe.train.parallel import distributed
 
         if not distributed.is_distributed():
             return tensors

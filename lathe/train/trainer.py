@@ -13,27 +13,18 @@ from collections.abc import Mapping
 import torch
 from torch import nn
 
-from lathe.train import (
-    causal_lm,
-    batching,
-    distributed,
-    loaders,
-    loop,
-    modeling,
-    predicting,
-    resume,
-    runtime,
-    saving,
-    schedules,
-    session,
-    stepping,
-)
-from lathe.train.args_validation import check_output_dir, make_output_dir
-from lathe.train.collators import default_collator_for
-from lathe.train.commit import BackgroundCommitter
-from lathe.train.flow import default_callback_handler
-from lathe.train.loss import label_smoother_for
-from lathe.train.memory import TrainerMemoryTracker
+from lathe.train.loss import causal_lm
+from lathe.train import batching, loop, modeling, resume, runtime, saving, session, stepping
+from lathe.train.parallel import distributed
+from lathe.train.data import loaders
+from lathe.train.evaluation import predicting
+from lathe.train.optim import schedules
+from lathe.train.args.validation import check_output_dir, make_output_dir
+from lathe.train.data.collators import default_collator_for
+from lathe.train.checkpoints.commit import BackgroundCommitter
+from lathe.train.callbacks.flow import default_callback_handler
+from lathe.train.loss.smoothing import label_smoother_for
+from lathe.train.features.memory import TrainerMemoryTracker
 from lathe.train.seed import enable_full_determinism, set_seed
 from lathe.train.state import TrainerControl, TrainerState
 from lathe.train.surface import TrainerSurface
@@ -69,7 +60,7 @@ class Trainer(TrainerSurface):
         preprocess_logits_for_metrics=None,
         tokenizer=None,
     ):
-        from lathe.train.args import TrainingArguments
+        from lathe.train.args.training_args import TrainingArguments
 
         if args is None:
             args = TrainingArguments(output_dir="tmp_trainer")  # transformers 5.23's Trainer default
@@ -258,7 +249,7 @@ class Trainer(TrainerSurface):
         if self.args.include_num_input_tokens_seen != "no":
             logs["num_input_tokens_seen"] = self.state.num_input_tokens_seen
             if start_time is not None:
-                from lathe.train.evaluation import speed_metrics
+                from lathe.train.evaluation.loop import speed_metrics
 
                 # train_runtime and train_tokens_per_second as transformers logs them, counting only
                 # this train() call's tokens: a resumed run's start_time is its own start.
@@ -327,19 +318,19 @@ class Trainer(TrainerSurface):
     # ----- optimizer and scheduler (optim.py, schedules.py) -----
 
     def get_decay_parameter_names(self, model) -> list[str]:
-        from lathe.train.optim import get_decay_parameter_names
+        from lathe.train.optim.optimizers import get_decay_parameter_names
 
         return get_decay_parameter_names(model)
 
     def create_optimizer(self, model=None):
-        from lathe.train.optim import create_optimizer
+        from lathe.train.optim.optimizers import create_optimizer
 
         if self.optimizer is None:
             self.optimizer = create_optimizer(model or self.model, self.args, self.optimizer_cls_and_kwargs)
         return self.optimizer
 
     def create_scheduler(self, num_training_steps: int, optimizer=None):
-        from lathe.train.optim import get_scheduler
+        from lathe.train.optim.optimizers import get_scheduler
 
         if self.lr_scheduler is None:
             self._created_lr_scheduler = True  # so that a second train() builds a fresh one, as transformers

@@ -239,7 +239,7 @@ def measure_launched(spec: dict) -> dict:
     from lathe.llm.memory_plan import Settings, estimate_memory
     from lathe.llm.memory_sharding import sharding_of
     from lathe.llm.workflows.plan import loss_chunk
-    from lathe.train.callbacks import TrainerCallback
+    from lathe.train.callbacks.events import TrainerCallback
 
     folder = model_folder(spec) if dist.get_rank() == 0 else None
     holder = [folder]

@@ -272,7 +272,7 @@ def test_the_plan_prints_the_memory_and_warns_when_it_will_not_fit(
 
 def test_auto_find_batch_size_starts_from_the_plan(tiny_model_dir, tmp_path, monkeypatch):
     from lathe.llm.workflows.stages import run_train
-    from lathe.train.callbacks import TrainerCallback
+    from lathe.train.callbacks.events import TrainerCallback
 
     batch_sizes = []
 

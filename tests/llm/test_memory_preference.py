@@ -172,7 +172,7 @@ def measure_term_peaks() -> dict:
     """Run by term_peaks in a fresh process: the log-prob paths' forward and backward, and a forward
     without gradients."""
     from lathe.llm.preference.losses import sequence_log_probs
-    from lathe.train.chunked_loss import chunked_token_log_probs
+    from lathe.train.loss.chunked import chunked_token_log_probs
 
     torch.set_num_threads(1)
     head = torch.nn.Linear(HIDDEN, VOCAB, bias=False)
@@ -278,7 +278,7 @@ def test_the_plan_of_dpo_kto_and_rm_runs_is_printed(model_dir, tmp_path, capsys,
 
 def test_auto_find_batch_size_starts_from_the_plan_in_dpo_and_rm(model_dir, tmp_path, monkeypatch):
     from lathe.llm.workflows.stages import run_train
-    from lathe.train.callbacks import TrainerCallback
+    from lathe.train.callbacks.events import TrainerCallback
 
     batch_sizes = []
 

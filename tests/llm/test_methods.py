@@ -52,7 +52,7 @@ def test_every_case_has_a_golden():
     assert all(len(case["losses"]) == 4 for case in GOLDEN_CASES.values())
 
 
-# lathe trains with chunked cross-entropy by default (lathe.train.chunked_loss): its gradients equal the
+# lathe trains with chunked cross-entropy by default (lathe.train.loss.chunked): its gradients equal the
 # full-logits path's to ~1e-6 relative, not bit for bit. LoRA+ at 16x on lora_B (lr 0.16) with Adam is the one
 # case that magnifies that: Adam's first update of an element is lr * g / (|g| + 1e-8), whose slope at g ~ 0 is
 # lr / 1e-8 = 1.6e7, so lora_B elements whose gradient is ~1e-9 (absolute differences of ~1e-9 between the two
@@ -137,7 +137,7 @@ def test_loraplus_parameter_groups(assets):
 
 
 def test_loraplus_in_pretraining_builds_the_same_groups(assets, tmp_path):
-    from lathe.train.callbacks import TrainerCallback
+    from lathe.train.callbacks.events import TrainerCallback
 
     seen = {}
 

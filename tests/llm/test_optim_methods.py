@@ -12,7 +12,7 @@ import pytest
 
 from lathe.llm.commands import run_train
 from lathe.llm.config import parse_train_config
-from lathe.train.callbacks import TrainerCallback
+from lathe.train.callbacks.events import TrainerCallback
 from tests.llm.golden.make_llamafactory_optim import (
     CASES,
     GOLDEN,
@@ -109,7 +109,7 @@ def test_bleu_and_rouge_equal_llamafactory():
     from transformers import AutoTokenizer
 
     from lathe.llm.workflows.metrics import GenerationMetrics
-    from lathe.train.outputs import EvalPrediction
+    from lathe.train.evaluation.outputs import EvalPrediction
 
     tokenizer = AutoTokenizer.from_pretrained(str(TOKENIZER))
     tokenizer.pad_token = tokenizer.eos_token

@@ -177,7 +177,7 @@ def test_enable_liger_kernel_without_liger_trains_with_the_chunked_loss_and_says
 
     _needs("sft")
     extra = {"plot_loss": False, "max_steps": 2, "eval_strategy": "no", "val_size": 0.0}
-    with caplog.at_level(logging.INFO, logger="lathe.train.causal_lm"):
+    with caplog.at_level(logging.INFO, logger="lathe.train.loss.causal_lm"):
         _train(tiny_model_dir, data_dir, tmp_path / "liger", "sft", "lora", enable_liger_kernel=True, **extra)
     assert "use_liger_kernel: " in caplog.text and "using lathe's chunked cross-entropy instead" in caplog.text
     _train(tiny_model_dir, data_dir, tmp_path / "plain", "sft", "lora", **extra)

@@ -57,7 +57,7 @@ def run(output_dir: str, options: dict) -> dict:
         compute_metrics=accuracy,
     )
     if options.get("stop_after"):
-        from lathe.train.callbacks import TrainerCallback
+        from lathe.train.callbacks.events import TrainerCallback
 
         class Stop(TrainerCallback):  # an interruption right after a checkpoint was written
             def on_save(self, args, state, control, **kwargs):

@@ -1,4 +1,4 @@
-"""Tests for lathe.train.argparser: dataclass fields <-> argv, dict, JSON and YAML."""
+"""Tests for lathe.train.args.parser: dataclass fields <-> argv, dict, JSON and YAML."""
 
 import argparse
 import dataclasses
@@ -10,7 +10,7 @@ from typing import Literal, Optional, Union
 
 import pytest
 
-from lathe.train.argparser import ArgumentParser, HfArgumentParser, string_to_bool
+from lathe.train.args.parser import ArgumentParser, HfArgumentParser, string_to_bool
 
 
 class Color(str, Enum):
@@ -296,7 +296,7 @@ def test_string_to_bool():
 def test_no_torch_import():
     import subprocess
 
-    code = "import sys, lathe.train.argparser; assert 'torch' not in sys.modules and 'yaml' not in sys.modules"
+    code = "import sys, lathe.train.args.parser; assert 'torch' not in sys.modules and 'yaml' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
@@ -314,7 +314,7 @@ TRAINING_ARGV = [
 
 
 def test_training_arguments_parse():
-    args_module = pytest.importorskip("lathe.train.args")
+    args_module = pytest.importorskip("lathe.train.args.training_args")
     (args,) = HfArgumentParser(args_module.TrainingArguments).parse_args_into_dataclasses(
         TRAINING_ARGV, look_for_args_file=False
     )

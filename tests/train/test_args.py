@@ -8,7 +8,7 @@ import warnings
 
 import pytest
 
-from lathe.train.args import (
+from lathe.train.args.training_args import (
     IntervalStrategy,
     OptimizerNames,
     SaveStrategy,
@@ -400,7 +400,7 @@ def test_report_to_all_lists_installed_reporters(monkeypatch):
 def test_report_to_all_equals_transformers_among_supported():
     transformers = pytest.importorskip("transformers")
     theirs = transformers.TrainingArguments(output_dir="o", report_to="all").report_to
-    from lathe.train.integrations import REPORTERS
+    from lathe.train.callbacks.reporters import REPORTERS
 
     assert make(report_to="all").report_to == [name for name in theirs if name in REPORTERS]
 
@@ -469,7 +469,7 @@ def test_device():
 
 
 def test_importing_args_does_not_import_torch():
-    code = "import sys, lathe.train.args; assert 'torch' not in sys.modules, 'torch imported'"
+    code = "import sys, lathe.train.args.training_args; assert 'torch' not in sys.modules, 'torch imported'"
     subprocess.run([sys.executable, "-c", code], check=True)
 
 

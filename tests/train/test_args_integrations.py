@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from lathe import Trainer, TrainerCallback, TrainingArguments
-from lathe.train.args import AcceleratorConfig, DebugOption, HubStrategy, ParallelMode
+from lathe.train.args.training_args import AcceleratorConfig, DebugOption, HubStrategy, ParallelMode
 from tests.train.trainer_helpers import Regression, regression_items, training_args
 
 # Fields another branch adds (issue 15: the optimizers' target modules); the lead drops this after merging.

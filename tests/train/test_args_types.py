@@ -10,7 +10,7 @@ import math
 import pytest
 
 from lathe import HfArgumentParser
-from lathe.train.args import Seq2SeqTrainingArguments, TrainingArguments
+from lathe.train.args.training_args import Seq2SeqTrainingArguments, TrainingArguments
 from tests.train import crash_worker
 
 

@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from lathe import Trainer, TrainingArguments
-from lathe.train.chunked_loss import chunked_causal_lm_loss, default_chunk_size
+from lathe.train.loss.chunked import chunked_causal_lm_loss, default_chunk_size
 
 transformers = pytest.importorskip("transformers")
 
@@ -227,7 +227,7 @@ def test_unsupported_models_are_refused_or_run_the_standard_path(tmp_path, caplo
     granite = tiny_model("granite", logits_scaling=4.0)
     with pytest.raises(ValueError, match="chunked_cross_entropy='yes' cannot be used: model type 'granite'"):
         trainer_for(granite, tmp_path, chunked_cross_entropy="yes")
-    with caplog.at_level(logging.INFO, logger="lathe.train.causal_lm"):
+    with caplog.at_level(logging.INFO, logger="lathe.train.loss.causal_lm"):
         trainer = trainer_for(granite, tmp_path, chunked_cross_entropy="auto")
     assert trainer._lm_loss is None
     assert "the model's own (full logits), because model type 'granite'" in caplog.text
@@ -242,7 +242,7 @@ def test_unsupported_models_are_refused_or_run_the_standard_path(tmp_path, caplo
 
 
 def test_use_liger_kernel_without_liger_or_a_gpu_runs_the_chunked_loss_and_says_so(tmp_path, caplog):
-    with caplog.at_level(logging.INFO, logger="lathe.train.causal_lm"):
+    with caplog.at_level(logging.INFO, logger="lathe.train.loss.causal_lm"):
         trainer = trainer_for(tiny_model(), tmp_path, use_liger_kernel=True)
     assert trainer._lm_loss is not None
     assert "use_liger_kernel:" in caplog.text and "chunked cross-entropy instead" in caplog.text
@@ -277,7 +277,7 @@ def test_a_compute_loss_func_set_after_init_gets_the_logits_and_the_log_says_so(
         return outputs.logits.float().mean()
 
     trainer.compute_loss_func = loss_func
-    with caplog.at_level(logging.INFO, logger="lathe.train.causal_lm"):
+    with caplog.at_level(logging.INFO, logger="lathe.train.loss.causal_lm"):
         trainer.compute_loss(trainer.model, batch())
     assert seen == [(3, 10, VOCAB)] and trainer._lm_loss is None
     assert "the model's own (full logits), because compute_loss_func" in caplog.text

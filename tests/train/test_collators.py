@@ -1,4 +1,4 @@
-"""Tests for lathe.train.collators (and the padding they rely on): exact batches, errors, parity with transformers."""
+"""Tests for lathe.train.data.collators (and the padding they rely on): exact batches, errors, parity with transformers."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from lathe.train.collators import (
+from lathe.train.data.collators import (
     DataCollatorForLanguageModeling,
     DataCollatorForSeq2Seq,
     DataCollatorWithFlattening,
@@ -20,7 +20,7 @@ from lathe.train.collators import (
     DefaultDataCollator,
     default_data_collator,
 )
-from lathe.train.padding import pad_batch
+from lathe.train.data.padding import pad_batch
 
 PAD, UNK, MASK, EOS = 0, 1, 2, 3
 SENTENCES = ["the cat sat on the mat", "a dog ran in the park", "the bird sang a song", "my cat ran to the mat"]
@@ -163,7 +163,7 @@ def test_default_collator_errors():
 
 
 def test_collators_do_not_import_transformers():
-    code = "import sys, lathe.train.collators; assert 'transformers' not in sys.modules"
+    code = "import sys, lathe.train.data.collators; assert 'transformers' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True)
 
 

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from lathe.train import checkpoint as ckpt
-from lathe.train.commit import BackgroundCommitter
+from lathe.train.checkpoints import layout as ckpt
+from lathe.train.checkpoints.commit import BackgroundCommitter
 from tests.train import crash_worker
 
 

@@ -23,7 +23,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from lathe.train import checkpoint as ckpt
+from lathe.train.checkpoints import layout as ckpt
 from tests.train import crash_worker
 
 REPOSITORY = Path(__file__).resolve().parents[2]
@@ -324,7 +324,7 @@ def test_newest_broken_checkpoint_is_skipped_with_a_warning_and_resume_falls_bac
     output_dir = tmp_path / "output"
     train_until(output_dir, 6)  # checkpoints 2, 4, 6
     damage(output_dir / "checkpoint-6")
-    with caplog.at_level(logging.WARNING, logger="lathe.train.checkpoint"):
+    with caplog.at_level(logging.WARNING, logger="lathe.train.checkpoints.layout"):
         assert ckpt.get_last_checkpoint(str(output_dir)) == str(output_dir / "checkpoint-4")
     assert any("checkpoint-6" in record.getMessage() for record in caplog.records)
 
@@ -576,7 +576,7 @@ def test_broken_transformers_checkpoints_are_skipped(damage, tmp_path, caplog):
     output_dir = tmp_path / "output"
     transformers_checkpoints(output_dir)
     damage(output_dir / "checkpoint-4")
-    with caplog.at_level(logging.WARNING, logger="lathe.train.checkpoint"):
+    with caplog.at_level(logging.WARNING, logger="lathe.train.checkpoints.layout"):
         assert ckpt.get_last_checkpoint(str(output_dir)) == str(output_dir / "checkpoint-2")
     assert any("checkpoint-4" in record.getMessage() for record in caplog.records)
     trainer = trainer_for(output_dir)

@@ -1,4 +1,4 @@
-"""Samplers, resumable batching, length grouping, column pruning and item checks of lathe.train.data."""
+"""Samplers, resumable batching, length grouping, column pruning and item checks of lathe.train.data.sampling."""
 
 import logging
 import subprocess
@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch.utils.data import Dataset, IterableDataset
 
-from lathe.train.columns import (
+from lathe.train.data.columns import (
     RemoveColumnsCollator,
     prune_unused_columns,
     remove_unused_columns,
@@ -16,7 +16,7 @@ from lathe.train.columns import (
     validate_first_item,
     validate_item,
 )
-from lathe.train.data import (
+from lathe.train.data.sampling import (
     DirectDataLoader,
     EpochSampler,
     LengthGroupedSampler,
@@ -336,7 +336,7 @@ def test_group_by_length_dataloader_uses_length_group_size_and_lengths():
 
 def test_lengths_from_input_ids_warn_once(caplog):
     items = [{"input_ids": [0] * (i % 5 + 1)} for i in range(50)]
-    with caplog.at_level(logging.WARNING, logger="lathe.train.data"):
+    with caplog.at_level(logging.WARNING, logger="lathe.train.data.sampling"):
         assert dataset_lengths(items) == [i % 5 + 1 for i in range(50)]
     warnings = [record for record in caplog.records if record.levelno == logging.WARNING]
     assert len(warnings) == 1 and "reads the whole dataset" in warnings[0].getMessage()
@@ -367,7 +367,7 @@ def test_signature_columns():
 def test_remove_unused_columns_on_a_datasets_dataset(caplog):
     datasets = pytest.importorskip("datasets")
     data = datasets.Dataset.from_dict({"input_ids": [[1]], "text": ["a"], "label": [0], "idx": [5]})
-    with caplog.at_level(logging.INFO, logger="lathe.train.columns"):
+    with caplog.at_level(logging.INFO, logger="lathe.train.data.columns"):
         pruned = remove_unused_columns(data, signature_columns(TinyModel()), "Training", "TinyModel")
     assert pruned.column_names == ["input_ids", "label"]
     assert "in the Training set" in caplog.text and "text, idx" in caplog.text
@@ -395,7 +395,7 @@ def test_collator_drops_keys_of_dict_items_only(caplog):
 
     collator = RemoveColumnsCollator(collate, ["input_ids", "labels"], "Training", "TinyModel")
     features = [{"input_ids": [1], "labels": 0, "text": "a"}, {"input_ids": [2], "labels": 1, "text": "b"}]
-    with caplog.at_level(logging.INFO, logger="lathe.train.columns"):
+    with caplog.at_level(logging.INFO, logger="lathe.train.data.columns"):
         assert collator(features) == 2
         collator(features)
     assert seen[0] == [{"input_ids": [1], "labels": 0}, {"input_ids": [2], "labels": 1}]
@@ -428,5 +428,5 @@ def test_validate_item():
 
 
 def test_importing_data_does_not_import_transformers_or_datasets():
-    code = "import sys, lathe.train.data; assert not {'transformers', 'datasets'} & set(sys.modules)"
+    code = "import sys, lathe.train.data.sampling; assert not {'transformers', 'datasets'} & set(sys.modules)"
     subprocess.run([sys.executable, "-c", code], check=True)

@@ -132,7 +132,7 @@ def make_args(tmp_path, config, **overrides):
 
 
 def test_auto_values_come_from_the_arguments(tmp_path):
-    from lathe.train.integrations.deepspeed_zero import engine_config
+    from lathe.train.parallel.deepspeed_zero import engine_config
 
     path = REPOSITORY / "examples" / "deepspeed" / "ds_z3_config.json"
     args = make_args(tmp_path, str(path))
@@ -187,7 +187,7 @@ def test_checkpoint_files_are_loaded_without_unpickling_code(tmp_path):
     from deepspeed.runtime.checkpoint_engine.torch_checkpoint_engine import TorchCheckpointEngine
     from deepspeed.runtime.zero.config import ZeroStageEnum
 
-    from lathe.train.integrations.deepspeed_checkpoint import safe_checkpoint_engine
+    from lathe.train.parallel.deepspeed_checkpoint import safe_checkpoint_engine
 
     engine = safe_checkpoint_engine(TorchCheckpointEngine())
     fine = tmp_path / "fine.pt"
@@ -210,7 +210,7 @@ def test_checkpoint_files_are_loaded_without_unpickling_code(tmp_path):
 def test_a_damaged_deepspeed_file_is_an_error_naming_it(tmp_path):
     from deepspeed.runtime.checkpoint_engine.torch_checkpoint_engine import TorchCheckpointEngine
 
-    from lathe.train.integrations.deepspeed_checkpoint import safe_checkpoint_engine
+    from lathe.train.parallel.deepspeed_checkpoint import safe_checkpoint_engine
 
     engine = safe_checkpoint_engine(TorchCheckpointEngine())
     whole = tmp_path / "mp_rank_00_model_states.pt"
@@ -253,7 +253,7 @@ def test_offloaded_optimizer_becomes_deepspeeds_cpu_optimizer(monkeypatch):
     a run with LLaMA-Factory's ds_z2/ds_z3 offload configs equals the run without offload: docs/LLAMAFACTORY_EXAMPLES.md.)"""
     import deepspeed.ops.adam
 
-    from lathe.train.integrations.deepspeed_zero import _offloaded
+    from lathe.train.parallel.deepspeed_zero import _offloaded
 
     built = {}
 

@@ -10,8 +10,8 @@ import os
 
 import pytest
 
-from lathe.train import checkpoint as ckpt
-from lathe.train.data import EpochSampler, ResumableBatchSampler
+from lathe.train.checkpoints import layout as ckpt
+from lathe.train.data.sampling import EpochSampler, ResumableBatchSampler
 from tests.train import fsdp_worker
 from tests.train.torchrun_helpers import assert_same_weights, launch, torchrun
 

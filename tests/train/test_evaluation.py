@@ -1,5 +1,5 @@
-"""Tests for evaluate() / predict() / prediction_step (lathe.train.predicting), the evaluation loop
-(lathe.train.evaluation), EarlyStoppingCallback (lathe.train.flow) and the best model and checkpoint
+"""Tests for evaluate() / predict() / prediction_step (lathe.train.evaluation.predicting), the evaluation loop
+(lathe.train.evaluation.loop), EarlyStoppingCallback (lathe.train.callbacks.flow) and the best model and checkpoint
 rotation (lathe.train.resume). Expected numbers are worked out by hand from tiny models; tests marked
 `hf` run the same job through transformers.Trainer and compare."""
 

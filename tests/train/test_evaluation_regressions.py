@@ -80,7 +80,7 @@ def test_gathered_batches_merge_into_log_n_chunks_with_the_same_padded_result():
     varying length end as 3 chunks (37 = 32 + 4 + 1), and the result is the one-shot padded concat."""
     import numpy as np
 
-    from lathe.train.evaluation import Gathered, pad_and_concatenate
+    from lathe.train.evaluation.loop import Gathered, pad_and_concatenate
 
     generator = torch.Generator().manual_seed(0)
     batches = [

@@ -335,7 +335,7 @@ def _calls(monkeypatch, target, name, result=None):
 def _ddp_options(trainer, monkeypatch):
     import torch.nn.parallel
 
-    from lathe.train import distributed
+    from lathe.train.parallel import distributed
 
     monkeypatch.setattr(distributed, "is_distributed", lambda: True)
     calls = _calls(monkeypatch, torch.nn.parallel, "DistributedDataParallel")
@@ -346,7 +346,7 @@ def _ddp_options(trainer, monkeypatch):
 def _process_group(trainer, monkeypatch):
     import torch.distributed as dist
 
-    from lathe.train import distributed
+    from lathe.train.parallel import distributed
 
     monkeypatch.setattr(distributed, "launched_world_size", lambda: 2)
     monkeypatch.setattr(distributed, "leave_process_group_at_exit", lambda: None)
@@ -365,7 +365,7 @@ def _compiled(trainer, monkeypatch):
 
 
 def _tensorboard_dir(trainer, monkeypatch):
-    from lathe.train.integrations.tensorboard import TensorBoardCallback
+    from lathe.train.callbacks.reporters.tensorboard import TensorBoardCallback
 
     writers = []
     fake = types.ModuleType("torch.utils.tensorboard")
@@ -376,7 +376,7 @@ def _tensorboard_dir(trainer, monkeypatch):
 
 
 def _rank_sums(trainer, monkeypatch):
-    from lathe.train import distributed
+    from lathe.train.parallel import distributed
 
     calls = _calls(monkeypatch, distributed, "sum_across_ranks", result=lambda value, device: value)
     _run(trainer)
@@ -392,7 +392,7 @@ def _empty_cache(trainer, monkeypatch):
 
 
 def _transfers(trainer, monkeypatch):
-    from lathe.train import evaluation
+    from lathe.train.evaluation import loop as evaluation
 
     flush = evaluation.Gathered.flush
     calls = []

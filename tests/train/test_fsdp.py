@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from lathe import TrainingArguments
-from lathe.train import fsdp
+from lathe.train.parallel import fsdp
 from tests.train import fsdp_worker
 from tests.train.torchrun_helpers import assert_same_weights, torchrun
 

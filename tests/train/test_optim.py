@@ -1,4 +1,4 @@
-"""Tests for lathe.train.optim, lathe.train.schedules and lathe.train.adafactor."""
+"""Tests for lathe.train.optim.optimizers, lathe.train.optim.schedules and lathe.train.optim.adafactor."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ import pytest
 import torch
 from torch import nn
 
-from lathe.train.adafactor import Adafactor
-from lathe.train.optim import (
+from lathe.train.optim.adafactor import Adafactor
+from lathe.train.optim.optimizers import (
     OPTIMIZER_NAMES,
     create_optimizer,
     get_decay_parameter_names,
@@ -21,7 +21,7 @@ from lathe.train.optim import (
     get_scheduler,
     parse_optim_args,
 )
-from lathe.train.schedules import SCHEDULER_NAMES, cosine_factor, linear_factor
+from lathe.train.optim.schedules import SCHEDULER_NAMES, cosine_factor, linear_factor
 
 
 @dataclass

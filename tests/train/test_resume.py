@@ -17,8 +17,8 @@ from torch import nn
 from torch.utils.data import IterableDataset
 
 from lathe import EarlyStoppingCallback, Trainer, TrainingArguments
-from lathe.train import checkpoint as ckpt
-from lathe.train import loading
+from lathe.train.checkpoints import layout as ckpt
+from lathe.train.checkpoints import loading
 
 ITEMS = 10  # with batch size 2: 5 batches per epoch
 TIMING_KEYS = ("runtime", "per_second")
@@ -307,7 +307,7 @@ class NoisyCollator:
     """Random augmentation in the collator (the main process draws from the global torch RNG)."""
 
     def __call__(self, features):
-        from lathe.train.collators import default_data_collator
+        from lathe.train.data.collators import default_data_collator
 
         batch = default_data_collator(features)
         batch["x"] = batch["x"] + 0.1 * torch.randn_like(batch["x"])
@@ -730,7 +730,7 @@ def test_a_model_with_split_files_loads_them_itself(tmp_path):
     """The hook for models whose save_pretrained writes several files (lathe.llm's reward model: the
     language model and value_head.safetensors): load_model_weights hands the folder to the model's own
     load_saved_weights, used for resume and the best model."""
-    from lathe.train.weights import load_model_weights, save_model_weights
+    from lathe.train.checkpoints.weights import load_model_weights, save_model_weights
 
     class SplitFiles(nn.Module):
         def __init__(self):

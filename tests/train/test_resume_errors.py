@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from lathe import Trainer
-from lathe.train import checkpoint as ckpt
+from lathe.train.checkpoints import layout as ckpt
 from tests.train import crash_worker
 from tests.train.trainer_helpers import pad_collate, tiny_llama, token_items, training_args
 

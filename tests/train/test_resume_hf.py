@@ -15,8 +15,8 @@ import pytest
 import torch
 from torch import nn
 
-from lathe.train import checkpoint as ckpt
-from lathe.train import loading
+from lathe.train.checkpoints import layout as ckpt
+from lathe.train.checkpoints import loading
 
 pytestmark = pytest.mark.hf
 

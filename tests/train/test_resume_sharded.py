@@ -11,7 +11,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from lathe.train import checkpoint as ckpt
+from lathe.train.checkpoints import layout as ckpt
 from tests.train.test_resume import assert_resumed_exactly, train
 
 

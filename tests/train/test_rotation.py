@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from lathe.train import checkpoint as ckpt
-from lathe.train import rotation
+from lathe.train.checkpoints import layout as ckpt
+from lathe.train.checkpoints import rotation
 from tests.train import crash_worker
 
 
@@ -79,7 +79,7 @@ def test_get_last_checkpoint_does_not_follow_a_symlink_but_an_explicit_path_resu
     output_dir = tmp_path / "out"
     output_dir.mkdir()
     (output_dir / "checkpoint-6").symlink_to(target, target_is_directory=True)
-    with caplog.at_level(logging.WARNING, logger="lathe.train.checkpoint"):
+    with caplog.at_level(logging.WARNING, logger="lathe.train.checkpoints.layout"):
         assert ckpt.get_last_checkpoint(str(output_dir)) is None
     assert "resume_from_checkpoint" in caplog.text and str(target) in caplog.text
     trainer = trainer_for(output_dir, max_steps=8)
@@ -103,7 +103,7 @@ def test_a_renamed_copy_of_a_checkpoint_is_neither_rotated_nor_resumed_from(tmp_
     output_dir = tmp_path / "out"
     trainer_for(output_dir, max_steps=2).train()
     shutil.copytree(output_dir / "checkpoint-2", output_dir / "checkpoint-900")  # a backup, say
-    with caplog.at_level(logging.WARNING, logger="lathe.train.checkpoint"):
+    with caplog.at_level(logging.WARNING, logger="lathe.train.checkpoints.layout"):
         assert ckpt.get_last_checkpoint(str(output_dir)) == str(output_dir / "checkpoint-2")
     assert "checkpoint-900" in caplog.text and "step 2" in caplog.text
     trainer_for(output_dir, max_steps=6).train(resume_from_checkpoint=True)
@@ -183,7 +183,7 @@ def test_incomplete_folders_are_not_lathes_to_delete(tmp_path, caplog):
         fake_checkpoint(tmp_path, step)
     (tmp_path / "checkpoint-1" / ckpt.WEIGHTS_NAME).write_bytes(b"cut")  # not the size its manifest says
     (tmp_path / "checkpoint-9").write_text("a file, not a folder")
-    with caplog.at_level(logging.WARNING, logger="lathe.train.rotation"):
+    with caplog.at_level(logging.WARNING, logger="lathe.train.checkpoints.rotation"):
         assert rotation.rotate_checkpoints(str(tmp_path), 1, None, newest=str(tmp_path / "checkpoint-3")) == [
             str(tmp_path / "checkpoint-2")
         ]
@@ -209,7 +209,7 @@ def test_a_foreign_folder_where_a_checkpoint_is_saved_is_moved_aside_not_deleted
     (mine / "notes.txt").write_text("mine")
     target = fake_checkpoint(tmp_path / "elsewhere", 6)
     (output_dir / "checkpoint-6").symlink_to(target, target_is_directory=True)
-    with caplog.at_level(logging.WARNING, logger="lathe.train.checkpoint"):
+    with caplog.at_level(logging.WARNING, logger="lathe.train.checkpoints.layout"):
         trainer_for(output_dir, save_total_limit=None).train()
     assert (output_dir / "checkpoint-4.replaced-1" / "notes.txt").read_text() == "mine"
     assert (output_dir / "checkpoint-6.replaced-1").is_symlink() and (target / ckpt.WEIGHTS_NAME).exists()

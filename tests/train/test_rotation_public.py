@@ -9,7 +9,7 @@ import os
 
 import pytest
 
-from lathe.train import rotation
+from lathe.train.checkpoints import rotation
 from lathe.trainer_utils import rotate_checkpoints, sort_checkpoints
 from tests.train.test_rotation import fake_checkpoint, names
 

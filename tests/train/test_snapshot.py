@@ -1,4 +1,4 @@
-"""Checkpoints written from a copy of the state (lathe.train.snapshot) in the commit thread: the
+"""Checkpoints written from a copy of the state (lathe.train.checkpoints.snapshot) in the commit thread: the
 files are the same as a synchronous save's, training that goes on meanwhile cannot leak into them,
 and the cases that must save in the loop (several processes, an overridden save_model, too little
 memory for a copy) do."""
@@ -15,10 +15,10 @@ from safetensors.torch import load_file
 from torch import nn
 
 from lathe import Trainer, TrainingArguments
-from lathe.train import checkpoint as ckpt
-from lathe.train import loading
-from lathe.train import weights as weights_io
-from lathe.train import snapshot
+from lathe.train.checkpoints import layout as ckpt
+from lathe.train.checkpoints import loading
+from lathe.train.checkpoints import weights as weights_io
+from lathe.train.checkpoints import snapshot
 from tests.train import crash_worker
 
 

@@ -282,7 +282,7 @@ def test_every_public_method_of_transformers_trainer_exists(name):
 
 
 def test_gather_function(tmp_path, monkeypatch):
-    from lathe.train import distributed
+    from lathe.train.parallel import distributed
 
     trainer = regression_trainer("lathe", tmp_path)
     batch = {"logits": torch.ones(2, 3)}

@@ -23,8 +23,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from typing import Any
-from lathe.train.labels import IGNORE_INDEX
-from lathe.train.padding import get_pad_token_id, get_padding_side, pad_rows, round_up
+from lathe.train.data.labels import IGNORE_INDEX
+from lathe.train.data.padding import get_pad_token_id, get_padding_side, pad_rows, round_up
 
 PACKED_ATTENTION_MODES = ("auto", "mask", "position_ids")
 

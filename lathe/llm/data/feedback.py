@@ -14,7 +14,7 @@ from collections import Counter
 
 from lathe.llm.data.pairwise import check_preference_example, encode_one_answer
 from lathe.llm.data.supervised import SkippedExample, report_skips, infer_seqlen
-from lathe.train.labels import IGNORE_INDEX
+from lathe.train.data.labels import IGNORE_INDEX
 
 logger = logging.getLogger("lathe.llm.data")
 

@@ -23,7 +23,7 @@ import logging
 from collections import Counter, defaultdict
 
 from lathe.llm.data.supervised import report_skips, encode_supervised_examples
-from lathe.train.labels import IGNORE_INDEX
+from lathe.train.data.labels import IGNORE_INDEX
 from lathe.llm.data.truncation import row_columns
 
 logger = logging.getLogger("lathe.llm.data")

@@ -16,7 +16,7 @@ import logging
 from collections import Counter
 
 from lathe.llm.data.supervised import SkippedExample, check_supervised_example, report_skips, infer_seqlen
-from lathe.train.labels import IGNORE_INDEX
+from lathe.train.data.labels import IGNORE_INDEX
 from lathe.llm.templates.tools import InvalidMessage
 
 logger = logging.getLogger("lathe.llm.data")

@@ -5,7 +5,7 @@ sequence; KTO rows the tagged answer and the mismatched pair of the KL term."""
 from __future__ import annotations
 
 from typing import Any
-from lathe.train.labels import IGNORE_INDEX
+from lathe.train.data.labels import IGNORE_INDEX
 
 OPEN, CLOSE = "[[", "]]"
 

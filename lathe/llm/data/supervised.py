@@ -16,7 +16,7 @@ from collections import Counter
 from lathe.llm.data.truncation import ExampleCut, row_columns
 from lathe.llm.templates.template import ANSWER_ROLES, PROMPT_ROLES
 from lathe.llm.templates.tools import InvalidMessage
-from lathe.train.labels import IGNORE_INDEX
+from lathe.train.data.labels import IGNORE_INDEX
 
 logger = logging.getLogger("lathe.llm.data")
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 import contextlib
 from dataclasses import dataclass
 from typing import Any, Iterator
-from lathe.train.labels import IGNORE_INDEX
+from lathe.train.data.labels import IGNORE_INDEX
 
 # Per row: examples in it, examples cutoff_len shortened, tokens cut, label tokens before truncation,
 # label tokens cut, and the longest example before truncation.

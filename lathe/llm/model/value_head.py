@@ -109,7 +109,7 @@ class ValueHeadModel(nn.Module):
 
     def load_saved_weights(self, folder: str) -> None:
         """Load a folder written by save_pretrained (a checkpoint, when resuming) into this model."""
-        from lathe.train.weights import load_model_weights
+        from lathe.train.checkpoints.weights import load_model_weights
 
         load_model_weights(self.pretrained_model, folder)
         if not load_value_head(self, folder):

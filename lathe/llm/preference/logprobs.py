@@ -1,5 +1,5 @@
 """The sequence log-probabilities preference training needs from one forward pass: from the full logits
-(the model's own path), or chunk by chunk with the logits never whole (lathe.train.chunked_loss), as the
+(the model's own path), or chunk by chunk with the logits never whole (lathe.train.loss.chunked), as the
 Trainer's causal-LM loss path says; and the logits' per-row sums the logits/* metrics report."""
 
 from __future__ import annotations
@@ -8,9 +8,9 @@ import torch
 import torch.nn.functional as F
 
 from lathe.llm.preference import losses
-from lathe.train.causal_lm import HeadIntercept, active_path, unwrap
-from lathe.train.chunked_loss import chunked_token_log_probs, is_plain_linear
-from lathe.train.labels import IGNORE_INDEX
+from lathe.train.loss.causal_lm import HeadIntercept, active_path, unwrap
+from lathe.train.loss.chunked import chunked_token_log_probs, is_plain_linear
+from lathe.train.data.labels import IGNORE_INDEX
 
 
 class RowLogits:

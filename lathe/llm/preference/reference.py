@@ -105,8 +105,8 @@ def reference_context(policy: nn.Module, reference: nn.Module | None):
 def shard_reference_like_policy(reference: nn.Module, args) -> nn.Module:
     """Under FSDP2 the reference is sharded as the policy is (its forward gathers each block in turn);
     under DDP and DeepSpeed every process holds the whole frozen reference."""
-    from lathe.train import distributed
-    from lathe.train.fsdp import settings_from_args, shard_model
+    from lathe.train.parallel import distributed
+    from lathe.train.parallel.fsdp import settings_from_args, shard_model
 
     settings = settings_from_args(args) if distributed.is_distributed() and not args.deepspeed else None
     if settings is None:

@@ -14,7 +14,8 @@ import torch
 
 from lathe.llm.loraplus import MethodOptimizerMixin
 from lathe.llm.preference.reference import disable_dropout, frozen, reference_context, shard_reference_like_policy
-from lathe.train import distributed, fsdp, runtime
+from lathe.train.parallel import distributed, fsdp
+from lathe.train import runtime
 from lathe.train.trainer import Trainer
 
 

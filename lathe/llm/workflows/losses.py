@@ -19,7 +19,7 @@ from functools import partial
 import torch
 import torch.nn.functional as F
 
-from lathe.train.labels import IGNORE_INDEX
+from lathe.train.data.labels import IGNORE_INDEX
 
 __all__ = ["LossVariantsMixin", "asft_loss", "dft_loss", "eaft_loss", "load_reference_model", "loss_function_for"]
 

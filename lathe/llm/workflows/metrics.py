@@ -16,7 +16,7 @@ import logging
 import numpy as np
 
 from lathe.llm.workflows.outputs import ExactMatch
-from lathe.train.labels import IGNORE_INDEX
+from lathe.train.data.labels import IGNORE_INDEX
 
 __all__ = ["GenerationMetrics", "similarity_scores"]
 

@@ -12,7 +12,7 @@ import logging
 
 import torch
 
-from lathe.train.optim import get_optimizer_cls_and_kwargs
+from lathe.train.optim.optimizers import get_optimizer_cls_and_kwargs
 
 __all__ = ["create_custom_optimizer"]
 
@@ -52,7 +52,7 @@ def create_custom_optimizer(model, training_args, finetuning_args):
 
 def llamafactory_decay_names(model) -> set[str]:
     """Parameters LLaMA-Factory's own optimizers decay: all but biases and those inside an nn.LayerNorm.
-    Unlike the Trainer's rule (lathe.train.optim.get_decay_parameter_names), RMSNorm weights are decayed."""
+    Unlike the Trainer's rule (lathe.train.optim.optimizers.get_decay_parameter_names), RMSNorm weights are decayed."""
     inside_layer_norm = set()
     for module_name, module in model.named_modules():
         if isinstance(module, torch.nn.LayerNorm):
@@ -91,7 +91,7 @@ def _low_rank_targets(model, targets: list[str]) -> list[torch.nn.Parameter]:
 
 def _create_low_rank(model, training_args, finetuning_args, method: str):
     """GaLore or APOLLO: no-decay, decay, then the projected weights (with decay) as a third group."""
-    from lathe.train.integrations import apollo, galore
+    from lathe.train.optim import apollo, galore
 
     optim = _optim_name(training_args)
     f = finetuning_args
@@ -132,7 +132,7 @@ def _create_low_rank(model, training_args, finetuning_args, method: str):
     ]
     logger.info("Using %s with %s on %d matrices.", method.upper(), options, len(projected))
     if layerwise:
-        from lathe.train.layerwise import PerParameter
+        from lathe.train.optim.layerwise import PerParameter
 
         logger.warning("Layer-wise %s steps in the backward pass: the logged grad_norm is 0.", method.upper())
         return PerParameter(optimizer_cls)(groups, **kwargs)
@@ -155,7 +155,7 @@ def _base_kwargs(training_args, optim: str) -> dict:
 
 
 def _create_badam(model, training_args, finetuning_args):
-    from lathe.train.integrations import badam
+    from lathe.train.optim import badam
 
     f = finetuning_args
     decay, no_decay = _decay_split(model)
@@ -188,14 +188,14 @@ def _model_is_sharded(training_args) -> bool:
     if training_args.fsdp:
         return True
     if training_args.deepspeed:
-        from lathe.train.integrations import deepspeed_zero
+        from lathe.train.parallel import deepspeed_zero
 
         return deepspeed_zero.zero_stage(deepspeed_zero.read_config(training_args.deepspeed)) == 3
     return False
 
 
 def _create_adam_mini(model, training_args):
-    from lathe.train.integrations.adam_mini import create_adam_mini
+    from lathe.train.optim.adam_mini import create_adam_mini
 
     return create_adam_mini(
         model,
@@ -209,7 +209,7 @@ def _create_adam_mini(model, training_args):
 
 def _create_muon(model, training_args):
     """Muon for trainable 2-D weights other than embeddings and the head; AdamW (inside Muon) for the rest."""
-    from lathe.train.muon import Muon
+    from lathe.train.optim.muon import Muon
 
     muon, adamw = [], []
     for name, parameter in model.named_parameters():

@@ -11,8 +11,8 @@ import os
 import time
 from datetime import timedelta
 
-from lathe.train.callbacks import TrainerCallback
-from lathe.train.labels import IGNORE_INDEX
+from lathe.train.callbacks.events import TrainerCallback
+from lathe.train.data.labels import IGNORE_INDEX
 
 __all__ = [
     "TRAINER_LOG",

@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import os
 
-from lathe.train.callbacks import TrainerCallback
+from lathe.train.callbacks.events import TrainerCallback
 
 __all__ = ["PissaConvertCallback"]
 

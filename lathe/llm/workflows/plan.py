@@ -137,7 +137,7 @@ def loss_chunk(training, vocab: int | None) -> int | None:
     size = getattr(training, "chunked_cross_entropy_size", None)
     if size:
         return int(size)
-    from lathe.train.chunked_loss import default_chunk_size
+    from lathe.train.loss.chunked import default_chunk_size
 
     return default_chunk_size(vocab)
 
@@ -313,7 +313,7 @@ def _truncation_lines(plan: RunPlan) -> list[str]:
 def _sharding(training) -> str:
     if training.fsdp:
         return "FSDP2 (fully_shard)"
-    from lathe.train.integrations.deepspeed_zero import read_config, zero_stage
+    from lathe.train.parallel.deepspeed_zero import read_config, zero_stage
 
     source = training.deepspeed if isinstance(training.deepspeed, str) else "config dict"
     return f"DeepSpeed ZeRO stage {zero_stage(read_config(training.deepspeed))} ({source})"

@@ -19,7 +19,7 @@ from lathe.llm.workflows.setup import (
     write_run_config,
 )
 from lathe.train.trainer import Trainer
-from lathe.train.labels import IGNORE_INDEX
+from lathe.train.data.labels import IGNORE_INDEX
 
 
 class PretrainTrainer(MethodOptimizerMixin, Trainer):

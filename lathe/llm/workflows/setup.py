@@ -37,7 +37,7 @@ def resolve_resume_checkpoint(config) -> str | None:
         return explicit
     if not training.do_train or not os.path.isdir(training.output_dir) or training.overwrite_output_dir:
         return None
-    from lathe.train.checkpoint import get_last_checkpoint
+    from lathe.train.checkpoints.layout import get_last_checkpoint
 
     last = get_last_checkpoint(training.output_dir)
     if last is None and any(os.path.isfile(os.path.join(training.output_dir, name)) for name in MODEL_FILES):
@@ -66,7 +66,7 @@ def make_callbacks(config) -> list:
 
         callbacks.append(PissaConvertCallback())
     if config.finetuning.early_stopping_steps is not None:
-        from lathe.train.flow import EarlyStoppingCallback
+        from lathe.train.callbacks.flow import EarlyStoppingCallback
 
         callbacks.append(EarlyStoppingCallback(early_stopping_patience=config.finetuning.early_stopping_steps))
     return callbacks

@@ -1,0 +1,83 @@
+"""The Trainer's dataloaders: column pruning by the model's signature, item checks, and the
+resumable samplers of lathe.train.data.sampling, configured from TrainingArguments. The functions that take
+`trainer` first are Trainer's methods of the same name (trainer.py lists them)."""
+
+from __future__ import annotations
+
+from lathe.train import batching
+from lathe.train.data import columns, sampling as data
+
+
+def signature_columns(model, label_names: list[str]) -> list[str]:
+    """The dataset columns model.forward takes (PEFT models: their base model's)."""
+    inner = getattr(model, "get_base_model", lambda: model)()
+    return columns.signature_columns(inner, label_names)
+
+
+def build_dataloader(trainer, dataset, description: str, batch_size: int, train: bool):
+    args = trainer.args
+    collate = trainer.data_collator
+    if args.remove_unused_columns:
+        wanted = signature_columns(trainer.model, trainer.label_names)
+        dataset, collate = columns.prune_unused_columns(
+            dataset, collate, wanted, description, type(trainer.model).__name__
+        )
+    if trainer._default_collator_used:
+        columns.validate_first_item(dataset)
+    strategy = getattr(args.train_sampling_strategy, "value", args.train_sampling_strategy)
+    return data.build_dataloader(
+        dataset,
+        batch_size=batch_size,
+        collate_fn=collate,
+        shuffle=train and strategy == "random",
+        seed=args.data_seed if args.data_seed is not None else args.seed,
+        drop_last=args.dataloader_drop_last,
+        num_workers=args.dataloader_num_workers,
+        pin_memory=args.dataloader_pin_memory,
+        persistent_workers=args.dataloader_persistent_workers,
+        prefetch_factor=args.dataloader_prefetch_factor,
+        multiprocessing_context=args.dataloader_multiprocessing_context,
+        in_order=args.dataloader_in_order,
+        group_by_length=train and strategy == "group_by_length",
+        length_column_name=args.length_column_name,
+        model_input_name=trainer.main_input_name,
+        length_group_size=batch_size * args.gradient_accumulation_steps,
+        num_shards=args.world_size,
+        shard_index=args.process_index,
+    )
+
+
+def get_train_dataloader(trainer):
+    if trainer.train_dataset is None:
+        raise ValueError("Trainer.train() needs a train_dataset.")
+    return build_dataloader(trainer, trainer.train_dataset, "training", trainer._train_batch_size, train=True)
+
+
+def get_eval_dataloader(trainer, eval_dataset=None):
+    if isinstance(eval_dataset, str):
+        eval_dataset = trainer.eval_dataset[eval_dataset]
+    eval_dataset = eval_dataset if eval_dataset is not None else trainer.eval_dataset
+    if eval_dataset is None:
+        raise ValueError("Evaluation needs an eval_dataset (pass it to Trainer or to evaluate()).")
+    return build_dataloader(trainer, eval_dataset, "evaluation", trainer.args.eval_batch_size, train=False)
+
+
+def get_test_dataloader(trainer, test_dataset):
+    return build_dataloader(trainer, test_dataset, "test", trainer.args.eval_batch_size, train=False)
+
+
+def num_examples(trainer, dataloader) -> int:
+    dataset = getattr(dataloader, "dataset", None)
+    try:
+        return len(dataset)
+    except TypeError:
+        return len(dataloader) * trainer.args.per_device_train_batch_size
+
+
+def num_tokens(trainer, dataloader, max_steps: int | None = None) -> int:
+    tokens = 0
+    for step, batch in enumerate(dataloader):
+        tokens += batching.count_input_tokens(batch, "all", trainer.main_input_name)
+        if max_steps is not None and step + 1 >= max_steps:
+            break
+    return tokens

@@ -1,0 +1,386 @@
+"""Dataloaders for the Trainer: seeded samplers, length grouping, resumable batching, lean single-process
+loading. Which columns reach the model is lathe.train.data.columns."""
+
+from __future__ import annotations
+
+import itertools
+import logging
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from typing import Any
+
+import torch
+from torch.utils.data import BatchSampler, DataLoader, IterableDataset, Sampler
+
+from lathe.train.data.columns import is_datasets_dataset
+from lathe.train.seed import restore_rng_state
+
+logger = logging.getLogger(__name__)
+
+
+# ---- samplers: the order of an epoch is a pure function of (seed, epoch) ----
+
+
+class EpochSampler(Sampler[int]):
+    """Every index once per epoch, shuffled by `torch.randperm` seeded with `seed + epoch`.
+
+    This is the permutation transformers.Trainer draws too: accelerate swaps its RandomSampler for
+    a SeedableRandomSampler (use_seedable_sampler=True, the default) that reseeds a private
+    generator with `data_seed or seed` plus the epoch. Same seed, same sample order. A fresh
+    generator per epoch keeps the global RNG (dropout, init) untouched and makes resume exact:
+    no sampler state needs saving, only the epoch number. Unlike accelerate's sampler it does not
+    advance the epoch by itself after a pass; the Trainer calls set_epoch at every epoch start.
+    """
+
+    def __init__(self, num_samples: int, seed: int = 0, shuffle: bool = True):
+        if num_samples < 0:
+            raise ValueError(f"num_samples must be >= 0, got {num_samples}")
+        self.num_samples = num_samples
+        self.seed = seed
+        self.shuffle = shuffle
+        self.epoch = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __iter__(self) -> Iterator[int]:
+        if not self.shuffle:
+            return iter(range(self.num_samples))
+        generator = torch.Generator().manual_seed(self.seed + self.epoch)
+        return iter(torch.randperm(self.num_samples, generator=generator).tolist())
+
+    def __len__(self) -> int:
+        return self.num_samples
+
+
+def get_length_grouped_indices(
+    lengths, batch_size: int, mega_batch_mult: int | None = None, generator: torch.Generator | None = None
+) -> list[int]:
+    """HF's length grouping: a random permutation cut into megabatches of `mega_batch_mult * batch_size`,
+    each sorted by length (longest first), with the longest sample of all moved to position 0 so
+    that an out-of-memory error shows on the first step rather than hours in.
+
+    Gives the same list as transformers' function for the same generator, ties included, but sorts
+    all megabatches in one batched torch sort instead of a Python sort each (a few times faster).
+    """
+    lengths = torch.as_tensor(lengths, dtype=torch.int64)
+    total = len(lengths)
+    if total == 0:
+        return []
+    if mega_batch_mult is None:
+        # 50 batches per megabatch, or fewer so a small dataset still gets about 4 megabatches.
+        mega_batch_mult = max(min(total // (batch_size * 4), 50), 1)
+    megabatch_size = mega_batch_mult * batch_size
+    permutation = torch.randperm(total, generator=generator)
+    permuted_lengths = lengths[permutation]
+    # Stable descending sorts keep equal lengths in permuted order, like HF's sorted(reverse=True).
+    full = total - total % megabatch_size
+    positions = []
+    if full:
+        rows = torch.sort(permuted_lengths[:full].view(-1, megabatch_size), dim=1, descending=True, stable=True)
+        positions.append((rows.indices + torch.arange(0, full, megabatch_size).unsqueeze(1)).flatten())
+    if full < total:  # the last, shorter megabatch
+        positions.append(torch.sort(permuted_lengths[full:], descending=True, stable=True).indices + full)
+    grouped = permutation[torch.cat(positions)]
+    # Each megabatch now starts with its own longest sample; argmax picks the first on ties, as HF.
+    starts = torch.arange(0, total, megabatch_size)
+    winner = int(starts[torch.argmax(lengths[grouped[starts]])])
+    grouped[0], grouped[winner] = grouped[winner].clone(), grouped[0].clone()
+    return grouped.tolist()
+
+
+class LengthGroupedSampler(Sampler[int]):
+    """Batches of similar length with some randomness (HF semantics), the order seeded by
+    `seed + epoch`. HF's train sampler draws from the global RNG instead, so its order depends on
+    everything that consumed random numbers before it; ours depends only on (seed, epoch), which
+    exact resume needs. HF's eval sampler seeds a fresh generator with the seed: same as epoch 0 here.
+    """
+
+    def __init__(
+        self, lengths: Sequence[int] | torch.Tensor, batch_size: int, seed: int = 0, mega_batch_mult: int | None = None
+    ):
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        self.lengths = torch.as_tensor(lengths, dtype=torch.int64)
+        self.batch_size = batch_size
+        self.seed = seed
+        self.mega_batch_mult = mega_batch_mult
+        self.epoch = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __iter__(self) -> Iterator[int]:
+        generator = torch.Generator().manual_seed(self.seed + self.epoch)
+        return iter(get_length_grouped_indices(self.lengths, self.batch_size, self.mega_batch_mult, generator))
+
+    def __len__(self) -> int:
+        return len(self.lengths)
+
+
+def dataset_lengths(dataset, length_column_name: str = "length", model_input_name: str = "input_ids") -> list[int]:
+    """Sample lengths for length grouping: a precomputed column when the dataset has one, else
+    `len(item[model_input_name])` for every item (which reads the whole dataset, hence the warning)."""
+    if is_datasets_dataset(dataset) and length_column_name in dataset.column_names:
+        column = dataset[length_column_name]
+        return column.tolist() if isinstance(column, torch.Tensor) else [int(length) for length in column]
+    if len(dataset) == 0:
+        return []
+    first = dataset[0]
+    if not isinstance(first, Mapping) or model_input_name not in first:
+        raise ValueError(
+            f"group_by_length needs sample lengths: give the dataset a {length_column_name!r} column, or make "
+            f"its items dicts with a {model_input_name!r} key (item 0 is a {type(first).__name__}"
+            + (f" with keys {list(first)}" if isinstance(first, Mapping) else "")
+            + ")."
+        )
+    logger.warning(
+        "group_by_length: computing the length of each of the %d samples from %r reads the whole dataset "
+        "once. Add a %r column to the dataset to skip this.",
+        len(dataset),
+        model_input_name,
+        length_column_name,
+    )
+    if is_datasets_dataset(dataset) and model_input_name in dataset.column_names:
+        # One column read instead of decoding every full row.
+        return [len(value) for value in dataset[model_input_name]]
+    return [len(dataset[index][model_input_name]) for index in range(len(dataset))]
+
+
+# ---- batching that can resume mid-epoch without loading the skipped data ----
+
+
+class ResumableBatchSampler(BatchSampler):
+    """A BatchSampler that can start an epoch at batch n, skipping by index arithmetic alone, so the
+    skipped samples are never fetched or collated. `len()` is always the full epoch (step planning
+    counts the skipped batches too)."""
+
+    def __init__(
+        self, sampler: Sampler[int], batch_size: int, drop_last: bool = False, num_shards: int = 1, shard_index: int = 0
+    ):
+        super().__init__(sampler, batch_size, drop_last)
+        if not 0 <= shard_index < num_shards:
+            raise ValueError(f"shard_index must be in [0, {num_shards}), got {shard_index}")
+        self._batches_to_skip = 0
+        # Under N processes, shard r takes batches r, r + N, r + 2N, ... of the epoch's batches (as
+        # accelerate's BatchSamplerShard), the list first completed from its start so every shard
+        # has as many batches (even_batches): one update of N shards sees what one process with N
+        # times the batch size would.
+        self.num_shards, self.shard_index = num_shards, shard_index
+
+    def __len__(self) -> int:
+        total = super().__len__()
+        return -(-total // self.num_shards) if self.num_shards > 1 else total
+
+    def set_epoch(self, epoch: int) -> None:
+        if hasattr(self.sampler, "set_epoch"):
+            self.sampler.set_epoch(epoch)
+
+    def skip_batches(self, num_batches: int) -> None:
+        """Make the next iteration (only) start at batch `num_batches` of the epoch."""
+        if num_batches < 0:
+            raise ValueError(f"num_batches must be >= 0, got {num_batches}")
+        self._batches_to_skip = num_batches
+
+    def __iter__(self) -> Iterator[list[int]]:
+        # The skip is read and reset when the first batch is drawn, not when iter() is called:
+        # with workers, DataLoader calls iter() twice at the start of a pass and discards the
+        # first iterator unused. Reset on first draw, an interrupted pass does not re-skip.
+        skip, self._batches_to_skip = self._batches_to_skip, 0
+        indices = list(self.sampler)
+        end = len(indices) - len(indices) % self.batch_size if self.drop_last else len(indices)
+        if self.num_shards > 1:
+            yield from self._shard(
+                [indices[start : start + self.batch_size] for start in range(0, end, self.batch_size)]
+            )[skip:]
+            return
+        for start in range(skip * self.batch_size, end, self.batch_size):
+            yield indices[start : start + self.batch_size]
+
+    def _shard(self, batches: list[list[int]]) -> list[list[int]]:
+        if not batches:
+            return []
+        padded = -(-len(batches) // self.num_shards) * self.num_shards
+        batches = [batches[i % len(batches)] for i in range(padded)]
+        return batches[self.shard_index :: self.num_shards]
+
+
+class DirectDataLoader(DataLoader):
+    """A DataLoader whose single-process iteration is the bare loop: next batch of indices, fetch
+    (`__getitems__` when the dataset has it, else item by item), collate. torch's iterator adds a
+    profiler scope and bookkeeping to every batch, ~60 µs here: a third of the Trainer's overhead
+    over a hand-written loop on a small model. Workers, pinning and timeouts keep torch's iterator.
+    """
+
+    def __iter__(self):
+        if self.num_workers > 0 or self.pin_memory or self.timeout or self.batch_sampler is None:
+            return super().__iter__()
+        batches = iter(self.batch_sampler)
+        # torch's iterator draws its workers' base seed from the global RNG when it is created;
+        # drawing it here too keeps the global RNG (dropout, augmentations) in step with
+        # transformers.Trainer, which exact-resume and cross-library tests rely on.
+        torch.empty((), dtype=torch.int64).random_(generator=self.generator)
+        return self._collated(batches)
+
+    def _collated(self, batches: Iterator[list[int]]) -> Iterator:
+        dataset, collate = self.dataset, self.collate_fn
+        fetch_many = getattr(dataset, "__getitems__", None)
+        for indices in batches:
+            yield collate(fetch_many(indices) if fetch_many else [dataset[index] for index in indices])
+
+
+def build_dataloader(
+    dataset,
+    *,
+    batch_size: int,
+    collate_fn: Callable | None = None,
+    shuffle: bool = False,
+    seed: int = 0,
+    drop_last: bool = False,
+    num_workers: int = 0,
+    pin_memory: bool = False,
+    persistent_workers: bool = False,
+    prefetch_factor: int | None = None,
+    group_by_length: bool = False,
+    lengths: Sequence[int] | None = None,
+    length_column_name: str = "length",
+    model_input_name: str = "input_ids",
+    length_group_size: int | None = None,
+    worker_init_fn: Callable | None = None,
+    multiprocessing_context=None,
+    in_order: bool = True,
+    generator: torch.Generator | None = None,
+    num_shards: int = 1,
+    shard_index: int = 0,
+) -> DataLoader:
+    """The Trainer's DataLoader. Map-style datasets get a ResumableBatchSampler over an EpochSampler
+    (or a LengthGroupedSampler when `group_by_length`, which takes precedence over `shuffle` as in
+    HF); iterable datasets get a plain batched DataLoader in their own order (`shuffle` is theirs).
+
+    The dataset is passed through unwrapped (DataLoader's `__getitems__` fast path). Length grouping works in
+    `length_group_size` (HF: batch size x accumulation, so one update's micro-batches have similar lengths).
+    `generator` only seeds the workers' base seed; without it DataLoader draws that seed from the global RNG
+    once per iter(), as under HF (the RNG streams stay in step). in_order=False: resume is not exact.
+    """
+    options = _loader_options(
+        collate_fn,
+        num_workers,
+        pin_memory,
+        worker_init_fn,
+        generator,
+        persistent_workers,
+        prefetch_factor,
+        multiprocessing_context,
+        in_order,
+    )
+    if isinstance(dataset, IterableDataset):
+        if num_shards > 1:
+            raise NotImplementedError(
+                "An IterableDataset under several processes is not supported yet: every rank would read the same "
+                "stream. Use a map-style dataset (with __len__ and __getitem__), or run one process."
+            )
+        return DataLoader(dataset, batch_size=batch_size, drop_last=drop_last, **options)
+    if group_by_length:
+        lengths = lengths if lengths is not None else dataset_lengths(dataset, length_column_name, model_input_name)
+        sampler = _length_grouped_sampler(dataset, lengths, length_group_size or batch_size, seed)
+    else:
+        sampler = EpochSampler(len(dataset), seed, shuffle)
+    batch_sampler = ResumableBatchSampler(
+        sampler, batch_size, drop_last, num_shards=num_shards, shard_index=shard_index
+    )
+    return DirectDataLoader(dataset, batch_sampler=batch_sampler, **options)
+
+
+def _length_grouped_sampler(dataset, lengths: Sequence[int], group_size: int, seed: int) -> Sampler[int]:
+    if len(lengths) != len(dataset):
+        raise ValueError(f"lengths has {len(lengths)} entries but the dataset has {len(dataset)} items.")
+    return LengthGroupedSampler(lengths, group_size, seed)
+
+
+def _loader_options(
+    collate_fn,
+    num_workers: int,
+    pin_memory: bool,
+    worker_init_fn,
+    generator,
+    persistent_workers: bool,
+    prefetch_factor: int | None,
+    multiprocessing_context,
+    in_order: bool = True,
+) -> dict[str, Any]:
+    options: dict[str, Any] = {
+        "collate_fn": collate_fn,
+        "num_workers": num_workers,
+        # torch warns on every epoch when asked to pin without an accelerator; pinning is moot then.
+        "pin_memory": pin_memory and _has_accelerator(),
+        "worker_init_fn": worker_init_fn,
+        "generator": generator,
+    }
+    if num_workers > 0:
+        # torch rejects these with num_workers=0.
+        options.update(persistent_workers=persistent_workers, prefetch_factor=prefetch_factor, in_order=in_order)
+        options["multiprocessing_context"] = multiprocessing_context
+    return options
+
+
+def _has_accelerator() -> bool:
+    accelerator = getattr(torch, "accelerator", None)  # torch >= 2.6; older ones only pin for CUDA
+    return accelerator.is_available() if accelerator is not None else torch.cuda.is_available()
+
+
+def set_epoch(dataloader, epoch: int) -> None:
+    """Tell a dataloader's sampler (or an iterable dataset) which epoch starts, so its order is that
+    epoch's. Works on build_dataloader's result and on user dataloaders with a DistributedSampler,
+    or a `datasets.IterableDataset` (whose shuffle buffer is seeded by epoch). With persistent
+    workers an iterable dataset's copies in the workers do not see this: a torch limitation."""
+    batch_sampler = getattr(dataloader, "batch_sampler", None)
+    sampler = getattr(dataloader, "sampler", None)
+    if hasattr(batch_sampler, "set_epoch"):
+        batch_sampler.set_epoch(epoch)
+    elif hasattr(sampler, "set_epoch"):
+        sampler.set_epoch(epoch)
+    dataset = getattr(dataloader, "dataset", None)
+    if isinstance(dataset, IterableDataset) and hasattr(dataset, "set_epoch"):
+        dataset.set_epoch(epoch)
+
+
+def skip_batches(dataloader, num_batches: int) -> Iterable:
+    """Return what to iterate for an epoch that resumes after `num_batches` batches.
+
+    For build_dataloader's map-style loaders that is the dataloader itself, armed to skip at the
+    sampler: nothing skipped is fetched. An iterable dataset cannot seek, and neither can a
+    dataloader we did not build, so there the skipped batches are loaded, collated and discarded
+    before this returns (a one-shot iterator, already past them). Either way, take len() from the
+    dataloader, not the result.
+    """
+    if num_batches < 0:
+        raise ValueError(f"num_batches must be >= 0, got {num_batches}")
+    batch_sampler = getattr(dataloader, "batch_sampler", None)
+    if isinstance(batch_sampler, ResumableBatchSampler):
+        batch_sampler.skip_batches(num_batches)
+        return dataloader
+    if num_batches == 0:
+        return dataloader
+    # Read them now, not lazily on the first next(): creating the iterator and collating may draw
+    # from the global RNG, and the Trainer restores a checkpoint's RNG state right after this call.
+    iterator = iter(dataloader)
+    for _ in itertools.islice(iterator, num_batches):
+        pass
+    return iterator
+
+
+def epoch_batches(dataloader, epoch: int, batches_to_skip: int, rng_state: dict | None) -> Iterator:
+    """The epoch's batch iterator, past the `batches_to_skip` a resumed run already trained on (skipped
+    at the sampler, or read and dropped where the loader cannot seek), with the checkpoint's RNG state
+    (`rng_state`, on the resumed epoch) restored at the point where the interrupted run saved it.
+
+    Why there: creating the iterator draws a seed from the global RNG. Mid-epoch, the interrupted run
+    had made that draw (and read the skipped batches) before it saved, so the state is restored after
+    them; at an epoch boundary (or with ignore_data_skip) it saved before this epoch's iterator
+    existed, so the state is restored first. Either way dropout and shuffling continue bit for bit."""
+    set_epoch(dataloader, epoch)
+    if rng_state is not None and batches_to_skip == 0:
+        restore_rng_state(rng_state)
+    iterator = iter(skip_batches(dataloader, batches_to_skip))
+    if rng_state is not None and batches_to_skip > 0:
+        restore_rng_state(rng_state)
+    return iterator

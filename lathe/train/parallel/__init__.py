@@ -1,0 +1,3 @@
+"""More than one process: torch.distributed helpers and gathers (distributed.py), FSDP2 (fsdp.py), and
+DeepSpeed ZeRO with its checkpoint engine (deepspeed_zero.py, deepspeed_checkpoint.py; the one place
+deepspeed is imported). May import lathe.train.checkpoints (the file format) only."""
