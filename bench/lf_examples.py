@@ -261,7 +261,7 @@ def outcome(output: Path) -> dict:
 # ------------------------------------------------------------------------------------------ tokenization
 LATHE_TOKENS = """
 import hashlib, json, sys
-from lathe.llm.config import parse_train_config
+from lathe.llm.config.train import parse_train_config
 from lathe.llm.data.pipeline import get_dataset
 from lathe.llm.model.loader import load_tokenizer
 from lathe.llm.templates import get_template_and_fix_tokenizer

@@ -118,7 +118,7 @@ LATHE_CHILD = (
     TRAINER_CHILD.replace("from transformers import TrainerCallback", "from lathe import TrainerCallback, Trainer")
     + r"""
 record(Trainer)
-from lathe.llm.config import parse_train_config
+from lathe.llm.config.train import parse_train_config
 from lathe.llm.workflows.stages import run_train
 run_train(parse_train_config(config), callbacks=[Clock()])
 finish(sys.argv[2])
@@ -262,7 +262,7 @@ def the_batch(config: dict) -> Path:
         return path
     code = r"""
 import json, sys
-from lathe.llm.config import parse_train_config
+from lathe.llm.config.train import parse_train_config
 from lathe.llm.data.collator import SFTDataCollator
 from lathe.llm.data.pipeline import get_dataset
 from lathe.llm.model.loader import load_tokenizer

@@ -128,7 +128,7 @@ class Memory(TrainerCallback):
         marks["losses"] = [entry["loss"] for entry in state.log_history if "loss" in entry]
 
 from lathe.llm.commands import run_train
-from lathe.llm.config import parse_train_config
+from lathe.llm.config.train import parse_train_config
 from lathe.llm.model.adapters import count_parameters
 
 config = parse_train_config(json.loads(open(sys.argv[1]).read()))

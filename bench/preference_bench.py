@@ -186,7 +186,7 @@ def run_worker(runner: str, config: dict) -> dict:
     started = time.time()
     if runner == "lathe":
         from lathe.llm.commands import run_train
-        from lathe.llm.config import parse_train_config
+        from lathe.llm.config.train import parse_train_config
         from lathe.train.callbacks.events import TrainerCallback
 
         callback = measuring_callback(TrainerCallback)

@@ -177,7 +177,7 @@ def count_example_tokens() -> dict:
     rearranges these tokens into rows, so the count is the same for every run of one epoch."""
     import tempfile
 
-    from lathe.llm.config import parse_train_config
+    from lathe.llm.config.train import parse_train_config
     from lathe.llm.data.pipeline import get_dataset
     from lathe.llm.model.loader import load_tokenizer
     from lathe.llm.templates import get_template_and_fix_tokenizer

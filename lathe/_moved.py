@@ -69,6 +69,21 @@ MOVED = {
     "lathe.train.memory": "lathe.train.features.memory",
     "lathe.train.hp_search": "lathe.train.features.hp_search",
     "lathe.train.hub": "lathe.train.features.hub",
+    "lathe.llm.config_keys": "lathe.llm.config.keys",
+    "lathe.llm.config_methods": "lathe.llm.config.methods",
+    "lathe.llm.config_optim": "lathe.llm.config.optim",
+    "lathe.llm.config_sections": "lathe.llm.config.sections",
+    "lathe.llm.config_stages": "lathe.llm.config.stages",
+    "lathe.llm.config_values": "lathe.llm.config.values",
+    "lathe.llm.memory_fit": "lathe.llm.memory.fit",
+    "lathe.llm.memory_layers": "lathe.llm.memory.layers",
+    "lathe.llm.memory_plan": "lathe.llm.memory.plan",
+    "lathe.llm.memory_precision": "lathe.llm.memory.precision",
+    "lathe.llm.memory_preference": "lathe.llm.memory.preference",
+    "lathe.llm.memory_sharding": "lathe.llm.memory.sharding",
+    "lathe.llm.loraplus": "lathe.llm.methods.loraplus",
+    "lathe.llm.workflows.optimizers": "lathe.llm.methods.optimizers",
+    "lathe.llm.workflows.losses": "lathe.llm.methods.losses",
 }
 
 

@@ -58,7 +58,7 @@ def _reported(command: str, traceback: bool, run, errors: tuple = USER_ERRORS) -
 
 def train_command(config_path: str, overrides: list[str], dry_run: bool = False, traceback: bool = False) -> int:
     """`lathe train CONFIG [key=value ...]`: print the resolved configuration and the plan, then train."""
-    from lathe.llm.config import parse_train_config
+    from lathe.llm.config.train import parse_train_config
     from lathe.llm.launch import relaunch
     from lathe.llm.workflows.plan import format_config, print_once
 
@@ -83,7 +83,7 @@ def data_preview_command(
 ) -> int:
     """`lathe data preview CONFIG`: the template, its stop tokens and whether the chat_template saved with the
     model agrees with it; then a few tokenized examples with the trained spans marked."""
-    from lathe.llm.config import parse_train_config
+    from lathe.llm.config.train import parse_train_config
     from lathe.llm.data.pipeline import get_dataset
     from lathe.llm.data.preview import preview_examples
     from lathe.llm.model.loader import load_tokenizer

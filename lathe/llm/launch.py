@@ -16,7 +16,7 @@ import socket
 import subprocess
 import sys
 
-from lathe.llm.config_values import parse_overrides, read_source
+from lathe.llm.config.values import parse_overrides, read_source
 
 logger = logging.getLogger(__name__)
 

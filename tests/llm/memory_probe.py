@@ -51,7 +51,7 @@ def train(spec: dict, steps: int, folder: str | None = None, callbacks: list | N
     """Build the model as `lathe train` does and train it `steps` steps on random rows; returns the model and config."""
     import torch
 
-    from lathe.llm.config import parse_train_config
+    from lathe.llm.config.train import parse_train_config
     from lathe.llm.model.loader import load_model
     from lathe.llm.workflows.setup import checkpointing_for
     from lathe.train.trainer import Trainer
@@ -155,7 +155,7 @@ def train_preference(spec: dict, config, model, steps: int):
 
 def measure(spec: dict) -> dict:
     """In a forked child: peak RSS above the child's own starting RSS (the high-water mark reset first)."""
-    from lathe.llm.memory_plan import Settings, estimate_memory
+    from lathe.llm.memory.plan import Settings, estimate_memory
     from lathe.llm.workflows.plan import loss_chunk
 
     folder = model_folder(spec)
@@ -236,8 +236,8 @@ def measure_launched(spec: dict) -> dict:
     import torch
     import torch.distributed as dist
 
-    from lathe.llm.memory_plan import Settings, estimate_memory
-    from lathe.llm.memory_sharding import sharding_of
+    from lathe.llm.memory.plan import Settings, estimate_memory
+    from lathe.llm.memory.sharding import sharding_of
     from lathe.llm.workflows.plan import loss_chunk
     from lathe.train.callbacks.events import TrainerCallback
 

@@ -9,7 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from lathe.llm.config import DataArguments
+from lathe.llm.config.train import DataArguments
 from lathe.llm.data import cache, pipeline
 from lathe.llm.templates.registry import get_template
 

@@ -1,4 +1,4 @@
-"""The optimizer and loss keys (lathe.llm.config_optim): LLaMA-Factory's defaults, and an error wherever
+"""The optimizer and loss keys (lathe.llm.config.optim): LLaMA-Factory's defaults, and an error wherever
 LLaMA-Factory would silently drop one of two keys or cannot run the combination."""
 
 import logging
@@ -6,7 +6,7 @@ import logging
 import pytest
 import torch
 
-from lathe.llm.config import parse_train_config
+from lathe.llm.config.train import parse_train_config
 
 BASE = {"model_name_or_path": "some/folder", "dataset": "demo", "output_dir": "out", "finetuning_type": "full"}
 
@@ -63,7 +63,7 @@ class Tiny(torch.nn.Module):
 
 
 def _optimizer(**values):
-    from lathe.llm.workflows.optimizers import create_custom_optimizer
+    from lathe.llm.methods.optimizers import create_custom_optimizer
 
     config = parse_train_config({**BASE, **values})
     return create_custom_optimizer(Tiny(), config.training, config.finetuning)
@@ -119,7 +119,7 @@ def test_use_v1_kernels_applies_none_on_a_cpu_as_llamafactory_and_is_refused_on_
     """LLaMA-Factory registers a v1 kernel only for its accelerator (NPU, CUDA): on a CPU it applies none and
     trains, so lathe runs too and says so; where a GPU is, LLaMA-Factory would patch the model: refused."""
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    with caplog.at_level(logging.WARNING, logger="lathe.llm.config_values"):
+    with caplog.at_level(logging.WARNING, logger="lathe.llm.config.values"):
         config = parse_train_config({**BASE, "use_v1_kernels": True})
     assert "none exists for the CPU, so none is applied" in caplog.text
     assert config.model.model_name_or_path == BASE["model_name_or_path"]

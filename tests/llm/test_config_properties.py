@@ -11,7 +11,7 @@ hypothesis = pytest.importorskip("hypothesis")
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-from lathe.llm.config import (  # noqa: E402
+from lathe.llm.config.train import (  # noqa: E402
     DataArguments,
     FinetuningArguments,
     GeneratingArguments,

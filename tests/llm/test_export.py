@@ -203,7 +203,7 @@ def test_export_command_reads_a_file(tiny_model_dir, tmp_path, write_yaml):
 @pytest.mark.slow
 def test_a_trained_lora_run_exports_to_the_model_it_trained(tiny_model_dir, tmp_path, monkeypatch):
     from lathe.llm.commands import run_train
-    from lathe.llm.config import parse_train_config
+    from lathe.llm.config.train import parse_train_config
 
     monkeypatch.setenv("HOME", str(tmp_path / "home"))  # the tokenization cache
     data = tmp_path / "data"

@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pytest
 
-from lathe.llm.config import DataArguments
+from lathe.llm.config.train import DataArguments
 from lathe.llm.data.loader import load_datasets
 from lathe.llm.data.registry import get_dataset_list
 

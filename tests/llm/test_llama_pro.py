@@ -12,7 +12,7 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 
-from lathe.llm.config import parse_train_config  # noqa: E402
+from lathe.llm.config.train import parse_train_config  # noqa: E402
 from lathe.llm.model.llama_pro import expand_blocks, expanded_layer_ids  # noqa: E402
 from lathe.llm.model.loader import load_model, load_tokenizer  # noqa: E402
 

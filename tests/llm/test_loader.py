@@ -7,7 +7,7 @@ import os
 import numpy as np
 import pytest
 
-from lathe.llm.config import DataArguments
+from lathe.llm.config.train import DataArguments
 from lathe.llm.data.loader import load_datasets, merge_datasets, sample_rows, split_validation
 from lathe.llm.data.registry import get_dataset_list
 

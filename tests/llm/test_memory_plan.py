@@ -1,4 +1,4 @@
-"""The memory plan (lathe/llm/memory_plan.py, memory_fit.py): each term against what PyTorch actually
+"""The memory plan (lathe/llm/memory/plan.py, memory_fit.py): each term against what PyTorch actually
 holds, the printed plan and its warning, auto_find_batch_size's start, and the whole plan against the
 peak RSS of real training runs (tests/llm/memory_probe.py)."""
 
@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from lathe.llm.memory_fit import advice, start_batch_from_plan
-from lathe.llm.memory_plan import Settings, activation_bytes, estimate_memory, model_shape
+from lathe.llm.memory.fit import advice, start_batch_from_plan
+from lathe.llm.memory.plan import Settings, activation_bytes, estimate_memory, model_shape
 
 transformers = pytest.importorskip("transformers")
 VOCAB = 500
@@ -74,7 +74,7 @@ def _saved_for_backward(model, batch: int, seq_len: int, masked: bool, with_labe
 def test_half_precision_activations_equal_what_autograd_saves_under_autocast():
     """bf16 autocast over float32 weights: the norms stay float32, each projection saves its own bf16 copy of
     a float32 norm output, and every linear weight's bf16 copy is saved too (memory_precision)."""
-    from lathe.llm.memory_precision import autocast_weight_copies
+    from lathe.llm.memory.precision import autocast_weight_copies
 
     model = _llama()
     planned, _ = activation_bytes(model, model_shape(model), 2, 32, 2, False, False)
@@ -209,7 +209,7 @@ def test_the_largest_fitting_batch_and_the_advice_when_it_does_not_fit():
 
 
 def _run_config(tiny_model_dir, tmp_path, **keys) -> dict:
-    from lathe.llm.config import parse_train_config
+    from lathe.llm.config.train import parse_train_config
 
     data = tmp_path / "data"
     data.mkdir(parents=True, exist_ok=True)
@@ -259,7 +259,7 @@ def test_the_plan_prints_the_memory_and_warns_when_it_will_not_fit(
     run_train(_run_config(tiny_model_dir, tmp_path, bf16=True), dry_run=True)  # full fine-tuning
     assert "half precision" not in capsys.readouterr().out
 
-    monkeypatch.setattr("lathe.llm.memory_fit.available_memory", lambda device: 1024)
+    monkeypatch.setattr("lathe.llm.memory.fit.available_memory", lambda device: 1024)
     config = _run_config(tiny_model_dir, tmp_path)
     with caplog.at_level(logging.WARNING):
         run_train(config, dry_run=True)
@@ -281,7 +281,7 @@ def test_auto_find_batch_size_starts_from_the_plan(tiny_model_dir, tmp_path, mon
             batch_sizes.append(state.train_batch_size)
 
     # The search itself is tested above; here the plan says 3 of the 8 asked for fit.
-    monkeypatch.setattr("lathe.llm.memory_plan.largest_fitting_batch", lambda *args, **kwargs: 3)
+    monkeypatch.setattr("lathe.llm.memory.plan.largest_fitting_batch", lambda *args, **kwargs: 3)
     run_train(_run_config(tiny_model_dir, tmp_path / "auto", auto_find_batch_size=True), callbacks=[BatchSize()])
     run_train(_run_config(tiny_model_dir, tmp_path / "fixed"), callbacks=[BatchSize()])
     assert batch_sizes == [3, 8]  # without auto_find_batch_size the plan changes nothing

@@ -1,4 +1,4 @@
-"""The memory plan of the preference stages (lathe/llm/memory_preference.py): the reference copy against
+"""The memory plan of the preference stages (lathe/llm/memory/preference.py): the reference copy against
 the model lathe actually loads, the reward model's gradients against what backward fills, the value
 head's activations against what autograd saves, the log-prob paths and the no-grad forward against
 measured peaks, the printed plan of dpo / kto / rm runs, and auto_find_batch_size's start."""
@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from lathe.llm.memory_plan import Settings, activation_bytes, estimate_memory, model_shape
-from lathe.llm.memory_preference import log_prob_bytes, no_grad_forward_bytes
+from lathe.llm.memory.plan import Settings, activation_bytes, estimate_memory, model_shape
+from lathe.llm.memory.preference import log_prob_bytes, no_grad_forward_bytes
 from tests.llm.golden.make_llamafactory_preference import BASE, DATA_DIR, build_model
 from tests.llm.memory_probe import rss
 from tests.llm.test_memory_plan import saved_bytes
@@ -47,7 +47,7 @@ def model_dir(tmp_path_factory):
 
 
 def _config(model_dir, tmp_path, **values):
-    from lathe.llm.config import parse_train_config
+    from lathe.llm.config.train import parse_train_config
 
     keys = {
         **BASE,
@@ -102,7 +102,7 @@ def test_the_reward_models_gradients_are_what_backward_fills(tie):
 
 
 def test_lora_is_advised_for_what_the_reference_copy_costs_but_never_to_a_lora_run():
-    from lathe.llm.memory_fit import advice
+    from lathe.llm.memory.fit import advice
 
     peft = pytest.importorskip("peft")
     model = _llama()
@@ -269,7 +269,7 @@ def test_the_plan_of_dpo_kto_and_rm_runs_is_printed(model_dir, tmp_path, capsys,
     out = capsys.readouterr().out
     assert "expected for 2 pairs (4 rows) x " in out and "value head: the LM's logits for the last position only" in out
 
-    monkeypatch.setattr("lathe.llm.memory_fit.available_memory", lambda device: 1024)
+    monkeypatch.setattr("lathe.llm.memory.fit.available_memory", lambda device: 1024)
     run_train(_config(model_dir, tmp_path, finetuning_type="full"), dry_run=True)
     out = capsys.readouterr().out
     assert "DOES NOT FIT: 0.0 MiB available RAM; largest batch that fits: 0" in out
@@ -287,7 +287,7 @@ def test_auto_find_batch_size_starts_from_the_plan_in_dpo_and_rm(model_dir, tmp_
             batch_sizes.append(state.train_batch_size)
 
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
-    monkeypatch.setattr("lathe.llm.memory_plan.largest_fitting_batch", lambda *args, **kwargs: 1)
+    monkeypatch.setattr("lathe.llm.memory.plan.largest_fitting_batch", lambda *args, **kwargs: 1)
     for stage in ("dpo", "rm"):
         config = _config(model_dir, tmp_path / stage, stage=stage, auto_find_batch_size=True)
         run_train(config, callbacks=[BatchSize()])

@@ -1,4 +1,4 @@
-"""The memory plan under several processes (lathe/llm/memory_sharding.py): which terms FSDP2 and DeepSpeed
+"""The memory plan under several processes (lathe/llm/memory/sharding.py): which terms FSDP2 and DeepSpeed
 ZeRO 1/2/3 divide by the world size, what FSDP2 gathers whole while computing (against the model's own
 blocks and root), DDP's buckets, reading the `fsdp` / `deepspeed` keys, and the printed plan."""
 
@@ -9,8 +9,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from lathe.llm.memory_plan import Settings, estimate_memory
-from lathe.llm.memory_sharding import Sharding, sharding_of
+from lathe.llm.memory.plan import Settings, estimate_memory
+from lathe.llm.memory.sharding import Sharding, sharding_of
 
 from tests.llm.test_memory_plan import _llama  # 3 layers, hidden 64, vocabulary 500
 
@@ -93,7 +93,7 @@ def test_fsdp2_shards_the_reference_like_the_policy(tmp_path):
 
 
 def test_the_plan_of_a_sharded_run_is_printed(tiny_model_dir, tmp_path, monkeypatch, capsys):
-    from lathe.llm import memory_sharding
+    from lathe.llm.memory import sharding as memory_sharding
     from lathe.llm.workflows.stages import run_train
 
     from tests.llm.test_memory_plan import _run_config

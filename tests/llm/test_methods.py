@@ -14,7 +14,7 @@ pytest.importorskip("peft")
 pytest.importorskip("bitsandbytes")
 
 from lathe.llm.commands import run_train  # noqa: E402
-from lathe.llm.config import parse_train_config  # noqa: E402
+from lathe.llm.config.train import parse_train_config  # noqa: E402
 from tests.llm.golden.make_llamafactory_methods import CASES, GOLDEN, build_assets, case_config  # noqa: E402
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning", "ignore::FutureWarning")
@@ -107,7 +107,7 @@ def test_qlora_base_is_quantized_as_asked_and_saves_a_peft_adapter(bits, kind, d
 
 
 def test_loraplus_parameter_groups(assets):
-    from lathe.llm.loraplus import loraplus_parameter_groups
+    from lathe.llm.methods.loraplus import loraplus_parameter_groups
     from lathe.llm.model.loader import load_model, load_tokenizer
 
     config = parse_train_config(case_config("dora", assets, "unused"))
@@ -225,7 +225,7 @@ def test_dora_on_a_4bit_base_starts_where_qlora_does(assets, tmp_path, monkeypat
 
 def test_every_recipe_trainer_builds_the_loraplus_optimizer():
     """LLaMA-Factory's pt, sft, rm, dpo and kto trainers all take loraplus_lr_ratio (its create_custom_optimizer)."""
-    from lathe.llm.loraplus import MethodOptimizerMixin
+    from lathe.llm.methods.loraplus import MethodOptimizerMixin
     from lathe.llm.preference.dpo import DPOTrainer
     from lathe.llm.preference.kto import KTOTrainer
     from lathe.llm.preference.reward import RewardTrainer

@@ -5,7 +5,7 @@ import logging
 import pytest
 import torch
 
-from lathe.llm.config import parse_train_config
+from lathe.llm.config.train import parse_train_config
 from lathe.llm.model.adapters import count_parameters, find_all_linear_modules
 from lathe.llm.model.loader import load_model, load_tokenizer
 

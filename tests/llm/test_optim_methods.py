@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from lathe.llm.commands import run_train
-from lathe.llm.config import parse_train_config
+from lathe.llm.config.train import parse_train_config
 from lathe.train.callbacks.events import TrainerCallback
 from tests.llm.golden.make_llamafactory_optim import (
     CASES,

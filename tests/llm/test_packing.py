@@ -19,7 +19,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from lathe.llm.config import DataArguments  # noqa: E402
+from lathe.llm.config.train import DataArguments  # noqa: E402
 from lathe.llm.data.collator import SFTDataCollator, block_diagonal_mask  # noqa: E402
 from lathe.llm.data.packing import greedy_knapsack, pack_examples, preprocess_packed_supervised_dataset  # noqa: E402
 from lathe.llm.data.supervised import encode_supervised_examples  # noqa: E402

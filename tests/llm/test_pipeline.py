@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from lathe.llm.config import DataArguments
+from lathe.llm.config.train import DataArguments
 from lathe.llm.data.loader import load_datasets
 from lathe.llm.data.pipeline import dataset_module, get_dataset
 from lathe.llm.data.preview import mark_trained_spans, preview_examples, trained_fraction

@@ -5,7 +5,7 @@ import os
 import pytest
 import torch
 
-from lathe.llm.config import parse_train_config
+from lathe.llm.config.train import parse_train_config
 from lathe.llm.workflows.plan import format_config, format_plan, make_plan
 from lathe.llm.workflows.setup import resolve_resume_checkpoint
 

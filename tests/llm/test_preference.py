@@ -35,7 +35,7 @@ def config_for(model_dir, output_dir, **values) -> dict:
 
 def train(config: dict) -> list[dict]:
     from lathe.llm.commands import run_train
-    from lathe.llm.config import parse_train_config
+    from lathe.llm.config.train import parse_train_config
 
     logging.disable(logging.WARNING)
     try:
@@ -52,7 +52,7 @@ def plain_pytorch_losses(model_dir, loss_type: str, beta: float, steps: int, lea
     mean (ipo) answer log-probs, logits = policy margin - reference margin, AdamW, clipping at 1.0."""
     from transformers import AutoModelForCausalLM
 
-    from lathe.llm.config import parse_train_config
+    from lathe.llm.config.train import parse_train_config
     from lathe.llm.data.pairwise import PairwiseDataCollator
     from lathe.llm.data.pipeline import get_dataset
     from lathe.llm.model.loader import load_tokenizer
@@ -235,7 +235,7 @@ def test_evaluating_without_training_compares_the_model_with_itself(model_dir, t
         adapter_name_or_path=str(tmp_path / "trained"),
     )
     from lathe.llm.commands import run_train
-    from lathe.llm.config import parse_train_config
+    from lathe.llm.config.train import parse_train_config
 
     metrics = run_train(parse_train_config(config))
     results = json.loads((tmp_path / "eval" / "eval_results.json").read_text())
@@ -295,14 +295,14 @@ def test_dry_run_and_data_preview(model_dir, tmp_path, write_yaml, capsys, monke
     ],
 )
 def test_config_errors_name_the_key(values, message):
-    from lathe.llm.config import parse_train_config
+    from lathe.llm.config.train import parse_train_config
 
     with pytest.raises(ValueError, match=message):
         parse_train_config(config_for("m", "out", **values))
 
 
 def test_defaults_of_the_preference_keys_are_llamafactorys():
-    from lathe.llm.config import parse_train_config
+    from lathe.llm.config.train import parse_train_config
 
     finetuning = parse_train_config(config_for("m", "out")).finetuning
     assert (

@@ -57,7 +57,7 @@ def test_the_golden_file_matches_the_cases(golden):
 
 @pytest.mark.parametrize("name", list(TOKENIZED))
 def test_tokenization_equals_llamafactory(name, golden, models, tmp_path):
-    from lathe.llm.config import parse_train_config
+    from lathe.llm.config.train import parse_train_config
     from lathe.llm.data.pipeline import get_dataset
     from lathe.llm.model.loader import load_tokenizer
     from lathe.llm.templates import get_template_and_fix_tokenizer
@@ -98,7 +98,7 @@ def _compare_logs(name: str, ours: list[dict], theirs: list[dict], exact: bool =
 
 def _run_logs(name: str, models, tmp_path, **extra) -> list[dict]:
     from lathe.llm.commands import run_train
-    from lathe.llm.config import parse_train_config
+    from lathe.llm.config.train import parse_train_config
 
     config = parse_train_config({**case_config(CASES[name], *models), "output_dir": str(tmp_path / "out"), **extra})
     logging.disable(logging.WARNING)

@@ -12,7 +12,7 @@ import torch
 pytest.importorskip("bitsandbytes")
 transformers = pytest.importorskip("transformers")
 
-from lathe.llm.config import parse_train_config  # noqa: E402
+from lathe.llm.config.train import parse_train_config  # noqa: E402
 from lathe.llm.inference.config import parse_infer_config  # noqa: E402
 from lathe.llm.model import quantization  # noqa: E402
 from lathe.llm.model.loader import load_model, load_tokenizer  # noqa: E402
@@ -60,7 +60,7 @@ def test_llamafactory_defaults_and_oft_are_accepted():
 
 
 def test_the_plan_names_the_method_and_the_quantization():
-    from lathe.llm.config_methods import describe_method
+    from lathe.llm.config.methods import describe_method
 
     config = parse_train_config({**BASE, "use_dora": True, "loraplus_lr_ratio": 16})
     assert describe_method(config.model, config.finetuning) == "lora (DoRA, LoRA+ x16) on a 4-bit nf4 bitsandbytes base"

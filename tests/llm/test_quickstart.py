@@ -86,7 +86,7 @@ def test_untrained_model_scores_near_zero(tmp_path, home, monkeypatch):
     """The negative control: the same config without training (the seeded random weights it starts
     from) generates from the same prompts and is scored the same way."""
     from lathe.llm.commands import run_train
-    from lathe.llm.config import parse_train_config
+    from lathe.llm.config.train import parse_train_config
 
     monkeypatch.setenv("HOME", str(home))
     monkeypatch.chdir(ROOT)

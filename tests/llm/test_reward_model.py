@@ -36,7 +36,7 @@ def config_for(model_dir, output_dir, **values) -> dict:
 
 def run(config: dict) -> dict:
     from lathe.llm.commands import run_train
-    from lathe.llm.config import parse_train_config
+    from lathe.llm.config.train import parse_train_config
 
     logging.disable(logging.WARNING)
     try:
@@ -87,7 +87,7 @@ def test_lora_reward_model_saves_loads_and_predicts_the_same_scores(model_dir, t
 def test_full_fine_tuning_with_tied_embeddings_saves_and_reloads(tmp_path):
     """LLaMA-Factory 0.9.5 stops with "Some tensors share memory" here; lathe saves the model (tied
     weights once, as transformers saves them) and the head, and they load back to the same scores."""
-    from lathe.llm.config import parse_train_config
+    from lathe.llm.config.train import parse_train_config
     from lathe.llm.model.loader import load_model, load_tokenizer
     from lathe.llm.model.value_head import add_value_head
 
@@ -179,7 +179,7 @@ def test_last_token_scores_read_the_last_real_token():
 def test_the_reward_model_asks_its_lm_for_the_last_positions_logits_only(method):
     """The scores read hidden states only: the LM computes one position's logits instead of every position's
     (the memory plan counts that), and the scores are the very same floats as with every position's."""
-    from lathe.llm.memory_plan import Settings, estimate_memory
+    from lathe.llm.memory.plan import Settings, estimate_memory
     from lathe.llm.model.value_head import ValueHeadModel
 
     from transformers import LlamaConfig, LlamaForCausalLM

@@ -14,7 +14,7 @@ hypothesis = pytest.importorskip("hypothesis")
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-from lathe.llm.config import DataArguments  # noqa: E402
+from lathe.llm.config.train import DataArguments  # noqa: E402
 from lathe.llm.data.loader import load_datasets  # noqa: E402
 from lathe.llm.data.registry import get_dataset_list  # noqa: E402
 from lathe.llm.data.supervised import preprocess_supervised_dataset  # noqa: E402

@@ -11,7 +11,7 @@ import pytest
 
 pytest.importorskip("datasets")
 
-from lathe.llm.config import DataArguments  # noqa: E402
+from lathe.llm.config.train import DataArguments  # noqa: E402
 from lathe.llm.data.loader import load_datasets  # noqa: E402
 from lathe.llm.data.registry import get_dataset_list  # noqa: E402
 from lathe.llm.data.supervised import preprocess_supervised_dataset  # noqa: E402

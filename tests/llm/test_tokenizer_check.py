@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from lathe.llm.config import parse_train_config
+from lathe.llm.config.train import parse_train_config
 from lathe.llm.model.loader import load_tokenizer
 from lathe.llm.model.tokenizer_check import TokenizerMismatchError, check_tokenizer_matches_file
 

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from lathe.llm.commands import run_train
-from lathe.llm.config import parse_train_config
+from lathe.llm.config.train import parse_train_config
 
 pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore:.*is_gradient_checkpointing:FutureWarning")]
 

@@ -10,7 +10,7 @@ import pytest
 
 pytest.importorskip("transformers")
 
-from lathe.llm.config import DataArguments  # noqa: E402
+from lathe.llm.config.train import DataArguments  # noqa: E402
 from lathe.llm.data.pipeline import get_dataset  # noqa: E402
 from lathe.llm.data.supervised import IGNORE_INDEX, encode_supervised_example  # noqa: E402
 from lathe.llm.templates.registry import get_template_and_fix_tokenizer  # noqa: E402
@@ -177,7 +177,7 @@ def test_pretraining_cuts_nothing(tmp_path, word_tokenizer):
 def test_the_plan_shows_what_cutoff_len_cut(tmp_path):
     import torch
 
-    from lathe.llm.config import parse_train_config
+    from lathe.llm.config.train import parse_train_config
     from lathe.llm.workflows.plan import format_plan, make_plan
 
     datasets = pytest.importorskip("datasets")

@@ -14,11 +14,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from lathe.llm.config import DataArguments, FinetuningArguments, GeneratingArguments, ModelArguments, _field_hints
-from lathe.llm.config_keys import UNSUPPORTED_KEYS
-from lathe.llm.config_methods import check_quantized_training
-from lathe.llm.config_optim import OptimizerMethodArguments
-from lathe.llm.config_values import RawConfig, build_sections, check_keys
+from lathe.llm.config.train import DataArguments, FinetuningArguments, GeneratingArguments, ModelArguments, _field_hints
+from lathe.llm.config.keys import UNSUPPORTED_KEYS
+from lathe.llm.config.methods import check_quantized_training
+from lathe.llm.config.optim import OptimizerMethodArguments
+from lathe.llm.config.values import RawConfig, build_sections, check_keys
 
 __all__ = ["ExportArguments", "InferConfig", "parse_infer_config"]
 
@@ -147,7 +147,7 @@ _TRAINING_ONLY = {
 
 
 def _training_key_hints(command: str) -> dict[str, str]:
-    from lathe.llm.config import _training_arguments_class
+    from lathe.llm.config.train import _training_arguments_class
 
     message = (
         f"is a training key: `lathe {command}` reads the model, template, adapter, generation and export keys "

@@ -7,7 +7,7 @@ import logging
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from lathe.llm.config import FinetuningArguments, ModelArguments
+    from lathe.llm.config.train import FinetuningArguments, ModelArguments
 
 __all__ = [
     "init_adapter",

@@ -12,7 +12,7 @@ from lathe.llm.model.quantization import configure_quantization, is_quantized, q
 from lathe.llm.model.tokenizer_check import check_tokenizer_matches_file
 
 if TYPE_CHECKING:
-    from lathe.llm.config import FinetuningArguments, ModelArguments
+    from lathe.llm.config.train import FinetuningArguments, ModelArguments
 
 __all__ = ["load_tokenizer", "load_config", "load_model", "fix_pad_token", "weights_dtype"]
 

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 from lathe.llm.model.adapters import find_all_linear_modules
 
 if TYPE_CHECKING:
-    from lathe.llm.config import FinetuningArguments, ModelArguments
+    from lathe.llm.config.train import FinetuningArguments, ModelArguments
 
 __all__ = ["setup_peft", "resolve_targets"]
 

@@ -59,7 +59,7 @@ def create_reference_model(tokenizer, model_args, finetuning_args) -> nn.Module 
         return None
     if finetuning_args.ref_model is None and finetuning_args.finetuning_type == "lora":
         return None
-    from lathe.llm.config import FinetuningArguments
+    from lathe.llm.config.train import FinetuningArguments
     from lathe.llm.model.loader import load_model
 
     reference_args = copy.copy(model_args)

@@ -12,7 +12,7 @@ from collections import defaultdict
 
 import torch
 
-from lathe.llm.loraplus import MethodOptimizerMixin
+from lathe.llm.methods.loraplus import MethodOptimizerMixin
 from lathe.llm.preference.reference import disable_dropout, frozen, reference_context, shard_reference_like_policy
 from lathe.train.parallel import distributed, fsdp
 from lathe.train import runtime
@@ -27,7 +27,7 @@ class PreferenceTrainer(MethodOptimizerMixin, Trainer):
     def __init__(self, model=None, args=None, ref_model=None, finetuning_args=None, **kwargs):
         if finetuning_args is None:
             raise ValueError(
-                f"{type(self).__name__} needs finetuning_args (pref_beta, pref_loss, ...: lathe.llm.config.FinetuningArguments)."
+                f"{type(self).__name__} needs finetuning_args (pref_beta, pref_loss, ...: lathe.llm.config.train.FinetuningArguments)."
             )
         disable_dropout(model)
         if ref_model is not None and ref_model is not model:

@@ -8,8 +8,8 @@ import logging
 import math
 from dataclasses import dataclass
 
-from lathe.llm.config_methods import describe_method
-from lathe.llm.memory_preference import PREFERENCE_STAGES
+from lathe.llm.config.methods import describe_method
+from lathe.llm.memory.preference import PREFERENCE_STAGES
 
 __all__ = ["RunPlan", "make_plan", "format_plan", "format_config", "count_tokens", "print_once", "report_plan"]
 
@@ -36,7 +36,7 @@ class RunPlan:
     cutoff_len: int | None = None
     truncation: dict | None = None  # {split: what cutoff_len cut} (lathe.llm.data.truncation); None: unknown
     reference: str | None = None  # dpo / kto: what the policy is compared with
-    memory: object | None = None  # lathe.llm.memory_plan.MemoryPlan; None: not estimated
+    memory: object | None = None  # lathe.llm.memory.plan.MemoryPlan; None: not estimated
     memory_advice: list = dataclasses.field(default_factory=list)  # what to change when it does not fit
 
 
@@ -109,7 +109,7 @@ def _padded(length: int) -> int:
 def _preference_settings(config, train_dataset) -> dict:
     """dpo / rm: chosen and rejected rows padded together (the longer side decides); kto: the target rows
     and the KL rows, padded apart; whether a frozen reference copy is loaded."""
-    from lathe.llm.memory_preference import rows_per_forward
+    from lathe.llm.memory.preference import rows_per_forward
     from lathe.llm.preference.reference import reference_kind
 
     stage = config.finetuning.stage
@@ -144,8 +144,8 @@ def loss_chunk(training, vocab: int | None) -> int | None:
 
 def memory_settings(config, train_dataset, model_vocab: int | None = None):
     """The memory plan's view of the run: the longest padded batch of the training data."""
-    from lathe.llm.memory_plan import Settings
-    from lathe.llm.memory_sharding import sharding_of
+    from lathe.llm.memory.plan import Settings
+    from lathe.llm.memory.sharding import sharding_of
 
     training, model_args = config.training, config.model
     rows = {"seq_len": config.data.cutoff_len, "masked": False}  # pt, packing: full cutoff_len blocks
@@ -169,9 +169,9 @@ def memory_settings(config, train_dataset, model_vocab: int | None = None):
 
 
 def _plan_memory(plan: RunPlan, config, model, train_dataset) -> None:
-    from lathe.llm.memory_fit import advice, available_memory
-    from lathe.llm.memory_layers import has_lora
-    from lathe.llm.memory_plan import estimate_memory
+    from lathe.llm.memory.fit import advice, available_memory
+    from lathe.llm.memory.layers import has_lora
+    from lathe.llm.memory.plan import estimate_memory
 
     vocab = getattr(getattr(model, "config", None), "vocab_size", None)
     settings = memory_settings(config, train_dataset, vocab)
@@ -279,7 +279,7 @@ def format_plan(plan: RunPlan, config) -> str:
 
 
 def _memory_lines(plan: RunPlan, config) -> list[str]:
-    from lathe.llm.memory_fit import format_memory
+    from lathe.llm.memory.fit import format_memory
 
     if plan.memory is not None:
         return format_memory(plan.memory) + [f"    try: {option}" for option in plan.memory_advice]

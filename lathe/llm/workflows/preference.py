@@ -7,7 +7,7 @@ reference model, on lathe's own DPOTrainer / KTOTrainer.
 
 from __future__ import annotations
 
-from lathe.llm.memory_fit import start_batch_from_plan
+from lathe.llm.memory.fit import start_batch_from_plan
 from lathe.llm.workflows.plan import make_plan, report_plan
 from lathe.train.data.labels import IGNORE_INDEX
 from lathe.llm.workflows.setup import (

@@ -7,7 +7,7 @@ of each pair scores above the rejected one; evaluation reports accuracy, do_pred
 
 from __future__ import annotations
 
-from lathe.llm.memory_fit import start_batch_from_plan
+from lathe.llm.memory.fit import start_batch_from_plan
 from lathe.llm.workflows.plan import make_plan, report_plan
 from lathe.llm.workflows.setup import (
     checkpointing_for,

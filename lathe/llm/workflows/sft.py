@@ -7,8 +7,8 @@ on assistant tokens only, and optionally generation on the held-out prompts.
 
 from __future__ import annotations
 
-from lathe.llm.loraplus import MethodOptimizerMixin
-from lathe.llm.memory_fit import start_batch_from_plan
+from lathe.llm.methods.loraplus import MethodOptimizerMixin
+from lathe.llm.memory.fit import start_batch_from_plan
 from lathe.llm.workflows.plan import make_plan, report_plan
 from lathe.llm.workflows.setup import (
     checkpointing_for,
@@ -18,7 +18,7 @@ from lathe.llm.workflows.setup import (
     resolve_resume_checkpoint,
     write_run_config,
 )
-from lathe.llm.workflows.losses import LossVariantsMixin, load_reference_model
+from lathe.llm.methods.losses import LossVariantsMixin, load_reference_model
 from lathe.train.seq2seq import Seq2SeqTrainer
 
 

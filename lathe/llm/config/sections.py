@@ -7,8 +7,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-from lathe.llm.config_methods import check_quantization_bit
-from lathe.llm.config_values import split_commas
+from lathe.llm.config.methods import check_quantization_bit
+from lathe.llm.config.values import split_commas
 
 
 def help_text(text: str) -> dict:

@@ -1,7 +1,7 @@
 """The memory plan's terms for the preference stages (dpo, kto, rm): how many rows one forward pass
 carries, the reference model's weights, the no-grad forward passes that run while the policy's
 activations are kept (the reference's log-probs, kto's KL rows), the policy's log-prob path, and the
-reward model's value head. lathe/llm/memory_plan.py combines them into the peak; docs/MEMORY.md gives
+reward model's value head. lathe/llm/memory/plan.py combines them into the peak; docs/MEMORY.md gives
 each term and its measured accuracy.
 
 What each stage holds at its peak (read from lathe/llm/preference/ and lathe/llm/data/):
@@ -18,7 +18,7 @@ What each stage holds at its peak (read from lathe/llm/preference/ and lathe/llm
 
 from __future__ import annotations
 
-from lathe.llm.memory_layers import _layer_index
+from lathe.llm.memory.layers import _layer_index
 
 PREFERENCE_STAGES = ("dpo", "kto", "rm")
 PAIRED_STAGES = ("dpo", "rm")  # chosen and rejected in one batch of 2 x batch rows
@@ -35,7 +35,7 @@ def reference_bytes(model, element: int, quantization_bit: int | None, double_qu
     quantized as the policy's base is when quantization_bit is set."""
     import torch
 
-    from lathe.llm.memory_plan import _packed_bytes, _quantized_bytes
+    from lathe.llm.memory.plan import _packed_bytes, _quantized_bytes
 
     total = 0
     seen = set()
@@ -95,7 +95,7 @@ def log_prob_bytes(shape, rows: int, seq_len: int, half: bool, chunk: int | None
     and its scattered copy; a trained head's weight gradient and a chunk's contribution to it. Standard
     (losses.sequence_log_probs on the model's logits): the standard loss's term, memory_plan.logits_bytes
     (the saved log-probabilities, their gradient and the logits' gradient; measured 2.98)."""
-    from lathe.llm.memory_plan import logits_bytes
+    from lathe.llm.memory.plan import logits_bytes
 
     if chunk is None:
         return logits_bytes(shape, rows, seq_len, half, None, head_trains)

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-from lathe.llm.config_values import split_commas
+from lathe.llm.config.values import split_commas
 
 __all__ = ["OptimizerMethodArguments", "validate_methods", "OPTIMIZER_KEYS", "LOSS_KEYS"]
 

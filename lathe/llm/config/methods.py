@@ -7,7 +7,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from lathe.llm.config_values import split_commas
+from lathe.llm.config.values import split_commas
 
 __all__ = ["QUANTIZATION_BITS", "check_methods", "check_quantization_bit", "check_quantized_training", "target_modules"]
 

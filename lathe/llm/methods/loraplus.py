@@ -70,7 +70,7 @@ def create_loraplus_optimizer(model, training_args, finetuning_args):
 class MethodOptimizerMixin:
     """Mixed into the recipes' Trainers (before the Trainer class): `create_optimizer` builds the
     optimizer a fine-tuning method needs (LoRA+'s parameter groups, GaLore, APOLLO, BAdam, Adam-mini,
-    Muon: lathe.llm.workflows.optimizers), and otherwise the Trainer's own.
+    Muon: lathe.llm.methods.optimizers), and otherwise the Trainer's own.
     Reads `self.finetuning_args`, set by the `finetuning_args=` argument or by the subclass."""
 
     finetuning_args = None
@@ -82,7 +82,7 @@ class MethodOptimizerMixin:
 
     def create_optimizer(self, model=None):
         if self.optimizer is None and self.finetuning_args is not None:
-            from lathe.llm.workflows.optimizers import create_custom_optimizer
+            from lathe.llm.methods.optimizers import create_custom_optimizer
 
             self.optimizer = create_custom_optimizer(model or self.model, self.args, self.finetuning_args)
         return super().create_optimizer(model)

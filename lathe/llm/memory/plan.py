@@ -7,7 +7,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 
-from lathe.llm.memory_preference import (
+from lathe.llm.memory.preference import (
     PREFERENCE_STAGES,
     lm_logits_bytes,
     log_prob_bytes,
@@ -18,9 +18,9 @@ from lathe.llm.memory_preference import (
     unused_head_bytes,
     value_head_activations,
 )
-from lathe.llm.memory_layers import PROJECTIONS, _head_trains, _layer_index, _LayerMethod, _layer_methods
-from lathe.llm.memory_precision import autocast_weight_copies
-from lathe.llm.memory_sharding import shard_plan
+from lathe.llm.memory.layers import PROJECTIONS, _head_trains, _layer_index, _LayerMethod, _layer_methods
+from lathe.llm.memory.precision import autocast_weight_copies
+from lathe.llm.memory.sharding import shard_plan
 
 __all__ = ["MemoryPlan", "Settings", "estimate_memory", "fill_batch_terms"]
 
@@ -233,11 +233,11 @@ class Settings:
     quantization_bit: int | None = None
     double_quant: bool = True
     device: str = "cpu"
-    stage: str = "sft"  # dpo / kto / rm: lathe.llm.memory_preference's terms
+    stage: str = "sft"  # dpo / kto / rm: lathe.llm.memory.preference's terms
     reference_copy: bool = False  # dpo / kto: a frozen copy of the base model is loaded as the reference
     kl_seq_len: int | None = None  # kto: the longest padded KL row
     reference_forward: bool = True  # dpo: the reference's log-probs are computed (not for orpo / simpo)
-    sharding: object | None = None  # lathe.llm.memory_sharding.Sharding; None: one process holds everything
+    sharding: object | None = None  # lathe.llm.memory.sharding.Sharding; None: one process holds everything
 
 
 def estimate_memory(model, settings: Settings, available: int | None = None) -> MemoryPlan | None:

@@ -132,7 +132,7 @@ def load_reference_model(tokenizer, model_args, finetuning_args):
     """ASFT's reference: the starting model, frozen, in the training's compute dtype (None when not needed)."""
     if not finetuning_args.use_asft_loss:
         return None
-    from lathe.llm.config import FinetuningArguments
+    from lathe.llm.config.train import FinetuningArguments
     from lathe.llm.model.loader import load_model
 
     reference_args = copy.copy(model_args)

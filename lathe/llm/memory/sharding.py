@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from lathe.llm.memory_layers import _layer_index
+from lathe.llm.memory.layers import _layer_index
 
 __all__ = ["Sharding", "sharding_of", "shard_plan"]
 

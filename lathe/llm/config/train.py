@@ -16,13 +16,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from lathe.llm.config_keys import SUPPORTED_FINETUNING_TYPES, SUPPORTED_STAGES
-from lathe.llm.config_methods import check_methods, check_quantized_training, target_modules
-from lathe.llm.config_optim import OptimizerMethodArguments, validate_methods
-from lathe.llm.config_sections import DataArguments, ModelArguments
-from lathe.llm.config_sections import help_text as _help
-from lathe.llm.config_stages import check_stage_options, resolve_liger_kernel
-from lathe.llm.config_values import RawConfig, build_sections, check_keys, parse_overrides, split_commas
+from lathe.llm.config.keys import SUPPORTED_FINETUNING_TYPES, SUPPORTED_STAGES
+from lathe.llm.config.methods import check_methods, check_quantized_training, target_modules
+from lathe.llm.config.optim import OptimizerMethodArguments, validate_methods
+from lathe.llm.config.sections import DataArguments, ModelArguments
+from lathe.llm.config.sections import help_text as _help
+from lathe.llm.config.stages import check_stage_options, resolve_liger_kernel
+from lathe.llm.config.values import RawConfig, build_sections, check_keys, parse_overrides, split_commas
 
 __all__ = [
     "DataArguments",
@@ -38,7 +38,7 @@ __all__ = [
 
 @dataclass
 class FinetuningArguments(OptimizerMethodArguments):
-    """Which stage and method: full, freeze or LoRA, and the optimizer and loss keys (lathe.llm.config_optim)."""
+    """Which stage and method: full, freeze or LoRA, and the optimizer and loss keys (lathe.llm.config.optim)."""
 
     _argument_group_name = "finetuning"
 

@@ -1,8 +1,8 @@
 """LLaMA-Factory's optimizer keys -> the optimizer the Trainer uses: GaLore, APOLLO (each optionally layer-wise),
-LoRA+ (lathe.llm.loraplus), BAdam (layer or ratio mode), Adam-mini and Muon, built as LLaMA-Factory 0.9.5 builds them (the same parameter
+LoRA+ (lathe.llm.methods.loraplus), BAdam (layer or ratio mode), Adam-mini and Muon, built as LLaMA-Factory 0.9.5 builds them (the same parameter
 groups, in the same order, with the same options), so that the same config gives the same numbers.
 
-`create_custom_optimizer` (called by every recipe's Trainer through lathe.llm.loraplus.MethodOptimizerMixin, in
+`create_custom_optimizer` (called by every recipe's Trainer through lathe.llm.methods.loraplus.MethodOptimizerMixin, in
 LLaMA-Factory's order) returns None when no such key is set: the Trainer then builds `optim` as usual.
 """
 
@@ -38,7 +38,7 @@ def create_custom_optimizer(model, training_args, finetuning_args):
     if finetuning_args.use_apollo:
         return _create_low_rank(model, training_args, finetuning_args, "apollo")
     if getattr(finetuning_args, "loraplus_lr_ratio", None) is not None:
-        from lathe.llm.loraplus import create_loraplus_optimizer
+        from lathe.llm.methods.loraplus import create_loraplus_optimizer
 
         return create_loraplus_optimizer(model, training_args, finetuning_args)
     if finetuning_args.use_badam:

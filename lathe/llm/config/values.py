@@ -12,7 +12,7 @@ import typing
 from pathlib import Path
 from typing import Any, Literal, Union
 
-from lathe.llm.config_keys import ANY_VALUE, REFUSED_KEYS, UNSUPPORTED_KEYS, applies_nothing, refusal_reason
+from lathe.llm.config.keys import ANY_VALUE, REFUSED_KEYS, UNSUPPORTED_KEYS, applies_nothing, refusal_reason
 
 logger = logging.getLogger(__name__)
 

@@ -1,0 +1,21 @@
+"""A `lathe train` YAML file becomes one TrainConfig: parse_train_config and the argument dataclasses
+(train.py), the sections and their keys (sections.py, keys.py, with the launcher's keys), the value parsing
+and coercion (values.py), and the checks of methods, optimizers and stages (methods.py, optim.py,
+stages.py). May import lathe.train.args (TrainingArguments, HfArgumentParser), lathe.llm.launch and
+lathe.llm.preference.settings; the recipes and the memory plan import this package, not the other way.
+The names below keep `from lathe.llm.config import parse_train_config` working."""
+
+from lathe._lazy import make_getattr
+
+_EXPORTS = {
+    "DataArguments": "lathe.llm.config.train",
+    "FinetuningArguments": "lathe.llm.config.train",
+    "GeneratingArguments": "lathe.llm.config.train",
+    "ModelArguments": "lathe.llm.config.train",
+    "TrainConfig": "lathe.llm.config.train",
+    "parse_overrides": "lathe.llm.config.train",
+    "parse_train_config": "lathe.llm.config.train",
+    "split_commas": "lathe.llm.config.train",
+}
+__all__ = sorted(_EXPORTS)
+__getattr__ = make_getattr(__name__, _EXPORTS)
