@@ -18,7 +18,7 @@ _EXPORTS = {
     "ExportableState": "lathe.train.state",
     "TrainerCallback": "lathe.train.callbacks.events",
     "CallbackHandler": "lathe.train.callbacks.events",
-    "DefaultFlowCallback": "lathe.train.callbacks.flow",
+    "DefaultFlowCallback": "lathe.train.callbacks.events",
     "ProgressCallback": "lathe.train.callbacks.flow",
     "PrinterCallback": "lathe.train.callbacks.flow",
     "EarlyStoppingCallback": "lathe.train.callbacks.flow",

@@ -1,4 +1,5 @@
-"""TrainerCallback (the event vocabulary) and CallbackHandler (ordered dispatch and flag resets)."""
+"""TrainerCallback (the event vocabulary), DefaultFlowCallback (when to log, evaluate, save and stop) and
+CallbackHandler (ordered dispatch and flag resets, with a warning when no DefaultFlowCallback is listed)."""
 
 from __future__ import annotations
 
@@ -81,6 +82,42 @@ class TrainerCallback:
         """Kept for API compatibility: lathe never pushes to a hub."""
 
 
+class DefaultFlowCallback(TrainerCallback):
+    """Sets should_log / should_evaluate / should_save / should_training_stop from the strategies.
+
+    transformers' rules exactly: the final step logs only on the logging grid (the run's loss is in the
+    final `train_loss`), and evaluates and saves under "steps" strategies whether on their grids or not.
+    """
+
+    def on_step_end(self, args, state, control, **kwargs):
+        step = state.global_step
+        if step == 1 and args.logging_first_step:
+            control.should_log = True
+        if args.logging_strategy == "steps" and step % state.logging_steps == 0:
+            control.should_log = True
+        if args.eval_strategy == "steps" and step % state.eval_steps == 0 and args.eval_delay <= step:
+            control.should_evaluate = True
+        if args.save_strategy == "steps" and state.save_steps > 0 and step % state.save_steps == 0:
+            control.should_save = True
+
+        if step >= state.max_steps:
+            control.should_training_stop = True
+            if args.eval_strategy == "steps" and step % state.eval_steps != 0 and args.eval_delay <= step:
+                control.should_evaluate = True  # not twice when the last step is on the evaluation grid
+            if args.save_strategy == "steps":
+                control.should_save = True
+        return control
+
+    def on_epoch_end(self, args, state, control, **kwargs):
+        if args.logging_strategy == "epoch":
+            control.should_log = True
+        if args.eval_strategy == "epoch" and args.eval_delay <= state.epoch:
+            control.should_evaluate = True
+        if args.save_strategy == "epoch":
+            control.should_save = True
+        return control
+
+
 class CallbackHandler(TrainerCallback):
     """Calls the callbacks in insertion order (no priorities) and resets the control flags that
     each event owns, exactly as transformers does."""
@@ -90,8 +127,6 @@ class CallbackHandler(TrainerCallback):
         self._listeners: dict[str, list] = {}
         for callback in callbacks:
             self.add_callback(callback)
-        from lathe.train.callbacks.flow import DefaultFlowCallback  # flow.py builds on this module
-
         if not any(isinstance(callback, DefaultFlowCallback) for callback in self.callbacks):
             logger.warning(
                 "The Trainer will not log, evaluate, save or stop at max_steps without a DefaultFlowCallback; add one "

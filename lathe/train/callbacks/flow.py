@@ -1,50 +1,14 @@
-"""The deciding callbacks: DefaultFlowCallback (when to log/evaluate/save/stop), progress and print
-output, and EarlyStoppingCallback."""
+"""The default callbacks besides DefaultFlowCallback (events.py, as in transformers' trainer_callback):
+progress and print output, EarlyStoppingCallback, GracefulStopCallback, and the handler a Trainer starts with."""
 
 from __future__ import annotations
 
 import logging
 
-from lathe.train.callbacks.events import CallbackHandler, TrainerCallback
+from lathe.train.callbacks.events import CallbackHandler, DefaultFlowCallback, TrainerCallback
 from lathe.train.state import ExportableState
 
 logger = logging.getLogger(__name__)
-
-
-class DefaultFlowCallback(TrainerCallback):
-    """Sets should_log / should_evaluate / should_save / should_training_stop from the strategies.
-
-    transformers' rules exactly: the final step logs only on the logging grid (the run's loss is in the
-    final `train_loss`), and evaluates and saves under "steps" strategies whether on their grids or not.
-    """
-
-    def on_step_end(self, args, state, control, **kwargs):
-        step = state.global_step
-        if step == 1 and args.logging_first_step:
-            control.should_log = True
-        if args.logging_strategy == "steps" and step % state.logging_steps == 0:
-            control.should_log = True
-        if args.eval_strategy == "steps" and step % state.eval_steps == 0 and args.eval_delay <= step:
-            control.should_evaluate = True
-        if args.save_strategy == "steps" and state.save_steps > 0 and step % state.save_steps == 0:
-            control.should_save = True
-
-        if step >= state.max_steps:
-            control.should_training_stop = True
-            if args.eval_strategy == "steps" and step % state.eval_steps != 0 and args.eval_delay <= step:
-                control.should_evaluate = True  # not twice when the last step is on the evaluation grid
-            if args.save_strategy == "steps":
-                control.should_save = True
-        return control
-
-    def on_epoch_end(self, args, state, control, **kwargs):
-        if args.logging_strategy == "epoch":
-            control.should_log = True
-        if args.eval_strategy == "epoch" and args.eval_delay <= state.epoch:
-            control.should_evaluate = True
-        if args.save_strategy == "epoch":
-            control.should_save = True
-        return control
 
 
 def _format_logs(logs: dict, max_str_len: int = 100) -> dict:

@@ -1,0 +1,181 @@
+"""The layout rules of docs/STYLE.md a script can check: no import circles (imports inside functions
+included), no module importing another module's underscore names, no family of 4+ modules sharing a name
+prefix on one level, code modules under ~400 lines (a declared table may be longer), lathe/train's top level
+small enough to read, no merge-conflict markers in any tracked file, and every lathe import naming a module
+that exists (no leftovers of the move into folders). Each failure lists what breaks the rule."""
+
+import ast
+import pathlib
+import re
+import subprocess
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+PACKAGE = ROOT / "lathe"
+MAX_MODULE_LINES = 400
+# Declared tables: data a reader looks up rather than code a reader follows, kept whole in one place.
+DECLARED_TABLES: dict[str, str] = {}
+# lathe/'s top level holds transformers' module names (lathe.trainer_callback, lathe.training_args_seq2seq, ...)
+# so that `from transformers.X import Y` becomes `from lathe.X import Y`: those families are the peer's.
+PEER_NAMED_FAMILIES = {("lathe", "trainer"), ("lathe", "training")}
+MAX_TRAIN_TOP_LEVEL = 25
+
+
+def _module_name(path: pathlib.Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _modules() -> dict[str, pathlib.Path]:
+    return {_module_name(path): path for path in sorted(PACKAGE.rglob("*.py"))}
+
+
+MODULES = _modules()
+
+
+def _imports(path: pathlib.Path):
+    """(line, imported module, imported names) for every import in the file, inside functions too."""
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                yield node.lineno, alias.name, []
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            yield node.lineno, node.module, [alias.name for alias in node.names]
+
+
+def _targets(module: str, names: list[str]) -> list[str]:
+    """The lathe modules an import statement loads: `from a import b` loads a.b when b is a module."""
+    if not module.startswith("lathe"):
+        return []
+    submodules = [f"{module}.{name}" for name in names if f"{module}.{name}" in MODULES]
+    return submodules if submodules and len(submodules) == len(names) else [module, *submodules]
+
+
+def import_graph() -> dict[str, set[str]]:
+    graph = {name: set() for name in MODULES}
+    for name, path in MODULES.items():
+        for _, module, names in _imports(path):
+            graph[name].update(target for target in _targets(module, names) if target != name)
+    return graph
+
+
+def circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan), each sorted."""
+    index, low, stack, on_stack, found = {}, {}, [], set(), []
+
+    def visit(node):
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for target in graph.get(node, ()):
+            if target not in index:
+                visit(target)
+                low[node] = min(low[node], low[target])
+            elif target in on_stack:
+                low[node] = min(low[node], index[target])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return sorted(found)
+
+
+def test_the_checks_see_the_package():
+    # A wrong path would make every rule below pass on nothing.
+    graph = import_graph()
+    assert len(MODULES) > 100 and sum(len(targets) for targets in graph.values()) > 300
+    assert "lathe.train.data.sampling" in graph["lathe.train.data.loaders"]
+
+
+def test_circles_are_found():
+    assert circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert circles({"a": {"b"}, "b": set()}) == []
+
+
+def test_no_import_circles():
+    assert circles(import_graph()) == []
+
+
+def test_no_module_imports_another_modules_private_names():
+    private = []
+    for name, path in MODULES.items():
+        for line, module, names in _imports(path):
+            if module.startswith("lathe") and module != name:
+                taken = [imported for imported in names if imported.startswith("_") and not imported.startswith("__")]
+                private += [f"{path.relative_to(ROOT)}:{line} {module}.{imported}" for imported in taken]
+    assert private == []
+
+
+def test_no_family_of_four_modules_shares_a_prefix():
+    families: dict[tuple[str, str], list[str]] = {}
+    for path in PACKAGE.rglob("*.py"):
+        if "_" in path.stem.strip("_"):
+            folder = str(path.parent.relative_to(ROOT))
+            families.setdefault((folder, path.stem.split("_")[0]), []).append(path.name)
+    large = {key: sorted(names) for key, names in families.items() if len(names) >= 4}
+    assert {key: names for key, names in large.items() if key not in PEER_NAMED_FAMILIES} == {}
+
+
+def test_code_modules_stay_under_400_lines():
+    long_modules = {}
+    for path in MODULES.values():
+        lines = len(path.read_text().splitlines())
+        if lines > MAX_MODULE_LINES and str(path.relative_to(ROOT)) not in DECLARED_TABLES:
+            long_modules[str(path.relative_to(ROOT))] = lines
+    assert long_modules == {}
+
+
+def test_train_top_level_is_small():
+    entries = [entry.name for entry in (PACKAGE / "train").iterdir() if entry.name != "__pycache__"]
+    assert len(entries) <= MAX_TRAIN_TOP_LEVEL, sorted(entries)
+
+
+def _tracked_files() -> list[pathlib.Path]:
+    try:
+        listed = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    except (OSError, subprocess.CalledProcessError):
+        pytest.skip("not a git checkout")
+    return [ROOT / name for name in listed.splitlines() if (ROOT / name).is_file()]
+
+
+CONFLICT_MARKER = re.compile(rb"^(<<<<<<< |>>>>>>> |=======$)", re.MULTILINE)
+
+
+def test_conflict_markers_are_found():
+    assert CONFLICT_MARKER.search(b"a\n<<<<<<< HEAD\nb\n=======\nc\n>>>>>>> main\n")
+    assert not CONFLICT_MARKER.search(b"Title\n=====\n<<<< not a marker\n")
+
+
+def test_no_merge_conflict_markers_in_tracked_files():
+    marked = []
+    for path in _tracked_files():
+        content = path.read_bytes()
+        if b"\0" in content[:8000]:
+            continue  # binary
+        if CONFLICT_MARKER.search(content) and re.search(rb"^<<<<<<< |^>>>>>>> ", content, re.MULTILINE):
+            marked.append(str(path.relative_to(ROOT)))
+    assert marked == []
+
+
+def test_every_lathe_import_names_a_module_that_exists():
+    # Old paths still import for users (lathe/_moved.py), but lathe, its tests and benchmarks use the new ones.
+    stale = []
+    sources = [*PACKAGE.rglob("*.py"), *(ROOT / "tests").rglob("*.py"), *(ROOT / "bench").rglob("*.py")]
+    sources += list((ROOT / "examples").rglob("*.py"))
+    for path in sources:
+        for line, module, _names in _imports(path):
+            if module.startswith("lathe.") or module == "lathe":
+                if module not in MODULES:
+                    stale.append(f"{path.relative_to(ROOT)}:{line} {module}")
+    assert stale == []
