@@ -39,12 +39,15 @@ def coerce_field_types(args) -> None:
 @lru_cache(maxsize=None)
 def _checked_fields(cls) -> dict:
     """name -> (int | float | bool, whether None is allowed), for the fields of those types."""
-    try:
-        hints = typing.get_type_hints(cls)
-    except Exception:  # a user subclass whose annotations do not resolve: check the fields we know
-        from lathe.train.args.training_args import TrainingArguments
-
-        hints = typing.get_type_hints(TrainingArguments)
+    hints = {}
+    # A user subclass whose annotations do not resolve: check the fields of the nearest base whose do
+    # (TrainingArguments itself), found on the class rather than imported (training_args.py imports this module).
+    for base in cls.__mro__:
+        try:
+            hints = typing.get_type_hints(base)
+            break
+        except Exception:
+            continue
     checked = {}
     for field in fields(cls):
         hint = hints.get(field.name)
