@@ -225,7 +225,7 @@ def test_dora_on_a_4bit_base_starts_where_qlora_does(assets, tmp_path, monkeypat
 
 def test_every_recipe_trainer_builds_the_loraplus_optimizer():
     """LLaMA-Factory's pt, sft, rm, dpo and kto trainers all take loraplus_lr_ratio (its create_custom_optimizer)."""
-    from lathe.llm.methods.loraplus import MethodOptimizerMixin
+    from lathe.llm.methods.optimizers import MethodOptimizerMixin
     from lathe.llm.preference.dpo import DPOTrainer
     from lathe.llm.preference.kto import KTOTrainer
     from lathe.llm.preference.reward import RewardTrainer

@@ -1,29 +1,16 @@
 """LoRA+ (loraplus_lr_ratio): the optimizer with LLaMA-Factory's four parameter groups, the B matrices
-learning loraplus_lr_ratio times faster than the A matrices (Hayou et al., 2024); and the mixin that gives
-every recipe's Trainer (pt, sft, rm, dpo, kto) the `create_optimizer` that builds it."""
+learning loraplus_lr_ratio times faster than the A matrices (Hayou et al., 2024). The recipes' Trainers reach
+it through MethodOptimizerMixin (lathe.llm.methods.optimizers)."""
 
 from __future__ import annotations
 
 import logging
 
-__all__ = ["MethodOptimizerMixin", "create_loraplus_optimizer", "loraplus_parameter_groups"]
+from lathe.llm.methods.decay import llamafactory_decay_names
+
+__all__ = ["create_loraplus_optimizer", "loraplus_parameter_groups"]
 
 logger = logging.getLogger(__name__)
-
-
-def _decay_parameter_names(model) -> set[str]:
-    """LLaMA-Factory's rule for LoRA+: every parameter decays except those of nn.LayerNorm modules and biases."""
-    import torch
-
-    names = set()
-    for module_name, module in model.named_modules():
-        if isinstance(module, torch.nn.LayerNorm):
-            continue
-        for name, _ in module.named_parameters(recurse=False):
-            full = f"{module_name}.{name}" if module_name else name
-            if "bias" not in full:
-                names.add(full)
-    return names
 
 
 def loraplus_parameter_groups(
@@ -32,7 +19,7 @@ def loraplus_parameter_groups(
     """[A and the other matrices at learning_rate, B (and every vector: biases, DoRA magnitudes) at
     learning_rate x lr_ratio with and without decay, embedding adapters' B at embedding_lr]; empty
     groups are kept so the group order (and param_groups[0], whose rate is logged) is always the same."""
-    decay = _decay_parameter_names(model)
+    decay = llamafactory_decay_names(model)
     groups = {"lora_a": [], "lora_b": [], "lora_b_nodecay": [], "embedding": []}
     for name, param in model.named_parameters():
         if not param.requires_grad:
@@ -65,24 +52,3 @@ def create_loraplus_optimizer(model, training_args, finetuning_args):
     )
     logger.info("LoRA+ optimizer: B matrices at %g x the learning rate.", finetuning_args.loraplus_lr_ratio)
     return optimizer_cls(groups, **dict(kwargs))
-
-
-class MethodOptimizerMixin:
-    """Mixed into the recipes' Trainers (before the Trainer class): `create_optimizer` builds the
-    optimizer a fine-tuning method needs (LoRA+'s parameter groups, GaLore, APOLLO, BAdam, Adam-mini,
-    Muon: lathe.llm.methods.optimizers), and otherwise the Trainer's own.
-    Reads `self.finetuning_args`, set by the `finetuning_args=` argument or by the subclass."""
-
-    finetuning_args = None
-
-    def __init__(self, *args, finetuning_args=None, **kwargs):
-        if finetuning_args is not None:
-            self.finetuning_args = finetuning_args
-        super().__init__(*args, **kwargs)
-
-    def create_optimizer(self, model=None):
-        if self.optimizer is None and self.finetuning_args is not None:
-            from lathe.llm.methods.optimizers import create_custom_optimizer
-
-            self.optimizer = create_custom_optimizer(model or self.model, self.args, self.finetuning_args)
-        return super().create_optimizer(model)

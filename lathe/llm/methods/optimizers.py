@@ -2,7 +2,7 @@
 LoRA+ (lathe.llm.methods.loraplus), BAdam (layer or ratio mode), Adam-mini and Muon, built as LLaMA-Factory 0.9.5 builds them (the same parameter
 groups, in the same order, with the same options), so that the same config gives the same numbers.
 
-`create_custom_optimizer` (called by every recipe's Trainer through lathe.llm.methods.loraplus.MethodOptimizerMixin, in
+`create_custom_optimizer` (called by every recipe's Trainer through MethodOptimizerMixin below, in
 LLaMA-Factory's order) returns None when no such key is set: the Trainer then builds `optim` as usual.
 """
 
@@ -12,9 +12,11 @@ import logging
 
 import torch
 
+from lathe.llm.methods.decay import llamafactory_decay_names
+from lathe.llm.methods.loraplus import create_loraplus_optimizer
 from lathe.train.optim.optimizers import get_optimizer_cls_and_kwargs
 
-__all__ = ["create_custom_optimizer"]
+__all__ = ["MethodOptimizerMixin", "create_custom_optimizer"]
 
 logger = logging.getLogger(__name__)
 
@@ -38,8 +40,6 @@ def create_custom_optimizer(model, training_args, finetuning_args):
     if finetuning_args.use_apollo:
         return _create_low_rank(model, training_args, finetuning_args, "apollo")
     if getattr(finetuning_args, "loraplus_lr_ratio", None) is not None:
-        from lathe.llm.methods.loraplus import create_loraplus_optimizer
-
         return create_loraplus_optimizer(model, training_args, finetuning_args)
     if finetuning_args.use_badam:
         return _create_badam(model, training_args, finetuning_args)
@@ -48,18 +48,6 @@ def create_custom_optimizer(model, training_args, finetuning_args):
     if finetuning_args.use_muon:
         return _create_muon(model, training_args)
     return None
-
-
-def llamafactory_decay_names(model) -> set[str]:
-    """Parameters LLaMA-Factory's own optimizers decay: all but biases and those inside an nn.LayerNorm.
-    Unlike the Trainer's rule (lathe.train.optim.optimizers.get_decay_parameter_names), RMSNorm weights are decayed."""
-    inside_layer_norm = set()
-    for module_name, module in model.named_modules():
-        if isinstance(module, torch.nn.LayerNorm):
-            inside_layer_norm.update(
-                f"{module_name}.{name}" if module_name else name for name, _ in module.named_parameters()
-            )
-    return {name for name, _ in model.named_parameters() if name not in inside_layer_norm and "bias" not in name}
 
 
 def _decay_split(model, exclude: set[int] = frozenset()) -> tuple[list, list]:
@@ -225,3 +213,22 @@ def _create_muon(model, training_args):
         adamw_betas=(training_args.adam_beta1, training_args.adam_beta2),
         adamw_eps=training_args.adam_epsilon,
     )
+
+
+class MethodOptimizerMixin:
+    """Mixed into the recipes' Trainers (before the Trainer class): `create_optimizer` builds the
+    optimizer a fine-tuning method needs (LoRA+'s parameter groups, GaLore, APOLLO, BAdam, Adam-mini,
+    Muon: create_custom_optimizer above), and otherwise the Trainer's own.
+    Reads `self.finetuning_args`, set by the `finetuning_args=` argument or by the subclass."""
+
+    finetuning_args = None
+
+    def __init__(self, *args, finetuning_args=None, **kwargs):
+        if finetuning_args is not None:
+            self.finetuning_args = finetuning_args
+        super().__init__(*args, **kwargs)
+
+    def create_optimizer(self, model=None):
+        if self.optimizer is None and self.finetuning_args is not None:
+            self.optimizer = create_custom_optimizer(model or self.model, self.args, self.finetuning_args)
+        return super().create_optimizer(model)

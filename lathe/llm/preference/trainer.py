@@ -12,7 +12,7 @@ from collections import defaultdict
 
 import torch
 
-from lathe.llm.methods.loraplus import MethodOptimizerMixin
+from lathe.llm.methods.optimizers import MethodOptimizerMixin
 from lathe.llm.preference.reference import disable_dropout, frozen, reference_context, shard_reference_like_policy
 from lathe.train.parallel import distributed, fsdp
 from lathe.train import runtime

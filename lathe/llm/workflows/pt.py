@@ -7,7 +7,7 @@ causal LM trained on every token.
 
 from __future__ import annotations
 
-from lathe.llm.methods.loraplus import MethodOptimizerMixin
+from lathe.llm.methods.optimizers import MethodOptimizerMixin
 from lathe.llm.memory.fit import start_batch_from_plan
 from lathe.llm.workflows.plan import make_plan, report_plan
 from lathe.llm.workflows.setup import (
