@@ -14,13 +14,13 @@ def has_lora(model) -> bool:
     return any(".lora_" in name for name, _ in model.named_parameters())
 
 
-def _layer_index(name: str) -> int | None:
+def layer_index(name: str) -> int | None:
     match = re.search(r"\.layers\.(\d+)\.", name)
     return int(match.group(1)) if match else None
 
 
 @dataclass
-class _LayerMethod:
+class LayerMethod:
     """What one decoder layer trains: which projections keep their input for backward, LoRA ranks."""
 
     trained: bool = False
@@ -30,14 +30,14 @@ class _LayerMethod:
     dropout_inputs: int = 0  # elements per token of the LoRA dropouts' outputs (each keeps its own copy)
 
 
-def _layer_methods(model, layers: int) -> tuple[list[_LayerMethod], bool, bool]:
+def layer_methods(model, layers: int) -> tuple[list[LayerMethod], bool, bool]:
     """Per layer what trains; whether the embeddings and the LM head train (or carry LoRA)."""
-    methods = [_LayerMethod() for _ in range(layers)]
+    methods = [LayerMethod() for _ in range(layers)]
     embeddings = head = False
     for name, param in model.named_parameters():
         if not param.requires_grad:
             continue
-        index = _layer_index(name)
+        index = layer_index(name)
         if index is None or index >= layers:
             embeddings |= "embed" in name
             head |= "lm_head" in name
@@ -52,14 +52,14 @@ def _layer_methods(model, layers: int) -> tuple[list[_LayerMethod], bool, bool]:
             if ".lora_A." in name:
                 layer.lora_rank[projection] = param.shape[0]
     for name, module in model.named_modules():
-        index = _layer_index(name + ".")
+        index = layer_index(name + ".")
         if ".lora_dropout." in name and index is not None and index < layers and getattr(module, "p", 0) > 0:
             in_features = getattr(module, "in_features", None) or _lora_in_features(model, name)
             methods[index].dropout_inputs += in_features
     return methods, embeddings, head
 
 
-def _head_trains(model) -> bool:
+def lm_head_trains(model) -> bool:
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
     return head is not None and any(param.requires_grad for param in head.parameters())
 

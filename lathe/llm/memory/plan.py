@@ -18,8 +18,9 @@ from lathe.llm.memory.preference import (
     unused_head_bytes,
     value_head_activations,
 )
-from lathe.llm.memory.layers import PROJECTIONS, _head_trains, _layer_index, _LayerMethod, _layer_methods
+from lathe.llm.memory.layers import PROJECTIONS, lm_head_trains, layer_index, LayerMethod, layer_methods
 from lathe.llm.memory.precision import autocast_weight_copies
+from lathe.llm.memory.sizes import logits_bytes, packed_bytes, quantized_bytes
 from lathe.llm.memory.sharding import shard_plan
 
 __all__ = ["MemoryPlan", "Settings", "estimate_memory", "fill_batch_terms"]
@@ -96,7 +97,7 @@ def _norm(shape: Shape, trained: bool, outputs_saved: int, wide: int = 1) -> int
     return (shape.hidden + 1 + (shape.hidden if trained else 0)) * wide + shape.hidden * outputs_saved
 
 
-def _layer_elements(shape: Shape, layer: _LayerMethod, seq_len: int, masked: bool, eager: bool, wide: int) -> int:
+def _layer_elements(shape: Shape, layer: LayerMethod, seq_len: int, masked: bool, eager: bool, wide: int) -> int:
     """Elements per token one decoder layer saves for backward (Llama-family layout, measured layout of
     transformers 5 with sdpa or eager attention)."""
     kv, inter = shape.kv_heads * shape.head_dim, shape.intermediate
@@ -120,8 +121,8 @@ def activation_bytes(
 ) -> tuple[int, int]:
     """(what the forward keeps for backward, what one layer's recomputation adds during backward), per
     device; logits excluded (see logits_bytes). Without checkpointing nothing is recomputed."""
-    methods, embeddings, head = _layer_methods(model, shape.layers)
-    head = head or _head_trains(model)  # a head tied to the embeddings is named after them
+    methods, embeddings, head = layer_methods(model, shape.layers)
+    head = head or lm_head_trains(model)  # a head tied to the embeddings is named after them
     attention = getattr(getattr(model, "config", None), "_attn_implementation", None)
     eager = attention == "eager"
     wide = 4 // element  # a float32 tensor in `element`-sized units (2 under half precision)
@@ -130,7 +131,7 @@ def activation_bytes(
     per_layer = []
     for index, layer in enumerate(methods):
         if index >= first and not layer.trained:
-            layer = _LayerMethod(trained=True)  # frozen, but its input gradient is needed
+            layer = LayerMethod(trained=True)  # frozen, but its input gradient is needed
         per_layer.append(_layer_elements(shape, layer, seq_len, masked, eager, wide) if index >= first else 0)
     flowing = shape.layers - first
     recompute = 0
@@ -145,31 +146,6 @@ def activation_bytes(
     return tokens * (layers_total + outside) * element + mask, tokens * recompute * element
 
 
-def logits_bytes(shape: Shape, batch: int, seq_len: int, half: bool, chunk: int | None, head_trains: bool) -> int:
-    """The loss's peak. Standard path: during backward the fp32 log-probabilities, their gradient and the
-    logits' gradient coexist (3 x tokens x vocab x 4 bytes), plus the half-precision logits under autocast.
-    Chunked path (lathe.train.loss.chunked): a chunk's fp32 logits and logsumexp's temporary of that size,
-    plus the previous chunk's logits while the next are computed (when there are several chunks); the
-    labelled hidden states, their gradient and its scaled copy; a trained head's weight gradient and the
-    chunk's contribution to it."""
-    tokens = batch * seq_len
-    if chunk is None:
-        return tokens * shape.vocab * (3 * 4 + (2 if half else 0))
-    element = 2 if half else 4
-    head = 2 * shape.vocab * shape.hidden * 4 if head_trains else 0
-    buffers = 2 if chunk >= tokens else 3
-    return buffers * min(chunk, tokens) * shape.vocab * 4 + 3 * tokens * shape.hidden * element + head
-
-
-def _quantized_bytes(module, bits: int, double_quant: bool) -> int:
-    """A bitsandbytes-quantized linear weight: packed values plus the block scales (blocks of 64)."""
-    elements = module.in_features * module.out_features
-    if bits == 8:
-        return elements + module.out_features * 4
-    scales = elements // 64 + elements // (64 * 256) * 4 if double_quant else elements // 64 * 4
-    return elements * bits // 8 + scales
-
-
 def parameter_bytes(model, quantization_bit: int | None = None, double_quant: bool = True) -> tuple[int, int, int]:
     """(weight bytes, trainable elements, trainable bytes). A base to be quantized while loading (a plan
     made on the meta device before quantization) counts its decoder linears at quantization_bit."""
@@ -178,25 +154,19 @@ def parameter_bytes(model, quantization_bit: int | None = None, double_quant: bo
     quantized = {}
     if quantization_bit:
         for name, module in model.named_modules():
-            if isinstance(module, torch.nn.Linear) and _layer_index(name + ".") is not None and "lora_" not in name:
+            if isinstance(module, torch.nn.Linear) and layer_index(name + ".") is not None and "lora_" not in name:
                 plain = name.replace(".base_layer", "") + ".weight"
-                quantized[plain] = _quantized_bytes(module, quantization_bit, double_quant)
+                quantized[plain] = quantized_bytes(module, quantization_bit, double_quant)
     weights = trainable = trainable_bytes = 0
     for name, param in model.named_parameters():
         size = param.numel() * param.element_size()
         plain = name.replace(".base_layer", "")
         is_packed = param.dtype in (torch.uint8, torch.int8)  # already quantized by bitsandbytes
-        weights += quantized.get(plain, size) if not is_packed else _packed_bytes(param)
+        weights += quantized.get(plain, size) if not is_packed else packed_bytes(param)
         if param.requires_grad:
             trainable += param.numel()
             trainable_bytes += size
     return weights, trainable, trainable_bytes
-
-
-def _packed_bytes(param) -> int:
-    state = getattr(param, "quant_state", None)
-    absmax = getattr(state, "absmax", None)
-    return param.numel() * param.element_size() + (absmax.numel() * absmax.element_size() if absmax is not None else 0)
 
 
 def optimizer_bytes(optim: str, trainable: int, trainable_bytes: int, step_list: int | None = None):
@@ -308,9 +278,9 @@ def fill_batch_terms(plan: MemoryPlan, model, shape: Shape, settings: Settings) 
     if settings.stage == "rm":
         plan.logits = lm_logits_bytes(model, shape, batch, seq_len, element)
     elif settings.stage in PREFERENCE_STAGES:
-        plan.logits = log_prob_bytes(shape, batch, seq_len, settings.half, settings.chunk, _head_trains(model))
+        plan.logits = log_prob_bytes(shape, batch, seq_len, settings.half, settings.chunk, lm_head_trains(model))
     else:
-        plan.logits = logits_bytes(shape, batch, seq_len, settings.half, settings.chunk, _head_trains(model))
+        plan.logits = logits_bytes(shape, batch, seq_len, settings.half, settings.chunk, lm_head_trains(model))
     # A layer's transient tensors during backward (the gradient flowing down, an MLP-wide one).
     workspace = batch * seq_len * (2 * shape.hidden + shape.intermediate) * element
     if settings.stage in PREFERENCE_STAGES:

@@ -18,7 +18,8 @@ What each stage holds at its peak (read from lathe/llm/preference/ and lathe/llm
 
 from __future__ import annotations
 
-from lathe.llm.memory.layers import _layer_index
+from lathe.llm.memory.layers import layer_index
+from lathe.llm.memory.sizes import logits_bytes, packed_bytes, quantized_bytes
 
 PREFERENCE_STAGES = ("dpo", "kto", "rm")
 PAIRED_STAGES = ("dpo", "rm")  # chosen and rejected in one batch of 2 x batch rows
@@ -35,8 +36,6 @@ def reference_bytes(model, element: int, quantization_bit: int | None, double_qu
     quantized as the policy's base is when quantization_bit is set."""
     import torch
 
-    from lathe.llm.memory.plan import _packed_bytes, _quantized_bytes
-
     total = 0
     seen = set()
     for name, module in model.named_modules():
@@ -47,9 +46,9 @@ def reference_bytes(model, element: int, quantization_bit: int | None, double_qu
                 continue
             seen.add(id(param))
             if param.dtype in (torch.uint8, torch.int8):  # already quantized by bitsandbytes
-                total += _packed_bytes(param)
-            elif quantization_bit and isinstance(module, torch.nn.Linear) and _layer_index(name + ".") is not None:
-                total += _quantized_bytes(module, quantization_bit, double_quant)
+                total += packed_bytes(param)
+            elif quantization_bit and isinstance(module, torch.nn.Linear) and layer_index(name + ".") is not None:
+                total += quantized_bytes(module, quantization_bit, double_quant)
             else:
                 total += param.numel() * element
     return total
@@ -93,10 +92,8 @@ def log_prob_bytes(shape, rows: int, seq_len: int, half: bool, chunk: int | None
     recomputed fp32 logits kept by logsumexp, logsumexp's gradient and its temporary, and the gather's
     gradient (4 x chunk x vocab x 4 bytes, measured 3.4-4); the labelled hidden states, their gradient
     and its scattered copy; a trained head's weight gradient and a chunk's contribution to it. Standard
-    (losses.sequence_log_probs on the model's logits): the standard loss's term, memory_plan.logits_bytes
+    (losses.sequence_log_probs on the model's logits): the standard loss's term, sizes.logits_bytes
     (the saved log-probabilities, their gradient and the logits' gradient; measured 2.98)."""
-    from lathe.llm.memory.plan import logits_bytes
-
     if chunk is None:
         return logits_bytes(shape, rows, seq_len, half, None, head_trains)
     element = 2 if half else 4

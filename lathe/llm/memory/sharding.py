@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from lathe.llm.memory.layers import _layer_index
+from lathe.llm.memory.layers import layer_index
 
 __all__ = ["Sharding", "sharding_of", "shard_plan"]
 
@@ -109,7 +109,7 @@ def gathered_bytes(model, sharding: Sharding, element: int | None) -> int:
     for name, param in model.named_parameters():
         size = param.numel() * (element or param.element_size())
         trainable = param.numel() if param.requires_grad else 0
-        index = _layer_index(name)
+        index = layer_index(name)
         target = root if index is None else blocks.setdefault(index, [0, 0])
         target[0] += size
         target[1] += trainable
