@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from lathe.llm.config.train import DataArguments
-from lathe.llm.data.converters import convert_example
+from lathe.llm.data.conversion import convert_example
 from lathe.llm.data.loader import load_datasets
 from lathe.llm.data.registry import DatasetAttr, get_dataset_list
 

@@ -5,7 +5,7 @@ read which kind of data."""
 import numpy as np
 import pytest
 
-from lathe.llm.data.converters import convert_example
+from lathe.llm.data.conversion import convert_example
 from lathe.llm.data.registry import get_dataset_list, parse_entry
 from tests.llm.golden.make_llamafactory_preference import DATA_DIR
 

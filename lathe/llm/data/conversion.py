@@ -1,4 +1,5 @@
-"""A whole dataset through the converters (converters.py): a batched `datasets.map` cached under a
+"""A whole dataset through the converters (converters.py, and ranking.py for preference answers: convert_example
+dispatches over both, so it lives above them, here): a batched `datasets.map` cached under a
 fingerprint of the converters' code, and the malformed rows counted, located and skipped."""
 
 from __future__ import annotations
@@ -17,13 +18,31 @@ from lathe.llm.data.converters import (
     EXAMPLES_SHOWN,
     MULTIMODAL,
     PROBLEM_COLUMN,
+    CONVERTERS,
     ConversionReport,
-    convert_example,
+    RowProblem,
 )
 from lathe.llm.data.files import decode_json_columns
+from lathe.llm.data.ranking import preference_answers
 from lathe.llm.data.registry import DatasetAttr
 
 logger = logging.getLogger("lathe.llm.data")
+
+
+def convert_example(example: dict[str, Any], attr: DatasetAttr, require_response: bool) -> dict[str, Any]:
+    """One row -> canonical row plus `_problem` ("" when the row is usable, else "kind\\tdetail")."""
+    empty = {"_prompt": [], "_response": [], "_system": "", "_tools": ""}
+    try:
+        row = CONVERTERS[attr.formatting](example, attr)
+        if attr.ranking or attr.kto_tag:
+            row["_response"] = preference_answers(row, example, attr)
+        if require_response and len(row["_response"]) != 1:
+            raise RowProblem(
+                "missing response", f"column '{attr.response}' (response) is empty: supervised training needs an answer"
+            )
+    except RowProblem as problem:
+        return {**empty, PROBLEM_COLUMN: f"{problem.kind}\t{problem}"}
+    return {**row, PROBLEM_COLUMN: ""}
 
 
 @dataclass

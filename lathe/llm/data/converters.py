@@ -34,7 +34,7 @@ class RowProblem(Exception):
         self.kind = kind
 
 
-def _type_name(value: Any) -> str:
+def type_name(value: Any) -> str:
     return (
         "null"
         if value is None
@@ -70,7 +70,7 @@ def _text(value: Any, what: str, allow_none: bool = True) -> str | None:
             f"{what} holds {'/'.join(k for k in media if k in MEDIA_PARTS)} content: "
             "multimodal is not supported yet (lathe trains on text only)",
         )
-    raise RowProblem("wrong type", f"{what} is {_type_name(value)}, expected a string")
+    raise RowProblem("wrong type", f"{what} is {type_name(value)}, expected a string")
 
 
 def _tools_text(value: Any, column: str) -> str:
@@ -95,14 +95,14 @@ def convert_alpaca(example: dict[str, Any], attr: DatasetAttr) -> dict[str, Any]
         if not isinstance(history, list):
             raise RowProblem(
                 "wrong type",
-                f"column '{attr.history}' (history) is {_type_name(history)}, "
+                f"column '{attr.history}' (history) is {type_name(history)}, "
                 f"expected a list of [prompt, response] pairs",
             )
         for turn, pair in enumerate(history, start=1):
             if not isinstance(pair, (list, tuple)) or len(pair) != 2:
                 raise RowProblem(
                     "wrong type",
-                    f"history item {turn} is {_type_name(pair)}"
+                    f"history item {turn} is {type_name(pair)}"
                     f"{' of length %d' % len(pair) if isinstance(pair, list) else ''}, "
                     f"expected a [prompt, response] pair",
                 )
@@ -128,13 +128,13 @@ def _messages(example: dict[str, Any], attr: DatasetAttr) -> list[dict[str, Any]
     messages = example.get(attr.messages)
     if not isinstance(messages, list):
         raise RowProblem(
-            "wrong type", f"column '{attr.messages}' (messages) is {_type_name(messages)}, expected a list of messages"
+            "wrong type", f"column '{attr.messages}' (messages) is {type_name(messages)}, expected a list of messages"
         )
     for number, message in enumerate(messages, start=1):
         if not isinstance(message, dict):
             raise RowProblem(
                 "wrong type",
-                f"message {number} is {_type_name(message)}, expected an object "
+                f"message {number} is {type_name(message)}, expected an object "
                 f"with '{attr.role_tag}' and '{attr.content_tag}'",
             )
         if message.get(attr.role_tag) is None:
@@ -188,7 +188,7 @@ def _check_turns(
         )
 
 
-def _tag_roles(attr: DatasetAttr) -> dict[str, str]:
+def tag_roles(attr: DatasetAttr) -> dict[str, str]:
     tags = {
         attr.user_tag: USER,
         attr.assistant_tag: ASSISTANT,
@@ -220,7 +220,7 @@ def convert_sharegpt(example: dict[str, Any], attr: DatasetAttr) -> dict[str, An
     """Role tags mapped to roles; alternation checked on the tags, as in LLaMA-Factory."""
     messages, system = _split_system(_messages(example, attr), example, attr)
     offset = 1 if len(messages) < len(example[attr.messages]) else 0
-    roles = _tag_roles(attr)
+    roles = tag_roles(attr)
     aligned = []
     for index, message in enumerate(messages):
         number = index + 1 + offset
@@ -242,7 +242,7 @@ def convert_openai(example: dict[str, Any], attr: DatasetAttr) -> dict[str, Any]
     tools); lathe keeps the system prompt as the data gives it."""
     messages, system = _split_system(_messages(example, attr), example, attr)
     offset = 1 if len(messages) < len(example[attr.messages]) else 0
-    roles = _tag_roles(attr)
+    roles = tag_roles(attr)
     aligned, tags, tool_results = [], [], []
     for index, message in enumerate(messages):
         number = index + 1 + offset
@@ -282,24 +282,6 @@ CONVERTERS: dict[str, Callable[[dict[str, Any], DatasetAttr], dict[str, Any]]] =
     "sharegpt": convert_sharegpt,
     "openai": convert_openai,
 }
-
-
-def convert_example(example: dict[str, Any], attr: DatasetAttr, require_response: bool) -> dict[str, Any]:
-    """One row -> canonical row plus `_problem` ("" when the row is usable, else "kind\\tdetail")."""
-    empty = {"_prompt": [], "_response": [], "_system": "", "_tools": ""}
-    try:
-        row = CONVERTERS[attr.formatting](example, attr)
-        if attr.ranking or attr.kto_tag:
-            from lathe.llm.data.ranking import preference_answers
-
-            row["_response"] = preference_answers(row, example, attr)
-        if require_response and len(row["_response"]) != 1:
-            raise RowProblem(
-                "missing response", f"column '{attr.response}' (response) is empty: supervised training needs an answer"
-            )
-    except RowProblem as problem:
-        return {**empty, PROBLEM_COLUMN: f"{problem.kind}\t{problem}"}
-    return {**row, PROBLEM_COLUMN: ""}
 
 
 @dataclass

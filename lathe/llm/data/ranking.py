@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from lathe.llm.data.converters import ANSWER_ROLES, ASSISTANT, RowProblem, _tag_roles, _type_name
+from lathe.llm.data.converters import ANSWER_ROLES, ASSISTANT, RowProblem, tag_roles, type_name
 from lathe.llm.data.registry import DatasetAttr
 
 PAIRWISE_STAGES = ("rm", "dpo")  # one pipeline: LLaMA-Factory tokenizes dpo data as stage rm
@@ -59,7 +59,7 @@ def _ranked_answer(example: dict[str, Any], attr: DatasetAttr, side: str) -> dic
         raise RowProblem("missing answer", f"{what} is missing")
     if attr.formatting == "alpaca":
         if not isinstance(value, str):
-            raise RowProblem("wrong type", f"{what} is {_type_name(value)}, expected a string")
+            raise RowProblem("wrong type", f"{what} is {type_name(value)}, expected a string")
         message = {"role": ASSISTANT, "content": value}
     else:
         message = _answer_message(value, what, attr)
@@ -73,10 +73,10 @@ def _answer_message(value: Any, what: str, attr: DatasetAttr) -> dict[str, str]:
     if not isinstance(value, dict):
         raise RowProblem(
             "wrong type",
-            f"{what} is {_type_name(value)}, expected one message object with "
+            f"{what} is {type_name(value)}, expected one message object with "
             f"'{attr.role_tag}' and '{attr.content_tag}'",
         )
-    roles = _tag_roles(attr)
+    roles = tag_roles(attr)
     role = roles.get(value.get(attr.role_tag))
     if role not in ANSWER_ROLES:
         raise RowProblem(
@@ -87,7 +87,7 @@ def _answer_message(value: Any, what: str, attr: DatasetAttr) -> dict[str, str]:
     content = value.get(attr.content_tag)
     if not isinstance(content, str):
         raise RowProblem(
-            "wrong type", f"{what} content ('{attr.content_tag}') is {_type_name(content)}, expected a string"
+            "wrong type", f"{what} content ('{attr.content_tag}') is {type_name(content)}, expected a string"
         )
     return {"role": role, "content": content}
 
@@ -97,7 +97,7 @@ def _kto_answers(row: dict[str, Any], example: dict[str, Any], attr: DatasetAttr
     if not isinstance(tag, bool):
         raise RowProblem(
             "missing kto_tag",
-            f"column '{attr.kto_tag}' (kto_tag) is {_type_name(tag)}, expected "
+            f"column '{attr.kto_tag}' (kto_tag) is {type_name(tag)}, expected "
             f"true (desirable answer) or false (undesirable)",
         )
     if len(row["_response"]) != 1:
