@@ -67,7 +67,7 @@ def _optim_name(training_args) -> str:
 def _low_rank_targets(model, targets: list[str]) -> list[torch.nn.Parameter]:
     """Weights of the nn.Linear modules whose name contains a target (all: every linear layer's short name)."""
     if targets == ["all"]:
-        from lathe.llm.model.adapters import find_all_linear_modules
+        from lathe.llm.model.layers import find_all_linear_modules
 
         targets = find_all_linear_modules(model)
     chosen = []

@@ -6,6 +6,8 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
+from lathe.llm.model.layers import OUTPUT_HEAD_NAMES, find_all_linear_modules, find_layer_stack
+
 if TYPE_CHECKING:
     from lathe.llm.config.train import FinetuningArguments, ModelArguments
 
@@ -19,9 +21,6 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
-
-# Output heads that are not called lm_head in some families (LLaMA-Factory excludes the same ones).
-OUTPUT_HEAD_NAMES = {"lm_head", "output_layer", "output", "embed_out"}
 
 
 def count_parameters(model) -> tuple[int, int]:
@@ -83,24 +82,6 @@ def init_adapter(model, model_args: "ModelArguments", finetuning_args: "Finetuni
 # freeze
 
 
-def find_layer_stack(model) -> tuple[str, int]:
-    """(qualified name, length) of the model's hidden-layer ModuleList, e.g. ("model.layers", 32)."""
-    import torch
-
-    config = getattr(model.config, "text_config", None) or model.config
-    num_layers = (
-        getattr(config, "num_hidden_layers", None)
-        or getattr(config, "num_layers", None)
-        or getattr(config, "n_layer", None)
-    )
-    if not num_layers:
-        raise ValueError(f"freeze: {type(model).__name__}'s config does not say how many hidden layers it has.")
-    for name, module in model.named_modules():
-        if isinstance(module, torch.nn.ModuleList) and len(module) == num_layers:
-            return name, num_layers
-    raise ValueError(f"freeze: found no list of {num_layers} hidden layers in {type(model).__name__}.")
-
-
 def _setup_freeze(model, finetuning_args: "FinetuningArguments") -> None:
     stack, num_layers = find_layer_stack(model)
     count = finetuning_args.freeze_trainable_layers
@@ -151,22 +132,3 @@ def _setup_freeze(model, finetuning_args: "FinetuningArguments") -> None:
         stack,
         ",".join(finetuning_args.freeze_trainable_modules),
     )
-
-
-def find_all_linear_modules(model) -> list[str]:
-    """Short names of every linear layer except the output head (lora_target / oft_target: all); quantized
-    linear layers (bitsandbytes Linear4bit, ...) count too."""
-    import torch
-
-    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
-    names = set()
-    for name, module in model.named_modules():
-        short = name.split(".")[-1]
-        if module is head or short in OUTPUT_HEAD_NAMES:
-            continue
-        is_linear = isinstance(module, torch.nn.Linear) or "Linear" in type(module).__name__
-        if is_linear and "Embedding" not in type(module).__name__:
-            names.add(short)
-    if not names:
-        raise ValueError(f"target all: found no linear layers in {type(model).__name__}.")
-    return sorted(names)

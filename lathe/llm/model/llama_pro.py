@@ -36,7 +36,7 @@ def expanded_layer_ids(num_layers: int, num_expanded: int) -> range:
 def find_expanded_modules(model, targets: list[str], num_expanded: int) -> list[str]:
     """Full names of the target modules inside the expanded blocks (LLaMA-Factory's rule: a name
     matches when it contains a target and the block's '.index.')."""
-    from lathe.llm.model.adapters import find_layer_stack
+    from lathe.llm.model.layers import find_layer_stack
 
     _, num_layers = find_layer_stack(model)
     blocks = [f".{index}." for index in expanded_layer_ids(num_layers, num_expanded)]
@@ -61,7 +61,7 @@ def expand_blocks(
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from lathe.llm.model.adapters import find_layer_stack
+    from lathe.llm.model.layers import find_layer_stack
 
     if os.path.isdir(output_dir) and os.listdir(output_dir):
         raise ValueError(f"output_dir {output_dir!r} is not empty: choose a new folder (nothing is overwritten).")

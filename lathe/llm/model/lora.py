@@ -10,7 +10,7 @@ import re
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from lathe.llm.model.adapters import find_all_linear_modules
+from lathe.llm.model.layers import find_all_linear_modules
 
 if TYPE_CHECKING:
     from lathe.llm.config.train import FinetuningArguments, ModelArguments
