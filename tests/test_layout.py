@@ -34,9 +34,23 @@ def _modules() -> dict[str, pathlib.Path]:
 MODULES = _modules()
 
 
+def _is_type_checking(node) -> bool:
+    test = getattr(node, "test", None)
+    return isinstance(node, ast.If) and (getattr(test, "id", None) or getattr(test, "attr", None)) == "TYPE_CHECKING"
+
+
+def _nodes(tree):
+    """Every node but those under `if TYPE_CHECKING:` (annotations only: nothing is imported at run time)."""
+    pending = [tree]
+    while pending:
+        node = pending.pop()
+        yield node
+        pending.extend(child for child in ast.iter_child_nodes(node) if not _is_type_checking(child))
+
+
 def _imports(path: pathlib.Path):
     """(line, imported module, imported names) for every import in the file, inside functions too."""
-    for node in ast.walk(ast.parse(path.read_text())):
+    for node in _nodes(ast.parse(path.read_text())):
         if isinstance(node, ast.Import):
             for alias in node.names:
                 yield node.lineno, alias.name, []
@@ -96,6 +110,15 @@ def test_the_checks_see_the_package():
     graph = import_graph()
     assert len(MODULES) > 100 and sum(len(targets) for targets in graph.values()) > 300
     assert "lathe.train.data.sampling" in graph["lathe.train.data.loaders"]
+
+
+def test_imports_inside_functions_count_and_type_checking_ones_do_not(tmp_path):
+    source = tmp_path / "example.py"
+    source.write_text(
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from lathe.a import A\n"
+        "def f():\n    from lathe.b import B\n"
+    )
+    assert sorted(module for _, module, _ in _imports(source)) == ["lathe.b", "typing"]
 
 
 def test_circles_are_found():

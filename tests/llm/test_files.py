@@ -234,7 +234,7 @@ def test_get_dataset_tokenizes_the_text_as_written(tmp_path, word_tokenizer):
     from types import SimpleNamespace
 
     from lathe.llm.data.pipeline import get_dataset
-    from lathe.llm.templates.registry import get_template_and_fix_tokenizer
+    from lathe.llm.templates.resolve import get_template_and_fix_tokenizer
 
     write_dataset(
         tmp_path,

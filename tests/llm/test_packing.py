@@ -23,7 +23,7 @@ from lathe.llm.config.train import DataArguments  # noqa: E402
 from lathe.llm.data.collator import SFTDataCollator, block_diagonal_mask  # noqa: E402
 from lathe.llm.data.packing import greedy_knapsack, pack_examples, preprocess_packed_supervised_dataset  # noqa: E402
 from lathe.llm.data.supervised import encode_supervised_examples  # noqa: E402
-from lathe.llm.templates.registry import get_template_and_fix_tokenizer  # noqa: E402
+from lathe.llm.templates.resolve import get_template_and_fix_tokenizer  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 WORDS = "hello what two plus four add sum name a b result is ok be brief first second".split()

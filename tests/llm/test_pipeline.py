@@ -15,7 +15,7 @@ from lathe.llm.data.pipeline import dataset_module, get_dataset
 from lathe.llm.data.preview import mark_trained_spans, preview_examples, trained_fraction
 from lathe.llm.data.registry import get_dataset_list
 from lathe.llm.data.supervised import preprocess_supervised_dataset
-from lathe.llm.templates.registry import get_template_and_fix_tokenizer
+from lathe.llm.templates.resolve import get_template_and_fix_tokenizer
 
 DATA_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data")
 

@@ -100,7 +100,7 @@ def test_a_document_longer_than_many_batches_of_blocks(word_tokenizer):
 def test_get_dataset_keeps_every_token_with_small_preprocessing_batches(word_tokenizer, tmp_path):
     from lathe.llm.config.train import DataArguments
     from lathe.llm.data.pipeline import get_dataset
-    from lathe.llm.templates.registry import get_template_and_fix_tokenizer
+    from lathe.llm.templates.resolve import get_template_and_fix_tokenizer
 
     data_args = DataArguments(
         dataset_dir=os.path.join(HERE, "data"),

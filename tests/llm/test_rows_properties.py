@@ -18,7 +18,7 @@ from lathe.llm.config.train import DataArguments  # noqa: E402
 from lathe.llm.data.loader import load_datasets  # noqa: E402
 from lathe.llm.data.registry import get_dataset_list  # noqa: E402
 from lathe.llm.data.supervised import preprocess_supervised_dataset  # noqa: E402
-from lathe.llm.templates.registry import get_template_and_fix_tokenizer  # noqa: E402
+from lathe.llm.templates.resolve import get_template_and_fix_tokenizer  # noqa: E402
 from tests.llm.conftest import build_word_tokenizer  # noqa: E402
 
 FUZZ = settings(

@@ -13,7 +13,7 @@ pytest.importorskip("transformers")
 from lathe.llm.config.train import DataArguments  # noqa: E402
 from lathe.llm.data.pipeline import get_dataset  # noqa: E402
 from lathe.llm.data.supervised import IGNORE_INDEX, encode_supervised_example  # noqa: E402
-from lathe.llm.templates.registry import get_template_and_fix_tokenizer  # noqa: E402
+from lathe.llm.templates.resolve import get_template_and_fix_tokenizer  # noqa: E402
 
 WORDS = "what is two plus four add sum name result first second content".split()
 

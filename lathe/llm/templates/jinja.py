@@ -15,7 +15,12 @@ instead of silently producing a prompt the model never saw. Special tokens are w
 
 from __future__ import annotations
 
-from lathe.llm.templates.template import CONTENT, Template
+from typing import TYPE_CHECKING
+
+from lathe.llm.templates.slots import CONTENT
+
+if TYPE_CHECKING:  # annotations only: template.py calls this module
+    from lathe.llm.templates.template import Template
 
 
 def jinja_literal(text: str) -> str:

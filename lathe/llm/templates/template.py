@@ -12,27 +12,12 @@ import dataclasses
 import logging
 import re
 from dataclasses import dataclass
-from typing import Optional, Union
+from typing import Optional
 
+from lathe.llm.templates.slots import BOS, CONTENT, EOS, Slots, SpecialToken  # noqa: F401 (Template's vocabulary)
 from lathe.llm.templates.tools import InvalidMessage, describe_tools, format_function_message, get_tool_format
 
 logger = logging.getLogger("lathe.llm.templates")
-
-CONTENT = "{{content}}"
-
-
-@dataclass(frozen=True)
-class SpecialToken:
-    """A slot element encoded by id, never through the text encoder: `BOS`, `EOS` (the tokenizer's own,
-    skipped when it has none) or `SpecialToken("token", "<x>")` (looked up by name)."""
-
-    kind: str  # "bos" | "eos" | "token"
-    text: str = ""
-
-
-BOS = SpecialToken("bos")
-EOS = SpecialToken("eos")
-Slots = tuple[Union[str, SpecialToken], ...]
 
 USER, ASSISTANT, SYSTEM, FUNCTION, OBSERVATION = "user", "assistant", "system", "function", "observation"
 PROMPT_ROLES = (USER, OBSERVATION)  # even message positions
