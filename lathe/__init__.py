@@ -2,11 +2,11 @@
 
 from lathe import _moved
 from lathe._lazy import make_getattr
-from lathe.train import _EXPORTS
+from lathe.train import EXPORTS
 
 __version__ = "0.1.0"
-__all__ = sorted(_EXPORTS)
-__getattr__ = make_getattr(__name__, _EXPORTS)
+__all__ = sorted(EXPORTS)
+__getattr__ = make_getattr(__name__, EXPORTS)
 _moved.install()  # old module paths (pickled checkpoints, scripts) import the moved modules
 
 

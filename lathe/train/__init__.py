@@ -2,7 +2,7 @@
 
 from lathe._lazy import make_getattr
 
-_EXPORTS = {
+EXPORTS = {
     # arguments and parsing
     "TrainingArguments": "lathe.train.args.training_args",
     "Seq2SeqTrainingArguments": "lathe.train.args.training_args",
@@ -65,8 +65,8 @@ _EXPORTS = {
     "get_last_checkpoint": "lathe.train.checkpoints.layout",
 }
 
-__all__ = sorted(_EXPORTS)
-__getattr__ = make_getattr(__name__, _EXPORTS)
+__all__ = sorted(EXPORTS)
+__getattr__ = make_getattr(__name__, EXPORTS)
 
 
 def __dir__():

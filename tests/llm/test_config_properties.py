@@ -16,11 +16,11 @@ from lathe.llm.config.train import (  # noqa: E402
     FinetuningArguments,
     GeneratingArguments,
     ModelArguments,
-    _training_arguments_class,
+    training_arguments_class,
     parse_train_config,
 )
 
-SECTIONS = (ModelArguments, DataArguments, FinetuningArguments, GeneratingArguments, _training_arguments_class())
+SECTIONS = (ModelArguments, DataArguments, FinetuningArguments, GeneratingArguments, training_arguments_class())
 KNOWN = sorted({field.name for section in SECTIONS for field in dataclasses.fields(section) if field.init})
 # transformers-4 names lathe.train accepts and reports under their new name
 RENAMED = {

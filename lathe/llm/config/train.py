@@ -232,13 +232,13 @@ def _jsonable(values: dict[str, Any]) -> dict[str, Any]:
 # Parsing
 
 
-def _training_arguments_class():
+def training_arguments_class():
     from lathe.train.args.training_args import Seq2SeqTrainingArguments
 
     return Seq2SeqTrainingArguments
 
 
-def _field_hints(dtype: type) -> dict[str, Any]:
+def field_hints(dtype: type) -> dict[str, Any]:
     hints = typing.get_type_hints(dtype)
     return {f.name: hints[f.name] for f in dataclasses.fields(dtype) if f.init}
 
@@ -254,11 +254,11 @@ def parse_train_config(source: str | Path | dict, overrides: list[str] | tuple[s
     sections = {
         "model": ModelArguments,
         "data": DataArguments,
-        "training": _training_arguments_class(),
+        "training": training_arguments_class(),
         "finetuning": FinetuningArguments,
         "generating": GeneratingArguments,
     }
-    hints = {name: _field_hints(dtype) for name, dtype in sections.items()}
+    hints = {name: field_hints(dtype) for name, dtype in sections.items()}
     known = {key: hint for section in hints.values() for key, hint in section.items()}
     from lathe.llm.launch import LAUNCH_KEYS
 

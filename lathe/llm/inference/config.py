@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from lathe.llm.config.train import DataArguments, FinetuningArguments, GeneratingArguments, ModelArguments, _field_hints
+from lathe.llm.config.train import DataArguments, FinetuningArguments, GeneratingArguments, ModelArguments, field_hints
 from lathe.llm.config.keys import UNSUPPORTED_KEYS
 from lathe.llm.config.methods import check_quantized_training
 from lathe.llm.config.optim import OptimizerMethodArguments
@@ -147,14 +147,14 @@ _TRAINING_ONLY = {
 
 
 def _training_key_hints(command: str) -> dict[str, str]:
-    from lathe.llm.config.train import _training_arguments_class
+    from lathe.llm.config.train import training_arguments_class
 
     message = (
         f"is a training key: `lathe {command}` reads the model, template, adapter, generation and export keys "
         "(write a separate inference config, as for LLaMA-Factory's chat/export)."
     )
     keys = {key for section in _TRAINING_ONLY.values() for key in section}
-    keys |= {f.name for f in dataclasses.fields(_training_arguments_class()) if f.init}
+    keys |= {f.name for f in dataclasses.fields(training_arguments_class()) if f.init}
     return {key: message for key in keys}
 
 
@@ -164,7 +164,7 @@ def parse_infer_config(
     """A LLaMA-Factory inference/export config (file or dict) plus `key=value` overrides."""
     config_input = RawConfig(source, overrides)
     raw, where = config_input.values, config_input.where
-    hints = {name: _field_hints(dtype) for name, dtype in _SECTIONS.items()}
+    hints = {name: field_hints(dtype) for name, dtype in _SECTIONS.items()}
     known = {
         key: hint
         for name, section in hints.items()

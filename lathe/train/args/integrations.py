@@ -194,14 +194,14 @@ def _check_liger(args) -> None:
         raise TypeError(f"use_liger_kernel must be a bool, got {args.use_liger_kernel!r}")
     config = args.liger_kernel_config
     if isinstance(config, str):
-        config = args.liger_kernel_config = _json_object("liger_kernel_config", config)
+        config = args.liger_kernel_config = json_object("liger_kernel_config", config)
     if config is not None and (
         not isinstance(config, dict) or not all(isinstance(k, str) and isinstance(v, bool) for k, v in config.items())
     ):
         raise ValueError(f"liger_kernel_config must map kernel names to True/False, got {config!r}")
 
 
-def _json_object(name: str, text: str):
+def json_object(name: str, text: str):
     try:
         return json.loads(text)
     except json.JSONDecodeError as error:
@@ -214,7 +214,7 @@ def check_accelerator_config(args) -> None:
     if value is None:
         value = AcceleratorConfig()
     elif isinstance(value, str) and value.lstrip().startswith("{"):
-        value = _json_object("accelerator_config", value)
+        value = json_object("accelerator_config", value)
     elif isinstance(value, str):
         if not os.path.isfile(value):
             raise ValueError(f"accelerator_config={value!r}: expected a dict, a JSON object string or a JSON file path")

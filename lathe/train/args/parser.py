@@ -20,8 +20,8 @@ from lathe.train.args.parser_types import (
     DataClass,
     DataClassType,
     HfArg,
-    _json_object,
-    _string_or_bool,
+    json_object,
+    string_or_bool,
     make_choice_type_function,
     string_to_bool,
 )
@@ -106,7 +106,7 @@ def _argument_kwargs(field: dataclasses.Field, hint: Any) -> dict[str, Any]:
                 return kwargs
             if bool in others:
                 # HF turns `Union[str, bool]` into bool and so rejects e.g. "non_padding".
-                return {"action": _StoreConverted, "convert": _string_or_bool, "nargs": "?", "const": True}
+                return {"action": _StoreConverted, "convert": string_or_bool, "nargs": "?", "const": True}
             if len(enums) == 1 and len(others) == 1:
                 return _choice_kwargs(enums[0])
             # Union[dict, str] and friends: take the string; the dataclass's __post_init__ parses it.
@@ -130,7 +130,7 @@ def _argument_kwargs(field: dataclasses.Field, hint: Any) -> dict[str, Any]:
         kwargs["nargs"] = "+"
         return kwargs
     if hint is dict or typing.get_origin(hint) is dict:
-        return {"type": _json_object}
+        return {"type": json_object}
     if hint is Any or not callable(hint):
         return {"type": str}
     return {"type": hint}

@@ -51,7 +51,7 @@ def HfArg(  # noqa: N802 - transformers' name
     return dataclasses.field(metadata=metadata, default=default, default_factory=default_factory, **kwargs)
 
 
-def _string_or_bool(value: str | bool) -> str | bool:
+def string_or_bool(value: str | bool) -> str | bool:
     """For `Union[str, bool]` fields: true/false-like strings become bools, any other string stays a string."""
     try:
         return string_to_bool(value)
@@ -59,7 +59,7 @@ def _string_or_bool(value: str | bool) -> str | bool:
         return value
 
 
-def _json_object(text: str) -> dict:
+def json_object(text: str) -> dict:
     """For `dict` fields: the command line can only carry a dict as JSON text."""
     try:
         value = json.loads(text)

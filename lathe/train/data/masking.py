@@ -16,7 +16,7 @@ from lathe.train.data.collator_base import DataCollatorMixin, check_return_tenso
 from lathe.train.data.padding import as_list, pad_batch, stack_or_pad_sequences
 
 
-def _special_tokens_mask(tokenizer, token_ids: list) -> list:
+def special_tokens_mask_of(tokenizer, token_ids: list) -> list:
     """1 where a token must never be masked: the tokenizer's own rule, else its special-token ids."""
     if hasattr(tokenizer, "get_special_tokens_mask"):
         return tokenizer.get_special_tokens_mask(token_ids, already_has_special_tokens=True)
@@ -137,7 +137,7 @@ class DataCollatorForLanguageModeling(DataCollatorMixin):
         labels = inputs.clone()
         probability = torch.full(labels.shape, self.mlm_probability)
         if special_tokens_mask is None:
-            special_tokens_mask = [_special_tokens_mask(self.tokenizer, row) for row in labels.tolist()]
+            special_tokens_mask = [special_tokens_mask_of(self.tokenizer, row) for row in labels.tolist()]
         if self.whole_word_mask:
             if offset_mapping is None:
                 raise ValueError("whole_word_mask needs `offset_mapping` in the items (return_offsets_mapping=True).")

@@ -11,7 +11,7 @@ import torch
 
 from lathe.train.data.collator_base import DataCollatorMixin, check_return_tensors
 from lathe.train.data.labels import IGNORE_INDEX
-from lathe.train.data.masking import _special_tokens_mask
+from lathe.train.data.masking import special_tokens_mask_of
 from lathe.train.data.padding import stack_or_pad_sequences
 
 __all__ = ["DataCollatorForPermutationLanguageModeling"]
@@ -60,7 +60,9 @@ class DataCollatorForPermutationLanguageModeling(DataCollatorMixin):
         for row in range(rows):
             masked[row] = self._draw_spans(length)
         target_mapping = torch.eye(length, dtype=torch.float32).expand(rows, length, length).clone()
-        special = torch.tensor([_special_tokens_mask(self.tokenizer, row) for row in labels.tolist()], dtype=torch.bool)
+        special = torch.tensor(
+            [special_tokens_mask_of(self.tokenizer, row) for row in labels.tolist()], dtype=torch.bool
+        )
         pad_token_id = getattr(self.tokenizer, "pad_token_id", None)
         padding = labels.eq(pad_token_id) if pad_token_id is not None else torch.zeros_like(special)
         masked &= ~(special | padding)
