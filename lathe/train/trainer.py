@@ -315,7 +315,7 @@ class Trainer(TrainerSurface):
     def _autocast_dtype(self):
         return runtime.autocast_dtype(self.args)
 
-    # ----- optimizer and scheduler (optim.py, schedules.py) -----
+    # ----- optimizer and scheduler (optim/optimizers.py, optim/schedules.py) -----
 
     def get_decay_parameter_names(self, model) -> list[str]:
         from lathe.train.optim.optimizers import get_decay_parameter_names

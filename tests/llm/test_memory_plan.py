@@ -1,4 +1,4 @@
-"""The memory plan (lathe/llm/memory/plan.py, memory_fit.py): each term against what PyTorch actually
+"""The memory plan (lathe/llm/memory/plan.py, memory/fit.py): each term against what PyTorch actually
 holds, the printed plan and its warning, auto_find_batch_size's start, and the whole plan against the
 peak RSS of real training runs (tests/llm/memory_probe.py)."""
 

@@ -207,7 +207,7 @@ FIELDS = {
     "generation_max_length": Elsewhere("test_seq2seq.py"),
     "generation_num_beams": Elsewhere("test_args_types.py"),
     "generation_config": Elsewhere("test_trainer_methods.py"),
-    # Fields of i17b's args_integrations.py: the Hub ones act only when pushing, which lathe refuses.
+    # Fields of i17b's args_integrations.py (now lathe/train/args/integrations.py): the Hub ones act only when pushing, which lathe refuses.
     "hub_model_id": Moot("push_to_hub", True),
     "hub_strategy": Moot("push_to_hub", True),
     "hub_token": Moot("push_to_hub", True),

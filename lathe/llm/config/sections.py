@@ -1,5 +1,5 @@
 """The model and data sections of a `lathe train` config (ModelArguments, DataArguments): LLaMA-Factory
-0.9.5's keys and defaults that lathe supports, each checked when the section is made. config.py
+0.9.5's keys and defaults that lathe supports, each checked when the section is made. train.py
 assembles them with the fine-tuning, generation and training sections into a TrainConfig."""
 
 from __future__ import annotations

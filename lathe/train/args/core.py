@@ -1,4 +1,4 @@
-"""The first fields of TrainingArguments (args.py), in transformers' order: where a run writes, how long
+"""The first fields of TrainingArguments (training_args.py), in transformers' order: where a run writes, how long
 it trains, the learning rate and its schedule, the optimizer, the step maths, precision and memory; and
 the helpers every field definition uses."""
 

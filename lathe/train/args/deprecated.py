@@ -9,7 +9,7 @@ from dataclasses import MISSING, fields
 # Frames skipped when a warning picks the line to blame: this package's argument modules and the
 # dataclass-generated __init__ (whose file name is "<string>").
 _HERE = os.path.dirname(__file__)
-_OWN_FILES = tuple(os.path.join(_HERE, name) for name in ("args.py", "args_validation.py", "args_deprecated.py"))
+_OWN_FILES = tuple(os.path.join(_HERE, name) for name in ("training_args.py", "validation.py", "deprecated.py"))
 
 
 def map_deprecated_names(args) -> None:

@@ -1,5 +1,5 @@
 """What TrainingArguments derives from its fields: batch sizes, the device, process ranks, warmup steps,
-the log level, and its dict / JSON forms. Mixed into TrainingArguments (args.py)."""
+the log level, and its dict / JSON forms. Mixed into TrainingArguments (training_args.py)."""
 
 import contextlib
 import json

@@ -1,5 +1,5 @@
 """TrainingArguments: every training option with its HF name, default and help. The first fields are
-in args_core.py, the derived values (device, ranks, batch sizes, JSON) in args_derived.py."""
+in core.py, the derived values (device, ranks, batch sizes, JSON) in derived.py."""
 
 import os
 from dataclasses import dataclass, field
@@ -41,7 +41,7 @@ __all__ = [
 @dataclass(repr=False)  # printed by DerivedValues.__str__ (sorted fields), as before the split
 class TrainingArguments(IntegrationArguments, CoreArguments, FluentSetters, DerivedValues, IntegrationProperties):
     """The options of `Trainer`, with transformers 5.23's names and defaults (the Hub, debug, accelerate,
-    kernel and tracker fields are in args_integrations.py).
+    kernel and tracker fields are in integrations.py).
 
     Validation happens once, in `__post_init__` (see `args_validation`): numeric and boolean fields
     hold their type (strings converted as HfArgumentParser converts them, see `args_types`), strategy
