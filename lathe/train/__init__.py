@@ -1,4 +1,9 @@
-"""lathe.train: the Trainer library (the transformers Trainer API on plain PyTorch)."""
+"""lathe.train: the Trainer library (the transformers Trainer API on plain PyTorch). At this level the Trainer
+(trainer.py, surface.py, queries.py, seq2seq.py), the loop (loop.py, stepping.py, batching.py, run.py,
+session.py, runtime.py), and saving and exact resume (saving.py, resume.py, state.py, seed.py); below them
+one folder per concern: args/, data/ (the collators), checkpoints/ (the file format), optim/, parallel/,
+callbacks/ (reporters inside), loss/, evaluation/, features/. The folders never import this level's loop or
+Trainer; lathe.train never imports lathe.llm."""
 
 from lathe._lazy import make_getattr
 
