@@ -7,15 +7,14 @@ reference model, on lathe's own DPOTrainer / KTOTrainer.
 
 from __future__ import annotations
 
-from lathe.llm.memory.fit import start_batch_from_plan
 from lathe.llm.workflows.plan import make_plan, report_plan
 from lathe.train.data.labels import IGNORE_INDEX
 from lathe.llm.workflows.setup import (
     checkpointing_for,
-    finish_training,
     make_callbacks,
+    load_data,
     resolve_resume_checkpoint,
-    write_run_config,
+    train_and_save,
 )
 
 # What LLaMA-Factory plots besides the loss, per stage.
@@ -35,24 +34,15 @@ def make_reference(model, tokenizer, config):
 
 def run(config, dry_run: bool = False, callbacks: list | None = None) -> dict:
     """Run stage dpo or kto as configured; returns the metrics of what ran ({} for a dry run)."""
-    from lathe.llm.data.pipeline import get_dataset
-    from lathe.llm.model.loader import load_model, load_tokenizer
-    from lathe.llm.templates import get_template_and_fix_tokenizer
+    from lathe.llm.model.loader import load_model
     from lathe.llm.workflows.outputs import set_stop_tokens
     from lathe.train.seed import set_seed
 
-    model_args, data_args, training_args, finetuning_args = (
-        config.model,
-        config.data,
-        config.training,
-        config.finetuning,
-    )
+    model_args, training_args, finetuning_args = config.model, config.training, config.finetuning
     stage = finetuning_args.stage
     resume_from = resolve_resume_checkpoint(config)
 
-    tokenizer = load_tokenizer(model_args)
-    template = get_template_and_fix_tokenizer(tokenizer, data_args)
-    datasets = get_dataset(template, model_args, data_args, training_args, stage=stage, tokenizer=tokenizer)
+    tokenizer, template, datasets = load_data(config, stage=stage)
     set_seed(training_args.seed)  # new weights (LoRA) are drawn while loading
     model = load_model(tokenizer, model_args, finetuning_args, is_trainable=training_args.do_train, meta=dry_run)
     checkpointing_for(model, training_args)
@@ -65,13 +55,7 @@ def run(config, dry_run: bool = False, callbacks: list | None = None) -> dict:
     set_stop_tokens(model, tokenizer, template)
     reference = make_reference(model, tokenizer, config)
     trainer = _make_trainer(config, model, reference, tokenizer, datasets, callbacks)
-    start_batch_from_plan(trainer, plan.memory)
-    metrics = {}
-    if training_args.do_train:
-        write_run_config(config)
-        result = trainer.train(resume_from_checkpoint=resume_from)
-        finish_training(trainer, config, result, datasets["eval_dataset"], train_keys=PLOTTED[stage])
-        metrics.update(result.metrics)
+    metrics = train_and_save(trainer, config, plan, resume_from, datasets["eval_dataset"], train_keys=PLOTTED[stage])
     if training_args.do_eval:
         results = trainer.evaluate(metric_key_prefix="eval")
         if reference is model:  # compared with itself: every reward is 0

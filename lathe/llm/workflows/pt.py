@@ -8,15 +8,14 @@ causal LM trained on every token.
 from __future__ import annotations
 
 from lathe.llm.methods.optimizers import MethodOptimizerMixin
-from lathe.llm.memory.fit import start_batch_from_plan
 from lathe.llm.workflows.plan import make_plan, report_plan
 from lathe.llm.workflows.setup import (
     checkpointing_for,
     evaluate_and_save,
-    finish_training,
     make_callbacks,
+    load_data,
     resolve_resume_checkpoint,
-    write_run_config,
+    train_and_save,
 )
 from lathe.train.trainer import Trainer
 from lathe.train.data.labels import IGNORE_INDEX
@@ -58,24 +57,14 @@ class PretrainCollator:
 
 def run(config, dry_run: bool = False, callbacks: list | None = None) -> dict:
     """Run stage pt as configured; returns the metrics of what ran ({} for a dry run)."""
-    from lathe.llm.data.pipeline import get_dataset
-    from lathe.llm.model.loader import load_model, load_tokenizer
-    from lathe.llm.templates import get_template_and_fix_tokenizer
+    from lathe.llm.model.loader import load_model
     from lathe.llm.workflows.outputs import set_stop_tokens
     from lathe.train.seed import set_seed
 
-    model_args, data_args, training_args, finetuning_args = (
-        config.model,
-        config.data,
-        config.training,
-        config.finetuning,
-    )
+    model_args, training_args, finetuning_args = config.model, config.training, config.finetuning
     resume_from = resolve_resume_checkpoint(config)
 
-    # Tokenizer and template first: the template may add stop tokens the model must have rows for.
-    tokenizer = load_tokenizer(model_args)
-    template = get_template_and_fix_tokenizer(tokenizer, data_args)
-    datasets = get_dataset(template, model_args, data_args, training_args, stage="pt", tokenizer=tokenizer)
+    tokenizer, template, datasets = load_data(config, stage="pt")
     set_seed(training_args.seed)  # new weights (LoRA, train_from_scratch) are drawn while loading
     model = load_model(tokenizer, model_args, finetuning_args, is_trainable=training_args.do_train, meta=dry_run)
     checkpointing_for(model, training_args)
@@ -96,13 +85,7 @@ def run(config, dry_run: bool = False, callbacks: list | None = None) -> dict:
         callbacks=make_callbacks(config) + list(callbacks or []),
         finetuning_args=finetuning_args,
     )
-    start_batch_from_plan(trainer, plan.memory)
-    metrics = {}
-    if training_args.do_train:
-        write_run_config(config)
-        result = trainer.train(resume_from_checkpoint=resume_from)
-        finish_training(trainer, config, result, datasets["eval_dataset"])
-        metrics.update(result.metrics)
+    metrics = train_and_save(trainer, config, plan, resume_from, datasets["eval_dataset"])
     if training_args.do_eval:
         metrics.update(evaluate_and_save(trainer, with_perplexity=True))
     return metrics

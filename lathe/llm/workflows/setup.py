@@ -7,6 +7,7 @@ import logging
 import math
 import os
 
+from lathe.llm.memory.fit import start_batch_from_plan
 from lathe.llm.workflows.outputs import TrainerLogCallback, plot_loss, save_generation_config
 
 __all__ = ["resolve_resume_checkpoint", "make_callbacks", "finish_training", "evaluate_and_save", "write_run_config"]
@@ -115,3 +116,29 @@ def evaluate_and_save(trainer, with_perplexity: bool, **gen_kwargs) -> dict:
     trainer.log_metrics("eval", metrics)
     trainer.save_metrics("eval", metrics)
     return metrics
+
+
+def load_data(config, stage: str):
+    """(tokenizer, template, datasets) for a stage. The tokenizer and template come first: the template may add
+    stop tokens the model must have rows for, and the data is tokenized with both."""
+    from lathe.llm.data.pipeline import get_dataset
+    from lathe.llm.model.loader import load_tokenizer
+    from lathe.llm.templates import get_template_and_fix_tokenizer
+
+    tokenizer = load_tokenizer(config.model)
+    template = get_template_and_fix_tokenizer(tokenizer, config.data)
+    datasets = get_dataset(template, config.model, config.data, config.training, stage=stage, tokenizer=tokenizer)
+    return tokenizer, template, datasets
+
+
+def train_and_save(trainer, config, plan, resume_from: str | None, eval_dataset, **finish_keys) -> dict:
+    """Start at the plan's batch size, and with do_train write the run's config, train (resuming from
+    resume_from), then save the model, the state, the logs and the loss plots; returns the training metrics
+    ({} without do_train). finish_keys are finish_training's train_keys / eval_keys (the plotted keys)."""
+    start_batch_from_plan(trainer, plan.memory)
+    if not config.training.do_train:
+        return {}
+    write_run_config(config)
+    result = trainer.train(resume_from_checkpoint=resume_from)
+    finish_training(trainer, config, result, eval_dataset, **finish_keys)
+    return dict(result.metrics)

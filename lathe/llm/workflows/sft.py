@@ -8,17 +8,17 @@ on assistant tokens only, and optionally generation on the held-out prompts.
 from __future__ import annotations
 
 from lathe.llm.methods.optimizers import MethodOptimizerMixin
-from lathe.llm.memory.fit import start_batch_from_plan
 from lathe.llm.workflows.plan import make_plan, report_plan
 from lathe.llm.workflows.setup import (
     checkpointing_for,
     evaluate_and_save,
-    finish_training,
+    load_data,
     make_callbacks,
     resolve_resume_checkpoint,
-    write_run_config,
+    train_and_save,
 )
 from lathe.llm.methods.losses import LossVariantsMixin, load_reference_model
+from lathe.train.data.labels import IGNORE_INDEX
 from lathe.train.seq2seq import Seq2SeqTrainer
 
 
@@ -50,9 +50,7 @@ def generation_kwargs(config, tokenizer, template) -> dict:
 
 def run(config, dry_run: bool = False, callbacks: list | None = None) -> dict:
     """Run stage sft as configured; returns the metrics of what ran ({} for a dry run)."""
-    from lathe.llm.data.pipeline import get_dataset
-    from lathe.llm.model.loader import load_model, load_tokenizer
-    from lathe.llm.templates import get_template_and_fix_tokenizer
+    from lathe.llm.model.loader import load_model
     from lathe.llm.workflows.metrics import GenerationMetrics
     from lathe.llm.workflows.outputs import save_predictions, set_stop_tokens
     from lathe.train.seed import set_seed
@@ -65,10 +63,7 @@ def run(config, dry_run: bool = False, callbacks: list | None = None) -> dict:
     )
     resume_from = resolve_resume_checkpoint(config)
 
-    # Tokenizer and template first: the template may add stop tokens the model must have rows for.
-    tokenizer = load_tokenizer(model_args)
-    template = get_template_and_fix_tokenizer(tokenizer, data_args)
-    datasets = get_dataset(template, model_args, data_args, training_args, stage="sft", tokenizer=tokenizer)
+    tokenizer, template, datasets = load_data(config, stage="sft")
     set_seed(training_args.seed)  # new weights (LoRA, train_from_scratch) are drawn while loading
     model = load_model(tokenizer, model_args, finetuning_args, is_trainable=training_args.do_train, meta=dry_run)
     checkpointing_for(model, training_args)
@@ -89,7 +84,7 @@ def run(config, dry_run: bool = False, callbacks: list | None = None) -> dict:
         tokenizer=tokenizer,
         model=model,
         neat_packing=data_args.neat_packing,
-        label_pad_token_id=-100 if data_args.ignore_pad_token_for_loss else tokenizer.pad_token_id,
+        label_pad_token_id=IGNORE_INDEX if data_args.ignore_pad_token_for_loss else tokenizer.pad_token_id,
         pad_to_multiple_of=8 if training_args.do_train else None,
     )
     trainer = SFTTrainer(
@@ -106,13 +101,7 @@ def run(config, dry_run: bool = False, callbacks: list | None = None) -> dict:
         finetuning_args=finetuning_args,
         ref_model=load_reference_model(tokenizer, model_args, finetuning_args),
     )
-    start_batch_from_plan(trainer, plan.memory)
-    metrics = {}
-    if training_args.do_train:
-        write_run_config(config)
-        result = trainer.train(resume_from_checkpoint=resume_from)
-        finish_training(trainer, config, result, datasets["eval_dataset"])
-        metrics.update(result.metrics)
+    metrics = train_and_save(trainer, config, plan, resume_from, datasets["eval_dataset"])
 
     gen_kwargs = generation_kwargs(config, tokenizer, template) if training_args.predict_with_generate else {}
     if training_args.predict_with_generate:
