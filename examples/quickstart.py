@@ -7,7 +7,7 @@ Run: python examples/quickstart.py  (about 10 seconds on 2 CPU cores)
 import torch
 from torch import nn
 
-from lathe import Trainer, TrainingArguments
+from lathe import Trainer, TrainingArguments, set_seed
 
 
 class Regressor(nn.Module):
@@ -55,6 +55,7 @@ def main():
         report_to="none",
         disable_tqdm=True,
     )
+    set_seed(args.seed)  # before the model is built, so its initial weights (and the numbers printed) repeat
     trainer = Trainer(
         model=Regressor(),
         args=args,

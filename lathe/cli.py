@@ -14,6 +14,23 @@ def _env(_options) -> int:
     return 0
 
 
+def _version(_options) -> int:
+    print(f"lathe {lathe_version()}")
+    return 0
+
+
+def lathe_version() -> str:
+    """The installed lathe's version (its package metadata), else lathe.__version__ (a source tree on the path)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("lathe")
+    except PackageNotFoundError:
+        import lathe
+
+        return lathe.__version__
+
+
 def _pop_flags(overrides: list[str], *names: str) -> tuple[list[str], set[str]]:
     """Take lathe's own flags (--dry_run, --traceback) out of the config overrides, wherever they are."""
     found = {name for name in names if f"--{name}" in overrides or f"--{name.replace('_', '-')}" in overrides}
@@ -221,11 +238,13 @@ def _add_inference_parsers(commands) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="lathe", description="Train and fine-tune PyTorch models.")
+    parser.add_argument("--version", action="store_true", help="print lathe's version and exit")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
     env = commands.add_parser(
         "env", help="print versions of python, torch, lathe and optional packages, and the devices"
     )
     env.set_defaults(run=_env)
+    commands.add_parser("version", help="print lathe's version (as --version)").set_defaults(run=_version)
     _add_train_parsers(commands)
     _add_inference_parsers(commands)
     _add_expand_parser(commands)
@@ -235,6 +254,8 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     options = parser.parse_args(sys.argv[1:] if argv is None else argv)
+    if options.version:
+        return _version(options)
     if getattr(options, "run", None) is None:
         parser.print_help()
         return 0

