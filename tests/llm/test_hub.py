@@ -148,6 +148,23 @@ def test_hub_dataset_is_read_from_its_cached_repository(tmp_path, hub_cache, tin
         )
 
 
+def test_ref_model_from_the_hub_cache(hub_cache, tiny_model_dir):
+    from lathe.llm.model.hub import resolve_config
+    from lathe.llm.preference.reference import create_reference_model
+
+    put_in_hub_cache(tiny_model_dir, hub_cache, "Org/Tiny")
+    values = {"stage": "dpo", "finetuning_type": "full", "pref_loss": "sigmoid"}
+    missing = _config(tiny_model_dir, ref_model="Org/Ref", **values)
+    with pytest.raises(FileNotFoundError, match="ref_model 'Org/Ref' is not a local folder .*hf download Org/Ref"):
+        resolve_config(missing)
+    config = _config(tiny_model_dir, ref_model="Org/Tiny", **values)
+    resolve_config(config)
+    tokenizer = load_tokenizer(config.model)
+    reference = create_reference_model(tokenizer, config.model, config.finetuning)
+    assert reference.name_or_path == "Org/Tiny" and not any(p.requires_grad for p in reference.parameters())
+    assert torch.equal(_logits(reference), _logits(_load(_config(tiny_model_dir, finetuning_type="full"))[1]))
+
+
 def test_token_is_never_printed(tiny_model_dir):
     config = _config(tiny_model_dir, hf_hub_token="hf_secret123")
     assert config.model.hf_hub_token == "hf_secret123"
@@ -199,3 +216,61 @@ def test_offline_and_not_cached_is_one_line_before_the_configuration(tmp_path, w
     assert "'Qwen/Qwen3-4B-Instruct-2507'" in errors[0]
     assert "`hf download Qwen/Qwen3-4B-Instruct-2507`" in errors[0] and "unset HF_HUB_OFFLINE" in errors[0]
     assert str(tmp_path / "hf" / "hub") in errors[0]  # the cache it looked in
+
+
+ONLINE_SCRIPT = """
+import sys
+from lathe.llm.config import parse_train_config
+from lathe.llm.model.hub import resolve_config
+from lathe.llm.model.loader import load_model, load_tokenizer
+config = parse_train_config({"model_name_or_path": sys.argv[1], "adapter_name_or_path": sys.argv[2], "dataset": "d",
+                             "output_dir": "unused"})
+resolve_config(config)
+tokenizer = load_tokenizer(config.model)
+model = load_model(tokenizer, config.model, config.finetuning)
+print("loaded", model.name_or_path)
+"""
+
+
+@pytest.mark.slow
+def test_hub_ids_download_from_an_endpoint_into_the_cache(tmp_path, tiny_model_dir):
+    """Online through HF_ENDPOINT (a local stand-in of the Hub): the model and the adapter land in the cache in
+    the Hub's layout, an unused weight format is not downloaded, and afterwards they load offline."""
+    import shutil
+
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    from tests.llm.hub_server import HubStandIn
+
+    model = tmp_path / "model"
+    shutil.copytree(tiny_model_dir, model)
+    (model / "original").mkdir()
+    (model / "original" / "consolidated.00.pth").write_bytes(b"weights for another program")
+    (model / "pytorch_model.bin").write_bytes(b"a second copy of the weights")
+    peft_model = get_peft_model(
+        AutoModelForCausalLM.from_pretrained(tiny_model_dir), LoraConfig(r=2, target_modules=["q_proj"])
+    )
+    peft_model.save_pretrained(tmp_path / "adapter")
+    env = dict(os.environ, PYTHONPATH=REPO_ROOT, HF_HOME=str(tmp_path / "hf"), OMP_NUM_THREADS="1")
+    for key in ("HF_HUB_CACHE", "HF_HUB_OFFLINE", "HF_TOKEN"):
+        env.pop(key, None)
+    with HubStandIn() as hub:
+        hub.add_folder(model, "Org/Tiny")
+        hub.add_folder(tmp_path / "adapter", "Org/Tiny-LoRA", commit="d" * 40)
+        env["HF_ENDPOINT"] = hub.url
+        command = [sys.executable, "-c", ONLINE_SCRIPT, "Org/Tiny", "Org/Tiny-LoRA"]
+        online = subprocess.run(command, capture_output=True, text=True, env=env, timeout=300)
+        assert online.returncode == 0, online.stderr[-3000:]
+        downloaded = {
+            request.split("/resolve/" + "c" * 40 + "/")[-1] for request in hub.requests if "GET /Org/Tiny/" in request
+        }
+    assert "loaded Org/Tiny" in online.stdout
+    snapshot = tmp_path / "hf" / "hub" / "models--Org--Tiny" / "snapshots" / ("c" * 40)
+    assert (snapshot / "model.safetensors").is_file() and (snapshot / "config.json").is_file()
+    assert "model.safetensors" in downloaded
+    assert not {"pytorch_model.bin", "original/consolidated.00.pth"} & downloaded  # transformers reads safetensors
+    assert (tmp_path / "hf" / "hub" / "models--Org--Tiny-LoRA" / "refs" / "main").read_text() == "d" * 40
+    # The server is gone: the cache serves both, offline.
+    offline = subprocess.run(command, capture_output=True, text=True, env=dict(env, HF_HUB_OFFLINE="1"), timeout=300)
+    assert offline.returncode == 0, offline.stderr[-3000:]
