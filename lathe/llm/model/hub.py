@@ -78,7 +78,7 @@ def resolve_folder(name: str, options: HubOptions, key: str = "model_name_or_pat
     from huggingface_hub import constants
 
     memo = (name, options, repo_type, constants.HF_HUB_CACHE, constants.HF_HUB_OFFLINE, constants.ENDPOINT)
-    if memo not in _RESOLVED:
+    if not os.path.isdir(_RESOLVED.get(memo, "")):  # a snapshot removed since is looked up again
         if options.hub == "modelscope":
             _RESOLVED[memo] = _modelscope_snapshot(name, options, key, repo_type)
         elif options.hub == "huggingface":
