@@ -6,7 +6,8 @@ huggingface_hub's snapshot_download uses (checked against huggingface_hub 2.4):
     HEAD|GET /{repo}/resolve/{rev}/{path}                (datasets: /datasets/{repo}/resolve/...) with
          X-Repo-Commit, ETag and Content-Length
 
-Every request's path is recorded, so a test can tell which files were downloaded.
+Every request's path is recorded, so a test can tell which files were downloaded, and so is every
+Authorization header (which token was sent).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ class HubStandIn:
     def __init__(self):
         self.repos: dict[tuple[str, str], dict] = {}
         self.requests: list[str] = []
+        self.authorizations: set[str | None] = set()
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
@@ -65,6 +67,7 @@ class HubStandIn:
             def _serve(self, body: bool) -> None:
                 path = unquote(urlparse(self.path).path)
                 hub.requests.append(f"{self.command} {path}")
+                hub.authorizations.add(self.headers.get("Authorization"))
                 parts = path.strip("/").split("/")
                 if parts[0] == "api":  # api/{models|datasets}/{org}/{name}/{revision|tree}/{rev}
                     repo = hub.repos.get((parts[1][:-1], "/".join(parts[2:4])))

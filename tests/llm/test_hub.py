@@ -224,7 +224,7 @@ from lathe.llm.config import parse_train_config
 from lathe.llm.model.hub import resolve_config
 from lathe.llm.model.loader import load_model, load_tokenizer
 config = parse_train_config({"model_name_or_path": sys.argv[1], "adapter_name_or_path": sys.argv[2], "dataset": "d",
-                             "output_dir": "unused"})
+                             "output_dir": "unused", "hf_hub_token": sys.argv[3]})
 resolve_config(config)
 tokenizer = load_tokenizer(config.model)
 model = load_model(tokenizer, config.model, config.finetuning)
@@ -235,7 +235,8 @@ print("loaded", model.name_or_path)
 @pytest.mark.slow
 def test_hub_ids_download_from_an_endpoint_into_the_cache(tmp_path, tiny_model_dir):
     """Online through HF_ENDPOINT (a local stand-in of the Hub): the model and the adapter land in the cache in
-    the Hub's layout, an unused weight format is not downloaded, and afterwards they load offline."""
+    the Hub's layout, an unused weight format is not downloaded, hf_hub_token is sent (over HF_TOKEN, as
+    LLaMA-Factory passes it to transformers), and afterwards they load offline."""
     import shutil
 
     from peft import LoraConfig, get_peft_model
@@ -252,20 +253,21 @@ def test_hub_ids_download_from_an_endpoint_into_the_cache(tmp_path, tiny_model_d
         AutoModelForCausalLM.from_pretrained(tiny_model_dir), LoraConfig(r=2, target_modules=["q_proj"])
     )
     peft_model.save_pretrained(tmp_path / "adapter")
-    env = dict(os.environ, PYTHONPATH=REPO_ROOT, HF_HOME=str(tmp_path / "hf"), OMP_NUM_THREADS="1")
-    for key in ("HF_HUB_CACHE", "HF_HUB_OFFLINE", "HF_TOKEN"):
+    env = dict(os.environ, PYTHONPATH=REPO_ROOT, HF_HOME=str(tmp_path / "hf"), OMP_NUM_THREADS="1", HF_TOKEN="hf_env")
+    for key in ("HF_HUB_CACHE", "HF_HUB_OFFLINE"):
         env.pop(key, None)
     with HubStandIn() as hub:
         hub.add_folder(model, "Org/Tiny")
         hub.add_folder(tmp_path / "adapter", "Org/Tiny-LoRA", commit="d" * 40)
         env["HF_ENDPOINT"] = hub.url
-        command = [sys.executable, "-c", ONLINE_SCRIPT, "Org/Tiny", "Org/Tiny-LoRA"]
+        command = [sys.executable, "-c", ONLINE_SCRIPT, "Org/Tiny", "Org/Tiny-LoRA", "hf_key"]
         online = subprocess.run(command, capture_output=True, text=True, env=env, timeout=300)
         assert online.returncode == 0, online.stderr[-3000:]
         downloaded = {
             request.split("/resolve/" + "c" * 40 + "/")[-1] for request in hub.requests if "GET /Org/Tiny/" in request
         }
     assert "loaded Org/Tiny" in online.stdout
+    assert hub.authorizations <= {"Bearer hf_key", None} and "Bearer hf_key" in hub.authorizations
     snapshot = tmp_path / "hf" / "hub" / "models--Org--Tiny" / "snapshots" / ("c" * 40)
     assert (snapshot / "model.safetensors").is_file() and (snapshot / "config.json").is_file()
     assert "model.safetensors" in downloaded
@@ -274,3 +276,37 @@ def test_hub_ids_download_from_an_endpoint_into_the_cache(tmp_path, tiny_model_d
     # The server is gone: the cache serves both, offline.
     offline = subprocess.run(command, capture_output=True, text=True, env=dict(env, HF_HUB_OFFLINE="1"), timeout=300)
     assert offline.returncode == 0, offline.stderr[-3000:]
+
+
+def test_use_modelscope_hub_downloads_through_modelscope(tmp_path, hub_cache, monkeypatch, tiny_model_dir):
+    """USE_MODELSCOPE_HUB=1: names go to modelscope's snapshot_download (a stand-in module here), with
+    ModelScope's default branch for main, cache_dir, and ms_hub_url chosen over hf_hub_url for datasets."""
+    import types
+
+    from lathe.llm.data.registry import get_dataset_list
+    from lathe.llm.model.hub import resolve_hub_datasets
+
+    calls = []
+
+    def snapshot_download(name, revision=None, cache_dir=None, repo_type=None):
+        calls.append((name, revision, cache_dir, repo_type))
+        return tiny_model_dir
+
+    package = types.ModuleType("modelscope")
+    hub = types.ModuleType("modelscope.hub")
+    module = types.ModuleType("modelscope.hub.snapshot_download")
+    module.snapshot_download = snapshot_download
+    for name, value in (("modelscope", package), ("modelscope.hub", hub), ("modelscope.hub.snapshot_download", module)):
+        monkeypatch.setitem(sys.modules, name, value)
+    monkeypatch.setenv("USE_MODELSCOPE_HUB", "1")
+
+    config = _config("Qwen/Qwen3-0.6B", cache_dir=str(tmp_path / "ms"))
+    assert load_tokenizer(config.model).eos_token == "</s>"
+    assert calls == [("Qwen/Qwen3-0.6B", "master", str(tmp_path / "ms"), "model")]
+    load_tokenizer(_config("Qwen/Qwen3-0.6B", model_revision="v1.0").model)
+    assert calls[-1][:2] == ("Qwen/Qwen3-0.6B", "v1.0")
+
+    registry = {"both": {"hf_hub_url": "hf/data", "ms_hub_url": "ms/data"}}
+    (attr,) = get_dataset_list(["both"], registry)
+    resolve_hub_datasets([attr], config.model)
+    assert calls[-1] == ("ms/data", "master", str(tmp_path / "ms"), "dataset") and attr.snapshot == tiny_model_dir
