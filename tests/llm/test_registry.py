@@ -219,3 +219,12 @@ def test_empty_folder_is_an_error(tmp_path):
     write_info(tmp_path, {"mine": {"file_name": "empty"}})
     with pytest.raises(ValueError, match="the folder .*empty holds no data files"):
         resolve_data_files(get_dataset_list(["mine"], str(tmp_path))[0], str(tmp_path))
+
+
+def test_hub_entry_needs_no_file_name_and_a_repository_id():
+    (attr,) = get_dataset_list(["x"], {"x": {"hf_hub_url": "Org/Data", "subset": "en", "folder": "data"}})
+    assert (attr.hub_urls, attr.subset, attr.folder, attr.file_name) == ({"hf_hub_url": "Org/Data"}, "en", "data", "")
+    with pytest.raises(ValueError, match=r"\(key 'hf_hub_url'\): must be a repository id such as Org/Name, got ''"):
+        get_dataset_list(["x"], {"x": {"hf_hub_url": ""}})
+    with pytest.raises(ValueError, match="no 'file_name'"):
+        get_dataset_list(["x"], {"x": {"formatting": "alpaca"}})

@@ -102,7 +102,7 @@ class DatasetAttr:
     # (LLaMA-Factory raises KeyError there); a column the entry names explicitly must exist.
     implicit_columns: tuple[str, ...] = field(default=("prompt", "query", "response", "messages"))
     # A dataset repository on a hub (LLaMA-Factory's hf_hub_url / ms_hub_url / om_hub_url), read with its
-    # subset (config name) and folder (data_dir); pipeline.resolve_hub_datasets sets snapshot to its local copy.
+    # subset (config name) and folder (data_dir); lathe.llm.model.hub.resolve_hub_datasets sets snapshot, its local copy.
     hub_urls: dict[str, str] = field(default_factory=dict)
     subset: str | None = None
     folder: str | None = None
@@ -231,11 +231,10 @@ def _check_entry_keys(entry: Any, where: str) -> None:
     for key in HUB_KEYS:
         if key in entry and (not isinstance(entry[key], str) or not entry[key]):
             raise ValueError(f"{where} (key '{key}'): must be a repository id such as Org/Name, got {entry[key]!r}")
-    if any(key in entry for key in HUB_KEYS):
-        pass  # the repository takes the place of file_name, as in LLaMA-Factory
-    elif "file_name" not in entry:
+    has_repository = any(key in entry for key in HUB_KEYS)  # it takes file_name's place, as in LLaMA-Factory
+    if not has_repository and "file_name" not in entry:
         raise ValueError(f"{where}: no 'file_name' (a file or folder relative to the dataset_dir).")
-    elif not isinstance(entry["file_name"], str) or not entry["file_name"]:
+    if not has_repository and (not isinstance(entry["file_name"], str) or not entry["file_name"]):
         raise ValueError(f"{where} (key 'file_name'): must be a non-empty string, got {entry['file_name']!r}")
     if not isinstance(entry.get("ranking", False), bool):
         raise ValueError(f"{where} (key 'ranking'): must be true or false, got {entry['ranking']!r}")
@@ -305,7 +304,9 @@ def resolve_data_files(attr: DatasetAttr, dataset_dir: str) -> tuple[list[str], 
     if attr.snapshot is not None:
         return hub_data_files(attr)
     if attr.hub_urls:
-        raise ValueError(f"{attr.where()}: the hub dataset was not downloaded (pipeline.resolve_hub_datasets).")
+        raise ValueError(
+            f"{attr.where()}: the repository was not looked up (lathe.llm.model.hub.resolve_hub_datasets)."
+        )
     local_path = os.path.join(dataset_dir, attr.file_name)
     if os.path.isdir(local_path):
         files = sorted(
