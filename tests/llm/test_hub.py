@@ -229,6 +229,11 @@ resolve_config(config)
 tokenizer = load_tokenizer(config.model)
 model = load_model(tokenizer, config.model, config.finetuning)
 print("loaded", model.name_or_path)
+from lathe.llm.data.registry import get_dataset_list, resolve_data_files
+from lathe.llm.model.hub import resolve_hub_datasets
+attrs = get_dataset_list(["sums"], {"sums": {"hf_hub_url": "Org/Sums"}})
+resolve_hub_datasets(attrs, config.model)
+print("dataset files", [path.rsplit("/", 2)[-2:] for path in resolve_data_files(attrs[0], "unused")[0]])
 """
 
 
@@ -259,6 +264,9 @@ def test_hub_ids_download_from_an_endpoint_into_the_cache(tmp_path, tiny_model_d
     with HubStandIn() as hub:
         hub.add_folder(model, "Org/Tiny")
         hub.add_folder(tmp_path / "adapter", "Org/Tiny-LoRA", commit="d" * 40)
+        (tmp_path / "sums" / "data").mkdir(parents=True)
+        (tmp_path / "sums" / "data" / "train.json").write_text('[{"instruction": "1+1", "output": "2"}]')
+        hub.add_folder(tmp_path / "sums", "Org/Sums", repo_type="dataset", commit="e" * 40)
         env["HF_ENDPOINT"] = hub.url
         command = [sys.executable, "-c", ONLINE_SCRIPT, "Org/Tiny", "Org/Tiny-LoRA", "hf_key"]
         online = subprocess.run(command, capture_output=True, text=True, env=env, timeout=300)
@@ -267,6 +275,7 @@ def test_hub_ids_download_from_an_endpoint_into_the_cache(tmp_path, tiny_model_d
             request.split("/resolve/" + "c" * 40 + "/")[-1] for request in hub.requests if "GET /Org/Tiny/" in request
         }
     assert "loaded Org/Tiny" in online.stdout
+    assert "dataset files [['data', 'train.json']]" in online.stdout
     assert hub.authorizations <= {"Bearer hf_key", None} and "Bearer hf_key" in hub.authorizations
     snapshot = tmp_path / "hf" / "hub" / "models--Org--Tiny" / "snapshots" / ("c" * 40)
     assert (snapshot / "model.safetensors").is_file() and (snapshot / "config.json").is_file()
@@ -276,6 +285,7 @@ def test_hub_ids_download_from_an_endpoint_into_the_cache(tmp_path, tiny_model_d
     # The server is gone: the cache serves both, offline.
     offline = subprocess.run(command, capture_output=True, text=True, env=dict(env, HF_HUB_OFFLINE="1"), timeout=300)
     assert offline.returncode == 0, offline.stderr[-3000:]
+    assert "dataset files [['data', 'train.json']]" in offline.stdout
 
 
 def test_use_modelscope_hub_downloads_through_modelscope(tmp_path, hub_cache, monkeypatch, tiny_model_dir):
