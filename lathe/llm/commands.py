@@ -59,11 +59,15 @@ def _reported(command: str, traceback: bool, run, errors: tuple = USER_ERRORS) -
 def train_command(config_path: str, overrides: list[str], dry_run: bool = False, traceback: bool = False) -> int:
     """`lathe train CONFIG [key=value ...]`: print the resolved configuration and the plan, then train."""
     from lathe.llm.config import parse_train_config
-    from lathe.llm.launch import relaunch
-    from lathe.llm.model.hub import resolve_config
+    from lathe.llm.config_sections import hub_from_environment
+    from lathe.llm.config_values import RawConfig
+    from lathe.llm.launch import launch_settings, relaunch
+    from lathe.llm.model.hub import resolve_config, resolve_raw_config
     from lathe.llm.workflows.plan import format_config, print_once
 
     def train() -> int:
+        if not dry_run and launch_settings(config_path, overrides) is not None:
+            resolve_raw_config(RawConfig(config_path, overrides).values, hub_from_environment())  # once, not per rank
         code = (
             None if dry_run else relaunch(config_path, overrides)
         )  # under torchrun when several processes are asked for

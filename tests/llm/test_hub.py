@@ -191,7 +191,8 @@ def test_a_path_that_is_no_folder_nor_id_says_so(tmp_path):
         resolve_folder(str(tmp_path / "nope"), HubOptions())
 
 
-def test_offline_and_not_cached_is_one_line_before_the_configuration(tmp_path, write_yaml):
+@pytest.mark.parametrize("launch", [{}, {"FORCE_TORCHRUN": "1", "NPROC_PER_NODE": "2"}], ids=["one", "torchrun"])
+def test_offline_and_not_cached_is_one_line_before_the_configuration(tmp_path, write_yaml, launch):
     config = write_yaml(
         tmp_path / "c.yaml",
         {
@@ -204,13 +205,14 @@ def test_offline_and_not_cached_is_one_line_before_the_configuration(tmp_path, w
             "output_dir": str(tmp_path / "out"),
         },
     )
-    env = dict(os.environ, PYTHONPATH=REPO_ROOT, HF_HUB_OFFLINE="1", HF_HOME=str(tmp_path / "hf"))
+    env = dict(os.environ, PYTHONPATH=REPO_ROOT, HF_HUB_OFFLINE="1", HF_HOME=str(tmp_path / "hf"), **launch)
     env.pop("HF_HUB_CACHE", None)
     result = subprocess.run(
         [sys.executable, "-m", "lathe", "train", config], capture_output=True, text=True, env=env, timeout=300
     )
     assert result.returncode == 2
     assert "Configuration" not in result.stdout  # stopped before the configuration dump
+    assert "process(es) per node" not in result.stdout  # and, under torchrun, before the ranks start
     errors = [line for line in result.stderr.splitlines() if line.startswith("lathe train: error:")]
     assert len(errors) == 1 and "Traceback" not in result.stderr
     assert "'Qwen/Qwen3-4B-Instruct-2507'" in errors[0]

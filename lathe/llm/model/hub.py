@@ -22,9 +22,10 @@ __all__ = [
     "model_folder",
     "adapter_folders",
     "resolve_config",
+    "resolve_raw_config",
+    "resolve_hub_datasets",
 ]
 
-HUBS = ("huggingface", "modelscope")
 # Huggingface_hub's repository-id rule: [org/]name of letters, digits, "-", "_", ".".
 REPO_ID = re.compile(r"^(?:[\w\-.]+/)?[\w\-.]+$")
 # Weight formats transformers does not read for a causal LM (or copies of the weights for other programs):
@@ -114,6 +115,25 @@ def resolve_config(config) -> None:
         resolve_folder(finetuning.ref_model, options, "ref_model")
         for adapter in finetuning.ref_model_adapters or []:
             resolve_folder(adapter, options, "ref_model_adapters")
+
+
+def resolve_raw_config(values: dict, hub: str) -> None:
+    """resolve_config for a config's raw values, before `lathe train` starts its ranks under torchrun: the model
+    is downloaded once, and a missing one is one line instead of one per rank. Values the ranks would refuse
+    are left for their parse to report."""
+    options = HubOptions(
+        hub=hub,
+        cache_dir=values.get("cache_dir"),
+        revision=str(values.get("model_revision") or "main"),
+        token=values.get("hf_hub_token"),
+        ms_token=values.get("ms_hub_token"),
+    )
+    for key in ("model_name_or_path", "adapter_name_or_path", "ref_model", "ref_model_adapters"):
+        value = values.get(key)
+        names = value.split(",") if isinstance(value, str) else []
+        for name in (name.strip() for name in names):
+            if name:
+                resolve_folder(name, options, key)
 
 
 def resolve_hub_datasets(attrs, model_args) -> None:
