@@ -59,16 +59,22 @@ def _reported(command: str, traceback: bool, run, errors: tuple = USER_ERRORS) -
 def train_command(config_path: str, overrides: list[str], dry_run: bool = False, traceback: bool = False) -> int:
     """`lathe train CONFIG [key=value ...]`: print the resolved configuration and the plan, then train."""
     from lathe.llm.config.train import parse_train_config
-    from lathe.llm.launch import relaunch
+    from lathe.llm.config.sections import hub_from_environment
+    from lathe.llm.config.values import RawConfig
+    from lathe.llm.launch import launch_settings, relaunch
+    from lathe.llm.model.hub import resolve_config, resolve_raw_config
     from lathe.llm.workflows.plan import format_config, print_once
 
     def train() -> int:
+        if not dry_run and launch_settings(config_path, overrides) is not None:
+            resolve_raw_config(RawConfig(config_path, overrides).values, hub_from_environment())  # once, not per rank
         code = (
             None if dry_run else relaunch(config_path, overrides)
         )  # under torchrun when several processes are asked for
         if code is not None:
             return code
         config = parse_train_config(config_path, overrides)
+        resolve_config(config)  # hub ids: found (or downloaded) before the configuration and the plan are printed
         print_once(config, format_config(config))
         run_train(config, dry_run=dry_run)
         if dry_run:
@@ -133,10 +139,13 @@ def expand_command(
     traceback: bool = False,
 ) -> int:
     """`lathe expand MODEL OUTPUT_DIR --num_expand N`: LLaMA Pro block expansion (lathe/llm/model/llama_pro.py)."""
+    from lathe.llm.config.sections import hub_from_environment
+    from lathe.llm.model.hub import HubOptions, resolve_folder
     from lathe.llm.model.llama_pro import expand_blocks
 
     def expand() -> int:
-        result = expand_blocks(model_name_or_path, output_dir, num_expand, max_shard_size, trust_remote_code)
+        folder = resolve_folder(model_name_or_path, HubOptions(hub=hub_from_environment()))
+        result = expand_blocks(folder, output_dir, num_expand, max_shard_size, trust_remote_code)
         before, after = result["layers"]
         print(
             f"Expanded {model_name_or_path} from {before} to {after} layers into {output_dir} (the copies start as the "

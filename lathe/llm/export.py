@@ -64,7 +64,9 @@ def export_model(config) -> ExportReport:
         raise ValueError("export_dir is required: the folder to write the exported model into.")
     if os.path.isdir(export_dir) and os.listdir(export_dir):
         raise ValueError(f"export_dir {export_dir!r} is not empty: choose a new folder (nothing is overwritten).")
-    adapters = list(config.model.adapter_name_or_path or [])
+    from lathe.llm.model.hub import adapter_folders
+
+    adapters = adapter_folders(config.model)
     device = _export_device(config.export.export_device)
 
     # Float32 for the merge: merging a low-rank update into half-precision weights rounds it away.
@@ -228,7 +230,9 @@ def _copy_value_head(model_args, export_dir: str) -> None:
 
     from lathe.llm.model.value_head import VALUE_HEAD_FILE
 
-    source = (model_args.adapter_name_or_path or [model_args.model_name_or_path])[-1]
+    from lathe.llm.model.hub import adapter_folders, model_folder
+
+    source = (adapter_folders(model_args) or [model_folder(model_args)])[-1]
     path = os.path.join(source, VALUE_HEAD_FILE)
     if not os.path.isfile(path):
         raise FileNotFoundError(f"stage: rm, but {source} has no {VALUE_HEAD_FILE}: it is not a reward model's output.")

@@ -118,7 +118,7 @@ def test_skipped_rows_are_reported_and_the_rest_kept(setup, caplog):
         ("ppo", {"dataset": "alpaca_json"}, "stage 'ppo' is not supported yet"),
         ("dpo", {"dataset": "alpaca_json"}, "stage dpo trains on ranking data"),
         ("sft", {}, "No dataset: set `dataset`"),
-        ("sft", {"dataset": "hub_dataset"}, "lathe works offline"),
+        ("sft", {"dataset": "script_dataset"}, "lathe does not run dataset scripts"),
     ],
 )
 def test_clear_errors(setup, stage, values, message):

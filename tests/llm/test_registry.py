@@ -104,23 +104,24 @@ def test_unknown_formatting_suggests_one():
     )
 
 
-@pytest.mark.parametrize(
-    "name, key, source",
-    [
-        ("hub_dataset", "hf_hub_url", "llamafactory/alpaca_en"),
-        ("ms_dataset", "ms_hub_url", "llamafactory/alpaca_zh"),
-        ("script_dataset", "script_url", "my_script"),
-    ],
-)
-def test_hub_and_script_sources_are_a_clear_offline_error(name, key, source):
-    assert error(name) == (
-        f"dataset '{name}' in {INFO} (key '{key}'): loads '{source}' from a hub or script: "
-        f"lathe works offline; download the dataset and point file_name at it."
+def test_script_sources_are_a_clear_error():
+    assert error("script_dataset") == (
+        f"dataset 'script_dataset' in {INFO} (key 'script_url'): loads 'my_script' from a script or cloud: "
+        f"lathe does not run dataset scripts or read cloud storage; download the data and point file_name at it."
     )
 
 
-def test_online_dataset_dir_is_an_offline_error():
-    with pytest.raises(ValueError, match="lathe works offline; download the dataset and point file_name at it"):
+@pytest.mark.parametrize(
+    "name, key, source",
+    [("hub_dataset", "hf_hub_url", "llamafactory/alpaca_en"), ("ms_dataset", "ms_hub_url", "llamafactory/alpaca_zh")],
+)
+def test_hub_entries_name_their_repository(name, key, source):
+    (attr,) = get_dataset_list([name], DATA_DIR)
+    assert attr.hub_urls == {key: source} and attr.snapshot is None  # downloaded when the data is loaded
+
+
+def test_online_dataset_dir_is_a_clear_error():
+    with pytest.raises(ValueError, match="reads the registry from a hub, which lathe does not do"):
         get_dataset_list(["x"], "ONLINE")
 
 
@@ -218,3 +219,12 @@ def test_empty_folder_is_an_error(tmp_path):
     write_info(tmp_path, {"mine": {"file_name": "empty"}})
     with pytest.raises(ValueError, match="the folder .*empty holds no data files"):
         resolve_data_files(get_dataset_list(["mine"], str(tmp_path))[0], str(tmp_path))
+
+
+def test_hub_entry_needs_no_file_name_and_a_repository_id():
+    (attr,) = get_dataset_list(["x"], {"x": {"hf_hub_url": "Org/Data", "subset": "en", "folder": "data"}})
+    assert (attr.hub_urls, attr.subset, attr.folder, attr.file_name) == ({"hf_hub_url": "Org/Data"}, "en", "data", "")
+    with pytest.raises(ValueError, match=r"\(key 'hf_hub_url'\): must be a repository id such as Org/Name, got ''"):
+        get_dataset_list(["x"], {"x": {"hf_hub_url": ""}})
+    with pytest.raises(ValueError, match="no 'file_name'"):
+        get_dataset_list(["x"], {"x": {"formatting": "alpaca"}})

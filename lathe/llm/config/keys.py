@@ -10,11 +10,7 @@ from __future__ import annotations
 
 # feature (as the error message names it) -> {key: LLaMA-Factory default}
 UNSUPPORTED_BY_FEATURE: dict[str, dict[str, object]] = {
-    "model hubs and remote files (lathe loads local folders)": {
-        "cache_dir": None,
-        "model_revision": "main",
-        "hf_hub_token": None,
-        "ms_hub_token": None,
+    "the OpenMind hub and remote adapter options (lathe reads the Hugging Face Hub and ModelScope)": {
         "om_hub_token": None,
         "adapter_folder": None,
         "offload_folder": "offload",

@@ -4,11 +4,20 @@ assembles them with the fine-tuning, generation and training sections into a Tra
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from typing import Literal
 
 from lathe.llm.config.methods import check_quantization_bit
 from lathe.llm.config.values import split_commas
+
+
+def hub_from_environment() -> str:
+    """LLaMA-Factory's switches, read with the config: USE_MODELSCOPE_HUB / USE_OPENMIND_HUB (true, y or 1)."""
+    for name, hub in (("USE_MODELSCOPE_HUB", "modelscope"), ("USE_OPENMIND_HUB", "openmind")):
+        if os.environ.get(name, "0").lower() in ("true", "y", "1"):
+            return hub
+    return "huggingface"
 
 
 def help_text(text: str) -> dict:
@@ -22,14 +31,29 @@ class ModelArguments:
     _argument_group_name = "model"
 
     model_name_or_path: str | None = field(
-        default=None, metadata=help_text("Local folder of the model and tokenizer (from save_pretrained).")
+        default=None,
+        metadata=help_text(
+            "The model and tokenizer: a local folder (from save_pretrained) or a hub id such as Org/Name (downloaded "
+            "once into the Hugging Face cache; ModelScope with USE_MODELSCOPE_HUB=1)."
+        ),
     )
     adapter_name_or_path: str | None = field(
         default=None,
         metadata=help_text(
-            "LoRA adapter folder(s), comma separated: all but the last are merged; the last is trained further (or merged too with create_new_adapter)."
+            "LoRA adapter folder(s) or hub id(s), comma separated: all but the last are merged; the last is trained further (or merged too with create_new_adapter)."
         ),
     )
+    cache_dir: str | None = field(
+        default=None,
+        metadata=help_text("Where hub downloads are kept (default: the Hugging Face cache, HF_HUB_CACHE)."),
+    )
+    model_revision: str = field(
+        default="main", metadata=help_text("The branch, tag or commit of hub ids (model, adapters, ref_model).")
+    )
+    hf_hub_token: str | None = field(
+        default=None, metadata=help_text("Hugging Face Hub token (default: HF_TOKEN or the one `hf auth login` saved).")
+    )
+    ms_hub_token: str | None = field(default=None, metadata=help_text("ModelScope token (USE_MODELSCOPE_HUB=1)."))
     use_fast_tokenizer: bool = field(default=True, metadata=help_text("Use the fast (tokenizers-backed) tokenizer."))
     resize_vocab: bool = field(
         default=False, metadata=help_text("Resize the embeddings to the tokenizer's vocabulary size.")
@@ -116,12 +140,19 @@ class ModelArguments:
     block_diag_attn: bool = field(
         default=False, init=False, metadata=help_text("neat_packing: attention may not cross packed examples.")
     )
+    model_hub: str = field(
+        default="huggingface",
+        init=False,
+        metadata=help_text("Where hub ids come from: modelscope with USE_MODELSCOPE_HUB=1, else huggingface."),
+    )
 
     def __post_init__(self):
         if self.model_name_or_path is None:
             raise ValueError(
-                "model_name_or_path is required: a local folder holding the model (config.json) and its tokenizer."
+                "model_name_or_path is required: a local folder holding the model (config.json) and its tokenizer, "
+                "or a hub id such as Org/Name."
             )
+        self.model_hub = hub_from_environment()
         self.adapter_name_or_path = split_commas(self.adapter_name_or_path)
         self.add_tokens = split_commas(self.add_tokens)
         self.add_special_tokens = split_commas(self.add_special_tokens)

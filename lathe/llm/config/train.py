@@ -220,6 +220,9 @@ class TrainConfig:
         sections = {}
         for name in ("model", "data", "finetuning", "generating"):
             sections[name] = _jsonable(dataclasses.asdict(getattr(self, name)))
+        for key in ("hf_hub_token", "ms_hub_token"):  # the run's record in output_dir never holds a secret
+            if sections["model"].get(key):
+                sections["model"][key] = "<hidden>"
         sections["training"] = _jsonable(self.training.to_dict())
         return sections
 

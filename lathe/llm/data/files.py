@@ -34,8 +34,9 @@ class RawRows:
 def read_files(attr: DatasetAttr, dataset_dir: str, cache_dir: str | None = None) -> RawRows:
     """The raw rows of one registry entry (every file of a folder, in name order)."""
     files, builder = resolve_data_files(attr, dataset_dir)
+    split = file_split(attr)
     if builder == "json":
-        if attr.split != "train":
+        if split != "train":
             raise ValueError(
                 f"{attr.where('split')}: split '{attr.split}' does not exist in local files; "
                 f"their rows are the 'train' split."
@@ -54,7 +55,7 @@ def read_files(attr: DatasetAttr, dataset_dir: str, cache_dir: str | None = None
             "na_values": [""],
         }
     try:
-        dataset = datasets.load_dataset(builder, data_files=files, split=attr.split, cache_dir=cache_dir, **options)
+        dataset = datasets.load_dataset(builder, data_files=files, split=split, cache_dir=cache_dir, **options)
     except Exception as error:  # datasets wraps parse errors several layers deep: say where, in one line
         detail = invalid_utf8(files) if isinstance(_innermost(error), UnicodeDecodeError) else None
         raise ValueError(
@@ -62,6 +63,11 @@ def read_files(attr: DatasetAttr, dataset_dir: str, cache_dir: str | None = None
             f"{detail or _describe(_innermost(error))}"
         ) from error
     return RawRows(dataset, files, builder)
+
+
+def file_split(attr: DatasetAttr) -> str:
+    """The split to read the files as: a hub repository's files were chosen for the entry's split already."""
+    return "train" if attr.snapshot is not None else attr.split
 
 
 def _innermost(error: BaseException) -> BaseException:

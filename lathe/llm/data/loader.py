@@ -15,7 +15,7 @@ import numpy as np
 
 from lathe.llm.data.conversion import convert_dataset
 from lathe.llm.data.converters import ConversionReport
-from lathe.llm.data.files import file_row_counts, read_files
+from lathe.llm.data.files import file_row_counts, file_split, read_files
 from lathe.llm.data.registry import DatasetAttr
 
 logger = logging.getLogger("lathe.llm.data")
@@ -87,7 +87,7 @@ def load_converted_dataset(
         dataset,
         attr,
         require_response=require_response,
-        locate=row_locator(files, rows, lambda: file_row_counts(raw, attr.split, cache_dir)),
+        locate=row_locator(files, rows, lambda: file_row_counts(raw, file_split(attr), cache_dir)),
         num_proc=data_args.preprocessing_num_workers,
         load_from_cache_file=False if overwrite else None,
         json_columns=raw.json_columns,

@@ -25,6 +25,7 @@ from lathe.llm.data.converters import ConversionReport
 from lathe.llm.data.preview import trained_fraction
 from lathe.llm.data.loader import load_datasets, merge_datasets, split_validation
 from lathe.llm.data.registry import DatasetAttr, get_dataset_list, resolve_data_files
+from lathe.llm.model.hub import resolve_hub_datasets
 
 logger = logging.getLogger("lathe.llm.data")
 
@@ -103,6 +104,7 @@ class DataPlan:
     def make(cls, template, model_args, data_args, training_args, stage, tokenizer) -> "DataPlan":
         train_attrs = get_dataset_list(data_args.dataset, data_args.dataset_dir)
         eval_attrs = get_dataset_list(getattr(data_args, "eval_dataset", None), data_args.dataset_dir)
+        resolve_hub_datasets(train_attrs + eval_attrs, model_args)
         return cls(
             template=template,
             model_args=model_args,

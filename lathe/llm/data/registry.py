@@ -43,22 +43,29 @@ DEFAULT_TAGS = {
     "function_tag": "function_call",
     "system_tag": "system",
 }
-HUB_KEYS = ("hf_hub_url", "ms_hub_url", "om_hub_url", "script_url", "cloud_file_name")
+HUB_KEYS = ("hf_hub_url", "ms_hub_url", "om_hub_url")  # a dataset repository, downloaded (lathe.llm.model.hub)
+REMOTE_KEYS = ("script_url", "cloud_file_name")
 ENTRY_KEYS = (
-    "file_name",
-    "formatting",
-    "ranking",
-    "subset",
-    "split",
-    "folder",
-    "num_samples",
-    "columns",
-    "tags",
-    "file_sha1",
-) + HUB_KEYS
+    (
+        "file_name",
+        "formatting",
+        "ranking",
+        "subset",
+        "split",
+        "folder",
+        "num_samples",
+        "columns",
+        "tags",
+        "file_sha1",
+    )
+    + HUB_KEYS
+    + REMOTE_KEYS
+)
 # Columns whose data lathe cannot train on yet: a clear error instead of silently ignoring them.
 UNSUPPORTED_COLUMNS = {"images": "multimodal data", "videos": "multimodal data", "audios": "multimodal data"}
-OFFLINE_MESSAGE = "lathe works offline; download the dataset and point file_name at it"
+OFFLINE_MESSAGE = (
+    "lathe does not run dataset scripts or read cloud storage; download the data and point file_name at it"
+)
 
 
 @dataclass
@@ -94,6 +101,12 @@ class DatasetAttr:
     # Column names the entry left at their defaults: a default column absent from a file means "none"
     # (LLaMA-Factory raises KeyError there); a column the entry names explicitly must exist.
     implicit_columns: tuple[str, ...] = field(default=("prompt", "query", "response", "messages"))
+    # A dataset repository on a hub (LLaMA-Factory's hf_hub_url / ms_hub_url / om_hub_url), read with its
+    # subset (config name) and folder (data_dir); lathe.llm.model.hub.resolve_hub_datasets sets snapshot, its local copy.
+    hub_urls: dict[str, str] = field(default_factory=dict)
+    subset: str | None = None
+    folder: str | None = None
+    snapshot: str | None = None
 
     def where(self, key: str | None = None) -> str:
         """`dataset 'name' in path/dataset_info.json (key 'k')`, the prefix of every registry error."""
@@ -119,8 +132,8 @@ def load_dataset_info(dataset_dir: str | dict) -> tuple[dict[str, Any], str]:
         return dataset_dir, "<dataset_info dict>"
     if dataset_dir == "ONLINE" or dataset_dir.startswith("REMOTE:"):
         raise ValueError(
-            f"dataset_dir '{dataset_dir}' reads the registry from a hub: {OFFLINE_MESSAGE}, "
-            f"with a local {DATA_CONFIG} next to it."
+            f"dataset_dir '{dataset_dir}' reads the registry from a hub, which lathe does not do: write a local "
+            f"{DATA_CONFIG} (its entries may name hf_hub_url / ms_hub_url repositories)."
         )
     path = os.path.join(dataset_dir, DATA_CONFIG)
     if not os.path.isfile(path):
@@ -168,8 +181,10 @@ def parse_entry(name: str, entry: Any, info_path: str) -> DatasetAttr:
     where = f"dataset '{name}' in {info_path}"
     _check_entry_keys(entry, where)
     attr = DatasetAttr(
-        name=name, file_name=entry["file_name"], info_path=info_path, ranking=entry.get("ranking", False)
+        name=name, file_name=entry.get("file_name", ""), info_path=info_path, ranking=entry.get("ranking", False)
     )
+    attr.hub_urls = {key: entry[key] for key in HUB_KEYS if key in entry}
+    attr.subset, attr.folder = entry.get("subset"), entry.get("folder")
     attr.formatting = entry.get("formatting") or "alpaca"
     if attr.formatting not in FORMATTINGS:
         raise ValueError(
@@ -210,12 +225,16 @@ def _check_entry_keys(entry: Any, where: str) -> None:
             raise ValueError(
                 f"{where}: unknown key '{key}'{_closest(key, ENTRY_KEYS)} Known keys: {', '.join(ENTRY_KEYS)}."
             )
-    for key in HUB_KEYS:
+    for key in REMOTE_KEYS:
         if key in entry:
-            raise ValueError(f"{where} (key '{key}'): loads '{entry[key]}' from a hub or script: {OFFLINE_MESSAGE}.")
-    if "file_name" not in entry:
+            raise ValueError(f"{where} (key '{key}'): loads '{entry[key]}' from a script or cloud: {OFFLINE_MESSAGE}.")
+    for key in HUB_KEYS:
+        if key in entry and (not isinstance(entry[key], str) or not entry[key]):
+            raise ValueError(f"{where} (key '{key}'): must be a repository id such as Org/Name, got {entry[key]!r}")
+    has_repository = any(key in entry for key in HUB_KEYS)  # it takes file_name's place, as in LLaMA-Factory
+    if not has_repository and "file_name" not in entry:
         raise ValueError(f"{where}: no 'file_name' (a file or folder relative to the dataset_dir).")
-    if not isinstance(entry["file_name"], str) or not entry["file_name"]:
+    if not has_repository and (not isinstance(entry["file_name"], str) or not entry["file_name"]):
         raise ValueError(f"{where} (key 'file_name'): must be a non-empty string, got {entry['file_name']!r}")
     if not isinstance(entry.get("ranking", False), bool):
         raise ValueError(f"{where} (key 'ranking'): must be true or false, got {entry['ranking']!r}")
@@ -282,6 +301,12 @@ def _check_preference_names(attr: DatasetAttr, where: str) -> None:
 
 def resolve_data_files(attr: DatasetAttr, dataset_dir: str) -> tuple[list[str], str]:
     """The files behind `file_name` (a file, or every file in a folder, sorted) and their `datasets` builder."""
+    if attr.snapshot is not None:
+        return hub_data_files(attr)
+    if attr.hub_urls:
+        raise ValueError(
+            f"{attr.where()}: the repository was not looked up (lathe.llm.model.hub.resolve_hub_datasets)."
+        )
     local_path = os.path.join(dataset_dir, attr.file_name)
     if os.path.isdir(local_path):
         files = sorted(
@@ -316,3 +341,25 @@ def resolve_data_files(attr: DatasetAttr, dataset_dir: str) -> tuple[list[str], 
             f"a dataset's files must share one type."
         )
     return files, next(iter(kinds))
+
+
+def hub_data_files(attr: DatasetAttr) -> tuple[list[str], str]:
+    """The files of a downloaded dataset repository for the entry's subset, folder and split, found as
+    `datasets.load_dataset(repo, name=subset, data_dir=folder, split=split)` finds them (its README's configs,
+    else its file-name patterns), and their builder."""
+    import datasets
+
+    try:
+        builder = datasets.load_dataset_builder(attr.snapshot, name=attr.subset, data_dir=attr.folder)
+    except (ValueError, FileNotFoundError) as error:
+        raise ValueError(f"{attr.where()}: the repository's files cannot be read: {error}".splitlines()[0]) from None
+    data_files = builder.config.data_files or {}
+    if attr.split not in data_files:
+        raise ValueError(
+            f"{attr.where('split')}: the repository has no split '{attr.split}'; it has: {', '.join(data_files) or 'none'}."
+        )
+    if builder.name not in FILE_TYPES.values():
+        raise ValueError(
+            f"{attr.where()}: the repository's data is read by {builder.name!r}, which lathe does not read."
+        )
+    return sorted(str(path) for path in data_files[attr.split]), builder.name

@@ -1,13 +1,14 @@
-"""Loading the tokenizer and the model from a local folder (or building the model from its config),
+"""Loading the tokenizer and the model from a local folder or a hub id (or building the model from its config),
 in the dtype and attention implementation the config asks for, with the fine-tuning method applied."""
 
 from __future__ import annotations
 
 import logging
-from pathlib import Path
+import os
 from typing import TYPE_CHECKING
 
 from lathe.llm.model.adapters import count_parameters, init_adapter
+from lathe.llm.model.hub import model_folder
 from lathe.llm.model.quantization import configure_quantization, is_quantized, quantization_compute_dtype
 from lathe.llm.model.tokenizer_check import check_tokenizer_matches_file
 
@@ -30,13 +31,8 @@ NORM_NAME_PARTS = ("norm", "ln")
 
 
 def _model_folder(model_args: "ModelArguments") -> str:
-    path = Path(model_args.model_name_or_path)
-    if not path.is_dir():
-        raise FileNotFoundError(
-            f"model_name_or_path {model_args.model_name_or_path!r} is not a local folder. lathe loads models "
-            "from local folders: the output of save_pretrained, or a snapshot downloaded beforehand."
-        )
-    return str(path)
+    """A local folder as it is; a hub id is its snapshot in the Hub's cache, downloaded if needed (hub.py)."""
+    return model_folder(model_args)
 
 
 def fix_pad_token(tokenizer) -> None:
@@ -125,6 +121,9 @@ def load_model(
     if meta and model_args.adapter_name_or_path:
         meta = False
     model = _instantiate(model_args, is_trainable, meta)
+    if not os.path.isdir(model_args.model_name_or_path):
+        # A hub id keeps its name, as when transformers downloads it: peft writes it as the adapter's base model.
+        model.name_or_path = model.config._name_or_path = model_args.model_name_or_path
     _fit_embeddings_to(model, tokenizer, model_args)
     if is_trainable:
         _prepare_for_training(model, model_args)

@@ -27,7 +27,9 @@ def setup_peft(model, model_args: "ModelArguments", finetuning_args: "Finetuning
 
     from lathe.llm.model.quantization import is_quantized
 
-    adapters = list(model_args.adapter_name_or_path or [])
+    from lathe.llm.model.hub import adapter_folders
+
+    adapters = adapter_folders(model_args)
     for adapter in adapters:
         if not (Path(adapter) / "adapter_config.json").is_file():
             raise FileNotFoundError(

@@ -336,7 +336,7 @@ def _changed(instance) -> dict:
             continue
         if default is None and plain in (False, [], "") and name_is_training(instance):
             continue  # TrainingArguments resolving an unset option to its off value
-        changed[field.name] = plain
+        changed[field.name] = "<hidden>" if field.name.endswith("hub_token") else plain  # never print a secret
     return changed
 
 
