@@ -18,10 +18,10 @@ class DuplicateKeyError(ValueError):
     """A key written twice in one mapping of a user's file."""
 
 
-def did_you_mean(word: str, choices: Iterable[str], cutoff: float = 0.6) -> str:
-    """ "; did you mean 'x'?" for the closest choice, or "" when none is close."""
-    match = difflib.get_close_matches(word, list(choices), n=1, cutoff=cutoff)
-    return f"; did you mean {match[0]!r}?" if match else ""
+def did_you_mean(word: str, choices: Iterable[str], cutoff: float = 0.6, n: int = 1) -> str:
+    """The hint "; did you mean 'x'?" ("'x' or 'y'" for n > 1) naming the closest choices; "" when none is close."""
+    matches = difflib.get_close_matches(word, list(choices), n=n, cutoff=cutoff)
+    return f"; did you mean {' or '.join(repr(match) for match in matches)}?" if matches else ""
 
 
 def _duplicate_message(key: str, path: str, first: int, second: int) -> str:

@@ -44,3 +44,15 @@ def test_duplicate_key_in_json_train_config(tmp_path):
     path.write_text(json.dumps({"stage": "sft"})[:-1] + ',\n"stage": "pt"}')
     with pytest.raises(ValueError, match=r"'stage' is written twice \(line 1 and line 2\)"):
         parse_train_config(str(path))
+
+
+def test_unknown_template_suggests_the_close_name_not_all_121():
+    from lathe.llm.templates.registry import TEMPLATES, get_template
+
+    with pytest.raises(ValueError) as error:
+        get_template("qwen3_nothnk")
+    message = str(error.value)
+    assert message.startswith("Unknown template 'qwen3_nothnk': did you mean 'qwen3_nothink'")
+    assert "alpaca" not in message and f"{len(TEMPLATES)} in all" in message
+    with pytest.raises(ValueError, match="known ones include aeva, alpaca"):
+        get_template("zzzz")
