@@ -56,3 +56,66 @@ def test_unknown_template_suggests_the_close_name_not_all_121():
     assert "alpaca" not in message and f"{len(TEMPLATES)} in all" in message
     with pytest.raises(ValueError, match="known ones include aeva, alpaca"):
         get_template("zzzz")
+
+
+# ---- End to end on the tiny Llama (conftest.py): a few CPU steps each.
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory):
+    """20 short alpaca rows and 20 tool-call conversations, registered in dataset_info.json."""
+    folder = tmp_path_factory.mktemp("first_day_data")
+    rows = [
+        {"instruction": f"What is {a} plus 2?", "input": "", "output": f"{a} plus 2 is {a + 2}."} for a in range(20)
+    ]
+    (folder / "add.json").write_text(json.dumps(rows))
+    (folder / "dataset_info.json").write_text(json.dumps({"add": {"file_name": "add.json"}}))
+    return str(folder)
+
+
+@pytest.fixture(autouse=True)
+def private_cache(tmp_path_factory, monkeypatch):
+    monkeypatch.setenv("HOME", str(tmp_path_factory.getbasetemp() / "home"))  # the tokenization cache
+
+
+def _config(model_dir, data_dir, output_dir, **extra):
+    values = {
+        "model_name_or_path": model_dir,
+        "stage": "sft",
+        "finetuning_type": "lora",
+        "dataset_dir": data_dir,
+        "dataset": "add",
+        "template": "chatml",
+        "cutoff_len": 64,
+        "output_dir": str(output_dir),
+        "per_device_train_batch_size": 4,
+        "learning_rate": 1.0e-3,
+        "max_steps": 2,
+        "logging_steps": 1,
+        "report_to": "none",
+        "disable_tqdm": True,
+        "seed": 7,
+    }
+    values.update(extra)
+    return values
+
+
+def _losses(output_dir):
+    lines = [json.loads(line) for line in (output_dir / "trainer_log.jsonl").read_text().splitlines()]
+    return [line["loss"] for line in lines if "loss" in line]
+
+
+@pytest.mark.slow
+def test_saved_run_config_runs_as_it_is_and_reproduces_the_losses(tiny_model_dir, data_dir, tmp_path, write_yaml):
+    from lathe.llm.commands import train_command
+
+    config = write_yaml(tmp_path / "train.yaml", _config(tiny_model_dir, data_dir, tmp_path / "first"))
+    assert train_command(config, ["learning_rate=5e-3"]) == 0
+    saved = tmp_path / "first" / "lathe_train_config.yaml"
+    import yaml
+
+    values = yaml.safe_load(saved.read_text())
+    assert values["learning_rate"] == 5e-3 and values["template"] == "chatml"  # flat keys, the override kept
+    assert train_command(str(saved), [f"output_dir={tmp_path / 'again'}"]) == 0
+    first, again = _losses(tmp_path / "first"), _losses(tmp_path / "again")
+    assert len(first) == 2 and first == again

@@ -73,15 +73,22 @@ def make_callbacks(config) -> list:
 
 
 def write_run_config(config) -> str | None:
-    """output_dir/lathe_train_config.yaml: every resolved value, so the run can be reproduced."""
+    """output_dir/lathe_train_config.yaml: the keys the run was given (file and command line) in the flat
+    form `lathe train` reads, so `lathe train <that file>` reproduces the run."""
     if not config.training.should_save:
         return None
     import yaml
 
     os.makedirs(config.training.output_dir, exist_ok=True)
     path = os.path.join(config.training.output_dir, RUN_CONFIG_NAME)
+    origin = f" from {config.source}" if config.source else ""
     with open(path, "w", encoding="utf-8") as f:
-        yaml.safe_dump(config.to_dict(), f, sort_keys=False)
+        f.write(
+            f"# The keys this run was given{origin} (command-line overrides included). `lathe train {path}` "
+            f"reproduces it,\n# run from the same folder (relative paths) and with another output_dir "
+            f"(output_dir=... on the command line).\n"
+        )
+        yaml.safe_dump(config.given, f, sort_keys=False)
     return path
 
 
