@@ -119,3 +119,30 @@ def test_saved_run_config_runs_as_it_is_and_reproduces_the_losses(tiny_model_dir
     assert train_command(str(saved), [f"output_dir={tmp_path / 'again'}"]) == 0
     first, again = _losses(tmp_path / "first"), _losses(tmp_path / "again")
     assert len(first) == 2 and first == again
+
+
+@pytest.mark.slow
+def test_rerun_into_a_finished_run_rewrites_nothing_and_a_resume_names_changed_keys(
+    tiny_model_dir, data_dir, tmp_path, write_yaml, capsys, caplog
+):
+    from lathe.llm.commands import train_command
+
+    output = tmp_path / "run"
+    config = write_yaml(tmp_path / "train.yaml", _config(tiny_model_dir, data_dir, output, save_steps=2))
+    assert train_command(config, []) == 0
+    names = ("train_results.json", "all_results.json", "trainer_state.json", "trainer_log.jsonl", "lathe_train_config.yaml")
+    before = {name: (output / name).read_bytes() for name in names}
+    assert json.loads(before["train_results.json"])["train_loss"] > 0
+    capsys.readouterr()
+
+    assert train_command(config, ["learning_rate=2e-3"]) == 0
+    out = capsys.readouterr().out
+    assert f"run in {output} already finished at step 2; nothing to do" in out
+    assert "learning_rate: 0.002 (from the config) != 0.001 (from lathe_train_config.yaml)" in out
+    assert {name: (output / name).read_bytes() for name in names} == before
+
+    # Raising max_steps continues the run from checkpoint-2, with the changed key named as transformers does.
+    with caplog.at_level("WARNING"):
+        assert train_command(config, ["max_steps=3"]) == 0
+    assert "max_steps: 3 (from the config) != 2 (from lathe_train_config.yaml)" in caplog.text
+    assert json.loads((output / "trainer_state.json").read_text())["global_step"] == 3

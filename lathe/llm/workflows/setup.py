@@ -7,6 +7,7 @@ import logging
 import math
 import os
 
+from lathe.llm.workflows.rerun import RUN_CONFIG_NAME, warn_about_changed_keys
 from lathe.llm.workflows.outputs import TrainerLogCallback, plot_loss, save_generation_config
 
 __all__ = ["resolve_resume_checkpoint", "make_callbacks", "finish_training", "evaluate_and_save", "write_run_config"]
@@ -21,7 +22,6 @@ MODEL_FILES = (
     "pytorch_model.bin",
     "adapter_model.bin",
 )
-RUN_CONFIG_NAME = "lathe_train_config.yaml"
 
 
 def resolve_resume_checkpoint(config) -> str | None:
@@ -34,6 +34,7 @@ def resolve_resume_checkpoint(config) -> str | None:
     training = config.training
     explicit = training.resume_from_checkpoint
     if explicit not in (None, False, ""):
+        warn_about_changed_keys(config, explicit)
         return explicit
     if not training.do_train or not os.path.isdir(training.output_dir) or training.overwrite_output_dir:
         return None
@@ -47,6 +48,7 @@ def resolve_resume_checkpoint(config) -> str | None:
         )
     if last is not None:
         logger.info("Resuming training from %s (set overwrite_output_dir: true to start over).", last)
+        warn_about_changed_keys(config, last)
     return last
 
 
