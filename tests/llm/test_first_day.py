@@ -69,7 +69,15 @@ def data_dir(tmp_path_factory):
         {"instruction": f"What is {a} plus 2?", "input": "", "output": f"{a} plus 2 is {a + 2}."} for a in range(20)
     ]
     (folder / "add.json").write_text(json.dumps(rows))
-    (folder / "dataset_info.json").write_text(json.dumps({"add": {"file_name": "add.json"}}))
+    # Half the rows have a long question: cutoff_len 16 leaves their answer no token (LLaMA-Factory's split).
+    long = " ".join(["What is two plus two?"] * 30)
+    mixed = [
+        {"instruction": long if i % 2 else "hi", "input": "", "output": "Two plus two is four."} for i in range(20)
+    ]
+    (folder / "mixed.json").write_text(json.dumps(mixed))
+    (folder / "dataset_info.json").write_text(
+        json.dumps({"add": {"file_name": "add.json"}, "mixed": {"file_name": "mixed.json"}})
+    )
     return str(folder)
 
 
@@ -130,7 +138,13 @@ def test_rerun_into_a_finished_run_rewrites_nothing_and_a_resume_names_changed_k
     output = tmp_path / "run"
     config = write_yaml(tmp_path / "train.yaml", _config(tiny_model_dir, data_dir, output, save_steps=2))
     assert train_command(config, []) == 0
-    names = ("train_results.json", "all_results.json", "trainer_state.json", "trainer_log.jsonl", "lathe_train_config.yaml")
+    names = (
+        "train_results.json",
+        "all_results.json",
+        "trainer_state.json",
+        "trainer_log.jsonl",
+        "lathe_train_config.yaml",
+    )
     before = {name: (output / name).read_bytes() for name in names}
     assert json.loads(before["train_results.json"])["train_loss"] > 0
     capsys.readouterr()
@@ -146,3 +160,19 @@ def test_rerun_into_a_finished_run_rewrites_nothing_and_a_resume_names_changed_k
         assert train_command(config, ["max_steps=3"]) == 0
     assert "max_steps: 3 (from the config) != 2 (from lathe_train_config.yaml)" in caplog.text
     assert json.loads((output / "trainer_state.json").read_text())["global_step"] == 3
+
+
+@pytest.mark.slow
+def test_a_cutoff_that_drops_many_rows_stops_unless_allowed(tiny_model_dir, data_dir, tmp_path, write_yaml, capsys):
+    from lathe.llm.commands import train_command
+
+    values = _config(tiny_model_dir, data_dir, tmp_path / "out", dataset="mixed", cutoff_len=16)
+    config = write_yaml(tmp_path / "train.yaml", values)
+    assert train_command(config, [], dry_run=True) == 2
+    error = capsys.readouterr().err
+    assert "left out 10 of 20 training examples (50.0%) of dataset mixed" in error
+    assert "cutoff_len=16" in error and "max_dropped_rows_share: 0.5 (now 0.1)" in error
+
+    assert train_command(config, ["max_dropped_rows_share=0.5"], dry_run=True) == 0
+    assert "left out        10 of 20 examples (50.0%" in capsys.readouterr().out
+    assert train_command(config, ["cutoff_len=64"], dry_run=True) == 0  # nothing left out
