@@ -176,3 +176,33 @@ def test_a_cutoff_that_drops_many_rows_stops_unless_allowed(tiny_model_dir, data
     assert train_command(config, ["max_dropped_rows_share=0.5"], dry_run=True) == 0
     assert "left out        10 of 20 examples (50.0%" in capsys.readouterr().out
     assert train_command(config, ["cutoff_len=64"], dry_run=True) == 0  # nothing left out
+
+
+def test_chat_reads_the_template_of_a_folder_lathe_exported(tiny_model_dir, tmp_path):
+    import shutil
+
+    from lathe.llm.export import export_model
+    from lathe.llm.inference.config import parse_infer_config
+    from lathe.llm.inference.loading import load_tokenizer_and_template
+
+    for name in ("chatml", "llama3"):
+        values = {"model_name_or_path": tiny_model_dir, "template": name, "finetuning_type": "full"}
+        export_model(parse_infer_config({**values, "export_dir": str(tmp_path / name)}, command="export"))
+        _, template = load_tokenizer_and_template(
+            parse_infer_config({"model_name_or_path": str(tmp_path / name)}, command="chat")
+        )
+        assert template.name == name
+
+    # A chat_template lathe cannot read: the error speaks of chatting, not of training.
+    folder = tmp_path / "unreadable"
+    shutil.copytree(tiny_model_dir, folder)
+    config = json.loads((folder / "tokenizer_config.json").read_text())
+    config["chat_template"] = (
+        "{% for m in messages %}{% if m['role'] != 'system' %}{{ m['content'] }}{% endif %}{% endfor %}"
+    )
+    (folder / "tokenizer_config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError) as error:
+        load_tokenizer_and_template(parse_infer_config({"model_name_or_path": str(folder)}, command="chat"))
+    message = str(error.value)
+    assert f"cannot read the chat_template of {folder} to chat with it" in message
+    assert "Set `template`" in message and "train" not in message
