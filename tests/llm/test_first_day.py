@@ -206,3 +206,66 @@ def test_chat_reads_the_template_of_a_folder_lathe_exported(tiny_model_dir, tmp_
     message = str(error.value)
     assert f"cannot read the chat_template of {folder} to chat with it" in message
     assert "Set `template`" in message and "train" not in message
+
+
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "add",
+            "description": "Add two numbers",
+            "parameters": {
+                "type": "object",
+                "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+                "required": ["a", "b"],
+            },
+        },
+    }
+]
+
+
+@pytest.mark.parametrize("name", ["qwen", "qwen3", "bailing_v2"])
+@pytest.mark.parametrize("arguments", [{"a": 2, "b": 4}, '{"a": 2, "b": 4}'])
+def test_the_exported_chat_template_renders_tools_as_training_did(tiny_tokenizer_dir, name, arguments):
+    from types import SimpleNamespace
+
+    from transformers import AutoTokenizer
+
+    from lathe.llm.templates import get_template_and_fix_tokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_tokenizer_dir)
+    data_args = SimpleNamespace(template=name, tool_format=None, default_system=None, enable_thinking=True)
+    template = get_template_and_fix_tokenizer(tokenizer, data_args)
+    tokenizer.chat_template = template.jinja_chat_template(tokenizer)  # what export writes
+    call = {"type": "function", "function": {"name": "add", "arguments": arguments}}
+    messages = [
+        {"role": "system", "content": "be brief"},
+        {"role": "user", "content": "what is 2 plus 4?"},
+        {"role": "assistant", "content": None, "tool_calls": [call]},
+        {"role": "tool", "content": "6"},
+    ]
+    turns = [
+        {"role": "user", "content": "what is 2 plus 4?"},
+        {"role": "function", "content": json.dumps([{"name": "add", "arguments": {"a": 2, "b": 4}}])},
+        {"role": "observation", "content": "6"},
+        {"role": "assistant", "content": "2 plus 4 is 6."},
+    ]
+    prompt_ids, answer_ids = template.encode_oneturn(tokenizer, turns, "be brief", json.dumps(TOOLS))
+    rendered = tokenizer.apply_chat_template(messages, tools=TOOLS, add_generation_prompt=True, return_dict=True)
+    assert list(rendered["input_ids"]) == prompt_ids
+    whole = messages + [{"role": "assistant", "content": "2 plus 4 is 6."}]
+    rendered = tokenizer.apply_chat_template(whole, tools=TOOLS, return_dict=True)
+    assert list(rendered["input_ids"])[: len(prompt_ids) + len(answer_ids)] == prompt_ids + answer_ids
+
+
+def test_export_says_when_its_chat_template_cannot_render_tools(tiny_model_dir, tmp_path, caplog):
+    from lathe.llm.export import export_model
+    from lathe.llm.inference.config import parse_infer_config
+
+    for name, renders in (("chatml", False), ("qwen", True)):
+        values = {"model_name_or_path": tiny_model_dir, "template": name, "finetuning_type": "full"}
+        caplog.clear()
+        with caplog.at_level("WARNING", logger="lathe.llm"):
+            export_model(parse_infer_config({**values, "export_dir": str(tmp_path / name)}, command="export"))
+        warned = "The exported chat_template does not render tools: tool_format 'default' of template 'chatml'"
+        assert (warned in caplog.text) is not renders

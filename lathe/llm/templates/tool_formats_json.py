@@ -58,7 +58,7 @@ def _extract_default(text: str):
 
 
 # ---- qwen (Qwen2.5) and ling (Ling v2): <tools> block in the system message, <tool_call> JSON in the answer.
-_TOOLS_BLOCK = (
+TOOLS_BLOCK = (
     "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
     "You are provided with function signatures within <tools></tools> XML tags:\n<tools>{tool_text}"
     "\n</tools>\n\nFor each function call, return a json object with function name and arguments within "
@@ -72,11 +72,11 @@ def _wrapped_lines(tools: list[dict]) -> str:
 
 
 def _describe_qwen(tools: list[dict]) -> str:
-    return "\n\n" + _TOOLS_BLOCK.format(tool_text=_wrapped_lines(tools))
+    return "\n\n" + TOOLS_BLOCK.format(tool_text=_wrapped_lines(tools))
 
 
 def _describe_ling(tools: list[dict]) -> str:
-    return _TOOLS_BLOCK.format(tool_text=_wrapped_lines(tools)) + "\ndetailed thinking off"
+    return TOOLS_BLOCK.format(tool_text=_wrapped_lines(tools)) + "\ndetailed thinking off"
 
 
 def _format_qwen(calls: list[FunctionCall]) -> str:
