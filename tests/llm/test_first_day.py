@@ -220,11 +220,21 @@ TOOLS = [
                 "required": ["a", "b"],
             },
         },
-    }
+    },
+    {  # a bare description (no "type": "function" wrapper), an enum and an array argument
+        "name": "pick",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "mode": {"type": "string", "enum": ["fast", "slow"], "description": "how"},
+                "ids": {"type": "array", "items": {"type": "integer"}},
+            },
+        },
+    },
 ]
 
 
-@pytest.mark.parametrize("name", ["qwen", "qwen3", "bailing_v2"])
+@pytest.mark.parametrize("name", ["qwen", "qwen3", "bailing_v2", "chatml", "default"])
 @pytest.mark.parametrize("arguments", [{"a": 2, "b": 4}, '{"a": 2, "b": 4}'])
 def test_the_exported_chat_template_renders_tools_as_training_did(tiny_tokenizer_dir, name, arguments):
     from types import SimpleNamespace
@@ -262,10 +272,10 @@ def test_export_says_when_its_chat_template_cannot_render_tools(tiny_model_dir, 
     from lathe.llm.export import export_model
     from lathe.llm.inference.config import parse_infer_config
 
-    for name, renders in (("chatml", False), ("qwen", True)):
+    for name, renders in (("llama3", False), ("chatml", True)):
         values = {"model_name_or_path": tiny_model_dir, "template": name, "finetuning_type": "full"}
         caplog.clear()
         with caplog.at_level("WARNING", logger="lathe.llm"):
             export_model(parse_infer_config({**values, "export_dir": str(tmp_path / name)}, command="export"))
-        warned = "The exported chat_template does not render tools: tool_format 'default' of template 'chatml'"
+        warned = "The exported chat_template does not render tools: tool_format 'llama3' of template 'llama3'"
         assert (warned in caplog.text) is not renders

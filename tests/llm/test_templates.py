@@ -307,8 +307,8 @@ def test_jinja_for_empty_gives_the_same_text(word_tokenizer):
 
 
 def test_jinja_refuses_tools_and_unknown_roles(word_tokenizer):
-    # chatml's tool format (default) is not written as Jinja (qwen's is: tests/llm/test_first_day.py)
-    get_template_and_fix_tokenizer(word_tokenizer, data_args("chatml"))
+    # llama3's tool format is not written as Jinja (default, qwen and ling are: tests/llm/test_first_day.py)
+    get_template_and_fix_tokenizer(word_tokenizer, data_args("llama3"))
     with pytest.raises(Exception, match="does not render tools"):
         word_tokenizer.apply_chat_template([{"role": "user", "content": "hi"}], tools=[ADD_TOOL], tokenize=False)
     with pytest.raises(Exception, match="Unsupported role"):

@@ -86,7 +86,7 @@ def build_jinja_chat_template(template: Template, tokenizer) -> str:
         tools_part = ""
         calls_part = (
             "{% elif message['role'] == 'assistant' and message.get('tool_calls') %}"
-            + tool_calls_statement()
+            + tool_calls_statement(template)
             + "{{ "
             + expression(template.function)
             + " }}"

@@ -10,7 +10,7 @@ from lathe.llm.templates import tool_calls
 from lathe.llm.templates.tool_calls import FunctionCall, InvalidMessage, ToolFormat, dump, unwrap, wrap
 
 # ---- default: a ReAct-like "Action: / Action Input:" format, for templates without their own.
-_DEFAULT_PROMPT = (
+DEFAULT_PROMPT = (
     "You have access to the following tools:\n{tool_text}"
     "Use the following format if using a tool:\n```\n"
     "Action: tool name (one of [{tool_names}])\n"
@@ -36,7 +36,7 @@ def _describe_default(tools: list[dict]) -> str:
         description = tool.get("description", "")
         blocks.append(f"> Tool Name: {tool['name']}\nTool Description: {description}\nTool Args:\n{lines}\n")
         names.append(tool["name"])
-    return _DEFAULT_PROMPT.format(tool_text="".join(blocks), tool_names=", ".join(names))
+    return DEFAULT_PROMPT.format(tool_text="".join(blocks), tool_names=", ".join(names))
 
 
 def _format_default(calls: list[FunctionCall]) -> str:
