@@ -9,7 +9,7 @@ preserve_thinking) and no empty thought added; the last answer, when the convers
 the empty thought if it has none (what training writes), and with thinking disabled the generation prompt
 ends with the empty thought. An `enable_thinking` render argument overrides the template's setting, as
 with Qwen's own templates. Tool descriptions and assistant `tool_calls` are rendered for the tool formats
-jinja_tools.py writes (qwen, ling); with any other the template raises when given tools instead of silently
+jinja_tools.py writes (default, qwen, ling); with any other the template raises when given tools instead of silently
 producing a prompt the model never saw. Special tokens are written as their text (not
 `eos_token`), because the EOS variable may be replaced by a server.
 """
