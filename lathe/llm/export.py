@@ -262,6 +262,18 @@ def _write(model, tokenizer, template, export_dir: str, export_size: float, temp
                     "the exported folder gets the template's chat_template instead.",
                     template_name,
                 )
+        from lathe.llm.templates.jinja_tools import JINJA_TOOL_FORMATS, renders_tools
+
+        # lathe's own chat_template (not the model's): a model trained on tool calls could not be given tools.
+        if not renders_tools(template) and tokenizer.chat_template == template.jinja_chat_template(tokenizer):
+            logger.warning(
+                "The exported chat_template does not render tools: tool_format %r of template %r is not "
+                "written as Jinja (%s are), so apply_chat_template(..., tools=...) and servers reading it raise "
+                "when given tools; lathe chat / lathe api render them as in training.",
+                template.tool_format,
+                template_name,
+                ", ".join(JINJA_TOOL_FORMATS),
+            )
     tokenizer.save_pretrained(export_dir)
 
 

@@ -155,11 +155,10 @@ def test_missing_eos_becomes_endoftext_and_new_stop_words_are_added(word_tokeniz
     assert word_tokenizer.eos_token == "<|endoftext|>"  # no replace_eos: only added as a stop word
 
 
-def test_unknown_template_lists_the_names():
+def test_unknown_template_suggests_the_closest_names():
     with pytest.raises(ValueError) as error:
         get_template("chatm")
-    assert "chatm" in str(error.value)
-    assert all(name in str(error.value) for name in BUILT_IN)
+    assert str(error.value).startswith("Unknown template 'chatm': did you mean 'chatml'")
     assert set(BUILT_IN) <= set(template_names())
 
 
@@ -308,7 +307,8 @@ def test_jinja_for_empty_gives_the_same_text(word_tokenizer):
 
 
 def test_jinja_refuses_tools_and_unknown_roles(word_tokenizer):
-    get_template_and_fix_tokenizer(word_tokenizer, data_args("qwen"))
+    # llama3's tool format is not written as Jinja (default, qwen and ling are: tests/llm/test_first_day.py)
+    get_template_and_fix_tokenizer(word_tokenizer, data_args("llama3"))
     with pytest.raises(Exception, match="does not render tools"):
         word_tokenizer.apply_chat_template([{"role": "user", "content": "hi"}], tools=[ADD_TOOL], tokenize=False)
     with pytest.raises(Exception, match="Unsupported role"):

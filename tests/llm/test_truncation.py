@@ -108,7 +108,7 @@ def test_a_split_whose_every_example_is_cut_is_counted_and_warned_loudly(tmp_pat
         module = build(tmp_path, word_tokenizer, dataset="d", cutoff_len=16, packing=packing)
     counts = expected_counts(word_tokenizer, LONG, 16)
     assert counts["truncated_examples"] == 6 and counts["cut_label_tokens"] > counts["label_tokens"] / 2
-    assert module["truncation"]["train"] == counts
+    assert module["truncation"]["train"] == {**counts, "rows_before": 6}  # rows_before: the examples before tokenizing
     warnings = [record.getMessage() for record in caplog.records if record.levelname == "WARNING"]
     assert any(
         message.startswith("MOST TOKENS THAT SHOULD TRAIN ARE CUT. train split: cutoff_len 16 cut 6 of 6 examples")

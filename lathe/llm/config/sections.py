@@ -214,12 +214,21 @@ class DataArguments:
     tokenized_path: str | None = field(
         default=None, metadata=help_text("Save the tokenized datasets here, or load them when it exists.")
     )
+    max_dropped_rows_share: float = field(
+        default=0.1,
+        metadata=help_text(
+            "lathe: stop when tokenizing leaves out more than this share of the training examples (no trained "
+            "token left after cutoff_len, or unusable); 1.0 trains on whatever is left."
+        ),
+    )
 
     def __post_init__(self):
         self.dataset = split_commas(self.dataset)
         self.eval_dataset = split_commas(self.eval_dataset)
         if self.cutoff_len <= 0:
             raise ValueError(f"cutoff_len must be a positive number of tokens, got {self.cutoff_len}")
+        if not 0 <= self.max_dropped_rows_share <= 1:
+            raise ValueError(f"max_dropped_rows_share must be a share from 0 to 1, got {self.max_dropped_rows_share}")
         if self.val_size < 0 or (self.val_size > 1 and self.val_size != int(self.val_size)):
             # LLaMA-Factory would silently hold out int(1.5) = 1 example: a float above 1 is not a count.
             raise ValueError(

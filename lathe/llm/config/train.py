@@ -214,6 +214,9 @@ class TrainConfig:
     finetuning: FinetuningArguments
     generating: GeneratingArguments
     source: str | None = None  # the file it came from, for messages
+    # The keys as given (file, then command line), converted to their types: the flat LLaMA-Factory form
+    # that `lathe train` reads back, saved in output_dir/lathe_train_config.yaml.
+    given: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, dict[str, Any]]:
         """The resolved values per section, JSON-friendly (for printing and for the output folder)."""
@@ -266,9 +269,9 @@ def parse_train_config(source: str | Path | dict, overrides: list[str] | tuple[s
     from lathe.llm.launch import LAUNCH_KEYS
 
     check_keys(raw, list(known) + list(LAUNCH_KEYS), origin)
-    for key in LAUNCH_KEYS:  # read by lathe.llm.launch before this process started the ranks
-        raw.pop(key, None)
+    launch = {key: raw.pop(key) for key in LAUNCH_KEYS if key in raw}  # lathe.llm.launch read them already
     config_input.coerce(known)
+    given = {**_jsonable(raw), **_jsonable(launch)}
 
     _check_stage(raw, origin)
     if not (raw.get("do_eval") or raw.get("do_predict")):
@@ -282,7 +285,9 @@ def parse_train_config(source: str | Path | dict, overrides: list[str] | tuple[s
     # whether an existing output_dir is resumed (see lathe.llm.workflows) or overwritten.
     training.overwrite_output_dir = overwrite_output_dir
 
-    config = TrainConfig(built["model"], built["data"], training, built["finetuning"], built["generating"], source=path)
+    config = TrainConfig(
+        built["model"], built["data"], training, built["finetuning"], built["generating"], source=path, given=given
+    )
     _resolve(config)
     _validate(config, where)
     return config

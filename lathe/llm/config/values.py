@@ -4,8 +4,6 @@ the key checks (unknown, not supported yet) and conversion to each field's type,
 
 from __future__ import annotations
 
-import difflib
-import json
 import logging
 import types
 import typing
@@ -13,6 +11,7 @@ from pathlib import Path
 from typing import Any, Literal, Union
 
 from lathe.llm.config.keys import ANY_VALUE, REFUSED_KEYS, UNSUPPORTED_KEYS, applies_nothing, refusal_reason
+from lathe.llm.strict_files import DuplicateKeyError, did_you_mean, load_json, load_yaml
 
 logger = logging.getLogger(__name__)
 
@@ -48,14 +47,16 @@ def read_source(source: str | Path | dict) -> tuple[dict[str, Any], str | None]:
     text = path.read_text(encoding="utf-8")
     if path.suffix == ".json":
         try:
-            data = json.loads(text)
+            data = load_json(text, str(path))
+        except DuplicateKeyError:
+            raise
         except ValueError as error:
             raise ValueError(f"{path} is not valid JSON: {error}") from None
     else:
         import yaml
 
         try:
-            data = yaml.safe_load(text)
+            data = load_yaml(text, str(path))
         except yaml.YAMLError as error:
             raise ValueError(f"{path} is not valid YAML: {error}") from None
     if data is None:
@@ -157,9 +158,7 @@ def check_keys(
         elif key in hints:
             errors.append(f"{key}{origin(key)} {hints[key]}")
         else:
-            closest = difflib.get_close_matches(key, known, n=1)
-            suggestion = f"; did you mean {closest[0]!r}?" if closest else ""
-            errors.append(f"Unknown key {key!r}{origin(key)}{suggestion}")
+            errors.append(f"Unknown key {key!r}{origin(key)}{did_you_mean(key, known)}")
     if errors:
         raise ValueError("\n".join(errors))
 

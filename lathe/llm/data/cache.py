@@ -32,6 +32,7 @@ NEUTRAL_DATA_ARGUMENTS = {
     "overwrite_cache",
     "preprocessing_num_workers",
     "tokenized_path",
+    "max_dropped_rows_share",  # checked after tokenizing: it changes no row
     "dataset_dir",
     "eval_num_beams",
     "media_dir",

@@ -78,6 +78,7 @@ def get_dataset(
             _log_reports(manifest, data_args.cutoff_len, cached=True)
         else:
             splits, manifest = build_and_cache(plan, root, key)
+    truncation.check_dropped_rows(manifest.get("stats", {}).get("train"), data_args)
     if tokenized_path and getattr(training_args, "should_save", True):
         cache.save_tokenized_path(splits, tokenized_path, key, manifest.get("stats"))
         logger.info("Tokenized dataset saved at %s; later runs with tokenized_path load it.", tokenized_path)
@@ -337,7 +338,8 @@ def _log_reports(manifest: dict[str, Any], cutoff_len: int, cached: bool) -> Non
 def dataset_module(splits: dict[str, Any], stats: dict[str, Any] | None = None) -> dict[str, Any]:
     """LLaMA-Factory's DatasetModule: "train" -> train_dataset; "validation" -> eval_dataset, or
     "validation_<name>" splits -> eval_dataset as {name: Dataset}. With `stats` (the cache manifest's),
-    "truncation" holds what cutoff_len cut per split ({split: counts}, see truncation.py)."""
+    "truncation" holds what cutoff_len cut per split ({split: counts}, see truncation.py, and "rows_before": the
+    examples before tokenizing, which may have left some out)."""
     module: dict[str, Any] = {"train_dataset": splits.get("train"), "eval_dataset": splits.get("validation")}
     if module["eval_dataset"] is None:
         named = {
@@ -345,5 +347,8 @@ def dataset_module(splits: dict[str, Any], stats: dict[str, Any] | None = None) 
         }
         module["eval_dataset"] = named or None
     if stats is not None:
-        module["truncation"] = {name: values.get("truncation") for name, values in stats.items()}
+        module["truncation"] = {
+            name: values.get("truncation") and {**values["truncation"], "rows_before": values["rows_before"]}
+            for name, values in stats.items()
+        }
     return module

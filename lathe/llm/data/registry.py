@@ -6,11 +6,12 @@ Every error names the registry file, the dataset and the key at fault. Semantics
 
 from __future__ import annotations
 
-import difflib
 import json
 import os
 from dataclasses import dataclass, field
 from typing import Any
+
+from lathe.llm.strict_files import did_you_mean, load_json
 
 DATA_CONFIG = "dataset_info.json"
 FORMATTINGS = ("alpaca", "sharegpt", "openai")
@@ -122,8 +123,7 @@ class DatasetAttr:
 
 
 def _closest(word: str, choices: list[str] | tuple[str, ...]) -> str:
-    match = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.5)
-    return f"; did you mean '{match[0]}'?" if match else ""
+    return did_you_mean(word, choices, cutoff=0.5)
 
 
 def load_dataset_info(dataset_dir: str | dict) -> tuple[dict[str, Any], str]:
@@ -144,7 +144,7 @@ def load_dataset_info(dataset_dir: str | dict) -> tuple[dict[str, Any], str]:
         )
     with open(path, encoding="utf-8") as handle:
         try:
-            info = json.load(handle)
+            info = load_json(handle.read(), path)
         except json.JSONDecodeError as error:
             raise ValueError(
                 f"{path} is not valid JSON: {error.msg} at line {error.lineno}, column {error.colno}"

@@ -13,6 +13,7 @@ sequence that long ever reaches the model, and the report below says what was cu
 from __future__ import annotations
 
 import contextlib
+import math
 from dataclasses import dataclass
 from typing import Any, Iterator
 from lathe.train.data.labels import IGNORE_INDEX
@@ -86,6 +87,31 @@ def quiet_length_warning(tokenizer) -> Iterator[None]:
         yield
     finally:
         flags[TOKENIZER_LENGTH_WARNING] = before
+
+
+def dropped_rows(split: dict[str, Any] | None) -> int | None:
+    """Examples of a tokenized split's stats (pipeline.split_stats) that tokenizing left out; None for pt."""
+    if not split or not split.get("truncation"):
+        return None
+    return split["rows_before"] - split["truncation"]["examples"]
+
+
+def check_dropped_rows(split: dict[str, Any] | None, data_args) -> None:
+    """Stop when more than max_dropped_rows_share of the training examples were left out. LLaMA-Factory keeps
+    an example cutoff_len emptied of trained tokens (it adds nothing to the loss); lathe leaves it out and
+    counts it, and a run that lost that many is almost always a cutoff_len too small, not a few outliers."""
+    dropped = dropped_rows(split)
+    limit = data_args.max_dropped_rows_share
+    if not dropped or dropped <= limit * split["rows_before"]:
+        return
+    total = split["rows_before"]
+    names = ", ".join(data_args.dataset or []) or "the training data"
+    raise ValueError(
+        f"tokenizing left out {dropped} of {total} training examples ({dropped / total:.1%}) of dataset "
+        f"{names}: no trained token left after cutoff_len={data_args.cutoff_len}, or unusable (see the warnings "
+        f"above). Raise cutoff_len, or set max_dropped_rows_share: {math.ceil(dropped / total * 100) / 100} "
+        f"(now {limit}) to train on the {total - dropped} left."
+    )
 
 
 def mostly_cut(stats: dict[str, Any]) -> bool:

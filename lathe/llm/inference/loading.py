@@ -5,18 +5,59 @@ exactly as it was trained to."""
 from __future__ import annotations
 
 import copy
+import logging
 
-__all__ = ["load_for_inference", "load_tokenizer_and_template"]
+__all__ = ["load_for_inference", "load_tokenizer_and_template", "exported_template_name"]
+
+logger = logging.getLogger(__name__)
 
 
 def load_tokenizer_and_template(config):
-    """The tokenizer with the template's EOS, pad token, stop words and chat_template, and the template."""
+    """The tokenizer with the template's EOS, pad token, stop words and chat_template, and the template.
+    With no `template` given, a folder `lathe export` wrote is served with the template it was exported with
+    (its chat_template is that template's, word for word)."""
     from lathe.llm.model.loader import load_tokenizer
     from lathe.llm.templates import get_template_and_fix_tokenizer
+    from lathe.llm.templates.parsing import UnreadableChatTemplate
 
     tokenizer = load_tokenizer(config.model)
-    template = get_template_and_fix_tokenizer(tokenizer, config.data)
+    data_args = config.data
+    if data_args.template is None:
+        name = exported_template_name(tokenizer)
+        if name is not None:
+            logger.info(
+                "%s holds lathe's chat_template of template %r: serving with it.", config.model.model_name_or_path, name
+            )
+            data_args = copy.copy(data_args)
+            data_args.template = name
+    try:
+        template = get_template_and_fix_tokenizer(tokenizer, data_args)
+    except UnreadableChatTemplate as error:
+        from lathe.llm.templates.check import matching_templates
+
+        matches = matching_templates(tokenizer)
+        hint = f"it renders like {', '.join(matches)}" if matches else "no template lathe knows renders like it"
+        raise ValueError(
+            f"`template` is not set and lathe cannot read the chat_template of {config.model.model_name_or_path} "
+            f"to chat with it ({error.reason}). Set `template` in the config ({hint})."
+        ) from None
     return tokenizer, template
+
+
+def exported_template_name(tokenizer) -> str | None:
+    """The registered template whose chat_template (as lathe export writes it) is the tokenizer's exactly."""
+    from lathe.llm.templates.registry import TEMPLATES
+
+    own = getattr(tokenizer, "chat_template", None)
+    if not isinstance(own, str):
+        return None
+    for name, template in sorted(TEMPLATES.items()):
+        try:
+            if template.jinja_chat_template(tokenizer) == own:
+                return name
+        except Exception:  # noqa: BLE001 (a template that cannot be written for this tokenizer is not the one)
+            continue
+    return None
 
 
 def load_for_inference(config, dtype: str | None = None, with_adapters: bool = True):

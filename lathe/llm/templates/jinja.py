@@ -8,8 +8,9 @@ render history answers as LLaMA-Factory's inference does: their thoughts removed
 preserve_thinking) and no empty thought added; the last answer, when the conversation ends with one, gets
 the empty thought if it has none (what training writes), and with thinking disabled the generation prompt
 ends with the empty thought. An `enable_thinking` render argument overrides the template's setting, as
-with Qwen's own templates. Tool descriptions and tool-call messages are not rendered: the template raises
-instead of silently producing a prompt the model never saw. Special tokens are written as their text (not
+with Qwen's own templates. Tool descriptions and assistant `tool_calls` are rendered for the tool formats
+jinja_tools.py writes (default, qwen, ling); with any other the template raises when given tools instead of silently
+producing a prompt the model never saw. Special tokens are written as their text (not
 `eos_token`), because the EOS variable may be replaced by a server.
 """
 
@@ -84,10 +85,26 @@ def build_jinja_chat_template(template: Template, tokenizer) -> str:
             + jinja_literal(template.empty_thought_text())
             + " }}{% endif %}"
         )
+    from lathe.llm.templates.jinja_tools import renders_tools, tool_calls_statement, tools_statement
+
+    if renders_tools(template):
+        tools_part = ""
+        calls_part = (
+            "{% elif message['role'] == 'assistant' and message.get('tool_calls') %}"
+            + tool_calls_statement(template)
+            + "{{ "
+            + expression(template.function)
+            + " }}"
+        )
+    else:
+        tools_part = (
+            "{% if tools is defined and tools %}{{ raise_exception('This chat template (lathe template "
+            + template.name
+            + ") does not render tools.') }}{% endif %}"
+        )
+        calls_part = ""
     return (
-        "{% if tools is defined and tools %}"
-        "{{ raise_exception('This chat template (lathe template " + template.name + ") does not render tools.') }}"
-        "{% endif %}"
+        tools_part
         + _thinking_switch(template)
         + "{% set system_message = "
         + jinja_literal(template.default_system)
@@ -96,11 +113,14 @@ def build_jinja_chat_template(template: Template, tokenizer) -> str:
         "{% set loop_messages = messages[1:] %}"
         "{% if messages[0]['content'] %}{% set system_message = messages[0]['content'] %}{% endif %}"
         "{% else %}{% set loop_messages = messages %}{% endif %}"
-        "{{ " + expression(template.prefix) + " }}"
+        + (tools_statement(template) if renders_tools(template) else "")
+        + "{{ "
+        + expression(template.prefix)
+        + " }}"
         "{% for message in loop_messages %}"
         "{% set content = message['content'] %}"
         "{% if loop.first and system_message %}" + system_part + "{% endif %}"
-        "{% if message['role'] == 'user' %}{{ " + expression(template.user) + " }}"
+        "{% if message['role'] == 'user' %}{{ " + expression(template.user) + " }}" + calls_part + ""
         "{% elif message['role'] == 'assistant' %}"
         + assistant_part
         + "{% elif message['role'] in ['tool', 'observation'] %}{{ "

@@ -45,6 +45,14 @@ def template_from_chat_template(tokenizer) -> Template:
     return template
 
 
+class UnreadableChatTemplate(ValueError):
+    """A chat_template whose assistant turns lathe cannot find; `reason` says why (for other commands' words)."""
+
+    def __init__(self, message: str, reason: str):
+        super().__init__(message)
+        self.reason = reason
+
+
 def cannot_find_spans(tokenizer, reason: str) -> ValueError:
     from lathe.llm.templates.check import matching_templates
 
@@ -54,10 +62,11 @@ def cannot_find_spans(tokenizer, reason: str) -> ValueError:
         if matches
         else "no template lathe knows renders like it"
     )
-    return ValueError(
+    return UnreadableChatTemplate(
         "`template` is not set and lathe cannot find the assistant turns in the tokenizer's chat_template, so it "
         f"will not guess which tokens to train on ({reason}). Set `template` ({hint}), or use a chat_template "
-        "that marks assistant turns with {% generation %} ... {% endgeneration %}."
+        "that marks assistant turns with {% generation %} ... {% endgeneration %}.",
+        reason,
     )
 
 

@@ -3,6 +3,7 @@ name in the config. Fitting the tokenizer to the template is resolve.py's get_te
 
 from __future__ import annotations
 
+from lathe.llm.strict_files import did_you_mean
 from lathe.llm.templates import (
     chatml,
     deepseek,
@@ -38,8 +39,16 @@ def template_names() -> list[str]:
     return sorted(TEMPLATES)
 
 
+def unknown_template_message(name: str) -> str:
+    """The closest names when some are close, else the first few: all 121 drown the line."""
+    hint = did_you_mean(name, template_names(), n=3).removeprefix("; ")
+    if not hint:
+        hint = f"known ones include {', '.join(template_names()[:12])}, ..."
+    return f"Unknown template {name!r}: {hint} ({len(TEMPLATES)} in all; `python -m lathe.llm.templates` lists them)"
+
+
 def get_template(name: str) -> Template:
     """A fresh copy of a registered template (callers may change it without touching the registry)."""
     if name not in TEMPLATES:
-        raise ValueError(f"Unknown template {name!r}. Available templates: {', '.join(template_names())}.")
+        raise ValueError(unknown_template_message(name))
     return TEMPLATES[name].copy()

@@ -10,7 +10,7 @@ from lathe.llm.templates import tool_calls
 from lathe.llm.templates.tool_calls import FunctionCall, InvalidMessage, ToolFormat, dump, unwrap, wrap
 
 # ---- default: a ReAct-like "Action: / Action Input:" format, for templates without their own.
-_DEFAULT_PROMPT = (
+DEFAULT_PROMPT = (
     "You have access to the following tools:\n{tool_text}"
     "Use the following format if using a tool:\n```\n"
     "Action: tool name (one of [{tool_names}])\n"
@@ -36,7 +36,7 @@ def _describe_default(tools: list[dict]) -> str:
         description = tool.get("description", "")
         blocks.append(f"> Tool Name: {tool['name']}\nTool Description: {description}\nTool Args:\n{lines}\n")
         names.append(tool["name"])
-    return _DEFAULT_PROMPT.format(tool_text="".join(blocks), tool_names=", ".join(names))
+    return DEFAULT_PROMPT.format(tool_text="".join(blocks), tool_names=", ".join(names))
 
 
 def _format_default(calls: list[FunctionCall]) -> str:
@@ -58,7 +58,7 @@ def _extract_default(text: str):
 
 
 # ---- qwen (Qwen2.5) and ling (Ling v2): <tools> block in the system message, <tool_call> JSON in the answer.
-_TOOLS_BLOCK = (
+TOOLS_BLOCK = (
     "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
     "You are provided with function signatures within <tools></tools> XML tags:\n<tools>{tool_text}"
     "\n</tools>\n\nFor each function call, return a json object with function name and arguments within "
@@ -72,11 +72,11 @@ def _wrapped_lines(tools: list[dict]) -> str:
 
 
 def _describe_qwen(tools: list[dict]) -> str:
-    return "\n\n" + _TOOLS_BLOCK.format(tool_text=_wrapped_lines(tools))
+    return "\n\n" + TOOLS_BLOCK.format(tool_text=_wrapped_lines(tools))
 
 
 def _describe_ling(tools: list[dict]) -> str:
-    return _TOOLS_BLOCK.format(tool_text=_wrapped_lines(tools)) + "\ndetailed thinking off"
+    return TOOLS_BLOCK.format(tool_text=_wrapped_lines(tools)) + "\ndetailed thinking off"
 
 
 def _format_qwen(calls: list[FunctionCall]) -> str:

@@ -307,6 +307,12 @@ def _truncation_lines(plan: RunPlan) -> list[str]:
         if truncation.mostly_cut(stats):
             text += f" -- {truncation.advice(stats, plan.cutoff_len).upper()}"
         lines.append(text)
+        if split == "train" and stats.get("rows_before", 0) > stats["examples"]:
+            before = stats["rows_before"]
+            lines.append(
+                f"  left out        {before - stats['examples']} of {before} examples "
+                f"({(before - stats['examples']) / before:.1%}; a share above max_dropped_rows_share stops the run)"
+            )
     return lines
 
 

@@ -8,6 +8,7 @@ import math
 import os
 
 from lathe.llm.memory.fit import start_batch_from_plan
+from lathe.llm.workflows.rerun import RUN_CONFIG_NAME, warn_about_changed_keys
 from lathe.llm.workflows.outputs import TrainerLogCallback, plot_loss, save_generation_config
 
 __all__ = ["resolve_resume_checkpoint", "make_callbacks", "finish_training", "evaluate_and_save", "write_run_config"]
@@ -22,7 +23,6 @@ MODEL_FILES = (
     "pytorch_model.bin",
     "adapter_model.bin",
 )
-RUN_CONFIG_NAME = "lathe_train_config.yaml"
 
 
 def resolve_resume_checkpoint(config) -> str | None:
@@ -35,6 +35,7 @@ def resolve_resume_checkpoint(config) -> str | None:
     training = config.training
     explicit = training.resume_from_checkpoint
     if explicit not in (None, False, ""):
+        warn_about_changed_keys(config, explicit)
         return explicit
     if not training.do_train or not os.path.isdir(training.output_dir) or training.overwrite_output_dir:
         return None
@@ -48,6 +49,7 @@ def resolve_resume_checkpoint(config) -> str | None:
         )
     if last is not None:
         logger.info("Resuming training from %s (set overwrite_output_dir: true to start over).", last)
+        warn_about_changed_keys(config, last)
     return last
 
 
@@ -74,15 +76,22 @@ def make_callbacks(config) -> list:
 
 
 def write_run_config(config) -> str | None:
-    """output_dir/lathe_train_config.yaml: every resolved value, so the run can be reproduced."""
+    """output_dir/lathe_train_config.yaml: the keys the run was given (file and command line) in the flat
+    form `lathe train` reads, so `lathe train <that file>` reproduces the run."""
     if not config.training.should_save:
         return None
     import yaml
 
     os.makedirs(config.training.output_dir, exist_ok=True)
     path = os.path.join(config.training.output_dir, RUN_CONFIG_NAME)
+    origin = f" from {config.source}" if config.source else ""
     with open(path, "w", encoding="utf-8") as f:
-        yaml.safe_dump(config.to_dict(), f, sort_keys=False)
+        f.write(
+            f"# The keys this run was given{origin} (command-line overrides included). `lathe train {path}` "
+            f"reproduces it,\n# run from the same folder (relative paths) and with another output_dir "
+            f"(output_dir=... on the command line).\n"
+        )
+        yaml.safe_dump(config.given, f, sort_keys=False)
     return path
 
 

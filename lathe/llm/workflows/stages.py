@@ -14,5 +14,13 @@ def run_train(config, dry_run: bool = False, callbacks: list | None = None) -> d
     stage = config.finetuning.stage
     if stage not in RECIPES:
         raise ValueError(f"stage {stage!r} has no recipe; lathe trains {', '.join(RECIPES)}.")
+    from lathe.llm.workflows.rerun import finished_run_message
+
+    finished = finished_run_message(config)
+    if finished is not None:  # nothing is loaded and no file in output_dir is rewritten
+        from lathe.llm.workflows.plan import print_once
+
+        print_once(config, finished)
+        return {}
     recipe = import_module(f"lathe.llm.workflows.{RECIPES[stage]}")
     return recipe.run(config, dry_run=dry_run, callbacks=callbacks)
