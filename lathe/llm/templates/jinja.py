@@ -18,30 +18,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from lathe.llm.templates.jinja_tools import jinja_literal, renders_tools, tool_calls_statement, tools_statement
 from lathe.llm.templates.slots import CONTENT
 
 if TYPE_CHECKING:  # annotations only: template.py calls this module
     from lathe.llm.templates.template import Template
-
-
-def jinja_literal(text: str) -> str:
-    """A Jinja string literal for `text`. Jinja decodes backslash escapes in literals and normalises
-    raw CR/LF, so backslash, quote and control characters are escaped."""
-    escaped = []
-    for char in text:
-        if char in "\\'":
-            escaped.append("\\" + char)
-        elif char == "\n":
-            escaped.append("\\n")
-        elif char == "\r":
-            escaped.append("\\r")
-        elif char == "\t":
-            escaped.append("\\t")
-        elif ord(char) < 0x20:
-            escaped.append(f"\\x{ord(char):02x}")
-        else:
-            escaped.append(char)
-    return "'" + "".join(escaped) + "'"
 
 
 def special_token_text(element, tokenizer) -> str:
@@ -85,7 +66,6 @@ def build_jinja_chat_template(template: Template, tokenizer) -> str:
             + jinja_literal(template.empty_thought_text())
             + " }}{% endif %}"
         )
-    from lathe.llm.templates.jinja_tools import renders_tools, tool_calls_statement, tools_statement
 
     if renders_tools(template):
         tools_part = ""

@@ -6,7 +6,6 @@ and export says so."""
 
 from __future__ import annotations
 
-from lathe.llm.templates.jinja import jinja_literal
 from lathe.llm.templates.tool_formats_json import DEFAULT_PROMPT, TOOLS_BLOCK
 
 __all__ = ["JINJA_TOOL_FORMATS", "renders_tools", "tools_statement", "tool_calls_statement"]
@@ -90,3 +89,23 @@ def tool_calls_statement(template) -> str:
         "{% set ns.calls = ns.calls + [" + call + "] %}{% endfor %}"
         "{% set content = ns.calls | join('\\n') %}"
     )
+
+
+def jinja_literal(text: str) -> str:
+    """A Jinja string literal for `text`. Jinja decodes backslash escapes in literals and normalises
+    raw CR/LF, so backslash, quote and control characters are escaped."""
+    escaped = []
+    for char in text:
+        if char in "\\'":
+            escaped.append("\\" + char)
+        elif char == "\n":
+            escaped.append("\\n")
+        elif char == "\r":
+            escaped.append("\\r")
+        elif char == "\t":
+            escaped.append("\\t")
+        elif ord(char) < 0x20:
+            escaped.append(f"\\x{ord(char):02x}")
+        else:
+            escaped.append(char)
+    return "'" + "".join(escaped) + "'"
