@@ -70,7 +70,7 @@ def run(config, dry_run: bool = False, callbacks: list | None = None) -> dict:
     if training_args.do_train:
         write_run_config(config)
         result = trainer.train(resume_from_checkpoint=resume_from)
-        finish_training(trainer, config, result, datasets["eval_dataset"], train_keys=PLOTTED[stage])
+        finish_training(trainer, config, result, datasets["eval_dataset"], train_keys=PLOTTED[stage], plan=plan)
         metrics.update(result.metrics)
     if training_args.do_eval:
         results = trainer.evaluate(metric_key_prefix="eval")

@@ -8,6 +8,7 @@ causal LM trained on every token.
 from __future__ import annotations
 
 from lathe.llm.loraplus import MethodOptimizerMixin
+from lathe.llm.workflows.meter import TokenMeterMixin
 from lathe.llm.memory_fit import start_batch_from_plan
 from lathe.llm.workflows.plan import make_plan, report_plan
 from lathe.llm.workflows.setup import (
@@ -22,7 +23,7 @@ from lathe.train.trainer import Trainer
 from lathe.train.labels import IGNORE_INDEX
 
 
-class PretrainTrainer(MethodOptimizerMixin, Trainer):
+class PretrainTrainer(TokenMeterMixin, MethodOptimizerMixin, Trainer):
     """The Trainer with the fine-tuning methods' optimizers (LoRA+)."""
 
 
@@ -101,7 +102,7 @@ def run(config, dry_run: bool = False, callbacks: list | None = None) -> dict:
     if training_args.do_train:
         write_run_config(config)
         result = trainer.train(resume_from_checkpoint=resume_from)
-        finish_training(trainer, config, result, datasets["eval_dataset"])
+        finish_training(trainer, config, result, datasets["eval_dataset"], plan=plan)
         metrics.update(result.metrics)
     if training_args.do_eval:
         metrics.update(evaluate_and_save(trainer, with_perplexity=True))

@@ -66,7 +66,7 @@ def run(config, dry_run: bool = False, callbacks: list | None = None) -> dict:
     if training_args.do_train:
         write_run_config(config)
         result = trainer.train(resume_from_checkpoint=resume_from)
-        finish_training(trainer, config, result, datasets["eval_dataset"], eval_keys=("loss", "accuracy"))
+        finish_training(trainer, config, result, datasets["eval_dataset"], eval_keys=("loss", "accuracy"), plan=plan)
         metrics.update(result.metrics)
     if training_args.do_eval:
         metrics.update(evaluate_and_save(trainer, with_perplexity=False))

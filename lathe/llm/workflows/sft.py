@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from lathe.llm.loraplus import MethodOptimizerMixin
 from lathe.llm.memory_fit import start_batch_from_plan
+from lathe.llm.workflows.meter import TokenMeterMixin
 from lathe.llm.workflows.plan import make_plan, report_plan
 from lathe.llm.workflows.setup import (
     checkpointing_for,
@@ -22,7 +23,7 @@ from lathe.llm.workflows.losses import LossVariantsMixin, load_reference_model
 from lathe.train.seq2seq import Seq2SeqTrainer
 
 
-class SFTTrainer(LossVariantsMixin, MethodOptimizerMixin, Seq2SeqTrainer):
+class SFTTrainer(TokenMeterMixin, LossVariantsMixin, MethodOptimizerMixin, Seq2SeqTrainer):
     """Seq2SeqTrainer for decoder-only models: with predict_with_generate, the rows hold the prompt
     only and the labels the reference answer, so generation runs without labels (their length
     differs from the prompt's) and the prompt is blanked out of what generate() returns."""
@@ -111,7 +112,7 @@ def run(config, dry_run: bool = False, callbacks: list | None = None) -> dict:
     if training_args.do_train:
         write_run_config(config)
         result = trainer.train(resume_from_checkpoint=resume_from)
-        finish_training(trainer, config, result, datasets["eval_dataset"])
+        finish_training(trainer, config, result, datasets["eval_dataset"], plan=plan)
         metrics.update(result.metrics)
 
     gen_kwargs = generation_kwargs(config, tokenizer, template) if training_args.predict_with_generate else {}
