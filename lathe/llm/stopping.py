@@ -49,10 +49,12 @@ class StopOnSignal(GracefulStopCallback):
         self.installed = False
         self.enabled = enabled
         self.saved_handlers: dict = {}
+        self.pid = os.getpid()
         self.output_dir: str | None = None
 
     def __enter__(self):
         # Python allows handlers only in the main thread; elsewhere (a notebook's worker) nothing changes.
+        self.pid = os.getpid()
         if self.enabled and threading.current_thread() is threading.main_thread():
             for signum in self.signals:
                 self.saved_handlers[signum] = signal.signal(signum, self.handle)
@@ -70,6 +72,8 @@ class StopOnSignal(GracefulStopCallback):
         return [self] if self.installed else []
 
     def handle(self, signum, frame) -> None:
+        if os.getpid() != self.pid:  # a forked DataLoader worker (Ctrl-C reaches the whole process group)
+            return  # it keeps serving batches until the main process, which decides, shuts it down
         name = signal.Signals(signum).name
         if not self.training or self.stop_requested:
             raise Interrupted(signum)

@@ -183,3 +183,30 @@ def test_a_second_sigterm_aborts_at_once(tiny_model_dir, data_dir, tmp_path, wri
     assert "Traceback" not in err
     assert err.strip().splitlines()[-1] == "lathe train: aborted by SIGTERM."
     assert not list(output.glob("checkpoint-*"))
+
+
+def test_ctrl_c_to_the_process_group_with_dataloader_workers(tiny_model_dir, data_dir, tmp_path, write_yaml):
+    """A terminal's Ctrl-C reaches the DataLoader workers too (forked with lathe's handler): they keep
+    serving, and the one acknowledgement and the stop come from the main process."""
+    output = tmp_path / "out"
+    values = {**_values(tiny_model_dir, data_dir, output), "dataloader_num_workers": 2}
+    config = write_yaml(tmp_path / "config.yaml", values)
+    script = tmp_path / "slow_lathe.py"
+    script.write_text(SLOW_LATHE)
+    stderr = open(tmp_path / "stderr.txt", "w+")
+    process = subprocess.Popen(
+        [sys.executable, str(script), "0.4", "train", str(config)],
+        stdout=subprocess.DEVNULL,
+        stderr=stderr,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+        start_new_session=True,  # its own process group, as a terminal's foreground job
+    )
+    _wait_for(lambda: 2 in _logged_steps(output), process)
+    os.killpg(process.pid, signal.SIGINT)
+    code = process.wait(timeout=240)
+    stderr.seek(0)
+    err = stderr.read()
+    assert code == 130, err
+    assert "Traceback" not in err and err.count("SIGINT received") == 1, err[-2000:]
+    step = int(re.search(r"stopped by SIGINT after step (\d+) of 8", err)[1])
+    assert (output / f"checkpoint-{step}").is_dir()
