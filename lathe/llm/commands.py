@@ -4,6 +4,7 @@ stage's recipe. Imported only when one of these commands runs (it pulls in trans
 from __future__ import annotations
 
 import logging
+import os
 import sys
 
 from lathe.llm.workflows.stages import run_train
@@ -58,11 +59,12 @@ def _reported(command: str, traceback: bool, run, errors: tuple = USER_ERRORS) -
 
 def train_command(config_path: str, overrides: list[str], dry_run: bool = False, traceback: bool = False) -> int:
     """`lathe train CONFIG [key=value ...]`: print the resolved configuration and the plan, then train."""
-    from lathe.llm.config.train import parse_train_config
     from lathe.llm.config.sections import hub_from_environment
+    from lathe.llm.config.train import parse_train_config
     from lathe.llm.config.values import RawConfig
     from lathe.llm.launch import launch_settings, relaunch
     from lathe.llm.model.hub import resolve_config, resolve_raw_config
+    from lathe.llm.stopping import Interrupted, StopOnSignal, TrainingStopped
     from lathe.llm.workflows.plan import format_config, print_once
 
     def train() -> int:
@@ -73,10 +75,18 @@ def train_command(config_path: str, overrides: list[str], dry_run: bool = False,
         )  # under torchrun when several processes are asked for
         if code is not None:
             return code
-        config = parse_train_config(config_path, overrides)
-        resolve_config(config)  # hub ids: found (or downloaded) before the configuration and the plan are printed
-        print_once(config, format_config(config))
-        run_train(config, dry_run=dry_run)
+        # Ctrl-C / SIGTERM: stop after the step, save a checkpoint, say how to resume (lathe/llm/stopping.py).
+        # Not on several processes: they would stop at different steps and wait on each other forever.
+        with StopOnSignal(config_path, overrides, enabled=int(os.environ.get("WORLD_SIZE", "1")) == 1) as stop:
+            try:
+                config = parse_train_config(config_path, overrides)
+                resolve_config(
+                    config
+                )  # hub ids: found (or downloaded) before the configuration and the plan are printed
+                print_once(config, format_config(config))
+                run_train(config, dry_run=dry_run, callbacks=stop.callbacks())
+            except (Interrupted, TrainingStopped) as stopped:
+                return stop.report(stopped)
         if dry_run:
             print("Dry run: nothing was trained.")
         return 0

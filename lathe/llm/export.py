@@ -164,7 +164,9 @@ def _merge_adapters(model, adapters: list[str], probes):
     """Merge each adapter in order, checking that merged == base + adapter, and that it changed something."""
     from pathlib import Path
 
-    from peft import PeftModel
+    from lathe.llm.model.lora import import_peft
+
+    PeftModel = import_peft().PeftModel
 
     worst_error, smallest_change = 0.0, None
     for adapter in adapters:

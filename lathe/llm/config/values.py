@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 import types
 import typing
+import warnings
 from pathlib import Path
 from typing import Any, Literal, Union
 
@@ -92,14 +93,32 @@ class RawConfig:
 def build_sections(
     values: dict[str, Any], sections: dict[str, type], hints: dict[str, dict], where: str
 ) -> dict[str, Any]:
-    """One dataclass per section from the keys that belong to it; their own checks name the file."""
+    """One dataclass per section from the keys that belong to it; their own checks name the file, and so
+    do their warnings (which would otherwise point at this line: config_warnings says which are kept)."""
     built = {}
     for name, dtype in sections.items():
-        try:
-            built[name] = dtype(**{key: value for key, value in values.items() if key in hints[name]})
-        except (TypeError, ValueError) as error:
-            raise ValueError(f"{error}{where}") from None
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            try:
+                built[name] = dtype(**{key: value for key, value in values.items() if key in hints[name]})
+            except (TypeError, ValueError) as error:
+                raise ValueError(f"{error}{where}") from None
+        for message in config_warnings(caught):
+            logger.warning("%s%s", message, where)
     return built
+
+
+def config_warnings(caught) -> list[str]:
+    """The messages of the warnings a config's dataclasses gave, once each. transformers 5's "was removed"
+    notices are dropped: a LLaMA-Factory config spells warmup_ratio, evaluation_strategy, ... the 4.x way
+    on purpose (LLaMA-Factory runs on transformers 4), and lathe reads those keys as it does."""
+    kept = []
+    for item in caught:
+        message = str(item.message)
+        if "was removed in transformers 5" in message or message in kept:
+            continue
+        kept.append(message)
+    return kept
 
 
 def parse_overrides(overrides: list[str] | tuple[str, ...]) -> dict[str, str]:

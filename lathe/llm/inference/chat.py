@@ -5,7 +5,10 @@ command line (`temperature=0.2 max_new_tokens=128`)."""
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import sys
+import warnings
 
 from lathe.llm.inference.engine import ChatEngine, InvalidRequest
 
@@ -22,6 +25,7 @@ def chat_loop(engine: ChatEngine, system: str | None = None, read=input, write=N
     write = write or default_write
     write(WELCOME + "\n")
     history: list[dict] = []
+    shown: set[str] = set()  # each warning once per session
     while True:
         try:
             query = read("\nUser: ").strip()
@@ -45,12 +49,54 @@ def chat_loop(engine: ChatEngine, system: str | None = None, read=input, write=N
         except InvalidRequest as error:
             write(f"(not sent: {error} Type `clear` to start a new conversation.)\n")
             continue
-        write("Assistant: ")
-        sequence = engine.generate(prompt_ids, params, on_text=write)
-        if sequence.finish_reason == "length":
-            write(" [cut at max_new_tokens]")
-        write("\n")
+        with held_messages(shown):  # a warning of the first forward (transformers') waits for the reply's end
+            write("Assistant: ")
+            sequence = engine.generate(prompt_ids, params, on_text=write)
+            if sequence.finish_reason == "length":
+                write(" [cut at max_new_tokens]")
+            write("\n")
         history += [{"role": "user", "content": query}, {"role": "assistant", "content": sequence.text}]
+
+
+@contextlib.contextmanager
+def held_messages(shown: set[str]):
+    """Hold the warnings and log records raised meanwhile (the generation thread's included), then show each
+    that `shown` lacks, as it would have been shown: after the reply instead of in the middle of its text."""
+    handlers = {handler for name in ("", "transformers") for handler in logging.getLogger(name).handlers}
+    records: list[tuple[logging.Handler, logging.LogRecord]] = []
+
+    class Hold(logging.Filter):
+        def __init__(self, handler):
+            super().__init__()
+            self.handler = handler
+
+        def filter(self, record):
+            records.append((self.handler, record))
+            return False
+
+    holds = {handler: Hold(handler) for handler in handlers}
+    for handler, hold in holds.items():
+        handler.addFilter(hold)
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("default")
+            yield
+    finally:
+        for handler, hold in holds.items():
+            handler.removeFilter(hold)
+        for item in caught:
+            text = str(item.message)
+            if text not in shown:
+                shown.add(text)
+                warnings.showwarning(item.message, item.category, item.filename, item.lineno)
+        new = {}  # record -> the handlers that held it (a record reaches every handler on its way up)
+        for handler, record in records:
+            if record in new or record.getMessage() not in shown:
+                new.setdefault(record, []).append(handler)
+                shown.add(record.getMessage())
+        for record, held_by in new.items():
+            for handler in held_by:
+                handler.handle(record)
 
 
 def chat_command(config_path: str, overrides: list[str]) -> int:

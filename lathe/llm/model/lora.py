@@ -15,15 +15,39 @@ from lathe.llm.model.layers import find_all_linear_modules
 if TYPE_CHECKING:
     from lathe.llm.config.train import FinetuningArguments, ModelArguments
 
-__all__ = ["setup_peft", "resolve_targets"]
+__all__ = ["setup_peft", "resolve_targets", "import_peft"]
 
 logger = logging.getLogger(__name__)
+
+
+def import_peft():
+    """`import peft`, without what bitsandbytes logs when peft imports it (peft.helpers does, whenever it
+    is installed): on a CPU, a warning about a missing kernel for 4-bit layers that a run without
+    quantization never builds. A quantized run imported bitsandbytes earlier, while loading the model
+    (lathe.llm.model.quantization), and saw its warnings then."""
+    import sys
+    import warnings
+
+    if "peft" in sys.modules or "bitsandbytes" in sys.modules:
+        import peft
+
+        return peft
+    quiet = logging.getLogger("bitsandbytes")
+    level = quiet.level
+    quiet.setLevel(logging.ERROR)
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", module="bitsandbytes")
+            import peft
+    finally:
+        quiet.setLevel(level)
+    return peft
 
 
 def setup_peft(model, model_args: "ModelArguments", finetuning_args: "FinetuningArguments", is_trainable: bool):
     """The model with its adapters: earlier ones merged, the last continued (or merged with
     create_new_adapter), or a new adapter when training without one to continue."""
-    from peft import PeftModel
+    PeftModel = import_peft().PeftModel
 
     from lathe.llm.model.quantization import is_quantized
 

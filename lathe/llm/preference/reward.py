@@ -11,6 +11,7 @@ import numpy as np
 import torch
 
 from lathe.llm.methods.optimizers import MethodOptimizerMixin
+from lathe.llm.workflows.meter import TokenMeterMixin
 from lathe.llm.preference.losses import pairwise_reward_loss
 from lathe.train.trainer import Trainer
 
@@ -30,7 +31,7 @@ class RewardAccuracy:
         return {"accuracy": float(np.mean(chosen > rejected))}
 
 
-class RewardTrainer(MethodOptimizerMixin, Trainer):
+class RewardTrainer(TokenMeterMixin, MethodOptimizerMixin, Trainer):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.model_accepts_loss_kwargs = False  # a mean over pairs, divided by accumulation only

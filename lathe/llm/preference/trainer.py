@@ -13,13 +13,14 @@ from collections import defaultdict
 import torch
 
 from lathe.llm.methods.optimizers import MethodOptimizerMixin
+from lathe.llm.workflows.meter import TokenMeterMixin
 from lathe.llm.preference.reference import disable_dropout, frozen, reference_context, shard_reference_like_policy
 from lathe.train.parallel import distributed, fsdp
 from lathe.train import runtime
 from lathe.train.trainer import Trainer
 
 
-class PreferenceTrainer(MethodOptimizerMixin, Trainer):
+class PreferenceTrainer(TokenMeterMixin, MethodOptimizerMixin, Trainer):
     """Trainer(model, args, ..., ref_model=..., finetuning_args=...). `ref_model` None with a LoRA
     policy means: the policy with its adapter switched off; `ref_model is model` (evaluating without
     training) compares the model with itself."""

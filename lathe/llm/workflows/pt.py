@@ -8,6 +8,7 @@ causal LM trained on every token.
 from __future__ import annotations
 
 from lathe.llm.methods.optimizers import MethodOptimizerMixin
+from lathe.llm.workflows.meter import TokenMeterMixin
 from lathe.llm.workflows.plan import make_plan, report_plan
 from lathe.llm.workflows.setup import (
     checkpointing_for,
@@ -21,7 +22,7 @@ from lathe.train.trainer import Trainer
 from lathe.train.data.labels import IGNORE_INDEX
 
 
-class PretrainTrainer(MethodOptimizerMixin, Trainer):
+class PretrainTrainer(TokenMeterMixin, MethodOptimizerMixin, Trainer):
     """The Trainer with the fine-tuning methods' optimizers (LoRA+)."""
 
 

@@ -9,6 +9,7 @@ import os
 
 from lathe.llm.memory.fit import start_batch_from_plan
 from lathe.llm.workflows.rerun import RUN_CONFIG_NAME, warn_about_changed_keys
+from lathe.llm.workflows.meter import summary_lines
 from lathe.llm.workflows.outputs import TrainerLogCallback, plot_loss, save_generation_config
 
 __all__ = ["resolve_resume_checkpoint", "make_callbacks", "finish_training", "evaluate_and_save", "write_run_config"]
@@ -95,14 +96,25 @@ def write_run_config(config) -> str | None:
     return path
 
 
-def finish_training(trainer, config, train_result, eval_dataset, train_keys=("loss",), eval_keys=("loss",)) -> None:
+def finish_training(
+    trainer, config, train_result, eval_dataset, train_keys=("loss",), eval_keys=("loss",), plan=None
+) -> None:
     """After train(): weights or adapter + tokenizer (save_model), generation_config.json with the
     stop tokens, train_results.json / all_results.json, trainer_state.json, and the plots of
-    `train_keys` and of the evaluation's `eval_keys` (LLaMA-Factory's choice per stage)."""
+    `train_keys` and of the evaluation's `eval_keys` (LLaMA-Factory's choice per stage). Below the
+    train metrics, what the run measured (tokens/s, peak memory beside the plan's: workflows/meter.py)."""
     trainer.save_model()
     if trainer.is_world_process_zero() and config.finetuning.stage != "rm":  # a reward model does not generate
         save_generation_config(trainer.model, config.training.output_dir)
     trainer.log_metrics("train", train_result.metrics)
+    if hasattr(trainer, "tokens_trained"):
+        tokens = trainer.tokens_trained()  # on every rank: the count is summed over them
+        if trainer.is_world_process_zero():
+            memory = getattr(plan, "memory", None)
+            lines = summary_lines(
+                tokens, train_result.metrics["train_runtime"], getattr(memory, "peak", None), trainer.args.device
+            )
+            print("\n".join(lines), flush=True)
     trainer.save_metrics("train", train_result.metrics)
     trainer.save_state()
     if trainer.is_world_process_zero() and config.finetuning.plot_loss:
@@ -149,5 +161,5 @@ def train_and_save(trainer, config, plan, resume_from: str | None, eval_dataset,
         return {}
     write_run_config(config)
     result = trainer.train(resume_from_checkpoint=resume_from)
-    finish_training(trainer, config, result, eval_dataset, **finish_keys)
+    finish_training(trainer, config, result, eval_dataset, plan=plan, **finish_keys)
     return dict(result.metrics)

@@ -8,6 +8,7 @@ on assistant tokens only, and optionally generation on the held-out prompts.
 from __future__ import annotations
 
 from lathe.llm.methods.optimizers import MethodOptimizerMixin
+from lathe.llm.workflows.meter import TokenMeterMixin
 from lathe.llm.workflows.plan import make_plan, report_plan
 from lathe.llm.workflows.setup import (
     checkpointing_for,
@@ -22,7 +23,7 @@ from lathe.train.data.labels import IGNORE_INDEX
 from lathe.train.seq2seq import Seq2SeqTrainer
 
 
-class SFTTrainer(LossVariantsMixin, MethodOptimizerMixin, Seq2SeqTrainer):
+class SFTTrainer(TokenMeterMixin, LossVariantsMixin, MethodOptimizerMixin, Seq2SeqTrainer):
     """Seq2SeqTrainer for decoder-only models: with predict_with_generate, the rows hold the prompt
     only and the labels the reference answer, so generation runs without labels (their length
     differs from the prompt's) and the prompt is blanked out of what generate() returns."""

@@ -25,7 +25,10 @@ def full_state_dict(engine):
     safetensors refuses to save: each is copied (tied weights stay one tensor). None on other
     ranks under stage 3."""
     if engine.zero_optimization_stage() == 3:  # partitioned weights
-        return engine._zero3_consolidated_16bit_state_dict()
+        from lathe.train.parallel.deepspeed_zero import quiet_collectives
+
+        with quiet_collectives():
+            return engine._zero3_consolidated_16bit_state_dict()
     copies, state = {}, {}
     for name, tensor in engine.module.state_dict().items():
         key = (tensor.data_ptr(), tuple(tensor.shape), tuple(tensor.stride()), tensor.dtype)
@@ -41,7 +44,10 @@ def tag(global_step: int) -> str:
 
 def save(engine, folder: str, global_step: int, exclude_frozen: bool) -> None:
     """DeepSpeed's files for `folder` (every rank writes its optimizer partition): global_stepN/ and `latest`."""
-    engine.save_checkpoint(folder, tag=tag(global_step), exclude_frozen_parameters=exclude_frozen)
+    from lathe.train.parallel.deepspeed_zero import quiet_collectives
+
+    with quiet_collectives():
+        engine.save_checkpoint(folder, tag=tag(global_step), exclude_frozen_parameters=exclude_frozen)
 
 
 def has_checkpoint(path: str) -> bool:
@@ -62,9 +68,12 @@ def load(engine, path: str, strict: bool) -> None:
             f"{ranks} processes (now {now}). To continue under another number, convert it to a universal checkpoint with "
             "DeepSpeed's ds_to_universal.py, or start a new run from its model.safetensors."
         )
-    load_path, _ = engine.load_checkpoint(
-        path, tag=name, load_module_strict=strict, load_optimizer_states=True, load_lr_scheduler_states=True
-    )
+    from lathe.train.parallel.deepspeed_zero import quiet_collectives
+
+    with quiet_collectives():
+        load_path, _ = engine.load_checkpoint(
+            path, tag=name, load_module_strict=strict, load_optimizer_states=True, load_lr_scheduler_states=True
+        )
     if load_path is None:
         raise ValueError(f"DeepSpeed could not load its checkpoint from {folder!r}.")
 

@@ -20,10 +20,12 @@ DeepSpeed's own files, read safely (lathe.train.parallel.deepspeed_checkpoint).
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import json
 import logging
 import os
+import warnings
 
 from lathe.train.parallel.deepspeed_checkpoint import (  # noqa: F401 (the engine's checkpoint API, here too)
     full_state_dict,
@@ -336,7 +338,10 @@ def initialize(model, optimizer, lr_scheduler, args):
 
     config = engine_config(args, dist.get_world_size(), model)
     optimizer = _offloaded(optimizer, config)
-    engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, lr_scheduler=lr_scheduler, config=config)
+    with quiet_collectives():
+        engine, _, _, _ = deepspeed.initialize(
+            model=model, optimizer=optimizer, lr_scheduler=lr_scheduler, config=config
+        )
     engine.checkpoint_engine = safe_checkpoint_engine(engine.checkpoint_engine)
     return engine
 
@@ -367,14 +372,29 @@ def _offloaded(optimizer, config: dict):
 
 def backward(engine, loss) -> None:
     """The loss is normalised by lathe already (per accumulation window and token count)."""
-    engine.backward(loss, scale_wrt_gas=False)
+    with quiet_collectives():
+        engine.backward(loss, scale_wrt_gas=False)
 
 
 def step(engine):
     """Optimizer step (clip, step, scheduler, zero) at the end of a window; returns the pre-clip grad norm."""
-    engine.step()
+    with quiet_collectives():
+        engine.step()
     norm = engine.get_global_grad_norm()
     return None if norm is None else float(norm)
+
+
+# torch 2.13 deprecates the collectives DeepSpeed calls (reduce_scatter_tensor, all_gather_into_tensor, ...):
+# a FutureWarning per call site and rank that only DeepSpeed can act on. Silenced only around lathe's calls
+# into the engine (and ZeRO-3's gathering forward: runtime.compute_loss_context_manager), not process-wide.
+DEPRECATED_COLLECTIVES = r"`torch\.distributed\.\w+` is deprecated\. Please use `torch\.distributed\.\w+` instead"
+
+
+@contextlib.contextmanager
+def quiet_collectives():
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=DEPRECATED_COLLECTIVES, category=FutureWarning)
+        yield
 
 
 def partitions_weights(engine) -> bool:
@@ -382,7 +402,9 @@ def partitions_weights(engine) -> bool:
     return engine is not None and engine.zero_optimization_stage() == 3
 
 
+@contextlib.contextmanager
 def gathered_parameters(model):
     """A context in which every ZeRO-3 partitioned weight of `model` is whole on every rank (read only)."""
     deepspeed = import_deepspeed()
-    return deepspeed.zero.GatheredParameters(list(model.parameters()), modifier_rank=None)
+    with quiet_collectives(), deepspeed.zero.GatheredParameters(list(model.parameters()), modifier_rank=None):
+        yield
