@@ -188,7 +188,7 @@ def compute_loss_context_manager(trainer) -> contextlib.ExitStack:
         stack.enter_context(context)
     engine = getattr(trainer, "_zero_engine", None)
     if engine is not None and engine.zero_optimization_stage() == 3:  # the forward gathers the weights
-        from lathe.train.parallel.deepspeed_zero import quiet_collectives
+        from lathe.train.parallel.quiet_collectives import quiet_collectives
 
         stack.enter_context(quiet_collectives())
     return stack

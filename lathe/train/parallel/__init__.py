@@ -1,3 +1,4 @@
 """More than one process: torch.distributed helpers and gathers (distributed.py), FSDP2 (fsdp.py), and
 DeepSpeed ZeRO with its checkpoint engine (deepspeed_zero.py, deepspeed_checkpoint.py; the one place
-deepspeed is imported). May import lathe.train.checkpoints (the file format) only."""
+deepspeed is imported), and quiet_collectives.py (torch's deprecation warnings for the collectives
+DeepSpeed calls, silenced around lathe's calls into it only). May import lathe.train.checkpoints (the file format) only."""

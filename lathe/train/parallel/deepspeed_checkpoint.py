@@ -25,7 +25,7 @@ def full_state_dict(engine):
     safetensors refuses to save: each is copied (tied weights stay one tensor). None on other
     ranks under stage 3."""
     if engine.zero_optimization_stage() == 3:  # partitioned weights
-        from lathe.train.parallel.deepspeed_zero import quiet_collectives
+        from lathe.train.parallel.quiet_collectives import quiet_collectives
 
         with quiet_collectives():
             return engine._zero3_consolidated_16bit_state_dict()
@@ -44,7 +44,7 @@ def tag(global_step: int) -> str:
 
 def save(engine, folder: str, global_step: int, exclude_frozen: bool) -> None:
     """DeepSpeed's files for `folder` (every rank writes its optimizer partition): global_stepN/ and `latest`."""
-    from lathe.train.parallel.deepspeed_zero import quiet_collectives
+    from lathe.train.parallel.quiet_collectives import quiet_collectives
 
     with quiet_collectives():
         engine.save_checkpoint(folder, tag=tag(global_step), exclude_frozen_parameters=exclude_frozen)
@@ -68,7 +68,7 @@ def load(engine, path: str, strict: bool) -> None:
             f"{ranks} processes (now {now}). To continue under another number, convert it to a universal checkpoint with "
             "DeepSpeed's ds_to_universal.py, or start a new run from its model.safetensors."
         )
-    from lathe.train.parallel.deepspeed_zero import quiet_collectives
+    from lathe.train.parallel.quiet_collectives import quiet_collectives
 
     with quiet_collectives():
         load_path, _ = engine.load_checkpoint(

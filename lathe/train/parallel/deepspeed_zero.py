@@ -25,8 +25,8 @@ import difflib
 import json
 import logging
 import os
-import warnings
 
+from lathe.train.parallel.quiet_collectives import quiet_collectives
 from lathe.train.parallel.deepspeed_checkpoint import (  # noqa: F401 (the engine's checkpoint API, here too)
     full_state_dict,
     has_checkpoint,
@@ -382,19 +382,6 @@ def step(engine):
         engine.step()
     norm = engine.get_global_grad_norm()
     return None if norm is None else float(norm)
-
-
-# torch 2.13 deprecates the collectives DeepSpeed calls (reduce_scatter_tensor, all_gather_into_tensor, ...):
-# a FutureWarning per call site and rank that only DeepSpeed can act on. Silenced only around lathe's calls
-# into the engine (and ZeRO-3's gathering forward: runtime.compute_loss_context_manager), not process-wide.
-DEPRECATED_COLLECTIVES = r"`torch\.distributed\.\w+` is deprecated\. Please use `torch\.distributed\.\w+` instead"
-
-
-@contextlib.contextmanager
-def quiet_collectives():
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message=DEPRECATED_COLLECTIVES, category=FutureWarning)
-        yield
 
 
 def partitions_weights(engine) -> bool:
