@@ -24,7 +24,7 @@ SLOW_LATHE = """
 import sys, time
 import lathe.llm.commands as commands
 from lathe.cli import main
-from lathe.train.callbacks import TrainerCallback
+from lathe.train.callbacks.events import TrainerCallback
 
 class Slow(TrainerCallback):
     def on_step_end(self, args, state, control, **kwargs):

@@ -15,7 +15,7 @@ pytest.importorskip("deepspeed", reason="the deepspeed extra is not installed")
 @pytest.mark.parametrize("stage", [2, 3])
 def test_zero_training_shows_no_deprecated_collective_warnings(tmp_path, stage):
     from lathe import Trainer, TrainingArguments
-    from lathe.train.callbacks import TrainerCallback
+    from lathe.train.callbacks.events import TrainerCallback
     from tests.train.deepspeed_worker import TokenModel, accuracy, dataset, zero_config
 
     silenced_between_calls = []
