@@ -370,17 +370,31 @@ def skip_batches(dataloader, num_batches: int) -> Iterable:
 
 def epoch_batches(dataloader, epoch: int, batches_to_skip: int, rng_state: dict | None) -> Iterator:
     """The epoch's batch iterator, past the `batches_to_skip` a resumed run already trained on (skipped
-    at the sampler, or read and dropped where the loader cannot seek), with the checkpoint's RNG state
-    (`rng_state`, on the resumed epoch) restored at the point where the interrupted run saved it.
+    at the sampler, or read and dropped where the loader cannot seek), read one batch ahead (prefetched).
 
-    Why there: creating the iterator draws a seed from the global RNG. Mid-epoch, the interrupted run
-    had made that draw (and read the skipped batches) before it saved, so the state is restored after
-    them; at an epoch boundary (or with ignore_data_skip) it saved before this epoch's iterator
-    existed, so the state is restored first. Either way dropout and shuffling continue bit for bit."""
+    `rng_state` (the checkpoint's, on a resumed epoch that skips nothing) is restored first, as
+    transformers does before it creates the epoch's iterator. A resumed epoch that skips batches
+    restores it after its first update's batches instead: the Trainer's loop does that (see
+    training_loop), again where transformers does."""
     set_epoch(dataloader, epoch)
     if rng_state is not None and batches_to_skip == 0:
         restore_rng_state(rng_state)
+    return read_ahead(dataloader, batches_to_skip)
+
+
+def read_ahead(dataloader, batches_to_skip: int = 0) -> Iterator:
+    """Batches in order, each one collated before the previous one is handed out: accelerate's
+    DataLoaderShard reads one batch ahead to know the end of the loader, and transformers' Trainer
+    trains through it, so its collator runs collate, collate, step, collate, step, ... A collator
+    that draws random numbers (MLM masking) then sees the RNG state transformers' collator sees,
+    between the dropout draws of the steps. Nothing runs before the first next(): creating the
+    loader's iterator (which draws its workers' base seed) and skipping happen there, as in accelerate."""
     iterator = iter(skip_batches(dataloader, batches_to_skip))
-    if rng_state is not None and batches_to_skip > 0:
-        restore_rng_state(rng_state)
-    return iterator
+    try:
+        current = next(iterator)
+    except StopIteration:
+        return
+    for following in iterator:
+        yield current
+        current = following
+    yield current

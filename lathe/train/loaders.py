@@ -53,12 +53,24 @@ def get_train_dataloader(trainer):
 
 
 def get_eval_dataloader(trainer, eval_dataset=None):
+    """With dataloader_persistent_workers, one loader per eval dataset name ("eval" when unnamed) is
+    kept and reused, as transformers does: its workers stay up, and iterating it again draws no new
+    base seed from the global RNG (only the first evaluation does), which the training RNG relies on.
+    Unlike transformers, a different dataset under the same name gets a loader of its own."""
+    key = eval_dataset if isinstance(eval_dataset, str) else "eval"
     if isinstance(eval_dataset, str):
         eval_dataset = trainer.eval_dataset[eval_dataset]
     eval_dataset = eval_dataset if eval_dataset is not None else trainer.eval_dataset
     if eval_dataset is None:
         raise ValueError("Evaluation needs an eval_dataset (pass it to Trainer or to evaluate()).")
-    return build_dataloader(trainer, eval_dataset, "evaluation", trainer.args.eval_batch_size, train=False)
+    persistent = trainer.args.dataloader_persistent_workers and trainer.args.dataloader_num_workers > 0
+    cache = trainer.__dict__.setdefault("_eval_dataloaders", {})
+    if persistent and key in cache and cache[key][0] is eval_dataset:
+        return cache[key][1]
+    loader = build_dataloader(trainer, eval_dataset, "evaluation", trainer.args.eval_batch_size, train=False)
+    if persistent:
+        cache[key] = (eval_dataset, loader)
+    return loader
 
 
 def get_test_dataloader(trainer, test_dataset):
