@@ -89,14 +89,20 @@ def get_length_grouped_indices(
 
 
 class LengthGroupedSampler(Sampler[int]):
-    """Batches of similar length with some randomness (HF semantics), the order seeded by
-    `seed + epoch`. HF's train sampler draws from the global RNG instead, so its order depends on
-    everything that consumed random numbers before it; ours depends only on (seed, epoch), which
-    exact resume needs. HF's eval sampler seeds a fresh generator with the seed: same as epoch 0 here.
+    """Batches of similar length with some randomness (HF semantics). With a `seed`, the order is
+    seeded by `seed + epoch` (transformers' eval sampler: a fresh generator seeded with the seed, the
+    same as epoch 0 here). With `seed=None` it draws from the global RNG when an epoch's iteration
+    starts, as transformers' train sampler does, so its order depends on everything that consumed
+    random numbers before it (as under transformers); a run resumed mid-epoch then reorders the rest
+    of that epoch, as transformers' does.
     """
 
     def __init__(
-        self, lengths: Sequence[int] | torch.Tensor, batch_size: int, seed: int = 0, mega_batch_mult: int | None = None
+        self,
+        lengths: Sequence[int] | torch.Tensor,
+        batch_size: int,
+        seed: int | None = 0,
+        mega_batch_mult: int | None = None,
     ):
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
@@ -110,7 +116,7 @@ class LengthGroupedSampler(Sampler[int]):
         self.epoch = epoch
 
     def __iter__(self) -> Iterator[int]:
-        generator = torch.Generator().manual_seed(self.seed + self.epoch)
+        generator = None if self.seed is None else torch.Generator().manual_seed(self.seed + self.epoch)
         return iter(get_length_grouped_indices(self.lengths, self.batch_size, self.mega_batch_mult, generator))
 
     def __len__(self) -> int:
@@ -281,7 +287,9 @@ def build_dataloader(
         return DataLoader(dataset, batch_size=batch_size, drop_last=drop_last, **options)
     if group_by_length:
         lengths = lengths if lengths is not None else dataset_lengths(dataset, length_column_name, model_input_name)
-        sampler = _length_grouped_sampler(dataset, lengths, length_group_size or batch_size, seed)
+        # transformers' train sampler draws its order from the global RNG, its eval sampler from the seed.
+        order_seed = None if shuffle else seed
+        sampler = _length_grouped_sampler(dataset, lengths, length_group_size or batch_size, order_seed)
     else:
         sampler = EpochSampler(len(dataset), seed, shuffle)
     batch_sampler = ResumableBatchSampler(
@@ -290,7 +298,7 @@ def build_dataloader(
     return DirectDataLoader(dataset, batch_sampler=batch_sampler, **options)
 
 
-def _length_grouped_sampler(dataset, lengths: Sequence[int], group_size: int, seed: int) -> Sampler[int]:
+def _length_grouped_sampler(dataset, lengths: Sequence[int], group_size: int, seed: int | None) -> Sampler[int]:
     if len(lengths) != len(dataset):
         raise ValueError(f"lengths has {len(lengths)} entries but the dataset has {len(dataset)} items.")
     return LengthGroupedSampler(lengths, group_size, seed)

@@ -28,7 +28,8 @@ def build_dataloader(trainer, dataset, description: str, batch_size: int, train:
         dataset,
         batch_size=batch_size,
         collate_fn=collate,
-        shuffle=train and strategy == "random",
+        # Under group_by_length, "shuffled" asks data.build_dataloader for transformers' train order (global RNG).
+        shuffle=train and strategy in ("random", "group_by_length"),
         seed=args.data_seed if args.data_seed is not None else args.seed,
         drop_last=args.dataloader_drop_last,
         num_workers=args.dataloader_num_workers,
@@ -37,10 +38,10 @@ def build_dataloader(trainer, dataset, description: str, batch_size: int, train:
         prefetch_factor=args.dataloader_prefetch_factor,
         multiprocessing_context=args.dataloader_multiprocessing_context,
         in_order=args.dataloader_in_order,
-        group_by_length=train and strategy == "group_by_length",
+        group_by_length=strategy == "group_by_length",  # evaluation too, as transformers' _get_eval_sampler
         length_column_name=args.length_column_name,
         model_input_name=trainer.main_input_name,
-        length_group_size=batch_size * args.gradient_accumulation_steps,
+        length_group_size=batch_size * (args.gradient_accumulation_steps if train else 1),
         num_shards=args.world_size,
         shard_index=args.process_index,
     )

@@ -217,3 +217,91 @@ def test_a_resumed_run_with_a_random_collator_draws_as_transformers(tmp_path, sa
         resumed.append(trainer)
     assert_same_weights(resumed[0].model, resumed[1].model)
     assert numbers(resumed[1]) == numbers(resumed[0])
+
+
+def test_neftune_noise_and_evaluation_draw_as_transformers(tmp_path):
+    """NEFTune's embedding noise comes from the global RNG at every training forward: with evaluations
+    between the steps and attention dropout, the losses stay transformers' bit for bit."""
+    from tests.train.trainer_helpers import pad_collate, tiny_llama, token_items
+
+    logs = {}
+    for library in ("transformers", "lathe"):
+        module = importlib.import_module(library)
+        args = module.TrainingArguments(
+            output_dir=str(tmp_path / library),
+            report_to="none",
+            disable_tqdm=True,
+            per_device_train_batch_size=2,
+            num_train_epochs=2,
+            save_strategy="no",
+            logging_steps=1,
+            neftune_noise_alpha=5.0,
+            eval_strategy="steps",
+            eval_steps=2,
+        )
+        trainer = module.Trainer(
+            model=tiny_llama(attention_dropout=0.1),
+            args=args,
+            train_dataset=token_items(12),
+            eval_dataset=token_items(5, seed=3),
+            data_collator=pad_collate,
+        )
+        trainer.train()
+        logs[library] = numbers(trainer)
+    assert logs["lathe"] == logs["transformers"]
+
+
+def _length_grouped(library: str, output_dir, **overrides):
+    from tests.train.trainer_helpers import pad_collate, tiny_llama, token_items
+
+    module = importlib.import_module(library)
+    options = dict(
+        output_dir=str(output_dir),
+        report_to="none",
+        disable_tqdm=True,
+        per_device_train_batch_size=2,
+        per_device_eval_batch_size=2,
+        num_train_epochs=2,
+        logging_steps=1,
+        train_sampling_strategy="group_by_length",
+        gradient_accumulation_steps=2,
+        eval_strategy="steps",
+        eval_steps=2,
+        save_strategy="no",
+    )
+    options.update(overrides)
+    return module.Trainer(
+        model=tiny_llama(attention_dropout=0.1),
+        args=module.TrainingArguments(**options),
+        train_dataset=token_items(12),
+        eval_dataset=token_items(7, seed=2),
+        data_collator=pad_collate,
+    )
+
+
+def test_length_grouped_order_is_transformers(tmp_path):
+    """group_by_length: transformers draws the train order from the global RNG at each epoch's start and
+    groups the eval set too, with a generator seeded by the seed; so do lathe's samplers."""
+    shapes, logs = {}, {}
+    for library in ("transformers", "lathe"):
+        trainer = _length_grouped(library, tmp_path / library)
+        seen = shapes[library] = []
+        trainer.model.register_forward_pre_hook(
+            lambda module, args, kwargs, seen=seen: seen.append(kwargs["input_ids"].shape[1]), with_kwargs=True
+        )
+        trainer.train()
+        logs[library] = numbers(trainer)
+    assert shapes["lathe"] == shapes["transformers"]
+    assert logs["lathe"] == logs["transformers"]
+
+
+def test_a_length_grouped_run_resumed_mid_epoch_is_transformers(tmp_path):
+    options = dict(save_strategy="steps", save_steps=2, eval_strategy="no")
+    _length_grouped("transformers", tmp_path / "full", **options).train()
+    resumed = {}
+    for library in ("transformers", "lathe"):
+        trainer = _length_grouped(library, tmp_path / f"{library}-resumed", **options)
+        trainer.train(resume_from_checkpoint=str(tmp_path / "full" / "checkpoint-2"))
+        resumed[library] = trainer
+    assert_same_weights(resumed["transformers"].model, resumed["lathe"].model)
+    assert numbers(resumed["lathe"]) == numbers(resumed["transformers"])
