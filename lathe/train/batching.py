@@ -78,7 +78,7 @@ def resume_position(
         # pass come from the state's epoch, pass + batches / (max_steps * accumulation) (the loop's
         # definition, and transformers'): global_step * accumulation would be wrong after the first
         # pass, whose last window may be short. Iterable datasets cannot seek; the loop reads the
-        # skipped batches instead (see skip_batches in data/sampling.py).
+        # skipped batches instead (see skip_batches in data/epochs.py).
         if ignore_data_skip or global_step == 0:
             return ResumePosition(0, 0, 0)
         if epoch is None:

@@ -9,8 +9,8 @@ import logging
 
 import torch
 
-from lathe.train import batching, resume, runtime, saving, stepping
-from lathe.train.data import sampling as data
+from lathe.train import batching, resume, runtime, saving, seed, stepping
+from lathe.train.data import epochs as data
 from lathe.train.parallel import distributed
 from lathe.train.evaluation.outputs import TrainOutput
 from lathe.train.run import TrainingRun
@@ -47,12 +47,15 @@ def training_loop(trainer, batch_size: int, resume_path: str | None, trial, igno
     for epoch in range(start.epoch, plan.num_train_epochs):
         # The resumed epoch skips what the interrupted run trained on and restores its RNG (data.epoch_batches says where).
         skip, rng = (start.batches_to_skip, rng_state) if epoch == start.epoch else (0, None)
-        epoch_batches = data.epoch_batches(train_dataloader, epoch, skip, rng)
         trainer._run.batches_done_in_epoch = skip
         trainer.control = trainer.callback_handler.on_epoch_begin(args, trainer.state, trainer.control)
+        epoch_batches = data.epoch_batches(train_dataloader, epoch, skip, rng)
         first_update = start.updates_done_in_epoch if epoch == start.epoch else 0
         steps_before = trainer.state.global_step
         for window in batching.update_windows(epoch_batches, plan, args.gradient_accumulation_steps, first_update):
+            if rng is not None and skip:  # after the first update's batches are read, as transformers
+                seed.restore_rng_state(rng)
+                rng = None
             update_step(trainer, model, window, epoch, plan)
             trainer._maybe_log_save_evaluate(model, trial, ignore_keys_for_eval)
             if trainer.control.should_epoch_stop or trainer.control.should_training_stop:

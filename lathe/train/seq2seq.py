@@ -16,6 +16,10 @@ class Seq2SeqTrainer(Trainer):
     """Trainer whose evaluate()/predict() accept generation kwargs (max_length, num_beams, ...)
     and, with args.predict_with_generate, return generated token ids as predictions."""
 
+    # transformers' Seq2SeqTrainer gathers evaluation results with accelerate's gather, not
+    # gather_for_metrics: a short last batch's loss is counted eval_batch_size times in eval_loss.
+    _trims_last_eval_batch = False
+
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         if getattr(self.args, "generation_config", None) is not None:  # Seq2SeqTrainingArguments.generation_config
@@ -91,30 +95,40 @@ class Seq2SeqTrainer(Trainer):
             gen_kwargs = {"synced_gpus": False, **gen_kwargs}
         with torch.no_grad(), whole_weights or contextlib.nullcontext():
             generated = model.generate(**generation_inputs, **gen_kwargs)
-        target_length = self._padded_length(model, gen_kwargs)
-        if target_length is not None and generated.shape[-1] < target_length:
-            generated = self._pad_tensors_to_max_len(generated, target_length)
+        self._fill_generation_defaults()
+        generated = self._pad_to_generation_length(generated)
         loss = None
         labels = None
         if has_labels:
             with torch.no_grad():
                 loss = self.compute_loss(model, inputs).detach().mean()
-            labels = inputs["labels"]
-            if target_length is not None and labels.shape[-1] < target_length:
-                labels = self._pad_tensors_to_max_len(labels, target_length)
+            labels = self._pad_to_generation_length(inputs["labels"])
         if self.args.prediction_loss_only:
             return loss, None, None
         return loss, generated, labels
 
-    @staticmethod
-    def _padded_length(model, gen_kwargs: dict) -> int | None:
-        """Pad every batch's generations to one length so batches concatenate cleanly."""
-        if gen_kwargs.get("max_new_tokens") is not None:
-            return gen_kwargs["max_new_tokens"] + 1
-        if gen_kwargs.get("max_length") is not None:
-            return gen_kwargs["max_length"]
-        config = getattr(model, "generation_config", None)
-        return getattr(config, "max_length", None)
+    def _fill_generation_defaults(self) -> None:
+        """What transformers' Seq2SeqTrainer does to the model's generation_config after each
+        generate(): `_from_model_config` set False and every unset parameter given its default, so
+        the generation_config.json saved afterwards (checkpoints, final folder) lists them all."""
+        config = getattr(self.model, "generation_config", None)
+        if config is None or not hasattr(config, "_get_default_generation_params"):
+            return
+        if getattr(config, "_from_model_config", False):
+            config._from_model_config = False
+        config.update(**config._get_default_generation_params(), defaults_only=True)
+
+    def _pad_to_generation_length(self, tensor: torch.Tensor) -> torch.Tensor:
+        """Pad to the model's generation_config max_length (or max_new_tokens + 1), as transformers
+        pads generations and labels, so every batch concatenates to one width."""
+        config = getattr(self.model, "generation_config", None)
+        max_length = getattr(config, "max_length", None)
+        max_new_tokens = getattr(config, "max_new_tokens", None)
+        if max_length is not None and tensor.shape[-1] < max_length:
+            return self._pad_tensors_to_max_len(tensor, max_length)
+        if max_new_tokens is not None and tensor.shape[-1] < max_new_tokens + 1:
+            return self._pad_tensors_to_max_len(tensor, max_new_tokens + 1)
+        return tensor
 
     def _pad_tensors_to_max_len(self, tensor: torch.Tensor, max_length: int) -> torch.Tensor:
         config = getattr(self.model, "config", None)

@@ -34,7 +34,7 @@ class ExportableState:
 class TrainerState:
     """The state of a run, saved as `trainer_state.json` in every checkpoint (same keys as transformers)."""
 
-    epoch: float | None = None
+    epoch: float = 0  # transformers 5: 0 before any step (an evaluate() before train() logs epoch 0)
     global_step: int = 0
     max_steps: int = 0
     logging_steps: int = 500

@@ -43,6 +43,9 @@ class Trainer(TrainerSurface):
     tested): compute_loss, training_step, prediction_step, evaluate, evaluation_loop, create_optimizer,
     create_scheduler, get_train_dataloader, get_eval_dataloader, get_test_dataloader, log."""
 
+    # eval_loss counts a short last batch once per real sample (evaluation.loss_weight); Seq2SeqTrainer does not.
+    _trims_last_eval_batch = True
+
     def __init__(
         self,
         model=None,
@@ -364,7 +367,7 @@ class Trainer(TrainerSurface):
     predict = predicting.predict
     evaluation_loop = predicting.evaluation_loop
     prediction_step = predicting.prediction_step
-    _evaluate = predicting.evaluate_during_training  # evaluation inside train(), RNG left as it was
+    _evaluate = predicting.evaluate_during_training  # evaluation inside train()
 
     save_model = saving.save_model
     _save_checkpoint = saving.save_checkpoint

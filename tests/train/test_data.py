@@ -24,9 +24,8 @@ from lathe.train.data.sampling import (
     build_dataloader,
     dataset_lengths,
     get_length_grouped_indices,
-    set_epoch,
-    skip_batches,
 )
+from lathe.train.data.epochs import set_epoch, skip_batches
 
 
 class CountingDataset(Dataset):

@@ -1,9 +1,8 @@
 """Checkpoints cross between lathe and transformers.Trainer both ways: lathe resumes a checkpoint-k
 written by transformers and ends bitwise equal to transformers' uninterrupted run, and transformers
 resumes one written by lathe and ends bitwise equal to lathe's. The two libraries' uninterrupted
-runs are themselves bit-identical here (shuffled sampler, AdamW, linear warmup, clipping, no
-evaluation during training: transformers' evaluation shifts the training RNG, lathe's restores it),
-and so are the checkpoints' trainer_state.json and model.safetensors."""
+runs are themselves bit-identical here (shuffled sampler, AdamW, linear warmup, clipping), and so
+are the checkpoints' trainer_state.json and model.safetensors."""
 
 from __future__ import annotations
 

@@ -44,25 +44,26 @@ def run(trainer_cls, args_cls, tmp_path, **gen):
 
 def test_predict_with_generate_pads_generations_to_max_length(tmp_path):
     output = run(Seq2SeqTrainer, Seq2SeqTrainingArguments, tmp_path)
-    assert output.predictions.shape == (5, 6)  # generation_max_length, across a batch of 4 and of 1
-    assert output.label_ids.shape == (5, 6)  # labels padded to the same length
-    assert np.all(output.label_ids[:, 4:] == 0)  # padded with the pad token id
+    # Generations stop at generation_max_length (6) and, as in transformers, are padded to the model's
+    # generation_config.max_length (20 by default), across a batch of 4 and of 1; labels too.
+    assert output.predictions.shape == (5, 20)
+    assert np.all(output.predictions[:, 6:] == 0)  # padded with the pad token id
+    assert output.label_ids.shape == (5, 20)
+    assert np.all(output.label_ids[:, 4:] == 0)
     assert "test_loss" in output.metrics
 
 
 def test_max_new_tokens_per_call(tmp_path):
     output = run(Seq2SeqTrainer, Seq2SeqTrainingArguments, tmp_path, max_new_tokens=2)
-    assert output.predictions.shape == (5, 3)  # decoder start + 2 new tokens
+    assert np.all(output.predictions[:, 3:] == 0)  # decoder start + 2 new tokens, then padding
+    assert output.predictions.shape == (5, 20)  # to generation_config.max_length, as transformers
 
 
 @pytest.mark.hf
 def test_generations_equal_transformers(tmp_path):
     ours = run(Seq2SeqTrainer, Seq2SeqTrainingArguments, tmp_path / "lathe")
     theirs = run(transformers.Seq2SeqTrainer, transformers.Seq2SeqTrainingArguments, tmp_path / "hf")
-    # transformers pads to the model's generation_config.max_length (20) even when 6 was asked
-    # for; lathe pads to the requested length. The generated tokens themselves are equal.
-    width = ours.predictions.shape[1]
-    np.testing.assert_array_equal(ours.predictions, theirs.predictions[:, :width])
-    assert np.all(theirs.predictions[:, width:] == 0)
-    np.testing.assert_array_equal(ours.label_ids, theirs.label_ids[:, :width])
+    # Both pad to the model's generation_config.max_length (20) even when 6 was asked for.
+    np.testing.assert_array_equal(ours.predictions, theirs.predictions)
+    np.testing.assert_array_equal(ours.label_ids, theirs.label_ids)
     assert ours.metrics["test_loss"] == pytest.approx(theirs.metrics["test_loss"], rel=1e-6)

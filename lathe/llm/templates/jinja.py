@@ -67,22 +67,7 @@ def build_jinja_chat_template(template: Template, tokenizer) -> str:
             + " }}{% endif %}"
         )
 
-    if renders_tools(template):
-        tools_part = ""
-        calls_part = (
-            "{% elif message['role'] == 'assistant' and message.get('tool_calls') %}"
-            + tool_calls_statement(template)
-            + "{{ "
-            + expression(template.function)
-            + " }}"
-        )
-    else:
-        tools_part = (
-            "{% if tools is defined and tools %}{{ raise_exception('This chat template (lathe template "
-            + template.name
-            + ") does not render tools.') }}{% endif %}"
-        )
-        calls_part = ""
+    tools_part, tools_setup, calls_part = _tool_parts(template, expression)
     return (
         tools_part
         + _thinking_switch(template)
@@ -93,7 +78,7 @@ def build_jinja_chat_template(template: Template, tokenizer) -> str:
         "{% set loop_messages = messages[1:] %}"
         "{% if messages[0]['content'] %}{% set system_message = messages[0]['content'] %}{% endif %}"
         "{% else %}{% set loop_messages = messages %}{% endif %}"
-        + (tools_statement(template) if renders_tools(template) else "")
+        + tools_setup
         + "{{ "
         + expression(template.prefix)
         + " }}"
@@ -110,6 +95,26 @@ def build_jinja_chat_template(template: Template, tokenizer) -> str:
         "{% endif %}"
         "{% endfor %}" + generation_part
     )
+
+
+def _tool_parts(template: Template, expression) -> tuple[str, str, str]:
+    """What the template writes for tools: a guard before everything, the tools block after the system
+    message, and the assistant's tool calls; a tool format jinja_tools cannot write raises when given tools."""
+    if not renders_tools(template):
+        guard = (
+            "{% if tools is defined and tools %}{{ raise_exception('This chat template (lathe template "
+            + template.name
+            + ") does not render tools.') }}{% endif %}"
+        )
+        return guard, "", ""
+    calls = (
+        "{% elif message['role'] == 'assistant' and message.get('tool_calls') %}"
+        + tool_calls_statement(template)
+        + "{{ "
+        + expression(template.function)
+        + " }}"
+    )
+    return "", tools_statement(template), calls
 
 
 def _thinking_switch(template: Template) -> str:

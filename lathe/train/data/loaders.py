@@ -29,7 +29,8 @@ def build_dataloader(trainer, dataset, description: str, batch_size: int, train:
         dataset,
         batch_size=batch_size,
         collate_fn=collate,
-        shuffle=train and strategy == "random",
+        # Under group_by_length, "shuffled" asks data.build_dataloader for transformers' train order (global RNG).
+        shuffle=train and strategy in ("random", "group_by_length"),
         seed=args.data_seed if args.data_seed is not None else args.seed,
         drop_last=args.dataloader_drop_last,
         num_workers=args.dataloader_num_workers,
@@ -38,10 +39,10 @@ def build_dataloader(trainer, dataset, description: str, batch_size: int, train:
         prefetch_factor=args.dataloader_prefetch_factor,
         multiprocessing_context=args.dataloader_multiprocessing_context,
         in_order=args.dataloader_in_order,
-        group_by_length=train and strategy == "group_by_length",
+        group_by_length=strategy == "group_by_length",  # evaluation too, as transformers' _get_eval_sampler
         length_column_name=args.length_column_name,
         model_input_name=trainer.main_input_name,
-        length_group_size=batch_size * args.gradient_accumulation_steps,
+        length_group_size=batch_size * (args.gradient_accumulation_steps if train else 1),
         num_shards=args.world_size,
         shard_index=args.process_index,
     )
@@ -54,12 +55,24 @@ def get_train_dataloader(trainer):
 
 
 def get_eval_dataloader(trainer, eval_dataset=None):
+    """With dataloader_persistent_workers, one loader per eval dataset name ("eval" when unnamed) is
+    kept and reused, as transformers does: its workers stay up, and iterating it again draws no new
+    base seed from the global RNG (only the first evaluation does), which the training RNG relies on.
+    Unlike transformers, a different dataset under the same name gets a loader of its own."""
+    key = eval_dataset if isinstance(eval_dataset, str) else "eval"
     if isinstance(eval_dataset, str):
         eval_dataset = trainer.eval_dataset[eval_dataset]
     eval_dataset = eval_dataset if eval_dataset is not None else trainer.eval_dataset
     if eval_dataset is None:
         raise ValueError("Evaluation needs an eval_dataset (pass it to Trainer or to evaluate()).")
-    return build_dataloader(trainer, eval_dataset, "evaluation", trainer.args.eval_batch_size, train=False)
+    persistent = trainer.args.dataloader_persistent_workers and trainer.args.dataloader_num_workers > 0
+    cache = trainer.__dict__.setdefault("_eval_dataloaders", {})
+    if persistent and key in cache and cache[key][0] is eval_dataset:
+        return cache[key][1]
+    loader = build_dataloader(trainer, eval_dataset, "evaluation", trainer.args.eval_batch_size, train=False)
+    if persistent:
+        cache[key] = (eval_dataset, loader)
+    return loader
 
 
 def get_test_dataloader(trainer, test_dataset):

@@ -3,16 +3,14 @@ loading. Which columns reach the model is lathe.train.data.columns."""
 
 from __future__ import annotations
 
-import itertools
 import logging
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import torch
 from torch.utils.data import BatchSampler, DataLoader, IterableDataset, Sampler
 
 from lathe.train.data.columns import is_datasets_dataset
-from lathe.train.seed import restore_rng_state
 
 logger = logging.getLogger(__name__)
 
@@ -89,14 +87,20 @@ def get_length_grouped_indices(
 
 
 class LengthGroupedSampler(Sampler[int]):
-    """Batches of similar length with some randomness (HF semantics), the order seeded by
-    `seed + epoch`. HF's train sampler draws from the global RNG instead, so its order depends on
-    everything that consumed random numbers before it; ours depends only on (seed, epoch), which
-    exact resume needs. HF's eval sampler seeds a fresh generator with the seed: same as epoch 0 here.
+    """Batches of similar length with some randomness (HF semantics). With a `seed`, the order is
+    seeded by `seed + epoch` (transformers' eval sampler: a fresh generator seeded with the seed, the
+    same as epoch 0 here). With `seed=None` it draws from the global RNG when an epoch's iteration
+    starts, as transformers' train sampler does, so its order depends on everything that consumed
+    random numbers before it (as under transformers); a run resumed mid-epoch then reorders the rest
+    of that epoch, as transformers' does.
     """
 
     def __init__(
-        self, lengths: Sequence[int] | torch.Tensor, batch_size: int, seed: int = 0, mega_batch_mult: int | None = None
+        self,
+        lengths: Sequence[int] | torch.Tensor,
+        batch_size: int,
+        seed: int | None = 0,
+        mega_batch_mult: int | None = None,
     ):
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
@@ -110,7 +114,7 @@ class LengthGroupedSampler(Sampler[int]):
         self.epoch = epoch
 
     def __iter__(self) -> Iterator[int]:
-        generator = torch.Generator().manual_seed(self.seed + self.epoch)
+        generator = None if self.seed is None else torch.Generator().manual_seed(self.seed + self.epoch)
         return iter(get_length_grouped_indices(self.lengths, self.batch_size, self.mega_batch_mult, generator))
 
     def __len__(self) -> int:
@@ -281,7 +285,7 @@ def build_dataloader(
         return DataLoader(dataset, batch_size=batch_size, drop_last=drop_last, **options)
     if group_by_length:
         lengths = lengths if lengths is not None else dataset_lengths(dataset, length_column_name, model_input_name)
-        sampler = _length_grouped_sampler(dataset, lengths, length_group_size or batch_size, seed)
+        sampler = _length_grouped_sampler(dataset, lengths, length_group_size or batch_size, seed, shuffle)
     else:
         sampler = EpochSampler(len(dataset), seed, shuffle)
     batch_sampler = ResumableBatchSampler(
@@ -290,10 +294,11 @@ def build_dataloader(
     return DirectDataLoader(dataset, batch_sampler=batch_sampler, **options)
 
 
-def _length_grouped_sampler(dataset, lengths: Sequence[int], group_size: int, seed: int) -> Sampler[int]:
+def _length_grouped_sampler(dataset, lengths: Sequence[int], group_size: int, seed: int, shuffle: bool) -> Sampler[int]:
     if len(lengths) != len(dataset):
         raise ValueError(f"lengths has {len(lengths)} entries but the dataset has {len(dataset)} items.")
-    return LengthGroupedSampler(lengths, group_size, seed)
+    # transformers' train sampler draws its order from the global RNG, its eval sampler from the seed.
+    return LengthGroupedSampler(lengths, group_size, None if shuffle else seed)
 
 
 def _loader_options(
@@ -325,62 +330,3 @@ def _loader_options(
 def _has_accelerator() -> bool:
     accelerator = getattr(torch, "accelerator", None)  # torch >= 2.6; older ones only pin for CUDA
     return accelerator.is_available() if accelerator is not None else torch.cuda.is_available()
-
-
-def set_epoch(dataloader, epoch: int) -> None:
-    """Tell a dataloader's sampler (or an iterable dataset) which epoch starts, so its order is that
-    epoch's. Works on build_dataloader's result and on user dataloaders with a DistributedSampler,
-    or a `datasets.IterableDataset` (whose shuffle buffer is seeded by epoch). With persistent
-    workers an iterable dataset's copies in the workers do not see this: a torch limitation."""
-    batch_sampler = getattr(dataloader, "batch_sampler", None)
-    sampler = getattr(dataloader, "sampler", None)
-    if hasattr(batch_sampler, "set_epoch"):
-        batch_sampler.set_epoch(epoch)
-    elif hasattr(sampler, "set_epoch"):
-        sampler.set_epoch(epoch)
-    dataset = getattr(dataloader, "dataset", None)
-    if isinstance(dataset, IterableDataset) and hasattr(dataset, "set_epoch"):
-        dataset.set_epoch(epoch)
-
-
-def skip_batches(dataloader, num_batches: int) -> Iterable:
-    """Return what to iterate for an epoch that resumes after `num_batches` batches.
-
-    For build_dataloader's map-style loaders that is the dataloader itself, armed to skip at the
-    sampler: nothing skipped is fetched. An iterable dataset cannot seek, and neither can a
-    dataloader we did not build, so there the skipped batches are loaded, collated and discarded
-    before this returns (a one-shot iterator, already past them). Either way, take len() from the
-    dataloader, not the result.
-    """
-    if num_batches < 0:
-        raise ValueError(f"num_batches must be >= 0, got {num_batches}")
-    batch_sampler = getattr(dataloader, "batch_sampler", None)
-    if isinstance(batch_sampler, ResumableBatchSampler):
-        batch_sampler.skip_batches(num_batches)
-        return dataloader
-    if num_batches == 0:
-        return dataloader
-    # Read them now, not lazily on the first next(): creating the iterator and collating may draw
-    # from the global RNG, and the Trainer restores a checkpoint's RNG state right after this call.
-    iterator = iter(dataloader)
-    for _ in itertools.islice(iterator, num_batches):
-        pass
-    return iterator
-
-
-def epoch_batches(dataloader, epoch: int, batches_to_skip: int, rng_state: dict | None) -> Iterator:
-    """The epoch's batch iterator, past the `batches_to_skip` a resumed run already trained on (skipped
-    at the sampler, or read and dropped where the loader cannot seek), with the checkpoint's RNG state
-    (`rng_state`, on the resumed epoch) restored at the point where the interrupted run saved it.
-
-    Why there: creating the iterator draws a seed from the global RNG. Mid-epoch, the interrupted run
-    had made that draw (and read the skipped batches) before it saved, so the state is restored after
-    them; at an epoch boundary (or with ignore_data_skip) it saved before this epoch's iterator
-    existed, so the state is restored first. Either way dropout and shuffling continue bit for bit."""
-    set_epoch(dataloader, epoch)
-    if rng_state is not None and batches_to_skip == 0:
-        restore_rng_state(rng_state)
-    iterator = iter(skip_batches(dataloader, batches_to_skip))
-    if rng_state is not None and batches_to_skip > 0:
-        restore_rng_state(rng_state)
-    return iterator

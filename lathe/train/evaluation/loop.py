@@ -130,16 +130,19 @@ def observed_batch_size(inputs) -> int:
 
 
 class WeightedLoss:
-    """eval_loss: the mean over samples of each batch's loss, weighted by the batch's real size (a
-    partial last batch counts once per sample). Accumulated on the device in float64 (exact to
-    float32 precision over large sets; MPS has no float64), with no host sync per batch. With
-    logging_nan_inf_filter, non-finite batch losses are left out, as transformers does."""
+    """eval_loss as transformers computes it: each batch's loss repeated `weight` times (see
+    loss_weight), the repeats of all batches concatenated in the loss's own dtype (float32, bf16 read
+    as float32) and averaged by NumPy, so the value is bit for bit transformers'. The batch losses
+    wait on the device (no host sync per batch) and move once, at the end. With
+    logging_nan_inf_filter, non-finite entries are left out, as transformers does."""
 
     def __init__(self, nan_inf_filter: bool, total_samples: int | None = None):
         from lathe.train.parallel import distributed
 
         self.nan_inf_filter = nan_inf_filter
-        self.total = self.count = self.finite_total = self.finite_count = None
+        self.count = None
+        self.losses: list[torch.Tensor] = []
+        self.weights: list[int] = []
         # Under several processes: each batch's (loss, size), to weigh every rank's batches in dataset
         # order and leave out the samples even sharding repeats.
         self.per_batch = [] if distributed.is_distributed() else None
@@ -158,32 +161,38 @@ class WeightedLoss:
                 total, count = total + loss * size, count + size
         return total / count if count else float("nan")
 
-    def add(self, loss: torch.Tensor, batch_size: int) -> None:
+    def add(self, loss: torch.Tensor, batch_size: int, weight: int | None = None) -> None:
         if self.per_batch is not None:
             self.per_batch.append((float(loss.detach().double()), batch_size))
             self.count = (self.count or 0) + batch_size
             return
-        wide = torch.float32 if loss.device.type == "mps" else torch.float64
-        value = loss.detach().to(wide)
-        finite = torch.isfinite(value)
-        weighted = value * batch_size
-        finite_weighted = torch.where(finite, weighted, torch.zeros_like(weighted))
-        if self.total is None:
-            self.total, self.count = weighted, batch_size
-            self.finite_total, self.finite_count = finite_weighted, finite.to(wide) * batch_size
-        else:
-            self.total = self.total + weighted
-            self.count += batch_size
-            self.finite_total = self.finite_total + finite_weighted
-            self.finite_count = self.finite_count + finite.to(wide) * batch_size
+        self.losses.append(loss.detach().reshape(()))
+        self.weights.append(batch_size if weight is None else weight)
+        self.count = (self.count or 0) + batch_size
 
     def mean(self) -> float:
         if self.per_batch is not None:
             return self._mean_over_ranks()
-        finite_count = self.finite_count.item()
-        if self.nan_inf_filter and finite_count > 0:
-            return (self.finite_total / finite_count).item()
-        return (self.total / self.count).item()
+        losses = np.repeat(to_numpy(torch.stack(self.losses)), self.weights)
+        finite = np.isfinite(losses)
+        if self.nan_inf_filter and finite.any():
+            losses = losses[finite]
+        return losses.mean().item()
+
+
+def loss_weight(trainer, observed: int, is_last: bool, dataset_size: int | None) -> int:
+    """How many times transformers counts a batch's loss in eval_loss: it repeats every batch's loss
+    eval_batch_size times (not the batch's own size), and accelerate's gather_for_metrics trims only
+    the last batch: to the dataset's remainder when the dataset has a length, to the batch's own size
+    for an iterable dataset (accelerate dispatches those). Seq2SeqTrainer gathers without trimming
+    (`_trims_last_eval_batch` False), so there a short last batch counts as a full one."""
+    weight = trainer.args.eval_batch_size or observed
+    if not is_last or not trainer._trims_last_eval_batch:
+        return weight
+    if dataset_size is None:
+        return min(weight, observed)
+    remainder = 0 if trainer.args.dataloader_drop_last else dataset_size % weight
+    return min(weight, remainder) if remainder else weight
 
 
 def _mark_last(iterable):
@@ -212,16 +221,16 @@ class _Collected:
         self.dataset_size = dataset_size
         self.num_samples = 0
 
-    def add(self, loss, logits, labels, main_inputs, batch_size: int, keep_predictions: bool) -> None:
+    def add(self, loss, logits, labels, main_inputs, batch_size: int, keep_predictions: bool, weight: int) -> None:
         self.num_samples += batch_size
         if loss is not None:
-            self.loss.add(loss, batch_size)
+            self.loss.add(loss, batch_size, weight)
         if keep_predictions:
             self.preds.add(logits)
             self.labels.add(labels)
             self.inputs.add(main_inputs)
             if "loss" in self.include and loss is not None:
-                self.losses.add(loss.detach().repeat(batch_size))
+                self.losses.add(loss.detach().repeat(weight))
 
     def prediction(self, logits, labels, main_inputs, loss, batch_size: int) -> EvalPrediction:
         """One batch's EvalPrediction, for batch_eval_metrics."""
@@ -268,7 +277,8 @@ def evaluation_loop(
         loss, logits, labels = trainer.prediction_step(model, inputs, prediction_loss_only, ignore_keys=ignore_keys)
         if logits is not None and trainer.preprocess_logits_for_metrics is not None:
             logits = trainer.preprocess_logits_for_metrics(logits, labels)
-        collected.add(loss, logits, labels, main_inputs, batch_size, keep_predictions)
+        weight = loss_weight(trainer, batch_size, is_last, collected.dataset_size)
+        collected.add(loss, logits, labels, main_inputs, batch_size, keep_predictions, weight)
         if batch_metrics_mode:
             prediction = collected.prediction(logits, labels, main_inputs, loss, batch_size)
             metrics = trainer.compute_metrics(prediction, compute_result=is_last)

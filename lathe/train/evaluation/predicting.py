@@ -11,8 +11,9 @@ import torch
 
 from lathe.train.evaluation import loop as evaluation
 from lathe.train.features import hp_search
-from lathe.train import runtime, seed
+from lathe.train import runtime
 from lathe.train.optim import schedules
+from lathe.train.parallel import distributed
 from lathe.train.evaluation.outputs import EvalLoopOutput, PredictionOutput
 
 
@@ -22,7 +23,9 @@ def evaluate(trainer, eval_dataset=None, ignore_keys=None, metric_key_prefix: st
     if isinstance(datasets, Mapping):
         metrics = {}
         for name, dataset in datasets.items():
-            metrics.update(trainer.evaluate(dataset, ignore_keys, f"{metric_key_prefix}_{name}"))
+            # The trainer's own datasets go by name, as in transformers (get_eval_dataloader keys on it).
+            which = dataset if eval_dataset is not None else name
+            metrics.update(trainer.evaluate(which, ignore_keys, f"{metric_key_prefix}_{name}"))
         return metrics
     trainer._memory_tracker.start("eval")
     dataloader = trainer.get_eval_dataloader(eval_dataset)
@@ -113,9 +116,16 @@ def prediction_step(trainer, model, inputs, prediction_loss_only: bool, ignore_k
         if has_labels or loss_without_labels:
             # The chunked causal-LM loss never builds the logits; only predictions that are kept need them.
             trainer._logits_wanted = not prediction_loss_only
+            # transformers counts the batch's label items here too (over every label position unless
+            # the model's loss_type shifts them), so the loss is divided as in training.
+            num_items = _batch_items(trainer, inputs)
             try:
                 with trainer.compute_loss_context_manager():
-                    loss, outputs = trainer.compute_loss(model, inputs, return_outputs=True)
+                    loss, outputs = trainer.compute_loss(
+                        model, inputs, return_outputs=True, num_items_in_batch=num_items
+                    )
+                if num_items is not None and trainer.args.average_tokens_across_devices:
+                    loss = loss * distributed.world_size()  # transformers' compute_loss scales it so
             finally:
                 trainer._logits_wanted = False
             loss = loss.detach().mean()
@@ -143,15 +153,10 @@ def prediction_step(trainer, model, inputs, prediction_loss_only: bool, ignore_k
 def evaluate_during_training(trainer, trial, ignore_keys_for_eval, skip_scheduler: bool = False) -> dict:
     """Evaluation during training; also feeds ReduceLROnPlateau or GreedyLR its metric.
 
-    It leaves the RNG as it found it (creating the eval dataloader's iterator draws a seed from
-    the global RNG), so evaluating more or less often never changes the trained weights, and a
-    run resumed from a checkpoint taken before an evaluation stays bit-exact. transformers'
-    evaluation shifts the training RNG instead."""
-    rng_state = seed.capture_rng_state()
-    try:
-        metrics = trainer.evaluate(ignore_keys=ignore_keys_for_eval)
-    finally:
-        seed.restore_rng_state(rng_state)
+    The global RNG moves on as under transformers: creating the eval dataloader's iterator draws its
+    workers' base seed, and a collator that masks at random draws too, so the training steps after an
+    evaluation see the dropout masks transformers' steps see."""
+    metrics = trainer.evaluate(ignore_keys=ignore_keys_for_eval)
     hp_search.report_to_search(trainer, trial, trainer.state.global_step, metrics)  # optuna may prune here
     if schedules.steps_on_metric(trainer.lr_scheduler) and not skip_scheduler:
         name = trainer.args.metric_for_best_model or "loss"
@@ -162,6 +167,15 @@ def evaluate_during_training(trainer, trial, ignore_keys_for_eval, skip_schedule
             )
         trainer.lr_scheduler.step(metrics[key])
     return metrics
+
+
+def _batch_items(trainer, inputs):
+    """The batch's num_items_in_batch, as transformers' prediction_step passes it to compute_loss:
+    counted when the model takes loss kwargs or a compute_loss_func is set, summed over ranks with
+    average_tokens_across_devices (training's count, loop.count_window_items, on one batch)."""
+    from lathe.train import loop
+
+    return loop.count_window_items(trainer, [inputs])
 
 
 def _steps(num_samples: int, batch_size: int) -> int:
