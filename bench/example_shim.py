@@ -3,8 +3,9 @@
     python bench/example_shim.py {hf,lathe} SCRIPT.py [script arguments...]
 
 Both implementations get the same preparation, so whatever it changes cannot make them differ:
-  - bench/example_standins first on sys.path: a local `evaluate` (evaluate.load fetches metric code from the
-    hub) and `torchvision.transforms` (PyPI's torchvision cannot load beside the CPU torch here);
+  - bench/example_standins first on sys.path for a local `evaluate` (evaluate.load fetches metric code from the
+    hub); the script's own `import torchvision.transforms` gets bench/example_standins/torchvision_transforms.py
+    (PyPI's torchvision cannot load beside the CPU torch here; transformers itself still sees no torchvision);
   - what the v4.49 scripts import from transformers.utils and 5.x moved or dropped: `send_example_telemetry`
     (a no-op: no network), `is_offline_mode` (now huggingface_hub's), `check_min_version` (a no-op);
   - nltk's "punkt" sentence splitter (a download, run_summarization's post-processing): a stand-in that splits
@@ -49,6 +50,28 @@ def prepare_nltk():
     nltk.sent_tokenize = lambda text, language="english": [s for s in re.split(r"(?<=[.!?])\s+", text) if s]
 
 
+def hand_torchvision_to(script):
+    """Answers the script's own imports of torchvision (and only those) with the stand-in transforms module."""
+    import builtins
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        "example_torchvision_transforms", os.path.join(BENCH, "example_standins", "torchvision_transforms.py")
+    )
+    transforms = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(transforms)
+    real_import = builtins.__import__
+
+    def script_import(name, globals=None, locals=None, fromlist=(), level=0):
+        if name.split(".")[0] == "torchvision" and globals is not None and globals.get("__file__") == script:
+            if name != "torchvision.transforms" or not fromlist:
+                raise ImportError("example_shim's torchvision stand-in has only `from torchvision.transforms import`")
+            return transforms
+        return real_import(name, globals, locals, fromlist, level)
+
+    builtins.__import__ = script_import
+
+
 def main(argv):
     impl, script, script_args = argv[0], os.path.abspath(argv[1]), argv[2:]
     if impl not in ("hf", "lathe"):
@@ -64,6 +87,7 @@ def main(argv):
         if os.environ.get("EXAMPLE_SWAPLOG"):
             with open(os.environ["EXAMPLE_SWAPLOG"], "w") as handle:
                 json.dump(log, handle, indent=1, sort_keys=True)
+    hand_torchvision_to(script)
     sys.path.insert(0, os.path.dirname(script))  # the qa scripts import their helpers from their own folder
     sys.argv = [script, *script_args]
     runpy.run_path(script, run_name="__main__")

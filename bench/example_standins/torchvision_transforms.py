@@ -1,5 +1,12 @@
-"""The eight torchvision transforms run_image_classification uses, for PIL images, drawing the same random numbers
-from torch's global generator as torchvision's own (RandomResizedCrop.get_params, RandomHorizontalFlip)."""
+"""A stand-in for `torchvision.transforms`, for bench/example_scripts.py: the eight transforms run_image_classification
+uses, for PIL images, drawing the same random numbers from torch's global generator as torchvision's own
+(RandomResizedCrop.get_params, RandomHorizontalFlip).
+
+PyPI's torchvision is built against CUDA torch and its compiled ops fail to load beside the local CPU torch
+(/work/shared/PEERS.md, "Vision"). bench/example_shim.py hands this module to the example script's own
+`from torchvision.transforms import ...` (both Trainers alike); it is not on sys.path, so transformers still sees
+no torchvision and keeps its PIL image processors.
+"""
 
 import math
 
