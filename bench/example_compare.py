@@ -202,7 +202,8 @@ def compare_file(path_a, path_b, relpath, rtol=RTOL):
 
 def compare_runs(dir_a, dir_b, rtol=RTOL):
     """{column: None (equal) or the first difference (text)} for two output folders; dir_a is transformers'.
-    "not_written" lists the columns for which neither folder has a file (e.g. no predictions)."""
+    "not_written" lists the columns for which neither folder has a file (e.g. no predictions); "differing_files"
+    maps every file present on both sides that differs to its first difference."""
     report = {column: None for column in COLUMNS}
     files_a, files_b = list_files(dir_a), list_files(dir_b)
     missing, extra = diff_layout(files_a, files_b)
@@ -222,14 +223,16 @@ def compare_runs(dir_a, dir_b, rtol=RTOL):
     if "trainer_state.json" in set(files_a) | set(files_b):
         written.add("log_history")
     report["not_written"] = [column for column in COLUMNS if column not in written]
+    report["differing_files"] = {}
     for relpath in order:
         column = column_of(relpath)
-        name = relpath.rsplit("/", 1)[-1]
-        if name in NOT_COMPARED or report[column] is not None:
+        if relpath.rsplit("/", 1)[-1] in NOT_COMPARED:
             continue
         why = compare_file(os.path.join(dir_a, relpath), os.path.join(dir_b, relpath), relpath, rtol)
         if why:
-            report[column] = f"{relpath}: {why}"
+            report["differing_files"][relpath] = why
+            if report[column] is None:
+                report[column] = f"{relpath}: {why}"
     return report
 
 

@@ -208,14 +208,19 @@ def last_error(log_path):
     return (errors or lines or ["(no output)"])[-1][:200]
 
 
-def run_one(python, work, scripts_dir, name, path, args, timeout, determinism):
+def run_one(python, work, scripts_dir, name, path, args, timeout, determinism, rerun=True):
+    """Runs the script on both Trainers (rerun=False: compares the folders an earlier run left) and compares."""
     script = Path(scripts_dir) / path
     row = {"script": name, "path": path}
     impls = ["hf", "lathe"] + (["hf-again"] if determinism else [])
     for impl in impls:
-        code, seconds, out = run_script(python, work, impl, name, script, args, timeout)
+        if rerun:
+            code, seconds, out = run_script(python, work, impl, name, script, args, timeout)
+        else:
+            out = Path(work) / "runs" / impl / name
+            code, seconds = (0 if (out / "trainer_state.json").is_file() else "no earlier run"), 0.0
         row[impl] = {"exit": code, "seconds": seconds, "out": str(out)}
-        if code != 0:
+        if code != 0 and rerun:
             row[impl]["error"] = last_error(Path(work) / "runs" / impl / f"{name}.log")
     if row["hf"]["exit"] == 0 and row["lathe"]["exit"] == 0:
         row["diff"] = compare_runs(row["hf"]["out"], row["lathe"]["out"])
@@ -253,6 +258,9 @@ def render(rows, python):
         for column in COLUMNS:
             if row.get("diff", {}).get(column):
                 lines.append(f"- **{row['script']}** {column}: `{row['diff'][column]}`")
+        differing = sorted(row.get("diff", {}).get("differing_files", {}))
+        if differing:
+            lines.append(f"- **{row['script']}** files that differ ({len(differing)}): " + ", ".join(differing))
         same = row.get("hf_vs_hf")
         if same is not None:
             unequal = [c for c in COLUMNS if same[c]]
@@ -279,6 +287,7 @@ def main(argv=None):
     parser.add_argument("--timeout", type=int, default=900, help="seconds per run")
     parser.add_argument("--determinism", action="store_true", help="also run transformers twice and compare")
     parser.add_argument("--list", action="store_true", help="print the manifest and which copies are present")
+    parser.add_argument("--compare-only", action="store_true", help="compare the folders of the last run again")
     args = parser.parse_args(argv)
 
     names = [n.strip() for n in args.scripts.split(",") if n.strip()]
@@ -301,7 +310,7 @@ def main(argv=None):
     if len(missing) == len(names):
         return 2
 
-    assets = prepare_assets(args.work, args.python)
+    assets = Path(args.work) / "assets" if args.compare_only else prepare_assets(args.work, args.python)
     jobs = script_jobs(str(assets))
     rows = []
     for name in names:
@@ -309,7 +318,7 @@ def main(argv=None):
         if status[path] == "missing":
             rows.append({"script": name, "path": path, "missing": f"{Path(args.scripts_dir) / path}"})
             continue
-        print(f"running {name} ...", file=sys.stderr, flush=True)
+        print(f"{'comparing' if args.compare_only else 'running'} {name} ...", file=sys.stderr, flush=True)
         rows.append(
             run_one(
                 args.python,
@@ -320,6 +329,7 @@ def main(argv=None):
                 COMMON + script_args,
                 args.timeout,
                 args.determinism,
+                rerun=not args.compare_only,
             )
         )
     report = render(rows, args.python)

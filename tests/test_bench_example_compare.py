@@ -107,6 +107,13 @@ def test_each_column_reports_its_first_difference(tmp_path):
     assert report["files"].startswith("layout: extra ['x.json']")
     # The checkpoint is compared before the top level: the earliest difference is named.
     assert report["weights"] == "checkpoint-10/model.safetensors: w: 3/3 values differ, max rel 0.17"
+    assert sorted(report["differing_files"]) == [
+        "all_results.json",
+        "checkpoint-10/model.safetensors",
+        "checkpoint-10/trainer_state.json",
+        "model.safetensors",
+        "predict_results_None.txt",
+    ]
 
 
 def test_columns_without_files_are_reported_not_written(tmp_path):
