@@ -69,6 +69,8 @@ COMMON = [
     "--disable_tqdm", "True",
     "--use_cpu", "True",
 ]  # fmt: skip
+# Packages the evaluate stand-in needs for a script's metric (pip names in the hint).
+REQUIRES = {"ner": ["seqeval"], "summarization": ["rouge_score", "nltk"], "translation": ["sacrebleu"]}
 SEQ2SEQ = ["--do_predict", "--predict_with_generate", "--max_source_length", "32", "--max_target_length", "16"]
 
 
@@ -137,6 +139,16 @@ def check_scripts(scripts_dir, paths):
         else:
             status[path] = None
     return status
+
+
+def missing_packages(python, names):
+    """{script: [packages the interpreter lacks]} for the scripts whose metric needs more than numpy."""
+    needed = sorted({p for n in names for p in REQUIRES.get(n, [])})
+    if not needed:
+        return {}
+    probe = "import importlib.util as u; print(' '.join(p for p in %r if u.find_spec(p) is None))" % (needed,)
+    absent = set(subprocess.run([python, "-c", probe], capture_output=True, text=True).stdout.split())
+    return {n: [p for p in REQUIRES.get(n, []) if p in absent] for n in names if absent & set(REQUIRES.get(n, []))}
 
 
 def populate_hint(scripts_dir, missing):
@@ -250,7 +262,7 @@ def render(rows, python):
     lines += ["", "First difference per column (transformers vs lathe):", ""]
     for row in rows:
         if row.get("missing"):
-            lines.append(f"- **{row['script']}**: script copy missing ({row['missing']})")
+            lines.append(f"- **{row['script']}**: not run, missing {row['missing']}")
             continue
         for impl in ("hf", "lathe"):
             if row[impl]["exit"] != 0:
@@ -310,6 +322,9 @@ def main(argv=None):
     if len(missing) == len(names):
         return 2
 
+    lacking = missing_packages(args.python, names)
+    for name, packages in lacking.items():
+        print(f"{name}: {args.python} lacks {', '.join(packages)} (pip install {' '.join(packages)})", file=sys.stderr)
     assets = Path(args.work) / "assets" if args.compare_only else prepare_assets(args.work, args.python)
     jobs = script_jobs(str(assets))
     rows = []
@@ -317,6 +332,9 @@ def main(argv=None):
         path, script_args = jobs[name]
         if status[path] == "missing":
             rows.append({"script": name, "path": path, "missing": f"{Path(args.scripts_dir) / path}"})
+            continue
+        if name in lacking:
+            rows.append({"script": name, "path": path, "missing": f"packages {', '.join(lacking[name])}"})
             continue
         print(f"{'comparing' if args.compare_only else 'running'} {name} ...", file=sys.stderr, flush=True)
         rows.append(
