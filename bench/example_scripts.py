@@ -300,8 +300,16 @@ def main(argv=None):
     parser.add_argument("--determinism", action="store_true", help="also run transformers twice and compare")
     parser.add_argument("--list", action="store_true", help="print the manifest and which copies are present")
     parser.add_argument("--compare-only", action="store_true", help="compare the folders of the last run again")
+    parser.add_argument(
+        "--no-train-eval",
+        action="store_true",
+        help="a control: no evaluation during training (eval_strategy no; the final evaluate() stays)",
+    )
     args = parser.parse_args(argv)
 
+    if args.no_train_eval:  # the control keeps its own runs and report beside the main ones
+        args.work = args.work.rstrip("/") + "-no-train-eval"
+        args.out = args.out + "-no-train-eval"
     names = [n.strip() for n in args.scripts.split(",") if n.strip()]
     jobs = script_jobs("ASSETS")
     unknown = [n for n in names if n not in jobs]
@@ -327,6 +335,11 @@ def main(argv=None):
         print(f"{name}: {args.python} lacks {', '.join(packages)} (pip install {' '.join(packages)})", file=sys.stderr)
     assets = Path(args.work) / "assets" if args.compare_only else prepare_assets(args.work, args.python)
     jobs = script_jobs(str(assets))
+    common = COMMON
+    if args.no_train_eval:
+        at = COMMON.index("--eval_steps")
+        common = COMMON[:at] + COMMON[at + 2 :]
+        common[common.index("--eval_strategy") + 1] = "no"
     rows = []
     for name in names:
         path, script_args = jobs[name]
@@ -344,7 +357,7 @@ def main(argv=None):
                 args.scripts_dir,
                 name,
                 path,
-                COMMON + script_args,
+                common + script_args,
                 args.timeout,
                 args.determinism,
                 rerun=not args.compare_only,
