@@ -286,7 +286,9 @@ def render(rows, python):
 def _run_text(run):
     if run is None:
         return "-"
-    return f"ok {run['seconds']}s" if run["exit"] == 0 else f"**fails** ({run['exit']})"
+    if run["exit"] != 0:
+        return f"**fails** ({run['exit']})"
+    return f"ok {run['seconds']}s" if run["seconds"] else "ok (earlier run)"
 
 
 def main(argv=None):
