@@ -223,7 +223,7 @@ def last_error(log_path):
 def run_one(python, work, scripts_dir, name, path, args, timeout, determinism, rerun=True):
     """Runs the script on both Trainers (rerun=False: compares the folders an earlier run left) and compares."""
     script = Path(scripts_dir) / path
-    row = {"script": name, "path": path}
+    row = {"script": name, "path": path, "args": list(args)}
     impls = ["hf", "lathe"] + (["hf-again"] if determinism else [])
     for impl in impls:
         if rerun:
