@@ -198,7 +198,7 @@ def run_script(python, work, impl, name, script, args, timeout):
     shutil.rmtree(out, ignore_errors=True)
     shutil.rmtree(Path(work) / "datasets-cache" / f"{impl}-{name}", ignore_errors=True)
     folder.mkdir(parents=True, exist_ok=True)
-    shim_impl = "lathe" if impl == "lathe" else "hf"
+    shim_impl = impl.split("-")[0]  # hf-again / lathe-again: the same Trainer a second time
     command = [python, str(BENCH / "example_shim.py"), shim_impl, str(script), *args, "--output_dir", str(out)]
     env = run_env(work, f"{impl}-{name}")
     env["EXAMPLE_SWAPLOG"] = str(folder / f"{name}.swap.json")
@@ -224,7 +224,7 @@ def run_one(python, work, scripts_dir, name, path, args, timeout, determinism, r
     """Runs the script on both Trainers (rerun=False: compares the folders an earlier run left) and compares."""
     script = Path(scripts_dir) / path
     row = {"script": name, "path": path, "args": list(args)}
-    impls = ["hf", "lathe"] + (["hf-again"] if determinism else [])
+    impls = ["hf", "lathe"] + (["hf-again", "lathe-again"] if determinism else [])
     for impl in impls:
         if rerun:
             code, seconds, out = run_script(python, work, impl, name, script, args, timeout)
@@ -236,8 +236,9 @@ def run_one(python, work, scripts_dir, name, path, args, timeout, determinism, r
             row[impl]["error"] = last_error(Path(work) / "runs" / impl / f"{name}.log")
     if row["hf"]["exit"] == 0 and row["lathe"]["exit"] == 0:
         row["diff"] = compare_runs(row["hf"]["out"], row["lathe"]["out"])
-    if determinism and row["hf"]["exit"] == 0 and row["hf-again"]["exit"] == 0:
-        row["hf_vs_hf"] = compare_runs(row["hf"]["out"], row["hf-again"]["out"])
+    for impl in ("hf", "lathe") if determinism else ():
+        if row[impl]["exit"] == 0 and row[f"{impl}-again"]["exit"] == 0:
+            row[f"{impl}_vs_itself"] = compare_runs(row[impl]["out"], row[f"{impl}-again"]["out"])
     return row
 
 
@@ -273,13 +274,14 @@ def render(rows, python):
         differing = sorted(row.get("diff", {}).get("differing_files", {}))
         if differing:
             lines.append(f"- **{row['script']}** files that differ ({len(differing)}): " + ", ".join(differing))
-        same = row.get("hf_vs_hf")
-        if same is not None:
-            unequal = [c for c in COLUMNS if same[c]]
-            lines.append(
-                f"- **{row['script']}** transformers vs itself: "
-                + ("equal in every column" if not unequal else "; ".join(f"{c}: `{same[c]}`" for c in unequal))
-            )
+        for impl, shown in (("hf", "transformers"), ("lathe", "lathe")):
+            same = row.get(f"{impl}_vs_itself")
+            if same is not None:
+                unequal = [c for c in COLUMNS if same[c]]
+                lines.append(
+                    f"- **{row['script']}** {shown} vs itself: "
+                    + ("equal in every column" if not unequal else "; ".join(f"{c}: `{same[c]}`" for c in unequal))
+                )
     return "\n".join(lines)
 
 
@@ -299,7 +301,7 @@ def main(argv=None):
     parser.add_argument("--python", default=sys.executable)
     parser.add_argument("--out", default=str(BENCH / "results" / "example_scripts"), help="writes OUT.md and OUT.json")
     parser.add_argument("--timeout", type=int, default=900, help="seconds per run")
-    parser.add_argument("--determinism", action="store_true", help="also run transformers twice and compare")
+    parser.add_argument("--determinism", action="store_true", help="run each Trainer twice and compare it to itself")
     parser.add_argument("--list", action="store_true", help="print the manifest and which copies are present")
     parser.add_argument("--compare-only", action="store_true", help="compare the folders of the last run again")
     parser.add_argument(
