@@ -32,7 +32,8 @@ def available_reporters() -> list[str]:
     installed = []
     if os.getenv("DISABLE_MLFLOW_INTEGRATION", "FALSE").upper() != "TRUE" and importlib.util.find_spec("mlflow"):
         installed.append("mlflow")
-    if importlib.util.find_spec("tensorboard"):
+    # As transformers: either package gives a SummaryWriter (tensorboardX comes with ray, for one).
+    if importlib.util.find_spec("tensorboard") or importlib.util.find_spec("tensorboardX"):
         installed.append("tensorboard")
     for name in ("wandb", "trackio"):
         if importlib.util.find_spec(name):

@@ -1,4 +1,4 @@
-"""report_to="tensorboard": scalars to a SummaryWriter (needs the tensorboard package)."""
+"""report_to="tensorboard": scalars to a SummaryWriter (needs the tensorboard package, or tensorboardX as in transformers)."""
 
 from __future__ import annotations
 
@@ -15,10 +15,14 @@ class TensorBoardCallback(TrainerCallback):
         if self.tb_writer is None:
             try:
                 from torch.utils.tensorboard import SummaryWriter
-            except ImportError as error:
-                raise ImportError(
-                    "report_to='tensorboard' needs the tensorboard package: pip install 'lathe[tensorboard]'"
-                ) from error
+            except ImportError:
+                try:  # transformers' fallback: the same scalars through tensorboardX
+                    from tensorboardX import SummaryWriter
+                except ImportError as error:
+                    raise ImportError(
+                        "report_to='tensorboard' needs the tensorboard (or tensorboardX) package: "
+                        "pip install 'lathe[tensorboard]'"
+                    ) from error
             log_dir = getattr(args, "logging_dir", None) or os.path.join(args.output_dir, "runs")
             self.tb_writer = SummaryWriter(log_dir=log_dir)
         return self.tb_writer
