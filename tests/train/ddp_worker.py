@@ -46,7 +46,10 @@ def accuracy(prediction):
 
 def run(output_dir: str, options: dict) -> dict:
     torch.manual_seed(0)
-    args = TrainingArguments(
+    trainer_class, arguments_class = Trainer, TrainingArguments
+    if options.get("implementation") == "transformers":  # the same job on transformers' Trainer, for its numbers
+        from transformers import Trainer as trainer_class, TrainingArguments as arguments_class
+    args = arguments_class(
         output_dir=output_dir,
         per_device_train_batch_size=options["batch"],
         per_device_eval_batch_size=2,  # eval_loss is a mean per batch: same batches on both sides
@@ -61,7 +64,7 @@ def run(output_dir: str, options: dict) -> dict:
         use_cpu=True,
         dataloader_pin_memory=False,
     )
-    trainer = Trainer(
+    trainer = trainer_class(
         model=TokenModel(),
         args=args,
         train_dataset=dataset(options.get("train_items", 32)),

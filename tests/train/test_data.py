@@ -429,3 +429,29 @@ def test_validate_item():
 def test_importing_data_does_not_import_transformers_or_datasets():
     code = "import sys, lathe.train.data.sampling; assert not {'transformers', 'datasets'} & set(sys.modules)"
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+@pytest.mark.parametrize("drop_last", [False, True])
+def test_sharded_batches_are_accelerates(drop_last):
+    """Under N processes each shard gets the batches accelerate's BatchSamplerShard (even_batches) gives
+    transformers' ranks: a short last batch completed from the epoch's first samples, extra batches of
+    those samples until every shard has as many; with drop_last an incomplete round is dropped."""
+    accelerate_data = pytest.importorskip("accelerate.data_loader")
+    from torch.utils.data import BatchSampler, SequentialSampler
+
+    for samples in range(1, 30):
+        for batch_size in (1, 2, 3):
+            for shards in (2, 3):
+                for index in range(shards):
+                    ours = ResumableBatchSampler(
+                        SequentialSampler(range(samples)), batch_size, drop_last, num_shards=shards, shard_index=index
+                    )
+                    theirs = accelerate_data.BatchSamplerShard(
+                        BatchSampler(SequentialSampler(range(samples)), batch_size, drop_last),
+                        num_processes=shards,
+                        process_index=index,
+                        split_batches=False,
+                        even_batches=True,
+                    )
+                    assert list(ours) == list(theirs), (samples, batch_size, shards, index)
+                    assert len(ours) == len(list(theirs)), (samples, batch_size, shards, index)

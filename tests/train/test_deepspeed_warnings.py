@@ -11,6 +11,24 @@ import pytest
 pytest.importorskip("deepspeed", reason="the deepspeed extra is not installed")
 
 
+@pytest.fixture(autouse=True, scope="module")
+def one_process_afterwards():
+    """DeepSpeed in this process starts a process group and sets RANK, WORLD_SIZE, ...: undo both once this
+    module is done (DeepSpeed keeps the group for its next engine), or later tests, and transformers' Trainer
+    in them, would believe they run distributed."""
+    import os
+
+    import torch.distributed as dist
+
+    environment = dict(os.environ)
+    was_initialized = dist.is_available() and dist.is_initialized()
+    yield
+    if dist.is_available() and dist.is_initialized() and not was_initialized:
+        dist.destroy_process_group()
+    os.environ.clear()
+    os.environ.update(environment)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("stage", [2, 3])
 def test_zero_training_shows_no_deprecated_collective_warnings(tmp_path, stage):

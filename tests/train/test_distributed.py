@@ -35,6 +35,18 @@ def test_two_ranks_train_like_one_with_twice_the_batch(tmp_path, accumulation):
     ranks = torchrun(tmp_path, {"batch": 2, "accumulation": accumulation})
     assert_same_training(single, ranks)
     # 13 eval items do not split evenly over 2 ranks x batch 2: the repeated samples are dropped
-    assert ranks["metrics"]["eval_loss"] == pytest.approx(single["metrics"]["eval_loss"], abs=1e-6)
     assert ranks["metrics"]["eval_accuracy"] == pytest.approx(single["metrics"]["eval_accuracy"], abs=1e-12)
     assert ranks["metrics"]["eval_rows"] == single["metrics"]["eval_rows"] == 13
+
+
+@pytest.mark.hf
+def test_two_ranks_evaluate_as_transformers_two_ranks(tmp_path):
+    """eval_loss under 2 ranks is transformers' (not one process's): its last step pads rank 0's short batch
+    with the first samples (accelerate), each rank's loss is divided by the items of both ranks' batches and
+    scaled by the world size, and the gathered repeats are trimmed to the dataset."""
+    pytest.importorskip("transformers")
+    ours = torchrun(tmp_path / "lathe", {"batch": 2})
+    theirs = torchrun(tmp_path / "transformers", {"batch": 2, "implementation": "transformers"})
+    assert ours["losses"] == pytest.approx(theirs["losses"], abs=1e-6)
+    for key in ("eval_loss", "eval_accuracy", "eval_rows"):
+        assert ours["metrics"][key] == pytest.approx(theirs["metrics"][key], rel=1e-6), key

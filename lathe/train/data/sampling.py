@@ -173,7 +173,10 @@ class ResumableBatchSampler(BatchSampler):
 
     def __len__(self) -> int:
         total = super().__len__()
-        return -(-total // self.num_shards) if self.num_shards > 1 else total
+        if self.num_shards == 1:
+            return total
+        # accelerate: whole rounds with drop_last, else the incomplete round completed
+        return total // self.num_shards if self.drop_last else -(-total // self.num_shards)
 
     def set_epoch(self, epoch: int) -> None:
         if hasattr(self.sampler, "set_epoch"):
@@ -201,11 +204,29 @@ class ResumableBatchSampler(BatchSampler):
             yield indices[start : start + self.batch_size]
 
     def _shard(self, batches: list[list[int]]) -> list[list[int]]:
-        if not batches:
-            return []
-        padded = -(-len(batches) // self.num_shards) * self.num_shards
-        batches = [batches[i % len(batches)] for i in range(padded)]
-        return batches[self.shard_index :: self.num_shards]
+        """This shard's batches, as accelerate's BatchSamplerShard (even_batches, no split) yields them: whole
+        rounds of N batches; without drop_last a short last batch is completed from the epoch's first samples,
+        and more batches made of those samples follow until every shard has as many (so the last step's
+        duplicates are the first samples, which gather_for_metrics then trims)."""
+        count, index, size = self.num_shards, self.shard_index, self.batch_size
+        rounds = len(batches) // count
+        if not self.drop_last and len(batches[-1]) < size and len(batches) % count == 0:
+            rounds -= 1  # a round ends with a full batch, else it is the incomplete one
+        mine = batches[index : rounds * count : count]
+        tail = [list(batch) for batch in batches[rounds * count :]]
+        if self.drop_last or not tail:  # with drop_last an incomplete round is dropped
+            return mine
+        initial = [sample for batch in batches[:count] for sample in batch]
+        while len(initial) < count * size:
+            initial += initial
+        cursor = 0
+        if len(tail[-1]) < size:
+            cursor = size - len(tail[-1])
+            tail[-1] += initial[:cursor]
+        while len(tail) < count:
+            tail.append(initial[cursor : cursor + size])
+            cursor += size
+        return mine + [tail[index]]
 
 
 class DirectDataLoader(DataLoader):
