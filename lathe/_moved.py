@@ -10,7 +10,7 @@ import importlib.machinery
 import sys
 
 MOVED = {
-    "lathe.train.args_core": "lathe.train.args.core",
+    "lathe.train.args_core": "lathe.train.args.training_args",
     "lathe.train.args_deprecated": "lathe.train.args.deprecated",
     "lathe.train.args_derived": "lathe.train.args.derived",
     "lathe.train.args_enums": "lathe.train.args.enums",

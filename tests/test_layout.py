@@ -15,7 +15,9 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "lathe"
 MAX_MODULE_LINES = 400
 # Declared tables: data a reader looks up rather than code a reader follows, kept whole in one place.
-DECLARED_TABLES: dict[str, str] = {}
+DECLARED_TABLES: dict[str, str] = {
+    "lathe/train/args/training_args.py": "the one table of TrainingArguments' fields (name, type, default, help)",
+}
 # lathe/'s top level holds transformers' module names (lathe.trainer_callback, lathe.training_args_seq2seq, ...)
 # so that `from transformers.X import Y` becomes `from lathe.X import Y`: those families are the peer's.
 PEER_NAMED_FAMILIES = {("lathe", "trainer"), ("lathe", "training")}
@@ -157,6 +159,7 @@ def test_code_modules_stay_under_400_lines():
         if lines > MAX_MODULE_LINES and str(path.relative_to(ROOT)) not in DECLARED_TABLES:
             long_modules[str(path.relative_to(ROOT))] = lines
     assert long_modules == {}
+    assert [name for name in DECLARED_TABLES if not (ROOT / name).is_file()] == []
 
 
 def test_train_top_level_is_small():

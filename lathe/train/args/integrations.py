@@ -1,15 +1,15 @@
-"""TrainingArguments' Hub, debug, accelerate, kernel, checkpoint-on-signal and tracker fields (transformers'
-names and defaults), and the checks that turn what cannot run here into an error at TrainingArguments()."""
+"""The types of TrainingArguments' Hub, debug, accelerate, kernel and tracker fields (transformers' names),
+the properties that describe accelerate's set-up, and the checks that turn what cannot run here into an
+error at TrainingArguments(). The fields themselves are in training_args.py's table."""
 
 from __future__ import annotations
 
 import dataclasses
 import json
 import os
-from dataclasses import dataclass, field
-from typing import Any, Literal
+from dataclasses import dataclass
+from typing import Any
 
-from lathe.train.args.core import help_text as _help
 from lathe.train.args.enums import ExplicitEnum, to_enum
 
 
@@ -62,65 +62,6 @@ class AcceleratorConfig:
         return self.__dict__.pop(key, default)
 
 
-@dataclass(repr=False)
-class IntegrationArguments:
-    """Inherited by TrainingArguments, whose fields these are."""
-
-    # --- Hub: used only by push_to_hub, which lathe refuses (offline) ---
-    hub_model_id: str | None = field(default=None, metadata=_help("Hub repository to push to (push_to_hub only)."))
-    hub_strategy: HubStrategy | str = field(
-        default="every_save", metadata=_help(f"What push_to_hub pushes when, one of {HubStrategy.values()}.")
-    )
-    hub_token: str | None = field(default=None, metadata=_help("Hub token for push_to_hub."))
-    hub_private_repo: bool | None = field(default=None, metadata=_help("Make the pushed repository private."))
-    hub_always_push: bool = field(default=False, metadata=_help("Push even while the previous push runs."))
-    hub_revision: str | None = field(default=None, metadata=_help("Branch or revision to push to."))
-
-    # --- Debugging ---
-    debug: str | list[DebugOption] = field(
-        default="",
-        metadata=_help(
-            "Debug modes, space separated: 'underflow_overflow' stops training at the first inf/nan in a module's "
-            "weights, inputs or outputs and prints the frames before it; 'tpu_metrics_debug' needs a TPU."
-        ),
-    )
-
-    # --- accelerate (lathe's own loop does what these describe) ---
-    accelerator_config: dict | str | None = field(
-        default=None,
-        metadata=_help("AcceleratorConfig as a dict, a JSON string or a JSON file; see AcceleratorConfig."),
-    )
-    parallelism_config: Any | None = field(
-        default=None, metadata=_help("accelerate's ParallelismConfig (tensor/context parallelism): not supported.")
-    )
-
-    # --- Kernels and fault tolerance ---
-    # use_liger_kernel / liger_kernel_config are stored and validated here; what they do is chosen in
-    # lathe.train.loss.causal_lm: Liger where installed and on a CUDA device, else the chunked cross-entropy.
-    use_liger_kernel: bool = field(
-        default=False,
-        metadata=_help(
-            "Patch the model with Liger's fused kernels where Liger-Kernel is installed and a CUDA device is used; "
-            "elsewhere the causal-LM loss runs as lathe's chunked cross-entropy. The log says which."
-        ),
-    )
-    liger_kernel_config: dict[str, bool] | None = field(
-        default=None, metadata=_help("Which Liger kernels to apply, e.g. {'rms_norm': True, 'rope': False}.")
-    )
-    enable_jit_checkpoint: bool = field(
-        default=False,
-        metadata=_help("On SIGTERM, finish the current step, save a checkpoint and stop (pre-emptible jobs)."),
-    )
-
-    # --- Trackers ---
-    project: str = field(default="huggingface", metadata=_help("Project name for the trackio reporter."))
-    trackio_space_id: str | None = field(default=None, metadata=_help("Hub Space for trackio: not supported."))
-    trackio_bucket_id: str | None = field(default=None, metadata=_help("Hub bucket for trackio: not supported."))
-    trackio_static_space_id: str | None | Literal[False] = field(
-        default=None, metadata=_help("Static Hub Space for trackio: not supported.")
-    )
-
-
 class IntegrationProperties:
     """transformers' TrainingArguments attributes that describe accelerate's set-up, as lathe's loop runs."""
 
@@ -160,7 +101,7 @@ class IntegrationProperties:
 
 
 def check_integration_fields(args) -> None:
-    """Convert and check the fields above; called once by TrainingArguments.__post_init__."""
+    """Convert and check the Hub, debug, accelerate, kernel and tracker fields (TrainingArguments.__post_init__)."""
     args.hub_strategy = to_enum(HubStrategy, args.hub_strategy, "hub_strategy")
     args.debug = _debug_options(args.debug)
     if DebugOption.TPU_METRICS_DEBUG in args.debug:

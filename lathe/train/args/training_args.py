@@ -1,21 +1,19 @@
-"""TrainingArguments: every training option with its HF name, default and help. The first fields are
-in core.py, the derived values (device, ranks, batch sizes, JSON) in derived.py."""
+"""TrainingArguments: every training option with its HF name, default and help, in one table (the fields of
+Seq2SeqTrainingArguments after it). What the class does with them lives beside it: derived.py the values
+computed from them (device, ranks, batch sizes, JSON), validation.py the checks run at construction,
+setters.py the set_* methods, integrations.py the Hub / debug / accelerate types and their checks."""
 
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, Literal
 
-from lathe.train.args.core import BARE_FLAG_IS_TRUE as _BARE_FLAG_IS_TRUE
-from lathe.train.args.core import CoreArguments
-from lathe.train.args.core import deprecated as _deprecated
-from lathe.train.args.core import help_text as _help
 from lathe.train.args.derived import DerivedValues
 from lathe.train.args.enums import ExplicitEnum, IntervalStrategy, OptimizerNames, SaveStrategy, SchedulerType
 from lathe.train.args.integrations import (
     AcceleratorConfig,
     DebugOption,
     HubStrategy,
-    IntegrationArguments,
     IntegrationProperties,
     ParallelMode,
 )
@@ -38,17 +36,225 @@ __all__ = [
 ]
 
 
-@dataclass(repr=False)  # printed by DerivedValues.__str__ (sorted fields), as before the split
-class TrainingArguments(IntegrationArguments, CoreArguments, FluentSetters, DerivedValues, IntegrationProperties):
-    """The options of `Trainer`, with transformers 5.23's names and defaults (the Hub, debug, accelerate,
-    kernel and tracker fields are in integrations.py).
+# transformers marks `bool | None` flags this way so that a bare `--flag` on the command line means True.
+_BARE_FLAG_IS_TRUE = {"nargs": "?", "const": True}
 
-    Validation happens once, in `__post_init__` (see `args_validation`): numeric and boolean fields
-    hold their type (strings converted as HfArgumentParser converts them, see `args_types`), strategy
+
+def _help(text: str, **extra) -> dict:
+    return {"help": text, **extra}
+
+
+def _deprecated(replacement: str | None, text: str) -> dict:
+    # `replacement` names the field that took over, or None when the value is ignored;
+    # the argument parser reads this key to list the option under "deprecated".
+    return {"help": text, "deprecated": replacement}
+
+
+@dataclass(repr=False)  # printed by DerivedValues.__str__ (sorted fields), as before the split
+class TrainingArguments(FluentSetters, DerivedValues, IntegrationProperties):
+    """The options of `Trainer`, with transformers 5.23's names and defaults, output_dir first (so that
+    TrainingArguments("out") names the output folder, as in transformers). The mixins hold behaviour, no fields.
+
+    Validation happens once, in `__post_init__` (see validation.py): numeric and boolean fields
+    hold their type (strings converted as HfArgumentParser converts them, see coercion.py), strategy
     fields become enums, defaults that depend on other fields are filled in (`eval_steps`, `metric_for_best_model`,
     `greater_is_better`, `report_to`), and contradictory settings raise a ValueError naming the
     field. Device and rank properties never change the process: `lathe.train.runtime` acts on them.
     """
+
+    # --- Output ---
+    output_dir: str | None = field(
+        default=None, metadata=_help("Directory for checkpoints and predictions; defaults to 'trainer_output'.")
+    )
+
+    # --- Training length and batch size ---
+    per_device_train_batch_size: int = field(default=8, metadata=_help("Training batch size per device."))
+    num_train_epochs: float = field(
+        default=3.0,
+        metadata=_help("Number of passes over the training set; a fraction stops part-way through the last one."),
+    )
+    max_steps: int = field(
+        default=-1,
+        metadata=_help(
+            "Total number of optimizer steps; when positive it overrides num_train_epochs."
+            " Required for datasets without a length."
+        ),
+    )
+
+    # --- Learning rate and schedule ---
+    learning_rate: float = field(default=5e-5, metadata=_help("Peak learning rate, reached at the end of warmup."))
+    lr_scheduler_type: SchedulerType | str = field(
+        default="linear", metadata=_help(f"Learning-rate schedule, one of {SchedulerType.values()}.")
+    )
+    lr_scheduler_kwargs: dict | str | None = field(
+        default=None,
+        metadata=_help("Extra keyword arguments for the schedule, as a dict or a JSON object string."),
+    )
+    warmup_steps: float = field(
+        default=0,
+        metadata=_help(
+            "Linear warmup length: a whole number of steps, or a float in [0, 1) read as a fraction of all training steps."
+        ),
+    )
+
+    # --- Optimizer ---
+    optim: OptimizerNames | str = field(
+        default="adamw_torch_fused",
+        metadata=_help(
+            "Optimizer name; lathe builds adamw_torch, adamw_torch_fused, sgd, adagrad, rmsprop, adafactor, galore_* and apollo_*."
+        ),
+    )
+    optim_args: str | None = field(
+        default=None,
+        metadata=_help("Extra optimizer arguments as a 'key=value,key=value' string."),
+    )
+    optim_target_modules: str | list[str] | None = field(
+        default=None,
+        metadata=_help(
+            "GaLore / APOLLO optimizers: the nn.Linear modules they project, as names, a regex or 'all-linear'."
+        ),
+    )
+    weight_decay: float = field(
+        default=0.0,
+        metadata=_help("Decoupled weight decay, applied to every parameter except biases and norm weights."),
+    )
+    adam_beta1: float = field(default=0.9, metadata=_help("Adam's decay rate for the running mean of gradients."))
+    adam_beta2: float = field(
+        default=0.999, metadata=_help("Adam's decay rate for the running mean of squared gradients.")
+    )
+    adam_epsilon: float = field(default=1e-8, metadata=_help("Adam's epsilon, added to the denominator for stability."))
+
+    # --- Step maths and stability ---
+    gradient_accumulation_steps: int = field(
+        default=1,
+        metadata=_help(
+            "Number of micro-batches whose gradients are summed before one optimizer step; steps count optimizer updates."
+        ),
+    )
+    average_tokens_across_devices: bool = field(
+        default=True,
+        metadata=_help(
+            "Sum the token count of a step over all processes so the loss is normalised by the global number of tokens."
+        ),
+    )
+    max_grad_norm: float = field(
+        default=1.0, metadata=_help("Clip the total gradient norm to this value; 0 disables clipping.")
+    )
+    label_smoothing_factor: float = field(
+        default=0.0, metadata=_help("Label smoothing for the cross-entropy loss; 0 means none.")
+    )
+
+    # --- Mixed precision ---
+    bf16: bool = field(default=False, metadata=_help("Train with bfloat16 autocast (weights stay in float32)."))
+    fp16: bool = field(default=False, metadata=_help("Train with float16 autocast and loss scaling."))
+    bf16_full_eval: bool = field(default=False, metadata=_help("Evaluate with the model cast to bfloat16."))
+    fp16_full_eval: bool = field(default=False, metadata=_help("Evaluate with the model cast to float16."))
+    tf32: bool | None = field(
+        default=None,
+        metadata=_help("Allow TF32 matrix multiplies on Ampere or newer GPUs; None leaves torch's setting alone."),
+    )
+
+    # --- Activation checkpointing ---
+    activation_checkpointing: bool | None = field(
+        default=None,
+        metadata=_help(
+            "Recompute activations in the backward pass to save memory at the cost of speed.", **_BARE_FLAG_IS_TRUE
+        ),
+    )
+    activation_checkpointing_kwargs: dict | str | None = field(
+        default=None,
+        metadata=_help("Keyword arguments for the model's gradient_checkpointing_enable(), as a dict or JSON string."),
+    )
+    gradient_checkpointing: bool | None = field(
+        default=None,
+        metadata={
+            **_deprecated("activation_checkpointing", "Old name of activation_checkpointing; it mirrors that field."),
+            **_BARE_FLAG_IS_TRUE,
+        },
+    )
+    gradient_checkpointing_kwargs: dict | str | None = field(
+        default=None,
+        metadata=_deprecated(
+            "activation_checkpointing_kwargs", "Old name of activation_checkpointing_kwargs; it mirrors that field."
+        ),
+    )
+
+    # --- Compilation and memory ---
+    torch_compile: bool = field(default=False, metadata=_help("Wrap the model with torch.compile()."))
+    torch_compile_backend: str | None = field(
+        default=None, metadata=_help("Backend for torch.compile(); setting it turns torch_compile on.")
+    )
+    torch_compile_mode: str | None = field(
+        default=None, metadata=_help("Mode for torch.compile(); setting it turns torch_compile on.")
+    )
+    use_cache: bool = field(
+        default=False, metadata=_help("Leave the model's key/value cache on during training (rarely needed).")
+    )
+    neftune_noise_alpha: float | None = field(
+        default=None,
+        metadata=_help("Scale of the NEFTune noise added to input embeddings during training; None disables it."),
+    )
+    torch_empty_cache_steps: int | None = field(
+        default=None, metadata=_help("Empty the accelerator's memory cache every this many steps; None never does.")
+    )
+    auto_find_batch_size: bool = field(
+        default=False,
+        metadata=_help("Halve the training batch size and retry whenever a step runs out of accelerator memory."),
+    )
+
+    # --- Hub: used only by push_to_hub, which lathe refuses (offline) ---
+    hub_model_id: str | None = field(default=None, metadata=_help("Hub repository to push to (push_to_hub only)."))
+    hub_strategy: HubStrategy | str = field(
+        default="every_save", metadata=_help(f"What push_to_hub pushes when, one of {HubStrategy.values()}.")
+    )
+    hub_token: str | None = field(default=None, metadata=_help("Hub token for push_to_hub."))
+    hub_private_repo: bool | None = field(default=None, metadata=_help("Make the pushed repository private."))
+    hub_always_push: bool = field(default=False, metadata=_help("Push even while the previous push runs."))
+    hub_revision: str | None = field(default=None, metadata=_help("Branch or revision to push to."))
+
+    # --- Debugging ---
+    debug: str | list[DebugOption] = field(
+        default="",
+        metadata=_help(
+            "Debug modes, space separated: 'underflow_overflow' stops training at the first inf/nan in a module's "
+            "weights, inputs or outputs and prints the frames before it; 'tpu_metrics_debug' needs a TPU."
+        ),
+    )
+
+    # --- accelerate (lathe's own loop does what these describe) ---
+    accelerator_config: dict | str | None = field(
+        default=None,
+        metadata=_help("AcceleratorConfig as a dict, a JSON string or a JSON file; see AcceleratorConfig."),
+    )
+    parallelism_config: Any | None = field(
+        default=None, metadata=_help("accelerate's ParallelismConfig (tensor/context parallelism): not supported.")
+    )
+
+    # --- Kernels and fault tolerance ---
+    # use_liger_kernel / liger_kernel_config are validated in integrations.py; what they do is chosen in
+    # lathe.train.loss.causal_lm: Liger where installed and on a CUDA device, else the chunked cross-entropy.
+    use_liger_kernel: bool = field(
+        default=False,
+        metadata=_help(
+            "Patch the model with Liger's fused kernels where Liger-Kernel is installed and a CUDA device is used; "
+            "elsewhere the causal-LM loss runs as lathe's chunked cross-entropy. The log says which."
+        ),
+    )
+    liger_kernel_config: dict[str, bool] | None = field(
+        default=None, metadata=_help("Which Liger kernels to apply, e.g. {'rms_norm': True, 'rope': False}.")
+    )
+    enable_jit_checkpoint: bool = field(
+        default=False,
+        metadata=_help("On SIGTERM, finish the current step, save a checkpoint and stop (pre-emptible jobs)."),
+    )
+
+    # --- Trackers ---
+    project: str = field(default="huggingface", metadata=_help("Project name for the trackio reporter."))
+    trackio_space_id: str | None = field(default=None, metadata=_help("Hub Space for trackio: not supported."))
+    trackio_bucket_id: str | None = field(default=None, metadata=_help("Hub bucket for trackio: not supported."))
+    trackio_static_space_id: str | None | Literal[False] = field(
+        default=None, metadata=_help("Static Hub Space for trackio: not supported.")
+    )
 
     # --- Logging ---
     logging_strategy: IntervalStrategy | str = field(
