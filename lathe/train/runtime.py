@@ -12,6 +12,9 @@ import torch
 from lathe.utils import logging as lathe_logging
 
 
+NO_CONTEXT = contextlib.nullcontext()  # reusable: made once, not on every micro-batch
+
+
 def move_to_device(data, device: torch.device):
     """Move tensors (nested in dicts, lists, tuples) to `device`; non-blocking when pinned."""
     if torch.is_tensor(data):
@@ -34,11 +37,12 @@ def autocast_dtype(args) -> torch.dtype | None:
     return None
 
 
-def autocast_context(device: torch.device, dtype: torch.dtype | None):
-    """Mixed precision through torch.autocast (weights stay fp32; the optimizer sees fp32)."""
+def autocast_context(args, dtype: torch.dtype | None):
+    """Mixed precision through torch.autocast (weights stay fp32; the optimizer sees fp32). The device
+    is looked up only under autocast: args.device checks for a process group, on every micro-batch."""
     if dtype is None:
-        return contextlib.nullcontext()
-    return torch.autocast(device_type=device.type, dtype=dtype)
+        return NO_CONTEXT
+    return torch.autocast(device_type=args.device.type, dtype=dtype)
 
 
 def make_grad_scaler(args, device: torch.device):

@@ -46,7 +46,7 @@ class PlainBackend:
         """The context of one micro-batch's forward and backward. Gradients are reduced across ranks
         only when `sync` (the window's last micro-batch): the earlier ones accumulate locally, so an
         update costs one all-reduce however many micro-batches it has."""
-        return contextlib.nullcontext() if sync else self.accumulate_locally()
+        return runtime.NO_CONTEXT if sync else self.accumulate_locally()
 
     def backward(self, loss: torch.Tensor) -> None:
         loss.backward()

@@ -268,7 +268,7 @@ class Trainer(TrainerSurface):
         if not model.training:  # model.train() walks every module; only evaluation turns training off
             model.train()
         inputs = self._prepare_inputs(inputs)
-        with runtime.autocast_context(self.args.device, self._autocast_dtype), self.compute_loss_context_manager():
+        with runtime.autocast_context(self.args, self._autocast_dtype), self.compute_loss_context_manager():
             loss = self.compute_loss(model, inputs, num_items_in_batch=num_items_in_batch)
         runtime.maybe_empty_device_cache(self.args, self.state.global_step)  # torch_empty_cache_steps
         # Divided by the accumulation window (or by its label tokens, inside the loss), the micro-batch

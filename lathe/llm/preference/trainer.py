@@ -95,7 +95,7 @@ class PreferenceTrainer(TokenMeterMixin, MethodOptimizerMixin, Trainer):
         """The loss (and the mean chosen / rejected logits, as TRL returns them) of an evaluation batch;
         the metrics are stored for the evaluation's log."""
         inputs = self._prepare_inputs(inputs)
-        with torch.no_grad(), runtime.autocast_context(self.args.device, self._autocast_dtype):
+        with torch.no_grad(), runtime.autocast_context(self.args, self._autocast_dtype):
             loss, metrics = self.batch_loss_and_metrics(model, inputs, "eval")
         self.store_metrics(metrics, "eval")
         if prediction_loss_only:

@@ -96,7 +96,7 @@ def prediction_step(trainer, model, inputs, prediction_loss_only: bool, ignore_k
     if not isinstance(inputs, Mapping):
         # A tuple batch goes to model(*batch), which returns the loss first (the tuple contract).
         inputs = trainer._prepare_inputs(inputs)
-        with torch.no_grad(), runtime.autocast_context(trainer.args.device, trainer._autocast_dtype):
+        with torch.no_grad(), runtime.autocast_context(trainer.args, trainer._autocast_dtype):
             outputs = model(*inputs)
         loss, logits = _split_tuple_outputs(outputs)
         return (loss, None, None) if prediction_loss_only else (loss, logits, None)
@@ -112,7 +112,7 @@ def prediction_step(trainer, model, inputs, prediction_loss_only: bool, ignore_k
     if has_labels or loss_without_labels:
         labels = tuple(inputs.get(name).detach() for name in trainer.label_names if inputs.get(name) is not None)
         labels = labels[0] if len(labels) == 1 else (labels or None)
-    with torch.no_grad(), runtime.autocast_context(trainer.args.device, trainer._autocast_dtype):
+    with torch.no_grad(), runtime.autocast_context(trainer.args, trainer._autocast_dtype):
         if has_labels or loss_without_labels:
             # The chunked causal-LM loss never builds the logits; only predictions that are kept need them.
             trainer._logits_wanted = not prediction_loss_only
