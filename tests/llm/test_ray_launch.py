@@ -70,8 +70,7 @@ def test_lathe_train_on_two_ray_workers_trains_as_torchrun(tmp_path):
 
     def losses(folder):
         entries = [json.loads(line) for line in (folder / "trainer_log.jsonl").read_text().splitlines()]
-
-    return [entry["loss"] for entry in entries if "loss" in entry]
+        return [entry["loss"] for entry in entries if "loss" in entry]
 
     assert len(losses(tmp_path / "ray")) == 3
     assert losses(tmp_path / "ray") == pytest.approx(losses(tmp_path / "torchrun"), abs=1e-6)
