@@ -59,7 +59,7 @@ def _reported(command: str, traceback: bool, run, errors: tuple = USER_ERRORS) -
 def train_command(config_path: str, overrides: list[str], dry_run: bool = False, traceback: bool = False) -> int:
     """`lathe train CONFIG [key=value ...]`: print the resolved configuration and the plan, then train."""
     from lathe.llm.config.train import parse_train_config
-    from lathe.llm.launch import relaunch
+    from lathe.llm.launch import planned_processes, relaunch
     from lathe.llm.workflows.plan import format_config, print_once
 
     def train() -> int:
@@ -69,6 +69,8 @@ def train_command(config_path: str, overrides: list[str], dry_run: bool = False,
         if code is not None:
             return code
         config = parse_train_config(config_path, overrides)
+        if dry_run:  # plan for the processes a real run would start (per process: memory, batch)
+            config.processes = planned_processes(config_path, overrides)
         print_once(config, format_config(config))
         run_train(config, dry_run=dry_run)
         if dry_run:

@@ -72,6 +72,17 @@ def launch_settings(config_path, overrides: list[str], environ=None, cuda_device
     return settings
 
 
+def planned_processes(config_path, overrides: list[str]) -> int:
+    """How many processes, over all nodes, `lathe train` would run: ray_num_workers with USE_RAY=1,
+    else nnodes x nproc_per_node when it relaunches under torchrun, else 1 (for a dry run's plan)."""
+    from lathe.llm.ray_launch import ray_settings, use_ray
+
+    if use_ray():
+        return ray_settings(config_path, overrides)["num_workers"]
+    settings = launch_settings(config_path, overrides)
+    return settings["nnodes"] * settings["nproc_per_node"] if settings else 1
+
+
 def torchrun_command(settings: dict, config_path, overrides: list[str]) -> list[str]:
     return [
         sys.executable,

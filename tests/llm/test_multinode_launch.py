@@ -1,6 +1,7 @@
 """`lathe train` on two nodes simulated on this machine: each node runs the same command with
 LLaMA-Factory's NNODES, NODE_RANK, MASTER_ADDR and MASTER_PORT (one process each), and the job trains
-as one process with the whole batch; the plan, printed once, counts 2 processes."""
+as one process with the whole batch; the plan, printed once, counts 2 processes (and a dry run's, made
+before launch, every node's processes)."""
 
 from __future__ import annotations
 
@@ -17,7 +18,29 @@ from tests.train.torchrun_helpers import free_port
 
 REPOSITORY = Path(__file__).resolve().parents[2]
 
-pytestmark = pytest.mark.slow
+
+def test_a_dry_run_plans_per_process_for_every_node(monkeypatch, capsys):
+    """Before launch, the plan counts NNODES x NPROC_PER_NODE processes (the batch, FSDP2's shares)."""
+    from lathe.llm.commands import train_command
+
+    monkeypatch.chdir(REPOSITORY)
+    for name, value in {
+        "NNODES": "2",
+        "NPROC_PER_NODE": "2",
+        "MASTER_ADDR": "10.0.0.1",
+        "MASTER_PORT": "29500",
+    }.items():
+        monkeypatch.setenv(name, value)
+    for name in ("LOCAL_RANK", "TORCHELASTIC_RUN_ID", "USE_RAY"):
+        monkeypatch.delenv(name, raising=False)
+    code = train_command("examples/quickstart.yaml", ["max_samples=64", "fsdp=full_shard"], dry_run=True)
+    output = capsys.readouterr().out
+    assert code == 0, output
+    assert "256 examples per step = 64 per device x 1 accumulation x 4 process(es)" in output
+    assert "FSDP2 over 4 processes: weights, gradients, optimizer state 1/4 per process" in output
+    monkeypatch.setenv("USE_RAY", "1")
+    assert train_command("examples/quickstart.yaml", ["max_samples=64", "ray_num_workers=3"], dry_run=True) == 0
+    assert "x 1 accumulation x 3 process(es)" in capsys.readouterr().out
 
 
 def command(output_dir: Path, batch: int) -> list[str]:
@@ -41,6 +64,7 @@ def losses(folder: Path) -> list[float]:
     return [entry["loss"] for entry in entries if "loss" in entry]
 
 
+@pytest.mark.slow
 def test_lathe_train_on_two_nodes_trains_as_one_process_with_the_whole_batch(tmp_path):
     from safetensors.torch import load_file
 

@@ -214,6 +214,7 @@ class TrainConfig:
     finetuning: FinetuningArguments
     generating: GeneratingArguments
     source: str | None = None  # the file it came from, for messages
+    processes: int | None = None  # the job's processes, all nodes, as planned before launch (a dry run)
 
     def to_dict(self) -> dict[str, dict[str, Any]]:
         """The resolved values per section, JSON-friendly (for printing and for the output folder)."""
