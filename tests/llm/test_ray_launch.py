@@ -79,3 +79,56 @@ def test_lathe_train_on_two_ray_workers_trains_as_torchrun(tmp_path):
     assert sorted(ours) == sorted(theirs)
     for name, weight in theirs.items():
         torch.testing.assert_close(ours[name], weight, atol=1e-6, rtol=0)
+
+
+def rank_processes(output_dir: Path, rank: int) -> list[int]:
+    """The `lathe train` processes of this run's `rank` (Ray's workers start them with RANK set)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            command = (entry / "cmdline").read_bytes().split(b"\0")
+            environment = (entry / "environ").read_bytes().split(b"\0")
+        except (OSError, ValueError):
+            continue
+        if b"train" in command and f"output_dir={output_dir}".encode() in command:
+            if f"RANK={rank}".encode() in environment:
+                found.append(int(entry.name))
+    return found
+
+
+@pytest.mark.slow
+def test_a_killed_ray_worker_stops_the_job_and_the_rerun_resumes(tmp_path):
+    """Rank 1 is killed after the first checkpoint: the job ends non-zero with rank 0's error naming the
+    checkpoint to resume from; the same command again resumes from the last checkpoint and finishes."""
+    pytest.importorskip("ray", reason="the ray extra is not installed")
+    import signal
+    import threading
+    import time
+
+    output_dir = tmp_path / "ray"
+    ray_init = json.dumps({"num_cpus": 2, "include_dashboard": False})
+    extra = ("ray_num_workers=2", f"ray_init_kwargs={ray_init}", "max_steps=40", "overwrite_output_dir=false")
+    killed = []
+
+    def kill_rank_1_after_a_checkpoint():
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline and not killed:
+            if (output_dir / "checkpoint-2").is_dir():
+                for pid in rank_processes(output_dir, 1):
+                    os.kill(pid, signal.SIGKILL)
+                    killed.append(pid)
+            time.sleep(0.2)
+
+    watcher = threading.Thread(target=kill_rank_1_after_a_checkpoint, daemon=True)
+    watcher.start()
+    first = train(output_dir, {"USE_RAY": "1"}, *extra)
+    watcher.join(timeout=5)
+    assert killed and first.returncode != 0, (first.stdout + first.stderr)[-3000:]
+    assert "Process 0 of 2 lost contact with the other processes" in first.stdout + first.stderr
+    assert not (output_dir / "checkpoint-40").exists()
+    last = max(int(path.name.split("-")[1]) for path in output_dir.glob("checkpoint-*"))
+    second = train(output_dir, {"USE_RAY": "1"}, *extra)
+    assert second.returncode == 0, (second.stdout + second.stderr)[-3000:]
+    assert f"Resuming training from {output_dir / f'checkpoint-{last}'}" in second.stdout + second.stderr
+    state = json.loads((output_dir / "trainer_state.json").read_text())
+    assert state["global_step"] == 40
