@@ -46,6 +46,22 @@ def test_ray_num_workers_without_use_ray_is_a_clear_error(monkeypatch, tiny_mode
     assert config.model.model_name_or_path == tiny_model_dir
 
 
+def test_use_ray_refuses_force_torchrun_and_names_the_extra_when_ray_is_missing(tmp_path, write_yaml, monkeypatch):
+    from lathe.llm.launch import relaunch
+
+    config = write_yaml(tmp_path / "c.yaml", {**BASE, "ray_num_workers": 2})
+    for name in ("LOCAL_RANK", "TORCHELASTIC_RUN_ID"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("USE_RAY", "1")
+    monkeypatch.setenv("FORCE_TORCHRUN", "1")
+    with pytest.raises(ValueError, match="USE_RAY=1 and FORCE_TORCHRUN=1 both ask to start the processes"):
+        relaunch(config, [])
+    monkeypatch.delenv("FORCE_TORCHRUN")
+    monkeypatch.setitem(sys.modules, "ray", None)  # as if not installed: importing it raises ImportError
+    with pytest.raises(ImportError, match=r"pip install 'lathe\[ray\]'"):
+        relaunch(config, [])
+
+
 def train(output_dir: Path, env: dict, *extra: str) -> subprocess.CompletedProcess:
     command = [sys.executable, "-m", "lathe", "train", "examples/quickstart.yaml", f"output_dir={output_dir}"]
     command += ["max_samples=64", "max_steps=3", "do_predict=false", "logging_steps=1", "per_device_train_batch_size=4"]
