@@ -62,7 +62,7 @@ def train_command(config_path: str, overrides: list[str], dry_run: bool = False,
     from lathe.llm.config.sections import hub_from_environment
     from lathe.llm.config.train import parse_train_config
     from lathe.llm.config.values import RawConfig
-    from lathe.llm.launch import launch_settings, relaunch
+    from lathe.llm.launch import launch_settings, planned_processes, relaunch
     from lathe.llm.model.hub import resolve_config, resolve_raw_config
     from lathe.llm.stopping import Interrupted, StopOnSignal, TrainingStopped
     from lathe.llm.workflows.plan import format_config, print_once
@@ -83,6 +83,8 @@ def train_command(config_path: str, overrides: list[str], dry_run: bool = False,
                 resolve_config(
                     config
                 )  # hub ids: found (or downloaded) before the configuration and the plan are printed
+                if dry_run:  # plan for the processes a real run would start (per process: memory, batch)
+                    config.processes = planned_processes(config_path, overrides)
                 print_once(config, format_config(config))
                 run_train(config, dry_run=dry_run, callbacks=stop.callbacks())
             except (Interrupted, TrainingStopped) as stopped:

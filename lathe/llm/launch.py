@@ -4,7 +4,7 @@ same recipe (lathe.train runs DDP / FSDP2 under it; lathe.llm.data preprocesses 
 
 When: FORCE_TORCHRUN=1, or more than one process per node asked for (`nproc_per_node` in the config or
 on the command line, else NPROC_PER_NODE), or several nodes (NNODES), or more than one CUDA device
-(as LLaMA-Factory). Where: NNODES, NODE_RANK, MASTER_ADDR, MASTER_PORT (or the config keys nnodes,
+(as LLaMA-Factory); with USE_RAY=1, Ray starts them instead (lathe.llm.ray_launch). Where: NNODES, NODE_RANK, MASTER_ADDR, MASTER_PORT (or the config keys nnodes,
 node_rank, master_addr, master_port), LLaMA-Factory's names. Never inside a torchrun launch already.
 """
 
@@ -72,6 +72,17 @@ def launch_settings(config_path, overrides: list[str], environ=None, cuda_device
     return settings
 
 
+def planned_processes(config_path, overrides: list[str]) -> int:
+    """How many processes, over all nodes, `lathe train` would run: ray_num_workers with USE_RAY=1,
+    else nnodes x nproc_per_node when it relaunches under torchrun, else 1 (for a dry run's plan)."""
+    from lathe.llm.ray_launch import ray_settings, use_ray
+
+    if use_ray():
+        return ray_settings(config_path, overrides)["num_workers"]
+    settings = launch_settings(config_path, overrides)
+    return settings["nnodes"] * settings["nproc_per_node"] if settings else 1
+
+
 def torchrun_command(settings: dict, config_path, overrides: list[str]) -> list[str]:
     return [
         sys.executable,
@@ -108,6 +119,12 @@ def without_launch_keys(overrides: list[str]) -> list[str]:
 
 def relaunch(config_path, overrides: list[str]) -> int | None:
     """Run `lathe train` under torchrun when asked to; its exit code, or None to train in this process."""
+    from lathe.llm.ray_launch import run_with_ray, use_ray
+
+    if use_ray() and not under_launcher():
+        if _truthy(os.environ.get("FORCE_TORCHRUN")):
+            raise ValueError("USE_RAY=1 and FORCE_TORCHRUN=1 both ask to start the processes: set one of them.")
+        return run_with_ray(config_path, overrides)
     settings = launch_settings(config_path, overrides)
     if settings is None:
         return None

@@ -11,7 +11,7 @@ import torch
 
 from lathe.train import batching, resume, runtime, saving, seed, stepping
 from lathe.train.data import epochs as data
-from lathe.train.parallel import distributed
+from lathe.train.parallel import distributed, nodes
 from lathe.train.evaluation.outputs import TrainOutput
 from lathe.train.run import TrainingRun
 from lathe.train.state import TrainerState
@@ -149,6 +149,7 @@ def prepare_for_training(trainer, plan):
     args = trainer.args
     if args.gradient_checkpointing:
         runtime.enable_gradient_checkpointing(trainer.model, args.gradient_checkpointing_kwargs)
+    nodes.check_separate_disks(args)  # save_on_each_node on a disk the nodes share is a race
     wrapped = distributed.wrap_model(trainer.model, args)  # DDP under several processes
     model = trainer.model_wrapped = runtime.compile_model(wrapped, args) if args.torch_compile else wrapped
     if trainer._created_lr_scheduler:  # a second train() keeps the optimizer (and its state), not the spent schedule

@@ -104,7 +104,6 @@ def test_mixture_of_depths_names_its_package():
             {"tensor_model_parallel_size": 1, "pipeline_model_parallel_size": 4},
             "tensor_model_parallel_size: a Megatron-Core key",
         ),
-        ({"ray_num_workers": 4}, "ray_num_workers: Ray is not supported"),
         ({"fp8": True, "fp8_backend": "torchao"}, "fp8: FP8 training"),
         ({"use_hyper_parallel": True}, "use_hyper_parallel: HyperParallel"),
     ],

@@ -92,20 +92,14 @@ def test_fsdp2_shards_the_reference_like_the_policy(tmp_path):
     assert sharded.reference == whole.reference // 2 == _bytes(model) // 2
 
 
-def test_the_plan_of_a_sharded_run_is_printed(tiny_model_dir, tmp_path, monkeypatch, capsys):
-    from lathe.llm.memory import sharding as memory_sharding
+def test_the_plan_of_a_sharded_run_is_printed(tiny_model_dir, tmp_path, capsys):
     from lathe.llm.workflows.stages import run_train
 
     from tests.llm.test_memory_plan import _run_config
 
-    read = memory_sharding.sharding_of
-
-    def as_if_launched_on_two(training):  # the run's own fsdp keys, as one of 2 processes would read them
-        keys = ("fsdp", "fsdp_config", "deepspeed", "save_on_each_node")
-        return read(SimpleNamespace(world_size=2, **{key: getattr(training, key) for key in keys}))
-
-    monkeypatch.setattr(memory_sharding, "sharding_of", as_if_launched_on_two)
-    run_train(_run_config(tiny_model_dir, tmp_path, fsdp="full_shard auto_wrap"), dry_run=True)
+    config = _run_config(tiny_model_dir, tmp_path, fsdp="full_shard auto_wrap")
+    config.processes = 2  # as a dry run before launch plans for 2 processes (NPROC_PER_NODE=2)
+    run_train(config, dry_run=True)
     out = capsys.readouterr().out
     assert "note: FSDP2 over 2 processes: weights, gradients, optimizer state 1/2 per process" in out
     assert ", gathered while computing " in out and "assumes each holds the whole model" not in out

@@ -121,10 +121,6 @@ _MEGATRON = (
     "a Megatron-Core key (LLaMA-Factory's USE_MCA back-end), which lathe does not run: use FSDP2 "
     "(fsdp) or DeepSpeed ZeRO (deepspeed) to shard the model."
 )
-_RAY = (
-    "Ray is not supported: lathe train starts several processes with torchrun itself (nproc_per_node, "
-    "NNODES, ... as in LLaMA-Factory)."
-)
 _KTRANSFORMERS = (
     "KTransformers (use_kt) runs MoE experts on the CPU through the kt-kernel package and "
     "patched transformers/accelerate builds, which lathe does not integrate."
@@ -190,8 +186,6 @@ REFUSED_KEYS: dict[str, tuple[object, str]] = {
     },
     "use_mca": (False, _MEGATRON),
     **{key: (ANY_VALUE, _MEGATRON) for key in _MEGATRON_KEYS},
-    "ray_num_workers": (1, _RAY),
-    "ray_init_kwargs": (None, _RAY),
     "use_hyper_parallel": (False, _HYPER_PARALLEL),
     "hyper_parallel_args": (None, _HYPER_PARALLEL),
     # Their reason depends on the machine or on an installed package: see refusal_reason.

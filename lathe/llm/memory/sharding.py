@@ -55,10 +55,10 @@ class Sharding:
         return text
 
 
-def sharding_of(training) -> Sharding | None:
-    """The run's sharding as lathe.train sets it up (fsdp / deepspeed keys), over training.world_size
-    processes; None for one process."""
-    world = int(training.world_size)
+def sharding_of(training, world: int | None = None) -> Sharding | None:
+    """The run's sharding as lathe.train sets it up (fsdp / deepspeed keys), over `world` processes
+    (training.world_size unless given: a dry run plans for the processes it would launch); None for one."""
+    world = int(world or training.world_size)
     if world <= 1:
         return None
     if training.fsdp:

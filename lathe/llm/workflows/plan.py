@@ -48,6 +48,12 @@ def count_tokens(dataset) -> tuple[int, int]:
     return total, trained
 
 
+def world_size(config) -> int:
+    """Processes of the job, every node's: the running process group's size, or, in a dry run before
+    launch, what the launch settings ask for (NNODES x NPROC_PER_NODE, or ray_num_workers)."""
+    return config.processes or config.training.world_size
+
+
 def make_plan(config, dataset_module: dict, model, resume_from: str | None = None) -> RunPlan:
     """Step arithmetic from lathe.train.batching (the Trainer's own), applied to the tokenized data."""
     from lathe.llm.model.adapters import count_parameters
@@ -56,7 +62,7 @@ def make_plan(config, dataset_module: dict, model, resume_from: str | None = Non
     training = config.training
     train = dataset_module.get("train_dataset")
     evaluation = dataset_module.get("eval_dataset")
-    batch = training.train_batch_size * training.world_size
+    batch = training.train_batch_size * world_size(config)
     train_examples = len(train) if train is not None else None
     tokens = trained = None
     steps_per_epoch, total_steps = None, 0
@@ -163,7 +169,7 @@ def memory_settings(config, train_dataset, model_vocab: int | None = None):
         quantization_bit=model_args.quantization_bit if model_args.quantization_method == "bnb" else None,
         double_quant=model_args.double_quantization,
         device=str(training.device),
-        sharding=sharding_of(training),
+        sharding=sharding_of(training, world_size(config)),
         **rows,
     )
 
@@ -240,7 +246,7 @@ def format_plan(plan: RunPlan, config) -> str:
     if training.do_train:
         lines.append(
             f"  batch           {plan.batch_size} examples per step = {training.per_device_train_batch_size} per device"
-            f" x {training.gradient_accumulation_steps} accumulation x {training.world_size} process(es)"
+            f" x {training.gradient_accumulation_steps} accumulation x {world_size(config)} process(es)"
         )
         lines.append(
             f"  steps           {plan.steps_per_epoch} per epoch, {plan.total_steps} in total ({plan.epochs:.2f} epochs)"
