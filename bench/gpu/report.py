@@ -10,10 +10,11 @@ MIB = 2**20
 
 # Peers the brief asked for that this script does not run, and why (docs/BENCHMARKS_gpu.md says more).
 NOT_RUN = {
-    "LLaMA-Factory": "not carried: llamafactory 0.9.5 needs datasets, trl, gradio-free extras and pins of its own; "
-    "its wheels and their dependencies do not fit the 64 MiB carry budget beside the tree (bench/gpu/WHEELS.md)",
-    "Liger-Kernel": "run (hf and lathe with use_liger_kernel) only when the liger_kernel wheel is carried in .whl/",
-    "bitsandbytes": "QLoRA test skipped unless its wheel (~60 MiB for CUDA 13) is carried instead of liger",
+    "LLaMA-Factory": "not carried: llamafactory 0.9.5 pins transformers<=5.6, accelerate<=1.11, datasets<=4.0, trl<=0.24 "
+    "and gradio; its own stack exceeds the 64 MiB carry budget and would not share the other runs' transformers "
+    "(bench/gpu/WHEELS.md)",
+    "Liger-Kernel": "the use_liger_kernel runs (hf and lathe) happen only when the liger_kernel wheel is carried in .whl/",
+    "QLoRA": "tests/gpu's 4-bit test is skipped unless the bitsandbytes wheel is carried in .whl/",
 }
 
 
