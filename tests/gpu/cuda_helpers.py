@@ -64,5 +64,14 @@ def regression_rows(count: int = 64, features: int = 8, seed: int = 0) -> list[d
     return [{"x": x[i], "labels": y[i]} for i in range(count)]
 
 
+def no_tf32() -> None:
+    """True fp32 matrix products, with the API the running torch has (mixing torch's old and new TF32 switches
+    is an error on newer torch)."""
+    if hasattr(torch.backends, "fp32_precision"):
+        torch.backends.fp32_precision = "ieee"
+    else:
+        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+
+
 def logged(trainer, key: str) -> list[float]:
     return [entry[key] for entry in trainer.state.log_history if key in entry and "train_loss" not in entry]

@@ -62,7 +62,10 @@ def train(model, wrapped=None) -> list[float]:
 def main(mode: str, result_file: str, port: str) -> None:
     torch.cuda.set_device(0)
     dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
-    torch.backends.cuda.matmul.allow_tf32 = False
+    if hasattr(torch.backends, "fp32_precision"):  # true fp32 products, so both runs round alike
+        torch.backends.fp32_precision = "ieee"
+    else:
+        torch.backends.cuda.matmul.allow_tf32 = False
     reference = tiny_llama()
     reference_losses = train(reference)
     model = tiny_llama()
