@@ -10,7 +10,13 @@ torch.set_num_threads(1)
 
 
 def pytest_collection_modifyitems(config, items):
-    """Tests marked `hf` compare against transformers; skip them cleanly where it is missing."""
+    """Tests marked `hf` compare against transformers, `gpu` ones need a CUDA device: skip them cleanly
+    where it is missing."""
+    if not torch.cuda.is_available():
+        skip_gpu = pytest.mark.skip(reason="needs a CUDA device (tests/gpu; bench/gpu/run.py runs them on one)")
+        for item in items:
+            if item.get_closest_marker("gpu") is not None:
+                item.add_marker(skip_gpu)
     try:
         import transformers  # noqa: F401
     except ImportError:

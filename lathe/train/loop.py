@@ -114,6 +114,11 @@ def count_window_items(trainer, window: list):
     if not trainer._counts_items():
         return None
     num_items = batching.count_label_items(window, trainer._loss_shifts_labels)
+    device = trainer.args.device
+    if torch.is_tensor(num_items) and device.type == "cuda" and num_items.device != device:
+        # Counted on the host batch; the loss would copy it over with a blocking .to(device), a host sync on
+        # every update (torch.cuda.set_sync_debug_mode finds it). A non-blocking copy queues behind the step.
+        num_items = num_items.to(device, non_blocking=True)
     if num_items is not None and trainer.args.average_tokens_across_devices:
         num_items = distributed.sum_across_ranks(num_items, trainer.args.device)  # unchanged in one process
     return num_items
