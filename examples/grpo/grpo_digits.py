@@ -2,7 +2,8 @@
 
 The reward is verifiable (the share of answer tokens equal to the row's `digit` column: TRL's calling
 convention hands every dataset column to reward functions as a keyword argument), so no reward model is
-needed. The mean reward (logged as `reward`) rises from about 0.1 (chance: 1 word in 14) as the model learns the task.
+needed. The mean reward (logged as `reward`) rises from about 0.1 (chance: 1 word in 14)
+to 1.0 (here, averaged over every 20 steps: 0.27 0.48 0.87 1.00 1.00 1.00).
 
 Run: python examples/grpo/grpo_digits.py
 """
