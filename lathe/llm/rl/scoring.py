@@ -18,7 +18,13 @@ def generate_and_score(trainer, rows, mode: str) -> dict:
     prompts = [row["prompt"] for row in inputs]
     prompt_ids_list = generation.tokenize_prompts(tokenizer, prompts, args.chat_template_kwargs, args.max_prompt_length)
     completion_ids_list = generation.sample(
-        trainer.model, prompt_ids_list, trainer.generation_config, tokenizer.pad_token_id, trainer.eos_token_ids, device
+        trainer.model,
+        prompt_ids_list,
+        trainer.generation_config,
+        tokenizer.pad_token_id,
+        trainer.eos_token_ids,
+        device,
+        args.gradient_checkpointing_kwargs,
     )
     texts = tokenizer.batch_decode(completion_ids_list, skip_special_tokens=True)
     conversational = generation.is_conversation(prompts[0])
