@@ -48,6 +48,7 @@ def run_trl_case(name: str, model_dir: str) -> dict:
 
     settings = {**grpo_cases.BASE, **grpo_cases.CASES[name]}
     lora = settings.pop("lora", None)
+    conversational = settings.pop("conversational", False)
     generations, rewards = [], {}
 
     class Recording(GRPOTrainer):
@@ -64,7 +65,8 @@ def run_trl_case(name: str, model_dir: str) -> dict:
             model=model_dir,
             reward_funcs=recording(grpo_cases.REWARDS, rewards),
             args=args,
-            train_dataset=grpo_cases.dataset(),
+            train_dataset=grpo_cases.dataset(conversational),
+            processing_class=grpo_cases.tokenizer(conversational),
             peft_config=LoraConfig(**lora) if lora else None,
         )
         trainer.train()

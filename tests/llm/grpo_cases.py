@@ -49,15 +49,23 @@ CASES = {
         "lora": {"r": 4, "lora_alpha": 8, "target_modules": ["q_proj", "v_proj"]},
     },
     "mask_truncated": {"mask_truncated_completions": True, "loss_type": "bnpo"},
+    "conversational": {"conversational": True, "beta": 0.1},
     "scale_batch_weights": {"scale_rewards": "batch", "reward_weights": [1.0, 0.5], "top_k": 20, "temperature": 0.9},
 }
 
 
+def _texts(completions):
+    """Plain completions, or conversational ones: [{"role": "assistant", "content": text}]."""
+    return [c[0]["content"] if isinstance(c, list) else c for c in completions]
+
+
 def vowel_share(completions, **kwargs):
+    completions = _texts(completions)
     return [sum(ch in "aeiou" for ch in text) / (1 + len(text)) for text in completions]
 
 
 def length_target(completions, target, **kwargs):
+    completions = _texts(completions)
     return [-abs(len(text.split()) - t) / 4 for text, t in zip(completions, target)]
 
 
@@ -98,10 +106,22 @@ def build_model(folder, seed: int = 0) -> None:
     model.save_pretrained(str(folder))
 
 
-def dataset():
+def dataset(conversational: bool = False):
     from datasets import Dataset
 
+    if conversational:  # one-turn conversations, rendered with the chat template's generation prompt
+        prompts = [[{"role": "user", "content": text}] for text in PROMPTS]
+        return Dataset.from_dict({"prompt": prompts, "target": TARGETS})
     return Dataset.from_dict({"prompt": PROMPTS, "target": TARGETS})
+
+
+def tokenizer(conversational: bool = False):
+    """None (the model folder's tokenizer), or the same BPE vocabulary with a ChatML chat template."""
+    if not conversational:
+        return None
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(TOKENIZER.parent / "bpe_chatml"))
 
 
 def record(trainer, generations) -> dict:

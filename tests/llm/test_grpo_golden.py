@@ -38,6 +38,7 @@ def run_lathe_case(name: str, model_dir: str, output_dir: str) -> dict:
 
     settings = {**grpo_cases.BASE, **grpo_cases.CASES[name]}
     lora = settings.pop("lora", None)
+    conversational = settings.pop("conversational", False)
     generations, rewards = [], {}
     functions = []
     for function in grpo_cases.REWARDS:
@@ -63,7 +64,8 @@ def run_lathe_case(name: str, model_dir: str, output_dir: str) -> dict:
         model=model_dir,
         reward_funcs=functions,
         args=args,
-        train_dataset=grpo_cases.dataset(),
+        train_dataset=grpo_cases.dataset(conversational),
+        processing_class=grpo_cases.tokenizer(conversational),
         peft_config=LoraConfig(**lora) if lora else None,
     )
     trainer.train()
