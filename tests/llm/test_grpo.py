@@ -88,3 +88,33 @@ def test_a_reward_function_that_raises_names_itself_and_the_row(tmp_path):
         RewardFunctionError, match=r"reward function 'picky' raised KeyError.*dataset row 5.*'write a word:'"
     ):
         trainer.train()
+
+
+def test_a_reward_model_folder_scores_prompt_and_completion(tmp_path):
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForSequenceClassification
+
+    model_dir = tmp_path / "model"
+    grpo_cases.build_model(model_dir)
+    scorer_dir = tmp_path / "my_scorer"
+    tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
+    torch.manual_seed(1)
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        num_labels=1,
+        pad_token_id=2,
+    )
+    LlamaForSequenceClassification(config).save_pretrained(str(scorer_dir))
+    tokenizer.save_pretrained(str(scorer_dir))
+    args = GRPOConfig(output_dir=str(tmp_path / "out"), **{**grpo_cases.BASE, "max_steps": 1})
+    trainer = GRPOTrainer(
+        model=str(model_dir), reward_funcs=[str(scorer_dir)], args=args, train_dataset=grpo_cases.dataset()
+    )
+    trainer.train()
+    logged = trainer.state.log_history[0]
+    assert logged["reward"] == logged["rewards/my_scorer/mean"]
+    assert logged["rewards/my_scorer/std"] > 0  # the model's scores differ between completions
