@@ -1,0 +1,18 @@
+"""Online reinforcement learning (GRPO, as TRL's GRPOTrainer): sample completions, score them with reward
+functions, and train on group-normalised advantages.
+
+- config.py: GRPOConfig, TRL's GRPO settings (names and defaults) on lathe's TrainingArguments.
+- sampler.py: the repeated-prompt sampler (each prompt num_generations times, reused over iterations).
+- rewards.py: reward functions (callables, `module:function` names, reward-model folders) and their calls.
+- losses.py: advantages, the clipped per-token objective, the KL term and the loss aggregation per loss_type.
+- generation.py: prompt rendering, sampling through the model's `generate` and completion masks.
+- trainer.py: GRPOTrainer on lathe.train.Trainer, with TRL's logged metrics.
+
+Sampling reproduces TRL's `model.generate` call (same GenerationConfig, same global-RNG draw order), so a
+fixed seed samples the same tokens as TRL on the CPU.
+"""
+
+from lathe.llm.rl.config import GRPOConfig
+from lathe.llm.rl.trainer import GRPOTrainer
+
+__all__ = ["GRPOConfig", "GRPOTrainer"]

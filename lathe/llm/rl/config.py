@@ -1,0 +1,96 @@
+"""GRPOConfig: TRL's GRPO settings (names and defaults of trl 1.16's GRPOConfig) on lathe's TrainingArguments."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from lathe.train.args.training_args import TrainingArguments
+
+LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo")
+SCALE_REWARDS = ("group", "batch", "none")
+
+
+@dataclass
+class GRPOConfig(TrainingArguments):
+    """TrainingArguments plus the GRPO settings. Defaults are TRL's (learning_rate 1e-6, loss_type "dapo",
+    beta 0.0, num_generations 8, max_completion_length 512, remove_unused_columns False, ...)."""
+
+    learning_rate: float = 1e-6
+    logging_steps: float = 10
+    gradient_checkpointing: bool = True
+    bf16: bool | None = None  # None: True unless fp16, as TRL's configs
+    remove_unused_columns: bool = False
+    disable_dropout: bool = False
+    # data and generation
+    num_generations: int = 8
+    max_prompt_length: int | None = None
+    max_completion_length: int = 512
+    shuffle_dataset: bool = True
+    generation_batch_size: int | None = None
+    steps_per_generation: int | None = None
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    min_p: float | None = None
+    repetition_penalty: float = 1.0
+    generation_kwargs: dict | None = None
+    chat_template_kwargs: dict | None = None
+    # the objective
+    beta: float = 0.0
+    num_iterations: int = 1
+    epsilon: float = 0.2
+    epsilon_high: float | None = None
+    reward_weights: list[float] | None = None
+    scale_rewards: str = "group"
+    loss_type: str = "dapo"
+    mask_truncated_completions: bool = False
+    use_bias_correction_kl: bool = True
+    log_completions: bool = False
+    # the reward functions, by name (`module:function` or a reward-model folder); GRPOTrainer's reward_funcs wins
+    reward_funcs: list[str] | None = field(default=None)
+
+    def __post_init__(self):
+        self.bf16 = not self.fp16 if self.bf16 is None else self.bf16
+        super().__post_init__()
+        # TRL's CLI accepts booleans for scale_rewards: True is "group", False "none".
+        self.scale_rewards = {True: "group", False: "none"}.get(self.scale_rewards, self.scale_rewards)
+        if self.scale_rewards not in SCALE_REWARDS:
+            raise ValueError(f"scale_rewards must be one of {', '.join(SCALE_REWARDS)}; got {self.scale_rewards!r}.")
+        if self.loss_type not in LOSS_TYPES:
+            raise ValueError(f"loss_type must be one of {', '.join(LOSS_TYPES)}; got {self.loss_type!r}.")
+        if self.auto_find_batch_size:
+            raise ValueError(
+                "auto_find_batch_size is not supported by GRPO: a smaller batch would split the groups of "
+                "num_generations completions. Lower per_device_train_batch_size instead."
+            )
+        global_batch = self.per_device_train_batch_size * self.world_size
+        if self.generation_batch_size is None and self.steps_per_generation is None:
+            self.steps_per_generation = self.gradient_accumulation_steps
+            self.generation_batch_size = global_batch * self.steps_per_generation
+        elif self.generation_batch_size is not None and self.steps_per_generation is None:
+            if self.generation_batch_size % global_batch != 0:
+                raise ValueError(
+                    f"generation_batch_size ({self.generation_batch_size}) must be divisible by the global batch "
+                    f"size ({global_batch})."
+                )
+            self.steps_per_generation = self.generation_batch_size // global_batch
+        elif self.generation_batch_size is None:
+            self.generation_batch_size = global_batch * self.steps_per_generation
+        else:
+            raise ValueError("Set generation_batch_size or steps_per_generation, not both.")
+        if self.num_generations < 2:
+            raise ValueError(
+                f"num_generations must be at least 2 (the advantages compare completions of one prompt); got "
+                f"{self.num_generations}."
+            )
+        if self.generation_batch_size % self.num_generations != 0:
+            raise ValueError(
+                f"generation_batch_size ({self.generation_batch_size}) must be divisible by num_generations "
+                f"({self.num_generations})."
+            )
+        if self.num_iterations < 1:
+            raise ValueError(f"num_iterations must be at least 1; got {self.num_iterations}.")
+
+    @property
+    def epsilon_low(self) -> float:
+        return self.epsilon

@@ -1,0 +1,104 @@
+"""The GRPO objective: group-normalised advantages, the clipped per-token policy loss with the k3 KL
+estimate, and the aggregation of each loss_type, written from the GRPO / DAPO / Dr. GRPO papers and
+TRL's documented definitions."""
+
+from __future__ import annotations
+
+import torch
+
+
+def nan_std(values: torch.Tensor, dim: int | None = None) -> torch.Tensor:
+    """Sample standard deviation (Bessel-corrected) ignoring NaN; NaN where fewer than two values."""
+    mean = torch.nanmean(values, dim=dim, keepdim=True)
+    variance = torch.nanmean((values - mean) ** 2, dim=dim, keepdim=True)
+    count = (~torch.isnan(values)).sum(dim=dim, keepdim=True)
+    correction = torch.where(count > 1, count / (count - 1), torch.full_like(count, float("nan"), dtype=variance.dtype))
+    std = torch.sqrt(variance * correction)
+    return std.squeeze() if dim is None else std.squeeze(dim)
+
+
+def advantages_of(rewards_per_func: torch.Tensor, weights: torch.Tensor, num_generations: int, scale: str):
+    """(advantages, weighted rewards, is_std_zero). Rewards are summed with their weights (NaN = skipped),
+    centred on the mean of their group of num_generations, and divided by the group's std ("group"), the
+    batch's ("batch") or not at all ("none"), plus 1e-4. A completion no function scored gets advantage 0."""
+    unscorable = torch.isnan(rewards_per_func).all(dim=1)
+    rewards = (rewards_per_func * weights.unsqueeze(0)).nansum(dim=1)
+    rewards[unscorable] = torch.nan
+    groups = rewards.view(-1, num_generations)
+    mean = torch.nanmean(groups, dim=1).repeat_interleave(num_generations)
+    if scale == "batch":
+        std = nan_std(rewards).expand_as(rewards) if rewards.numel() > 1 else torch.zeros_like(rewards)
+    else:
+        std = nan_std(groups, dim=1).repeat_interleave(num_generations)
+    advantages = rewards - mean
+    if scale != "none":
+        advantages = advantages / (std + 1e-4)
+    is_std_zero = torch.isclose(std, torch.zeros_like(std))
+    return torch.nan_to_num(advantages, nan=0.0), rewards, is_std_zero
+
+
+def per_token_objective(logps, old_logps, ref_logps, advantages, args):
+    """(per-token loss, per-token KL or None, ratio). The ratio r = exp(logp - old_logp) is clipped to
+    [1 - epsilon, 1 + epsilon_high]; the loss is -min(r A, clip(r) A), plus beta times the k3 estimate of
+    KL(policy || reference), weighted by r when use_bias_correction_kl."""
+    ratio = torch.exp(logps - old_logps)
+    epsilon_high = args.epsilon_high if args.epsilon_high is not None else args.epsilon
+    advantages = advantages.unsqueeze(1) if advantages.dim() == 1 else advantages
+    clipped = torch.clamp(ratio, 1 - args.epsilon, 1 + epsilon_high)
+    loss = -torch.min(ratio * advantages, clipped * advantages)
+    kl = None
+    if args.beta != 0.0:
+        delta = ref_logps - logps
+        kl = torch.exp(delta) - delta - 1
+        if args.use_bias_correction_kl:
+            kl = kl * ratio
+        loss = loss + args.beta * kl
+    return loss, kl, ratio
+
+
+def aggregate(per_token_loss, mask, args, accumulation_steps: int, num_items_in_batch, training: bool):
+    """The micro-batch loss, already divided for gradient accumulation. grpo: mean over tokens of each
+    sequence, then over sequences; bnpo: mean over the micro-batch's tokens; dr_grpo: sum over
+    (sequences x max_completion_length); dapo: sum over the tokens of the whole generation batch, scaled to
+    one accumulation window. Returns (loss, loss before the accumulation division)."""
+    masked = per_token_loss * mask
+    if args.loss_type == "grpo":
+        loss = (masked.sum(-1) / mask.sum(-1).clamp(min=1.0)).mean()
+    elif args.loss_type == "bnpo":
+        loss = masked.sum() / mask.sum().clamp(min=1.0)
+    elif args.loss_type == "dr_grpo":
+        loss = masked.sum() / (per_token_loss.size(0) * args.max_completion_length)
+    else:  # dapo
+        normalizer = num_items_in_batch.clamp(min=1.0) / args.world_size
+        if training:
+            normalizer = normalizer * accumulation_steps / args.steps_per_generation
+        loss = masked.sum() / normalizer
+        return loss, loss.detach()
+    divisor = accumulation_steps if training else 1
+    return loss / divisor, loss.detach()
+
+
+def masked_mean(values, mask) -> float:
+    return ((values * mask).sum() / mask.sum().float().clamp(min=1.0)).item()
+
+
+def clip_metrics(ratio, advantages, mask, args) -> dict:
+    """The clip_ratio/* logs: the share of completion tokens whose ratio is clipped where it matters."""
+    advantages = advantages.unsqueeze(1) if advantages.dim() == 1 else advantages
+    epsilon_high = args.epsilon_high if args.epsilon_high is not None else args.epsilon
+    low = ((ratio < 1 - args.epsilon) & (advantages < 0)).float()
+    high = ((ratio > 1 + epsilon_high) & (advantages > 0)).float()
+    region = ((low + high) > 0).float()
+    per_sequence = lambda x: (x * mask).sum(-1) / mask.sum(-1)  # noqa: E731
+    return {
+        "clip_ratio/low_mean": masked_mean(low, mask),
+        "clip_ratio/high_mean": masked_mean(high, mask),
+        "clip_ratio/region_mean": masked_mean(region, mask),
+        "clip_ratio/low_min": _nan_extreme(per_sequence(low), torch.min),
+        "clip_ratio/high_max": _nan_extreme(per_sequence(high), torch.max),
+    }
+
+
+def _nan_extreme(values, reduce) -> float:
+    kept = values[~torch.isnan(values)]
+    return float("nan") if kept.numel() == 0 else reduce(kept).item()

@@ -1,0 +1,132 @@
+"""Reward functions of GRPO: resolved from callables, `module:function` names or reward-model folders, and
+called with TRL's convention `f(prompts=, completions=, completion_ids=, **columns) -> list[float | None]`
+(every other dataset column as a keyword argument, one value per completion; None means "not applicable").
+A reward model scores prompt + completion and its first logit is the reward."""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import os
+import sys
+from pathlib import Path
+
+import torch
+
+
+class RewardFunctionError(RuntimeError):
+    """A reward function raised or returned the wrong number of rewards: names it and the dataset row."""
+
+
+def resolve_reward_function(spec, search_dirs=()):
+    """A callable or nn.Module for `spec`: itself when callable; `module:function` imported from
+    `search_dirs` first (e.g. the config file's folder), then the working directory, then sys.path; a
+    folder holding a sequence-classification model (e.g. trained with `stage: rm`)."""
+    if callable(spec):
+        return spec
+    if not isinstance(spec, str) or not spec.strip():
+        raise ValueError(f"reward_funcs: expected a callable, 'module:function' or a model folder; got {spec!r}.")
+    if os.path.isdir(spec):
+        from transformers import AutoModelForSequenceClassification
+
+        model = AutoModelForSequenceClassification.from_pretrained(spec, num_labels=1)
+        model.eval().requires_grad_(False)
+        return model
+    if ":" not in spec:
+        raise ValueError(
+            f"reward_funcs: {spec!r} is neither a folder nor 'module:function' (e.g. 'rewards:exact_match')."
+        )
+    module_name, _, function_name = spec.partition(":")
+    module = _import_module(module_name, [*search_dirs, os.getcwd()])
+    function = getattr(module, function_name, None)
+    if function is None or not callable(function):
+        raise ValueError(
+            f"reward_funcs: module {module_name!r} ({getattr(module, '__file__', '?')}) has no function "
+            f"{function_name!r}."
+        )
+    return function
+
+
+def _import_module(name: str, search_dirs: list):
+    relative = Path(*name.split(".")).with_suffix(".py")
+    for folder in search_dirs:
+        path = Path(folder) / relative
+        if path.is_file():
+            spec = importlib.util.spec_from_file_location(name, path)
+            module = importlib.util.module_from_spec(spec)
+            sys.modules[name] = module
+            spec.loader.exec_module(module)
+            return module
+    try:
+        return importlib.import_module(name)
+    except ModuleNotFoundError as error:
+        if error.name != name and not name.startswith(f"{error.name}."):
+            raise  # the module exists but an import inside it failed: show that error
+        places = ", ".join(str(folder) for folder in search_dirs)
+        raise ValueError(f"reward_funcs: no module {name!r} in {places} or on sys.path.") from None
+
+
+def reward_function_name(function) -> str:
+    """TRL's names: a model's folder name, a function's __name__, a partial's function name."""
+    if isinstance(function, torch.nn.Module):
+        return str(getattr(function.config, "_name_or_path", "") or type(function).__name__).rstrip("/").split("/")[-1]
+    inner = getattr(function, "func", function)
+    return getattr(inner, "__name__", type(inner).__name__)
+
+
+def compute_rewards(functions, names, tokenizers, inputs, prompts, completions, completion_ids, extras, row_ids=None):
+    """(completions, functions) rewards, NaN where a function returned None."""
+    rewards = torch.zeros(len(prompts), len(functions))
+    columns = {
+        key: [row[key] for row in inputs] for key in inputs[0] if key not in ("prompt", "completion", "completion_ids")
+    }
+    columns.update(extras)
+    for index, (function, name, tokenizer) in enumerate(zip(functions, names, tokenizers)):
+        if isinstance(function, torch.nn.Module):
+            rewards[:, index] = _score_with_model(function, tokenizer, prompts, completions)
+            continue
+        try:
+            values = function(prompts=prompts, completions=completions, completion_ids=completion_ids, **columns)
+        except Exception as error:
+            row = _failing_row(function, prompts, completions, completion_ids, columns, row_ids)
+            raise RewardFunctionError(
+                f"reward function {name!r} raised {type(error).__name__}: {error}{row}"
+            ) from error
+        values = list(values)
+        if len(values) != len(prompts):
+            raise RewardFunctionError(
+                f"reward function {name!r} returned {len(values)} rewards for {len(prompts)} completions "
+                "(one per completion expected)."
+            )
+        rewards[:, index] = torch.tensor([float("nan") if v is None else float(v) for v in values], dtype=torch.float32)
+    return rewards
+
+
+def _failing_row(function, prompts, completions, completion_ids, columns, row_ids) -> str:
+    """Where the batch call failed, the first completion that fails alone (its dataset row and prompt)."""
+    for position in range(len(prompts)):
+        one = {key: [value[position]] for key, value in columns.items() if isinstance(value, list)}
+        one.update({key: value for key, value in columns.items() if not isinstance(value, list)})
+        try:
+            function(
+                prompts=[prompts[position]],
+                completions=[completions[position]],
+                completion_ids=[completion_ids[position]],
+                **one,
+            )
+        except Exception:
+            row = f" (dataset row {row_ids[position]})" if row_ids is not None else ""
+            return f"; first failing completion{row}: prompt {prompts[position]!r}"
+    return ""
+
+
+def _score_with_model(model, tokenizer, prompts, completions) -> torch.Tensor:
+    if isinstance(prompts[0], list):  # conversations: the reward model's own chat template
+        texts = [tokenizer.apply_chat_template(p + c, tokenize=False) for p, c in zip(prompts, completions)]
+    else:
+        texts = [p + c for p, c in zip(prompts, completions)]
+    encoded = tokenizer(text=texts, return_tensors="pt", padding=True, padding_side="right", add_special_tokens=False)
+    device = next(model.parameters()).device
+    with torch.inference_mode():
+        logits = model(**{key: value.to(device) for key, value in encoded.items()}).logits
+    return logits[:, 0].float().cpu()

@@ -1,0 +1,127 @@
+"""One generation batch of GRPO: sample the completions, decode them, compute the old and reference
+log-probs where needed, call the reward functions, and turn the rewards into advantages, logging TRL's
+completions/*, rewards/*, reward, reward_std and frac_reward_zero_std."""
+
+from __future__ import annotations
+
+import torch
+
+from lathe.llm.rl import generation, losses, rewards
+
+
+def generate_and_score(trainer, rows, mode: str) -> dict:
+    args, tokenizer, device = trainer.args, trainer._tokenizer, trainer.args.device
+    row_ids = [index for index, _ in rows]
+    inputs = [row for _, row in rows]
+    if "prompt" not in inputs[0]:
+        raise ValueError(f"GRPO: dataset row {row_ids[0]} has no 'prompt' column (columns: {', '.join(inputs[0])}).")
+    prompts = [row["prompt"] for row in inputs]
+    prompt_ids_list = generation.tokenize_prompts(tokenizer, prompts, args.chat_template_kwargs, args.max_prompt_length)
+    completion_ids_list = generation.sample(
+        trainer.model,
+        prompt_ids_list,
+        trainer.generation_config,
+        tokenizer.pad_token_id,
+        trainer.eos_token_ids,
+        device,
+        args.gradient_checkpointing_kwargs,
+    )
+    texts = tokenizer.batch_decode(completion_ids_list, skip_special_tokens=True)
+    conversational = generation.is_conversation(prompts[0])
+    completions = [[{"role": "assistant", "content": text}] for text in texts] if conversational else texts
+
+    metrics = trainer._metrics[mode]
+    prompt_lengths = torch.tensor([len(ids) for ids in prompt_ids_list])
+    lengths = torch.tensor([len(ids) for ids in completion_ids_list]).float()
+    if mode == "train":
+        trainer.state.num_input_tokens_seen += int(prompt_lengths.sum() + lengths.sum())
+    metrics["num_tokens"] = [trainer.state.num_input_tokens_seen]
+    metrics["completions/mean_length"].append(lengths.mean().item())
+    metrics["completions/min_length"].append(lengths.min().item())
+    metrics["completions/max_length"].append(lengths.max().item())
+    ends = [*trainer.eos_token_ids, tokenizer.pad_token_id]
+    truncated = torch.tensor([ids[-1] not in ends for ids in completion_ids_list])
+    metrics["completions/clipped_ratio"].append(truncated.float().mean().item())
+    terminated = lengths[~truncated] if (~truncated).any() else torch.zeros(1)
+    metrics["completions/mean_terminated_length"].append(terminated.mean().item())
+    metrics["completions/min_terminated_length"].append(terminated.min().item())
+    metrics["completions/max_terminated_length"].append(terminated.max().item())
+
+    prompt_rows = [torch.tensor(ids) for ids in prompt_ids_list]
+    prompt_ids = generation.pad(prompt_rows, tokenizer.pad_token_id, "left").to(device)
+    prompt_mask = generation.pad([torch.ones_like(r) for r in prompt_rows], 0, "left").to(device)
+    completion_rows = [torch.tensor(ids) for ids in completion_ids_list]
+    completion_ids = generation.pad(completion_rows, tokenizer.pad_token_id, "right").to(device)
+    completion_mask = generation.pad([torch.ones_like(r) for r in completion_rows], 0, "right").to(device)
+    if args.mask_truncated_completions:
+        completion_mask = completion_mask * (~truncated).unsqueeze(1).int().to(device)
+    num_items = completion_mask.sum()
+
+    input_ids = torch.cat([prompt_ids, completion_ids], dim=1)
+    attention_mask = torch.cat([prompt_mask, completion_mask], dim=1)
+    keep = completion_ids.size(1)
+    old_logps = ref_logps = None
+    with torch.no_grad():
+        generate_every = args.steps_per_generation * args.num_iterations
+        if args.gradient_accumulation_steps % generate_every != 0:
+            old_logps = _chunked_logps(trainer.model, input_ids, attention_mask, keep, args, mode)
+        if args.beta != 0.0:
+            if trainer.ref_model is not None:
+                ref_logps = _chunked_logps(trainer.ref_model, input_ids, attention_mask, keep, args, mode)
+            else:  # LoRA: the policy with its adapter off is the reference
+                with trainer.model.disable_adapter():
+                    ref_logps = _chunked_logps(trainer.model, input_ids, attention_mask, keep, args, mode)
+
+    rewards_per_func = rewards.compute_rewards(
+        trainer.reward_funcs,
+        trainer.reward_func_names,
+        trainer.reward_processing_classes,
+        inputs,
+        prompts,
+        completions,
+        completion_ids_list,
+        {"trainer_state": trainer.state},
+        row_ids,
+    )
+    advantages, _, is_std_zero = losses.advantages_of(
+        rewards_per_func, trainer.reward_weights, args.num_generations, args.scale_rewards
+    )
+    for index, name in enumerate(trainer.reward_func_names):
+        metrics[f"rewards/{name}/mean"].append(torch.nanmean(rewards_per_func[:, index]).item())
+        metrics[f"rewards/{name}/std"].append(losses.nan_std(rewards_per_func[:, index]).item())
+    summed = (rewards_per_func * trainer.reward_weights.unsqueeze(0)).nansum(dim=1)
+    summed[torch.isnan(rewards_per_func).all(dim=1)] = torch.nan
+    metrics["reward"].append(torch.nanmean(summed).item())
+    metrics["reward_std"].append(losses.nan_std(summed).item())
+    metrics["frac_reward_zero_std"].append(is_std_zero.float().mean().item())
+    trainer._last_generation = {
+        "completion_ids": completion_ids_list,
+        "rewards": rewards_per_func.tolist(),
+        "advantages": advantages.tolist(),
+        "row_ids": row_ids,
+    }
+
+    output = {
+        "prompt_ids": prompt_ids,
+        "prompt_mask": prompt_mask,
+        "completion_ids": completion_ids,
+        "completion_mask": completion_mask,
+        "advantages": advantages.to(device),
+        "num_items_in_batch": num_items,
+    }
+    if old_logps is not None:
+        output["old_per_token_logps"] = old_logps
+    if ref_logps is not None:
+        output["ref_per_token_logps"] = ref_logps
+    return output
+
+
+def _chunked_logps(model, input_ids, attention_mask, keep, args, mode):
+    size = args.per_device_train_batch_size if mode == "train" else args.per_device_eval_batch_size
+    parts = [
+        generation.per_token_logps(
+            model, input_ids[i : i + size], attention_mask[i : i + size], keep, args.temperature
+        )[0]
+        for i in range(0, input_ids.size(0), size)
+    ]
+    return torch.cat(parts)

@@ -1,0 +1,137 @@
+"""The GRPO cases that bench/grpo_goldens.py runs under TRL and tests/llm/test_grpo_golden.py runs under
+lathe: a tiny Llama with seeded weights over the committed BPE tokenizer, a prompt dataset with a
+column the reward functions read, and two deterministic reward functions. Imports neither lathe nor TRL."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+TOKENIZER = Path(__file__).resolve().parent / "golden" / "tokenizers" / "bpe"
+
+PROMPTS = ["count to five:", "say hello", "the cat sat on", "1 2 3", "abc", "write a word:"]
+TARGETS = [5, 3, 4, 6, 2, 7]
+
+BASE = {
+    "per_device_train_batch_size": 8,
+    "num_generations": 4,
+    "max_completion_length": 8,
+    "max_steps": 3,
+    "learning_rate": 5e-2,
+    "lr_scheduler_type": "constant",
+    "logging_steps": 1,
+    "save_strategy": "no",
+    "report_to": "none",
+    "seed": 42,
+    "bf16": False,
+    "gradient_checkpointing": False,
+    "use_cpu": True,
+}
+
+CASES = {
+    "dapo_beta0": {},
+    "dapo_beta": {"beta": 0.1},
+    "grpo_beta0": {"loss_type": "grpo"},
+    "grpo_beta": {"loss_type": "grpo", "beta": 0.1},
+    "bnpo": {"loss_type": "bnpo", "beta": 0.1},
+    "dr_grpo": {"loss_type": "dr_grpo"},
+    "dapo_iter2": {"num_iterations": 2, "beta": 0.1},
+    "grpo_iter2_ga2": {
+        "loss_type": "grpo",
+        "num_iterations": 2,
+        "gradient_accumulation_steps": 2,
+        "per_device_train_batch_size": 4,
+    },
+    "lora_beta": {"beta": 0.1, "lora": {"r": 4, "lora_alpha": 8, "target_modules": ["q_proj", "v_proj"]}},
+    "lora_grpo_iter2": {
+        "loss_type": "grpo",
+        "num_iterations": 2,
+        "lora": {"r": 4, "lora_alpha": 8, "target_modules": ["q_proj", "v_proj"]},
+    },
+    "mask_truncated": {"mask_truncated_completions": True, "loss_type": "bnpo"},
+    "conversational": {"conversational": True, "beta": 0.1},
+    "scale_batch_weights": {"scale_rewards": "batch", "reward_weights": [1.0, 0.5], "top_k": 20, "temperature": 0.9},
+}
+
+
+def _texts(completions):
+    """Plain completions, or conversational ones: [{"role": "assistant", "content": text}]."""
+    return [c[0]["content"] if isinstance(c, list) else c for c in completions]
+
+
+def vowel_share(completions, **kwargs):
+    completions = _texts(completions)
+    return [sum(ch in "aeiou" for ch in text) / (1 + len(text)) for text in completions]
+
+
+def length_target(completions, target, **kwargs):
+    completions = _texts(completions)
+    return [-abs(len(text.split()) - t) / 4 for text, t in zip(completions, target)]
+
+
+REWARDS = [vowel_share, length_target]
+
+
+def build_model(folder, seed: int = 0) -> None:
+    import torch
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    for item in TOKENIZER.iterdir():
+        shutil.copy(item, folder / item.name)
+    config = LlamaConfig(
+        vocab_size=len(AutoTokenizer.from_pretrained(str(TOKENIZER))),
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        max_position_embeddings=128,
+        bos_token_id=1,
+        eos_token_id=2,
+    )
+    model = LlamaForCausalLM(config)
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, parameter in sorted(model.named_parameters()):
+            if name.endswith("norm.weight"):
+                parameter.fill_(1.0)
+            else:
+                parameter.copy_(torch.randn(parameter.shape, generator=generator) * 0.3)
+        # A constant feature that the end-of-sequence logit reads: about half the completions end early,
+        # so the completion masks and the terminated-length metrics are exercised.
+        model.model.embed_tokens.weight[:, 0] = 1.0
+        model.lm_head.weight[2, 0] = 5.0
+    model.save_pretrained(str(folder))
+
+
+def dataset(conversational: bool = False):
+    from datasets import Dataset
+
+    if conversational:  # one-turn conversations, rendered with the chat template's generation prompt
+        prompts = [[{"role": "user", "content": text}] for text in PROMPTS]
+        return Dataset.from_dict({"prompt": prompts, "target": TARGETS})
+    return Dataset.from_dict({"prompt": PROMPTS, "target": TARGETS})
+
+
+def tokenizer(conversational: bool = False):
+    """None (the model folder's tokenizer), or the same BPE vocabulary with a ChatML chat template."""
+    if not conversational:
+        return None
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(TOKENIZER.parent / "bpe_chatml"))
+
+
+def record(trainer, generations) -> dict:
+    """What a case is compared on: each step's log, and each generation batch's tokens, rewards, advantages."""
+    logs = [
+        {
+            k: v
+            for k, v in entry.items()
+            if k not in ("step_time", "train_runtime", "train_samples_per_second", "train_steps_per_second")
+        }
+        for entry in trainer.state.log_history
+    ]
+    return {"logs": logs, "generations": generations}
