@@ -160,3 +160,32 @@ def test_start_stop_resume_a_run(client, root):
     assert final["status"] == "finished" and final["step"] == step + 3
     steps = [point["current_steps"] for point in final["points"] if point.get("loss") is not None]
     assert steps == sorted(steps) and steps[-1] == step + 3
+
+
+@pytest.mark.slow
+def test_plan_and_preview_are_the_cli_outputs(client):
+    plan = client.post("/api/plan", json=train_form()).json()
+    assert plan["code"] == 0, plan["output"][-2000:]
+    assert "Dry run: nothing was trained." in plan["output"] and "memory" in plan["output"]
+    preview = client.post("/api/preview", json=train_form()).json()
+    assert preview["code"] == 0, preview["output"][-2000:]
+    assert "[[" in preview["output"] and "plus" in preview["output"]  # trained spans, marked for the page
+
+
+def test_webchat_serves_the_chat_alone_and_streams(root):
+    chat = {"model_name_or_path": "models/tiny", "template": "chatml"}
+    client = TestClient(create_app(root, chat_config=chat))
+    assert client.get("/api/runs").status_code == 404
+    assert client.post("/api/start", json=train_form()).status_code == 404
+    assert client.get("/api/strings").json()["chat"] == chat
+    loaded = client.post("/api/chat/load", json={**chat, "adapter_name_or_path": "../elsewhere"})
+    assert loaded.status_code == 403
+    assert client.post("/api/chat/load", json=chat).json()["template"] == "chatml"
+    messages = [{"role": "user", "content": "What is two plus two?"}]
+    with client.stream(
+        "POST", "/api/chat", json={"messages": messages, "max_new_tokens": 8, "temperature": 0}
+    ) as reply:
+        pieces = list(reply.iter_text())
+    engine = client.app.state.chat.engine
+    expected = engine.generate(engine.chat_prompt(messages), engine.default_params(max_new_tokens=8, temperature=0))
+    assert "".join(pieces) == expected.text and pieces

@@ -43,21 +43,25 @@ function form() {
   return {method: $("method").value, values, extra: $("extra").value, confirm_remote_code: $("trust_remote_code").dataset.confirmed === "1"};
 }
 
-let yamlTimer = null, planBusy = false;
+// The YAML follows every change at once; the plan (a `lathe train --dry_run`, which loads the model) follows
+// once the form has been still for 2 s, one at a time, and once more if the form changed meanwhile.
+let yamlTimer = null, planTimer = null, planBusy = false, planAgain = false;
 function changed() {
   clearTimeout(yamlTimer);
   yamlTimer = setTimeout(async () => {
     try { $("yaml").textContent = (await api("/api/config", form())).yaml; } catch (e) { return; }
-    runPlan();
-  }, 500);
+    clearTimeout(planTimer);
+    planTimer = setTimeout(runPlan, 2000);
+  }, 300);
 }
 
 async function runPlan() {
-  if (planBusy) return;
+  if (planBusy) { planAgain = true; return; }
   planBusy = true;
   $("plan_out").textContent = S.working;
   try { $("plan_out").textContent = (await api("/api/plan", form())).output; } catch (e) { $("plan_out").textContent = ""; }
   planBusy = false;
+  if (planAgain) { planAgain = false; runPlan(); }
 }
 
 async function runPreview() {
@@ -97,7 +101,7 @@ async function refreshRuns() {
   if (!selected.size) selected.add(runs[runs.length - 1].run);
   body.innerHTML = runs.map((r) => `<tr data-run="${escapeHtml(r.run)}"><td><input type="checkbox" ${selected.has(r.run) ? "checked" : ""}></td>
     <td>${escapeHtml(r.run)}</td><td class="status">${r.status}</td><td>${r.step}/${r.total_steps ?? "?"} ${r.percentage ?? ""}%</td>
-    <td>${r.loss ?? ""}</td><td>${r.throughput ?? ""}</td><td>${r.remaining ?? ""}</td>
+    <td>${r.loss == null ? "" : r.loss.toFixed(4)}</td><td>${r.throughput ?? ""}</td><td>${r.remaining ?? ""}</td>
     <td>${r.status === "running" ? `<button class="stop">${S.stop}</button>` : ""}
     ${r.status !== "running" && r.status !== "finished" && r.checkpoints.length ? `<button class="resume">${S.resume}</button>` : ""}</td></tr>`).join("");
   for (const row of body.querySelectorAll("tr[data-run]")) {
@@ -145,7 +149,7 @@ function chart(series, names, width = 360, height = 200) {
   const Y = (y) => height - pad + 10 - (y1 === y0 ? 0.5 : (y - y0) / (y1 - y0)) * (height - pad - 10);
   g.font = "10px sans-serif"; g.fillStyle = "#555"; g.strokeStyle = "#aaa";
   g.beginPath(); g.moveTo(pad, 10); g.lineTo(pad, height - pad + 10); g.lineTo(width - 10, height - pad + 10); g.stroke();
-  g.fillText(y1.toPrecision(3), 2, 14); g.fillText(y0.toPrecision(3), 2, height - pad + 10);
+  g.fillText(y1.toPrecision(4), 2, 14); g.fillText(y0.toPrecision(4), 2, height - pad + 10);
   g.fillText(String(x0), pad, height - pad + 22); g.fillText(String(x1), width - 30, height - pad + 22);
   series.forEach((points, i) => {
     g.strokeStyle = g.fillStyle = COLORS[i % COLORS.length];
