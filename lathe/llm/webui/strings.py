@@ -16,6 +16,7 @@ ENGLISH = {
     "dataset_dir": "Dataset folder",
     "dataset": "Datasets",
     "load_datasets": "Load dataset_info.json",
+    "upload": "Upload a data file (into the dataset folder)",
     "output_dir": "Output folder",
     "hyper": "Hyperparameters",
     "all_keys": "All keys (YAML, win over the fields)",

@@ -78,6 +78,17 @@ async function loadDatasets() {
   changed();
 }
 
+// A data file into the dataset folder (the server bounds its size); register it in dataset_info.json to train on it.
+async function upload() {
+  const file = $("upload_file").files[0];
+  if (!file) return;
+  const query = `name=${encodeURIComponent(file.name)}&dataset_dir=${encodeURIComponent($("dataset_dir").value)}`;
+  const response = await fetch("/api/upload?" + query, {method: "POST", body: file});
+  const data = await response.json();
+  if (!response.ok) { showError(data.error); return; }
+  $("upload_out").textContent = `${data.saved} (${data.bytes} bytes)`;
+}
+
 async function start() {
   const box = $("trust_remote_code");
   if (box.checked && !confirm(S.confirm_remote_code)) return;
@@ -222,6 +233,7 @@ async function init() {
   $("load_datasets").onclick = loadDatasets;
   $("suggest").onclick = async () => { const t = (await api("/api/template?model=" + encodeURIComponent($("model_name_or_path").value))).templates; if (t.length) { $("template").value = t[0]; changed(); } };
   $("preview").onclick = runPreview;
+  $("upload_file").onchange = upload;
   $("plan").onclick = runPlan;
   $("start").onclick = start;
   $("refresh").onclick = refreshRuns;
