@@ -189,3 +189,21 @@ def test_webchat_serves_the_chat_alone_and_streams(root):
     engine = client.app.state.chat.engine
     expected = engine.generate(engine.chat_prompt(messages), engine.default_params(max_new_tokens=8, temperature=0))
     assert "".join(pieces) == expected.text and pieces
+
+
+def test_cli_needs_a_key_off_loopback_and_reads_it_from_the_environment(root, monkeypatch, capsys):
+    import uvicorn
+
+    from lathe.cli import main
+
+    monkeypatch.delenv("LATHE_WEBUI_KEY", raising=False)
+    assert main(["webui", "--host", "0.0.0.0", "--root", root]) == 2
+    assert "give a key (--api_key or LATHE_WEBUI_KEY)" in capsys.readouterr().err
+    served = {}
+    monkeypatch.setattr(uvicorn, "run", lambda app, host, port, **kwargs: served.update(app=app, host=host, port=port))
+    monkeypatch.setenv("LATHE_WEBUI_KEY", "from-env")
+    assert main(["webui", "--host", "0.0.0.0", "--port", "7999", "--root", root]) == 0
+    assert served["host"] == "0.0.0.0" and served["port"] == 7999
+    client = TestClient(served["app"])
+    assert client.get("/api/runs").status_code == 401
+    assert client.get("/api/runs", headers={"Authorization": "Bearer from-env"}).status_code == 200

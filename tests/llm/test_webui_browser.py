@@ -46,10 +46,9 @@ def server(tmp_path, tiny_model_dir, monkeypatch):
     while not server.started:
         time.sleep(0.05)
     yield f"http://127.0.0.1:{port}/", root, app
-    for run in list(app.state.jobs._processes if hasattr(app.state.jobs, "_processes") else []):
-        if app.state.jobs.status(run) == "running":
-            app.state.jobs.stop(run)
-            app.state.jobs.wait(run, 60)
+    for run in app.state.jobs.running():  # a failed test leaves no training process behind
+        app.state.jobs.stop(run)
+        app.state.jobs.wait(run, 60)
     server.should_exit = True
     thread.join(10)
 

@@ -26,12 +26,15 @@ class ChatSession:
         self.loaded: dict | None = None
         self._lock = threading.Lock()
 
-    def load(self, form: dict) -> dict:
-        """Load (or switch to) the model + adapters the form names; the previous one is released."""
+    def load(self, form: dict, whole_config: bool = False) -> dict:
+        """Load (or switch to) the model + adapters the form names; the previous one is released. The page
+        sends CHAT_KEYS only; `lathe webchat CONFIG` passes its whole config (`whole_config`: generation keys
+        and all, as `lathe chat CONFIG` reads them); paths are checked under the root either way."""
         from lathe.llm.inference.config import parse_infer_config
         from lathe.llm.inference.engine import ChatEngine
 
-        values = {key: form[key] for key in CHAT_KEYS if form.get(key) not in (None, "")}
+        keys = form if whole_config else CHAT_KEYS
+        values = {key: form[key] for key in keys if form.get(key) not in (None, "")}
         if not values.get("model_name_or_path"):
             raise ValueError("model_name_or_path is required.")
         values = check_config_paths(self.root, values)

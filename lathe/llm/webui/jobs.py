@@ -88,9 +88,8 @@ class Jobs:
         process = self._processes.get(run)
         return None if process is None else process.wait(timeout)
 
-    def shutdown(self) -> None:
-        """The server is closing: runs go on (they hold nothing of the server's); forget them."""
-        self._processes.clear()
+    def running(self) -> list[str]:
+        return [run for run in self._processes if self.status(run) == "running"]
 
 
 def run_short(args: list[str], root: str, timeout: float) -> dict:

@@ -281,7 +281,7 @@ def serve(root: str, host: str = "127.0.0.1", port: int = 7860, api_key: str | N
     app = create_app(root, api_key, chat_config)
     if chat_config is not None:
         print("lathe webchat: loading the model ...", flush=True)
-        app.state.chat.load(chat_config)
+        app.state.chat.load(chat_config, whole_config=True)
     where = f"http://{host}:{port}/" + ("?key=KEY" if api_key else "")
     print(f"lathe webui: serving {os.path.realpath(root)} on {where} (Ctrl-C stops the page; runs go on)", flush=True)
     uvicorn.run(app, host=host, port=port, log_level="warning", timeout_keep_alive=5, limit_concurrency=64)
