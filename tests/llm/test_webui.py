@@ -207,3 +207,32 @@ def test_cli_needs_a_key_off_loopback_and_reads_it_from_the_environment(root, mo
     client = TestClient(served["app"])
     assert client.get("/api/runs").status_code == 401
     assert client.get("/api/runs", headers={"Authorization": "Bearer from-env"}).status_code == 200
+
+
+@pytest.mark.slow
+def test_evaluate_and_predict_from_the_form(client, root):
+    form = train_form("saves/predict", max_new_tokens="4", do_sample="false", max_samples="4")
+    form.update(method="full", action="predict", extra="")
+    values = yaml.safe_load(client.post("/api/config", json=form).json()["yaml"])
+    assert values["do_train"] is False and values["do_predict"] is True and values["eval_dataset"] == "add"
+    assert "dataset" not in values
+    assert client.post("/api/start", json=form).json()["run"] == "saves/predict"
+    assert client.app.state.jobs.wait("saves/predict", 300) == 0
+    detail = client.get("/api/run", params={"run": "saves/predict"}).json()
+    assert detail["status"] == "finished", detail["log"][-2000:]
+    assert "saves/predict/generated_predictions.jsonl" in detail["results"]
+    lines = client.get("/api/download", params={"path": "saves/predict/generated_predictions.jsonl"}).text.splitlines()
+    assert len(lines) == 4 and set(json.loads(lines[0])) == {"prompt", "predict", "label"}
+
+
+def test_the_page_ships_in_the_package_and_fetches_nothing_from_outside():
+    import re
+    import tomllib
+    from pathlib import Path
+
+    static = Path(__file__).parents[2] / "lathe" / "llm" / "webui" / "static"
+    with open(Path(__file__).parents[2] / "pyproject.toml", "rb") as f:
+        patterns = tomllib.load(f)["tool"]["setuptools"]["package-data"]["lathe.llm.webui"]
+    for path in static.iterdir():
+        assert any(path.match(pattern.split("/")[-1]) for pattern in patterns), path.name
+        assert not re.search(r"(https?:)?//[a-z0-9.-]+\.[a-z]{2,}/", path.read_text()), path.name

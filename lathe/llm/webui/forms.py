@@ -92,9 +92,15 @@ def build_config(root: str, form: dict) -> dict:
         value = parse_value(text)
         if value is not None:
             values[key] = value
+    if form.get("action") == "predict":  # LLaMA Board's Evaluate & Predict: the datasets become eval_dataset
+        values.update(do_train=False, do_predict=True, predict_with_generate=True)
+        values.setdefault("eval_dataset", values.pop("dataset", None))
+        values.pop("plot_loss", None)
+    elif form.get("action", "train") != "train":
+        raise ValueError(f"action: expected train or predict, got {form.get('action')!r}.")
     if values.get("stage") not in STAGES:
         raise ValueError(f"stage: expected one of {', '.join(STAGES)}, got {values.get('stage')!r}.")
-    for key in ("model_name_or_path", "output_dir", "dataset"):
+    for key in ("model_name_or_path", "output_dir", "eval_dataset" if form.get("action") == "predict" else "dataset"):
         if not values.get(key):
             raise ValueError(f"{key} is required.")
     if values.get("trust_remote_code") and not form.get("confirm_remote_code"):

@@ -102,6 +102,21 @@ def log_tail(output_dir: str, size: int = TAIL_BYTES) -> str:
         return f.read().decode("utf-8", errors="replace")
 
 
+RESULT_FILES = (
+    "all_results.json",
+    "train_results.json",
+    "eval_results.json",
+    "predict_results.json",
+    "generated_predictions.jsonl",
+    "training_loss.png",
+)
+
+
+def result_files(root: str, run: str) -> list[str]:
+    """The run's result files (metrics, predictions, the loss plot), relative to the root, for download links."""
+    return [f"{run}/{name}" for name in RESULT_FILES if os.path.isfile(os.path.join(root, run, name))]
+
+
 def summary(root: str, run: str, job_status: str | None) -> dict:
     """What the runs table shows: status (running / finished / stopped / failed / incomplete), progress,
     last loss, tokens/s, elapsed and remaining time."""
@@ -128,4 +143,5 @@ def summary(root: str, run: str, job_status: str | None) -> dict:
         "elapsed": last.get("elapsed_time"),
         "remaining": last.get("remaining_time"),
         "checkpoints": [os.path.basename(path) for path in checkpoints(output_dir)],
+        "results": result_files(root, run),
     }

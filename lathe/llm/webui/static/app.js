@@ -40,7 +40,7 @@ function form() {
   values.dataset = Array.from($("dataset").selectedOptions).map((o) => o.value).join(",");
   if ($("trust_remote_code").checked) values.trust_remote_code = "true";
   for (const input of $("hyper").querySelectorAll("input")) values[input.dataset.key] = input.value;
-  return {method: $("method").value, values, extra: $("extra").value, confirm_remote_code: $("trust_remote_code").dataset.confirmed === "1"};
+  return {method: $("method").value, action: $("action").value, values, extra: $("extra").value, confirm_remote_code: $("trust_remote_code").dataset.confirmed === "1"};
 }
 
 // The YAML follows every change at once; the plan (a `lathe train --dry_run`, which loads the model) follows
@@ -143,7 +143,8 @@ async function drawCharts() {
   for (const d of details) {
     const div = document.createElement("div");
     div.className = "chart log";
-    div.innerHTML = `<h4>${S.log_tail}: ${escapeHtml(d.run)} (${d.status})</h4><pre>${escapeHtml(d.log.slice(-4000))}</pre>`;
+    const links = d.results.map((f) => `<a href="/api/download?path=${encodeURIComponent(f)}">${escapeHtml(f.split("/").pop())}</a>`).join(" ");
+    div.innerHTML = `<h4>${S.log_tail}: ${escapeHtml(d.run)} (${d.status})</h4><div class="results">${links}</div><pre>${escapeHtml(d.log.slice(-4000))}</pre>`;
     box.appendChild(div);
   }
 }
