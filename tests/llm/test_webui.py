@@ -236,3 +236,17 @@ def test_the_page_ships_in_the_package_and_fetches_nothing_from_outside():
     for path in static.iterdir():
         assert any(path.match(pattern.split("/")[-1]) for pattern in patterns), path.name
         assert not re.search(r"(https?:)?//[a-z0-9.-]+\.[a-z]{2,}/", path.read_text()), path.name
+
+
+def test_template_is_suggested_from_the_tokenizer(client, root):
+    from transformers import AutoTokenizer
+
+    from lathe.llm.templates.registry import get_template
+
+    assert client.get("/api/template", params={"model": "models/tiny"}).json() == {"templates": []}  # none saved
+    folder = os.path.join(root, "models", "tiny")
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    tokenizer.chat_template = get_template("chatml").jinja_chat_template(tokenizer)
+    tokenizer.save_pretrained(folder)
+    assert "chatml" in client.get("/api/template", params={"model": "models/tiny"}).json()["templates"]
+    assert client.get("/api/template", params={"model": "../models"}).status_code == 403

@@ -89,6 +89,11 @@ async function upload() {
   $("upload_out").textContent = `${data.saved} (${data.bytes} bytes)`;
 }
 
+async function suggestTemplate() {
+  const found = (await api("/api/template?model=" + encodeURIComponent($("model_name_or_path").value))).templates;
+  if (found.length) { $("template").value = found[0]; changed(); }
+}
+
 async function start() {
   const box = $("trust_remote_code");
   if (box.checked && !confirm(S.confirm_remote_code)) return;
@@ -232,7 +237,9 @@ async function init() {
   $("method").onchange = () => { hyperFields(); changed(); };
   $("train").addEventListener("input", (e) => { if (e.target.id !== "method") changed(); });
   $("load_datasets").onclick = loadDatasets;
-  $("suggest").onclick = async () => { const t = (await api("/api/template?model=" + encodeURIComponent($("model_name_or_path").value))).templates; if (t.length) { $("template").value = t[0]; changed(); } };
+  $("suggest").onclick = suggestTemplate;
+  // A model folder chosen with the template still empty: suggest one from its tokenizer's chat_template.
+  $("model_name_or_path").addEventListener("change", () => { if (!$("template").value) suggestTemplate().catch(() => showError("")); });
   $("preview").onclick = runPreview;
   $("upload_file").onchange = upload;
   $("plan").onclick = runPlan;
