@@ -24,7 +24,11 @@ def root(tmp_path, tiny_model_dir, monkeypatch):
 
 @pytest.fixture
 def client(root):
-    return TestClient(create_app(root))
+    client = TestClient(create_app(root))
+    yield client
+    for run in client.app.state.jobs.running():  # a failed test leaves no training process behind
+        client.app.state.jobs.stop(run)
+        client.app.state.jobs.wait(run, 60)
 
 
 def test_form_gives_the_yaml_lathe_train_reads(client, root):
