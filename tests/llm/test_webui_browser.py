@@ -105,7 +105,7 @@ def _points(driver) -> int:
     return int(canvas.get_attribute("data-points"))
 
 
-def test_train_watch_stop_resume_chat_export_in_a_browser(server, browser):
+def test_train_watch_stop_resume_chat_export_in_a_browser(browser, server):  # browser first: it may skip
     url, root, app = server
     driver = browser
     driver.get(url)
