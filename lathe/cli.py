@@ -236,6 +236,40 @@ def _add_inference_parsers(commands) -> None:
     )
 
 
+def _webui(options) -> int:
+    import os
+
+    # The key is read here, at the CLI's edge, and handed down: nothing under lathe/llm/webui reads the environment.
+    api_key = options.api_key or os.environ.get("LATHE_WEBUI_KEY") or None
+    from lathe.llm.commands import webui_command
+
+    config = getattr(options, "config", None)
+    return webui_command(
+        options.root, options.host, options.port, api_key, chat_config=config, traceback=options.traceback
+    )
+
+
+def _add_webui_parsers(commands) -> None:
+    for name, help in (
+        ("webui", "a local web page to fine-tune, watch runs, chat and export (FastAPI; pip install 'lathe[api]')"),
+        ("webchat", "the web page's chat alone, with the model of an inference CONFIG loaded"),
+    ):
+        command = commands.add_parser(
+            name,
+            help=help,
+            description=f"{help}. Binds 127.0.0.1 unless --host says otherwise; any other host needs a key "
+            "(--api_key or LATHE_WEBUI_KEY), then every route asks for it. Reads and writes only under --root.",
+        )
+        if name == "webchat":
+            command.add_argument("config", help="YAML or JSON inference config (model_name_or_path, adapter, template)")
+        command.add_argument("--host", default="127.0.0.1", help="address to listen on (127.0.0.1)")
+        command.add_argument("--port", type=int, default=7860, help="port (7860)")
+        command.add_argument("--root", default=".", help="the folder the page works in: models, data, runs (.)")
+        command.add_argument("--api_key", "--api-key", default=None, help="key every request must carry")
+        command.add_argument("--traceback", action="store_true", help="show the full error")
+        command.set_defaults(run=_webui)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="lathe", description="Train and fine-tune PyTorch models.")
     parser.add_argument("--version", action="store_true", help="print lathe's version and exit")
@@ -248,6 +282,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_train_parsers(commands)
     _add_inference_parsers(commands)
     _add_expand_parser(commands)
+    _add_webui_parsers(commands)
     return parser
 
 

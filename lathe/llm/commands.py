@@ -16,6 +16,7 @@ __all__ = [
     "expand_command",
     "chat_command",
     "api_command",
+    "webui_command",
     "run_train",
 ]
 
@@ -182,3 +183,18 @@ def api_command(config_path: str, overrides: list[str], server: dict, traceback:
     from lathe.llm.inference.api import api_command as run_api
 
     return _reported("api", traceback, lambda: run_api(config_path, overrides, **server))
+
+
+def webui_command(root: str, host: str, port: int, api_key, chat_config: str | None = None, traceback=False) -> int:
+    """`lathe webui` / `lathe webchat CONFIG`: the local web page (lathe/llm/webui/server.py)."""
+    from lathe.llm.webui.server import serve
+
+    def webui() -> int:
+        chat = None
+        if chat_config is not None:
+            from lathe.llm.config.values import RawConfig
+
+            chat = dict(RawConfig(chat_config, []).values)
+        return serve(root, host, port, api_key, chat_config=chat)
+
+    return _reported("webui", traceback, webui)
