@@ -2,7 +2,8 @@
 (tests/llm/golden/llamafactory_qwen2vl.safetensors, made by make_llamafactory_qwen2vl.py with the PIL backend
 of Qwen2VLImageProcessor): `<image>` expansion, the encoded rows, and the collator's pixel_values,
 image_grid_thw, mrope position_ids and rope_deltas for each row alone and for pairs, the stand-in image of
-a batch without images included. Plus the row-level checks: placeholder counts, URLs, families not implemented."""
+a batch without images included, and the tiny model's loss on each batch; three sft steps with the vision
+tower and projector frozen. Plus the row-level checks: placeholder counts, URLs, families not implemented."""
 
 import importlib.util
 import json
@@ -116,6 +117,9 @@ def test_collator_tensors_match_llamafactory_for_rows_and_pairs(golden, assets):
                 assert torch.allclose(batch[key], value, atol=0.05), (prefix, key)
             else:
                 assert torch.equal(batch[key], value), (prefix, key)
+        with torch.no_grad():  # the same tiny model reads lathe's batch as it read LLaMA-Factory's
+            loss = model(**batch).loss.item()
+        assert loss == pytest.approx(tensors[f"loss.{prefix}"].item(), abs=1e-5 if same_pillow else 1e-3), prefix
     # the image-less row got LLaMA-Factory's stand-in: 64x64 white, attended to by nothing, never trained
     alone = collator([features[3]])
     stand_in = alone["attention_mask"][0, len(features[3]["input_ids"]) :]
@@ -151,3 +155,55 @@ def test_row_checks_name_the_row(tmp_path):
     assert plugin_module("qwen2_vl") is qwen2_vl
     with pytest.raises(ValueError, match=r"template 'gemma3' \(multimodal family 'gemma3'\): image, video and audio"):
         plugin_module("gemma3", "gemma3")
+
+
+def test_three_sft_steps_train_the_language_model_only(assets, tmp_path):
+    """Full sft as LLaMA-Factory runs it by default (vision tower and projector frozen): image rows and an
+    image-less row (the stand-in image) train, the frozen parts stay bit-identical, the rest moves."""
+    from lathe.llm.config.train import DataArguments
+    from lathe.llm.data.collator import SFTDataCollator
+    from lathe.llm.data.supervised import encode_supervised_example
+    from lathe.llm.multimodal.collator import Qwen2VLCollator
+    from lathe.llm.templates import get_template_and_fix_tokenizer
+    from lathe.train import Trainer, TrainingArguments
+
+    gen, tokenizer, image_processor, _ = assets
+    model = gen.make_model(tokenizer).train()
+    trainable = qwen2_vl.freeze_for_full_tuning(model, qwen2_vl.frozen_keys())
+    language = sum(p.numel() for n, p in model.named_parameters() if "language_model" in n or "lm_head" in n)
+    assert trainable == language and 0 < trainable < sum(p.numel() for p in model.parameters())
+    frozen = {n: p.detach().clone() for n, p in model.named_parameters() if "visual" in n}
+    trained = {n: p.detach().clone() for n, p in model.named_parameters() if "language_model.layers.0." in n}
+
+    template = get_template_and_fix_tokenizer(tokenizer, DataArguments(template="qwen2_vl"))  # sets the pad token
+    rows = []
+    for row in gen.ROWS:
+        messages = _expanded(gen, image_processor, row)
+        ids, labels = encode_supervised_example(messages[:-1], messages[-1:], "", "", template, tokenizer, 1024)
+        images = [gen.make_image(name) for name in row["images"]]
+        rows.append({"input_ids": ids, "labels": labels, "attention_mask": [1] * len(ids), "images": images})
+    collator = Qwen2VLCollator(
+        SFTDataCollator(tokenizer, model=model, pad_to_multiple_of=8),
+        image_processor,
+        model,
+        gen.IMAGE_MAX_PIXELS,
+        gen.IMAGE_MIN_PIXELS,
+    )
+    args = TrainingArguments(
+        output_dir=str(tmp_path),
+        per_device_train_batch_size=2,
+        max_steps=3,
+        learning_rate=1e-2,
+        logging_steps=1,
+        save_strategy="no",
+        report_to=[],
+        remove_unused_columns=False,
+        seed=0,
+    )
+    trainer = Trainer(model=model, args=args, train_dataset=rows[1:] + rows[:1], data_collator=collator)
+    trainer.train()
+    losses = [entry["loss"] for entry in trainer.state.log_history if "loss" in entry]
+    assert len(losses) == 3 and all(0 < loss < 20 for loss in losses)
+    for name, value in frozen.items():
+        assert torch.equal(dict(model.named_parameters())[name], value), name
+    assert any(not torch.equal(dict(model.named_parameters())[n], v) for n, v in trained.items())

@@ -112,3 +112,42 @@ def rope_positions(model, input_ids, attention_mask, image_grid_thw=None, video_
                 token_types[input_ids == token_id] = kind
         kwargs["mm_token_type_ids"] = token_types
     return get_rope_index(**kwargs)
+
+
+# Parameter-name parts of the family's towers, as LLaMA-Factory registers the qwen2_vl composite model.
+VISION_TOWER_KEYS, PROJECTOR_KEYS, LANGUAGE_MODEL_KEYS = (
+    ("visual.patch_embed", "visual.blocks"),
+    ("visual.merger",),
+    (
+        "language_model",
+        "lm_head",
+    ),
+)
+LORA_CONFLICT_KEYS = ("patch_embed",)  # never a LoRA target unless asked: a 3-D convolution
+
+
+def frozen_keys(
+    freeze_vision_tower: bool = True, freeze_multi_modal_projector: bool = True, freeze_language_model: bool = False
+) -> set[str]:
+    """The name parts of the parameters full (and freeze) fine-tuning leaves untrained (LLaMA-Factory's defaults:
+    the vision tower and the projector)."""
+    keys = set()
+    for frozen, names in (
+        (freeze_vision_tower, VISION_TOWER_KEYS),
+        (freeze_multi_modal_projector, PROJECTOR_KEYS),
+        (freeze_language_model, LANGUAGE_MODEL_KEYS),
+    ):
+        if frozen:
+            keys.update(names)
+    return keys
+
+
+def freeze_for_full_tuning(model, keys: set[str]) -> int:
+    """requires_grad off for every parameter whose name holds one of `keys` (a substring, as LLaMA-Factory
+    matches), on for the others; returns the number of trainable parameters."""
+    trainable = 0
+    for name, parameter in model.named_parameters():
+        train = not any(key in name for key in keys)
+        parameter.requires_grad_(train)
+        trainable += parameter.numel() if train else 0
+    return trainable

@@ -13,7 +13,8 @@ without torchvision (none loads here) is its PIL backend (Qwen2VLImageProcessorP
 gives slightly different pixel_values, and so do Pillow versions (12.3 and 13.0 upscale differently:
 install the Pillow of lathe's environment in LLaMA-Factory's; the version is recorded). Writes tests/llm/golden/llamafactory_qwen2vl.safetensors: the
 dump layout of lathe data preview --dump (example.<i>.*, single.<i>.*, pair.<b>.*), plus
-`messages.<i>` (the expanded messages) and the versions in the metadata. A pair's pixel_values (its rows'
+`messages.<i>` (the expanded messages) and the versions in the metadata, and `loss.<prefix>`: the tiny
+model's loss on each collated batch. A pair's pixel_values (its rows'
 images' in order, checked) are left out.
 """
 
@@ -172,6 +173,8 @@ def run_llamafactory() -> tuple[dict, dict]:
         except Exception as error:
             metadata[f"error.{prefix}"] = f"{type(error).__name__}: {error}"
             return
+        with torch.no_grad():  # the tiny model's loss on the batch: the tensors mean the same to the model
+            tensors[f"loss.{prefix}"] = model(**out).loss.detach().reshape(1).float()
         for key, value in out.items():
             if isinstance(value, torch.Tensor):
                 tensors[f"{prefix}.{key}"] = value.detach().contiguous().clone()
