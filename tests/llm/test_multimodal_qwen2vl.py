@@ -207,3 +207,18 @@ def test_three_sft_steps_train_the_language_model_only(assets, tmp_path):
     for name, value in frozen.items():
         assert torch.equal(dict(model.named_parameters())[name], value), name
     assert any(not torch.equal(dict(model.named_parameters())[n], v) for n, v in trained.items())
+
+
+def test_a_cutoff_through_an_image_run_is_named_never_trained():
+    from lathe.llm.multimodal.images import media_cut_reason
+
+    start, end, pad = 7, 8, 9
+    row = [1, start, pad, pad, pad, end, 2, start, pad, end, 3]
+    assert media_cut_reason(row, start, end, pad, [3, 1]) is None
+    assert (
+        media_cut_reason(row[:9], start, end, pad, [3, 1]) == "cutoff_len cuts through media 2 of 2 (1 of its 1 tokens)"
+    )
+    assert (
+        media_cut_reason(row[:4], start, end, pad, [3, 1]) == "cutoff_len cuts through media 1 of 2 (2 of its 3 tokens)"
+    )
+    assert media_cut_reason(row[:6], start, end, pad, [3, 1]) == "cutoff_len cuts off media 2 of 2 (its 1 tokens)"

@@ -65,3 +65,32 @@ def check_placeholders(messages: list[dict], counts: dict[str, int], where: str)
                 f"{where}: {given} {kind}(s) given but the messages hold {found} {placeholder} placeholder(s); "
                 f"put one {placeholder} where each {kind} goes"
             )
+
+
+def media_cut_reason(
+    input_ids: list[int], start_id: int, end_id: int, pad_id: int, token_counts: list[int]
+) -> str | None:
+    """Why an encoded row cannot train after cutoff, or None: every media run (start, `token_counts[k]` pads,
+    end) must be whole and every medium present. LLaMA-Factory keeps a run cut by cutoff_len, and the model then
+    stops on features that do not match their tokens; lathe leaves such a row out and counts the reason (the
+    data report's skips, lathe.llm.data.supervised.SkippedExample)."""
+    runs, index = [], 0
+    while index < len(input_ids):
+        if input_ids[index] != start_id:
+            index += 1
+            continue
+        end = index + 1
+        while end < len(input_ids) and input_ids[end] == pad_id:
+            end += 1
+        whole = end < len(input_ids) and input_ids[end] == end_id
+        runs.append((end - index - 1, whole))
+        index = end + 1
+    for number, expected in enumerate(token_counts):
+        if number >= len(runs):
+            return f"cutoff_len cuts off media {number + 1} of {len(token_counts)} (its {expected} tokens)"
+        count, whole = runs[number]
+        if not whole or count != expected:
+            return (
+                f"cutoff_len cuts through media {number + 1} of {len(token_counts)} ({count} of its {expected} tokens)"
+            )
+    return None
