@@ -222,3 +222,18 @@ def test_a_cutoff_through_an_image_run_is_named_never_trained():
         media_cut_reason(row[:4], start, end, pad, [3, 1]) == "cutoff_len cuts through media 1 of 2 (2 of its 3 tokens)"
     )
     assert media_cut_reason(row[:6], start, end, pad, [3, 1]) == "cutoff_len cuts off media 2 of 2 (its 1 tokens)"
+
+
+def test_lora_never_targets_the_frozen_towers_or_the_patch_embedding(assets):
+    _, _, _, model = assets
+    targets = ["q_proj", "v_proj", "qkv", "proj", "mlp.0"]
+    default = qwen2_vl.lora_module_names(model, targets, qwen2_vl.frozen_keys())
+    assert default and all("language_model" in name for name in default)
+    assert "model.language_model.layers.0.self_attn.q_proj" in default
+    open_tower = qwen2_vl.lora_module_names(model, targets, qwen2_vl.frozen_keys(freeze_vision_tower=False))
+    assert "model.visual.blocks.0.attn.qkv" in open_tower and "model.visual.blocks.0.attn.proj" in open_tower
+    assert not [name for name in open_tower if "patch_embed" in name or "merger" in name]
+    everything = qwen2_vl.lora_module_names(
+        model, targets, qwen2_vl.frozen_keys(freeze_vision_tower=False, freeze_multi_modal_projector=False)
+    )
+    assert "model.visual.merger.mlp.0" in everything and not [name for name in everything if "patch_embed" in name]

@@ -151,3 +151,15 @@ def freeze_for_full_tuning(model, keys: set[str]) -> int:
         parameter.requires_grad_(train)
         trainable += parameter.numel() if train else 0
     return trainable
+
+
+def lora_module_names(model, target_modules: list[str], frozen: set[str]) -> list[str]:
+    """The modules LoRA wraps for named targets, as LLaMA-Factory picks them on this family: every module whose
+    name holds a target and none of the frozen parts nor the patch embedding (so the vision tower and the
+    projector get adapters only when their freeze_* key is false, and the 3-D patch convolution never)."""
+    forbidden = set(frozen) | set(LORA_CONFLICT_KEYS)
+    return [
+        name
+        for name, _ in model.named_modules()
+        if any(target in name for target in target_modules) and not any(key in name for key in forbidden)
+    ]
