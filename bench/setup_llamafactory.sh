@@ -15,6 +15,10 @@ PY="$VENV/bin/python"
     pydantic packaging pyyaml numpy scipy einops protobuf av librosa jieba nltk rouge-chinese modelscope 2>/dev/null \
   || "$PY" -m pip install -q "transformers<=5.6.0,>=4.49" "peft<=0.18.1" "trl<=0.24.0" "datasets<=4.0.0" "accelerate<=1.11.0" \
     tokenizers safetensors sentencepiece fastapi uvicorn sse-starlette fire omegaconf "tyro<0.9" matplotlib pydantic packaging pyyaml numpy scipy einops protobuf
+# The Pillow of the environment lathe's tests run in: Pillow versions resample images differently, and the
+# multimodal goldens (tests/llm/golden/make_llamafactory_qwen2vl.py) compare pixel values exactly.
+PILLOW=$(python -c "import PIL; print(PIL.__version__)" 2>/dev/null || true)
+[ -z "$PILLOW" ] || "$PY" -m pip install -q "pillow==$PILLOW"
 STUB="$PWD/lf_stubs/torchaudio"
 mkdir -p "$STUB"
 cat > "$STUB/__init__.py" <<'PY'

@@ -65,7 +65,9 @@ def _pop_valued(overrides: list[str], options, spellings: dict[str, tuple[str, .
 
 def _data_preview(options) -> int:
     options.overrides = _pop_valued(
-        options.overrides, options, {"num_examples": ("--num_examples", "--num-examples", "-n"), "split": ("--split",)}
+        options.overrides,
+        options,
+        {"num_examples": ("--num_examples", "--num-examples", "-n"), "split": ("--split",), "dump": ("--dump",)},
     )
     overrides, flags = _pop_flags(options.overrides, "traceback")
     options.num_examples = int(options.num_examples)
@@ -79,6 +81,7 @@ def _data_preview(options) -> int:
         num_examples=options.num_examples,
         split=options.split,
         traceback="traceback" in flags,
+        dump=options.dump,
     )
 
 
@@ -114,6 +117,9 @@ def _add_train_parsers(commands) -> None:
     preview.add_argument("config", help="YAML or JSON config file")
     preview.add_argument("--num_examples", "-n", type=int, default=3, help="examples to show")
     preview.add_argument("--split", choices=("train", "eval"), default="train", help="which split to show")
+    preview.add_argument(
+        "--dump", default=None, help="write every example and the training collator's tensors to this safetensors file"
+    )
     preview.add_argument("overrides", nargs=argparse.REMAINDER, help="key=value or --key value pairs")
     preview.set_defaults(run=_data_preview)
 

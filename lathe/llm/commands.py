@@ -97,11 +97,34 @@ def train_command(config_path: str, overrides: list[str], dry_run: bool = False,
     return _reported("train", traceback, train)
 
 
+DUMP_STAGES = ("sft", "pt")
+
+
+def _training_collator(config, tokenizer):
+    """The collator the stage trains with, for `--dump` (the model on the meta device: its config and
+    attention implementation are all a collator reads)."""
+    if config.finetuning.stage == "pt":
+        from lathe.llm.workflows.pt import PretrainCollator
+
+        return PretrainCollator(tokenizer)
+    from lathe.llm.model.loader import load_model
+    from lathe.llm.workflows.sft import make_collator
+
+    model = load_model(tokenizer, config.model, config.finetuning, is_trainable=config.training.do_train, meta=True)
+    return make_collator(config, tokenizer, model)
+
+
 def data_preview_command(
-    config_path: str, overrides: list[str], num_examples: int = 3, split: str = "train", traceback: bool = False
+    config_path: str,
+    overrides: list[str],
+    num_examples: int = 3,
+    split: str = "train",
+    traceback: bool = False,
+    dump: str | None = None,
 ) -> int:
     """`lathe data preview CONFIG`: the template, its stop tokens and whether the chat_template saved with the
-    model agrees with it; then a few tokenized examples with the trained spans marked."""
+    model agrees with it; then a few tokenized examples with the trained spans marked. With `dump`, every
+    example of the split and the training collator's tensors are written there (lathe/llm/data/dump.py)."""
     from lathe.llm.config.train import parse_train_config
     from lathe.llm.data.pipeline import get_dataset
     from lathe.llm.data.preview import preview_examples
@@ -111,6 +134,8 @@ def data_preview_command(
 
     def preview() -> int:
         config = parse_train_config(config_path, overrides)
+        if dump and config.finetuning.stage not in DUMP_STAGES:  # before the data is read
+            raise ValueError(f"lathe data preview --dump supports stage sft and pt, not {config.finetuning.stage!r}.")
         tokenizer = load_tokenizer(config.model)
         template = get_template_and_fix_tokenizer(tokenizer, config.data)
         print(template_report(template, tokenizer))
@@ -126,6 +151,16 @@ def data_preview_command(
                 f"== {name} (stage {config.finetuning.stage}, template {config.data.template or 'from the tokenizer'})"
             )
             print(preview_examples(part, tokenizer, n=num_examples))
+        if dump:
+            from lathe.llm.data.dump import dump_examples
+
+            if isinstance(dataset, dict):
+                raise ValueError("--dump writes one split: with eval_on_each_dataset, dump the train split.")
+            counts = dump_examples(dataset, _training_collator(config, tokenizer), dump)
+            print(
+                f"Wrote {counts['examples']} examples and the collator's tensors for each one and "
+                f"{counts['pairs']} pairs to {dump} ({counts['errors']} collator errors)."
+            )
         return 0
 
     return _reported("data preview", traceback, preview)

@@ -49,6 +49,20 @@ def generation_kwargs(config, tokenizer, template) -> dict:
     return kwargs
 
 
+def make_collator(config, tokenizer, model):
+    """The collator sft trains with (LLaMA-Factory's settings: rows padded to a multiple of 8 when training)."""
+    from lathe.llm.data.collator import SFTDataCollator
+
+    data_args = config.data
+    return SFTDataCollator(
+        tokenizer=tokenizer,
+        model=model,
+        neat_packing=data_args.neat_packing,
+        label_pad_token_id=IGNORE_INDEX if data_args.ignore_pad_token_for_loss else tokenizer.pad_token_id,
+        pad_to_multiple_of=8 if config.training.do_train else None,
+    )
+
+
 def run(config, dry_run: bool = False, callbacks: list | None = None) -> dict:
     """Run stage sft as configured; returns the metrics of what ran ({} for a dry run)."""
     from lathe.llm.model.loader import load_model
@@ -78,16 +92,8 @@ def run(config, dry_run: bool = False, callbacks: list | None = None) -> dict:
     if dry_run:
         return {}
 
-    from lathe.llm.data.collator import SFTDataCollator
-
     set_stop_tokens(model, tokenizer, template)
-    collator = SFTDataCollator(
-        tokenizer=tokenizer,
-        model=model,
-        neat_packing=data_args.neat_packing,
-        label_pad_token_id=IGNORE_INDEX if data_args.ignore_pad_token_for_loss else tokenizer.pad_token_id,
-        pad_to_multiple_of=8 if training_args.do_train else None,
-    )
+    collator = make_collator(config, tokenizer, model)
     trainer = SFTTrainer(
         model=model,
         args=training_args,

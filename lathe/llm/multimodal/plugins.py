@@ -1,0 +1,19 @@
+"""Which multimodal family a template's `multimodal` name (LLaMA-Factory's mm_plugin) selects. lathe implements
+the Qwen2-VL family; the others are named in a clear error, never trained as text with the media dropped."""
+
+from __future__ import annotations
+
+IMPLEMENTED = {"qwen2_vl": "lathe.llm.multimodal.qwen2_vl"}
+
+
+def plugin_module(name: str, template_name: str = ""):
+    """The module that encodes family `name`'s media; an error naming the family when lathe has none yet."""
+    import importlib
+
+    if name not in IMPLEMENTED:
+        what = f"template {template_name!r} (multimodal family {name!r})" if template_name else f"family {name!r}"
+        raise ValueError(
+            f"{what}: image, video and audio input is not supported yet for this family "
+            f"(lathe encodes: {', '.join(sorted(IMPLEMENTED))})"
+        )
+    return importlib.import_module(IMPLEMENTED[name])

@@ -1,0 +1,165 @@
+"""The Qwen2-VL family (qwen2_vl template: Qwen2-VL, Qwen2.5-VL) as LLaMA-Factory 0.9.5 encodes images.
+
+- each image is fitted into image_min_pixels..image_max_pixels, then made at least 28 pixels a side and at
+  most 200:1 (the vision tower's patches need it), and goes through the model's image processor
+  (pixel_values: one row per 14x14 patch, image_grid_thw: (t, h, w) patches per image);
+- `<image>` becomes `<|vision_start|>` + `<|image_pad|>` x (t*h*w / merge_size^2) + `<|vision_end|>`;
+- the collator adds 3-D rotary positions (temporal, height, width; "mrope") and rope_deltas, computed by
+  the model's own get_rope_index.
+"""
+
+from __future__ import annotations
+
+from lathe.llm.multimodal.images import (
+    DEFAULT_IMAGE_MAX_PIXELS,
+    DEFAULT_IMAGE_MIN_PIXELS,
+    IMAGE_PLACEHOLDER,
+    fit_pixels,
+)
+
+VISION_START, VISION_END, IMAGE_TOKEN, VIDEO_TOKEN = (
+    "<|vision_start|>",
+    "<|vision_end|>",
+    "<|image_pad|>",
+    "<|video_pad|>",
+)
+MIN_SIDE, MAX_ASPECT, ASPECT_SIDE = 28, 200, 180
+
+
+def prepare_image(image, max_pixels: int = DEFAULT_IMAGE_MAX_PIXELS, min_pixels: int = DEFAULT_IMAGE_MIN_PIXELS):
+    """The pixel budget, then sides of at least 28 pixels, then no more than 200:1 (cut to 180:1)."""
+    image = fit_pixels(image, max_pixels, min_pixels)
+    if min(image.width, image.height) < MIN_SIDE:
+        image = image.resize((max(image.width, MIN_SIDE), max(image.height, MIN_SIDE)))
+    if image.width / image.height > MAX_ASPECT:
+        image = image.resize((image.height * ASPECT_SIDE, image.height))
+    if image.height / image.width > MAX_ASPECT:
+        image = image.resize((image.width, image.width * ASPECT_SIDE))
+    return image
+
+
+def image_inputs(
+    images: list,
+    image_processor,
+    max_pixels: int = DEFAULT_IMAGE_MAX_PIXELS,
+    min_pixels: int = DEFAULT_IMAGE_MIN_PIXELS,
+) -> dict:
+    """pixel_values and image_grid_thw of the images (none: {})."""
+    if not images:
+        return {}
+    prepared = [prepare_image(image, max_pixels, min_pixels) for image in images]
+    return dict(image_processor(prepared, return_tensors="pt"))
+
+
+def expand_placeholders(messages: list[dict], image_grid_thw, merge_size: int) -> list[dict]:
+    """The messages with each `<image>` replaced by its vision tokens, in order over all messages."""
+    merge_length = merge_size**2
+    expanded, used = [], 0
+    for message in messages:
+        content = message["content"]
+        while IMAGE_PLACEHOLDER in content:
+            if used >= len(image_grid_thw):
+                raise ValueError(f"more {IMAGE_PLACEHOLDER} placeholders than images ({len(image_grid_thw)})")
+            count = int(image_grid_thw[used].prod()) // merge_length
+            content = content.replace(IMAGE_PLACEHOLDER, f"{VISION_START}{IMAGE_TOKEN * count}{VISION_END}", 1)
+            used += 1
+        expanded.append({**message, "content": content})
+    return expanded
+
+
+def rope_index_function(model):
+    """The model's get_rope_index (on the model, or on its inner model since transformers 4.52; a PEFT
+    wrapper is looked through), or None for a model without mrope."""
+    if model is None:
+        return None
+    base = getattr(model, "base_model", None)
+    if base is not None and hasattr(base, "model") and type(model).__name__.startswith("Peft"):
+        model = base.model
+    if hasattr(model, "get_rope_index"):
+        return model.get_rope_index
+    inner = getattr(model, "model", None)
+    return getattr(inner, "get_rope_index", None)
+
+
+def rope_positions(model, input_ids, attention_mask, image_grid_thw=None, video_grid_thw=None):
+    """(position_ids of shape (3, batch, length), rope_deltas) for a padded batch, from the model's get_rope_index
+    (image tokens marked 1 and video tokens 2 in mm_token_type_ids, as transformers 5 asks)."""
+    import inspect
+
+    import torch
+
+    if attention_mask.sum() == 0:  # a batch of padding only: plain positions on every axis
+        length = input_ids.shape[-1]
+        positions = torch.arange(length).view(1, 1, length).expand(3, *input_ids.shape).contiguous()
+        return positions, torch.zeros(input_ids.shape[0])
+    get_rope_index = rope_index_function(model)
+    if get_rope_index is None:
+        raise ValueError(f"{type(model).__name__} has no get_rope_index: it is not a Qwen2-VL family model")
+    kwargs = {
+        "input_ids": input_ids,
+        "image_grid_thw": image_grid_thw,
+        "video_grid_thw": video_grid_thw,
+        "attention_mask": (attention_mask >= 1).float(),
+    }
+    if "mm_token_type_ids" in inspect.signature(get_rope_index).parameters:
+        config = model.config
+        token_types = torch.zeros_like(input_ids)
+        for token_id, kind in (
+            (getattr(config, "image_token_id", None), 1),
+            (getattr(config, "video_token_id", None), 2),
+        ):
+            if token_id is not None:
+                token_types[input_ids == token_id] = kind
+        kwargs["mm_token_type_ids"] = token_types
+    return get_rope_index(**kwargs)
+
+
+# Parameter-name parts of the family's towers, as LLaMA-Factory registers the qwen2_vl composite model.
+VISION_TOWER_KEYS, PROJECTOR_KEYS, LANGUAGE_MODEL_KEYS = (
+    ("visual.patch_embed", "visual.blocks"),
+    ("visual.merger",),
+    (
+        "language_model",
+        "lm_head",
+    ),
+)
+LORA_CONFLICT_KEYS = ("patch_embed",)  # never a LoRA target unless asked: a 3-D convolution
+
+
+def frozen_keys(
+    freeze_vision_tower: bool = True, freeze_multi_modal_projector: bool = True, freeze_language_model: bool = False
+) -> set[str]:
+    """The name parts of the parameters full (and freeze) fine-tuning leaves untrained (LLaMA-Factory's defaults:
+    the vision tower and the projector)."""
+    keys = set()
+    for frozen, names in (
+        (freeze_vision_tower, VISION_TOWER_KEYS),
+        (freeze_multi_modal_projector, PROJECTOR_KEYS),
+        (freeze_language_model, LANGUAGE_MODEL_KEYS),
+    ):
+        if frozen:
+            keys.update(names)
+    return keys
+
+
+def freeze_for_full_tuning(model, keys: set[str]) -> int:
+    """requires_grad off for every parameter whose name holds one of `keys` (a substring, as LLaMA-Factory
+    matches), on for the others; returns the number of trainable parameters."""
+    trainable = 0
+    for name, parameter in model.named_parameters():
+        train = not any(key in name for key in keys)
+        parameter.requires_grad_(train)
+        trainable += parameter.numel() if train else 0
+    return trainable
+
+
+def lora_module_names(model, target_modules: list[str], frozen: set[str]) -> list[str]:
+    """The modules LoRA wraps for named targets, as LLaMA-Factory picks them on this family: every module whose
+    name holds a target and none of the frozen parts nor the patch embedding (so the vision tower and the
+    projector get adapters only when their freeze_* key is false, and the 3-D patch convolution never)."""
+    forbidden = set(frozen) | set(LORA_CONFLICT_KEYS)
+    return [
+        name
+        for name, _ in model.named_modules()
+        if any(target in name for target in target_modules) and not any(key in name for key in forbidden)
+    ]
