@@ -31,21 +31,7 @@ def generate_and_score(trainer, rows, mode: str) -> dict:
     completions = [[{"role": "assistant", "content": text}] for text in texts] if conversational else texts
 
     metrics = trainer._metrics[mode]
-    prompt_lengths = torch.tensor([len(ids) for ids in prompt_ids_list])
-    lengths = torch.tensor([len(ids) for ids in completion_ids_list]).float()
-    if mode == "train":
-        trainer.state.num_input_tokens_seen += int(prompt_lengths.sum() + lengths.sum())
-    metrics["num_tokens"] = [trainer.state.num_input_tokens_seen]
-    metrics["completions/mean_length"].append(lengths.mean().item())
-    metrics["completions/min_length"].append(lengths.min().item())
-    metrics["completions/max_length"].append(lengths.max().item())
-    ends = [*trainer.eos_token_ids, tokenizer.pad_token_id]
-    truncated = torch.tensor([ids[-1] not in ends for ids in completion_ids_list])
-    metrics["completions/clipped_ratio"].append(truncated.float().mean().item())
-    terminated = lengths[~truncated] if (~truncated).any() else torch.zeros(1)
-    metrics["completions/mean_terminated_length"].append(terminated.mean().item())
-    metrics["completions/min_terminated_length"].append(terminated.min().item())
-    metrics["completions/max_terminated_length"].append(terminated.max().item())
+    truncated = _log_lengths(trainer, metrics, prompt_ids_list, completion_ids_list, mode)
 
     prompt_rows = [torch.tensor(ids) for ids in prompt_ids_list]
     prompt_ids = generation.pad(prompt_rows, tokenizer.pad_token_id, "left").to(device)
@@ -60,17 +46,7 @@ def generate_and_score(trainer, rows, mode: str) -> dict:
     input_ids = torch.cat([prompt_ids, completion_ids], dim=1)
     attention_mask = torch.cat([prompt_mask, completion_mask], dim=1)
     keep = completion_ids.size(1)
-    old_logps = ref_logps = None
-    with torch.no_grad():
-        generate_every = args.steps_per_generation * args.num_iterations
-        if args.gradient_accumulation_steps % generate_every != 0:
-            old_logps = _chunked_logps(trainer.model, input_ids, attention_mask, keep, args, mode)
-        if args.beta != 0.0:
-            if trainer.ref_model is not None:
-                ref_logps = _chunked_logps(trainer.ref_model, input_ids, attention_mask, keep, args, mode)
-            else:  # LoRA: the policy with its adapter off is the reference
-                with trainer.model.disable_adapter():
-                    ref_logps = _chunked_logps(trainer.model, input_ids, attention_mask, keep, args, mode)
+    old_logps, ref_logps = _old_and_reference_logps(trainer, input_ids, attention_mask, keep, mode)
 
     rewards_per_func = rewards.compute_rewards(
         trainer.reward_funcs,
@@ -86,14 +62,7 @@ def generate_and_score(trainer, rows, mode: str) -> dict:
     advantages, _, is_std_zero = losses.advantages_of(
         rewards_per_func, trainer.reward_weights, args.num_generations, args.scale_rewards
     )
-    for index, name in enumerate(trainer.reward_func_names):
-        metrics[f"rewards/{name}/mean"].append(torch.nanmean(rewards_per_func[:, index]).item())
-        metrics[f"rewards/{name}/std"].append(losses.nan_std(rewards_per_func[:, index]).item())
-    summed = (rewards_per_func * trainer.reward_weights.unsqueeze(0)).nansum(dim=1)
-    summed[torch.isnan(rewards_per_func).all(dim=1)] = torch.nan
-    metrics["reward"].append(torch.nanmean(summed).item())
-    metrics["reward_std"].append(losses.nan_std(summed).item())
-    metrics["frac_reward_zero_std"].append(is_std_zero.float().mean().item())
+    _log_rewards(trainer, metrics, rewards_per_func, is_std_zero)
     trainer._last_generation = {
         "completion_ids": completion_ids_list,
         "rewards": rewards_per_func.tolist(),
@@ -114,6 +83,56 @@ def generate_and_score(trainer, rows, mode: str) -> dict:
     if ref_logps is not None:
         output["ref_per_token_logps"] = ref_logps
     return output
+
+
+def _log_lengths(trainer, metrics, prompt_ids_list, completion_ids_list, mode: str) -> torch.Tensor:
+    """TRL's num_tokens and completions/* lengths; returns which completions were cut at the length limit."""
+    tokenizer = trainer._tokenizer
+    prompt_lengths = torch.tensor([len(ids) for ids in prompt_ids_list])
+    lengths = torch.tensor([len(ids) for ids in completion_ids_list]).float()
+    if mode == "train":
+        trainer.state.num_input_tokens_seen += int(prompt_lengths.sum() + lengths.sum())
+    metrics["num_tokens"] = [trainer.state.num_input_tokens_seen]
+    metrics["completions/mean_length"].append(lengths.mean().item())
+    metrics["completions/min_length"].append(lengths.min().item())
+    metrics["completions/max_length"].append(lengths.max().item())
+    ends = [*trainer.eos_token_ids, tokenizer.pad_token_id]
+    truncated = torch.tensor([ids[-1] not in ends for ids in completion_ids_list])
+    metrics["completions/clipped_ratio"].append(truncated.float().mean().item())
+    terminated = lengths[~truncated] if (~truncated).any() else torch.zeros(1)
+    metrics["completions/mean_terminated_length"].append(terminated.mean().item())
+    metrics["completions/min_terminated_length"].append(terminated.min().item())
+    metrics["completions/max_terminated_length"].append(terminated.max().item())
+    return truncated
+
+
+def _old_and_reference_logps(trainer, input_ids, attention_mask, keep: int, mode: str):
+    """The old policy's log-probs (when one generation serves several updates) and the reference's (beta > 0)."""
+    args = trainer.args
+    old_logps = ref_logps = None
+    with torch.no_grad():
+        generate_every = args.steps_per_generation * args.num_iterations
+        if args.gradient_accumulation_steps % generate_every != 0:
+            old_logps = _chunked_logps(trainer.model, input_ids, attention_mask, keep, args, mode)
+        if args.beta != 0.0:
+            if trainer.ref_model is not None:
+                ref_logps = _chunked_logps(trainer.ref_model, input_ids, attention_mask, keep, args, mode)
+            else:  # LoRA: the policy with its adapter off is the reference
+                with trainer.model.disable_adapter():
+                    ref_logps = _chunked_logps(trainer.model, input_ids, attention_mask, keep, args, mode)
+    return old_logps, ref_logps
+
+
+def _log_rewards(trainer, metrics, rewards_per_func, is_std_zero) -> None:
+    """TRL's rewards/<func>/mean|std, reward, reward_std and frac_reward_zero_std."""
+    for index, name in enumerate(trainer.reward_func_names):
+        metrics[f"rewards/{name}/mean"].append(torch.nanmean(rewards_per_func[:, index]).item())
+        metrics[f"rewards/{name}/std"].append(losses.nan_std(rewards_per_func[:, index]).item())
+    summed = (rewards_per_func * trainer.reward_weights.unsqueeze(0)).nansum(dim=1)
+    summed[torch.isnan(rewards_per_func).all(dim=1)] = torch.nan
+    metrics["reward"].append(torch.nanmean(summed).item())
+    metrics["reward_std"].append(losses.nan_std(summed).item())
+    metrics["frac_reward_zero_std"].append(is_std_zero.float().mean().item())
 
 
 def _chunked_logps(model, input_ids, attention_mask, keep, args, mode):

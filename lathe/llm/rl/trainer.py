@@ -37,6 +37,28 @@ def _identity(batch):
     return batch
 
 
+def _prepare_policy(model, processing_class, args):
+    """The policy (loaded when `model` is a folder) and its tokenizer, whose pad token is the EOS token when
+    it has none (as TRL's), with the model's pad ids set to it and dropout off when args.disable_dropout."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    if isinstance(model, str):
+        model = AutoModelForCausalLM.from_pretrained(model)
+    if processing_class is None:
+        processing_class = AutoTokenizer.from_pretrained(model.config._name_or_path)
+    tokenizer = getattr(processing_class, "tokenizer", processing_class)
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    model.config.pad_token_id = tokenizer.pad_token_id
+    if getattr(model, "generation_config", None) is not None:
+        model.generation_config.pad_token_id = tokenizer.pad_token_id
+    if args.disable_dropout:
+        from lathe.llm.preference.reference import disable_dropout
+
+        disable_dropout(model)
+    return model, tokenizer
+
+
 class GRPOTrainer(Trainer):
     """GRPOTrainer(model, reward_funcs, args=GRPOConfig(...), train_dataset=..., processing_class=...,
     peft_config=None). `model`: a model or a folder; `reward_funcs`: callables, `module:function` names or
@@ -58,26 +80,12 @@ class GRPOTrainer(Trainer):
         peft_config=None,
         reward_search_dirs=(),
     ):
-        from transformers import AutoModelForCausalLM, AutoTokenizer
-
         from lathe.train.seed import set_seed
 
         args = args if args is not None else GRPOConfig(output_dir="grpo_output")
         set_seed(args.seed)  # before the model: a LoRA adapter's initial weights are drawn from it
-        if isinstance(model, str):
-            model = AutoModelForCausalLM.from_pretrained(model)
-        if processing_class is None:
-            processing_class = AutoTokenizer.from_pretrained(model.config._name_or_path)
-        tokenizer = getattr(processing_class, "tokenizer", processing_class)
-        if tokenizer.pad_token is None:
-            tokenizer.pad_token = tokenizer.eos_token
-        model.config.pad_token_id = tokenizer.pad_token_id
-        if getattr(model, "generation_config", None) is not None:
-            model.generation_config.pad_token_id = tokenizer.pad_token_id
-        if args.disable_dropout:
-            from lathe.llm.preference.reference import disable_dropout
-
-            disable_dropout(model)
+        model, tokenizer = _prepare_policy(model, processing_class, args)
+        processing_class = processing_class if processing_class is not None else tokenizer
         # The reference: none at beta 0; the policy with its adapter off under LoRA (no copy); else a frozen copy.
         self.ref_model = None
         if peft_config is not None:
@@ -86,17 +94,7 @@ class GRPOTrainer(Trainer):
             model = get_peft_model(model, peft_config)
         if args.beta != 0.0 and not hasattr(model, "disable_adapter"):
             self.ref_model = copy.deepcopy(model).eval().requires_grad_(False)
-        reward_funcs = args.reward_funcs if reward_funcs is None else reward_funcs
-        if reward_funcs is None:
-            raise ValueError("GRPOTrainer needs reward_funcs (callables, 'module:function' names or model folders).")
-        reward_funcs = reward_funcs if isinstance(reward_funcs, (list, tuple)) else [reward_funcs]
-        self.reward_funcs = [rewards.resolve_reward_function(f, reward_search_dirs) for f in reward_funcs]
-        self.reward_func_names = [rewards.reward_function_name(f) for f in self.reward_funcs]
-        self.reward_processing_classes = self._reward_tokenizers(reward_processing_classes)
-        weights = args.reward_weights if args.reward_weights is not None else [1.0] * len(self.reward_funcs)
-        if len(weights) != len(self.reward_funcs):
-            raise ValueError(f"reward_weights has {len(weights)} values for {len(self.reward_funcs)} reward functions.")
-        self.reward_weights = torch.tensor(weights, dtype=torch.float32)
+        self._set_reward_functions(reward_funcs, args, reward_processing_classes, reward_search_dirs)
         super().__init__(
             model=model,
             args=args,
@@ -122,6 +120,21 @@ class GRPOTrainer(Trainer):
         self._buffered_inputs = None
         self._metrics = {"train": defaultdict(list), "eval": defaultdict(list)}
         self._step_time = 0.0
+
+    def _set_reward_functions(self, reward_funcs, args, reward_processing_classes, reward_search_dirs) -> None:
+        """The reward functions (callables, `module:function` names, reward-model folders), their names,
+        tokenizers and weights."""
+        reward_funcs = args.reward_funcs if reward_funcs is None else reward_funcs
+        if reward_funcs is None:
+            raise ValueError("GRPOTrainer needs reward_funcs (callables, 'module:function' names or model folders).")
+        reward_funcs = reward_funcs if isinstance(reward_funcs, (list, tuple)) else [reward_funcs]
+        self.reward_funcs = [rewards.resolve_reward_function(f, reward_search_dirs) for f in reward_funcs]
+        self.reward_func_names = [rewards.reward_function_name(f) for f in self.reward_funcs]
+        self.reward_processing_classes = self._reward_tokenizers(reward_processing_classes)
+        weights = args.reward_weights if args.reward_weights is not None else [1.0] * len(self.reward_funcs)
+        if len(weights) != len(self.reward_funcs):
+            raise ValueError(f"reward_weights has {len(weights)} values for {len(self.reward_funcs)} reward functions.")
+        self.reward_weights = torch.tensor(weights, dtype=torch.float32)
 
     def _reward_tokenizers(self, given):
         from transformers import AutoTokenizer
