@@ -29,6 +29,16 @@ from lathe.train.data.labels import IGNORE_INDEX
 _ELEMENTS_PER_CHUNK = 2**25
 
 
+def _apply_fused(*inputs) -> torch.Tensor:
+    return _FusedLinearCrossEntropy.apply(*inputs)
+
+
+# torch.compile of the fused function on torch < 2.13 returns the right loss but wrong hidden-state gradients
+# (docs/TORCH_VERSIONS.md): there torch.compile leaves it out of the graph and it runs eagerly.
+if tuple(int(part) for part in torch.__version__.split("+")[0].split(".")[:2]) < (2, 13):
+    _apply_fused = torch.compiler.disable(_apply_fused)
+
+
 def default_chunk_size(vocab_size: int) -> int:
     """A power of two near 2**25 / vocab_size tokens, at least 32."""
     return max(32, 2 ** round(math.log2(max(_ELEMENTS_PER_CHUNK / max(vocab_size, 1), 1))))
@@ -163,7 +173,7 @@ def chunked_causal_lm_loss(
         weight, bias = head.weight, head.bias
         needs_grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (rows, weight, bias))
         if needs_grad:
-            total = _FusedLinearCrossEntropy.apply(rows, weight, bias, targets, label_smoothing, softcap, size)
+            total = _apply_fused(rows, weight, bias, targets, label_smoothing, softcap, size)
         else:
             total = _summed_loss_no_grad(rows, weight, bias, targets, label_smoothing, softcap, size)
     else:
