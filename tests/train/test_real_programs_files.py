@@ -56,3 +56,49 @@ def test_checkpoint_total_flos_as_transformers(tmp_path):
             for library in ("lathe", "transformers")
         )
         assert ours == theirs > 0
+
+
+def test_model_card_is_transformers(tmp_path):
+    # a text-classification model evaluated on a `datasets` Dataset with a metric the Hub knows as a tag:
+    # the card's metadata (tags, datasets, metrics, model-index results) and text are transformers', but
+    # for lathe's own framework-version line
+    datasets = pytest.importorskip("datasets")
+    import numpy as np
+
+    def compute_metrics(prediction):
+        return {"accuracy": float((np.argmax(prediction.predictions, -1) == prediction.label_ids).mean())}
+
+    rows = [{"input_ids": [(3 * i + j) % 60 + 1 for j in range(8)], "labels": i % 2} for i in range(12)]
+    data = datasets.Dataset.from_list(rows)
+    cards = {}
+    for library in ("lathe", "transformers"):
+        module = importlib.import_module(library)
+        torch_seeded = tiny_llama  # same weights for both
+        model_config = torch_seeded().config
+        model_config.num_labels = 2
+        import torch
+
+        torch.manual_seed(0)
+        model = transformers.LlamaForSequenceClassification(model_config)
+        args = module.TrainingArguments(
+            output_dir=str(tmp_path / library / "run"),
+            report_to="none",
+            disable_tqdm=True,
+            max_steps=4,
+            eval_strategy="steps",
+            eval_steps=2,
+            per_device_train_batch_size=4,
+            seed=0,
+        )
+        trainer = module.Trainer(
+            model=model, args=args, train_dataset=data, eval_dataset=data, compute_metrics=compute_metrics
+        )
+        trainer.train()
+        trainer.create_model_card(
+            dataset_tags="glue", dataset_args="mrpc", dataset="GLUE MRPC", tasks="text-classification"
+        )
+        cards[library] = (tmp_path / library / "run" / "README.md").read_text()
+    ours, theirs = cards["lathe"].splitlines(), cards["transformers"].splitlines()
+    extra = [line for line in ours if line.startswith("- lathe ")]
+    assert len(extra) == 1 and [line for line in ours if line not in extra] == theirs
+    assert "metrics:\n- accuracy\n" in cards["lathe"]
