@@ -60,7 +60,7 @@ def test_every_stage_and_method_writes_llamafactory_s_card(folders, tmp_path, st
     card = front_matter(output / "README.md")
     assert card["license"] == "other"
     assert card["base_model"] == str(folders / "model")
-    if method != "lora":  # PEFT's card update replaces the tags with its own, under transformers too
+    if method != "lora":
         assert {"llama-factory", method, "generated_from_trainer"} <= set(card["tags"])
     assert card["model-index"] == [{"name": "out", "results": []}] or method == "lora"
     text = (output / "README.md").read_text()
@@ -69,14 +69,11 @@ def test_every_stage_and_method_writes_llamafactory_s_card(folders, tmp_path, st
         f"on the {names[0]} dataset." if len(names) == 1 else f"on the {names[0]} and the {names[1]} datasets."
     ) in text
     assert "- Transformers " in text and "### Training hyperparameters" in text
-    if method == "lora" and stage != "rm":  # PEFT's adapter card, updated by PEFT after transformers' card
-        assert card["library_name"] == "peft" and "lora" in card["tags"]
-    elif method == "lora":  # the value-head model is no PeftModel: transformers' card, PEFT's tags merged in
-        assert card["library_name"] == "transformers" and {
-            "llama-factory",
-            "lora",
-            "base_model:adapter:" + str(folders / "model"),
-        } <= set(card["tags"])
+    if method == "lora":  # PEFT's adapter card, updated by PEFT after transformers' card (the reward model's too)
+        assert card["library_name"] == "peft" and card["pipeline_tag"] == "text-generation"
+        adapter = "base_model:adapter:" + str(folders / "model")
+        assert {"llama-factory", "lora", adapter, "transformers"} <= set(card["tags"]), card["tags"]
+        assert "generated_from_trainer" not in card["tags"]  # as in LLaMA-Factory's card of an rm lora run
     else:
         assert card["library_name"] == "transformers"
 
