@@ -21,6 +21,9 @@ TIMING_KEY = re.compile(r"(_runtime|_per_second)$")
 # Files lathe writes beside transformers' ones, documented in README.md ("Checkpoints"): the completion manifest
 # rotation and resume trust, and the training arguments as JSON (read back on resume without unpickling).
 ALLOWED_EXTRA = {"lathe_checkpoint.json", "training_args.json"}
+# The one line by which lathe's model card differs from transformers' (docs/COMPATIBILITY.md): "- lathe <version>"
+# at the end of "Framework versions".
+LATHE_CARD_LINE = re.compile(r"^- lathe \S+\n?$")
 # Pickled TrainingArguments: the class (transformers' or lathe's) differs by design; only its presence counts.
 NOT_COMPARED = {"training_args.bin"}
 PREDICTION_FILE = re.compile(r"^(predict_results.*\.txt|generated_predictions\.txt|.*predictions.*\.(txt|json))$")
@@ -192,6 +195,8 @@ def compare_file(path_a, path_b, relpath, rtol=RTOL):
         if first and "/" in relpath:
             return "log_history " + describe_log(first)
     if isinstance(a, str) and isinstance(b, str):
+        if relpath.rsplit("/", 1)[-1] == "README.md":  # the model card: lathe adds its framework-version line
+            b = "".join(line for line in b.splitlines(keepends=True) if not LATHE_CARD_LINE.match(line))
         return None if a == b else _first_text_difference(a, b)
     if relpath.endswith(".json"):
         found = diff_values(a, b, "", rtol)

@@ -141,3 +141,13 @@ def test_columns_without_files_are_reported_not_written(tmp_path):
 )
 def test_files_map_to_columns(relpath, column):
     assert compare.column_of(relpath) == column
+
+
+def test_the_model_card_may_differ_by_lathe_s_framework_line_only(tmp_path):
+    card = "---\nlibrary_name: transformers\n---\n\n### Framework versions\n\n- Transformers 5.23.0\n- Pytorch 2.13.0\n"
+    hf, lathe, other = (write_run(tmp_path / name) for name in ("hf", "lathe", "other"))
+    (tmp_path / "hf" / "README.md").write_text(card)
+    (tmp_path / "lathe" / "README.md").write_text(card + "- lathe 0.1.0\n")
+    (tmp_path / "other" / "README.md").write_text(card.replace("5.23.0", "5.6.0") + "- lathe 0.1.0\n")
+    assert compare.compare_runs(hf, lathe)["files"] is None
+    assert "README.md: line 7" in compare.compare_runs(hf, other)["files"]

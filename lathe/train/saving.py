@@ -59,6 +59,8 @@ def save_checkpoint(trainer, model, trial=None) -> None:
     are written from a copy of the state, flushed and renamed while the next training steps run
     (lathe.train.checkpoints.snapshot, lathe.train.checkpoints.commit)."""
     args, state, commits = trainer.args, trainer.state, trainer._checkpoint_commits
+    if trainer.hp_search_backend is None and trial is None:
+        trainer.store_flos()  # as transformers: the checkpoint's total_flos counts every step up to it
     commits.wait()  # the previous checkpoint is published before anything looks for it
     final_path = ckpt.checkpoint_path(args.output_dir, state.global_step)
     _record_best_and_callbacks(trainer)

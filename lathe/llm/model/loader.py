@@ -127,6 +127,8 @@ def load_model(
     _fit_embeddings_to(model, tokenizer, model_args)
     if is_trainable:
         _prepare_for_training(model, model_args)
+    if hasattr(model, "add_model_tags"):  # as LLaMA-Factory tags every model: PEFT's model card lists the tag
+        model.add_model_tags(["llama-factory"])
     model = init_adapter(model, model_args, finetuning_args, is_trainable)
     if is_trainable:
         model.train()

@@ -61,6 +61,13 @@ class ValueHeadModel(nn.Module):
             base = base.get_base_model()
         return "logits_to_keep" in inspect.signature(base.forward).parameters
 
+    def create_or_update_model_card(self, output_dir: str) -> None:
+        """PEFT's update of the model card (LoRA): LLaMA-Factory's reward model gets it too (library_name
+        peft, PEFT's tags, pipeline_tag), after transformers' card. Without PEFT nothing to add."""
+        update = getattr(self.pretrained_model, "create_or_update_model_card", None)
+        if update is not None:
+            update(output_dir)
+
     @property
     def supports_gradient_checkpointing(self) -> bool:
         return bool(getattr(self.pretrained_model, "supports_gradient_checkpointing", False))

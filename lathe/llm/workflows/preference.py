@@ -15,6 +15,7 @@ from lathe.llm.workflows.setup import (
     load_data,
     resolve_resume_checkpoint,
     train_and_save,
+    write_model_card,
 )
 
 # What LLaMA-Factory plots besides the loss, per stage.
@@ -63,6 +64,7 @@ def run(config, dry_run: bool = False, callbacks: list | None = None) -> dict:
         trainer.log_metrics("eval", results)
         trainer.save_metrics("eval", results)
         metrics.update(results)
+    write_model_card(trainer, config)
     return metrics
 
 

@@ -17,6 +17,7 @@ from lathe.llm.workflows.setup import (
     load_data,
     resolve_resume_checkpoint,
     train_and_save,
+    write_model_card,
 )
 from lathe.train.trainer import Trainer
 from lathe.train.data.labels import IGNORE_INDEX
@@ -89,4 +90,5 @@ def run(config, dry_run: bool = False, callbacks: list | None = None) -> dict:
     metrics = train_and_save(trainer, config, plan, resume_from, datasets["eval_dataset"])
     if training_args.do_eval:
         metrics.update(evaluate_and_save(trainer, with_perplexity=True))
+    write_model_card(trainer, config)
     return metrics

@@ -15,6 +15,7 @@ from lathe.llm.workflows.setup import (
     load_data,
     resolve_resume_checkpoint,
     train_and_save,
+    write_model_card,
 )
 
 
@@ -65,4 +66,5 @@ def run(config, dry_run: bool = False, callbacks: list | None = None) -> dict:
         trainer.save_metrics("predict", results.metrics)
         trainer.save_predictions(results)
         metrics.update(results.metrics)
+    write_model_card(trainer, config)
     return metrics

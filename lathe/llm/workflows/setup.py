@@ -12,7 +12,14 @@ from lathe.llm.workflows.rerun import RUN_CONFIG_NAME, warn_about_changed_keys
 from lathe.llm.workflows.meter import summary_lines
 from lathe.llm.workflows.outputs import TrainerLogCallback, plot_loss, save_generation_config
 
-__all__ = ["resolve_resume_checkpoint", "make_callbacks", "finish_training", "evaluate_and_save", "write_run_config"]
+__all__ = [
+    "resolve_resume_checkpoint",
+    "make_callbacks",
+    "finish_training",
+    "evaluate_and_save",
+    "write_run_config",
+    "write_model_card",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -163,3 +170,21 @@ def train_and_save(trainer, config, plan, resume_from: str | None, eval_dataset,
     result = trainer.train(resume_from_checkpoint=resume_from)
     finish_training(trainer, config, result, eval_dataset, plan=plan, **finish_keys)
     return dict(result.metrics)
+
+
+def write_model_card(trainer, config) -> None:
+    """output_dir/README.md, the model card LLaMA-Factory writes last in every stage (do_train only): the
+    Trainer's card with license "other", task text-generation, the base model, the dataset names and the
+    tags llama-factory and the finetuning type (merged into PEFT's adapter card for LoRA). dpo and kto
+    get the same card: LLaMA-Factory calls transformers' create_model_card there too, not TRL's."""
+    if not config.training.do_train:
+        return
+    tags = ["llama-factory", config.finetuning.finetuning_type]
+    for key, tag in (("use_unsloth", "unsloth"), ("use_kt", "kt-kernel")):
+        if getattr(config.model, key, False):
+            tags.append(tag)
+    kwargs = {"tasks": "text-generation", "finetuned_from": config.model.model_name_or_path, "tags": tags}
+    if config.data.dataset is not None:
+        names = config.data.dataset
+        kwargs["dataset"] = [n.strip() for n in names.split(",")] if isinstance(names, str) else list(names)
+    trainer.create_model_card(license="other", **kwargs)

@@ -17,6 +17,7 @@ from lathe.llm.workflows.setup import (
     make_callbacks,
     resolve_resume_checkpoint,
     train_and_save,
+    write_model_card,
 )
 from lathe.llm.methods.losses import LossVariantsMixin, load_reference_model
 from lathe.train.data.labels import IGNORE_INDEX
@@ -133,4 +134,5 @@ def run(config, dry_run: bool = False, callbacks: list | None = None) -> dict:
                 flush=True,
             )
         metrics.update(results.metrics)
+    write_model_card(trainer, config)
     return metrics

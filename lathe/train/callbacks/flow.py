@@ -85,6 +85,10 @@ class PrinterCallback(TrainerCallback):
     """Prints each log dict (used instead of ProgressCallback when disable_tqdm)."""
 
     def on_log(self, args, state, control, logs=None, **kwargs):
+        # transformers' PrinterCallback pops total_flos from the dict itself, on every rank: the train
+        # metrics train() returns (which the example scripts save to train_results.json) lose it too
+        if logs is not None:
+            logs.pop("total_flos", None)
         if state.is_local_process_zero and logs is not None:
             print(_format_logs(logs))
 

@@ -118,8 +118,8 @@ CASES = {
         "eval_steps": 2,
         "per_device_eval_batch_size": 3,
     },
-    # Evaluated at the last step only: the value head's dropout draws from the RNG, which transformers'
-    # evaluation moves and lathe's leaves as it was (so evaluating never changes training).
+    # Evaluated at the last step, then at every second step: the value head's dropout draws from the RNG,
+    # which evaluation moves (its dataloader draws a seed), in transformers' Trainer and in lathe's alike.
     "rm_lora_eval": {
         "stage": "rm",
         **PAIRS,
@@ -131,6 +131,16 @@ CASES = {
         "per_device_eval_batch_size": 2,
     },
     "rm_full": {"stage": "rm", **PAIRS, "finetuning_type": "full", "learning_rate": 1.0e-3},
+    "rm_lora_eval_steps_2": {
+        "stage": "rm",
+        **PAIRS,
+        "learning_rate": 1.0e-2,
+        "val_size": 4,
+        "do_eval": True,
+        "eval_strategy": "steps",
+        "eval_steps": 2,
+        "per_device_eval_batch_size": 2,
+    },
 }
 # Tokenization only: the ids of every row (truncation, the KL pairing across preprocessing batches).
 TOKENIZED = {
