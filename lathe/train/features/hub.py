@@ -58,7 +58,8 @@ def _evaluation_lines(log_history: list[dict]) -> tuple[list[dict] | None, dict 
             for key, value in log.items():
                 if key in ("total_flos", "epoch", "step") or key.endswith(("_runtime", "_per_second")):
                     continue
-                line["Validation Loss" if key == "eval_loss" else _title(key.split("_", 1)[1])] = value
+                # transformers drops the first word of the key (a key of one word, e.g. kto's `kl`, names "")
+                line["Validation Loss" if key == "eval_loss" else _title("_".join(key.split("_")[1:]))] = value
             lines.append(line)
     skip = ("runtime", "samples_per_second", "steps_per_second", "epoch", "step")
     # transformers reads the last evaluation only when it is not the log's first entry

@@ -9,7 +9,7 @@ from lathe.train.callbacks.events import TrainerCallback
 
 
 class JsonlLoggerCallback(TrainerCallback):
-    """Appends {"step": ..., **logs} per on_log, on the main process; survives a crash line by line."""
+    """Appends each on_log's log_history entry, on the main process; survives a crash line by line."""
 
     file_name = "log_history.jsonl"
 
@@ -18,4 +18,7 @@ class JsonlLoggerCallback(TrainerCallback):
             return
         os.makedirs(args.output_dir, exist_ok=True)
         with open(os.path.join(args.output_dir, self.file_name), "a", encoding="utf-8") as f:
-            f.write(json.dumps({"step": state.global_step, **logs}) + "\n")
+            # The log_history entry on_log was called for: PrinterCallback (disable_tqdm), which runs first,
+            # pops total_flos from `logs` as transformers' does, and the file stays equal to log_history.
+            entry = state.log_history[-1] if state.log_history else {**logs, "step": state.global_step}
+            f.write(json.dumps(entry) + "\n")
