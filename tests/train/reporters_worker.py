@@ -67,7 +67,9 @@ def read_mlflow(uri: str) -> dict:
     client = mlflow.tracking.MlflowClient(uri)
     (run,) = client.search_runs([client.get_experiment_by_name("Default").experiment_id])
     metrics = {
-        key: [(m.step, m.value) for m in client.get_metric_history(run.info.run_id, key)] for key in run.data.metrics
+        # mlflow's file store returns a metric's history in no promised order; the step says where a point belongs
+        key: sorted((m.step, m.value) for m in client.get_metric_history(run.info.run_id, key))
+        for key in run.data.metrics
     }
     return {"metrics": metrics, "params": run.data.params, "name": run.info.run_name, "status": run.info.status}
 
