@@ -2,7 +2,8 @@
 template, and a scheduler that decodes concurrent requests together.
 
 Messages: an optional leading system message, then user (or tool results) and assistant turns
-alternating, ending on a user or tool turn; content is a string or a list of text parts. They map
+alternating, ending on a user or tool turn; content is a string or a list of text parts (and, for a
+vision-language model, image_url parts in user turns: lathe/llm/inference/vision.py encodes them). They map
 onto the template's roles as in training (tool -> observation; an assistant's tool_calls -> a
 function message), so the prompt is token for token what the model saw in training.
 

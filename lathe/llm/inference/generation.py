@@ -5,7 +5,9 @@ One forward pass per generated token for the whole batch (prompts left-padded, a
 row: OpenAI's presence/frequency penalties, transformers' repetition_penalty, temperature, top-k,
 top-p, its own random generator (seed), its own stop conditions (the template's stop tokens, stop
 strings, max_new_tokens). Text is streamed as it becomes final: never half a UTF-8 character, never
-the start of what may turn out to be a stop string.
+the start of what may turn out to be a stop string. Rows with images (a vision-language model) pass their
+images' tensors with the first forward, and a model with 3-D rotary positions (Qwen2-VL: mrope) gets them
+from its own get_rope_index, as in training.
 """
 
 from __future__ import annotations
@@ -67,12 +69,13 @@ class BatchGenerator:
         generators = [self._random(seq.params.seed, device) for seq in sequences]
         input_ids, attention_mask = self._left_pad([seq.prompt_ids for seq in sequences], device)
         media = self._media(sequences, device, next(self.model.parameters()).dtype)
-        if media:  # 3-D (mrope) positions, as training gives them; then each new token one further on every axis
-            from lathe.llm.multimodal.qwen2_vl import rope_positions
+        position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
+        if media:
+            from lathe.llm.multimodal.qwen2_vl import rope_index_function, rope_positions
 
-            position_ids, _ = rope_positions(self.model, input_ids, attention_mask, media.get("image_grid_thw"))
-        else:
-            position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
+            if rope_index_function(self.model) is not None:
+                # 3-D (mrope) positions, as training gives them; then each new token one further on every axis
+                position_ids, _ = rope_positions(self.model, input_ids, attention_mask, media.get("image_grid_thw"))
         cache, steps = None, max(seq.params.max_new_tokens for seq in sequences)
         with torch.inference_mode():
             for _ in range(steps):

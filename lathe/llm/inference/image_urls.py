@@ -70,6 +70,8 @@ def _file_bytes(path: str, rules: ImageRules, param: str) -> bytes:
             "--media_dir DIR to allow the files in DIR.",
             param=param,
         )
+    if "\0" in path:
+        raise InvalidRequest(f"{param}: a file path cannot hold a NUL character.", param=param)
     root = os.path.realpath(rules.media_dir)
     full = os.path.realpath(os.path.join(root, path))  # a relative path is relative to media_dir
     if os.path.commonpath([root, full]) != root:
