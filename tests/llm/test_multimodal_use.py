@@ -5,6 +5,7 @@ as training encodes them; greedy tokens equal the model's own generate (with its
 inputs, alone and batched; the exported folder gives the merged model's logits on an image."""
 
 import base64
+import contextlib
 import importlib.util
 import io
 import os
@@ -57,6 +58,22 @@ def _engine(model_dir, template="qwen2_vl", **kwargs):
 @pytest.fixture(scope="module")
 def engine(vl_dir):
     return _engine(vl_dir)
+
+
+@contextlib.contextmanager
+def _recorded_positions(model):
+    """The 3-D rotary positions of every forward of `model` (generate's text row, when it adds one, left out)."""
+    seen = []
+
+    def record(module, args, kwargs):
+        positions = kwargs["position_ids"]
+        seen.append(positions[1:] if positions.shape[0] == 4 else positions)
+
+    handle = model.register_forward_pre_hook(record, with_kwargs=True)
+    try:
+        yield seen
+    finally:
+        handle.remove()
 
 
 def _png(image) -> bytes:
@@ -115,13 +132,22 @@ def test_images_are_encoded_as_training_encodes_them_and_decode_as_the_models_ge
         batch = Qwen2VLCollator(SFTDataCollator(engine.tokenizer), processor, engine.model)([row])
         assert torch.equal(batch["pixel_values"], media["pixel_values"]), name
         assert batch["image_grid_thw"].tolist() == media["image_grid_thw"].tolist(), name
+        training_positions = batch["position_ids"][1:, :, : len(prompt_ids)]
     assert prompt_ids.count(engine.model.config.image_token_id) == int(grid.prod()) // 4 > 1
 
     params = engine.default_params()
-    expected = {name: _own_generate(engine, *requests[name]) for name in requests}
-    assert all(expected.values())
-    alone = {name: engine.generate(*requests[name][:1], params, media=requests[name][1]).generated for name in requests}
-    assert alone == expected
+    with _recorded_positions(engine.model) as own_positions:
+        expected = {name: _own_generate(engine, *requests[name]) for name in requests}
+    with _recorded_positions(engine.model) as positions:
+        alone = {
+            name: engine.generate(requests[name][0], params, media=requests[name][1]).generated for name in requests
+        }
+    assert all(expected.values()) and alone == expected
+    # every forward at the model's own mrope positions; the prompt's are training's (the image's rows and columns)
+    assert len(positions) == len(own_positions) and all(map(torch.equal, positions, own_positions))
+    prompt_forwards = [forward for forward in positions if forward.shape[-1] > 1]  # the last is the last image's
+    assert len(prompt_forwards) == 2 and torch.equal(prompt_forwards[-1], training_positions)
+    assert not torch.equal(training_positions[0, 0], torch.arange(len(prompt_ids)))
     # decoded together (left padding, both images in one forward): the same tokens, and a text-only row beside them
     text_prompt = engine.chat_prompt([{"role": "user", "content": QUESTION}])
     batch = [Sequence(list(requests[name][0]), engine.default_params(), media=requests[name][1]) for name in requests]
