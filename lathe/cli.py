@@ -163,8 +163,14 @@ def _api(options) -> int:
         "model_name": options.model_name or os.environ.get("API_MODEL_NAME"),
         "max_tokens": int(options.max_tokens) if options.max_tokens else None,
         "max_batch": int(options.max_batch) if options.max_batch else 16,
-        # image files are read from this folder only (LLaMA-Factory's SAFE_MEDIA_PATH); none: data URLs only
-        "media_dir": options.media_dir or os.environ.get("SAFE_MEDIA_PATH"),
+        # image files are read from this folder only (LLaMA-Factory's SAFE_MEDIA_PATH, unless its
+        # ALLOW_LOCAL_FILES is off); none: data URLs only
+        "media_dir": options.media_dir
+        or (
+            os.environ.get("SAFE_MEDIA_PATH")
+            if os.environ.get("ALLOW_LOCAL_FILES", "1").lower() in ("1", "true", "y")
+            else None
+        ),
         "max_body_bytes": int(options.max_body_bytes) if options.max_body_bytes else None,
     }
     from lathe.llm.commands import api_command

@@ -75,9 +75,19 @@ def load_image_encoder(config, model, template) -> ImageEncoder:
     return ImageEncoder(
         family,
         image_processor,
-        getattr(config.model, "image_max_pixels", None) or DEFAULT_IMAGE_MAX_PIXELS,
-        getattr(config.model, "image_min_pixels", None) or DEFAULT_IMAGE_MIN_PIXELS,
+        _config_value(config, "image_max_pixels", DEFAULT_IMAGE_MAX_PIXELS),
+        _config_value(config, "image_min_pixels", DEFAULT_IMAGE_MIN_PIXELS),
     )
+
+
+def _config_value(config, key: str, default):
+    """A multimodal key of the inference config (LLaMA-Factory keeps them with the model arguments), else its
+    default: the same budget training read."""
+    for section in (config.model, config.data):
+        value = getattr(section, key, None)
+        if value is not None:
+            return value
+    return default
 
 
 def load_image_processor(model_args):
