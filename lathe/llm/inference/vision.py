@@ -18,6 +18,8 @@ logger = logging.getLogger(__name__)
 
 # The family functions a served conversation needs (lathe/llm/multimodal/qwen2_vl.py has them).
 SERVING_FUNCTIONS = ("image_inputs", "expand_placeholders")
+# A processor's own files besides preprocessor_config.json (transformers 5 writes them with the processor).
+PROCESSOR_FILES = ("processor_config.json", "video_preprocessor_config.json")
 
 
 @dataclass
@@ -151,6 +153,13 @@ def save_processor(model_args, model, export_dir: str) -> bool:
         processor = None
     if isinstance(processor, ProcessorMixin):
         processor.save_pretrained(export_dir)
-    else:
-        load_image_processor(model_args).save_pretrained(export_dir)
+        return True
+    load_image_processor(model_args).save_pretrained(export_dir)
+    import os
+    import shutil
+
+    folder = model_folder(model_args)
+    for name in PROCESSOR_FILES:  # the rest of the processor, as the base model has it, for a machine that builds it
+        if os.path.isfile(os.path.join(folder, name)) and not os.path.exists(os.path.join(export_dir, name)):
+            shutil.copy(os.path.join(folder, name), os.path.join(export_dir, name))
     return True
