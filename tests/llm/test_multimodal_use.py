@@ -331,3 +331,28 @@ def test_export_merges_lora_saves_the_processor_and_reloads_with_the_same_logits
             assert torch.allclose(exported(**probe).logits, expected, atol=1e-5), model_class.__name__
         with reference.disable_adapter():  # the adapter moved them
             assert not torch.allclose(reference(**probe).logits, expected, atol=1e-3)
+
+
+def test_lathe_api_takes_the_media_folder_from_its_option_or_llamafactorys_variables(monkeypatch):
+    import lathe.llm.commands
+    from lathe.cli import main
+
+    servers = []
+    monkeypatch.setattr(
+        lathe.llm.commands, "api_command", lambda config, overrides, server, traceback: servers.append(server) or 0
+    )
+    monkeypatch.setenv("SAFE_MEDIA_PATH", "/srv/media")
+    assert main(["api", "serve.yaml", "--media_dir", "/data/images", "--max_body_bytes", "5000000"]) == 0
+    assert main(["api", "serve.yaml"]) == 0
+    monkeypatch.setenv("ALLOW_LOCAL_FILES", "false")
+    assert main(["api", "serve.yaml", "temperature=0"]) == 0
+    assert [(server["media_dir"], server["max_body_bytes"]) for server in servers] == [
+        ("/data/images", 5_000_000),
+        ("/srv/media", None),
+        (None, None),
+    ]
+    from lathe.llm.inference.api import api_command
+
+    pytest.importorskip("uvicorn")
+    with pytest.raises(ValueError, match="--media_dir '/no/such/folder' is not a folder"):
+        api_command("never-read.yaml", [], media_dir="/no/such/folder")

@@ -291,11 +291,11 @@ def api_command(
     _fastapi()
     import uvicorn
 
+    if media_dir is not None and not os.path.isdir(media_dir):  # before minutes of model loading
+        raise ValueError(f"--media_dir {media_dir!r} is not a folder (image_url files are served from it).")
     config = parse_infer_config(config_path, overrides, command="api")
     engine = ChatEngine.from_config(config, max_batch=max_batch)
     name = model_name or os.path.basename(os.path.normpath(config.model.model_name_or_path))
-    if media_dir is not None and not os.path.isdir(media_dir):
-        raise ValueError(f"--media_dir {media_dir!r} is not a folder.")
     limits = Limits(max_tokens=max_tokens or config.generating.max_new_tokens, images=ImageRules(media_dir=media_dir))
     if max_body_bytes is not None:
         limits.max_body_bytes = max_body_bytes
