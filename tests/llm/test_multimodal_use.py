@@ -8,6 +8,7 @@ import base64
 import contextlib
 import importlib.util
 import io
+import json
 import os
 from pathlib import Path
 
@@ -237,6 +238,11 @@ def test_api_reads_data_urls_and_files_under_the_media_folder_only(gen, engine, 
         assert body["usage"]["prompt_tokens"] == len(prompt_ids)
     status, body = _post(no_files, _image_message(f"data:image/png;base64,{png}"))
     assert status == 200 and body["choices"][0]["message"]["content"] == answer
+    streamed = served.post(
+        "/v1/chat/completions", json={"messages": _image_message("photos/cat.png"), "max_tokens": 4, "stream": True}
+    )
+    chunks = [json.loads(line[6:]) for line in streamed.text.splitlines() if line.startswith("data: {")]
+    assert "".join(chunk["choices"][0]["delta"].get("content", "") for chunk in chunks) == answer
 
     refused = {
         (served, os.path.relpath(outside / "secret.png", root)): "outside the server's media folder",
