@@ -1,6 +1,7 @@
 """Reward functions of GRPO: resolved from callables, `module:function` names or reward-model folders, and
 called with TRL's convention `f(prompts=, completions=, completion_ids=, **columns) -> list[float | None]`
-(every other dataset column as a keyword argument, one value per completion; None means "not applicable").
+(every other dataset column but lathe's prompt_ids as a keyword argument, one value per completion; None means
+"not applicable").
 A reward model scores prompt + completion and its first logit is the reward."""
 
 from __future__ import annotations
@@ -14,8 +15,9 @@ from pathlib import Path
 import torch
 
 
-class RewardFunctionError(RuntimeError):
-    """A reward function raised or returned the wrong number of rewards: names it and the dataset row."""
+class RewardFunctionError(ValueError):
+    """A reward function raised or returned the wrong number of rewards: names it and the dataset row (a
+    ValueError, so that `lathe train` stops with this one line; --traceback shows the function's own)."""
 
 
 def resolve_reward_function(spec, search_dirs=()):
@@ -78,7 +80,9 @@ def compute_rewards(functions, names, tokenizers, inputs, prompts, completions, 
     """(completions, functions) rewards, NaN where a function returned None."""
     rewards = torch.zeros(len(prompts), len(functions))
     columns = {
-        key: [row[key] for row in inputs] for key in inputs[0] if key not in ("prompt", "completion", "completion_ids")
+        key: [row[key] for row in inputs]
+        for key in inputs[0]
+        if key not in ("prompt", "prompt_ids", "completion", "completion_ids")
     }
     columns.update(extras)
     for index, (function, name, tokenizer) in enumerate(zip(functions, names, tokenizers)):
