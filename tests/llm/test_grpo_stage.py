@@ -176,3 +176,31 @@ def test_grpo_sampling_keys_are_trls_and_the_generating_section_keeps_llamafacto
     assert (args.loss_type, args.max_completion_length, args.epsilon, args.scale_rewards) == ("dapo", 512, 0.2, "group")
     sft = parse_train_config({**values, "stage": "sft", "top_p": 0.9})
     assert (sft.generating.temperature, sft.generating.top_p, sft.generating.top_k) == (0.95, 0.9, 50)
+
+
+def test_a_stage_rm_folder_is_a_reward_model_scoring_the_sampled_tokens(model_dir, tmp_path):
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from lathe.llm.model.value_head import ValueHeadModel
+    from lathe.llm.rl.reward_models import score_token_ids
+
+    scorer = ValueHeadModel(AutoModelForCausalLM.from_pretrained(model_dir), dropout=0.0)
+    with torch.no_grad():
+        scorer.v_head.summary.weight.copy_(torch.linspace(-1, 1, scorer.v_head.summary.weight.numel()).view(1, -1))
+    folder = tmp_path / "my_rm"
+    scorer.save_pretrained(str(folder))  # stage rm's layout: the LM's weights and value_head.safetensors
+    rows = [{"prompt": [{"role": "user", "content": p}]} for p in grpo_cases.PROMPTS]
+    entry = {"formatting": "sharegpt", "columns": {"messages": "prompt"}, "tags": SHAREGPT_TAGS}
+    write_project(tmp_path, rows, entry, "")
+    logs = run(config_file(tmp_path, model_dir, reward_funcs=str(folder), max_steps=1))
+    assert logs[0]["rewards/my_rm/std"] > 0 and logs[0]["reward"] == logs[0]["rewards/my_rm/mean"]
+
+    from lathe.llm.rl.rewards import resolve_reward_function
+
+    loaded = resolve_reward_function(str(folder))
+    prompts, completions = [[5, 6, 7], [8]], [[9, 2], [10, 11, 12, 2]]
+    scores = score_token_ids(loaded, prompts, completions, pad_id=0)  # right-padded: each row's own last token
+    with torch.no_grad():
+        alone = [scorer(input_ids=torch.tensor([p + c]))[0, -1].item() for p, c in zip(prompts, completions)]
+    assert scores.tolist() == pytest.approx(alone, rel=1e-5)

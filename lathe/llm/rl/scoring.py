@@ -64,6 +64,7 @@ def generate_and_score(trainer, rows, mode: str) -> dict:
         completion_ids_list,
         {"trainer_state": trainer.state},
         row_ids,
+        (prompt_ids_list, tokenizer.pad_token_id),
     )
     advantages, _, is_std_zero = losses.advantages_of(
         rewards_per_func, trainer.reward_weights, args.num_generations, args.scale_rewards

@@ -142,7 +142,11 @@ class GRPOTrainer(Trainer):
         given = given if isinstance(given, (list, tuple)) else [given] * len(self.reward_funcs)
         tokenizers = []
         for function, tokenizer in zip(self.reward_funcs, given):
-            if isinstance(function, torch.nn.Module) and tokenizer is None:
+            if (
+                isinstance(function, torch.nn.Module)
+                and tokenizer is None
+                and not hasattr(function, "scores_token_ids")
+            ):
                 tokenizer = AutoTokenizer.from_pretrained(function.config._name_or_path)
                 if tokenizer.pad_token_id is None:
                     tokenizer.pad_token = tokenizer.eos_token
