@@ -154,6 +154,23 @@ class GRPOTrainer(Trainer):
             tokenizers.append(tokenizer)
         return tokenizers
 
+    # ----- exact resume: the buffered generation and the step counter travel with each checkpoint -----
+
+    def train(self, resume_from_checkpoint=None, trial=None, ignore_keys_for_eval=None, **kwargs):
+        from lathe.llm.rl.resume import load_generation_state
+        from lathe.train.resume import resolve_resume_path
+
+        path = resolve_resume_path(self.args, resume_from_checkpoint)
+        if path is not None:
+            load_generation_state(self, path)
+        return super().train(path, trial, ignore_keys_for_eval, **kwargs)
+
+    def _save_checkpoint(self, model, trial=None):
+        from lathe.llm.rl.resume import save_generation_state
+
+        super()._save_checkpoint(model, trial)
+        save_generation_state(self)
+
     # ----- data: the generation batch -----
 
     def get_train_dataloader(self):
