@@ -8,7 +8,6 @@ import math
 import sys
 from pathlib import Path
 
-import pytest
 import torch
 
 HERE = Path(__file__).resolve().parent
@@ -40,7 +39,6 @@ def logged(trainer) -> dict[int, dict]:
     }
 
 
-@pytest.mark.slow
 def test_a_resumed_run_logs_the_uninterrupted_numbers(tmp_path):
     torch.set_num_threads(1)
     model_dir = tmp_path / "model"

@@ -204,3 +204,38 @@ def test_a_stage_rm_folder_is_a_reward_model_scoring_the_sampled_tokens(model_di
     with torch.no_grad():
         alone = [scorer(input_ids=torch.tensor([p + c]))[0, -1].item() for p, c in zip(prompts, completions)]
     assert scores.tolist() == pytest.approx(alone, rel=1e-5)
+
+
+def test_the_plan_counts_sampling_and_the_reference_only_where_one_is_loaded(tmp_path, capsys):
+    """A dry run (the model on the meta device): the KV cache of a generation batch is in the plan, the
+    reference copy only for full fine-tuning with beta > 0, and the steps are the sampler's."""
+    import re
+    import shutil
+
+    from transformers import LlamaConfig
+
+    from lathe.llm.workflows.stages import run_train
+
+    folder = tmp_path / "big"
+    shutil.copytree(grpo_cases.TOKENIZER.parent / "bpe_chatml", folder)
+    shape = dict(hidden_size=1024, intermediate_size=2816, num_hidden_layers=8, num_attention_heads=8)
+    LlamaConfig(vocab_size=512, num_key_value_heads=8, max_position_embeddings=8192, **shape).save_pretrained(folder)
+    rows = [{"prompt": [{"role": "user", "content": "count to five:"}]}] * 8
+    entry = {"formatting": "sharegpt", "columns": {"messages": "prompt"}, "tags": SHAREGPT_TAGS}
+    write_project(tmp_path, rows, entry, "")
+    keys = {"num_generations": 8, "max_completion_length": 4096, "max_steps": 2, "reward_funcs": "x:y"}
+    plans = {}
+    for method, extra in (("full", {"beta": 0.04}), ("lora", {"beta": 0.04}), ("full0", {})):
+        type_ = "lora" if method == "lora" else "full"
+        run_train(parse_train_config(config_file(tmp_path, str(folder), finetuning_type=type_, **keys, **extra)), True)
+        plans[method] = capsys.readouterr().out
+    prompt_tokens = int(re.search(r"train tokens\s+(\d+)", plans["full"]).group(1)) // 8
+    kv_cache = 8 * (prompt_tokens + 4096) * 8 * 2 * 1024 * 4  # rows x tokens x layers x (k, v) x width x fp32
+    prefill = 8 * prompt_tokens * (2 * 1024 + 2816) * 4
+    sampling = float(re.search(r"sampling \(KV cache\) ([\d,.]+) MiB", plans["full"]).group(1).replace(",", ""))
+    assert sampling == pytest.approx((kv_cache + prefill) / 2**20, abs=1)
+    weights, reference = re.search(r"weights ([\d,.]+) MiB, reference model ([\d,.]+) MiB", plans["full"]).groups()
+    assert weights == reference and "a frozen copy of the initial model (beta 0.04)" in plans["full"]
+    assert "reference model" not in plans["lora"] and "the policy with its adapters off" in plans["lora"]
+    assert "reference model" not in plans["full0"] and "none (beta 0" in plans["full0"]
+    assert "8 per epoch, 2 in total" in plans["full"]  # 8 prompts, one per generation of 8 completions

@@ -40,10 +40,11 @@ def estimate_grpo_memory(
 ) -> MemoryPlan | None:
     """The plan for `settings` (seq_len: the longest prompt + max_completion_length; reference_copy: a frozen
     copy is loaded), with sampling's term and the largest per-device batch that fits both moments."""
-    plan = estimate_memory(model, settings, available)
+    plan = estimate_memory(model, settings, None)  # its largest batch would leave sampling out: searched below
     shape = model_shape(model)
     if plan is None or shape is None:
         return None
+    plan.available = available
     _complete(plan, shape, settings, steps_per_generation, prompt_len, completion_len)
     if available is None:
         plan.largest_batch = None
