@@ -83,6 +83,11 @@ class GRPOTrainer(Trainer):
         from lathe.train.seed import set_seed
 
         args = args if args is not None else GRPOConfig(output_dir="grpo_output")
+        if args.world_size > 1:
+            raise ValueError(
+                f"GRPO runs on one process for now ({args.world_size} here): the generation batch is not split "
+                "across processes nor the rewards gathered for the group advantages. Train on one process."
+            )
         set_seed(args.seed)  # before the model: a LoRA adapter's initial weights are drawn from it
         model, tokenizer = _prepare_policy(model, processing_class, args)
         processing_class = processing_class if processing_class is not None else tokenizer
