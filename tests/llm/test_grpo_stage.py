@@ -149,6 +149,7 @@ def test_alpaca_rows_hand_their_other_columns_to_the_rewards_and_a_raise_names_t
             "beta only applies to stage grpo",
         ),
         ({"val_size": 0.2}, "stage grpo .*trains only"),
+        ({"enable_liger_kernel": True}, "enable_liger_kernel is not read by stage grpo"),
     ],
 )
 def test_grpo_keys_are_checked_when_the_config_is_read(tmp_path, keys, message):

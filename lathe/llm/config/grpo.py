@@ -135,6 +135,8 @@ def check_grpo_options(data, training, finetuning, generating, where: str) -> No
         raise ValueError(
             f"cutoff_len{where} is not read by stage grpo: use max_prompt_length and max_completion_length."
         )
+    if training.use_liger_kernel:  # GRPO's log-probs are its own, not the causal-LM loss Liger fuses
+        raise ValueError(f"enable_liger_kernel{where} is not read by stage grpo.")
     if data.eval_dataset or data.val_size > 1e-6 or training.do_eval or training.do_predict:
         raise ValueError(
             f"stage grpo{where} trains only: evaluation (eval_dataset, val_size, do_eval) is not supported yet."
