@@ -119,7 +119,14 @@ def test_alpaca_rows_hand_their_other_columns_to_the_rewards_and_a_raise_names_t
     model_dir, tmp_path, monkeypatch
 ):
     rows = [
-        {"instruction": "add", "input": f"{i} and 1", "output": str(i + 1), "answer": i + 1, "meta": {"id": i}}
+        {
+            "instruction": "add",
+            "input": f"{i} and 1",
+            "output": str(i + 1),
+            "answer": i + 1,
+            "meta": {"id": i},
+            "_id": i,
+        }
         for i in range(6)
     ]
     write_project(tmp_path, rows, {}, RECORDING_REWARD)
@@ -131,7 +138,7 @@ def test_alpaca_rows_hand_their_other_columns_to_the_rewards_and_a_raise_names_t
     first = calls[0]
     assert first["prompts"][0] == [{"role": "user", "content": "add\n0 and 1"}]  # alpaca: instruction + "\n" + input
     assert first["completions"][0][0]["role"] == "assistant" and len(first["completions"]) == 8
-    assert first["columns"] == ["answer", "meta", "output", "trainer_state"]
+    assert first["columns"] == ["_id", "answer", "meta", "output", "trainer_state"]
     assert first["answer"] == [1] * 4 + [2] * 4 and first["meta"][0] == {"id": 0} and first["output"][0] == "1"
 
 

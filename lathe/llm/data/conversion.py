@@ -150,6 +150,9 @@ def convert_dataset(
     if len(dataset) == 0:
         raise ValueError(f"{attr.where()}: the data file(s) hold no rows.")
     extras = tuple(other_columns(attr, dataset.column_names)) if prompts_only else None
+    if extras and set(extras) & set(CANONICAL_COLUMNS):
+        names = ", ".join(sorted(set(extras) & set(CANONICAL_COLUMNS)))
+        raise ValueError(f"{attr.where('columns')}: column(s) {names} have the names of lathe's converted columns.")
     converted = dataset.map(
         ConvertBatch(attr, require_response, tuple(json_columns), extras),
         batched=True,

@@ -12,8 +12,11 @@ from typing import Any
 
 import numpy as np
 
+from lathe.llm.data.converters import CANONICAL_COLUMNS
+
 logger = logging.getLogger("lathe.llm.data")
 
+# The arguments of GRPO's reward call: a data column of that name would hide them.
 RESERVED = ("prompt", "prompt_ids", "completions", "completion_ids", "prompts", "trainer_state")
 
 
@@ -44,7 +47,7 @@ class PromptRows:
             conversation = [{"role": m["role"], "content": m["content"]} for m in messages]
             prompts.append(([{"role": "system", "content": system}] if system else []) + conversation)
             ids.append(encoded)
-        extras = {key: value for key, value in batch.items() if not key.startswith("_")}
+        extras = {key: value for key, value in batch.items() if key not in CANONICAL_COLUMNS}
         return {"prompt": prompts, "prompt_ids": ids, **extras}
 
 
@@ -71,13 +74,12 @@ def get_prompt_dataset(template, model_args, data_args, training_args, tokenizer
                 f"{attr.where('columns')}: column(s) {', '.join(clash)} would hide GRPO's own arguments of the "
                 "reward functions; rename them in the data file."
             )
-        canonical = [column for column in dataset.column_names if column.startswith("_")]
         prepared.append(
             dataset.map(
                 PromptRows(template, tokenizer, attr.name),
                 batched=True,
                 with_indices=True,
-                remove_columns=canonical,
+                remove_columns=list(CANONICAL_COLUMNS),
                 desc=f"Rendering the prompts of {attr.name}",
             )
         )
