@@ -87,9 +87,10 @@ def plan_grpo(plan, config, args, train, model) -> None:
     if not config.training.do_train:
         return
     per_generation = args.generation_batch_size // args.num_generations
+    # The sampler yields each generation batch num_iterations x steps_per_generation times and the loader
+    # reads steps_per_generation micro-batches at once: one micro-step per per_device_train_batch_size rows.
     rows = (prompts // per_generation) * per_generation * args.num_generations * args.num_iterations
-    batches = rows * args.steps_per_generation // (args.per_device_train_batch_size * args.steps_per_generation)
-    batches //= world_size(config)
+    batches = rows // (args.per_device_train_batch_size * world_size(config))
     schedule = plan_training(args, batches, prompts, args.per_device_train_batch_size)
     plan.steps_per_epoch, plan.total_steps = schedule.updates_per_epoch, schedule.max_steps
     plan.epochs = plan.total_steps / plan.steps_per_epoch if plan.steps_per_epoch else 0.0
