@@ -105,7 +105,7 @@ UNSUPPORTED_KEYS: dict[str, tuple[str, object]] = {
     key: (feature, default) for feature, keys in UNSUPPORTED_BY_FEATURE.items() for key, default in keys.items()
 }
 
-SUPPORTED_STAGES = ("pt", "sft", "rm", "dpo", "kto")
+SUPPORTED_STAGES = ("pt", "sft", "rm", "dpo", "kto", "grpo")
 SUPPORTED_FINETUNING_TYPES = ("full", "freeze", "lora", "oft")
 
 

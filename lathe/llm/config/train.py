@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from lathe.llm.config.grpo import GRPOArguments, check_grpo_options
 from lathe.llm.config.keys import SUPPORTED_FINETUNING_TYPES, SUPPORTED_STAGES
 from lathe.llm.config.methods import check_methods, check_quantized_training, target_modules
 from lathe.llm.config.optim import OptimizerMethodArguments, validate_methods
@@ -37,14 +38,14 @@ __all__ = [
 
 
 @dataclass
-class FinetuningArguments(OptimizerMethodArguments):
+class FinetuningArguments(OptimizerMethodArguments, GRPOArguments):
     """Which stage and method: full, freeze or LoRA, and the optimizer and loss keys (lathe.llm.config.optim)."""
 
     _argument_group_name = "finetuning"
 
-    stage: Literal["pt", "sft", "rm", "ppo", "dpo", "kto"] = field(
+    stage: Literal["pt", "sft", "rm", "ppo", "dpo", "kto", "grpo"] = field(
         default="sft",
-        metadata=_help("Training stage: pt (pre-training), sft, rm (reward model), dpo or kto (preference training)."),
+        metadata=_help("Training stage: pt (pre-training), sft, rm (reward model), dpo, kto, grpo (online RL)."),
     )
     finetuning_type: Literal["lora", "oft", "freeze", "full"] = field(
         default="lora", metadata=_help("full, freeze, lora or oft.")
@@ -170,6 +171,7 @@ class FinetuningArguments(OptimizerMethodArguments):
         self.lora_alpha = self.lora_alpha or self.lora_rank * 2
         check_methods(self)
         self.check_optimizer_keys()
+        self.check_grpo_keys()
 
 
 @dataclass
@@ -372,6 +374,7 @@ def _validate(config: TrainConfig, where: str) -> None:
     """Checks across sections, in LLaMA-Factory's order, with the fix in the message."""
     model, data, training, finetuning = config.model, config.data, config.training, config.finetuning
     check_stage_options(data, training, finetuning, where)
+    check_grpo_options(data, training, finetuning, config.generating, where)
     if training.do_train and not data.dataset:
         raise ValueError(f"dataset{where} is required for training: name(s) from {data.dataset_dir}/dataset_info.json.")
     _check_output_dir(training.output_dir, where)
