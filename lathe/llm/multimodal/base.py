@@ -53,7 +53,11 @@ class Composite:
 
     def frozen_keys(self, vision: bool = True, projector: bool = True, language: bool = False) -> set[str]:
         keys: set[str] = set()
-        for frozen, names in ((vision, self.vision_keys), (projector, self.projector_keys), (language, self.language_keys)):
+        for frozen, names in (
+            (vision, self.vision_keys),
+            (projector, self.projector_keys),
+            (language, self.language_keys),
+        ):
             if frozen:
                 keys.update(names)
         return keys
