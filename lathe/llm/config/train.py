@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from lathe.llm.config.media import TowerArguments
 from lathe.llm.config.keys import SUPPORTED_FINETUNING_TYPES, SUPPORTED_STAGES
 from lathe.llm.config.methods import check_methods, check_quantized_training, target_modules
 from lathe.llm.config.optim import OptimizerMethodArguments, validate_methods
@@ -37,7 +38,7 @@ __all__ = [
 
 
 @dataclass
-class FinetuningArguments(OptimizerMethodArguments):
+class FinetuningArguments(OptimizerMethodArguments, TowerArguments):
     """Which stage and method: full, freeze or LoRA, and the optimizer and loss keys (lathe.llm.config.optim)."""
 
     _argument_group_name = "finetuning"

@@ -35,7 +35,6 @@ NEUTRAL_DATA_ARGUMENTS = {
     "max_dropped_rows_share",  # checked after tokenizing: it changes no row
     "dataset_dir",
     "eval_num_beams",
-    "media_dir",
     "data_shared_file_system",
 }
 TOKENIZER_FILES = {

@@ -25,13 +25,20 @@ from lathe.llm.data.converters import (
 from lathe.llm.data.files import decode_json_columns
 from lathe.llm.data.ranking import preference_answers
 from lathe.llm.data.registry import DatasetAttr
+from lathe.llm.multimodal.media import CANONICAL, MediaProblem, row_media
 
 logger = logging.getLogger("lathe.llm.data")
 
 
-def convert_example(example: dict[str, Any], attr: DatasetAttr, require_response: bool) -> dict[str, Any]:
-    """One row -> canonical row plus `_problem` ("" when the row is usable, else "kind\\tdetail")."""
-    empty = {"_prompt": [], "_response": [], "_system": "", "_tools": ""}
+MEDIA_COLUMNS = tuple(CANONICAL.values())
+
+
+def convert_example(
+    example: dict[str, Any], attr: DatasetAttr, require_response: bool, media_dir: str | None = None
+) -> dict[str, Any]:
+    """One row -> canonical row plus `_problem` ("" when the row is usable, else "kind\\tdetail"), and its media
+    paths (`_images`, `_videos`, `_audios`: joined to media_dir; None without)."""
+    empty = {"_prompt": [], "_response": [], "_system": "", "_tools": "", **dict.fromkeys(MEDIA_COLUMNS)}
     try:
         row = CONVERTERS[attr.formatting](example, attr)
         if attr.ranking or attr.kto_tag:
@@ -40,8 +47,12 @@ def convert_example(example: dict[str, Any], attr: DatasetAttr, require_response
             raise RowProblem(
                 "missing response", f"column '{attr.response}' (response) is empty: supervised training needs an answer"
             )
+        columns = {"image": attr.images, "video": attr.videos, "audio": attr.audios}
+        row.update(row_media(example, columns, media_dir, row["_prompt"] + row["_response"][:1]))
     except RowProblem as problem:
         return {**empty, PROBLEM_COLUMN: f"{problem.kind}\t{problem}"}
+    except MediaProblem as problem:
+        return {**empty, PROBLEM_COLUMN: f"{MULTIMODAL}\t{problem}"}
     return {**row, PROBLEM_COLUMN: ""}
 
 
@@ -52,27 +63,36 @@ class ConvertBatch:
     attr: DatasetAttr
     require_response: bool
     json_columns: tuple[str, ...] = ()  # columns the reader stored as JSON text (files.py)
+    media_dir: str | None = None  # media paths are relative to it
 
     def __call__(self, batch: dict[str, list[Any]]) -> dict[str, list[Any]]:
         size = len(next(iter(batch.values()))) if batch else 0
         batch = decode_json_columns(batch, self.json_columns)
         rows = [
-            convert_example({key: values[i] for key, values in batch.items()}, self.attr, self.require_response)
+            convert_example(
+                {key: values[i] for key, values in batch.items()}, self.attr, self.require_response, self.media_dir
+            )
             for i in range(size)
         ]
-        return {key: [row[key] for row in rows] for key in (*CANONICAL_COLUMNS, PROBLEM_COLUMN)}
+        return {key: [row[key] for row in rows] for key in (*CANONICAL_COLUMNS, *MEDIA_COLUMNS, PROBLEM_COLUMN)}
 
 
-def _conversion_fingerprint(dataset, attr: DatasetAttr, require_response: bool, json_columns=()) -> str:
+def _conversion_fingerprint(
+    dataset, attr: DatasetAttr, require_response: bool, json_columns=(), media_dir: str | None = None
+) -> str:
     """`datasets` caches the conversion under this name. Its own fingerprint of a function does not see
     the code that function calls, so a fixed converter would keep serving old rows: hash this file,
     converters.py and ranking.py (which converts preference answers) too."""
     fields = {key: value for key, value in vars(attr).items() if key != "info_path"}
     code = b""
-    for path in (__file__, converters.__file__, os.path.join(os.path.dirname(__file__), "ranking.py")):
+    here = os.path.dirname(__file__)
+    media = os.path.join(here, "..", "multimodal", "media.py")
+    for path in (__file__, converters.__file__, os.path.join(here, "ranking.py"), media):
         with open(path, "rb") as handle:
             code += handle.read()
-    text = json.dumps([dataset._fingerprint, fields, require_response, list(json_columns)], sort_keys=True, default=str)
+    text = json.dumps(
+        [dataset._fingerprint, fields, require_response, list(json_columns), media_dir], sort_keys=True, default=str
+    )
     return hashlib.sha256(code + text.encode()).hexdigest()[:32]
 
 
@@ -86,6 +106,7 @@ def canonical_features():
             "_response": datasets.List(message),
             "_system": datasets.Value("string"),
             "_tools": datasets.Value("string"),
+            **{column: datasets.List(datasets.Value("string")) for column in MEDIA_COLUMNS},
             PROBLEM_COLUMN: datasets.Value("string"),
         }
     )
@@ -99,6 +120,7 @@ def convert_dataset(
     num_proc: int | None = None,
     load_from_cache_file: bool | None = None,
     json_columns: tuple[str, ...] = (),
+    media_dir: str | None = None,
 ):
     """Convert a loaded dataset to the canonical schema; returns (dataset, ConversionReport).
 
@@ -111,14 +133,14 @@ def convert_dataset(
     if len(dataset) == 0:
         raise ValueError(f"{attr.where()}: the data file(s) hold no rows.")
     converted = dataset.map(
-        ConvertBatch(attr, require_response, tuple(json_columns)),
+        ConvertBatch(attr, require_response, tuple(json_columns), media_dir),
         batched=True,
         remove_columns=dataset.column_names,
         features=canonical_features(),
         num_proc=num_proc,
         load_from_cache_file=load_from_cache_file,
         desc=f"Converting {attr.name} ({attr.formatting})",
-        new_fingerprint=_conversion_fingerprint(dataset, attr, require_response, json_columns),
+        new_fingerprint=_conversion_fingerprint(dataset, attr, require_response, json_columns, media_dir),
     )
     problems = converted.with_format("arrow")[PROBLEM_COLUMN]
     bad = compute.indices_nonzero(compute.not_equal(problems, "")).to_pylist()
@@ -132,7 +154,7 @@ def convert_dataset(
         if media:  # not a malformed row to skip: the data set is multimodal
             (place,), detail = locate(media[:1]), problems[media[0]].as_py().split("\t", 1)[1]
             raise ValueError(
-                f"{attr.where()}: {place}: {detail}; {len(media)} row(s) hold image, video or audio input."
+                f"{attr.where()}: {place}: {detail} ({len(media)} row(s) with image, video or audio problems)"
             )
         if report.skipped == report.total:
             raise ValueError(f"{attr.where()}: no usable rows. " + report.summary())

@@ -91,6 +91,7 @@ def load_converted_dataset(
         num_proc=data_args.preprocessing_num_workers,
         load_from_cache_file=False if overwrite else None,
         json_columns=raw.json_columns,
+        media_dir=getattr(data_args, "media_dir", None) or data_args.dataset_dir,
     )
 
 
@@ -103,6 +104,7 @@ def _check_columns(attr: DatasetAttr, present: list[str], files: list[str], requ
         roles = ("prompt", "query", "response", "history", "system", "tools", "chosen", "rejected", "kto_tag")
     else:
         roles = ("messages", "system", "tools", "chosen", "rejected", "kto_tag")
+    roles += ("images", "videos", "audios")
     for role in roles:
         column = getattr(attr, role)
         if column and column not in present and role not in attr.implicit_columns:

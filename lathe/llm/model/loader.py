@@ -142,10 +142,10 @@ def load_model(
 def _instantiate(model_args: "ModelArguments", is_trainable: bool, meta: bool):
     """The transformers model: from its weights, fresh from its config (train_from_scratch), or on the meta device."""
     import torch
-    from transformers import AutoModelForCausalLM
 
     folder = _model_folder(model_args)
     config = load_config(model_args)
+    AutoModelForCausalLM = model_class(config)  # noqa: N806
     dtype = weights_dtype(model_args, is_trainable, config)
     attention = attention_implementation(model_args.flash_attn, getattr(config, "model_type", None))
     config.use_cache = model_args.use_kv_cache and not is_trainable  # a cache only costs memory in training
@@ -173,6 +173,16 @@ def _instantiate(model_args: "ModelArguments", is_trainable: bool, meta: bool):
                 "Use flash_attn: sdpa or auto."
             ) from error
         raise
+
+
+def model_class(config):
+    """AutoModelForImageTextToText for a vision-language config (as LLaMA-Factory loads them), else
+    AutoModelForCausalLM."""
+    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
+
+    if type(config) in AutoModelForImageTextToText._model_mapping:
+        return AutoModelForImageTextToText
+    return AutoModelForCausalLM
 
 
 def attention_implementation(flash_attn: str, model_type: str | None) -> str | None:

@@ -50,18 +50,31 @@ def generation_kwargs(config, tokenizer, template) -> dict:
     return kwargs
 
 
-def make_collator(config, tokenizer, model):
-    """The collator sft trains with (LLaMA-Factory's settings: rows padded to a multiple of 8 when training)."""
+def make_collator(config, tokenizer, model, media=None):
+    """The collator sft trains with (LLaMA-Factory's settings: rows padded to a multiple of 8 when training); a
+    vision-language model's adds the media tensors (lathe.llm.multimodal.collator)."""
     from lathe.llm.data.collator import SFTDataCollator
 
     data_args = config.data
-    return SFTDataCollator(
+    collator = SFTDataCollator(
         tokenizer=tokenizer,
         model=model,
         neat_packing=data_args.neat_packing,
         label_pad_token_id=IGNORE_INDEX if data_args.ignore_pad_token_for_loss else tokenizer.pad_token_id,
         pad_to_multiple_of=8 if config.training.do_train else None,
     )
+    return multimodal_collator(collator, model, media)
+
+
+def multimodal_collator(collator, model, media):
+    """`collator` wrapped for a vision-language model run with a multimodal template; unchanged otherwise."""
+    from lathe.llm.multimodal.towers import composite_of
+
+    if media is None or composite_of(model) is None:
+        return collator
+    from lathe.llm.multimodal.collator import MultimodalCollator
+
+    return MultimodalCollator(collator, media.plugin, model)
 
 
 def run(config, dry_run: bool = False, callbacks: list | None = None) -> dict:
@@ -94,7 +107,7 @@ def run(config, dry_run: bool = False, callbacks: list | None = None) -> dict:
         return {}
 
     set_stop_tokens(model, tokenizer, template)
-    collator = make_collator(config, tokenizer, model)
+    collator = make_collator(config, tokenizer, model, datasets.get("media"))
     trainer = SFTTrainer(
         model=model,
         args=training_args,

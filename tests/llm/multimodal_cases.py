@@ -1,0 +1,96 @@
+"""Shared by the multimodal training tests and the LLaMA-Factory golden generator: a tiny Qwen2-VL model folder
+(random weights from a config, the committed BPE tokenizer plus the vision tokens, the PIL image processor), images
+drawn here, and a data folder in LLaMA-Factory's mllm demo shape (sharegpt messages + an images column)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+GOLDEN_DIR = Path(__file__).parent / "golden"
+
+
+def generator():
+    """tests/llm/golden/make_llamafactory_qwen2vl.py as a module (the model, tokenizer and images it makes)."""
+    spec = importlib.util.spec_from_file_location("make_qwen2vl", GOLDEN_DIR / "make_llamafactory_qwen2vl.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+# (messages, images): the demo shape of LLaMA-Factory's mllm_demo (sharegpt with role/content tags)
+ROWS = [
+    ([("user", "<image>Who are they?"), ("assistant", "The quick brown fox.")], ["wide.png"]),
+    ([("user", "Compare <image> and <image> ."), ("assistant", "Two plus two is four.")], ["small.png", "large.png"]),
+    (
+        [("user", "<image>hello"), ("assistant", "four"), ("user", "What is two plus two?"), ("assistant", "four")],
+        ["square.png"],
+    ),
+    ([("user", "What is two plus two?"), ("assistant", "Two plus two is four.")], []),
+]
+INFO = {
+    "mllm_demo": {
+        "file_name": "mllm_demo.json",
+        "formatting": "sharegpt",
+        "columns": {"messages": "messages", "images": "images"},
+        "tags": {"role_tag": "role", "content_tag": "content", "user_tag": "user", "assistant_tag": "assistant"},
+    }
+}
+
+
+def make_model_folder(path: Path, model_type: str = "qwen2_vl") -> Path:
+    gen = generator()
+    tokenizer = gen.make_tokenizer()
+    model = gen.make_model(tokenizer)
+    model.save_pretrained(str(path))
+    tokenizer.save_pretrained(str(path))
+    gen.make_image_processor().save_pretrained(str(path))
+    return path
+
+
+def make_data_folder(path: Path, rows=ROWS) -> Path:
+    gen = generator()
+    (path / "images").mkdir(parents=True, exist_ok=True)
+    for name in gen.IMAGE_SIZES:
+        gen.make_image(name).save(path / "images" / f"{name}.png")
+    data = [
+        {
+            "messages": [{"role": role, "content": content} for role, content in messages],
+            "images": [f"images/{name}" for name in images],
+        }
+        for messages, images in rows
+    ]
+    (path / "mllm_demo.json").write_text(json.dumps(data, indent=1))
+    (path / "dataset_info.json").write_text(json.dumps(INFO, indent=1))
+    return path
+
+
+def train_config(model: Path, data: Path, output: Path, **keys) -> dict:
+    """LLaMA-Factory's qwen2_vl full sft settings, three steps of two rows, on CPU."""
+    return {
+        "model_name_or_path": str(model),
+        "stage": "sft",
+        "do_train": True,
+        "finetuning_type": "full",
+        "dataset": "mllm_demo",
+        "dataset_dir": str(data),
+        "template": "qwen2_vl",
+        "cutoff_len": 1024,
+        "image_max_pixels": 40 * 40,
+        "image_min_pixels": 16 * 16,
+        "output_dir": str(output),
+        "overwrite_output_dir": True,
+        "per_device_train_batch_size": 2,
+        "gradient_accumulation_steps": 1,
+        "learning_rate": 1.0e-2,
+        "max_steps": 3,
+        "logging_steps": 1,
+        "save_strategy": "no",
+        "report_to": "none",
+        "seed": 42,
+        "use_cpu": True,
+        "preprocessing_num_workers": None,
+        "dataloader_num_workers": 0,
+        **keys,
+    }
