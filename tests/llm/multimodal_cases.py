@@ -30,12 +30,18 @@ ROWS = [
     ([("user", "What is two plus two?"), ("assistant", "Two plus two is four.")], []),
 ]
 INFO = {
+    "text_demo": {
+        "file_name": "text_demo.json",
+        "formatting": "sharegpt",
+        "columns": {"messages": "messages"},
+        "tags": {"role_tag": "role", "content_tag": "content", "user_tag": "user", "assistant_tag": "assistant"},
+    },
     "mllm_demo": {
         "file_name": "mllm_demo.json",
         "formatting": "sharegpt",
         "columns": {"messages": "messages", "images": "images"},
         "tags": {"role_tag": "role", "content_tag": "content", "user_tag": "user", "assistant_tag": "assistant"},
-    }
+    },
 }
 
 
@@ -62,6 +68,8 @@ def make_data_folder(path: Path, rows=ROWS) -> Path:
         for messages, images in rows
     ]
     (path / "mllm_demo.json").write_text(json.dumps(data, indent=1))
+    text = [{"messages": row["messages"]} for row in data if not row["images"]] * 4
+    (path / "text_demo.json").write_text(json.dumps(text, indent=1))
     (path / "dataset_info.json").write_text(json.dumps(INFO, indent=1))
     return path
 
