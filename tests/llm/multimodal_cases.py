@@ -29,7 +29,28 @@ ROWS = [
     ),
     ([("user", "What is two plus two?"), ("assistant", "Two plus two is four.")], []),
 ]
+TAGS = {"role_tag": "role", "content_tag": "content", "user_tag": "user", "assistant_tag": "assistant"}
+# preference rows: (prompt, chosen, rejected, images); kto rows: (prompt, answer, desirable, images)
+PAIRS = [
+    ("<image>Who are they?", "The quick brown fox.", "four", ["wide.png"]),
+    ("Compare <image> and <image> .", "Two plus two is four.", "hello", ["small.png", "large.png"]),
+    ("<image>What is two plus two?", "four", "The quick brown fox.", ["square.png"]),
+    ("What is two plus two?", "Two plus two is four.", "five", []),
+]
 INFO = {
+    "mllm_pairs": {
+        "file_name": "mllm_pairs.json",
+        "formatting": "sharegpt",
+        "ranking": True,
+        "columns": {"messages": "conversations", "chosen": "chosen", "rejected": "rejected", "images": "images"},
+        "tags": {**TAGS, "role_tag": "from", "content_tag": "value", "user_tag": "human", "assistant_tag": "gpt"},
+    },
+    "mllm_kto": {
+        "file_name": "mllm_kto.json",
+        "formatting": "sharegpt",
+        "columns": {"messages": "messages", "kto_tag": "label", "images": "images"},
+        "tags": TAGS,
+    },
     "text_demo": {
         "file_name": "text_demo.json",
         "formatting": "sharegpt",
@@ -68,6 +89,25 @@ def make_data_folder(path: Path, rows=ROWS) -> Path:
         for messages, images in rows
     ]
     (path / "mllm_demo.json").write_text(json.dumps(data, indent=1))
+    pairs = [
+        {
+            "conversations": [{"from": "human", "value": prompt}],
+            "chosen": {"from": "gpt", "value": chosen},
+            "rejected": {"from": "gpt", "value": rejected},
+            "images": [f"images/{name}" for name in images],
+        }
+        for prompt, chosen, rejected, images in PAIRS
+    ]
+    (path / "mllm_pairs.json").write_text(json.dumps(pairs, indent=1))
+    kto = [
+        {
+            "messages": [{"role": "user", "content": prompt}, {"role": "assistant", "content": answer}],
+            "label": index % 2 == 0,
+            "images": [f"images/{name}" for name in images],
+        }
+        for index, (prompt, answer, _, images) in enumerate(PAIRS)
+    ]
+    (path / "mllm_kto.json").write_text(json.dumps(kto, indent=1))
     text = [{"messages": row["messages"]} for row in data if not row["images"]] * 4
     (path / "text_demo.json").write_text(json.dumps(text, indent=1))
     (path / "dataset_info.json").write_text(json.dumps(INFO, indent=1))

@@ -54,10 +54,57 @@ def _train(folders, name: str, **keys):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["full", "lora", "lora_open_tower", "projector_only", "no_images"])
+@pytest.mark.parametrize("name", ["full", "lora", "lora_open_tower", "projector_only", "no_images", "dpo", "kto"])
 def test_three_sft_steps_equal_llamafactory(folders, name):
     losses, norms, (trainable, total) = _train(folders, name, **_cases()[name])
     expected = GOLDEN[name]
     assert (trainable, total) == (expected["trainable"], expected["total"])
     assert losses == pytest.approx(expected["loss"], abs=1e-5)
     assert norms == pytest.approx(expected["grad_norm"], rel=1e-4, abs=1e-6)
+
+
+def _load(folders, **keys):
+    from lathe.llm.config.train import parse_train_config
+    from lathe.llm.workflows.setup import load_data
+
+    model, data, root = folders
+    config = parse_train_config(cases.train_config(model, data, root / "data-only", **keys))
+    return load_data(config, stage=config.finetuning.stage)
+
+
+def test_a_cutoff_through_an_image_leaves_the_row_out_counted_and_the_preview_shows_media(folders, caplog, tmp_path):
+    from lathe.llm.data.preview import preview_examples
+
+    tokenizer, _, datasets = _load(folders, cutoff_len=20, max_dropped_rows_share=1.0, overwrite_cache=True)
+    reasons = " ".join(record.getMessage() for record in caplog.records)
+    # LLaMA-Factory keeps these rows cut through their image tokens and then fails in the model
+    assert "skipped 3 of 4 examples" in reasons and "cutoff_len cuts through media 1 of 1" in reasons
+    assert "cutoff_len cuts off media 1 of 2" in reasons
+    (row,) = datasets["train_dataset"]  # the image-less row, cut to 20 tokens
+    assert row.get("images") is None and len(row["input_ids"]) == 20
+
+    tokenizer, _, datasets = _load(folders)
+    train = datasets["train_dataset"]
+    assert train["images"][0] == [str(folders[1] / "images" / "wide.png")] and train["images"][3] is None
+    text = preview_examples(train, tokenizer, n=2)
+    assert "<|vision_start|><|image_pad|><|image_pad|><|vision_end|>Who are they?" in text
+    assert "[[The quick brown fox.<|im_end|>" in text and "media images: " in text
+
+
+def test_keys_the_family_lacks_and_video_rows_are_clear_errors(folders):
+    from lathe.llm.multimodal.base import MediaSettings
+    from lathe.llm.multimodal.qwen2_vl import Qwen2VLPlugin
+    from lathe.llm.multimodal.plugins import get_plugin
+    from lathe.llm.templates import TEMPLATES
+
+    with pytest.raises(ValueError, match="image_do_pan_and_scan: the qwen2_vl family has no such option"):
+        get_plugin(TEMPLATES["qwen2_vl"], None, None, MediaSettings(image_do_pan_and_scan=True))
+    with pytest.raises(ValueError, match=r"crop_to_patches: the qwen2_vl family has no such option"):
+        get_plugin(TEMPLATES["qwen2_vl"], None, None, MediaSettings(crop_to_patches=True))
+    plugin = Qwen2VLPlugin(None, None)
+    with pytest.raises(
+        ValueError, match=r"data.json row 2: 1 video\(s\) given, but the qwen2_vl family takes no video"
+    ):
+        plugin.check_kinds({"image": 1, "video": 1}, "data.json row 2")
+    with pytest.raises(ValueError, match="template 'qwen' takes no images"):
+        get_plugin(TEMPLATES["qwen"], None, None)

@@ -79,6 +79,9 @@ def _make_trainer(config, model, reference, tokenizer, datasets, callbacks):
     collator = (PairwiseDataCollator if dpo else KTODataCollator)(
         tokenizer, pad_to_multiple_of=8, label_pad_token_id=label_pad
     )
+    from lathe.llm.workflows.sft import multimodal_collator
+
+    collator.pad = multimodal_collator(collator.pad, model, datasets.get("media"))  # a VL model: media tensors
     return (DPOTrainer if dpo else KTOTrainer)(
         model=model,
         ref_model=reference,

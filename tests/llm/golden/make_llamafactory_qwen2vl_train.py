@@ -38,6 +38,24 @@ CASES = {
     },
     "projector_only": {"freeze_language_model": True, "freeze_multi_modal_projector": False},
     "no_images": {"dataset": "text_demo"},
+    "dpo": {
+        "stage": "dpo",
+        "dataset": "mllm_pairs",
+        "finetuning_type": "lora",
+        "lora_target": "all",
+        "lora_rank": 4,
+        "learning_rate": 0.05,
+        "pref_beta": 0.1,
+    },
+    "kto": {
+        "stage": "kto",
+        "dataset": "mllm_kto",
+        "finetuning_type": "lora",
+        "lora_target": "all",
+        "lora_rank": 4,
+        "learning_rate": 0.05,
+        "pref_beta": 0.1,
+    },
 }
 
 
@@ -52,6 +70,23 @@ def _processor_class():
     return Qwen2VLImageOnlyProcessor
 
 
+def _token_types_when_missing() -> None:
+    """LLaMA-Factory 0.9.5's KTO forward passes input_ids, attention_mask and the image tensors but no position ids,
+    and transformers' Qwen2-VL then stops asking for mm_token_type_ids (its KTO fails here as it is). The model is
+    given the token types it asks for (image tokens 1), from which it computes the mrope positions lathe's collator
+    computes with the same get_rope_index."""
+    from transformers import Qwen2VLForConditionalGeneration
+
+    forward = Qwen2VLForConditionalGeneration.forward
+
+    def with_token_types(self, input_ids=None, *args, **kwargs):
+        if kwargs.get("image_grid_thw") is not None and kwargs.get("position_ids") is None:
+            kwargs.setdefault("mm_token_type_ids", (input_ids == self.config.image_token_id).long())
+        return forward(self, input_ids, *args, **kwargs)
+
+    Qwen2VLForConditionalGeneration.forward = with_token_types
+
+
 def run_llamafactory() -> dict:
     sys.path.insert(0, str(HERE.parent))
     import multimodal_cases as cases
@@ -63,6 +98,7 @@ def run_llamafactory() -> dict:
         return _processor_class()(Qwen2VLImageProcessor.from_pretrained(path), None)
 
     AutoProcessor.from_pretrained = staticmethod(image_only)
+    _token_types_when_missing()
 
     class Count(TrainerCallback):
         def on_train_begin(self, args, state, control, model=None, **kwargs):
