@@ -66,13 +66,62 @@ INFO = {
 }
 
 
-def make_model_folder(path: Path, model_type: str = "qwen2_vl") -> Path:
+def make_model(tokenizer, model_type: str = "qwen2_vl"):
+    """A tiny random model of the family's class: Qwen2-VL (the golden generator's), Qwen2.5-VL or Qwen3-VL."""
     gen = generator()
-    tokenizer = gen.make_tokenizer()
-    model = gen.make_model(tokenizer)
-    model.save_pretrained(str(path))
+    if model_type == "qwen2_vl":
+        return gen.make_model(tokenizer)
+    import torch
+    import transformers
+
+    ids = dict(zip(gen.VISION_TOKENS, tokenizer.convert_tokens_to_ids(gen.VISION_TOKENS)))
+    text = {
+        "vocab_size": len(tokenizer),
+        "hidden_size": 32,
+        "intermediate_size": 64,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "max_position_embeddings": 2048,
+    }
+    tokens = {
+        "image_token_id": ids["<|image_pad|>"],
+        "video_token_id": ids["<|video_pad|>"],
+        "vision_start_token_id": ids["<|vision_start|>"],
+        "vision_end_token_id": ids["<|vision_end|>"],
+    }
+    if model_type == "qwen2_5_vl":
+        text["rope_scaling"] = {"type": "mrope", "mrope_section": [2, 1, 1]}
+        vision = {"depth": 2, "hidden_size": 32, "intermediate_size": 64, "num_heads": 2, "out_hidden_size": 32}
+        vision.update(window_size=56, fullatt_block_indexes=[1])
+        config = transformers.Qwen2_5_VLConfig(text_config=text, vision_config=vision, **tokens)
+        cls = transformers.Qwen2_5_VLForConditionalGeneration
+    else:
+        text.update(
+            head_dim=8, rope_parameters={"rope_type": "default", "mrope_section": [2, 1, 1], "mrope_interleaved": True}
+        )
+        vision = {"depth": 1, "hidden_size": 32, "intermediate_size": 64, "num_heads": 2, "out_hidden_size": 32}
+        vision.update(patch_size=16, num_position_embeddings=16, deepstack_visual_indexes=[0])
+        config = transformers.Qwen3VLConfig(text_config=text, vision_config=vision, **tokens)
+        cls = transformers.Qwen3VLForConditionalGeneration
+    torch.manual_seed(0)
+    return cls(config).eval()
+
+
+def make_image_processor(model_type: str = "qwen2_vl"):
+    gen = generator()
+    if model_type != "qwen3_vl":
+        return gen.make_image_processor()
+    from transformers import Qwen2VLImageProcessor
+
+    return Qwen2VLImageProcessor(patch_size=16, min_pixels=32 * 32, max_pixels=32 * 32 * 64)
+
+
+def make_model_folder(path: Path, model_type: str = "qwen2_vl") -> Path:
+    tokenizer = generator().make_tokenizer()
+    make_model(tokenizer, model_type).save_pretrained(str(path))
     tokenizer.save_pretrained(str(path))
-    gen.make_image_processor().save_pretrained(str(path))
+    make_image_processor(model_type).save_pretrained(str(path))
     return path
 
 

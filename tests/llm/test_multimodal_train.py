@@ -34,12 +34,16 @@ def folders(tmp_path_factory):
     return cases.make_model_folder(root / "model"), cases.make_data_folder(root / "data"), root
 
 
-def _train(folders, name: str, **keys):
+def _train(folders, name: str, model_type: str = "qwen2_vl", **keys):
     from lathe.llm.config.train import parse_train_config
     from lathe.llm.workflows.stages import run_train
     from lathe.train import TrainerCallback
 
     model, data, root = folders
+    if model_type != "qwen2_vl":
+        model = root / model_type
+        if not model.exists():
+            cases.make_model_folder(model, model_type)
 
     class Count(TrainerCallback):
         def on_train_begin(self, args, state, control, model=None, **kwargs):
@@ -54,7 +58,11 @@ def _train(folders, name: str, **keys):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["full", "lora", "lora_open_tower", "projector_only", "no_images", "dpo", "kto"])
+@pytest.mark.parametrize(
+    "name",
+    ["full", "lora", "lora_open_tower", "projector_only", "no_images", "dpo", "kto"]
+    + ["qwen2_5_vl_full", "qwen3_vl_full", "qwen3_vl_lora"],
+)
 def test_three_sft_steps_equal_llamafactory(folders, name):
     losses, norms, (trainable, total) = _train(folders, name, **_cases()[name])
     expected = GOLDEN[name]
@@ -108,3 +116,22 @@ def test_keys_the_family_lacks_and_video_rows_are_clear_errors(folders):
         plugin.check_kinds({"image": 1, "video": 1}, "data.json row 2")
     with pytest.raises(ValueError, match="template 'qwen' takes no images"):
         get_plugin(TEMPLATES["qwen"], None, None)
+
+
+def test_the_memory_plan_counts_the_vision_tower_only_when_it_trains(folders):
+    from lathe.llm.memory.vision import vision_activation_bytes
+    from lathe.llm.multimodal.towers import freeze_towers
+
+    model = cases.make_model(cases.generator().make_tokenizer())
+    args = type("Args", (), {"freeze_vision_tower": True, "freeze_multi_modal_projector": True})()
+    args.freeze_language_model = False
+    freeze_towers(model, args, "full")
+    assert vision_activation_bytes(model, 2, 5, 4) == (
+        0,
+        "vision tower: 5 media tokens per row (20 patches), frozen: forward only",
+    )
+    args.freeze_vision_tower = False
+    freeze_towers(model.requires_grad_(True), args, "full")
+    kept, note = vision_activation_bytes(model, 2, 5, 4)
+    # 40 patches x 1 block x (8 x 32 + 2 x 64) + the merger's 10 tokens x 2 x 32 x 4, in float32
+    assert kept == (40 * 1 * (8 * 32 + 2 * 64) + 10 * 2 * 32 * 4) * 4 and note.endswith("trains")

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 FAMILIES = {
     "qwen2_vl": "lathe.llm.multimodal.qwen2_vl:Qwen2VLPlugin",
+    "qwen3_vl": "lathe.llm.multimodal.qwen2_vl:Qwen3VLPlugin",
 }
 IMPLEMENTED = {name: target.split(":")[0] for name, target in FAMILIES.items()}
 

@@ -229,3 +229,20 @@ class Qwen2VLPlugin(FamilyPlugin):
 
     def _budget(self) -> tuple[int, int]:
         return self.settings.image_max_pixels, self.settings.image_min_pixels
+
+
+QWEN3_VL = Composite(
+    ("visual.pos_embed", "visual.patch_embed", "visual.blocks", "visual.deepstack_merger_list"),
+    PROJECTOR_KEYS,
+    LANGUAGE_MODEL_KEYS,
+    LORA_CONFLICT_KEYS,
+)
+
+
+@dataclass
+class Qwen3VLPlugin(Qwen2VLPlugin):
+    """LLaMA-Factory's Qwen3VLPlugin for images (Qwen3-VL, Qwen3.5/3.6 templates): Qwen2-VL's image tokens; its
+    vision tower adds position embeddings and deepstack mergers (frozen with freeze_vision_tower)."""
+
+    name = "qwen3_vl"
+    composites = {"qwen3_vl": QWEN3_VL, "qwen3_vl_moe": QWEN3_VL}

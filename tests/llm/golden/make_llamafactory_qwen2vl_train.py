@@ -47,6 +47,16 @@ CASES = {
         "learning_rate": 0.05,
         "pref_beta": 0.1,
     },
+    "qwen2_5_vl_full": {"model_type": "qwen2_5_vl"},
+    "qwen3_vl_full": {"model_type": "qwen3_vl", "template": "qwen3_vl_nothink"},
+    "qwen3_vl_lora": {
+        "model_type": "qwen3_vl",
+        "template": "qwen3_vl_nothink",
+        "finetuning_type": "lora",
+        "lora_target": "all",
+        "lora_rank": 4,
+        "learning_rate": 0.05,
+    },
     "kto": {
         "stage": "kto",
         "dataset": "mllm_kto",
@@ -60,9 +70,13 @@ CASES = {
 
 
 def _processor_class():
+    from types import SimpleNamespace
+
     class Qwen2VLImageOnlyProcessor:  # the name holds "Processor": LLaMA-Factory keeps it
         def __init__(self, image_processor, tokenizer):
             self.image_processor, self.tokenizer = image_processor, tokenizer
+            # Qwen3VLPlugin reads the video processor's merge_size even for images (no video here)
+            self.video_processor = SimpleNamespace(merge_size=image_processor.merge_size)
 
         def save_pretrained(self, path, **kwargs):
             self.image_processor.save_pretrained(path)
@@ -111,10 +125,14 @@ def run_llamafactory() -> dict:
     results["versions"]["llamafactory"] = llamafactory.__version__
     with tempfile.TemporaryDirectory() as root:
         root = Path(root)
-        model = cases.make_model_folder(root / "model")
         data = cases.make_data_folder(root / "data")
+        models = {}
         for name, keys in CASES.items():
-            config = cases.train_config(model, data, root / name, **keys)
+            keys = dict(keys)
+            model_type = keys.pop("model_type", "qwen2_vl")
+            if model_type not in models:
+                models[model_type] = cases.make_model_folder(root / model_type, model_type)
+            config = cases.train_config(models[model_type], data, root / name, **keys)
             for key in ("use_cpu", "dataloader_num_workers", "preprocessing_num_workers"):
                 config.pop(key)
             config.update(bf16=False, fp16=False, plot_loss=False)
