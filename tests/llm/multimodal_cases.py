@@ -38,6 +38,14 @@ PAIRS = [
     ("What is two plus two?", "Two plus two is four.", "five", []),
 ]
 INFO = {
+    "identity": {"file_name": "identity.json"},
+    "alpaca_en_demo": {"file_name": "alpaca_en_demo.json"},
+    "rlhf_v": {
+        "file_name": "rlhf_v.json",
+        "ranking": True,
+        "formatting": "sharegpt",
+        "columns": {"messages": "conversations", "chosen": "chosen", "rejected": "rejected", "images": "images"},
+    },
     "mllm_pairs": {
         "file_name": "mllm_pairs.json",
         "formatting": "sharegpt",
@@ -157,6 +165,14 @@ def make_data_folder(path: Path, rows=ROWS) -> Path:
         for index, (prompt, answer, _, images) in enumerate(PAIRS)
     ]
     (path / "mllm_kto.json").write_text(json.dumps(kto, indent=1))
+    # LLaMA-Factory's rlhf_v registry entry (a hub dataset there; a file of rows made here) and the two text demos
+    (path / "rlhf_v.json").write_text(json.dumps([{k: v for k, v in row.items()} for row in pairs], indent=1))
+    identity = [
+        {"instruction": f"Who are you? ({i})", "input": "", "output": f"I am a tiny model, {i}."} for i in range(3)
+    ]
+    alpaca = [{"instruction": f"Add {i} and 1.", "input": "", "output": f"It is {i + 1}."} for i in range(3)]
+    (path / "identity.json").write_text(json.dumps(identity))
+    (path / "alpaca_en_demo.json").write_text(json.dumps(alpaca))
     text = [{"messages": row["messages"]} for row in data if not row["images"]] * 4
     (path / "text_demo.json").write_text(json.dumps(text, indent=1))
     (path / "dataset_info.json").write_text(json.dumps(INFO, indent=1))
