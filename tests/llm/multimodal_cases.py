@@ -38,6 +38,12 @@ PAIRS = [
     ("What is two plus two?", "Two plus two is four.", "five", []),
 ]
 INFO = {
+    "mllm_video_demo": {
+        "file_name": "mllm_video_demo.json",
+        "formatting": "sharegpt",
+        "columns": {"messages": "messages", "videos": "videos"},
+        "tags": TAGS,
+    },
     "identity": {"file_name": "identity.json"},
     "alpaca_en_demo": {"file_name": "alpaca_en_demo.json"},
     "rlhf_v": {
@@ -171,6 +177,9 @@ def make_data_folder(path: Path, rows=ROWS) -> Path:
         {"instruction": f"Who are you? ({i})", "input": "", "output": f"I am a tiny model, {i}."} for i in range(3)
     ]
     alpaca = [{"instruction": f"Add {i} and 1.", "input": "", "output": f"It is {i + 1}."} for i in range(3)]
+    (path / "clip.mp4").write_bytes(b"not decoded: refused before")
+    video = {"messages": [{"role": "user", "content": "<video>What happens?"}, {"role": "assistant", "content": "x"}]}
+    (path / "mllm_video_demo.json").write_text(json.dumps([{**video, "videos": ["clip.mp4"]}]))
     (path / "identity.json").write_text(json.dumps(identity))
     (path / "alpaca_en_demo.json").write_text(json.dumps(alpaca))
     text = [{"messages": row["messages"]} for row in data if not row["images"]] * 4

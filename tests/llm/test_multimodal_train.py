@@ -110,10 +110,10 @@ def test_keys_the_family_lacks_and_video_rows_are_clear_errors(folders):
     with pytest.raises(ValueError, match=r"crop_to_patches: the qwen2_vl family has no such option"):
         get_plugin(TEMPLATES["qwen2_vl"], None, None, MediaSettings(crop_to_patches=True))
     plugin = Qwen2VLPlugin(None, None)
-    with pytest.raises(
-        ValueError, match=r"data.json row 2: 1 video\(s\) given, but the qwen2_vl family takes no video"
-    ):
+    with pytest.raises(ValueError, match=r"data.json row 2: 1 video\(s\) given, but lathe's qwen2_vl family takes"):
         plugin.check_kinds({"image": 1, "video": 1}, "data.json row 2")
+    with pytest.raises(ValueError, match=r"mllm_video_demo: 1 video\(s\) given, .* needs torchvision"):
+        _load(folders, dataset="mllm_video_demo")
     with pytest.raises(ValueError, match="template 'qwen' takes no images"):
         get_plugin(TEMPLATES["qwen"], None, None)
 

@@ -291,6 +291,7 @@ def tokenize_split(plan: DataPlan, name: str, dataset, staging: str):
 def _media_options(plan: DataPlan, processor: Callable, dataset) -> dict[str, Any]:
     """The MediaEncoder and the media kinds the split's rows have, for a processor that takes them."""
     from lathe.llm.multimodal.encode import media_kinds
+    from lathe.llm.multimodal.media import CANONICAL as CANONICAL_COLUMN
 
     kinds = media_kinds(dataset)
     if not kinds:
@@ -305,6 +306,8 @@ def _media_options(plan: DataPlan, processor: Callable, dataset) -> dict[str, An
             f"the data has {', '.join(kinds)} rows but template {getattr(plan.template, 'name', None)!r} takes no "
             "media: use the model family's multimodal template (e.g. qwen2_vl)"
         )
+    counts = {kind: sum(1 for row in dataset[CANONICAL_COLUMN[kind]] if row) for kind in kinds}
+    plan.media.plugin.check_kinds(counts, f"dataset(s) {', '.join(a.name for a in plan.train_attrs + plan.eval_attrs)}")
     return {"media": plan.media, "media_kinds": kinds}
 
 

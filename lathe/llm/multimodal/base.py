@@ -4,7 +4,7 @@ media settings of a run, the parameter-name parts of the composite model, and th
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
-from typing import Any
+from typing import Any, ClassVar
 
 from lathe.llm.multimodal.images import (
     AUDIO_PLACEHOLDER,
@@ -84,10 +84,12 @@ class FamilyPlugin:
     processor: Any
     tokenizer: Any
     settings: MediaSettings = field(default_factory=MediaSettings)
-    name = ""
-    kinds: tuple[str, ...] = ("image",)  # what the family encodes; other kinds are a clear error per row
-    composites: dict = None  # model_type -> Composite  # type: ignore[assignment]
-    options: tuple[str, ...] = ()  # family-only settings it honours: image_do_pan_and_scan, crop_to_patches
+    # Class-level facts of the family (ClassVar: not constructor arguments; a subclass just assigns them).
+    name: ClassVar[str] = ""
+    kinds: ClassVar[tuple[str, ...]] = ("image",)  # what the family encodes; other kinds are a clear error
+    composites: ClassVar[dict] = {}  # model_type -> Composite
+    options: ClassVar[tuple[str, ...]] = ()  # family-only settings it honours: image_do_pan_and_scan, ...
+    missing: ClassVar[dict] = {}  # kind -> why lathe's family takes none (appended to the error)
 
     def check_settings(self) -> None:
         """One line for a setting this family does not have (LLaMA-Factory ignores them silently)."""
@@ -101,7 +103,11 @@ class FamilyPlugin:
     def check_kinds(self, counts: dict[str, int], where: str) -> None:
         for kind, count in counts.items():
             if count and kind not in self.kinds:
-                raise ValueError(f"{where}: {count} {kind}(s) given, but the {self.name} family takes no {kind} input")
+                why = (self.missing or {}).get(kind, "")
+                raise ValueError(
+                    f"{where}: {count} {kind}(s) given, but lathe's {self.name} family takes no {kind} input"
+                    + (f": {why}" if why else "")
+                )
 
     def regularize(self, kind: str, items: list, where: str = "") -> list:
         if kind != "image":

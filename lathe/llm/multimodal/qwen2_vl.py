@@ -180,6 +180,10 @@ class Qwen2VLPlugin(FamilyPlugin):
 
     name = "qwen2_vl"
     kinds = ("image",)
+    missing = {
+        "video": "transformers' Qwen2-VL video processor needs torchvision, which lathe cannot load beside a CPU "
+        "torch (not supported yet)",
+    }
     composites = {"qwen2_vl": QWEN2_VL, "qwen2_5_vl": QWEN2_VL}
 
     @property
