@@ -94,6 +94,13 @@ def test_a_cutoff_through_an_image_leaves_the_row_out_counted_and_the_preview_sh
     tokenizer, _, datasets = _load(folders)
     train = datasets["train_dataset"]
     assert train["images"][0] == [str(folders[1] / "images" / "wide.png")] and train["images"][3] is None
+    from lathe.llm.data.collator import SFTDataCollator
+    from lathe.llm.multimodal.collator import MultimodalCollator
+
+    collator = MultimodalCollator(SFTDataCollator(tokenizer), datasets["media"].plugin, None)
+    stale = {**train[0], "images": [str(folders[1] / "images" / "small.png")]}  # not the image it was tokenized with
+    with pytest.raises(ValueError, match="holds 2 image tokens but its images make 1: an image file changed"):
+        collator([stale])
     text = preview_examples(train, tokenizer, n=2)
     assert "<|vision_start|><|image_pad|><|image_pad|><|vision_end|>Who are they?" in text
     assert "[[The quick brown fox.<|im_end|>" in text and "media images: " in text

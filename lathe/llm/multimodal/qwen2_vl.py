@@ -218,6 +218,7 @@ class Qwen2VLPlugin(FamilyPlugin):
 
         images = [image for row in media_rows for image in row.get("image") or []]
         inputs = dict(self.image_processor(images, return_tensors="pt")) if images else {}
+        self._check_tokens(batch["input_ids"], inputs.get("image_grid_thw"))
         positions, rope_deltas = rope_positions(
             model, batch["input_ids"], batch["attention_mask"], inputs.get("image_grid_thw")
         )
@@ -225,6 +226,19 @@ class Qwen2VLPlugin(FamilyPlugin):
         inputs["position_ids"] = torch.cat([positions[:1], positions], dim=0)
         inputs["rope_deltas"] = rope_deltas
         return inputs
+
+    def _check_tokens(self, input_ids, grid) -> None:
+        """The rows' image tokens must be the images' (an image file changed since the rows were tokenized and
+        cached, or a row cut by hand, otherwise fails deep inside the model)."""
+        expected = (
+            0 if grid is None else int(sum(int(item.prod()) for item in grid)) // self.image_processor.merge_size**2
+        )
+        found = int((input_ids == self.tokenizer.convert_tokens_to_ids(IMAGE_TOKEN)).sum())
+        if found != expected:
+            raise ValueError(
+                f"a batch holds {found} image tokens but its images make {expected}: an image file changed since the "
+                "data was tokenized (set overwrite_cache: true), or the rows were not made by this processor"
+            )
 
     def stand_in(self) -> dict:
         from PIL import Image
