@@ -88,6 +88,7 @@ def test_a_cutoff_through_an_image_leaves_the_row_out_counted_and_the_preview_sh
     # LLaMA-Factory keeps these rows cut through their image tokens and then fails in the model
     assert "skipped 3 of 4 examples" in reasons and "cutoff_len cuts through media 1 of 1" in reasons
     assert "cutoff_len cuts off media 1 of 2" in reasons
+    assert f"left out the row with {folders[1] / 'images' / 'wide.png'}: cutoff_len cuts" in reasons
     (row,) = datasets["train_dataset"]  # the image-less row, cut to 20 tokens
     assert row.get("images") is None and len(row["input_ids"]) == 20
 

@@ -93,7 +93,7 @@ def preprocess_feedback_dataset(
                 prompt, response, kl_response, system, tool_text, template, tokenizer, data_args.cutoff_len, sides
             )
             for prefix in ("", "kl_"):
-                ids, labels = finish_media(media, opened, row[f"{prefix}input_ids"], row[f"{prefix}labels"])
+                ids, labels = finish_media(media, opened, row[f"{prefix}input_ids"], row[f"{prefix}labels"], row_paths)
                 row[f"{prefix}input_ids"], row[f"{prefix}labels"] = ids, labels
         except SkippedExample as skip:
             batch_skipped[skip.reason] += 1

@@ -111,7 +111,7 @@ def preprocess_pairwise_dataset(
                 prompt, response, system, tool_text, template, tokenizer, data_args.cutoff_len, sides
             )
             for side in SIDES:
-                ids, labels = finish_media(media, opened, row[f"{side}_input_ids"], row[f"{side}_labels"])
+                ids, labels = finish_media(media, opened, row[f"{side}_input_ids"], row[f"{side}_labels"], row_paths)
                 row[f"{side}_input_ids"], row[f"{side}_labels"] = ids, labels
         except SkippedExample as skip:
             batch_skipped[skip.reason] += 1

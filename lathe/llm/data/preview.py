@@ -87,11 +87,13 @@ def preview_examples(dataset, tokenizer, n: int = 3) -> str:
     share = trained / total if total else 0.0
     lines = [
         f"{len(dataset)} examples, {total} tokens, {trained} trained ({share:.1%}); "
-        f"trained spans are shown between {OPEN} and {CLOSE}; a run of one special token (an image's tokens) "
-        f"as the token and its count."
+        f"trained spans are shown between {OPEN} and {CLOSE}."
     ]
     if "images" in dataset.column_names or "videos" in dataset.column_names or "audios" in dataset.column_names:
-        lines.append("media tokens (<|image_pad|>, ...) stand where the row's media go; they are never trained.")
+        lines.append(
+            "media tokens (<|image_pad|>, ...) stand where the row's media go, a run of them shown as the token and "
+            "its count (<|image_pad|>x64); they are never trained."
+        )
     for index in range(min(n, len(dataset))):
         row: dict[str, Any] = dataset[index]
         if "chosen_input_ids" in row:

@@ -183,12 +183,21 @@ def expand_media(media, examples: dict, index: int, prompt: list, response: list
     return messages[: len(prompt)], messages[len(prompt) :], paths, opened
 
 
-def finish_media(media, opened: dict, input_ids: list[int], labels: list[int]):
-    """The family's changes to an encoded row with media; SkippedExample when cutoff_len cut a media run."""
+MEDIA_CUTS_NAMED = 5  # rows left out for a cut media run that are named one by one (per process)
+_named_cuts: list[str] = []
+
+
+def finish_media(media, opened: dict, input_ids: list[int], labels: list[int], paths: dict | None = None):
+    """The family's changes to an encoded row with media; SkippedExample when cutoff_len cut a media run (the
+    first rows so left out are named by their media files: the count by reason follows in the skip report)."""
     if not opened:
         return input_ids, labels
     input_ids, labels, reason = media.finish(input_ids, labels, opened)
     if reason:
+        files = [item for items in (paths or {}).values() for item in items or []]
+        if files and len(_named_cuts) < MEDIA_CUTS_NAMED:
+            _named_cuts.append(files[0])
+            logger.warning("left out the row with %s: %s (raise cutoff_len to keep it)", ", ".join(files), reason)
         raise SkippedExample(reason)
     return input_ids, labels
 
@@ -214,7 +223,7 @@ def encode_supervised_examples(
             input_ids, labels, cut = measure_supervised_example(
                 prompt, response, system, tool_text, template, tokenizer, cutoff_len, train_on_prompt, mask_history
             )
-            input_ids, labels = finish_media(media, opened, input_ids, labels)
+            input_ids, labels = finish_media(media, opened, input_ids, labels, row_paths)
             if all(label == IGNORE_INDEX for label in labels):
                 raise SkippedExample(f"no trained token left after truncation to cutoff_len={cutoff_len}")
         except SkippedExample as skip:
