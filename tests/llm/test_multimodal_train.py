@@ -60,7 +60,7 @@ def _train(folders, name: str, model_type: str = "qwen2_vl", **keys):
 @pytest.mark.slow
 @pytest.mark.parametrize(
     "name",
-    ["full", "lora", "lora_open_tower", "projector_only", "no_images", "dpo", "kto"]
+    ["full", "lora", "lora_open_tower", "projector_only", "no_images", "freeze_with_projector", "dpo", "kto"]
     + ["qwen2_5_vl_full", "qwen3_vl_full", "qwen3_vl_lora"],
 )
 def test_three_sft_steps_equal_llamafactory(folders, name):

@@ -37,8 +37,8 @@ def convert_example(
     example: dict[str, Any], attr: DatasetAttr, require_response: bool, media_dir: str | None = None
 ) -> dict[str, Any]:
     """One row -> canonical row plus `_problem` ("" when the row is usable, else "kind\\tdetail"), and its media
-    paths (`_images`, `_videos`, `_audios`: joined to media_dir; None without)."""
-    empty = {"_prompt": [], "_response": [], "_system": "", "_tools": "", **dict.fromkeys(MEDIA_COLUMNS)}
+    paths (`_images`, `_videos`, `_audios`: joined to media_dir) when the entry names media columns."""
+    empty = {"_prompt": [], "_response": [], "_system": "", "_tools": ""}
     try:
         row = CONVERTERS[attr.formatting](example, attr)
         if attr.ranking or attr.kto_tag:
@@ -48,7 +48,8 @@ def convert_example(
                 "missing response", f"column '{attr.response}' (response) is empty: supervised training needs an answer"
             )
         columns = {"image": attr.images, "video": attr.videos, "audio": attr.audios}
-        row.update(row_media(example, columns, media_dir, row["_prompt"] + row["_response"][:1]))
+        if any(columns.values()):
+            row.update(row_media(example, columns, media_dir, row["_prompt"] + row["_response"][:1]))
     except RowProblem as problem:
         return {**empty, PROBLEM_COLUMN: f"{problem.kind}\t{problem}"}
     except MediaProblem as problem:
@@ -74,7 +75,7 @@ class ConvertBatch:
             )
             for i in range(size)
         ]
-        return {key: [row[key] for row in rows] for key in (*CANONICAL_COLUMNS, *MEDIA_COLUMNS, PROBLEM_COLUMN)}
+        return {key: [row.get(key) for row in rows] for key in (*CANONICAL_COLUMNS, *MEDIA_COLUMNS, PROBLEM_COLUMN)}
 
 
 def _conversion_fingerprint(

@@ -38,6 +38,11 @@ CASES = {
     },
     "projector_only": {"freeze_language_model": True, "freeze_multi_modal_projector": False},
     "no_images": {"dataset": "text_demo"},
+    "freeze_with_projector": {
+        "finetuning_type": "freeze",
+        "freeze_trainable_layers": 1,
+        "freeze_multi_modal_projector": False,
+    },
     "dpo": {
         "stage": "dpo",
         "dataset": "mllm_pairs",
