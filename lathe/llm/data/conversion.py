@@ -75,7 +75,8 @@ class ConvertBatch:
             )
             for i in range(size)
         ]
-        return {key: [row.get(key) for row in rows] for key in (*CANONICAL_COLUMNS, *MEDIA_COLUMNS, PROBLEM_COLUMN)}
+        keys = (*CANONICAL_COLUMNS, *(MEDIA_COLUMNS if has_media(self.attr) else ()), PROBLEM_COLUMN)
+        return {key: [row.get(key) for row in rows] for key in keys}
 
 
 def _conversion_fingerprint(
@@ -97,7 +98,22 @@ def _conversion_fingerprint(
     return hashlib.sha256(code + text.encode()).hexdigest()[:32]
 
 
-def canonical_features():
+def has_media(attr: DatasetAttr) -> bool:
+    """Whether the entry names media columns: only then do its rows carry `_images` / `_videos` / `_audios`."""
+    return bool(attr.images or attr.videos or attr.audios)
+
+
+def add_media_columns(dataset):
+    """A text dataset given the (empty) media columns, to be merged with one that has media."""
+
+    features = canonical_features(media=True)
+    for column in MEDIA_COLUMNS:
+        if column not in dataset.column_names:
+            dataset = dataset.add_column(column, [None] * len(dataset), feature=features[column])
+    return dataset
+
+
+def canonical_features(media: bool = False):
     import datasets
 
     message = {"role": datasets.Value("string"), "content": datasets.Value("string")}
@@ -107,7 +123,7 @@ def canonical_features():
             "_response": datasets.List(message),
             "_system": datasets.Value("string"),
             "_tools": datasets.Value("string"),
-            **{column: datasets.List(datasets.Value("string")) for column in MEDIA_COLUMNS},
+            **({column: datasets.List(datasets.Value("string")) for column in MEDIA_COLUMNS} if media else {}),
             PROBLEM_COLUMN: datasets.Value("string"),
         }
     )
@@ -137,7 +153,7 @@ def convert_dataset(
         ConvertBatch(attr, require_response, tuple(json_columns), media_dir),
         batched=True,
         remove_columns=dataset.column_names,
-        features=canonical_features(),
+        features=canonical_features(has_media(attr)),
         num_proc=num_proc,
         load_from_cache_file=load_from_cache_file,
         desc=f"Converting {attr.name} ({attr.formatting})",

@@ -134,6 +134,11 @@ def merge_datasets(datasets_list: list, data_args: Any, seed: int):
         return datasets_list[0]
     import datasets
 
+    from lathe.llm.data.conversion import MEDIA_COLUMNS, add_media_columns
+
+    if any(column in dataset.column_names for dataset in datasets_list for column in MEDIA_COLUMNS):
+        datasets_list = [add_media_columns(dataset) for dataset in datasets_list]  # text rows beside media rows
+
     strategy = data_args.mix_strategy
     if strategy == "concat":
         return datasets.concatenate_datasets(datasets_list)
