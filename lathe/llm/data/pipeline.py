@@ -152,12 +152,17 @@ class DataPlan:
             "processors": sorted(f"{f.__module__}.{f.__qualname__}" for f in processors),
             "code": cache.source_digest([path for path in code if path] + _media_code()),
             **({"media": self.media.describe()} if self.media is not None else {}),
+            # media rows hold paths joined to media_dir: another folder is other rows
+            **({"media_dir": self.data_args.media_dir} if self._has_media_columns() else {}),
         }
 
     def _describe(self, attr: DatasetAttr) -> dict[str, Any]:
         fields = {key: value for key, value in vars(attr).items() if key != "info_path"}
         fields["files"] = [(os.path.basename(path), cache.hash_file(path)) for path in self.files[attr.name]]
         return fields
+
+    def _has_media_columns(self) -> bool:
+        return any(attr.images or attr.videos or attr.audios for attr in self.train_attrs + self.eval_attrs)
 
     def _val_size(self) -> float:
         return float(getattr(self.data_args, "val_size", 0) or 0)
