@@ -19,6 +19,8 @@ that defines a `FamilyPlugin` subclass and is registered by one line in plugins.
 - images.py: reading an image named by a data row (paths under media_dir, URLs refused offline), the pixel
   budget resize every family shares, the placeholder count check, media_cut_reason.
 - media.py: the rows' media columns: paths joined to media_dir as LLaMA-Factory does, checked per row.
+- encode.py: MediaEncoder, the data pipeline's handle on the run's plugin (the processor loaded at the first row
+  with media), and the tokenized rows' media columns.
 - qwen2_vl.py: the Qwen2-VL / Qwen2.5-VL family (images; mrope position ids from the model's get_rope_index).
 - collator.py: the collator for any family: the text collator's padding, then the plugin's tensors.
 - towers.py: freeze_vision_tower / freeze_multi_modal_projector / freeze_language_model, LoRA targets.

@@ -20,7 +20,9 @@ def load_processor(path: str):
     from transformers import AutoImageProcessor, AutoProcessor
 
     try:
-        return AutoProcessor.from_pretrained(path)
+        processor = AutoProcessor.from_pretrained(path)
+        if "Processor" in type(processor).__name__:  # not the tokenizer AutoProcessor falls back to
+            return processor
     except ImportError:
         pass
     except (OSError, ValueError) as error:
