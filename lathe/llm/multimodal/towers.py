@@ -9,6 +9,7 @@ import logging
 from lathe.llm.multimodal.base import Composite
 
 logger = logging.getLogger(__name__)
+TOWER_DEFAULTS = {"freeze_vision_tower": True, "freeze_multi_modal_projector": True, "freeze_language_model": False}
 
 
 def composite_of(model) -> Composite | None:
@@ -35,6 +36,11 @@ def freeze_towers(model, args, method: str) -> None:
     forbidden parts stop. A text model is left as it is."""
     composite = composite_of(model)
     if composite is None:
+        changed = [key for key, default in TOWER_DEFAULTS.items() if getattr(args, key, default) != default]
+        if changed:  # LLaMA-Factory ignores them here too; say so
+            logger.warning(
+                "%s: %s is not a vision-language model: nothing to freeze", ", ".join(changed), type(model).__name__
+            )
         return
     forbidden = forbidden_keys(composite, args)
     for name, parameter in model.named_parameters():
