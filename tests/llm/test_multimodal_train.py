@@ -69,6 +69,8 @@ def test_three_sft_steps_equal_llamafactory(folders, name):
     assert (trainable, total) == (expected["trainable"], expected["total"])
     assert losses == pytest.approx(expected["loss"], abs=1e-5)
     assert norms == pytest.approx(expected["grad_norm"], rel=1e-4, abs=1e-6)
+    # the processor is saved beside the model, as LLaMA-Factory's SaveProcessorCallback does
+    assert (folders[2] / name / "preprocessor_config.json").is_file()
 
 
 def _load(folders, **keys):

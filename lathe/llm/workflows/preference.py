@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from lathe.llm.workflows.plan import make_plan, report_plan
 from lathe.train.data.labels import IGNORE_INDEX
+from lathe.llm.multimodal.saving import processor_callbacks
 from lathe.llm.workflows.setup import (
     checkpointing_for,
     make_callbacks,
@@ -91,5 +92,5 @@ def _make_trainer(config, model, reference, tokenizer, datasets, callbacks):
         processing_class=tokenizer,
         train_dataset=datasets["train_dataset"],
         eval_dataset=datasets["eval_dataset"],
-        callbacks=make_callbacks(config) + list(callbacks or []),
+        callbacks=make_callbacks(config) + processor_callbacks(datasets.get("media"), model) + list(callbacks or []),
     )

@@ -10,6 +10,7 @@ from __future__ import annotations
 from lathe.llm.methods.optimizers import MethodOptimizerMixin
 from lathe.llm.workflows.meter import TokenMeterMixin
 from lathe.llm.workflows.plan import make_plan, report_plan
+from lathe.llm.multimodal.saving import processor_callbacks
 from lathe.llm.workflows.setup import (
     checkpointing_for,
     evaluate_and_save,
@@ -118,7 +119,7 @@ def run(config, dry_run: bool = False, callbacks: list | None = None) -> dict:
         compute_metrics=GenerationMetrics(tokenizer, config.generating.skip_special_tokens)
         if training_args.predict_with_generate
         else None,
-        callbacks=make_callbacks(config) + list(callbacks or []),
+        callbacks=make_callbacks(config) + processor_callbacks(datasets.get("media"), model) + list(callbacks or []),
         finetuning_args=finetuning_args,
         ref_model=load_reference_model(tokenizer, model_args, finetuning_args),
     )
