@@ -78,6 +78,21 @@ def test_an_images_column_reads_paths_under_media_dir_and_names_the_row_at_fault
             load()
 
 
+def test_an_images_column_in_the_openai_format(tmp_path):
+    (tmp_path / "a.png").write_bytes(b"png")
+    messages = [{"role": "user", "content": "<image>what?"}, {"role": "assistant", "content": "a cat"}]
+    tags = {"role_tag": "role", "content_tag": "content", "user_tag": "user", "assistant_tag": "assistant"}
+    load = write_dataset(
+        tmp_path,
+        [{"messages": messages, "images": ["a.png"]}],
+        formatting="openai",
+        columns={"messages": "messages", "images": "images"},
+        tags={**tags, "system_tag": "system"},
+    )
+    ((dataset, _),) = load_rows(load)
+    assert dataset["_images"] == [[str(tmp_path / "a.png")]] and dataset["_prompt"][0][0]["content"] == "<image>what?"
+
+
 def load_rows(load):
     train, reports = load()
     return [(dataset, report) for dataset, report in zip(train.values(), reports)]
