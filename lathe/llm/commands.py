@@ -100,7 +100,7 @@ def train_command(config_path: str, overrides: list[str], dry_run: bool = False,
 DUMP_STAGES = ("sft", "pt")
 
 
-def _training_collator(config, tokenizer):
+def _training_collator(config, tokenizer, media=None):
     """The collator the stage trains with, for `--dump` (the model on the meta device: its config and
     attention implementation are all a collator reads)."""
     if config.finetuning.stage == "pt":
@@ -111,7 +111,7 @@ def _training_collator(config, tokenizer):
     from lathe.llm.workflows.sft import make_collator
 
     model = load_model(tokenizer, config.model, config.finetuning, is_trainable=config.training.do_train, meta=True)
-    return make_collator(config, tokenizer, model)
+    return make_collator(config, tokenizer, model, media)
 
 
 def data_preview_command(
@@ -139,8 +139,17 @@ def data_preview_command(
         tokenizer = load_tokenizer(config.model)
         template = get_template_and_fix_tokenizer(tokenizer, config.data)
         print(template_report(template, tokenizer))
+        from lathe.llm.multimodal.encode import MediaEncoder
+
+        media = MediaEncoder.for_run(template, tokenizer, config.model)
         datasets = get_dataset(
-            template, config.model, config.data, config.training, stage=config.finetuning.stage, tokenizer=tokenizer
+            template,
+            config.model,
+            config.data,
+            config.training,
+            stage=config.finetuning.stage,
+            tokenizer=tokenizer,
+            media=media,
         )
         dataset = datasets["train_dataset"] if split == "train" else datasets["eval_dataset"]
         if dataset is None:
@@ -156,7 +165,7 @@ def data_preview_command(
 
             if isinstance(dataset, dict):
                 raise ValueError("--dump writes one split: with eval_on_each_dataset, dump the train split.")
-            counts = dump_examples(dataset, _training_collator(config, tokenizer), dump)
+            counts = dump_examples(dataset, _training_collator(config, tokenizer, media), dump)
             print(
                 f"Wrote {counts['examples']} examples and the collator's tensors for each one and "
                 f"{counts['pairs']} pairs to {dump} ({counts['errors']} collator errors)."

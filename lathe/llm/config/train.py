@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from lathe.llm.config.grpo import GRPOArguments, check_grpo_options
+from lathe.llm.config.media import TowerArguments
 from lathe.llm.config.keys import SUPPORTED_FINETUNING_TYPES, SUPPORTED_STAGES
 from lathe.llm.config.methods import check_methods, check_quantized_training, target_modules
 from lathe.llm.config.optim import OptimizerMethodArguments, validate_methods
@@ -38,7 +39,7 @@ __all__ = [
 
 
 @dataclass
-class FinetuningArguments(OptimizerMethodArguments, GRPOArguments):
+class FinetuningArguments(OptimizerMethodArguments, GRPOArguments, TowerArguments):
     """Which stage and method: full, freeze or LoRA, and the optimizer and loss keys (lathe.llm.config.optim)."""
 
     _argument_group_name = "finetuning"

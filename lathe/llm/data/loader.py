@@ -97,6 +97,7 @@ def load_converted_dataset(
         load_from_cache_file=False if overwrite else None,
         json_columns=raw.json_columns,
         prompts_only=prompts_only,
+        media_dir=getattr(data_args, "media_dir", None) or data_args.dataset_dir,
     )
 
 
@@ -109,6 +110,7 @@ def _check_columns(attr: DatasetAttr, present: list[str], files: list[str], requ
         roles = ("prompt", "query", "response", "history", "system", "tools", "chosen", "rejected", "kto_tag")
     else:
         roles = ("messages", "system", "tools", "chosen", "rejected", "kto_tag")
+    roles += ("images", "videos", "audios")
     for role in roles:
         column = getattr(attr, role)
         if column and column not in present and role not in attr.implicit_columns:
@@ -137,6 +139,11 @@ def merge_datasets(datasets_list: list, data_args: Any, seed: int):
     if len(datasets_list) == 1:
         return datasets_list[0]
     import datasets
+
+    from lathe.llm.data.conversion import MEDIA_COLUMNS, add_media_columns
+
+    if any(column in dataset.column_names for dataset in datasets_list for column in MEDIA_COLUMNS):
+        datasets_list = [add_media_columns(dataset) for dataset in datasets_list]  # text rows beside media rows
 
     strategy = data_args.mix_strategy
     if strategy == "concat":

@@ -177,13 +177,10 @@ def _instantiate(model_args: "ModelArguments", is_trainable: bool, meta: bool):
 
 def auto_model_class(config):
     """The transformers auto class that builds `config`'s generating model: AutoModelForImageTextToText for a
-    vision-language model that has no causal-LM class (Qwen2-VL, ...), as LLaMA-Factory picks it; else
-    AutoModelForCausalLM."""
+    vision-language config (LLaMA-Factory's loader checks that mapping first), else AutoModelForCausalLM."""
     from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
 
-    if type(config) in AutoModelForImageTextToText._model_mapping and type(config) not in (
-        AutoModelForCausalLM._model_mapping
-    ):
+    if type(config) in AutoModelForImageTextToText._model_mapping:
         return AutoModelForImageTextToText
     return AutoModelForCausalLM
 
