@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import sys
 import tempfile
 
 from lathe.llm.ray_launch import import_ray, ray_settings
@@ -87,8 +88,8 @@ def train_on_worker(loop_config: dict) -> None:
 
 
 def run_with_ray(config_path, overrides: list[str]) -> int:
-    """Train on ray_num_workers Ray Train workers; 0 when the run finished. The config is checked here
-    first, so a wrong key is one line before any worker starts."""
+    """Train on ray_num_workers Ray Train workers; 0 when the run finished, 1 when a worker failed after the
+    restarts ray_max_failures allows. The config is checked here first: a wrong key is one line, no worker."""
     from lathe.llm.config.train import parse_train_config
 
     settings = ray_settings(config_path, overrides)
@@ -105,8 +106,9 @@ def run_with_ray(config_path, overrides: list[str]) -> int:
         trainer = build_trainer(ray, settings, config_path, overrides)
         try:
             result = trainer.fit()
-        except TrainingFailedError as error:
-            raise RuntimeError(_failure_message(error, settings)) from None
+        except TrainingFailedError as error:  # Ray printed the workers' tracebacks; one line says what it means
+            print(f"lathe train: error: {_failure_message(error, settings)}", file=sys.stderr, flush=True)
+            return 1
         print(f"lathe train: Ray Train finished; its run (checkpoints, metrics) is in {result.path}", flush=True)
         return 0
     finally:
