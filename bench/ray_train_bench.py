@@ -4,13 +4,18 @@ prints (recorded in docs/DISTRIBUTED.md):
 
 1. `USE_RAY=1 lathe train` (the CLI, which starts its own Ray) on 2 workers gives torchrun's losses and weights
    on 2 processes (same per-process batch);
-2. the same with ray_max_failures=1 and one worker killed (SIGKILL) after two checkpoints reached Ray's storage:
+2. the same with ray_max_failures=1 and one worker killed (SIGKILL) once Ray registered a stored checkpoint:
    Ray restarts the worker group, lathe resumes from the last checkpoint Ray stored, and the final weights equal
    the uninterrupted run's;
 3. a Trainer script launched through TorchTrainer (RayCheckpointReport + ray_checkpoint, see
    docs/DISTRIBUTED.md), with a worker killed the same way, ends on the weights of one process with the whole batch.
 
-    OMP_NUM_THREADS=1 python bench/ray_train_bench.py [torchrun] [killed] [script]   # all: about 5 minutes
+    OMP_NUM_THREADS=1 python bench/ray_train_bench.py [torchrun] [killed] [script] [lf]   # all: about 7 minutes
+
+4. (lf) LLaMA-Factory 0.9.4's examples/train_lora/qwen3_lora_sft_ray.yaml with USE_RAY=1, from a checkout of that
+   tag in $LF_DIR (its data/ folder is read), with a local tiny model (the tests' byte-level BPE tokenizer and 3-layer Llama) and, for a
+   2-core machine without GPUs: ray_num_workers=2, resources_per_worker={"CPU": 1}, max_samples=32, max_steps=2,
+   bf16 off, preprocessing_num_workers=1, dataloader_num_workers=0, save_steps=1.
 """
 
 from __future__ import annotations
@@ -27,6 +32,8 @@ from pathlib import Path
 
 import torch
 
+from lathe.train import TrainerCallback
+
 REPOSITORY = Path(__file__).resolve().parents[1]
 QUICK = [
     "max_samples=256",
@@ -40,11 +47,11 @@ QUICK += ["per_device_train_batch_size=4"]
 RAY_INIT = 'ray_init_kwargs={"num_cpus": 2, "include_dashboard": false}'
 
 
-def lathe_train(output_dir: Path, env: dict, *extra: str) -> subprocess.CompletedProcess:
-    command = [sys.executable, "-m", "lathe", "train", "examples/quickstart.yaml", f"output_dir={output_dir}"]
+def lathe_train(output_dir: Path, env: dict, *extra: str, config="examples/quickstart.yaml", quick=QUICK):
+    command = [sys.executable, "-m", "lathe", "train", str(config), f"output_dir={output_dir}"]
     base = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(REPOSITORY))
     return subprocess.run(
-        [*command, *QUICK, *extra], cwd=REPOSITORY, env={**base, **env}, capture_output=True, text=True, timeout=900
+        [*command, *quick, *extra], cwd=REPOSITORY, env={**base, **env}, capture_output=True, text=True, timeout=900
     )
 
 
@@ -59,15 +66,22 @@ def worker_pids() -> list[int]:
 
 
 def kill_a_worker_after(run_dir: Path, checkpoints: int, killed: dict) -> threading.Thread:
-    """Once `checkpoints` checkpoints are in Ray's storage, SIGKILL one Ray Train worker (the newest process)."""
+    """Once Ray Train registered `checkpoints` checkpoints (its controller polls the workers every 2 s and then
+    writes checkpoint_manager_snapshot.json; a checkpoint uploaded but not yet registered would not be resumed),
+    SIGKILL one Ray Train worker (the newest process)."""
+
+    def registered() -> int:
+        with contextlib.suppress(OSError, ValueError):
+            return len(json.loads((run_dir / "checkpoint_manager_snapshot.json").read_text())["checkpoint_results"])
+        return 0
 
     def watch():
         deadline = time.time() + 600
         while time.time() < deadline:
-            if len(list(run_dir.glob("checkpoint_*"))) >= checkpoints and worker_pids():
+            if registered() >= checkpoints and worker_pids():
                 pid = worker_pids()[-1]
                 os.kill(pid, signal.SIGKILL)
-                killed.update(pid=pid, after=sorted(p.name for p in run_dir.glob("checkpoint_*")))
+                killed.update(pid=pid, registered=registered())
                 return
             time.sleep(0.05)
 
@@ -90,6 +104,13 @@ def largest_difference(ours: dict, theirs: dict) -> float:
 def losses(folder: Path) -> list[float]:
     entries = [json.loads(line) for line in (folder / "trainer_log.jsonl").read_text().splitlines()]
     return [entry["loss"] for entry in entries if "loss" in entry]
+
+
+class SlowSteps(TrainerCallback):
+    """50 ms after each step (the tiny model trains 120 steps in 2 s): time for the kill to land mid-run."""
+
+    def on_step_end(self, args, state, control, **kwargs):
+        time.sleep(0.05)
 
 
 def trainer_script(config: dict) -> None:
@@ -115,7 +136,7 @@ def trainer_script(config: dict) -> None:
         report_to=[],
         use_cpu=True,
     )
-    trainer = Trainer(model=model, args=args, train_dataset=data)
+    trainer = Trainer(model=model, args=args, train_dataset=data, callbacks=[SlowSteps()])
     if config["ray"]:
         trainer.add_callback(RayCheckpointReport())
     with ray_checkpoint() if config["ray"] else contextlib.nullcontext() as resume:
@@ -127,7 +148,7 @@ def trainer_script(config: dict) -> None:
 
 
 def main() -> None:
-    parts = sys.argv[1:] or ["torchrun", "killed", "script"]
+    parts = sys.argv[1:] or ["torchrun", "killed", "script", "lf"]
     root = Path(os.environ.get("RAY_BENCH_DIR", "/tmp/lathe_ray_bench"))
     report = {}
     if "torchrun" in parts:
@@ -137,6 +158,8 @@ def main() -> None:
         report.update(killed_worker(root))
     if "script" in parts:
         report.update(trainer_script_runs(root))
+    if "lf" in parts:
+        report.update(llamafactory_example(root))
     print(json.dumps(report, indent=1))
 
 
@@ -161,11 +184,11 @@ def ray_and_torchrun(root: Path) -> dict:
 
 
 def killed_worker(root: Path) -> dict:
-    """As the plain Ray run, with ray_max_failures=1 and a worker killed after 2 checkpoints reached storage."""
+    """As the plain Ray run, with ray_max_failures=1 and a worker killed once a checkpoint is registered."""
     report, storage = {}, [f"ray_storage_path={root / 'storage'}"]
     subprocess.run(["rm", "-rf", str(root / "killed"), str(root / "storage/killed")], check=True)
     started, killed = time.time(), {}
-    kill_a_worker_after(root / "storage/killed", 2, killed)
+    kill_a_worker_after(root / "storage/killed", 1, killed)
     again = lathe_train(
         root / "killed",
         {"USE_RAY": "1"},
@@ -200,7 +223,7 @@ def trainer_script_runs(root: Path) -> dict:
     trainer_script({"output_dir": str(root / "script_one"), "batch": 8, "ray": False})
     ray.init(num_cpus=2, include_dashboard=False)
     started, killed = time.time(), {}
-    kill_a_worker_after(root / "storage/script", 2, killed)
+    kill_a_worker_after(root / "storage/script", 1, killed)
     result = TorchTrainer(
         trainer_script,
         train_loop_config={"output_dir": str(root / "script_ray"), "batch": 4, "ray": True},
@@ -217,6 +240,44 @@ def trainer_script_runs(root: Path) -> dict:
         "script_vs_one_process_weights": largest_difference(
             weights(root / "script_ray/model.safetensors"), weights(root / "script_one/model.safetensors")
         ),
+    }
+
+
+def llamafactory_example(root: Path) -> dict:
+    sys.path.insert(0, str(REPOSITORY / "tests/llm"))
+    from conftest import build_tiny_model, build_tiny_tokenizer  # the tests' byte-level BPE and 3-layer Llama
+
+    checkout = Path(os.environ.get("LF_DIR", REPOSITORY / "bench/.cache/LLaMA-Factory-0.9.4"))
+    model_dir = root / "lf_model"
+    build_tiny_tokenizer(model_dir)
+    from transformers import AutoTokenizer
+
+    build_tiny_model(model_dir, len(AutoTokenizer.from_pretrained(model_dir)))
+    subprocess.run(["rm", "-rf", str(root / "lf_out"), str(root / "storage/qwen3_4b_sft_lora")])
+    extra = [f"model_name_or_path={model_dir}", f"dataset_dir={checkout / 'data'}", "ray_num_workers=2"]
+    extra += ['resources_per_worker={"CPU": 1}', f"ray_storage_path={root / 'storage'}", RAY_INIT, "bf16=false"]
+    extra += [
+        "max_samples=32",
+        "max_steps=2",
+        "save_steps=1",
+        "preprocessing_num_workers=1",
+        "dataloader_num_workers=0",
+    ]
+    started = time.time()
+    run = lathe_train(
+        root / "lf_out",
+        {"USE_RAY": "1"},
+        *extra,
+        config=checkout / "examples/train_lora/qwen3_lora_sft_ray.yaml",
+        quick=[],
+    )
+    print(run.stdout + run.stderr)
+    stored = sorted((root / "storage/qwen3_4b_sft_lora").glob("checkpoint_*/checkpoint"))
+    return {
+        "lf_example_s": round(time.time() - started, 1),
+        "lf_example_exit_code": run.returncode,
+        "lf_example_stored": [sorted(p.name for p in folder.iterdir() if "adapter" in p.name) for folder in stored],
+        "lf_example_losses": losses(root / "lf_out") if (root / "lf_out/trainer_log.jsonl").exists() else None,
     }
 
 

@@ -59,6 +59,8 @@ def train_on_worker(loop_config: dict) -> None:
     the process group; lathe trains in it, reports checkpoints, and resumes from Ray's last one if any."""
     import logging
 
+    import ray.train
+
     from lathe.llm.config.train import parse_train_config
     from lathe.llm.model.hub import resolve_config
     from lathe.llm.workflows.plan import format_config, print_once
@@ -79,7 +81,8 @@ def train_on_worker(loop_config: dict) -> None:
     with ray_checkpoint() as resume:
         overrides = list(loop_config["overrides"])
         if resume is not None:
-            print(f"lathe train: resuming from the checkpoint Ray Train stored: {resume}", flush=True)
+            if ray.train.get_context().get_world_rank() == 0:
+                print(f"lathe train: resuming from the checkpoint Ray Train stored: {resume}", flush=True)
             overrides.append(f"resume_from_checkpoint={resume}")
         config = parse_train_config(loop_config["config"], overrides)
         resolve_config(config)
@@ -95,6 +98,9 @@ def run_with_ray(config_path, overrides: list[str]) -> int:
     settings = ray_settings(config_path, overrides)
     parse_train_config(config_path, overrides)
     ray = import_ray()
+    # Ray Train's print patch sends each print to its logger as well as to stdout: every line lathe prints
+    # would reach the terminal twice. Off unless the user set it (Ray passes it on to the workers).
+    os.environ.setdefault("RAY_TRAIN_ENABLE_PRINT_PATCH", "0")
     started_here = not ray.is_initialized()
     if started_here:
         ray.init(**settings["init_kwargs"])
