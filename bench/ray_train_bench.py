@@ -10,7 +10,11 @@ prints (recorded in docs/DISTRIBUTED.md):
 3. a Trainer script launched through TorchTrainer (RayCheckpointReport + ray_checkpoint, see
    docs/DISTRIBUTED.md), with a worker killed the same way, ends on the weights of one process with the whole batch.
 
-    OMP_NUM_THREADS=1 python bench/ray_train_bench.py [torchrun] [killed] [script] [lf]   # all: about 7 minutes
+    OMP_NUM_THREADS=1 python bench/ray_train_bench.py [torchrun] [killed] [rerun] [script] [lf]   # all: ~10 min
+
+(rerun) The plain run of 1. launched again with the same ray_run_name: Ray Train restores the run, but a checkpoint
+   of an earlier launch is not resumed (as LLaMA-Factory; the quickstart has overwrite_output_dir: true), so it
+   trains from the start to the same weights.
 
 4. (lf) LLaMA-Factory 0.9.4's examples/train_lora/qwen3_lora_sft_ray.yaml with USE_RAY=1, from a checkout of that
    tag in $LF_DIR (its data/ folder is read), with a local tiny model (the tests' byte-level BPE tokenizer and 3-layer Llama) and, for a
@@ -148,7 +152,7 @@ def trainer_script(config: dict) -> None:
 
 
 def main() -> None:
-    parts = sys.argv[1:] or ["torchrun", "killed", "script", "lf"]
+    parts = sys.argv[1:] or ["torchrun", "killed", "rerun", "script", "lf"]
     root = Path(os.environ.get("RAY_BENCH_DIR", "/tmp/lathe_ray_bench"))
     report = {}
     if "torchrun" in parts:
@@ -156,6 +160,8 @@ def main() -> None:
         report.update(ray_and_torchrun(root))
     if "killed" in parts:
         report.update(killed_worker(root))
+    if "rerun" in parts:
+        report.update(rerun_same_name(root))
     if "script" in parts:
         report.update(trainer_script_runs(root))
     if "lf" in parts:
@@ -212,6 +218,27 @@ def killed_worker(root: Path) -> dict:
     else:
         print(output[-5000:])
     return report
+
+
+def rerun_same_name(root: Path) -> dict:
+    storage = [f"ray_storage_path={root / 'storage'}"]
+    before = len(list((root / "storage/plain").glob("checkpoint_*")))
+    started = time.time()
+    run = lathe_train(root / "ray", {"USE_RAY": "1"}, "ray_num_workers=2", RAY_INIT, *storage, "ray_run_name=plain")
+    output = run.stdout + run.stderr
+    if run.returncode != 0:
+        print(output[-5000:])
+    return {
+        "rerun_s": round(time.time() - started, 1),
+        "rerun_exit_code": run.returncode,
+        "rerun_resumed": sum("Ray Train stored" in line for line in output.splitlines()),
+        "rerun_stored_checkpoints_before_after": [before, len(list((root / "storage/plain").glob("checkpoint_*")))],
+        "rerun_vs_torchrun_weights": largest_difference(
+            weights(root / "ray/model.safetensors"), weights(root / "torchrun/model.safetensors")
+        )
+        if run.returncode == 0
+        else None,
+    }
 
 
 def trainer_script_runs(root: Path) -> dict:

@@ -13,7 +13,14 @@ import tempfile
 from lathe.llm.ray_launch import import_ray, ray_settings
 from lathe.train.callbacks.events import TrainerCallback
 
-__all__ = ["RayCheckpointReport", "ray_checkpoint", "run_with_ray", "build_trainer", "train_on_worker"]
+__all__ = [
+    "RayCheckpointReport",
+    "ray_checkpoint",
+    "run_with_ray",
+    "build_trainer",
+    "train_on_worker",
+    "last_stored_checkpoint",
+]
 CHECKPOINT_NAME = "checkpoint"  # Ray's RayTrainReportCallback layout: checkpoint_<...>/checkpoint/
 
 
@@ -39,14 +46,15 @@ class RayCheckpointReport(TrainerCallback):
 
 
 @contextlib.contextmanager
-def ray_checkpoint():
+def ray_checkpoint(ignore: str | None = None):
     """The folder of the last checkpoint Ray Train stored for this run (after a worker restart, or a rerun
-    with the same run name), ready for `trainer.train(resume_from_checkpoint=...)`; None on a fresh run.
-    It stays valid inside the `with` block (Ray may have downloaded it to a temporary folder)."""
+    with the same run name), ready for `trainer.train(resume_from_checkpoint=...)`; None on a fresh run, or
+    when that checkpoint's folder is named `ignore`. It stays valid inside the `with` block (Ray may have
+    downloaded it to a temporary folder)."""
     import ray.train
 
     checkpoint = ray.train.get_checkpoint()
-    if checkpoint is None:
+    if checkpoint is None or (ignore is not None and os.path.basename(checkpoint.path.rstrip("/")) == ignore):
         yield None
         return
     with checkpoint.as_directory() as folder:
@@ -78,7 +86,9 @@ def train_on_worker(loop_config: dict) -> None:
     os.environ["USE_RAY"] = "1"  # the config's Ray keys are the driver's, not errors, on every node
     if os.path.isdir(loop_config["cwd"]):  # relative paths in the config mean the driver's directory
         os.chdir(loop_config["cwd"])
-    with ray_checkpoint() as resume:
+    # A checkpoint from an earlier launch with this run name is not resumed (as LLaMA-Factory: a new launch
+    # resumes from output_dir unless overwrite_output_dir); one stored during this launch is (a restart).
+    with ray_checkpoint(ignore=loop_config.get("stored_before")) as resume:
         overrides = list(loop_config["overrides"])
         if resume is not None:
             if ray.train.get_context().get_world_rank() == 0:
@@ -141,7 +151,12 @@ def build_trainer(ray, settings: dict, config_path, overrides: list[str]):
     )
     return TorchTrainer(
         train_on_worker,
-        train_loop_config={"cwd": os.getcwd(), "config": path, "overrides": list(overrides)},
+        train_loop_config={
+            "cwd": os.getcwd(),
+            "config": path,
+            "overrides": list(overrides),
+            "stored_before": last_stored_checkpoint(filesystem, storage, settings["run_name"]),
+        },
         scaling_config=ScalingConfig(
             num_workers=settings["num_workers"],
             resources_per_worker=resources,
@@ -156,6 +171,23 @@ def build_trainer(ray, settings: dict, config_path, overrides: list[str]):
             failure_config=FailureConfig(max_failures=settings["max_failures"]),
         ),
     )
+
+
+def last_stored_checkpoint(filesystem, storage: str, run_name: str | None) -> str | None:
+    """The folder name of the last checkpoint an earlier launch of this run stored (Ray Train's snapshot)."""
+    if run_name is None:  # Ray names each launch anew
+        return None
+    import json
+
+    import pyarrow.fs
+
+    filesystem = filesystem or pyarrow.fs.LocalFileSystem()
+    try:
+        with filesystem.open_input_stream(f"{storage}/{run_name}/checkpoint_manager_snapshot.json") as stream:
+            latest = json.loads(stream.read()).get("latest_checkpoint_result") or {}
+    except (OSError, ValueError):  # no earlier launch (or an unreadable snapshot: Ray will say so)
+        return None
+    return latest.get("checkpoint_dir_name")
 
 
 def _default_resources(ray) -> dict:
@@ -186,6 +218,7 @@ def _failure_message(error, settings: dict) -> str:
     lines = [line for line in str(getattr(error, "__cause__", None) or error).strip().splitlines() if line.strip()]
     return (
         f"Ray Train stopped: a worker failed ({(lines[-1] if lines else '?')[:300]}) after "
-        f"ray_max_failures={settings['max_failures']} restart(s). Run the same command again with the same "
-        "ray_run_name to resume from the last checkpoint Ray stored."
+        f"ray_max_failures={settings['max_failures']} restart(s). Run the same command again: training resumes "
+        "from the last checkpoint in output_dir (unless overwrite_output_dir; or give resume_from_checkpoint, "
+        "e.g. the last one Ray stored)."
     )

@@ -93,6 +93,32 @@ def test_use_ray_refuses_force_torchrun_and_names_the_extra_when_ray_is_missing(
         import_ray()
 
 
+def test_a_restart_resumes_from_ray_storage_but_a_new_launch_does_not(tmp_path, monkeypatch):
+    """Ray hands a restarted worker the run's last stored checkpoint; on a new launch that reuses a run name
+    it hands over the earlier launch's, which the driver names so the workers leave it (as LLaMA-Factory)."""
+    train = pytest.importorskip("ray.train", reason="Ray Train (ray[train]) is not installed")
+    from lathe.llm.ray_train import last_stored_checkpoint, ray_checkpoint
+
+    run = tmp_path / "storage/sft"
+    (run / "checkpoint_2026-01-01_00-00-00.1/checkpoint").mkdir(parents=True)
+    snapshot = {"latest_checkpoint_result": {"checkpoint_dir_name": "checkpoint_2026-01-01_00-00-00.1"}}
+    (run / "checkpoint_manager_snapshot.json").write_text(json.dumps(snapshot))
+    storage = str(tmp_path / "storage")
+    assert last_stored_checkpoint(None, storage, "sft") == "checkpoint_2026-01-01_00-00-00.1"
+    assert (
+        last_stored_checkpoint(None, storage, "other") is None and last_stored_checkpoint(None, storage, None) is None
+    )
+    stored = train.Checkpoint.from_directory(str(run / "checkpoint_2026-01-01_00-00-00.1"))
+    monkeypatch.setattr(train, "get_checkpoint", lambda: stored)
+    with ray_checkpoint() as resume:
+        assert resume == str(run / "checkpoint_2026-01-01_00-00-00.1/checkpoint")
+    with ray_checkpoint(ignore="checkpoint_2026-01-01_00-00-00.1") as resume:
+        assert resume is None
+    monkeypatch.setattr(train, "get_checkpoint", lambda: None)
+    with ray_checkpoint() as resume:
+        assert resume is None
+
+
 @pytest.fixture(scope="module")
 def local_ray():
     """One local Ray of 2 CPUs for the module (a start costs seconds on 2 cores)."""
