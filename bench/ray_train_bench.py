@@ -222,7 +222,7 @@ def killed_worker(root: Path) -> dict:
 
 def rerun_same_name(root: Path) -> dict:
     storage = [f"ray_storage_path={root / 'storage'}"]
-    before = len(list((root / "storage/plain").glob("checkpoint_*")))
+    before = len(list((root / "storage/plain").glob("checkpoint_*/checkpoint")))
     started = time.time()
     run = lathe_train(root / "ray", {"USE_RAY": "1"}, "ray_num_workers=2", RAY_INIT, *storage, "ray_run_name=plain")
     output = run.stdout + run.stderr
@@ -232,7 +232,10 @@ def rerun_same_name(root: Path) -> dict:
         "rerun_s": round(time.time() - started, 1),
         "rerun_exit_code": run.returncode,
         "rerun_resumed": sum("Ray Train stored" in line for line in output.splitlines()),
-        "rerun_stored_checkpoints_before_after": [before, len(list((root / "storage/plain").glob("checkpoint_*")))],
+        "rerun_stored_checkpoints_before_after": [
+            before,
+            len(list((root / "storage/plain").glob("checkpoint_*/checkpoint"))),
+        ],
         "rerun_vs_torchrun_weights": largest_difference(
             weights(root / "ray/model.safetensors"), weights(root / "torchrun/model.safetensors")
         )
