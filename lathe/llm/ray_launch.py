@@ -85,6 +85,9 @@ def ray_settings(config_path, overrides: list[str]) -> dict:
                 f"{key} is given with USE_RAY=1: Ray Train opens the process group itself, on rank 0's node at a "
                 f"free port (LLaMA-Factory 0.9.5's {key} has no Ray Train counterpart): remove it."
             )
+    for key in ("nproc_per_node", "nnodes", "node_rank"):  # torchrun's, in the config or on the command line
+        if values.get(key) is not None:
+            raise ValueError(f"{key} is given with USE_RAY=1: Ray Train starts ray_num_workers workers; remove it.")
     resources = _mapping(values, "resources_per_worker")
     for name, amount in (resources or {}).items():
         if not isinstance(amount, (int, float)) or isinstance(amount, bool) or amount < 0:

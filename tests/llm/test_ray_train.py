@@ -57,6 +57,7 @@ def test_ray_keys_as_llamafactory_reads_them(tmp_path, write_yaml):
         ('resources_per_worker={"GPU": "one"}', r"resources_per_worker\['GPU'\] must be a number"),
         ("ray_max_failures=-2", "ray_max_failures must be a whole number of at least -1"),
         ("master_addr=10.0.0.1", "master_addr is given with USE_RAY=1: Ray Train opens the process group itself"),
+        ("nproc_per_node=2", "nproc_per_node is given with USE_RAY=1: Ray Train starts ray_num_workers workers"),
     ]:
         with pytest.raises(ValueError, match=message):
             ray_settings(config, [override])
