@@ -196,7 +196,15 @@ def _default_resources(ray) -> dict:
 
 
 def _check_cluster(ray, resources: dict, workers: int) -> None:
-    """Ray would wait forever for resources the cluster does not have: say so instead."""
+    """On a cluster of fixed size Ray would wait for resources it never gets: say so instead. An autoscaling
+    cluster (one with a cluster config) may grow; Ray Train checks against its maximum itself."""
+    try:
+        from ray._private.state import state
+
+        if state.get_max_resources_from_cluster_config():
+            return
+    except (ImportError, AttributeError, RuntimeError):  # a private API: if it moves, check the present size
+        pass
     total = ray.cluster_resources()
     for name, amount in resources.items():
         if amount * workers > total.get(name, 0):
