@@ -94,6 +94,19 @@ def test_use_ray_refuses_force_torchrun_and_names_the_extra_when_ray_is_missing(
         import_ray()
 
 
+def test_a_wrong_ray_key_is_one_line_before_ray_starts(monkeypatch, capsys):
+    from lathe.llm.commands import train_command
+
+    for name in ("LOCAL_RANK", "TORCHELASTIC_RUN_ID", "FORCE_TORCHRUN", "NPROC_PER_NODE", "NNODES"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("USE_RAY", "1")
+    monkeypatch.chdir(REPOSITORY)
+    monkeypatch.setitem(sys.modules, "ray", None)  # nothing may import Ray before the keys are checked
+    assert train_command("examples/quickstart.yaml", ["ray_num_workers=2", "placement_strategy=pack"]) == 2
+    error = capsys.readouterr().err
+    assert error.startswith("lathe train: error: placement_strategy must be one of PACK,") and "Traceback" not in error
+
+
 def test_a_restart_resumes_from_ray_storage_but_a_new_launch_does_not(tmp_path, monkeypatch):
     """Ray hands a restarted worker the run's last stored checkpoint; on a new launch that reuses a run name
     it hands over the earlier launch's, which the driver names so the workers leave it (as LLaMA-Factory)."""
