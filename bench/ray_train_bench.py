@@ -1,25 +1,24 @@
 """Ray Train end to end on a local Ray of 2 CPUs (too slow for the suite: each Ray run starts a controller and
-two workers that import torch, about a minute on a busy 2-core machine). What it checks, with the numbers it
-prints (recorded in docs/DISTRIBUTED.md):
+two workers that import torch, about a minute on a busy 2-core machine). The parts, and what each checks (the
+numbers it prints are recorded in docs/DISTRIBUTED.md):
 
-1. `USE_RAY=1 lathe train` (the CLI, which starts its own Ray) on 2 workers gives torchrun's losses and weights
-   on 2 processes (same per-process batch);
-2. the same with ray_max_failures=1 and one worker killed (SIGKILL) once Ray registered a stored checkpoint:
-   Ray restarts the worker group, lathe resumes from the last checkpoint Ray stored, and the final weights equal
-   the uninterrupted run's;
-3. a Trainer script launched through TorchTrainer (RayCheckpointReport + ray_checkpoint, see
-   docs/DISTRIBUTED.md), with a worker killed the same way, ends on the weights of one process with the whole batch.
+- torchrun: `USE_RAY=1 lathe train` of the quickstart (the CLI, which starts its own Ray) on 2 workers gives
+  torchrun's losses and weights on 2 processes (same per-process batch);
+- killed: the same with ray_max_failures=1 and one worker killed (SIGKILL) once Ray registered a stored
+  checkpoint: Ray restarts the worker group, lathe resumes from that checkpoint, the final weights equal the
+  uninterrupted run's;
+- rerun: the run of `torchrun` launched again with the same ray_run_name: a checkpoint of an earlier launch is not
+  resumed (as LLaMA-Factory; the quickstart has overwrite_output_dir: true), it trains from the start to the same
+  weights;
+- script: a Trainer script under TorchTrainer (RayCheckpointReport + ray_checkpoint, docs/DISTRIBUTED.md), with a
+  worker killed the same way, ends on the weights of one process with the whole batch;
+- raycallback: that script with Ray's own RayTrainReportCallback in place of lathe's RayCheckpointReport;
+- lf: LLaMA-Factory 0.9.4's examples/train_lora/qwen3_lora_sft_ray.yaml with USE_RAY=1, from a checkout of that
+  tag in $LF_DIR (its data/ folder is read), a local tiny model (the tests' byte-level BPE tokenizer and 3-layer
+  Llama) and, for a 2-core machine without GPUs: ray_num_workers=2, resources_per_worker={"CPU": 1},
+  max_samples=32, max_steps=2, bf16 off, preprocessing_num_workers=1, dataloader_num_workers=0, save_steps=1.
 
-    OMP_NUM_THREADS=1 python bench/ray_train_bench.py [torchrun] [killed] [rerun] [script] [lf]   # all: ~10 min
-
-(rerun) The plain run of 1. launched again with the same ray_run_name: Ray Train restores the run, but a checkpoint
-   of an earlier launch is not resumed (as LLaMA-Factory; the quickstart has overwrite_output_dir: true), so it
-   trains from the start to the same weights.
-
-4. (lf) LLaMA-Factory 0.9.4's examples/train_lora/qwen3_lora_sft_ray.yaml with USE_RAY=1, from a checkout of that
-   tag in $LF_DIR (its data/ folder is read), with a local tiny model (the tests' byte-level BPE tokenizer and 3-layer Llama) and, for a
-   2-core machine without GPUs: ray_num_workers=2, resources_per_worker={"CPU": 1}, max_samples=32, max_steps=2,
-   bf16 off, preprocessing_num_workers=1, dataloader_num_workers=0, save_steps=1.
+    OMP_NUM_THREADS=1 LF_DIR=... python bench/ray_train_bench.py [PART ...]   # all parts: about 11 minutes
 """
 
 from __future__ import annotations
@@ -141,7 +140,11 @@ def trainer_script(config: dict) -> None:
         use_cpu=True,
     )
     trainer = Trainer(model=model, args=args, train_dataset=data, callbacks=[SlowSteps()])
-    if config["ray"]:
+    if config.get("ray_callback"):  # Ray's own transformers callback instead of lathe's
+        from ray.train.huggingface.transformers import RayTrainReportCallback
+
+        trainer.add_callback(RayTrainReportCallback())
+    elif config["ray"]:
         trainer.add_callback(RayCheckpointReport())
     with ray_checkpoint() if config["ray"] else contextlib.nullcontext() as resume:
         if resume is not None:
@@ -152,7 +155,7 @@ def trainer_script(config: dict) -> None:
 
 
 def main() -> None:
-    parts = sys.argv[1:] or ["torchrun", "killed", "rerun", "script", "lf"]
+    parts = sys.argv[1:] or ["torchrun", "killed", "rerun", "script", "raycallback", "lf"]
     root = Path(os.environ.get("RAY_BENCH_DIR", "/tmp/lathe_ray_bench"))
     report = {}
     if "torchrun" in parts:
@@ -164,6 +167,8 @@ def main() -> None:
         report.update(rerun_same_name(root))
     if "script" in parts:
         report.update(trainer_script_runs(root))
+    if "raycallback" in parts:
+        report.update(ray_callback_run(root))
     if "lf" in parts:
         report.update(llamafactory_example(root))
     print(json.dumps(report, indent=1))
@@ -269,6 +274,37 @@ def trainer_script_runs(root: Path) -> dict:
         "script_checkpoint": result.checkpoint.path if result.checkpoint else None,
         "script_vs_one_process_weights": largest_difference(
             weights(root / "script_ray/model.safetensors"), weights(root / "script_one/model.safetensors")
+        ),
+    }
+
+
+def ray_callback_run(root: Path) -> dict:
+    """The Trainer script with Ray's RayTrainReportCallback (every rank uploads the same checkpoint folder)."""
+    import ray
+    from ray.train import RunConfig, ScalingConfig
+    from ray.train.torch import TorchTrainer
+
+    subprocess.run(["rm", "-rf", str(root / "script_raycb"), str(root / "storage/raycb")])
+    if not (root / "script_one/model.safetensors").exists():
+        trainer_script({"output_dir": str(root / "script_one"), "batch": 8, "ray": False})
+    ray.init(num_cpus=2, include_dashboard=False)
+    result = TorchTrainer(
+        trainer_script,
+        train_loop_config={"output_dir": str(root / "script_raycb"), "batch": 4, "ray": True, "ray_callback": True},
+        scaling_config=ScalingConfig(num_workers=2),
+        run_config=RunConfig(name="raycb", storage_path=str(root / "storage")),
+    ).fit()
+    ray.shutdown()
+    stored = sorted((root / "storage/raycb").glob("checkpoint_*/checkpoint"))
+    return {
+        "raycb_stored": len(stored),
+        "raycb_last_step": json.loads((stored[-1] / "trainer_state.json").read_text())["global_step"]
+        if stored
+        else None,
+        "raycb_rng_files": sorted(p.name for p in stored[-1].glob("rng_state*")) if stored else None,
+        "raycb_checkpoint": result.checkpoint.path if result.checkpoint else None,
+        "raycb_vs_one_process_weights": largest_difference(
+            weights(root / "script_raycb/model.safetensors"), weights(root / "script_one/model.safetensors")
         ),
     }
 
