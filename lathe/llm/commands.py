@@ -63,7 +63,7 @@ def train_command(config_path: str, overrides: list[str], dry_run: bool = False,
     from lathe.llm.config.sections import hub_from_environment
     from lathe.llm.config.train import parse_train_config
     from lathe.llm.config.values import RawConfig
-    from lathe.llm.launch import launch_settings, planned_processes, relaunch
+    from lathe.llm.launch import launch_settings, planned_processes, ray_wanted, relaunch
     from lathe.llm.model.hub import resolve_config, resolve_raw_config
     from lathe.llm.stopping import Interrupted, StopOnSignal, TrainingStopped
     from lathe.llm.workflows.plan import format_config, print_once
@@ -71,6 +71,10 @@ def train_command(config_path: str, overrides: list[str], dry_run: bool = False,
     def train() -> int:
         if not dry_run and launch_settings(config_path, overrides) is not None:
             resolve_raw_config(RawConfig(config_path, overrides).values, hub_from_environment())  # once, not per rank
+        if not dry_run and ray_wanted():  # USE_RAY=1: Ray Train's workers run the ranks
+            from lathe.llm.ray_train import run_with_ray
+
+            return run_with_ray(config_path, overrides)
         code = (
             None if dry_run else relaunch(config_path, overrides)
         )  # under torchrun when several processes are asked for

@@ -271,14 +271,10 @@ def parse_train_config(source: str | Path | dict, overrides: list[str] | tuple[s
     hints = {name: field_hints(dtype) for name, dtype in sections.items()}
     known = {key: hint for section in hints.values() for key, hint in section.items()}
     from lathe.llm.launch import LAUNCH_KEYS
-    from lathe.llm.ray_launch import RAY_KEYS, use_ray
+    from lathe.llm.ray_launch import RAY_KEYS, check_ray_keys
 
     check_keys(raw, list(known) + list(LAUNCH_KEYS) + list(RAY_KEYS), origin)
-    if not use_ray() and str(raw.get("ray_num_workers", 1)) != "1":
-        raise ValueError(
-            f"ray_num_workers (in {origin}) is read only with USE_RAY=1, which runs lathe train on that many Ray "
-            "workers (LLaMA-Factory then ignores it and trains on one process): set USE_RAY=1, or remove the key."
-        )
+    check_ray_keys(raw, origin)
     # read by lathe.llm.launch / ray_launch before the ranks started (kept for the saved run config)
     launch = {key: raw.pop(key) for key in (*LAUNCH_KEYS, *RAY_KEYS) if key in raw}
     config_input.coerce(known)
