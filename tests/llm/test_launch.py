@@ -97,34 +97,53 @@ def test_launch_keys_are_accepted_by_the_config_parser(tiny_model_dir):
     assert config.training.output_dir == "x"
 
 
-@pytest.mark.slow
-def test_lathe_train_on_two_processes(tmp_path):
-    """The quickstart config on 2 CPU processes: rank 0 preprocesses, both train, one model is saved."""
-    output_dir = tmp_path / "out"
-    env = dict(
-        os.environ, NPROC_PER_NODE="2", OMP_NUM_THREADS="1", HOME=str(tmp_path / "home"), PYTHONPATH=str(REPOSITORY)
-    )
+def launch_quickstart(output_dir, *overrides, home=None):
+    """`lathe train examples/quickstart.yaml` on 2 CPU processes (one thread each); the finished process."""
+    env = dict(os.environ, NPROC_PER_NODE="2", OMP_NUM_THREADS="1", PYTHONPATH=str(REPOSITORY))
+    if home is not None:
+        env["HOME"] = str(home)
+    command = [sys.executable, "-m", "lathe", "train", "examples/quickstart.yaml", f"output_dir={output_dir}"]
     result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "lathe",
-            "train",
-            "examples/quickstart.yaml",
-            f"output_dir={output_dir}",
-            "max_samples=256",
-            "max_steps=4",
-            "do_predict=false",
-            "logging_steps=1",
-            "per_device_train_batch_size=8",
-        ],
-        cwd=REPOSITORY,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=400,
+        [*command, *overrides], cwd=REPOSITORY, env=env, capture_output=True, text=True, timeout=400
     )
     assert result.returncode == 0, result.stderr[-3000:]
+    return result
+
+
+# 30 steps on 64 examples, then greedy answers to 64 prompts: trained enough that the answers' lengths differ, so
+# the ranks finish generating at different steps (with sharded weights a rank that stops early would hang the other).
+GENERATING = ("max_samples=64", "max_steps=30", "per_device_train_batch_size=8", "per_device_eval_batch_size=16")
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """The same short quickstart run under DDP, DeepSpeed ZeRO-3 and FSDP2, each on 2 processes, lazily."""
+    folder, done = tmp_path_factory.mktemp("runs"), {}
+    sharding = {
+        "ddp": ("logging_steps=1",),
+        # ZeRO-3 also saves a checkpoint: its partitions and the whole weights gathered from them
+        "zero3": ("deepspeed=examples/deepspeed/ds_z3_config.json", "save_strategy=steps", "save_steps=30"),
+        "fsdp": ("fsdp=full_shard auto_wrap",),
+    }
+
+    def run(name):
+        if name not in done:
+            home = folder / "home"  # fresh for the first run: rank 0 tokenizes, rank 1 reads its cache
+            done[name] = launch_quickstart(folder / name, *GENERATING, *sharding[name], home=home), folder / name
+        return done[name]
+
+    return run
+
+
+def predictions(output_dir):
+    lines = (output_dir / "generated_predictions.jsonl").read_text().splitlines()
+    return [json.loads(line)["predict"] for line in lines]
+
+
+@pytest.mark.slow
+def test_lathe_train_on_two_processes(runs):
+    """The quickstart config on 2 CPU processes: rank 0 preprocesses, both train, one model is saved."""
+    result, output_dir = runs("ddp")
     assert "2 process(es) per node" in result.stdout
     assert result.stdout.count("Plan: stage sft") == 1  # printed by rank 0 only
     assert "16 examples per step = 8 per device x 1 accumulation x 2 process(es)" in result.stdout
@@ -132,50 +151,21 @@ def test_lathe_train_on_two_processes(tmp_path):
     assert result.stderr.count("Tokenized dataset loaded from the cache") == 1
     assert (output_dir / "model.safetensors").is_file()
     results = json.loads((output_dir / "train_results.json").read_text())
-    assert (
-        results["epoch"] > 0
-        and len([json.loads(line) for line in (output_dir / "trainer_log.jsonl").read_text().splitlines()]) >= 4
-    )
+    log = [json.loads(line) for line in (output_dir / "trainer_log.jsonl").read_text().splitlines()]
+    assert results["epoch"] > 0 and [entry["current_steps"] for entry in log if "loss" in entry] == list(range(1, 31))
 
 
 @pytest.mark.slow
-def test_lathe_train_with_deepspeed_zero3_on_two_processes(tmp_path):
+def test_lathe_train_with_deepspeed_zero3_on_two_processes(runs):
     """LLaMA-Factory's way to shard: `deepspeed: <ds_z3_config.json>` with "auto" values, on 2 processes."""
     pytest.importorskip("deepspeed", reason="the deepspeed extra is not installed")
     from transformers import AutoModelForCausalLM
 
-    output_dir = tmp_path / "out"
-    env = dict(os.environ, NPROC_PER_NODE="2", OMP_NUM_THREADS="1", PYTHONPATH=str(REPOSITORY))
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "lathe",
-            "train",
-            "examples/quickstart.yaml",
-            f"output_dir={output_dir}",
-            "max_samples=256",
-            "max_steps=4",
-            "save_strategy=steps",
-            "save_steps=2",
-            "do_predict=false",
-            "logging_steps=1",
-            "per_device_train_batch_size=8",
-            "deepspeed=examples/deepspeed/ds_z3_config.json",
-        ],
-        cwd=REPOSITORY,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=400,
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
+    result, output_dir = runs("zero3")
     assert "sharding        DeepSpeed ZeRO stage 3 (examples/deepspeed/ds_z3_config.json)" in result.stdout
-    checkpoint = output_dir / "checkpoint-4"
-    assert (checkpoint / "latest").read_text().strip() == "global_step4"
-    assert len(list((checkpoint / "global_step4").glob("*optim_states.pt"))) == 2  # one partition per rank
-    log = [json.loads(line) for line in (output_dir / "trainer_log.jsonl").read_text().splitlines()]
-    assert [entry["current_steps"] for entry in log if "loss" in entry] == [1, 2, 3, 4]
+    checkpoint = output_dir / "checkpoint-30"
+    assert (checkpoint / "latest").read_text().strip() == "global_step30"
+    assert len(list((checkpoint / "global_step30").glob("*optim_states.pt"))) == 2  # one partition per rank
     # the weights gathered from the ZeRO-3 partitions are the whole model, loadable by transformers
     model = AutoModelForCausalLM.from_pretrained(output_dir)
     reference = AutoModelForCausalLM.from_pretrained(checkpoint)
@@ -191,32 +181,9 @@ def test_lora_under_deepspeed_zero2_resumes_exactly(tmp_path):
     from safetensors.torch import load_file
 
     def train(output_dir, *extra):
-        env = dict(os.environ, NPROC_PER_NODE="2", OMP_NUM_THREADS="1", PYTHONPATH=str(REPOSITORY))
-        result = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "lathe",
-                "train",
-                "examples/quickstart.yaml",
-                f"output_dir={output_dir}",
-                "max_samples=256",
-                "max_steps=4",
-                "save_strategy=steps",
-                "save_steps=2",
-                "do_predict=false",
-                "finetuning_type=lora",
-                "lora_target=all",
-                "deepspeed=examples/deepspeed/ds_z2_config.json",
-                *extra,
-            ],
-            cwd=REPOSITORY,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=400,
-        )
-        assert result.returncode == 0, result.stderr[-3000:]
+        lora = ("finetuning_type=lora", "lora_target=all", "deepspeed=examples/deepspeed/ds_z2_config.json")
+        steps = ("max_samples=256", "max_steps=4", "save_strategy=steps", "save_steps=2", "do_predict=false")
+        launch_quickstart(output_dir, *steps, *lora, *extra)
 
     train(tmp_path / "whole")
     checkpoint = tmp_path / "whole" / "checkpoint-2"
@@ -234,40 +201,11 @@ def test_lora_under_deepspeed_zero2_resumes_exactly(tmp_path):
 
 
 @pytest.mark.slow
-def test_generation_with_sharded_weights_on_two_processes(tmp_path):
+def test_generation_with_sharded_weights_on_two_processes(runs):
     """do_predict with generation when the weights are sharded (ZeRO-3, FSDP2): ranks whose answers end
-    at different lengths neither hang nor fail, and the answers equal ZeRO-2's (whole weights per rank)."""
+    at different lengths neither hang nor fail, and the answers equal DDP's (whole weights per rank)."""
     pytest.importorskip("deepspeed", reason="the deepspeed extra is not installed")
-
-    def predictions(name, sharding):
-        output_dir = tmp_path / name
-        env = dict(os.environ, NPROC_PER_NODE="2", OMP_NUM_THREADS="1", PYTHONPATH=str(REPOSITORY))
-        result = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "lathe",
-                "train",
-                "examples/quickstart.yaml",
-                f"output_dir={output_dir}",
-                "max_samples=64",
-                "max_steps=30",
-                "per_device_eval_batch_size=16",
-                sharding,
-            ],
-            cwd=REPOSITORY,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=400,
-        )
-        assert result.returncode == 0, result.stderr[-3000:]
-        return [
-            json.loads(line)["predict"]
-            for line in (output_dir / "generated_predictions.jsonl").read_text().splitlines()
-        ]
-
-    zero2 = predictions("zero2", "deepspeed=examples/deepspeed/ds_z2_config.json")
-    assert len(zero2) == 64 and len({len(answer) for answer in zero2}) > 3  # the ranks finish at different steps
-    assert predictions("zero3", "deepspeed=examples/deepspeed/ds_z3_config.json") == zero2
-    assert predictions("fsdp", "fsdp=full_shard auto_wrap") == zero2
+    ddp = predictions(runs("ddp")[1])
+    assert len(ddp) == 64 and len({len(answer) for answer in ddp}) > 3  # the ranks finish at different steps
+    assert predictions(runs("zero3")[1]) == ddp
+    assert predictions(runs("fsdp")[1]) == ddp

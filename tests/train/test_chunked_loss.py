@@ -252,16 +252,15 @@ def test_use_liger_kernel_without_liger_or_a_gpu_runs_the_chunked_loss_and_says_
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("fsdp", [None, "full_shard auto_wrap"])
-def test_two_ranks_with_the_chunked_loss_train_like_one_process_with_the_models_loss(tmp_path, fsdp):
+@pytest.mark.parametrize("run", ["chunked_ddp", "chunked_fsdp"])
+def test_two_ranks_with_the_chunked_loss_train_like_one_process_with_the_models_loss(tmp_path, fsdp_ranks, run):
     """DDP and FSDP2 on 2 CPU processes, tied embeddings (the head's gradient meets the embedding's):
     the losses and weights of one process with the model's own loss and twice the batch."""
     from tests.train import fsdp_worker
-    from tests.train.torchrun_helpers import assert_same_weights, torchrun
+    from tests.train.torchrun_helpers import assert_same_weights
 
-    common = {"accumulation": 2, "tied": True, "optim": "sgd"}
-    single = fsdp_worker.run(str(tmp_path / "single"), {**common, "batch": 4})
-    ranks = torchrun(tmp_path, "ranks", {**common, "batch": 2, "fsdp": fsdp, "chunked": "yes", "chunk_size": 5})
+    single = fsdp_worker.run(str(tmp_path / "single"), {"accumulation": 2, "tied": True, "optim": "sgd", "batch": 4})
+    ranks = fsdp_ranks[1][run]  # tests/train/conftest.py: the same, on 2 ranks with batch 2 and the chunked loss
     assert ranks["world_size"] == 2 and len(ranks["losses"]) == len(single["losses"]) == 6
     assert ranks["losses"] == pytest.approx(single["losses"], abs=1e-6)
     assert_same_weights(ranks["weights"], single["weights"])

@@ -14,51 +14,64 @@ import torch
 
 from lathe import TrainingArguments
 from tests.train import ddp_worker
-from tests.train.torchrun_helpers import REPOSITORY, assert_same_weights, torchrun
+from tests.train.torchrun_helpers import REPOSITORY, assert_same_weights, torchrun_runs
 
 pytest.importorskip("deepspeed", reason="the deepspeed extra is not installed")
 
 WORKER = REPOSITORY / "tests" / "train" / "deepspeed_worker.py"
 
 
-def run_ranks(tmp_path, name: str, options: dict) -> dict:
-    return torchrun(tmp_path, name, options, worker=WORKER)
+@pytest.fixture(scope="module")
+def ranks(tmp_path_factory):
+    """Every 2-rank run of this module in one torchrun launch (in this order; ZeRO-3 last, as it leaves its
+    global config behind in the process): the folder they wrote and rank 0's results."""
+    folder = tmp_path_factory.mktemp("zero")
+    checkpoint = str(folder / "part" / "checkpoint-4")
+    runs = {
+        "stage2": {"batch": 2, "accumulation": 2, "stage": 2},
+        "clipped": {"batch": 2, "stage": 2, "max_grad_norm": 0.05, "epochs": 1},
+        "full": {"batch": 2, "stage": 2, "save_steps": 2},
+        "part": {"batch": 2, "stage": 2, "save_steps": 2, "stop_after": 4},
+        "resumed": {"batch": 2, "stage": 2, "save_steps": 2, "resume": checkpoint},
+        "stage3": {"batch": 2, "accumulation": 2, "stage": 3},
+    }
+    return folder, torchrun_runs(folder, runs, worker=WORKER)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("stage", [2, 3])
-def test_two_zero_ranks_train_like_one_plain_process_with_twice_the_batch(tmp_path, stage):
+def test_two_zero_ranks_train_like_one_plain_process_with_twice_the_batch(tmp_path, ranks, stage):
     single = ddp_worker.run(str(tmp_path / "single"), {"batch": 4, "accumulation": 2})
-    ranks = run_ranks(tmp_path, "ranks", {"batch": 2, "accumulation": 2, "stage": stage})
-    assert ranks["world_size"] == 2
-    assert len(ranks["losses"]) == len(single["losses"]) == 8
-    assert ranks["losses"] == pytest.approx(single["losses"], abs=1e-6)
-    assert_same_weights(ranks["weights"], single["weights"])
-    assert len(ranks["grad_norms"]) == 8  # DeepSpeed's pre-clip norm, logged each step
+    result = ranks[1][f"stage{stage}"]
+    assert result["world_size"] == 2
+    assert len(result["losses"]) == len(single["losses"]) == 8
+    assert result["losses"] == pytest.approx(single["losses"], abs=1e-6)
+    assert_same_weights(result["weights"], single["weights"])
+    assert len(result["grad_norms"]) == 8  # DeepSpeed's pre-clip norm, logged each step
     # 13 items over 2 ranks: the repeated ones dropped. eval_loss under 2 ranks is transformers' own, not one
     # process's (test_distributed.test_two_ranks_evaluate_as_transformers_two_ranks).
     for key in ("eval_accuracy", "eval_rows"):
-        assert ranks["metrics"][key] == pytest.approx(single["metrics"][key], abs=1e-6)
+        assert result["metrics"][key] == pytest.approx(single["metrics"][key], abs=1e-6)
 
 
 @pytest.mark.slow
-def test_grad_norm_and_clipping_match_a_plain_process(tmp_path):
+def test_grad_norm_and_clipping_match_a_plain_process(tmp_path, ranks):
     """A small max_grad_norm so every step clips: DeepSpeed's norm and update equal lathe's own clipping."""
     from tests.train import deepspeed_worker
 
     single = deepspeed_worker.run(str(tmp_path / "single"), {"batch": 4, "max_grad_norm": 0.05, "epochs": 1})
-    ranks = run_ranks(tmp_path, "ranks", {"batch": 2, "stage": 2, "max_grad_norm": 0.05, "epochs": 1})
-    assert ranks["grad_norms"] == pytest.approx(single["grad_norms"], abs=1e-6)
+    clipped = ranks[1]["clipped"]
+    assert clipped["grad_norms"] == pytest.approx(single["grad_norms"], abs=1e-6)
     assert all(norm > 0.05 for norm in single["grad_norms"])  # the clipping did something
-    assert_same_weights(ranks["weights"], single["weights"])
+    assert_same_weights(clipped["weights"], single["weights"])
 
 
 @pytest.mark.slow
-def test_zero_checkpoint_resumes_exactly_under_two_ranks(tmp_path):
-    full = run_ranks(tmp_path, "full", {"batch": 2, "stage": 2, "save_steps": 2})
-    part = run_ranks(tmp_path, "part", {"batch": 2, "stage": 2, "save_steps": 2, "stop_after": 4})
+def test_zero_checkpoint_resumes_exactly_under_two_ranks(ranks):
+    folder, results = ranks
+    full, part, resumed = results["full"], results["part"], results["resumed"]
     assert len(part["losses"]) == 4
-    checkpoint = tmp_path / "part" / "checkpoint-4"
+    checkpoint = folder / "part" / "checkpoint-4"
     # transformers' DeepSpeed layout: full weights beside DeepSpeed's partitioned optimizer state
     assert (checkpoint / "latest").read_text().strip() == "global_step4"
     assert sorted(os.listdir(checkpoint / "global_step4")) == [
@@ -70,7 +83,6 @@ def test_zero_checkpoint_resumes_exactly_under_two_ranks(tmp_path):
         os.listdir(checkpoint)
     )
     assert not (checkpoint / "optimizer.pt").exists()
-    resumed = run_ranks(tmp_path, "part", {"batch": 2, "stage": 2, "save_steps": 2, "resume": str(checkpoint)})
     assert resumed["losses"] == pytest.approx(full["losses"], abs=1e-7)  # the first 4 from the checkpoint's log
     assert_same_weights(resumed["weights"], full["weights"])
     # another number of processes cannot take the partitioned optimizer state: a clear error
@@ -78,8 +90,8 @@ def test_zero_checkpoint_resumes_exactly_under_two_ranks(tmp_path):
         [
             sys.executable,
             str(WORKER),
-            str(tmp_path / "one"),
-            str(tmp_path / "one.json"),
+            str(folder / "one"),
+            str(folder / "one.json"),
             json.dumps({"batch": 4, "stage": 2, "save_steps": 2, "resume": str(checkpoint)}),
         ],
         env=dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(REPOSITORY)),

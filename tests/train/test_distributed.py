@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from tests.train import ddp_worker
-from tests.train.torchrun_helpers import REPOSITORY, launch
+from tests.train.torchrun_helpers import REPOSITORY, launch, torchrun_runs
 
 pytestmark = pytest.mark.slow
 
@@ -18,6 +18,15 @@ def torchrun(tmp_path, options: dict) -> dict:
     completed = launch(tmp_path, "ranks", options, worker=REPOSITORY / "tests" / "train" / "ddp_worker.py")
     assert completed.returncode == 0, completed.stderr[-3000:]
     return json.loads((tmp_path / "ranks.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def lathe_ranks(tmp_path_factory):
+    """lathe's 2-rank runs of this module, in one torchrun launch."""
+    runs = {f"accumulation{steps}": {"batch": 2, "accumulation": steps} for steps in (1, 2)}
+    return torchrun_runs(
+        tmp_path_factory.mktemp("ranks"), runs, worker=REPOSITORY / "tests" / "train" / "ddp_worker.py"
+    )
 
 
 def assert_same_training(single: dict, ranks: dict) -> None:
@@ -30,9 +39,9 @@ def assert_same_training(single: dict, ranks: dict) -> None:
 
 
 @pytest.mark.parametrize("accumulation", [1, 2])
-def test_two_ranks_train_like_one_with_twice_the_batch(tmp_path, accumulation):
+def test_two_ranks_train_like_one_with_twice_the_batch(tmp_path, lathe_ranks, accumulation):
     single = ddp_worker.run(str(tmp_path / "single"), {"batch": 4, "accumulation": accumulation})
-    ranks = torchrun(tmp_path, {"batch": 2, "accumulation": accumulation})
+    ranks = lathe_ranks[f"accumulation{accumulation}"]
     assert_same_training(single, ranks)
     # 13 eval items do not split evenly over 2 ranks x batch 2: the repeated samples are dropped
     assert ranks["metrics"]["eval_accuracy"] == pytest.approx(single["metrics"]["eval_accuracy"], abs=1e-12)
@@ -40,12 +49,12 @@ def test_two_ranks_train_like_one_with_twice_the_batch(tmp_path, accumulation):
 
 
 @pytest.mark.hf
-def test_two_ranks_evaluate_as_transformers_two_ranks(tmp_path):
+def test_two_ranks_evaluate_as_transformers_two_ranks(tmp_path, lathe_ranks):
     """eval_loss under 2 ranks is transformers' (not one process's): its last step pads rank 0's short batch
     with the first samples (accelerate), each rank's loss is divided by the items of both ranks' batches and
     scaled by the world size, and the gathered repeats are trimmed to the dataset."""
     pytest.importorskip("transformers")
-    ours = torchrun(tmp_path / "lathe", {"batch": 2})
+    ours = lathe_ranks["accumulation1"]
     theirs = torchrun(tmp_path / "transformers", {"batch": 2, "implementation": "transformers"})
     assert ours["losses"] == pytest.approx(theirs["losses"], abs=1e-6)
     for key in ("eval_loss", "eval_accuracy", "eval_rows"):

@@ -17,7 +17,7 @@ import torch
 from lathe import TrainingArguments
 from lathe.train.parallel import fsdp
 from tests.train import fsdp_worker
-from tests.train.torchrun_helpers import assert_same_weights, torchrun
+from tests.train.torchrun_helpers import assert_same_weights
 
 
 def settings(**kwargs):
@@ -87,17 +87,10 @@ def test_blocks_are_the_models_no_split_modules_or_the_named_classes():
 
 
 @pytest.mark.slow
-def test_two_fsdp_ranks_train_like_one_process_with_twice_the_batch_and_resume_exactly(tmp_path):
+def test_two_fsdp_ranks_train_like_one_process_with_twice_the_batch_and_resume_exactly(tmp_path, fsdp_ranks):
     single = fsdp_worker.run(str(tmp_path / "single"), {"batch": 4, "accumulation": 2})
-    options = {
-        "batch": 2,
-        "accumulation": 2,
-        "fsdp": "full_shard",
-        "fsdp_config": {"activation_checkpointing": True},
-        "save_strategy": "steps",
-        "save_steps": 2,
-    }
-    sharded = torchrun(tmp_path, "sharded", options)
+    folder, ranks = fsdp_ranks
+    sharded = ranks["sharded"]  # FSDP_OPTIONS (tests/train/conftest.py): full_shard, checkpoints every 2 steps
     assert sharded["world_size"] == 2 and single["world_size"] == 1
     assert len(sharded["losses"]) == len(single["losses"]) == 6
     for ours, theirs in zip(sharded["losses"], single["losses"]):
@@ -112,10 +105,10 @@ def test_two_fsdp_ranks_train_like_one_process_with_twice_the_batch_and_resume_e
 
     # the step-2 checkpoint of 2 ranks (full weights, optimizer keyed as in one process, an RNG state per
     # rank) resumed under 2 ranks, mid-epoch: the uninterrupted run's losses after step 2 and its final weights
-    checkpoint = tmp_path / "sharded" / "checkpoint-2"
+    checkpoint = folder / "sharded" / "checkpoint-2"
     assert {"model.safetensors", "optimizer.pt", "rng_state_0.pth", "rng_state_1.pth"} <= set(os.listdir(checkpoint))
     # resumed with the parameters offloaded to CPU between uses (cpu_offload): the same numbers
-    resumed = torchrun(tmp_path, "resumed", {**options, "fsdp": "full_shard offload", "resume": str(checkpoint)})
+    resumed = ranks["resumed"]
     assert resumed["losses"] == pytest.approx(
         sharded["losses"], abs=1e-6
     )  # steps 1-2 from the checkpoint's log history
@@ -127,17 +120,13 @@ def test_two_fsdp_ranks_train_like_one_process_with_twice_the_batch_and_resume_e
 
 
 @pytest.mark.slow
-def test_tied_embeddings_train_under_fsdp_like_one_process(tmp_path):
+def test_tied_embeddings_train_under_fsdp_like_one_process(tmp_path, fsdp_ranks):
     """lm_head and embed_tokens are one parameter: its gradient from both uses is reduced once. With SGD
     the weights agree to 1e-8; with Adam they agree to ~2e-6 only, because Adam divides by the root of
     tiny second moments and so magnifies fp32 rounding differences of the reduction order (a tying
     error would show as differences of the size of an update, ~1e-2)."""
     single = fsdp_worker.run(str(tmp_path / "single"), {"batch": 4, "accumulation": 2, "tied": True, "optim": "sgd"})
-    sharded = torchrun(
-        tmp_path,
-        "sharded",
-        {"batch": 2, "accumulation": 2, "tied": True, "optim": "sgd", "fsdp": "full_shard auto_wrap"},
-    )
+    sharded = fsdp_ranks[1]["tied"]  # batch 2, accumulation 2, tied, sgd, full_shard auto_wrap
     assert "lm_head.weight" not in sharded["weights"]  # saved once, under the embedding's name
     assert sharded["losses"] == pytest.approx(single["losses"], abs=1e-6)
     assert_same_weights(sharded["weights"], single["weights"])

@@ -47,6 +47,15 @@ def torchrun(tmp_path: Path, name: str, options: dict, worker: Path = WORKER, pr
     return json.loads((tmp_path / f"{name}.json").read_text())
 
 
+def torchrun_runs(tmp_path: Path, runs: dict[str, dict], worker: Path = WORKER, processes: int = 2) -> dict:
+    """Several runs of `worker` in ONE launch, one after another in the same processes, run `name` writing to
+    tmp_path / name; rank 0's result per run. A launch costs each process seconds of imports on 2 cores, so the
+    suite launches once per module where the runs need not be separate processes."""
+    completed = launch(tmp_path, "runs", {"runs": runs, "root": str(tmp_path)}, worker=worker, processes=processes)
+    assert completed.returncode == 0, completed.stderr[-4000:]
+    return json.loads((tmp_path / "runs.json").read_text())
+
+
 def assert_same_weights(ours: dict, theirs: dict) -> None:
     assert sorted(ours) == sorted(theirs)
     for name, weights in theirs.items():
@@ -56,6 +65,11 @@ def assert_same_weights(ours: dict, theirs: dict) -> None:
 def worker_main(run) -> None:
     """A worker script's entry point: run(output_dir, options) on every rank; rank 0 writes the result."""
     output_dir, result_file, options = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
+    if "runs" in options:  # torchrun_runs: each run in its own folder under root, in order
+        results = {name: run(str(Path(options["root"]) / name), each) for name, each in options["runs"].items()}
+        if next(iter(results.values()))["rank"] == 0:
+            Path(result_file).write_text(json.dumps(results))
+        return
     result = run(output_dir, options)
     if result["rank"] == 0:
         Path(result_file).write_text(json.dumps(result))
