@@ -3,7 +3,15 @@ the Qwen2-VL family; the others are named in a clear error, never trained as tex
 
 from __future__ import annotations
 
-IMPLEMENTED = {"qwen2_vl": "lathe.llm.multimodal.qwen2_vl"}
+IMPLEMENTED = {
+    "qwen2_vl": "lathe.llm.multimodal.qwen2_vl",
+    "llava": "lathe.llm.multimodal.llava",
+    "llava_next": "lathe.llm.multimodal.llava_next",
+    "gemma3": "lathe.llm.multimodal.gemma3",
+    "paligemma": "lathe.llm.multimodal.paligemma",
+    "qwen2_audio": "lathe.llm.multimodal.qwen2_audio",
+    "mllama": "lathe.llm.multimodal.mllama",
+}
 
 
 def plugin_module(name: str, template_name: str = ""):

@@ -1,0 +1,49 @@
+"""The Gemma 3 family (gemma3 template) as LLaMA-Factory 0.9.5 encodes images: each `<image>` becomes the
+processor's full image sequence ("\\n\\n<start_of_image>" + image_seq_length soft tokens + "<end_of_image>\\n\\n");
+with image_do_pan_and_scan the original image is followed by its crops, each with its own sequence. The
+collator adds pixel_values and token_type_ids (1 on the image's soft tokens, for the model's bidirectional
+attention over them)."""
+
+from __future__ import annotations
+
+from lathe.llm.multimodal.images import IMAGE_PLACEHOLDER
+from lathe.llm.multimodal.common import MediaSettings, image_processor_inputs, placeholder_runs
+
+IMAGE_TOKEN, AUDIO_TOKEN = "<image_soft_token>", None
+PAN_AND_SCAN_TEXT = "Here is the original image {image} and here are some crops to help you see better "
+
+
+def process_messages(messages, images, audios, processor, settings: MediaSettings) -> list[dict]:
+    """Each `<image>` replaced by the image sequence (and, with pan and scan, one more per crop)."""
+    sequence = processor.full_image_sequence
+    if not settings.image_do_pan_and_scan:
+        return placeholder_runs(messages, IMAGE_PLACEHOLDER, lambda k: sequence)
+    crops = image_processor_inputs(images, processor, settings)["num_crops"] if images else []
+
+    def with_crops(index: int) -> str:
+        # LLaMA-Factory reads the crop counts at num_crops[0][index] (the images of the row in one call)
+        return PAN_AND_SCAN_TEXT.format(image=sequence) + " ".join([sequence] * int(crops[0][index]))
+
+    return placeholder_runs(messages, IMAGE_PLACEHOLDER, with_crops)
+
+
+def prefix_ids(images, tokenizer, processor) -> list[int]:
+    return []
+
+
+def token_type_ids(batch_ids: list[list[int]], image_token_id: int) -> list[list[int]]:
+    """1 where a row holds the image soft token, else 0."""
+    return [[int(token == image_token_id) for token in ids] for ids in batch_ids]
+
+
+def media_inputs(images, audios, counts, batch_ids, processor, settings: MediaSettings) -> dict:
+    """pixel_values of the batch's images (crops included) and the rows' token_type_ids."""
+    inputs = image_processor_inputs(images, processor, settings)
+    inputs.pop("num_crops", None)
+    # the soft token's id: the tokenizer's (transformers 5.23's Gemma3Processor.image_token_id is <start_of_image>,
+    # 5.6's, which LLaMA-Factory 0.9.5 read, the soft token)
+    soft_token_id = getattr(processor.tokenizer, "image_token_id", None)
+    inputs["token_type_ids"] = token_type_ids(
+        batch_ids, soft_token_id if soft_token_id is not None else processor.image_token_id
+    )
+    return inputs

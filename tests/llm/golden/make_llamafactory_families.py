@@ -1,0 +1,251 @@
+"""Regenerate LLaMA-Factory's encoding of media rows for the families beside Qwen2-VL (LLaVA-1.5, LLaVA-NeXT,
+Gemma 3, PaliGemma, Qwen2-Audio, Llama 3.2 Vision, Pixtral) that tests/llm/test_multimodal_families.py
+compares lathe against.
+
+    python tests/llm/golden/make_llamafactory_families.py --python /tmp/mm-lf-venv/bin/python --stubs /tmp/mm-lf-stubs
+
+Runs this same file in LLaMA-Factory 0.9.5's environment (`--worker`, where lathe is not imported). For each
+family: the rows below (images drawn with PIL and numpy by make_llamafactory_qwen2vl.make_image, audio as
+numpy sine waves) go through the family's LLaMA-Factory plugin and template (`process_messages`, then
+`SupervisedDatasetProcessor`) with the committed BPE tokenizer (tests/llm/golden/tokenizers/bpe) plus the
+family's special tokens, and through MultiModalDataCollatorForSeq2Seq (pad_to_multiple_of=8, no model: none
+of these families has mrope positions). Processors are the families' real transformers classes with tiny
+sizes; image processors are their PIL backends (no torchvision loads here; the metadata records the classes
+and the Pillow version). Writes tests/llm/golden/llamafactory_families.safetensors: per family
+`<family>.example.<i>.*`, `<family>.single.<i>.*`, `<family>.pair.<b>.*` (the dump layout of lathe data
+preview --dump), `<family>.messages.<i>` in the metadata, and the versions.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import subprocess
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+GOLDEN = HERE / "llamafactory_families.safetensors"
+TOKENIZER = HERE / "tokenizers" / "bpe"
+IMAGE_MAX_PIXELS, IMAGE_MIN_PIXELS = 40 * 40, 16 * 16
+CUTOFF_LEN = 1024
+SAMPLING_RATE = 16000
+AUDIO_SAMPLES = {"short": 3200, "long": 8000, "tone": 4800}
+AUDIO_ROWS = [
+    {"messages": [("user", "<audio>What is this?"), ("assistant", "The quick brown fox.")], "audios": ["short"]},
+    {
+        "messages": [("user", "Compare <audio> and <audio> ."), ("assistant", "Two plus two is four.")],
+        "audios": ["long", "tone"],
+    },
+    {"messages": [("user", "What is two plus two?"), ("assistant", "Two plus two is four.")], "audios": []},
+    {"messages": [("user", "<audio>hello"), ("assistant", "four")], "audios": ["tone"]},
+]
+FAMILIES = {  # plugin name: (template, media kind)
+    "llava": ("llava", "image"),
+    "llava_next": ("llava_next", "image"),
+    "gemma3": ("gemma3", "image"),
+    "paligemma": ("paligemma", "image"),
+    "qwen2_audio": ("qwen2_audio", "audio"),
+    "mllama": ("mllama", "image"),
+    "pixtral": ("pixtral", "image"),
+}
+
+
+def _qwen2vl_generator():
+    spec = importlib.util.spec_from_file_location("make_qwen2vl", HERE / "make_llamafactory_qwen2vl.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+_QWEN2VL = _qwen2vl_generator()
+ROWS = _QWEN2VL.ROWS  # the image rows: one image, two images, one image in a two-turn chat, no image
+make_image, messages_of = _QWEN2VL.make_image, _QWEN2VL.messages_of
+
+
+def make_audio(name: str):
+    """A deterministic mono float32 waveform of AUDIO_SAMPLES[name] samples at 16 kHz: a sine plus a ramp."""
+    import numpy as np
+
+    count = AUDIO_SAMPLES[name]
+    time = np.arange(count) / SAMPLING_RATE
+    frequency = 220 + 40 * sum(map(ord, name)) % 500
+    return (0.5 * np.sin(2 * np.pi * frequency * time) + 0.1 * time).astype("float32")
+
+
+def rows_of(family: str) -> list[dict]:
+    return AUDIO_ROWS if FAMILIES[family][1] == "audio" else ROWS
+
+
+def media_of(family: str, row: dict) -> dict:
+    """The row's media as LLaMA-Factory's encoder and collator take them: {"images": [...]} or {"audios": [...]}."""
+    if FAMILIES[family][1] == "audio":
+        return {"audios": [make_audio(name) for name in row["audios"]]}
+    return {"images": [make_image(name) for name in row["images"]]}
+
+
+def make_tokenizer(family: str):
+    """The committed BPE tokenizer with the family's special tokens (named ones where the processor reads them)."""
+    from transformers import AutoTokenizer
+
+    named, extra = {}, []
+    if family in ("llava", "llava_next"):
+        extra = ["<image>"]
+    elif family == "gemma3":
+        named = {"image_token": "<image_soft_token>", "boi_token": "<start_of_image>", "eoi_token": "<end_of_image>"}
+    elif family == "paligemma":
+        extra = ["<image>"]
+    elif family == "qwen2_audio":
+        extra = ["<|AUDIO|>", "<|audio_bos|>", "<|audio_eos|>"]
+    elif family == "mllama":
+        extra = ["<|image|>", "<|python_tag|>"]
+    elif family == "pixtral":
+        extra = ["[IMG]", "[IMG_BREAK]", "[IMG_END]"]
+    tokenizer = AutoTokenizer.from_pretrained(str(TOKENIZER), extra_special_tokens=named) if named else None
+    tokenizer = tokenizer or AutoTokenizer.from_pretrained(str(TOKENIZER))
+    if extra:
+        tokenizer.add_special_tokens({"additional_special_tokens": extra})
+    return tokenizer
+
+
+def make_processor(family: str, tokenizer):
+    """The family's transformers processor, tiny (28x28 tiles, 14-pixel patches, 1-second audio windows)."""
+    import transformers as tf
+
+    if family == "llava":
+        images = tf.CLIPImageProcessor(size={"shortest_edge": 28}, crop_size={"height": 28, "width": 28})
+        return tf.LlavaProcessor(
+            images, tokenizer, patch_size=14, vision_feature_select_strategy="default", num_additional_image_tokens=1
+        )
+    if family == "llava_next":
+        images = tf.LlavaNextImageProcessor(
+            size={"shortest_edge": 28},
+            crop_size={"height": 28, "width": 28},
+            image_grid_pinpoints=[[28, 56], [56, 28], [56, 56]],
+        )
+        return tf.LlavaNextProcessor(
+            images, tokenizer, patch_size=14, vision_feature_select_strategy="default", num_additional_image_tokens=1
+        )
+    if family == "gemma3":
+        images = tf.Gemma3ImageProcessor(size={"height": 28, "width": 28})
+        return tf.Gemma3Processor(images, tokenizer, image_seq_length=3)
+    if family == "paligemma":
+        images = tf.SiglipImageProcessor(size={"height": 28, "width": 28})
+        images.image_seq_length = 4
+        return tf.PaliGemmaProcessor(images, tokenizer)
+    if family == "qwen2_audio":
+        features = tf.WhisperFeatureExtractor(feature_size=16, chunk_length=1, sampling_rate=SAMPLING_RATE)
+        return tf.Qwen2AudioProcessor(features, tokenizer)
+    if family == "mllama":
+        images = tf.MllamaImageProcessor(size={"height": 28, "width": 28}, max_image_tiles=2)
+        return tf.MllamaProcessor(images, tokenizer)
+    if family == "pixtral":
+        images = tf.PixtralImageProcessor(size={"longest_edge": 42}, patch_size=14)
+        return tf.PixtralProcessor(images, tokenizer, patch_size=14)
+    raise ValueError(family)
+
+
+def run_family(family: str, tensors: dict, metadata: dict) -> None:
+    import torch
+    from llamafactory.data.collator import MultiModalDataCollatorForSeq2Seq
+    from llamafactory.data.processor.supervised import SupervisedDatasetProcessor
+    from llamafactory.data.template import get_template_and_fix_tokenizer
+    from llamafactory.hparams import DataArguments
+
+    tokenizer = make_tokenizer(family)
+    processor = make_processor(family, tokenizer)
+    data_args = DataArguments(template=FAMILIES[family][0], cutoff_len=CUTOFF_LEN)
+    template = get_template_and_fix_tokenizer(tokenizer, data_args)
+    # LLaMA-Factory sets the media keys on the processor (patch_processor); the plugin reads them from there.
+    processor.image_max_pixels, processor.image_min_pixels = IMAGE_MAX_PIXELS, IMAGE_MIN_PIXELS
+    processor.audio_sampling_rate = SAMPLING_RATE
+    rows = rows_of(family)
+    for index, row in enumerate(rows):
+        media = media_of(family, row)
+        expanded = template.mm_plugin.process_messages(
+            messages_of(row), media.get("images", []), [], media.get("audios", []), processor
+        )
+        metadata[f"{family}.messages.{index}"] = json.dumps(expanded)
+    batch = {
+        "_prompt": [messages_of(row)[:-1] for row in rows],
+        "_response": [messages_of(row)[-1:] for row in rows],
+        "_system": [""] * len(rows),
+        "_tools": [""] * len(rows),
+        "_images": [media_of(family, row).get("images") or None for row in rows],
+        "_videos": [None] * len(rows),
+        "_audios": [media_of(family, row).get("audios") or None for row in rows],
+    }
+    encoder = SupervisedDatasetProcessor(
+        template=template, tokenizer=tokenizer, processor=processor, data_args=data_args
+    )
+    encoded = encoder.preprocess_dataset(batch)
+    collator = MultiModalDataCollatorForSeq2Seq(
+        template=template, processor=processor, model=None, tokenizer=tokenizer, pad_to_multiple_of=8
+    )
+    features = []
+    for index, row in enumerate(rows):
+        feature = {key: encoded[key][index] for key in ("input_ids", "labels", "attention_mask")}
+        for key, value in feature.items():
+            tensors[f"{family}.example.{index}.{key}"] = torch.tensor(value, dtype=torch.int64)
+        feature.update(media_of(family, row))
+        features.append(feature)
+
+    def collate(prefix, chosen):
+        try:
+            out = collator([dict(feature) for feature in chosen])
+        except Exception as error:  # recorded: lathe must fail the same batch too
+            metadata[f"{family}.error.{prefix}"] = f"{type(error).__name__}: {error}"
+            return
+        for key, value in out.items():
+            if isinstance(value, torch.Tensor):
+                tensors[f"{family}.{prefix}.{key}"] = value.detach().contiguous().clone()
+            else:
+                metadata[f"{family}.json.{prefix}.{key}"] = json.dumps(value, default=str)
+
+    for index, feature in enumerate(features):
+        collate(f"single.{index}", [feature])
+    for pair in range(len(features) // 2):
+        collate(f"pair.{pair}", features[2 * pair : 2 * pair + 2])
+    inner = getattr(processor, "image_processor", None) or getattr(processor, "feature_extractor", None)
+    metadata[f"{family}.processor"] = f"{type(processor).__name__}/{type(inner).__name__}"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--python", default="/tmp/mm-lf-venv/bin/python", help="LLaMA-Factory's Python")
+    parser.add_argument("--stubs", default="/tmp/mm-lf-stubs", help="the torchaudio stand-in")
+    parser.add_argument("--families", default=",".join(FAMILIES), help="comma-separated plugin names")
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker:
+        import llamafactory
+        import PIL
+        import transformers
+        from safetensors.torch import save_file
+
+        tensors, metadata = {}, {}
+        for family in args.families.split(","):
+            run_family(family, tensors, metadata)
+        metadata["versions"] = json.dumps(
+            {
+                "llamafactory": llamafactory.__version__,
+                "transformers": transformers.__version__,
+                "pillow": PIL.__version__,
+            }
+        )
+        save_file(tensors, str(GOLDEN), metadata=metadata)
+        return
+    env = dict(
+        os.environ,
+        HF_HUB_OFFLINE="1",
+        PYTHONPATH=args.stubs,
+        TRANSFORMERS_VERBOSITY="error",
+        LLAMAFACTORY_VERBOSITY="ERROR",
+    )
+    subprocess.run([args.python, __file__, "--worker", "--families", args.families], check=True, env=env)
+    print(f"wrote {GOLDEN} ({GOLDEN.stat().st_size} bytes)")
+
+
+if __name__ == "__main__":
+    main()
