@@ -95,6 +95,11 @@ def test_family_encodes_and_collates_as_llamafactory(family, golden):
         batch = collator(chosen)
         head = f"{family}.{prefix}."
         expected = {key[len(head) :]: value for key, value in tensors.items() if key.startswith(head)}
+        for name in json.loads(metadata[f"{family}.derived"]):  # left out of the file: the rows' tensors joined
+            if name.startswith(head):
+                first = int(prefix.split(".")[1]) * 2
+                key = name[len(head) :]
+                expected[key] = torch.cat([tensors[f"{family}.single.{row}.{key}"] for row in (first, first + 1)])
         assert sorted(batch) == sorted(expected), prefix
         for key, value in expected.items():
             assert batch[key].shape == value.shape and batch[key].dtype == value.dtype, (prefix, key)
