@@ -43,7 +43,13 @@ class MediaSettings:
     image_max_pixels: int = DEFAULT_IMAGE_MAX_PIXELS
     image_min_pixels: int = DEFAULT_IMAGE_MIN_PIXELS
     image_do_pan_and_scan: bool = False
+    crop_to_patches: bool = False
     audio_sampling_rate: int = 16000
+
+
+def fit_images(images: list, settings: MediaSettings) -> list:
+    """Each image fitted into the pixel budget and made RGB (LLaMA-Factory's regularization for every family)."""
+    return [fit_pixels(image, settings.image_max_pixels, settings.image_min_pixels) for image in images]
 
 
 def image_processor_inputs(images: list, processor, settings: MediaSettings, counts: list[int] | None = None) -> dict:
@@ -51,7 +57,7 @@ def image_processor_inputs(images: list, processor, settings: MediaSettings, cou
     per row) nests them by row, as Llama 3.2 Vision's processor takes them. No images: {}."""
     if not images:
         return {}
-    prepared = [fit_pixels(image, settings.image_max_pixels, settings.image_min_pixels) for image in images]
+    prepared = fit_images(images, settings)
     if counts is not None:
         nested, start = [], 0
         for count in counts:

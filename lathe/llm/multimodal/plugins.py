@@ -11,6 +11,8 @@ IMPLEMENTED = {
     "paligemma": "lathe.llm.multimodal.paligemma",
     "qwen2_audio": "lathe.llm.multimodal.qwen2_audio",
     "mllama": "lathe.llm.multimodal.mllama",
+    "pixtral": "lathe.llm.multimodal.pixtral",
+    "intern_vl": "lathe.llm.multimodal.intern_vl",
 }
 
 

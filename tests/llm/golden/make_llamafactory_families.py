@@ -49,6 +49,7 @@ FAMILIES = {  # plugin name: (template, media kind)
     "qwen2_audio": ("qwen2_audio", "audio"),
     "mllama": ("mllama", "image"),
     "pixtral": ("pixtral", "image"),
+    "intern_vl": ("intern_vl", "image"),
 }
 
 
@@ -102,6 +103,8 @@ def make_tokenizer(family: str):
         extra = ["<|image|>", "<|python_tag|>"]
     elif family == "pixtral":
         extra = ["[IMG]", "[IMG_BREAK]", "[IMG_END]"]
+    elif family == "intern_vl":
+        extra = ["<img>", "</img>", "<IMG_CONTEXT>"]
     tokenizer = AutoTokenizer.from_pretrained(str(TOKENIZER), extra_special_tokens=named) if named else None
     tokenizer = tokenizer or AutoTokenizer.from_pretrained(str(TOKENIZER))
     if extra:
@@ -111,6 +114,8 @@ def make_tokenizer(family: str):
 
 def make_processor(family: str, tokenizer):
     """The family's transformers processor, tiny (28x28 tiles, 14-pixel patches, 1-second audio windows)."""
+    from types import SimpleNamespace
+
     import transformers as tf
 
     if family == "llava":
@@ -140,9 +145,22 @@ def make_processor(family: str, tokenizer):
     if family == "mllama":
         images = tf.MllamaImageProcessor(size={"height": 28, "width": 28}, max_image_tiles=2)
         return tf.MllamaProcessor(images, tokenizer)
+    # PixtralProcessor and InternVLProcessor need torchvision in transformers (InternVL's for its video
+    # processor); without it, the attributes LLaMA-Factory's plugins read, beside the real image processors.
     if family == "pixtral":
         images = tf.PixtralImageProcessor(size={"longest_edge": 42}, patch_size=14)
-        return tf.PixtralProcessor(images, tokenizer, patch_size=14)
+        return SimpleNamespace(
+            image_processor=images,
+            tokenizer=tokenizer,
+            patch_size=14,
+            spatial_merge_size=1,
+            image_token="[IMG]",
+            image_break_token="[IMG_BREAK]",
+            image_end_token="[IMG_END]",
+        )
+    if family == "intern_vl":
+        images = tf.GotOcr2ImageProcessor(size={"height": 28, "width": 28}, max_patches=3)
+        return SimpleNamespace(image_processor=images, tokenizer=tokenizer, image_seq_length=2)
     raise ValueError(family)
 
 
