@@ -37,14 +37,10 @@ def golden():
         return {key: f.get_tensor(key) for key in f.keys()}, f.metadata()
 
 
-def _settings():
+def _settings(family):
     from lathe.llm.multimodal.common import MediaSettings
 
-    return MediaSettings(
-        image_max_pixels=GEN.IMAGE_MAX_PIXELS,
-        image_min_pixels=GEN.IMAGE_MIN_PIXELS,
-        audio_sampling_rate=GEN.SAMPLING_RATE,
-    )
+    return MediaSettings(**GEN.settings_of(family))
 
 
 def _media(family, row):
@@ -64,14 +60,14 @@ def test_family_encodes_and_collates_as_llamafactory(family, golden):
     tensors, metadata = golden
     assert json.loads(metadata["versions"])["llamafactory"] == "0.9.5"
     assert metadata[f"{family}.processor"].endswith(("Pil", "FeatureExtractor"))  # the goldens' PIL backend
-    module = plugin_module(family)
-    tokenizer = GEN.make_tokenizer(family)
-    processor = GEN.make_processor(family, tokenizer)
+    module = plugin_module(GEN.plugin_of(family))
+    tokenizer = GEN.make_tokenizer(GEN.plugin_of(family))
+    processor = GEN.make_processor(GEN.plugin_of(family), tokenizer)
     template = get_template_and_fix_tokenizer(tokenizer, DataArguments(template=GEN.FAMILIES[family][0]))
     # the expanded messages hold the family's media tokens, and LLaVA's is `<image>` itself: encode them with the
     # text template (on main a multimodal template refuses any placeholder left in a message)
     template = dataclasses.replace(template, multimodal="")
-    settings = _settings()
+    settings = _settings(family)
     rows = GEN.rows_of(family)
     features = []
     for index, row in enumerate(rows):
@@ -107,3 +103,27 @@ def test_family_encodes_and_collates_as_llamafactory(family, golden):
                 assert torch.allclose(batch[key], value, atol=1e-5, rtol=0), (prefix, key)
             else:
                 assert torch.equal(batch[key], value), (prefix, key)
+
+
+def test_gemma3_pan_and_scan_adds_a_sequence_per_crop():
+    """image_do_pan_and_scan: the original image's sequence, then one per crop, and their pixel_values in that
+    order. No golden: LLaMA-Factory 0.9.5 fails on any image with transformers 5 here (it reads num_crops[0][k]
+    of a flat tensor); the crop count is the image processor's own."""
+    from PIL import Image
+
+    from lathe.llm.multimodal import gemma3
+    from lathe.llm.multimodal.common import MediaSettings, image_processor_inputs
+
+    tokenizer = GEN.make_tokenizer("gemma3")
+    processor = GEN.make_processor("gemma3", tokenizer)
+    settings = MediaSettings(image_max_pixels=1200 * 400, image_do_pan_and_scan=True)
+    wide, square = Image.new("RGB", (1200, 400), (9, 99, 199)), Image.new("RGB", (40, 40))
+    crops = image_processor_inputs([wide, square], processor, settings)["num_crops"].flatten().tolist()
+    assert crops == [3, 0]  # 1200x400: three 400x400 crops (at least 256 a side); a small square is never cut
+    messages = [{"role": "user", "content": "<image> and <image>"}, {"role": "assistant", "content": "x"}]
+    content = gemma3.process_messages(messages, [wide, square], [], processor, settings)[0]["content"]
+    sequence = processor.full_image_sequence
+    crop_text = gemma3.PAN_AND_SCAN_TEXT.format(image=sequence)
+    assert content == f"{crop_text}{sequence} {sequence} {sequence} and {crop_text}"
+    batch = gemma3.media_inputs([wide, square], [], {"image": [2]}, [[1, 2]], processor, settings)
+    assert batch["pixel_values"].shape == (5, 3, 28, 28) and "num_crops" not in batch

@@ -18,11 +18,16 @@ def process_messages(messages, images, audios, processor, settings: MediaSetting
     sequence = processor.full_image_sequence
     if not settings.image_do_pan_and_scan:
         return placeholder_runs(messages, IMAGE_PLACEHOLDER, lambda k: sequence)
-    crops = image_processor_inputs(images, processor, settings)["num_crops"] if images else []
+    crops = []
+    if images:
+        import torch
+
+        # crops per image, in order. LLaMA-Factory 0.9.5 reads num_crops[0][k] (transformers 4's nested lists);
+        # transformers 5 returns one flat tensor, where that read fails on any image.
+        crops = torch.as_tensor(image_processor_inputs(images, processor, settings)["num_crops"]).flatten().tolist()
 
     def with_crops(index: int) -> str:
-        # LLaMA-Factory reads the crop counts at num_crops[0][index] (the images of the row in one call)
-        return PAN_AND_SCAN_TEXT.format(image=sequence) + " ".join([sequence] * int(crops[0][index]))
+        return PAN_AND_SCAN_TEXT.format(image=sequence) + " ".join([sequence] * int(crops[index]))
 
     return placeholder_runs(messages, IMAGE_PLACEHOLDER, with_crops)
 

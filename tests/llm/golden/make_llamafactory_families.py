@@ -50,7 +50,17 @@ FAMILIES = {  # plugin name: (template, media kind)
     "mllama": ("mllama", "image"),
     "pixtral": ("pixtral", "image"),
     "intern_vl": ("intern_vl", "image"),
+    "intern_vl_crop": ("intern_vl", "image"),  # a family-only option, on a wide image and an image-less row
 }
+# Gemma 3's image_do_pan_and_scan has no golden: LLaMA-Factory 0.9.5 reads num_crops[0][k], which transformers 5
+# returns flat (IndexError on any image); tests/llm/test_multimodal_families.py checks lathe's crops directly.
+VARIANTS = {  # golden name: (plugin, the config keys it sets)
+    "intern_vl_crop": ("intern_vl", {"crop_to_patches": True}),
+}
+WIDE_ROWS = [
+    {"messages": [("user", "<image>What is this?"), ("assistant", "The quick brown fox.")], "images": ["panorama"]},
+    {"messages": [("user", "hello"), ("assistant", "four")], "images": []},
+]
 
 
 def _qwen2vl_generator():
@@ -61,6 +71,7 @@ def _qwen2vl_generator():
 
 
 _QWEN2VL = _qwen2vl_generator()
+_QWEN2VL.IMAGE_SIZES = {**_QWEN2VL.IMAGE_SIZES, "panorama": (600, 200)}  # this copy of the module only
 ROWS = _QWEN2VL.ROWS  # the image rows: one image, two images, one image in a two-turn chat, no image
 make_image, messages_of = _QWEN2VL.make_image, _QWEN2VL.messages_of
 
@@ -75,7 +86,19 @@ def make_audio(name: str):
     return (0.5 * np.sin(2 * np.pi * frequency * time) + 0.1 * time).astype("float32")
 
 
+def plugin_of(family: str) -> str:
+    return VARIANTS[family][0] if family in VARIANTS else family
+
+
+def settings_of(family: str) -> dict:
+    """The config keys of the golden: the pixel budget and audio rate, and a variant's options."""
+    keys = {"image_max_pixels": IMAGE_MAX_PIXELS, "image_min_pixels": IMAGE_MIN_PIXELS}
+    return {**keys, "audio_sampling_rate": SAMPLING_RATE, **(VARIANTS[family][1] if family in VARIANTS else {})}
+
+
 def rows_of(family: str) -> list[dict]:
+    if family in VARIANTS:
+        return WIDE_ROWS
     return AUDIO_ROWS if FAMILIES[family][1] == "audio" else ROWS
 
 
@@ -148,7 +171,7 @@ def make_processor(family: str, tokenizer):
     # PixtralProcessor and InternVLProcessor need torchvision in transformers (InternVL's for its video
     # processor); without it, the attributes LLaMA-Factory's plugins read, beside the real image processors.
     if family == "pixtral":
-        images = tf.PixtralImageProcessor(size={"longest_edge": 42}, patch_size=14)
+        images = tf.PixtralImageProcessor(size={"longest_edge": 28}, patch_size=14)
         return SimpleNamespace(
             image_processor=images,
             tokenizer=tokenizer,
@@ -171,13 +194,13 @@ def run_family(family: str, tensors: dict, metadata: dict) -> None:
     from llamafactory.data.template import get_template_and_fix_tokenizer
     from llamafactory.hparams import DataArguments
 
-    tokenizer = make_tokenizer(family)
-    processor = make_processor(family, tokenizer)
+    tokenizer = make_tokenizer(plugin_of(family))
+    processor = make_processor(plugin_of(family), tokenizer)
     data_args = DataArguments(template=FAMILIES[family][0], cutoff_len=CUTOFF_LEN)
     template = get_template_and_fix_tokenizer(tokenizer, data_args)
     # LLaMA-Factory sets the media keys on the processor (patch_processor); the plugin reads them from there.
-    processor.image_max_pixels, processor.image_min_pixels = IMAGE_MAX_PIXELS, IMAGE_MIN_PIXELS
-    processor.audio_sampling_rate = SAMPLING_RATE
+    for key, value in settings_of(family).items():
+        setattr(processor, key, value)
     rows = rows_of(family)
     for index, row in enumerate(rows):
         media = media_of(family, row)
