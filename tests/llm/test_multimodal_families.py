@@ -3,7 +3,8 @@
 real transformers processors, PIL image backends): `<image>` / `<audio>` expansion, the encoded rows
 (PaliGemma's image prefix before BOS included), and every tensor the collator returns for each row alone and
 for pairs: pixel_values, image_sizes, token_type_ids, cross_attention_mask, aspect ratios, input_features,
-feature_attention_mask, with LLaMA-Factory's stand-in image or audio in batches that have none."""
+feature_attention_mask, with LLaMA-Factory's stand-in image or audio in batches that have none; and the family's
+tiny random-weight model (built from its config) takes lathe's batches."""
 
 import dataclasses
 import importlib.util
@@ -84,6 +85,7 @@ def test_family_encodes_and_collates_as_llamafactory(family, golden):
         features.append({"input_ids": ids, "labels": labels, "attention_mask": [1] * len(ids)})
         features[-1].update({"images": images} if images else {"audios": audios} if audios else {})
 
+    model = GEN.make_model(family, tokenizer)
     collator = FamilyCollator(SFTDataCollator(tokenizer, pad_to_multiple_of=8), processor, module, settings)
     batches = {f"single.{index}": [feature] for index, feature in enumerate(features)}
     batches.update({f"pair.{pair}": features[2 * pair : 2 * pair + 2] for pair in range(len(features) // 2)})
@@ -103,6 +105,10 @@ def test_family_encodes_and_collates_as_llamafactory(family, golden):
                 assert torch.allclose(batch[key], value, atol=1e-5, rtol=0), (prefix, key)
             else:
                 assert torch.equal(batch[key], value), (prefix, key)
+        if prefix in ("single.0", "pair.0"):  # the family's tiny model takes the batch: media tokens fit its features
+            with torch.no_grad():
+                loss, reference = model(**batch).loss, model(**expected).loss
+            assert torch.isfinite(loss) and loss.item() == pytest.approx(reference.item(), abs=1e-6), prefix
 
 
 def test_gemma3_pan_and_scan_adds_a_sequence_per_crop():

@@ -1,5 +1,6 @@
-"""Which multimodal family a template's `multimodal` name (LLaMA-Factory's mm_plugin) selects. lathe implements
-the Qwen2-VL family; the others are named in a clear error, never trained as text with the media dropped."""
+"""Which multimodal family a template's `multimodal` name (LLaMA-Factory's mm_plugin) selects: one line per family
+(qwen2_vl.py has its own shape; the others follow common.py's). A family not listed is named in a clear error,
+never trained as text with the media dropped."""
 
 from __future__ import annotations
 

@@ -157,7 +157,7 @@ def make_processor(family: str, tokenizer):
         )
     if family == "gemma3":
         images = tf.Gemma3ImageProcessor(size={"height": 28, "width": 28})
-        return tf.Gemma3Processor(images, tokenizer, image_seq_length=3)
+        return tf.Gemma3Processor(images, tokenizer, image_seq_length=4)
     if family == "paligemma":
         images = tf.SiglipImageProcessor(size={"height": 28, "width": 28})
         images.image_seq_length = 4
@@ -183,8 +183,123 @@ def make_processor(family: str, tokenizer):
         )
     if family == "intern_vl":
         images = tf.GotOcr2ImageProcessor(size={"height": 28, "width": 28}, max_patches=3)
-        return SimpleNamespace(image_processor=images, tokenizer=tokenizer, image_seq_length=2)
+        return SimpleNamespace(image_processor=images, tokenizer=tokenizer, image_seq_length=1)
     raise ValueError(family)
+
+
+TINY_TEXT = {"hidden_size": 16, "intermediate_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2}
+TINY_VISION = {**TINY_TEXT, "image_size": 28, "patch_size": 14}
+
+
+def make_model(family: str, tokenizer):
+    """A tiny random-weight model of the family (one layer, hidden size 16) whose vision tower sees the processors'
+    28x28 tiles and whose projector gives each image the token count the processor expands to."""
+    import torch
+    import transformers as tf
+
+    plugin = plugin_of(family)
+    vocab = {"vocab_size": len(tokenizer), "num_key_value_heads": 1, "head_dim": 8}
+    ids = tokenizer.convert_tokens_to_ids
+    if plugin in ("llava", "llava_next", "pixtral"):
+        if plugin == "pixtral":
+            vision, token = tf.PixtralVisionConfig(**TINY_VISION, head_dim=8), ids("[IMG]")
+        else:
+            vision, token = tf.CLIPVisionConfig(**TINY_VISION, projection_dim=16), ids("<image>")
+        kwargs = {"image_grid_pinpoints": [[28, 56], [56, 28]]} if plugin == "llava_next" else {}
+        config_class = tf.LlavaNextConfig if plugin == "llava_next" else tf.LlavaConfig
+        config = config_class(
+            vision_config=vision,
+            text_config=tf.LlamaConfig(**TINY_TEXT, **vocab),
+            image_token_id=token,
+            image_token_index=token,
+            vision_feature_layer=-1,
+            vision_feature_select_strategy="full" if plugin == "pixtral" else "default",
+            **kwargs,
+        )
+        model_class = (
+            tf.LlavaNextForConditionalGeneration if plugin == "llava_next" else tf.LlavaForConditionalGeneration
+        )
+    elif plugin == "gemma3":
+        config = tf.Gemma3Config(
+            text_config=tf.Gemma3TextConfig(**TINY_TEXT, **vocab),
+            vision_config=tf.SiglipVisionConfig(**TINY_VISION),
+            mm_tokens_per_image=4,
+            image_token_index=tokenizer.image_token_id,
+            boi_token_index=ids("<start_of_image>"),
+            eoi_token_index=ids("<end_of_image>"),
+        )
+        model_class = tf.Gemma3ForConditionalGeneration
+    elif plugin == "paligemma":
+        config = tf.PaliGemmaConfig(
+            text_config=tf.GemmaConfig(**TINY_TEXT, **vocab),
+            vision_config=tf.SiglipVisionConfig(**TINY_VISION, projection_dim=16),
+            projection_dim=16,
+            image_token_index=ids("<image>"),
+        )
+        model_class = tf.PaliGemmaForConditionalGeneration
+    elif plugin == "qwen2_audio":
+        config = tf.Qwen2AudioConfig(
+            audio_config=tf.Qwen2AudioEncoderConfig(
+                num_mel_bins=16,
+                d_model=16,
+                encoder_layers=1,
+                encoder_attention_heads=2,
+                encoder_ffn_dim=32,
+                max_source_positions=50,
+            ),
+            text_config=tf.Qwen2Config(**TINY_TEXT, **vocab),
+            audio_token_index=ids("<|AUDIO|>"),
+        )
+        model_class = tf.Qwen2AudioForConditionalGeneration
+    elif plugin == "mllama":
+        config = tf.MllamaConfig(
+            vision_config=tf.MllamaVisionConfig(
+                hidden_size=16,
+                intermediate_size=32,
+                num_hidden_layers=1,
+                num_global_layers=1,
+                attention_heads=2,
+                image_size=28,
+                patch_size=14,
+                max_num_tiles=2,
+                intermediate_layers_indices=[0],
+                vision_output_dim=32,
+                supported_aspect_ratios=[[1, 1], [1, 2], [2, 1]],
+            ),
+            text_config=tf.MllamaTextConfig(
+                hidden_size=16,
+                intermediate_size=32,
+                num_hidden_layers=1,
+                num_attention_heads=2,
+                num_key_value_heads=1,
+                cross_attention_layers=[0],
+                pad_token_id=tokenizer.pad_token_id,
+                bos_token_id=tokenizer.bos_token_id,
+                eos_token_id=tokenizer.eos_token_id,
+                vocab_size=len(tokenizer),
+            ),
+            image_token_index=ids("<|image|>"),
+        )
+        model_class = tf.MllamaForConditionalGeneration
+    elif plugin == "intern_vl":
+        config = tf.InternVLConfig(
+            vision_config=tf.InternVLVisionConfig(
+                hidden_size=16,
+                intermediate_size=32,
+                num_hidden_layers=1,
+                num_attention_heads=2,
+                image_size=[28, 28],
+                patch_size=[14, 14],
+            ),
+            text_config=tf.Qwen2Config(**TINY_TEXT, **vocab),
+            image_token_id=ids("<IMG_CONTEXT>"),
+            downsample_ratio=0.5,
+        )
+        model_class = tf.InternVLForConditionalGeneration
+    else:
+        raise ValueError(family)
+    torch.manual_seed(0)
+    return model_class(config).eval()
 
 
 def run_family(family: str, tensors: dict, metadata: dict) -> None:
