@@ -86,6 +86,14 @@ def test_family_encodes_and_collates_as_llamafactory(family, golden):
         features[-1].update({"images": images} if images else {"audios": audios} if audios else {})
 
     model = GEN.make_model(family, tokenizer)
+    # the towers' name parts (LLaMA-Factory's freeze / LoRA keys) name this model's parameters, none in two parts
+    # (LLaVA-NeXT's image_newline is in none, as in LLaMA-Factory; lm_head is tied in some tiny models)
+    parts = module.COMPOSITES[model.config.model_type]
+    towers = [parts["vision_keys"], parts["projector_keys"], parts["language_keys"]]
+    names = [name for name, _ in model.named_parameters()]
+    assert all(sum(any(key in name for key in keys) for keys in towers) <= 1 for name in names)
+    for key in parts["vision_keys"] + parts["projector_keys"] + parts["language_keys"][:1]:
+        assert any(key in name for name in names), key
     collator = FamilyCollator(SFTDataCollator(tokenizer, pad_to_multiple_of=8), processor, module, settings)
     batches = {f"single.{index}": [feature] for index, feature in enumerate(features)}
     batches.update({f"pair.{pair}": features[2 * pair : 2 * pair + 2] for pair in range(len(features) // 2)})

@@ -3,6 +3,7 @@ do it: the media settings, the image processor and audio feature extractor calls
 
 A family module (llava.py, gemma3.py, ...) gives:
 - IMAGE_TOKEN / AUDIO_TOKEN: the template's media token (None for a kind the family does not take);
+- COMPOSITES: model_type -> composite(...): the towers' parameter-name parts;
 - process_messages(messages, images, audios, processor, settings): `<image>` / `<audio>` expanded;
 - prefix_ids(images, tokenizer, processor): token ids put before the encoded conversation ([] but PaliGemma's);
 - media_inputs(images, audios, counts, batch_ids, processor, settings): the collator's media tensors, with
@@ -45,6 +46,23 @@ class MediaSettings:
     image_do_pan_and_scan: bool = False
     crop_to_patches: bool = False
     audio_sampling_rate: int = 16000
+
+
+def composite(
+    vision: tuple[str, ...] = ("vision_tower",),
+    projector: tuple[str, ...] = ("multi_modal_projector",),
+    language: tuple[str, ...] = ("language_model", "lm_head"),
+    lora_conflict: tuple[str, ...] = (),
+) -> dict[str, tuple[str, ...]]:
+    """Parameter-name parts of a composite model, matched as substrings (LLaMA-Factory's COMPOSITE_MODELS entry,
+    same defaults): what freeze_vision_tower / freeze_multi_modal_projector / freeze_language_model freeze, and
+    what LoRA never wraps unless asked."""
+    return {
+        "vision_keys": vision,
+        "projector_keys": projector,
+        "language_keys": language,
+        "lora_conflict_keys": lora_conflict,
+    }
 
 
 def fit_images(images: list, settings: MediaSettings) -> list:

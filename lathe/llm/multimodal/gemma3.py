@@ -7,9 +7,10 @@ attention over them)."""
 from __future__ import annotations
 
 from lathe.llm.multimodal.images import IMAGE_PLACEHOLDER
-from lathe.llm.multimodal.common import MediaSettings, image_processor_inputs, placeholder_runs
+from lathe.llm.multimodal.common import composite, MediaSettings, image_processor_inputs, placeholder_runs
 
 IMAGE_TOKEN, AUDIO_TOKEN = "<image_soft_token>", None
+COMPOSITES = {"gemma3": composite()}  # as LLaMA-Factory registers them
 PAN_AND_SCAN_TEXT = "Here is the original image {image} and here are some crops to help you see better "
 
 

@@ -5,10 +5,11 @@ tiles in image order). Video is not supported yet (its processor needs torchvisi
 
 from __future__ import annotations
 
-from lathe.llm.multimodal.common import MediaSettings, fit_images, placeholder_runs
+from lathe.llm.multimodal.common import composite, MediaSettings, fit_images, placeholder_runs
 from lathe.llm.multimodal.images import IMAGE_PLACEHOLDER
 
 IMAGE_TOKEN, AUDIO_TOKEN = "<image>", None
+COMPOSITES = {"internvl": composite(), "interns1": composite()}  # as LLaMA-Factory registers them
 CONTEXT_TOKEN, START, END = "<IMG_CONTEXT>", "<img>", "</img>"
 CROP_TO_PATCHES = {"crop_to_patches": True, "max_patches": 12, "min_patches": 1}  # LLaMA-Factory's fixed values
 

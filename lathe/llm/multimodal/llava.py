@@ -6,9 +6,10 @@ patches, plus its extra tokens (CLS), less one when the model drops CLS (vision_
 from __future__ import annotations
 
 from lathe.llm.multimodal.images import IMAGE_PLACEHOLDER
-from lathe.llm.multimodal.common import MediaSettings, image_processor_inputs, placeholder_runs
+from lathe.llm.multimodal.common import composite, MediaSettings, image_processor_inputs, placeholder_runs
 
 IMAGE_TOKEN, AUDIO_TOKEN = "<image>", None
+COMPOSITES = {"llava": composite()}  # as LLaMA-Factory registers them
 
 
 def image_token_count(pixel_values, processor) -> int:

@@ -7,9 +7,10 @@ from transformers' own mllama helpers."""
 from __future__ import annotations
 
 from lathe.llm.multimodal.images import IMAGE_PLACEHOLDER
-from lathe.llm.multimodal.common import MediaSettings, image_processor_inputs, placeholder_runs
+from lathe.llm.multimodal.common import composite, MediaSettings, image_processor_inputs, placeholder_runs
 
 IMAGE_TOKEN, AUDIO_TOKEN = "<|image|>", None
+COMPOSITES = {"mllama": composite(vision=("vision_model",))}  # as LLaMA-Factory registers them
 
 
 def process_messages(messages, images, audios, processor, settings: MediaSettings) -> list[dict]:

@@ -7,9 +7,10 @@ so the model's prefix attention covers the images only)."""
 from __future__ import annotations
 
 from lathe.llm.multimodal.images import IMAGE_PLACEHOLDER
-from lathe.llm.multimodal.common import MediaSettings, image_processor_inputs, placeholder_runs
+from lathe.llm.multimodal.common import composite, MediaSettings, image_processor_inputs, placeholder_runs
 
 IMAGE_TOKEN, AUDIO_TOKEN = "<image>", None
+COMPOSITES = {"paligemma": composite()}  # as LLaMA-Factory registers them
 
 
 def process_messages(messages, images, audios, processor, settings: MediaSettings) -> list[dict]:

@@ -8,10 +8,14 @@ attributes read here are the processor's, so without torchvision the run stops n
 
 from __future__ import annotations
 
-from lathe.llm.multimodal.common import MediaSettings, image_processor_inputs, placeholder_runs
+from lathe.llm.multimodal.common import composite, MediaSettings, image_processor_inputs, placeholder_runs
 from lathe.llm.multimodal.images import IMAGE_PLACEHOLDER
 
 IMAGE_TOKEN, AUDIO_TOKEN = "[IMG]", None
+COMPOSITES = {
+    "llava": composite(),
+    "mistral3": composite(projector=("model.multi_modal_projector",)),
+}  # as LLaMA-Factory registers them
 PROCESSOR_ATTRIBUTES = ("patch_size", "image_break_token", "image_end_token")
 
 
