@@ -101,11 +101,10 @@ def test_family_encodes_and_collates_as_llamafactory(family, golden):
         batch = collator(chosen)
         head = f"{family}.{prefix}."
         expected = {key[len(head) :]: value for key, value in tensors.items() if key.startswith(head)}
-        for name in json.loads(metadata[f"{family}.derived"]):  # left out of the file: the rows' tensors joined
-            if name.startswith(head):
-                first = int(prefix.split(".")[1]) * 2
+        for name, rows_joined in json.loads(metadata[f"{family}.derived"]).items():
+            if name.startswith(head):  # left out of the file: the tensors of the pair's rows with media, joined
                 key = name[len(head) :]
-                expected[key] = torch.cat([tensors[f"{family}.single.{row}.{key}"] for row in (first, first + 1)])
+                expected[key] = torch.cat([tensors[f"{family}.single.{row}.{key}"] for row in rows_joined])
         assert sorted(batch) == sorted(expected), prefix
         for key, value in expected.items():
             assert batch[key].shape == value.shape and batch[key].dtype == value.dtype, (prefix, key)

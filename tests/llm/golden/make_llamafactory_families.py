@@ -365,19 +365,19 @@ def run_family(family: str, tensors: dict, metadata: dict) -> None:
         collate(f"pair.{pair}", features[2 * pair : 2 * pair + 2])
     # A pair's media tensor that is just its rows' tensors one after the other is left out (the file stays small):
     # the test rebuilds it from the singles' golden tensors.
-    derived = []
+    derived = {}
     for pair in range(len(features) // 2):
+        with_media = [row for row in (2 * pair, 2 * pair + 1) if rows[row].get("images") or rows[row].get("audios")]
         for key in ("pixel_values", "input_features", "feature_attention_mask", "image_sizes"):
             name = f"{family}.pair.{pair}.{key}"
-            parts = [tensors.get(f"{family}.single.{2 * pair + side}.{key}") for side in (0, 1)]
-            both_have_media = all(row.get("images") or row.get("audios") for row in rows[2 * pair : 2 * pair + 2])
-            if name in tensors and both_have_media and all(part is not None for part in parts):
-                if len({part.shape[1:] for part in parts}) > 1:  # padded to a common shape: kept
-                    continue
-                joined = torch.cat(parts)
-                if joined.shape == tensors[name].shape and torch.equal(joined, tensors[name]):
-                    del tensors[name]
-                    derived.append(name)
+            parts = [tensors.get(f"{family}.single.{row}.{key}") for row in with_media]
+            if name not in tensors or not parts or any(part is None for part in parts):
+                continue
+            if len({part.shape[1:] for part in parts}) > 1:  # padded to a common shape: kept
+                continue
+            if torch.equal(torch.cat(parts), tensors[name]):
+                del tensors[name]
+                derived[name] = with_media
     metadata[f"{family}.derived"] = json.dumps(derived)
     inner = getattr(processor, "image_processor", None) or getattr(processor, "feature_extractor", None)
     metadata[f"{family}.processor"] = f"{type(processor).__name__}/{type(inner).__name__}"
