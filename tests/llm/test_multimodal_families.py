@@ -54,7 +54,7 @@ def test_family_encodes_and_collates_as_llamafactory(family, golden):
     from lathe.llm.config.train import DataArguments
     from lathe.llm.data.collator import SFTDataCollator
     from lathe.llm.data.supervised import encode_supervised_example
-    from lathe.llm.multimodal.common import FamilyCollator
+    from lathe.llm.multimodal.common import FamilyCollator, media_cut_reason, media_token_counts
     from lathe.llm.multimodal.plugins import plugin_module
     from lathe.llm.templates import get_template_and_fix_tokenizer
 
@@ -82,6 +82,13 @@ def test_family_encodes_and_collates_as_llamafactory(family, golden):
         ids, labels = prefix + ids, [-100] * len(prefix) + labels
         assert ids == tensors[f"{family}.example.{index}.input_ids"].tolist(), index
         assert labels == tensors[f"{family}.example.{index}.labels"].tolist(), index
+        # a cutoff through the media is named (the whole row is not), for each family's media tokens
+        counts = media_token_counts(messages, module.media_tokens(processor))
+        assert media_cut_reason(ids, counts, tokenizer) is None
+        media_ids = tokenizer.convert_tokens_to_ids(list(counts))
+        if any(counts.values()):
+            last = max(position for position, token in enumerate(ids) if token in media_ids)
+            assert media_cut_reason(ids[:last], counts, tokenizer).startswith("cutoff_len cuts through the media")
         features.append({"input_ids": ids, "labels": labels, "attention_mask": [1] * len(ids)})
         features[-1].update({"images": images} if images else {"audios": audios} if audios else {})
 

@@ -4,6 +4,7 @@ do it: the media settings, the image processor and audio feature extractor calls
 A family module (llava.py, gemma3.py, ...) gives:
 - IMAGE_TOKEN / AUDIO_TOKEN: the template's media token (None for a kind the family does not take);
 - COMPOSITES: model_type -> composite(...): the towers' parameter-name parts;
+- media_tokens(processor): the tokens of an expanded medium, which cutoff_len must leave whole (media_cut_reason);
 - process_messages(messages, images, audios, processor, settings): `<image>` / `<audio>` expanded;
 - prefix_ids(images, tokenizer, processor): token ids put before the encoded conversation ([] but PaliGemma's);
 - media_inputs(images, audios, counts, batch_ids, processor, settings): the collator's media tensors, with
@@ -134,6 +135,22 @@ def placeholder_runs(messages: list[dict], placeholder: str, replacement) -> lis
             used += 1
         expanded.append({**message, "content": content})
     return expanded
+
+
+def media_token_counts(messages: list[dict], tokens: tuple[str, ...]) -> dict[str, int]:
+    """How many of each of the family's media tokens the expanded messages hold (special tokens: one id each)."""
+    return {token: sum(message["content"].count(token) for message in messages) for token in tokens}
+
+
+def media_cut_reason(input_ids: list[int], counts: dict[str, int], tokenizer) -> str | None:
+    """Why an encoded row cannot train after cutoff_len, or None: every media token the expanded messages held
+    (`counts`) must still be there. LLaMA-Factory keeps a row cut through its media, and the model then stops
+    on features that do not match their tokens (PaliGemma's image prefix is never cut: it is counted first)."""
+    for token, count in counts.items():
+        kept = input_ids.count(tokenizer.convert_tokens_to_ids(token))
+        if kept < count:
+            return f"cutoff_len cuts through the media: {kept} of its {count} {token} tokens are left"
+    return None
 
 
 class FamilyCollator:

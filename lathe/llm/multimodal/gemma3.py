@@ -33,6 +33,12 @@ def process_messages(messages, images, audios, processor, settings: MediaSetting
     return placeholder_runs(messages, IMAGE_PLACEHOLDER, with_crops)
 
 
+def media_tokens(processor) -> tuple[str, ...]:
+    """The image sequence's tokens: begin, soft token, end."""
+    tokenizer = processor.tokenizer
+    return (processor.boi_token, getattr(tokenizer, "image_token", IMAGE_TOKEN), tokenizer.eoi_token)
+
+
 def prefix_ids(images, tokenizer, processor) -> list[int]:
     return []
 

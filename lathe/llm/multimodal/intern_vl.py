@@ -31,6 +31,10 @@ def process_messages(messages, images, audios, processor, settings: MediaSetting
     )
 
 
+def media_tokens(processor) -> tuple[str, ...]:
+    return (START, CONTEXT_TOKEN, END)
+
+
 def prefix_ids(images, tokenizer, processor) -> list[int]:
     return []
 

@@ -30,6 +30,10 @@ def process_messages(messages, images, audios, processor, settings: MediaSetting
     return placeholder_runs(messages, IMAGE_PLACEHOLDER, tokens)
 
 
+def media_tokens(processor) -> tuple[str, ...]:
+    return (IMAGE_TOKEN,)
+
+
 def prefix_ids(images, tokenizer, processor) -> list[int]:
     return []
 

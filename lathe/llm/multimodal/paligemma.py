@@ -18,6 +18,10 @@ def process_messages(messages, images, audios, processor, settings: MediaSetting
     return placeholder_runs(messages, IMAGE_PLACEHOLDER, lambda k: "")
 
 
+def media_tokens(processor) -> tuple[str, ...]:
+    return ()  # the image prefix goes in front and is never cut
+
+
 def prefix_ids(images, tokenizer, processor) -> list[int]:
     """image_seq_length image tokens per image: the row's first tokens (never trained, never cut by cutoff_len:
     LLaMA-Factory counts them against the budget first)."""

@@ -46,6 +46,10 @@ def process_messages(messages, images, audios, processor, settings: MediaSetting
     return placeholder_runs(messages, IMAGE_PLACEHOLDER, lambda k: image_tokens(*sizes[k], processor))
 
 
+def media_tokens(processor) -> tuple[str, ...]:
+    return (IMAGE_TOKEN, processor.image_break_token, processor.image_end_token)
+
+
 def prefix_ids(images, tokenizer, processor) -> list[int]:
     return []
 

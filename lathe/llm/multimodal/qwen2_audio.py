@@ -29,6 +29,10 @@ def process_messages(messages, images, audios, processor, settings: MediaSetting
     )
 
 
+def media_tokens(processor) -> tuple[str, ...]:
+    return (processor.audio_bos_token, AUDIO_TOKEN, processor.audio_eos_token)
+
+
 def prefix_ids(images, tokenizer, processor) -> list[int]:
     return []
 
