@@ -147,3 +147,23 @@ def test_gemma3_pan_and_scan_adds_a_sequence_per_crop():
     assert content == f"{crop_text}{sequence} {sequence} {sequence} and {crop_text}"
     batch = gemma3.media_inputs([wide, square], [], {"image": [2]}, [[1, 2]], processor, settings)
     assert batch["pixel_values"].shape == (5, 3, 28, 28) and "num_crops" not in batch
+
+
+def test_media_the_family_does_not_take_is_refused():
+    import numpy as np
+    from PIL import Image
+
+    from lathe.llm.data.collator import SFTDataCollator
+    from lathe.llm.multimodal import llava, qwen2_audio
+    from lathe.llm.multimodal.common import FamilyCollator
+
+    row = {"input_ids": [1, 2], "labels": [-100, 2], "attention_mask": [1, 1]}
+    tokenizer = GEN.make_tokenizer("qwen2_audio")
+    collator = FamilyCollator(SFTDataCollator(tokenizer), None, qwen2_audio)
+    with pytest.raises(ValueError, match="the qwen2_audio family takes no image input"):
+        collator([{**row, "images": [Image.new("RGB", (8, 8))]}])
+    collator = FamilyCollator(SFTDataCollator(tokenizer), None, llava)
+    with pytest.raises(ValueError, match="the llava family takes no audio input"):
+        collator([{**row, "audios": [np.zeros(160)]}])
+    with pytest.raises(ValueError, match="the llava family: video input is not supported yet"):
+        collator([{**row, "videos": ["clip.mp4"]}])

@@ -202,11 +202,20 @@ class FamilyCollator:
         for feature in features:
             row_images, row_audios = feature.pop("images", None) or [], feature.pop("audios", None) or []
             if feature.pop("videos", None):
-                raise ValueError(f"{self.family.__name__.rsplit('.', 1)[-1]}: video input is not supported yet")
+                raise ValueError(
+                    f"the {self.family.__name__.rsplit('.', 1)[-1]} family: video input is not supported yet"
+                )
             images += row_images
             audios += row_audios
             counts["image"].append(len(row_images))
             counts["audio"].append(len(row_audios))
+        name = self.family.__name__.rsplit(".", 1)[-1]
+        for kind, media, token in (
+            ("image", images, self.family.IMAGE_TOKEN),
+            ("audio", audios, self.family.AUDIO_TOKEN),
+        ):
+            if media and token is None:  # LLaMA-Factory refuses them too: never dropped silently
+                raise ValueError(f"the {name} family takes no {kind} input; use the template of a model that does")
         stand_in = []
         for kind, media, token in (
             ("image", images, self.family.IMAGE_TOKEN),
