@@ -14,6 +14,7 @@ IMPLEMENTED = {
     "mllama": "lathe.llm.multimodal.mllama",
     "pixtral": "lathe.llm.multimodal.pixtral",
     "intern_vl": "lathe.llm.multimodal.intern_vl",
+    "gemma3n": "lathe.llm.multimodal.gemma3n",
 }
 
 

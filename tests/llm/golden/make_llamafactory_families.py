@@ -1,5 +1,5 @@
 """Regenerate LLaMA-Factory's encoding of media rows for the families beside Qwen2-VL (LLaVA-1.5, LLaVA-NeXT,
-Gemma 3, PaliGemma, Qwen2-Audio, Llama 3.2 Vision, Pixtral) that tests/llm/test_multimodal_families.py
+Gemma 3, Gemma 3n, PaliGemma, Qwen2-Audio, Llama 3.2 Vision, Pixtral, InternVL) that tests/llm/test_multimodal_families.py
 compares lathe against.
 
     python tests/llm/golden/make_llamafactory_families.py --python /tmp/mm-lf-venv/bin/python --stubs /tmp/mm-lf-stubs
@@ -51,7 +51,16 @@ FAMILIES = {  # plugin name: (template, media kind)
     "pixtral": ("pixtral", "image"),
     "intern_vl": ("intern_vl", "image"),
     "intern_vl_crop": ("intern_vl", "image"),  # a family-only option, on a wide image and an image-less row
+    "gemma3n": ("gemma3n", "image+audio"),
 }
+MIXED_ROWS = [  # Gemma 3n: an image and an audio in one row, and a row without either (both stand-ins)
+    {
+        "messages": [("user", "<image>What is <audio> ?"), ("assistant", "The quick brown fox.")],
+        "images": ["wide"],
+        "audios": ["short"],
+    },
+    {"messages": [("user", "What is two plus two?"), ("assistant", "four")], "images": [], "audios": []},
+]
 # Gemma 3's image_do_pan_and_scan has no golden: LLaMA-Factory 0.9.5 reads num_crops[0][k], which transformers 5
 # returns flat (IndexError on any image); tests/llm/test_multimodal_families.py checks lathe's crops directly.
 VARIANTS = {  # golden name: (plugin, the config keys it sets)
@@ -97,6 +106,8 @@ def settings_of(family: str) -> dict:
 
 
 def rows_of(family: str) -> list[dict]:
+    if family == "gemma3n":
+        return MIXED_ROWS
     if family in VARIANTS:
         return WIDE_ROWS
     return AUDIO_ROWS if FAMILIES[family][1] == "audio" else ROWS
@@ -104,6 +115,9 @@ def rows_of(family: str) -> list[dict]:
 
 def media_of(family: str, row: dict) -> dict:
     """The row's media as LLaMA-Factory's encoder and collator take them: {"images": [...]} or {"audios": [...]}."""
+    if FAMILIES[family][1] == "image+audio":
+        media = {"images": [make_image(name) for name in row["images"]]}
+        return {**media, "audios": [make_audio(name) for name in row["audios"]]}
     if FAMILIES[family][1] == "audio":
         return {"audios": [make_audio(name) for name in row["audios"]]}
     return {"images": [make_image(name) for name in row["images"]]}
@@ -116,8 +130,10 @@ def make_tokenizer(family: str):
     named, extra = {}, []
     if family in ("llava", "llava_next"):
         extra = ["<image>"]
-    elif family == "gemma3":
+    elif family in ("gemma3", "gemma3n"):
         named = {"image_token": "<image_soft_token>", "boi_token": "<start_of_image>", "eoi_token": "<end_of_image>"}
+        if family == "gemma3n":
+            named.update(audio_token="<audio_soft_token>", boa_token="<start_of_audio>", eoa_token="<end_of_audio>")
     elif family == "paligemma":
         extra = ["<image>"]
     elif family == "qwen2_audio":
@@ -158,6 +174,10 @@ def make_processor(family: str, tokenizer):
     if family == "gemma3":
         images = tf.Gemma3ImageProcessor(size={"height": 28, "width": 28})
         return tf.Gemma3Processor(images, tokenizer, image_seq_length=4)
+    if family == "gemma3n":  # 4 mel bins: the extractor pads every waveform to 30 seconds (3000 frames)
+        features = tf.Gemma3nAudioFeatureExtractor(feature_size=4, sampling_rate=SAMPLING_RATE)
+        images = tf.SiglipImageProcessor(size={"height": 28, "width": 28})
+        return tf.Gemma3nProcessor(features, images, tokenizer, audio_seq_length=3, image_seq_length=4)
     if family == "paligemma":
         images = tf.SiglipImageProcessor(size={"height": 28, "width": 28})
         images.image_seq_length = 4
@@ -198,6 +218,8 @@ def make_model(family: str, tokenizer):
     import transformers as tf
 
     plugin = plugin_of(family)
+    if plugin == "gemma3n":  # its vision tower is a timm model (timm is not installed here)
+        return None
     vocab = {"vocab_size": len(tokenizer), "num_key_value_heads": 1, "head_dim": 8}
     ids = tokenizer.convert_tokens_to_ids
     if plugin in ("llava", "llava_next", "pixtral"):
@@ -379,8 +401,9 @@ def run_family(family: str, tensors: dict, metadata: dict) -> None:
                 del tensors[name]
                 derived[name] = with_media
     metadata[f"{family}.derived"] = json.dumps(derived)
-    inner = getattr(processor, "image_processor", None) or getattr(processor, "feature_extractor", None)
-    metadata[f"{family}.processor"] = f"{type(processor).__name__}/{type(inner).__name__}"
+    inner = [getattr(processor, name, None) for name in ("feature_extractor", "image_processor")]
+    names = "+".join(type(part).__name__ for part in inner if part is not None)
+    metadata[f"{family}.processor"] = f"{type(processor).__name__}/{names}"
 
 
 def main() -> None:
