@@ -145,6 +145,8 @@ API_OPTIONS = {
     "model_name": ("--model_name", "--model-name"),
     "max_tokens": ("--max_tokens", "--max-tokens"),
     "max_batch": ("--max_batch", "--max-batch"),
+    "media_dir": ("--media_dir", "--media-dir"),
+    "max_body_bytes": ("--max_body_bytes", "--max-body-bytes"),
 }
 
 
@@ -161,6 +163,15 @@ def _api(options) -> int:
         "model_name": options.model_name or os.environ.get("API_MODEL_NAME"),
         "max_tokens": int(options.max_tokens) if options.max_tokens else None,
         "max_batch": int(options.max_batch) if options.max_batch else 16,
+        # image files are read from this folder only (LLaMA-Factory's SAFE_MEDIA_PATH, unless its
+        # ALLOW_LOCAL_FILES is off); none: data URLs only
+        "media_dir": options.media_dir
+        or (
+            os.environ.get("SAFE_MEDIA_PATH")
+            if os.environ.get("ALLOW_LOCAL_FILES", "1").lower() in ("1", "true", "y")
+            else None
+        ),
+        "max_body_bytes": int(options.max_body_bytes) if options.max_body_bytes else None,
     }
     from lathe.llm.commands import api_command
 
@@ -226,8 +237,9 @@ def _add_inference_parsers(commands) -> None:
     api.add_argument(
         "overrides",
         nargs=argparse.REMAINDER,
-        help="--host H --port P --api_key K --model_name NAME --max_tokens CAP --max_batch B, then "
-        "key=value config overrides; --traceback shows the full error",
+        help="--host H --port P --api_key K --model_name NAME --max_tokens CAP --max_batch B --media_dir DIR "
+        "(image_url files allowed from DIR only) --max_body_bytes N (1000000), then key=value config overrides; "
+        "--traceback shows the full error",
     )
     api.set_defaults(run=_api)
 

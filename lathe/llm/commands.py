@@ -63,7 +63,7 @@ def train_command(config_path: str, overrides: list[str], dry_run: bool = False,
     from lathe.llm.config.sections import hub_from_environment
     from lathe.llm.config.train import parse_train_config
     from lathe.llm.config.values import RawConfig
-    from lathe.llm.launch import launch_settings, planned_processes, relaunch
+    from lathe.llm.launch import launch_settings, planned_processes, ray_wanted, relaunch
     from lathe.llm.model.hub import resolve_config, resolve_raw_config
     from lathe.llm.stopping import Interrupted, StopOnSignal, TrainingStopped
     from lathe.llm.workflows.plan import format_config, print_once
@@ -71,6 +71,10 @@ def train_command(config_path: str, overrides: list[str], dry_run: bool = False,
     def train() -> int:
         if not dry_run and launch_settings(config_path, overrides) is not None:
             resolve_raw_config(RawConfig(config_path, overrides).values, hub_from_environment())  # once, not per rank
+        if not dry_run and ray_wanted():  # USE_RAY=1: Ray Train's workers run the ranks
+            from lathe.llm.ray_train import run_with_ray
+
+            return run_with_ray(config_path, overrides)
         code = (
             None if dry_run else relaunch(config_path, overrides)
         )  # under torchrun when several processes are asked for
@@ -100,7 +104,7 @@ def train_command(config_path: str, overrides: list[str], dry_run: bool = False,
 DUMP_STAGES = ("sft", "pt")
 
 
-def _training_collator(config, tokenizer):
+def _training_collator(config, tokenizer, media=None):
     """The collator the stage trains with, for `--dump` (the model on the meta device: its config and
     attention implementation are all a collator reads)."""
     if config.finetuning.stage == "pt":
@@ -111,7 +115,7 @@ def _training_collator(config, tokenizer):
     from lathe.llm.workflows.sft import make_collator
 
     model = load_model(tokenizer, config.model, config.finetuning, is_trainable=config.training.do_train, meta=True)
-    return make_collator(config, tokenizer, model)
+    return make_collator(config, tokenizer, model, media)
 
 
 def data_preview_command(
@@ -139,8 +143,17 @@ def data_preview_command(
         tokenizer = load_tokenizer(config.model)
         template = get_template_and_fix_tokenizer(tokenizer, config.data)
         print(template_report(template, tokenizer))
+        from lathe.llm.multimodal.encode import MediaEncoder
+
+        media = MediaEncoder.for_run(template, tokenizer, config.model)
         datasets = get_dataset(
-            template, config.model, config.data, config.training, stage=config.finetuning.stage, tokenizer=tokenizer
+            template,
+            config.model,
+            config.data,
+            config.training,
+            stage=config.finetuning.stage,
+            tokenizer=tokenizer,
+            media=media,
         )
         dataset = datasets["train_dataset"] if split == "train" else datasets["eval_dataset"]
         if dataset is None:
@@ -156,7 +169,7 @@ def data_preview_command(
 
             if isinstance(dataset, dict):
                 raise ValueError("--dump writes one split: with eval_on_each_dataset, dump the train split.")
-            counts = dump_examples(dataset, _training_collator(config, tokenizer), dump)
+            counts = dump_examples(dataset, _training_collator(config, tokenizer, media), dump)
             print(
                 f"Wrote {counts['examples']} examples and the collator's tensors for each one and "
                 f"{counts['pairs']} pairs to {dump} ({counts['errors']} collator errors)."

@@ -46,6 +46,7 @@ class ExportReport:
     change_from_base: float | None  # max |merged - base| over the probes
     reload_error: float  # max |exported folder - merged model|, in the export dtype
     dequantized: str | None = None  # the quantization the base was loaded with and dequantized from (quantization_bit)
+    processor_saved: bool = False  # a vision-language model's processor files (preprocessor_config.json, ...)
 
 
 def export_command(config_path, overrides: list[str]) -> ExportReport:
@@ -73,7 +74,7 @@ def export_model(config) -> ExportReport:
     model, tokenizer, template = load_for_inference(config, dtype="float32", with_adapters=False)
     model, dequantized = _dequantized(model, config.model)
     model.to(device)
-    probes = _probe_inputs(tokenizer, template, device)
+    probes = _probe_inputs(tokenizer, template, device, config, model)
     merge_error = change = None
     if adapters:
         model, merge_error, change = _merge_adapters(model, adapters, probes)
@@ -82,7 +83,9 @@ def export_model(config) -> ExportReport:
     dtype = _export_dtype(config.model, model)
     model = model.to(dtype)
     model.config.dtype = dtype
-    _write(model, tokenizer, template, export_dir, config.export.export_size, config.data.template)
+    processor_saved = _write(
+        model, tokenizer, template, export_dir, config.export.export_size, config.data.template, config.model
+    )
     if config.finetuning.stage == "rm":
         _copy_value_head(config.model, export_dir)
     reload_error = _check_reloaded(export_dir, probes, merged_logits, dtype, device)
@@ -97,6 +100,7 @@ def export_model(config) -> ExportReport:
         change,
         reload_error,
         dequantized,
+        processor_saved,
     )
 
 
@@ -134,22 +138,34 @@ def _export_device(name: str):
     return torch.device("cuda" if name == "auto" and torch.cuda.is_available() else "cpu")
 
 
-def _probe_inputs(tokenizer, template, device) -> list:
-    """A few conversations rendered by the template up to the assistant's turn (what a served model sees)."""
+def _probe_inputs(tokenizer, template, device, config=None, model=None) -> list[dict]:
+    """A few conversations rendered by the template up to the assistant's turn (what a served model sees), as
+    the model's inputs; for a vision-language model one more with an image, so the vision tower is checked too."""
     import torch
+
+    from lathe.llm.inference.vision import image_probe
 
     rows = []
     for messages in PROBE_MESSAGES:
         prompt_ids, _ = template.encode_oneturn(tokenizer, list(messages) + [{"role": "assistant", "content": ""}])
-        rows.append(torch.tensor([prompt_ids], device=device))
-    return rows
+        rows.append({"input_ids": torch.tensor([prompt_ids])})
+    with_image = image_probe(config, model, tokenizer, template) if model is not None else None
+    if with_image is not None:
+        rows.append(with_image)
+    return [{key: value.to(device) for key, value in row.items()} for row in rows]
 
 
 def _logits(model, probes) -> list:
     import torch
 
+    dtype = next(model.parameters()).dtype
     with torch.no_grad():
-        return [model(input_ids=ids).logits.float() for ids in probes]
+        return [
+            model(
+                **{key: value.to(dtype) if value.is_floating_point() else value for key, value in probe.items()}
+            ).logits.float()
+            for probe in probes
+        ]
 
 
 def _max_difference(first: list, second: list) -> float:
@@ -242,7 +258,9 @@ def _copy_value_head(model_args, export_dir: str) -> None:
     logger.info("Copied the value head to %s", export_dir)
 
 
-def _write(model, tokenizer, template, export_dir: str, export_size: float, template_name) -> None:
+def _write(model, tokenizer, template, export_dir: str, export_size: float, template_name, model_args=None) -> bool:
+    """Weights, processor files (a vision-language model's; True when written), tokenizer and chat_template."""
+    from lathe.llm.inference.vision import save_processor
     from lathe.llm.workflows.outputs import set_stop_tokens
 
     os.makedirs(export_dir, exist_ok=True)
@@ -276,15 +294,21 @@ def _write(model, tokenizer, template, export_dir: str, export_size: float, temp
                 template_name,
                 ", ".join(JINJA_TOOL_FORMATS),
             )
-    tokenizer.save_pretrained(export_dir)
+    processor_saved = model_args is not None and save_processor(model_args, model, export_dir)
+    tokenizer.save_pretrained(export_dir)  # after the processor: these tokenizer files and chat_template win
+    return processor_saved
 
 
 def _check_reloaded(export_dir: str, probes, merged_logits, dtype, device) -> float:
     """Load the folder as any user would and compare its logits with the merged model's."""
     import torch
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoConfig
 
-    reloaded = AutoModelForCausalLM.from_pretrained(export_dir, dtype=dtype, local_files_only=True).to(device).eval()
+    from lathe.llm.model.loader import auto_model_class
+
+    # AutoModelForCausalLM, or AutoModelForImageTextToText for a vision-language model (Qwen2-VL, ...)
+    model_class = auto_model_class(AutoConfig.from_pretrained(export_dir, local_files_only=True))
+    reloaded = model_class.from_pretrained(export_dir, dtype=dtype, local_files_only=True).to(device).eval()
     error = _max_difference(_logits(reloaded, probes), merged_logits) / _scale(merged_logits)
     # A cast to half precision moves logits by about its precision; a wrong or missing tensor, by far more.
     tolerance = MERGE_TOLERANCE if dtype == torch.float32 else 5e-2
@@ -315,6 +339,8 @@ def format_report(report: ExportReport) -> str:
             f"  merge check     merged = base + adapter within {report.merge_error:.1e} (relative); "
             f"changes the base by up to {report.change_from_base:.3g}"
         )
+    if report.processor_saved:
+        lines.append("  processor       image processor (preprocessor_config.json) saved beside the tokenizer")
     lines.append(
         f"  reload check    the folder loads with transformers and gives the merged logits within {report.reload_error:.1e}"
     )

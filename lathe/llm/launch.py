@@ -4,7 +4,7 @@ same recipe (lathe.train runs DDP / FSDP2 under it; lathe.llm.data preprocesses 
 
 When: FORCE_TORCHRUN=1, or more than one process per node asked for (`nproc_per_node` in the config or
 on the command line, else NPROC_PER_NODE), or several nodes (NNODES), or more than one CUDA device
-(as LLaMA-Factory); with USE_RAY=1, Ray starts them instead (lathe.llm.ray_launch). Where: NNODES, NODE_RANK, MASTER_ADDR, MASTER_PORT (or the config keys nnodes,
+(as LLaMA-Factory); with USE_RAY=1, Ray Train starts them instead (lathe.llm.ray_train). Where: NNODES, NODE_RANK, MASTER_ADDR, MASTER_PORT (or the config keys nnodes,
 node_rank, master_addr, master_port), LLaMA-Factory's names. Never inside a torchrun launch already.
 """
 
@@ -117,14 +117,19 @@ def without_launch_keys(overrides: list[str]) -> list[str]:
     return result
 
 
+def ray_wanted() -> bool:
+    """USE_RAY=1 outside a launcher: Ray Train starts the ranks (lathe.llm.ray_train), not torchrun."""
+    from lathe.llm.ray_launch import use_ray
+
+    if not use_ray() or under_launcher():
+        return False
+    if _truthy(os.environ.get("FORCE_TORCHRUN")):
+        raise ValueError("USE_RAY=1 and FORCE_TORCHRUN=1 both ask to start the processes: set one of them.")
+    return True
+
+
 def relaunch(config_path, overrides: list[str]) -> int | None:
     """Run `lathe train` under torchrun when asked to; its exit code, or None to train in this process."""
-    from lathe.llm.ray_launch import run_with_ray, use_ray
-
-    if use_ray() and not under_launcher():
-        if _truthy(os.environ.get("FORCE_TORCHRUN")):
-            raise ValueError("USE_RAY=1 and FORCE_TORCHRUN=1 both ask to start the processes: set one of them.")
-        return run_with_ray(config_path, overrides)
     settings = launch_settings(config_path, overrides)
     if settings is None:
         return None

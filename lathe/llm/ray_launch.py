@@ -1,21 +1,28 @@
-"""`lathe train` on a Ray cluster, as LLaMA-Factory runs it with USE_RAY=1: ray.init(**ray_init_kwargs),
-a placement group of ray_num_workers bundles (one accelerator each where the cluster has GPUs, else one
-CPU), and one Ray actor per bundle that runs the same `lathe train` as a torchrun rank, with RANK,
-WORLD_SIZE, MASTER_ADDR (the head node unless master_addr names another node) and MASTER_PORT set.
-Checkpoints and the model go to output_dir, as under torchrun; Ray is imported here only."""
+"""The Ray keys of `USE_RAY=1 lathe train` (LLaMA-Factory 0.9.4's RayArguments, and ray_max_failures): read from
+the config and the command line and checked, without importing Ray. The run itself: lathe.llm.ray_train."""
 
 from __future__ import annotations
 
 import json
-import logging
 import os
 
 from lathe.llm.config.values import parse_overrides, read_source
 
-logger = logging.getLogger(__name__)
-
-RAY_KEYS = ("ray_num_workers", "ray_init_kwargs")
-INSTALL_HINT = "Ray runs lathe train only when it is installed: pip install 'lathe[ray]' (ray[train])."
+# LLaMA-Factory 0.9.4's RayArguments and their defaults; ray_max_failures is lathe's (Ray's FailureConfig).
+RAY_DEFAULTS = {
+    "ray_num_workers": 1,
+    "ray_init_kwargs": None,
+    "ray_run_name": None,
+    "ray_storage_path": "./saves",
+    "ray_storage_filesystem": None,
+    "resources_per_worker": None,  # LLaMA-Factory: {"GPU": 1}; here {"CPU": 1} on a cluster without GPUs
+    "placement_strategy": "PACK",
+    "ray_max_failures": 0,
+}
+RAY_KEYS = tuple(RAY_DEFAULTS)
+PLACEMENT_STRATEGIES = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
+FILESYSTEMS = ("s3", "gs", "gcs")
+INSTALL_HINT = "USE_RAY=1 runs lathe train on Ray Train: pip install 'lathe[ray]' (ray[train])."
 
 
 def use_ray(environ=None) -> bool:
@@ -23,161 +30,99 @@ def use_ray(environ=None) -> bool:
     return (environ.get("USE_RAY") or "").strip().lower() in ("1", "true", "y", "yes")
 
 
+def check_ray_keys(raw: dict, origin) -> None:
+    """Without USE_RAY=1 a Ray key away from LLaMA-Factory's default would do nothing (LLaMA-Factory ignores
+    it and trains on one process): an error. origin(key) says where a key was given."""
+    if use_ray():
+        return
+    defaults = {**RAY_DEFAULTS, "resources_per_worker": {"GPU": 1}}
+    given = [key for key in RAY_KEYS if key in raw and _normal(raw[key]) != _normal(defaults[key])]
+    if given:
+        named = ", ".join(f"{key}{origin(key)}" for key in given)
+        raise ValueError(
+            f"{named} {'is' if len(given) == 1 else 'are'} read only with USE_RAY=1, which runs lathe train on Ray "
+            "Train workers (LLaMA-Factory then ignores them and trains on one process): set USE_RAY=1, or remove "
+            f"{'it' if len(given) == 1 else 'them'}."
+        )
+
+
+def _normal(value):
+    if isinstance(value, str) and value.strip().startswith("{"):
+        try:
+            return json.loads(value)
+        except json.JSONDecodeError:
+            return value
+    return value if isinstance(value, dict) else str(value)
+
+
+def _mapping(values: dict, key: str):
+    value = values.get(key)
+    if isinstance(value, str) and value.strip().startswith("{"):
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError as error:
+            raise ValueError(f"{key} is not valid JSON ({error}).") from None
+    if value is not None and not isinstance(value, dict):
+        raise ValueError(f"{key} must be a mapping, got {value!r}.")
+    return value
+
+
+def _whole(values: dict, key: str, least: int) -> int:
+    value = values.get(key, RAY_DEFAULTS[key])
+    text = str(value).strip()
+    if not (text.isdigit() or (least < 0 and text == "-1")) or int(text) < least:
+        raise ValueError(f"{key} must be a whole number of at least {least}, got {value!r}.")
+    return int(text)
+
+
 def ray_settings(config_path, overrides: list[str]) -> dict:
-    """ray_num_workers (a whole number, at least 1), ray_init_kwargs (a mapping, or its JSON), master_addr
-    and master_port, from the config and the command line (LLaMA-Factory's RayArguments)."""
+    """The Ray keys from the config and the command line, checked (mappings may be given as JSON)."""
     values, _ = read_source(config_path)
     values.update(parse_overrides(overrides))
-    workers = values.get("ray_num_workers", 1)
-    if not str(workers).isdigit() or int(workers) < 1:
-        raise ValueError(f"ray_num_workers must be a whole number of at least 1, got {workers!r}.")
-    init_kwargs = values.get("ray_init_kwargs")
-    if isinstance(init_kwargs, str) and init_kwargs.strip().startswith("{"):
-        try:
-            init_kwargs = json.loads(init_kwargs)
-        except json.JSONDecodeError as error:
-            raise ValueError(f"ray_init_kwargs is not valid JSON ({error}).") from None
-    if init_kwargs is not None and not isinstance(init_kwargs, dict):
-        raise ValueError(f"ray_init_kwargs must be a mapping of ray.init's arguments, got {init_kwargs!r}.")
-    port = values.get("master_port")
-    if port is not None and not str(port).isdigit():
-        raise ValueError(f"master_port must be a whole number, got {port!r}.")
+    for key in ("master_addr", "master_port"):
+        if values.get(key) is not None:
+            raise ValueError(
+                f"{key} is given with USE_RAY=1: Ray Train opens the process group itself, on rank 0's node at a "
+                f"free port (LLaMA-Factory 0.9.5's {key} has no Ray Train counterpart): remove it."
+            )
+    for key in ("nproc_per_node", "nnodes", "node_rank"):  # torchrun's, in the config or on the command line
+        if values.get(key) is not None:
+            raise ValueError(f"{key} is given with USE_RAY=1: Ray Train starts ray_num_workers workers; remove it.")
+    resources = _mapping(values, "resources_per_worker")
+    for name, amount in (resources or {}).items():
+        if not isinstance(amount, (int, float)) or isinstance(amount, bool) or amount < 0:
+            raise ValueError(f"resources_per_worker[{name!r}] must be a number of at least 0, got {amount!r}.")
+    strategy = str(values.get("placement_strategy", "PACK"))
+    if strategy not in PLACEMENT_STRATEGIES:
+        raise ValueError(f"placement_strategy must be one of {', '.join(PLACEMENT_STRATEGIES)}, got {strategy!r}.")
+    filesystem = values.get("ray_storage_filesystem")
+    if filesystem is not None and filesystem not in FILESYSTEMS:
+        raise ValueError(
+            f"ray_storage_filesystem must be one of {', '.join(FILESYSTEMS)} (or unset), got {filesystem!r}."
+        )
+    run_name = values.get("ray_run_name")
+    timeout = values.get("ddp_timeout", 1800)
+    if not str(timeout).isdigit():
+        raise ValueError(f"ddp_timeout must be a whole number of seconds, got {timeout!r}.")
     return {
-        "num_workers": int(workers),
-        "init_kwargs": init_kwargs or {},
-        "master_addr": values.get("master_addr"),
-        "master_port": int(port) if port is not None else None,
+        "num_workers": _whole(values, "ray_num_workers", 1),
+        "init_kwargs": _mapping(values, "ray_init_kwargs") or {},
+        "run_name": None if run_name is None else str(run_name),
+        "storage_path": str(values.get("ray_storage_path") or "./saves"),
+        "storage_filesystem": filesystem,
+        "resources_per_worker": resources,
+        "placement_strategy": strategy,
+        "max_failures": _whole(values, "ray_max_failures", -1),
+        "ddp_backend": values.get("ddp_backend"),
+        "ddp_timeout": int(timeout),
     }
 
 
 def import_ray():
+    """ray, with Ray Train's torch trainer importable (ray[train]); else an ImportError with the extra."""
     try:
         import ray
-    except ImportError:
-        raise ImportError(f"USE_RAY=1: {INSTALL_HINT}") from None
+        import ray.train.torch  # noqa: F401  (needs ray[train]'s packages: pyarrow, pandas, ...)
+    except ImportError as error:
+        raise ImportError(f"{INSTALL_HINT} ({error})") from None
     return ray
-
-
-def run_with_ray(config_path, overrides: list[str]) -> int:
-    """Train on ray_num_workers Ray actors; the exit code (0 when every worker finished)."""
-    settings = ray_settings(config_path, overrides)
-    ray = import_ray()
-    from ray.util.placement_group import placement_group, remove_placement_group
-
-    started_here = not ray.is_initialized()
-    if started_here:
-        ray.init(**settings["init_kwargs"])
-    try:
-        device = _accelerator()
-        available = int(ray.cluster_resources().get(device, 0))
-        count = settings["num_workers"]
-        if count > available:
-            raise ValueError(
-                f"ray_num_workers is {count}, but the Ray cluster has {available} {device}(s): one per worker is needed."
-            )
-        bundle = {"CPU": 1, **({device: 1} if device != "CPU" else {})}
-        group = placement_group([dict(bundle) for _ in range(count)], strategy="PACK")
-        ray.get(group.ready())
-        master_addr = _master_address(ray, settings["master_addr"])
-        order = _bundles_master_first(ray, group, master_addr)
-        master_port = settings["master_port"] or ray.get(_free_port_on(ray, group, order[0]))
-        print(
-            f"lathe train: {count} Ray worker(s), one {device} each, rendezvous at {master_addr}:{master_port}",
-            flush=True,
-        )
-        workers = [
-            _start_worker(ray, group, index, rank, count, master_addr, master_port, device)
-            for rank, index in enumerate(order)
-        ]
-        path = os.path.abspath(config_path) if os.path.exists(str(config_path)) else config_path
-        try:
-            codes = ray.get([worker.train.remote(os.getcwd(), path, overrides) for worker in workers])
-        except ray.exceptions.RayActorError as error:
-            raise RuntimeError(
-                f"A Ray worker died during training ({str(error).strip().splitlines()[0][:300]}). Run the same "
-                "command again: training resumes from the last checkpoint in output_dir (unless overwrite_output_dir)."
-            ) from None
-        remove_placement_group(group)
-        return max(codes)
-    finally:
-        if started_here:
-            ray.shutdown()
-
-
-def _accelerator() -> str:
-    import torch
-
-    return "GPU" if torch.cuda.is_available() else "CPU"
-
-
-def _master_address(ray, asked: str | None) -> str:
-    """The head node's address by default; a named master_addr must be a live node of the cluster."""
-    alive = [node for node in ray.nodes() if node.get("Alive")]
-    if asked is not None:
-        if asked not in [node["NodeManagerAddress"] for node in alive]:
-            raise ValueError(f"master_addr {asked!r} is not a live node of the Ray cluster.")
-        return asked
-    heads = [node["NodeManagerAddress"] for node in alive if "node:__internal_head__" in node.get("Resources", {})]
-    return heads[0] if heads else ray.util.get_node_ip_address()
-
-
-def _bundles_master_first(ray, group, master_addr: str) -> list[int]:
-    """Bundle indices sorted by node address, those on the master's node first (rank 0 lives there)."""
-    task = ray.remote(num_cpus=0)(_node_address)
-    addresses = ray.get(
-        [task.options(scheduling_strategy=_in(group, index)).remote() for index in range(group.bundle_count)]
-    )
-    ordered = sorted(range(len(addresses)), key=lambda index: addresses[index])
-    return [i for i in ordered if addresses[i] == master_addr] + [i for i in ordered if addresses[i] != master_addr]
-
-
-def _free_port_on(ray, group, index: int):
-    return ray.remote(num_cpus=0)(_free_port).options(scheduling_strategy=_in(group, index)).remote()
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("", 0))
-        return sock.getsockname()[1]
-
-
-def _in(group, index: int):
-    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
-
-    return PlacementGroupSchedulingStrategy(placement_group=group, placement_group_bundle_index=index)
-
-
-def _node_address() -> str:
-    import ray
-
-    return ray.util.get_node_ip_address().strip("[]")
-
-
-def _start_worker(ray, group, index: int, rank: int, count: int, master_addr: str, master_port: int, device: str):
-    environment = dict(os.environ)
-    environment.update(
-        RANK=str(rank),
-        WORLD_SIZE=str(count),
-        LOCAL_RANK="0",  # each actor sees its own accelerator (Ray sets CUDA_VISIBLE_DEVICES)
-        LOCAL_WORLD_SIZE="1",
-        MASTER_ADDR=master_addr,
-        MASTER_PORT=str(master_port),
-        TORCHELASTIC_USE_AGENT_STORE="False",
-    )
-    options = {"scheduling_strategy": _in(group, index), "runtime_env": {"env_vars": environment}, "num_cpus": 1}
-    if device == "GPU":
-        options["num_gpus"] = 1
-    return ray.remote(RayWorker).options(**options).remote()
-
-
-class RayWorker:
-    """One rank: `lathe train` in a child of this actor (its environment: the rank's variables), from
-    the driver's working directory; its output reaches the driver through Ray's log forwarding."""
-
-    def train(self, cwd: str, config_path: str, overrides: list[str]) -> int:
-        import subprocess
-        import sys
-
-        return subprocess.run([sys.executable, "-m", "lathe", "train", config_path, *overrides], cwd=cwd).returncode

@@ -83,8 +83,6 @@ def test_unsupported_llamafactory_keys_say_so():
         match="infer_backend .* LLaMA-Factory key for inference engines .*, which lathe does not support yet",
     ):
         parse_train_config({**BASE, "infer_backend": "vllm"})
-    with pytest.raises(ValueError, match="media_dir: images, video and audio .*not supported"):  # what cannot run here
-        parse_train_config({**BASE, "media_dir": "images"})
     with pytest.raises(ValueError, match="use_mca: a Megatron-Core key .*use FSDP2 .* or DeepSpeed"):
         parse_train_config({**BASE, "use_mca": True})
     # LLaMA-Factory's own default changes nothing, so it is accepted.

@@ -98,7 +98,6 @@ def test_mixture_of_depths_names_its_package():
 @pytest.mark.parametrize(
     "values, message",
     [
-        ({"image_max_pixels": 262144}, "image_max_pixels: images, video and audio .*not supported"),
         ({"use_kt": True}, "use_kt: KTransformers"),
         (
             {"tensor_model_parallel_size": 1, "pipeline_model_parallel_size": 4},

@@ -116,12 +116,14 @@ def test_a_batch_of_different_prompts_equals_each_alone(engine):
 def test_scripted_chat_session_keeps_history_and_clears_it(engine):
     lines = iter(["What is two plus two?", "And three?", "clear", "hi", "exit"])
     out, prompts = [], []
-    real = engine.chat_prompt
-    engine.chat_prompt = lambda messages, tools=None: prompts.append(list(messages)) or real(messages, tools)
+    real = engine.chat_inputs
+    engine.chat_inputs = lambda messages, tools=None, read_image=None: (
+        prompts.append(list(messages)) or real(messages, tools, read_image)
+    )
     try:
         assert chat_loop(engine, read=lambda _prompt: next(lines), write=out.append) == 0
     finally:
-        engine.chat_prompt = real
+        engine.chat_inputs = real
     assert [len(p) for p in prompts] == [1, 3, 1]  # the second question carries the first exchange
     assert prompts[1][1]["role"] == "assistant"
     assert "The conversation is cleared." in "".join(out) and "".join(out).count("Assistant: ") == 3

@@ -38,8 +38,12 @@ def golden():
 
 @pytest.fixture(scope="module")
 def assets():
+    from lathe.llm.config.train import DataArguments
+    from lathe.llm.templates import get_template_and_fix_tokenizer
+
     gen = _generator()
     tokenizer = gen.make_tokenizer()
+    get_template_and_fix_tokenizer(tokenizer, DataArguments(template="qwen2_vl"))  # its pad token, in any test order
     return gen, tokenizer, gen.make_image_processor(), gen.make_model(tokenizer)
 
 

@@ -146,11 +146,6 @@ def test_partial_tags_name_the_missing_tag():
             "(key 'columns'): ranking data needs the chosen and rejected columns: name them in "
             '`columns`, e.g. {"chosen": "chosen", "rejected": "rejected"}.',
         ),
-        (
-            "multimodal_dataset",
-            "(key 'columns'): 'images' means multimodal data, which lathe does not support yet: "
-            "multimodal is not supported yet.",
-        ),
     ],
 )
 def test_unsupported_kinds_of_data_say_so(name, text):

@@ -55,18 +55,47 @@ def test_content_parts_with_an_image_stop_the_run_naming_file_row_and_message(tm
     with pytest.raises(ValueError) as error:
         load()
     message = str(error.value)
-    assert f"{tmp_path / 'mm.json'} row 2: message 1 content ('content') holds image_url content" in message
-    assert "multimodal is not supported yet" in message and "1 row(s) hold image, video or audio input" in message
+    assert f"{tmp_path / 'mm.json'} row 2: message 1 content ('content') holds image_url content parts" in message
+    assert "list the files in the images" in message and "1 row(s) with image, video or audio problems" in message
 
 
-def test_an_images_column_in_the_registry_is_refused(tmp_path):
+def test_an_images_column_reads_paths_under_media_dir_and_names_the_row_at_fault(tmp_path):
+    (tmp_path / "pics").mkdir()
+    (tmp_path / "pics" / "a.png").write_bytes(b"png")
+    columns = {"prompt": "instruction", "response": "output", "images": "images"}
+    row = {"instruction": "<image>hi", "output": "hello", "images": ["pics/a.png"]}
+    (dataset, _), *_ = load_rows(write_dataset(tmp_path, [row, {**row, "images": "pics/a.png"}], columns=columns))
+    assert dataset["_images"] == [[str(tmp_path / "pics" / "a.png")]] * 2  # joined to media_dir (dataset_dir)
+    assert dataset["_videos"] == [None, None]
+    for bad, detail in (
+        ({"images": ["pics/b.png"]}, "image file 'pics/b.png' not found"),
+        ({"images": ["https://x.org/a.png"]}, "image 'https://x.org/a.png' is a URL; lathe reads no network"),
+        ({"images": []}, r"0 image\(s\) given but the messages hold 1 <image> placeholder"),
+        ({"instruction": "<image><image>hi"}, r"1 image\(s\) given but the messages hold 2 <image>"),
+    ):
+        load = write_dataset(tmp_path, [row, {**row, **bad}], columns=columns)
+        with pytest.raises(ValueError, match=f"mm.json row 2: {detail}"):
+            load()
+
+
+def test_an_images_column_in_the_openai_format(tmp_path):
+    (tmp_path / "a.png").write_bytes(b"png")
+    messages = [{"role": "user", "content": "<image>what?"}, {"role": "assistant", "content": "a cat"}]
+    tags = {"role_tag": "role", "content_tag": "content", "user_tag": "user", "assistant_tag": "assistant"}
     load = write_dataset(
         tmp_path,
-        [{"instruction": "hi", "output": "hello", "images": ["x.png"]}],
-        columns={"prompt": "instruction", "response": "output", "images": "images"},
+        [{"messages": messages, "images": ["a.png"]}],
+        formatting="openai",
+        columns={"messages": "messages", "images": "images"},
+        tags={**tags, "system_tag": "system"},
     )
-    with pytest.raises(ValueError, match="'images' means multimodal data.*multimodal is not supported yet"):
-        load()
+    ((dataset, _),) = load_rows(load)
+    assert dataset["_images"] == [[str(tmp_path / "a.png")]] and dataset["_prompt"][0][0]["content"] == "<image>what?"
+
+
+def load_rows(load):
+    train, reports = load()
+    return [(dataset, report) for dataset, report in zip(train.values(), reports)]
 
 
 @pytest.mark.parametrize("name", ["qwen2_vl", "gemma3", "llava", "qwen3_5"])
@@ -93,7 +122,7 @@ def test_a_media_placeholder_in_a_multimodal_template_row_is_skipped_with_the_re
     out = preprocess_supervised_dataset(rows, template, word_tokenizer, args, skipped=skipped)
     assert len(out["input_ids"]) == 1
     (reason,) = skipped
-    assert "message 1 holds the <image> placeholder" in reason and "multimodal is not supported yet" in reason
+    assert "message 1 holds the <image> placeholder" in reason and "the row gives no image" in reason
     # a text template trains the same row as text, as LLaMA-Factory does
     args.template = "qwen"
     text_template = get_template_and_fix_tokenizer(word_tokenizer, args)

@@ -80,8 +80,11 @@ class WarningEngine:
     """A ChatEngine stand-in whose generation thread warns in the middle of the reply, as transformers'
     first forward can (a Python warning and a transformers logger warning)."""
 
-    def chat_prompt(self, messages):
-        return [0]
+    def image_refusal(self):
+        return "This model takes no images."
+
+    def chat_inputs(self, messages, read_image=None):
+        return [0], {}
 
     def check_length(self, prompt_ids, params):
         return params
@@ -89,7 +92,7 @@ class WarningEngine:
     def default_params(self):
         return None
 
-    def generate(self, prompt_ids, params, on_text):
+    def generate(self, prompt_ids, params, on_text, media=None):
         def work():
             on_text("Four")
             warnings.warn("a generation warning", UserWarning)

@@ -105,7 +105,7 @@ UNSUPPORTED_KEYS: dict[str, tuple[str, object]] = {
     key: (feature, default) for feature, keys in UNSUPPORTED_BY_FEATURE.items() for key, default in keys.items()
 }
 
-SUPPORTED_STAGES = ("pt", "sft", "rm", "dpo", "kto")
+SUPPORTED_STAGES = ("pt", "sft", "rm", "dpo", "kto", "grpo")
 SUPPORTED_FINETUNING_TYPES = ("full", "freeze", "lora", "oft")
 
 
@@ -114,9 +114,6 @@ SUPPORTED_FINETUNING_TYPES = ("full", "freeze", "lora", "oft")
 
 ANY_VALUE = object()  # keys that only configs for that back-end carry: their presence is the request
 
-_MULTIMODAL = (
-    "images, video and audio (multimodal models) are not supported: lathe trains text-only causal language models."
-)
 _MEGATRON = (
     "a Megatron-Core key (LLaMA-Factory's USE_MCA back-end), which lathe does not run: use FSDP2 "
     "(fsdp) or DeepSpeed ZeRO (deepspeed) to shard the model."
@@ -152,25 +149,6 @@ _MEGATRON_KEYS = (
 
 # key -> (LLaMA-Factory's default, which changes nothing; or ANY_VALUE) and why it cannot run.
 REFUSED_KEYS: dict[str, tuple[object, str]] = {
-    **{
-        key: (default, _MULTIMODAL)
-        for key, default in {
-            "media_dir": None,
-            "image_max_pixels": 768 * 768,
-            "image_min_pixels": 32 * 32,
-            "image_do_pan_and_scan": False,
-            "crop_to_patches": False,
-            "video_max_pixels": 256 * 256,
-            "video_min_pixels": 16 * 16,
-            "video_fps": 2.0,
-            "video_maxlen": 128,
-            "use_audio_in_video": False,
-            "audio_sampling_rate": 16000,
-            "freeze_vision_tower": True,
-            "freeze_multi_modal_projector": True,
-            "freeze_language_model": False,
-        }.items()
-    },
     # Refused where a GPU is (see refusal_reason); on a CPU, where LLaMA-Factory has none to apply, see applies_nothing.
     "use_v1_kernels": (False, ""),
     **{

@@ -8,6 +8,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Literal
 
+from lathe.llm.config.media import ProcessorArguments
 from lathe.llm.config.methods import check_quantization_bit
 from lathe.llm.config.values import split_commas
 
@@ -25,7 +26,7 @@ def help_text(text: str) -> dict:
 
 
 @dataclass
-class ModelArguments:
+class ModelArguments(ProcessorArguments):
     """Which model and tokenizer to load, and how (LLaMA-Factory's model arguments that lathe supports)."""
 
     _argument_group_name = "model"
@@ -157,6 +158,7 @@ class ModelArguments:
         self.add_tokens = split_commas(self.add_tokens)
         self.add_special_tokens = split_commas(self.add_special_tokens)
         check_quantization_bit(self.quantization_method, self.quantization_bit)
+        self.check_media_pixels()
 
 
 @dataclass
@@ -173,6 +175,9 @@ class DataArguments:
     )
     eval_dataset: str | None = field(default=None, metadata=help_text("Evaluation dataset name(s), comma separated."))
     dataset_dir: str = field(default="data", metadata=help_text("Folder holding dataset_info.json and the data files."))
+    media_dir: str | None = field(
+        default=None, metadata=help_text("Folder the images, videos and audio paths are relative to (dataset_dir).")
+    )
     cutoff_len: int = field(default=2048, metadata=help_text("Maximum tokens per example (prompt + response)."))
     train_on_prompt: bool = field(default=False, metadata=help_text("Train on prompt tokens too (no prompt masking)."))
     mask_history: bool = field(default=False, metadata=help_text("Train on the last assistant turn only."))
@@ -225,6 +230,8 @@ class DataArguments:
     def __post_init__(self):
         self.dataset = split_commas(self.dataset)
         self.eval_dataset = split_commas(self.eval_dataset)
+        if self.media_dir is None:
+            self.media_dir = self.dataset_dir
         if self.cutoff_len <= 0:
             raise ValueError(f"cutoff_len must be a positive number of tokens, got {self.cutoff_len}")
         if not 0 <= self.max_dropped_rows_share <= 1:

@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from lathe.llm.config.grpo import GRPOArguments, check_grpo_options
+from lathe.llm.config.media import TowerArguments
 from lathe.llm.config.keys import SUPPORTED_FINETUNING_TYPES, SUPPORTED_STAGES
 from lathe.llm.config.methods import check_methods, check_quantized_training, target_modules
 from lathe.llm.config.optim import OptimizerMethodArguments, validate_methods
@@ -37,14 +39,14 @@ __all__ = [
 
 
 @dataclass
-class FinetuningArguments(OptimizerMethodArguments):
+class FinetuningArguments(OptimizerMethodArguments, GRPOArguments, TowerArguments):
     """Which stage and method: full, freeze or LoRA, and the optimizer and loss keys (lathe.llm.config.optim)."""
 
     _argument_group_name = "finetuning"
 
-    stage: Literal["pt", "sft", "rm", "ppo", "dpo", "kto"] = field(
+    stage: Literal["pt", "sft", "rm", "ppo", "dpo", "kto", "grpo"] = field(
         default="sft",
-        metadata=_help("Training stage: pt (pre-training), sft, rm (reward model), dpo or kto (preference training)."),
+        metadata=_help("Training stage: pt (pre-training), sft, rm (reward model), dpo, kto, grpo (online RL)."),
     )
     finetuning_type: Literal["lora", "oft", "freeze", "full"] = field(
         default="lora", metadata=_help("full, freeze, lora or oft.")
@@ -170,6 +172,7 @@ class FinetuningArguments(OptimizerMethodArguments):
         self.lora_alpha = self.lora_alpha or self.lora_rank * 2
         check_methods(self)
         self.check_optimizer_keys()
+        self.check_grpo_keys()
 
 
 @dataclass
@@ -268,14 +271,10 @@ def parse_train_config(source: str | Path | dict, overrides: list[str] | tuple[s
     hints = {name: field_hints(dtype) for name, dtype in sections.items()}
     known = {key: hint for section in hints.values() for key, hint in section.items()}
     from lathe.llm.launch import LAUNCH_KEYS
-    from lathe.llm.ray_launch import RAY_KEYS, use_ray
+    from lathe.llm.ray_launch import RAY_KEYS, check_ray_keys
 
     check_keys(raw, list(known) + list(LAUNCH_KEYS) + list(RAY_KEYS), origin)
-    if not use_ray() and str(raw.get("ray_num_workers", 1)) != "1":
-        raise ValueError(
-            f"ray_num_workers (in {origin}) is read only with USE_RAY=1, which runs lathe train on that many Ray "
-            "workers (LLaMA-Factory then ignores it and trains on one process): set USE_RAY=1, or remove the key."
-        )
+    check_ray_keys(raw, origin)
     # read by lathe.llm.launch / ray_launch before the ranks started (kept for the saved run config)
     launch = {key: raw.pop(key) for key in (*LAUNCH_KEYS, *RAY_KEYS) if key in raw}
     config_input.coerce(known)
@@ -372,6 +371,7 @@ def _validate(config: TrainConfig, where: str) -> None:
     """Checks across sections, in LLaMA-Factory's order, with the fix in the message."""
     model, data, training, finetuning = config.model, config.data, config.training, config.finetuning
     check_stage_options(data, training, finetuning, where)
+    check_grpo_options(data, training, finetuning, config.generating, where)
     if training.do_train and not data.dataset:
         raise ValueError(f"dataset{where} is required for training: name(s) from {data.dataset_dir}/dataset_info.json.")
     _check_output_dir(training.output_dir, where)

@@ -35,7 +35,7 @@ NEUTRAL_DATA_ARGUMENTS = {
     "max_dropped_rows_share",  # checked after tokenizing: it changes no row
     "dataset_dir",
     "eval_num_beams",
-    "media_dir",
+    "media_dir",  # in the key only for data with media columns (pipeline.DataPlan.key_parts)
     "data_shared_file_system",
 }
 TOKENIZER_FILES = {

@@ -25,14 +25,29 @@ from lathe.llm.data.converters import (
 from lathe.llm.data.files import decode_json_columns
 from lathe.llm.data.ranking import preference_answers
 from lathe.llm.data.registry import DatasetAttr
+from lathe.llm.multimodal.media import CANONICAL, MediaProblem, row_media
 
 logger = logging.getLogger("lathe.llm.data")
+EXTRA = "extra:"  # the kept columns' names while converting
 
 
-def convert_example(example: dict[str, Any], attr: DatasetAttr, require_response: bool) -> dict[str, Any]:
-    """One row -> canonical row plus `_problem` ("" when the row is usable, else "kind\\tdetail")."""
+MEDIA_COLUMNS = tuple(CANONICAL.values())
+
+
+def convert_example(
+    example: dict[str, Any],
+    attr: DatasetAttr,
+    require_response: bool,
+    prompts_only: bool = False,
+    media_dir: str | None = None,
+) -> dict[str, Any]:
+    """One row -> canonical row plus `_problem` ("" when the row is usable, else "kind\\tdetail"), and its media
+    paths (`_images`, `_videos`, `_audios`: joined to media_dir) when the entry names media columns.
+    prompts_only (stage grpo): a conversation may end with the user's turn, the prompt of what is sampled."""
     empty = {"_prompt": [], "_response": [], "_system": "", "_tools": ""}
     try:
+        if prompts_only and attr.formatting != "alpaca":
+            example = _answer_placeholder(example, attr)
         row = CONVERTERS[attr.formatting](example, attr)
         if attr.ranking or attr.kto_tag:
             row["_response"] = preference_answers(row, example, attr)
@@ -40,9 +55,27 @@ def convert_example(example: dict[str, Any], attr: DatasetAttr, require_response
             raise RowProblem(
                 "missing response", f"column '{attr.response}' (response) is empty: supervised training needs an answer"
             )
+        columns = {"image": attr.images, "video": attr.videos, "audio": attr.audios}
+        if any(columns.values()):
+            row.update(row_media(example, columns, media_dir, row["_prompt"] + row["_response"][:1]))
     except RowProblem as problem:
         return {**empty, PROBLEM_COLUMN: f"{problem.kind}\t{problem}"}
+    except MediaProblem as problem:
+        return {**empty, PROBLEM_COLUMN: f"{MULTIMODAL}\t{problem}"}
     return {**row, PROBLEM_COLUMN: ""}
+
+
+def _answer_placeholder(example: dict[str, Any], attr: DatasetAttr) -> dict[str, Any]:
+    """A conversation ending with a user turn gets an empty answer, so the converters (which want one, as
+    LLaMA-Factory's) split it into the whole conversation as the prompt and an answer nobody reads."""
+    messages = example.get(attr.messages)
+    if not isinstance(messages, list) or not messages or not isinstance(messages[-1], dict):
+        return example  # the converter names what is wrong
+    roles = {attr.user_tag, attr.observation_tag}
+    if messages[-1].get(attr.role_tag) not in roles:
+        return example
+    answer = {attr.role_tag: attr.assistant_tag, attr.content_tag: ""}
+    return {**example, attr.messages: [*messages, answer]}
 
 
 @dataclass
@@ -52,31 +85,70 @@ class ConvertBatch:
     attr: DatasetAttr
     require_response: bool
     json_columns: tuple[str, ...] = ()  # columns the reader stored as JSON text (files.py)
+    extras: tuple[str, ...] | None = None  # stage grpo: prompts, and these columns kept beside the canonical ones
+    media_dir: str | None = None  # media paths are relative to it
 
     def __call__(self, batch: dict[str, list[Any]]) -> dict[str, list[Any]]:
         size = len(next(iter(batch.values()))) if batch else 0
         batch = decode_json_columns(batch, self.json_columns)
         rows = [
-            convert_example({key: values[i] for key, values in batch.items()}, self.attr, self.require_response)
+            convert_example(
+                {key: values[i] for key, values in batch.items()},
+                self.attr,
+                self.require_response,
+                prompts_only=self.extras is not None,
+                media_dir=self.media_dir,
+            )
             for i in range(size)
         ]
-        return {key: [row[key] for row in rows] for key in (*CANONICAL_COLUMNS, PROBLEM_COLUMN)}
+        keys = (*CANONICAL_COLUMNS, *(MEDIA_COLUMNS if has_media(self.attr) else ()), PROBLEM_COLUMN)
+        converted = {key: [row.get(key) for row in rows] for key in keys}
+        # Renamed while mapping: under its own name `datasets` would cast a column back to its input type (the
+        # JSON columns' text); convert_dataset renames them back.
+        return {**converted, **{f"{EXTRA}{key}": batch[key] for key in self.extras or ()}}
 
 
-def _conversion_fingerprint(dataset, attr: DatasetAttr, require_response: bool, json_columns=()) -> str:
+def _conversion_fingerprint(
+    dataset, attr: DatasetAttr, require_response: bool, json_columns=(), extras=None, media_dir: str | None = None
+) -> str:
     """`datasets` caches the conversion under this name. Its own fingerprint of a function does not see
     the code that function calls, so a fixed converter would keep serving old rows: hash this file,
     converters.py and ranking.py (which converts preference answers) too."""
     fields = {key: value for key, value in vars(attr).items() if key != "info_path"}
     code = b""
-    for path in (__file__, converters.__file__, os.path.join(os.path.dirname(__file__), "ranking.py")):
+    here = os.path.dirname(__file__)
+    media = os.path.join(here, "..", "multimodal", "media.py")
+    for path in (__file__, converters.__file__, os.path.join(here, "ranking.py"), media):
         with open(path, "rb") as handle:
             code += handle.read()
-    text = json.dumps([dataset._fingerprint, fields, require_response, list(json_columns)], sort_keys=True, default=str)
+    parts = [dataset._fingerprint, fields, require_response, list(json_columns), extras, media_dir]
+    text = json.dumps(parts, sort_keys=True, default=str)
     return hashlib.sha256(code + text.encode()).hexdigest()[:32]
 
 
-def canonical_features():
+def other_columns(attr: DatasetAttr, columns: list[str]) -> list[str]:
+    """The columns of a file that no registry role reads into the prompt (system, tools and history included)."""
+    roles = ("prompt", "query", "history") if attr.formatting == "alpaca" else ("messages",)
+    used = {getattr(attr, role) for role in (*roles, "system", "tools")}
+    return [column for column in columns if column not in used]
+
+
+def has_media(attr: DatasetAttr) -> bool:
+    """Whether the entry names media columns: only then do its rows carry `_images` / `_videos` / `_audios`."""
+    return bool(attr.images or attr.videos or attr.audios)
+
+
+def add_media_columns(dataset):
+    """A text dataset given the (empty) media columns, to be merged with one that has media."""
+
+    features = canonical_features(media=True)
+    for column in MEDIA_COLUMNS:
+        if column not in dataset.column_names:
+            dataset = dataset.add_column(column, [None] * len(dataset), feature=features[column])
+    return dataset
+
+
+def canonical_features(media: bool = False):
     import datasets
 
     message = {"role": datasets.Value("string"), "content": datasets.Value("string")}
@@ -86,6 +158,7 @@ def canonical_features():
             "_response": datasets.List(message),
             "_system": datasets.Value("string"),
             "_tools": datasets.Value("string"),
+            **({column: datasets.List(datasets.Value("string")) for column in MEDIA_COLUMNS} if media else {}),
             PROBLEM_COLUMN: datasets.Value("string"),
         }
     )
@@ -99,8 +172,12 @@ def convert_dataset(
     num_proc: int | None = None,
     load_from_cache_file: bool | None = None,
     json_columns: tuple[str, ...] = (),
+    prompts_only: bool = False,
+    media_dir: str | None = None,
 ):
     """Convert a loaded dataset to the canonical schema; returns (dataset, ConversionReport).
+    prompts_only (stage grpo): conversations may end with the user's turn, and the columns no registry role
+    reads stay beside the canonical ones (for the reward functions; alpaca's `response` column is one of them).
 
     Malformed rows are skipped and counted; `locate(positions)` names their file and row. Zero usable rows
     is an error that quotes the first problems. `json_columns` hold each value as JSON text (files.py).
@@ -110,16 +187,23 @@ def convert_dataset(
     report = ConversionReport(attr.name, total=len(dataset))
     if len(dataset) == 0:
         raise ValueError(f"{attr.where()}: the data file(s) hold no rows.")
+    extras = tuple(other_columns(attr, dataset.column_names)) if prompts_only else None
+    if extras and set(extras) & set(CANONICAL_COLUMNS):
+        names = ", ".join(sorted(set(extras) & set(CANONICAL_COLUMNS)))
+        raise ValueError(f"{attr.where('columns')}: column(s) {names} have the names of lathe's converted columns.")
     converted = dataset.map(
-        ConvertBatch(attr, require_response, tuple(json_columns)),
+        ConvertBatch(attr, require_response, tuple(json_columns), extras, media_dir),
         batched=True,
         remove_columns=dataset.column_names,
-        features=canonical_features(),
+        # the extra columns' types are the file's
+        features=None if prompts_only else canonical_features(has_media(attr)),
         num_proc=num_proc,
         load_from_cache_file=load_from_cache_file,
         desc=f"Converting {attr.name} ({attr.formatting})",
-        new_fingerprint=_conversion_fingerprint(dataset, attr, require_response, json_columns),
+        new_fingerprint=_conversion_fingerprint(dataset, attr, require_response, json_columns, extras, media_dir),
     )
+    if extras:
+        converted = converted.rename_columns({f"{EXTRA}{key}": key for key in extras})
     problems = converted.with_format("arrow")[PROBLEM_COLUMN]
     bad = compute.indices_nonzero(compute.not_equal(problems, "")).to_pylist()
     if bad:
@@ -132,7 +216,7 @@ def convert_dataset(
         if media:  # not a malformed row to skip: the data set is multimodal
             (place,), detail = locate(media[:1]), problems[media[0]].as_py().split("\t", 1)[1]
             raise ValueError(
-                f"{attr.where()}: {place}: {detail}; {len(media)} row(s) hold image, video or audio input."
+                f"{attr.where()}: {place}: {detail} ({len(media)} row(s) with image, video or audio problems)"
             )
         if report.skipped == report.total:
             raise ValueError(f"{attr.where()}: no usable rows. " + report.summary())

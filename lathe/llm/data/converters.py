@@ -48,7 +48,7 @@ MULTIMODAL = "multimodal"  # the problem kind that stops the run instead of skip
 
 def _text(value: Any, what: str, allow_none: bool = True) -> str | None:
     """A string field: str passes, None passes when allowed, anything else is a wrong-type row (content
-    parts with an image, video or audio are refused: multimodal is not supported yet)."""
+    parts with an image, video or audio are refused: the formats name media in their own columns)."""
     if isinstance(value, str):
         if not value.isascii():
             try:
@@ -67,8 +67,9 @@ def _text(value: Any, what: str, allow_none: bool = True) -> str | None:
     if any(kind in MEDIA_PARTS for kind in media):
         raise RowProblem(
             MULTIMODAL,
-            f"{what} holds {'/'.join(k for k in media if k in MEDIA_PARTS)} content: "
-            "multimodal is not supported yet (lathe trains on text only)",
+            f"{what} holds {'/'.join(k for k in media if k in MEDIA_PARTS)} content parts, which LLaMA-Factory's "
+            "formats do not read: write <image> (<video>, <audio>) in the text and list the files in the images "
+            "(videos, audios) column of dataset_info.json",
         )
     raise RowProblem("wrong type", f"{what} is {type_name(value)}, expected a string")
 

@@ -12,8 +12,8 @@ from __future__ import annotations
 import logging
 from collections import Counter
 
-from lathe.llm.data.pairwise import check_preference_example, encode_one_answer
-from lathe.llm.data.supervised import SkippedExample, report_skips, infer_seqlen
+from lathe.llm.data.pairwise import MEDIA_KEYS, check_preference_example, encode_one_answer, media_sides
+from lathe.llm.data.supervised import SkippedExample, finish_media, infer_seqlen, media_columns, report_skips
 from lathe.train.data.labels import IGNORE_INDEX
 
 logger = logging.getLogger("lathe.llm.data")
@@ -41,11 +41,15 @@ def _encode(prompt, answer, system, tools, template, tokenizer, cutoff_len: int)
     return prompt_ids[:source_len] + answer_ids, [IGNORE_INDEX] * source_len + answer_ids
 
 
-def encode_feedback_example(prompt, response, kl_response, system, tools, template, tokenizer, cutoff_len: int) -> dict:
+def encode_feedback_example(
+    prompt, response, kl_response, system, tools, template, tokenizer, cutoff_len: int, media_prompts=None
+) -> dict:
+    """`media_prompts`: [(prompt, answer), (prompt, KL answer)] with the media placeholders expanded."""
     answer, desirable = tagged_answer(response)
     kl_answer, _ = tagged_answer(kl_response)
+    (prompt, answer), (kl_prompt, kl_answer) = media_prompts or ((prompt, answer), (prompt, kl_answer))
     input_ids, labels = _encode(prompt, answer, system, tools, template, tokenizer, cutoff_len)
-    kl_input_ids, kl_labels = _encode(prompt, kl_answer, system, tools, template, tokenizer, cutoff_len)
+    kl_input_ids, kl_labels = _encode(kl_prompt, kl_answer, system, tools, template, tokenizer, cutoff_len)
     if all(label == IGNORE_INDEX for label in labels):
         raise SkippedExample(f"no answer token left after truncation to cutoff_len={cutoff_len}")
     return {
@@ -59,8 +63,17 @@ def encode_feedback_example(prompt, response, kl_response, system, tools, templa
     }
 
 
-def preprocess_feedback_dataset(examples: dict, template, tokenizer, data_args, skipped: Counter | None = None):
-    """A batched `datasets.map` function: canonical columns -> the KTO columns (FEEDBACK_COLUMNS)."""
+def preprocess_feedback_dataset(
+    examples: dict,
+    template,
+    tokenizer,
+    data_args,
+    skipped: Counter | None = None,
+    media=None,
+    media_kinds: tuple = (),
+):
+    """A batched `datasets.map` function: canonical columns -> the KTO columns (FEEDBACK_COLUMNS), and the media
+    columns `media_kinds` with a MediaEncoder `media` (the row's media serve its KL pair too, as in LLaMA-Factory)."""
     model_inputs = {column: [] for column in FEEDBACK_COLUMNS}
     responses = examples["_response"]
     kl_responses = responses[-1:] + responses[:-1]  # each prompt with the previous row's answer
@@ -68,21 +81,28 @@ def preprocess_feedback_dataset(examples: dict, template, tokenizer, data_args, 
     count = len(examples["_prompt"])
     systems = examples.get("_system") or [None] * count
     tools = examples.get("_tools") or [None] * count
-    for prompt, response, kl_response, system, tool_text in zip(
-        examples["_prompt"], responses, kl_responses, systems, tools
-    ):
+    paths = []
+    rows = zip(examples["_prompt"], responses, kl_responses, systems, tools)
+    for index, (prompt, response, kl_response, system, tool_text) in enumerate(rows):
         try:
             check_preference_example(prompt, response, system, tool_text)
             check_preference_example(prompt, kl_response, system, tool_text)
+            answers = [tagged_answer(response)[0], tagged_answer(kl_response)[0]]
+            row_paths, opened, sides = media_sides(media, examples, index, prompt, answers)
             row = encode_feedback_example(
-                prompt, response, kl_response, system, tool_text, template, tokenizer, data_args.cutoff_len
+                prompt, response, kl_response, system, tool_text, template, tokenizer, data_args.cutoff_len, sides
             )
+            for prefix in ("", "kl_"):
+                ids, labels = finish_media(media, opened, row[f"{prefix}input_ids"], row[f"{prefix}labels"], row_paths)
+                row[f"{prefix}input_ids"], row[f"{prefix}labels"] = ids, labels
         except SkippedExample as skip:
             batch_skipped[skip.reason] += 1
             continue
         for column in FEEDBACK_COLUMNS:
             model_inputs[column].append(row[column])
+        paths.append(row_paths)
     report_skips("KTO", batch_skipped, count, skipped)
+    model_inputs.update(media_columns(paths, media_kinds))
     desirable = sum(model_inputs["kto_tags"])
     if model_inputs["kto_tags"] and desirable in (0, len(model_inputs["kto_tags"])):
         logger.warning("This batch of KTO data has only %s answers.", "desirable" if desirable else "undesirable")
@@ -103,15 +123,18 @@ class KTODataCollator:
     def __call__(self, features: list[dict]) -> dict:
         import torch
 
-        batch = self.pad(
-            [{name: feature[name] for name in ("input_ids", "attention_mask", "labels")} for feature in features]
+        names = ("input_ids", "attention_mask", "labels")
+        media = [{key: feature[key] for key in MEDIA_KEYS if key in feature} for feature in features]
+        batch = self.pad([{**{n: f[n] for n in names}, **m} for f, m in zip(features, media)])
+        kl = self.pad([{**{n: f[f"kl_{n}"] for n in names}, **m} for f, m in zip(features, media)])
+        # the KL rows are scored with the target rows' media tensors (LLaMA-Factory's KTO forward)
+        batch.update({f"kl_{name}": kl[name] for name in names})
+        batch.update(
+            {
+                f"kl_{name}": kl[name]
+                for name in ("token_type_ids", "cross_attention_mask", "position_ids")
+                if name in kl
+            }
         )
-        kl = self.pad(
-            [
-                {name: feature[f"kl_{name}"] for name in ("input_ids", "attention_mask", "labels")}
-                for feature in features
-            ]
-        )
-        batch.update({f"kl_{name}": value for name, value in kl.items()})
         batch["kto_tags"] = torch.tensor([bool(feature["kto_tags"]) for feature in features])
         return batch

@@ -66,7 +66,12 @@ def row_locator(files: list[str], rows: np.ndarray | None, count_rows: Callable[
 
 
 def load_converted_dataset(
-    attr: DatasetAttr, data_args: Any, require_response: bool, rng: np.random.RandomState, cache_dir: str | None = None
+    attr: DatasetAttr,
+    data_args: Any,
+    require_response: bool,
+    rng: np.random.RandomState,
+    cache_dir: str | None = None,
+    prompts_only: bool = False,
 ):
     """Read, sample and convert one registry entry; returns (dataset, ConversionReport).
 
@@ -91,6 +96,8 @@ def load_converted_dataset(
         num_proc=data_args.preprocessing_num_workers,
         load_from_cache_file=False if overwrite else None,
         json_columns=raw.json_columns,
+        prompts_only=prompts_only,
+        media_dir=getattr(data_args, "media_dir", None) or data_args.dataset_dir,
     )
 
 
@@ -103,6 +110,7 @@ def _check_columns(attr: DatasetAttr, present: list[str], files: list[str], requ
         roles = ("prompt", "query", "response", "history", "system", "tools", "chosen", "rejected", "kto_tag")
     else:
         roles = ("messages", "system", "tools", "chosen", "rejected", "kto_tag")
+    roles += ("images", "videos", "audios")
     for role in roles:
         column = getattr(attr, role)
         if column and column not in present and role not in attr.implicit_columns:
@@ -131,6 +139,11 @@ def merge_datasets(datasets_list: list, data_args: Any, seed: int):
     if len(datasets_list) == 1:
         return datasets_list[0]
     import datasets
+
+    from lathe.llm.data.conversion import MEDIA_COLUMNS, add_media_columns
+
+    if any(column in dataset.column_names for dataset in datasets_list for column in MEDIA_COLUMNS):
+        datasets_list = [add_media_columns(dataset) for dataset in datasets_list]  # text rows beside media rows
 
     strategy = data_args.mix_strategy
     if strategy == "concat":
@@ -169,7 +182,7 @@ def load_datasets(
     """{name: canonical dataset} for registry entries, in order, and their conversion reports.
 
     Supervised rows need an answer, except evaluation rows that are generated from (`generate`), which
-    may have none, as in LLaMA-Factory."""
+    may have none, as in LLaMA-Factory. Stage grpo keeps every column no role reads (for the reward functions)."""
     from lathe.llm.data.ranking import check_stage_data
 
     loaded, reports = {}, []
@@ -178,7 +191,8 @@ def load_datasets(
         if attr.name in loaded:
             logger.warning("dataset '%s' is listed more than once; it is used once (as in LLaMA-Factory).", attr.name)
             continue
-        dataset, report = load_converted_dataset(attr, data_args, stage == "sft" and not generate, rng, cache_dir)
+        require_response = stage == "sft" and not generate
+        dataset, report = load_converted_dataset(attr, data_args, require_response, rng, cache_dir, stage == "grpo")
         loaded[attr.name] = dataset
         reports.append(report)
     return loaded, reports

@@ -15,7 +15,15 @@ from __future__ import annotations
 import logging
 from collections import Counter
 
-from lathe.llm.data.supervised import SkippedExample, check_supervised_example, report_skips, infer_seqlen
+from lathe.llm.data.supervised import (
+    SkippedExample,
+    check_supervised_example,
+    expand_media,
+    finish_media,
+    infer_seqlen,
+    media_columns,
+    report_skips,
+)
 from lathe.train.data.labels import IGNORE_INDEX
 from lathe.llm.templates.tools import InvalidMessage
 
@@ -45,11 +53,14 @@ def encode_one_answer(prompt, answer, system, tools, template, tokenizer) -> tup
 
 
 def encode_pairwise_example(
-    prompt, response, system, tools, template, tokenizer, cutoff_len: int
+    prompt, response, system, tools, template, tokenizer, cutoff_len: int, media_prompts=None
 ) -> dict[str, list[int]]:
-    """One row -> chosen_* and rejected_* input_ids / attention_mask / labels, at most cutoff_len tokens each."""
-    prompt_ids, chosen_ids = encode_one_answer(prompt, response[0], system, tools, template, tokenizer)
-    _, rejected_ids = encode_one_answer(prompt, response[1], system, tools, template, tokenizer)
+    """One row -> chosen_* and rejected_* input_ids / attention_mask / labels, at most cutoff_len tokens each.
+    `media_prompts`: (chosen, rejected) of (prompt, answer) with the media placeholders expanded per side, as
+    LLaMA-Factory expands each side's conversation."""
+    sides = media_prompts or ((prompt, response[0]), (prompt, response[1]))
+    prompt_ids, chosen_ids = encode_one_answer(sides[0][0], sides[0][1], system, tools, template, tokenizer)
+    _, rejected_ids = encode_one_answer(sides[1][0], sides[1][1], system, tools, template, tokenizer)
     # One budget for both answers (the longer one decides), so the prompt is cut the same way on both sides.
     source_len, target_len = infer_seqlen(len(prompt_ids), max(len(chosen_ids), len(rejected_ids)), cutoff_len)
     if target_len == 0:
@@ -64,26 +75,52 @@ def encode_pairwise_example(
     return row
 
 
-def preprocess_pairwise_dataset(examples: dict, template, tokenizer, data_args, skipped: Counter | None = None):
-    """A batched `datasets.map` function: canonical columns -> the six chosen_*/rejected_* columns."""
+def media_sides(media, examples: dict, index: int, prompt, answers):
+    """(the media paths, the opened media, [(prompt, answer)] per answer with the placeholders expanded) of a
+    preference row; no media: (paths, {}, None)."""
+    sides, paths, opened = [], {}, {}
+    for answer in answers:
+        side_prompt, side_answer, paths, opened = expand_media(media, examples, index, prompt, [answer])
+        sides.append((side_prompt, side_answer[0]))
+    return paths, opened, (sides if opened else None)
+
+
+def preprocess_pairwise_dataset(
+    examples: dict,
+    template,
+    tokenizer,
+    data_args,
+    skipped: Counter | None = None,
+    media=None,
+    media_kinds: tuple = (),
+):
+    """A batched `datasets.map` function: canonical columns -> the six chosen_*/rejected_* columns (and the
+    media columns `media_kinds` with a MediaEncoder `media`, as in supervised.preprocess_supervised_dataset)."""
     model_inputs = {column: [] for column in PAIRWISE_COLUMNS}
     batch_skipped = Counter()
     count = len(examples["_prompt"])
     systems = examples.get("_system") or [None] * count
     tools = examples.get("_tools") or [None] * count
-    for prompt, response, system, tool_text in zip(examples["_prompt"], examples["_response"], systems, tools):
+    paths = []
+    rows = zip(examples["_prompt"], examples["_response"], systems, tools)
+    for index, (prompt, response, system, tool_text) in enumerate(rows):
         try:
             check_preference_example(prompt, response, system, tool_text)
+            row_paths, opened, sides = media_sides(media, examples, index, prompt, response)
             row = encode_pairwise_example(
-                prompt, response, system, tool_text, template, tokenizer, data_args.cutoff_len
+                prompt, response, system, tool_text, template, tokenizer, data_args.cutoff_len, sides
             )
+            for side in SIDES:
+                ids, labels = finish_media(media, opened, row[f"{side}_input_ids"], row[f"{side}_labels"], row_paths)
+                row[f"{side}_input_ids"], row[f"{side}_labels"] = ids, labels
         except SkippedExample as skip:
             batch_skipped[skip.reason] += 1
             continue
         for column in PAIRWISE_COLUMNS:
             model_inputs[column].append(row[column])
+        paths.append(row_paths)
     report_skips("Pairwise", batch_skipped, count, skipped)
-    return model_inputs
+    return {**model_inputs, **media_columns(paths, media_kinds)}
 
 
 class PairwiseDataCollator:
@@ -103,8 +140,13 @@ class PairwiseDataCollator:
                 "input_ids": feature[f"{side}_input_ids"],
                 "attention_mask": feature[f"{side}_attention_mask"],
                 "labels": feature[f"{side}_labels"],
+                # both sides carry the row's media (a multimodal pad: lathe.llm.multimodal.collator)
+                **{key: feature[key] for key in MEDIA_KEYS if key in feature},
             }
             for side in SIDES
             for feature in features
         ]
         return self.pad(rows)
+
+
+MEDIA_KEYS = ("images", "videos", "audios")

@@ -35,12 +35,13 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 def get_dataset(
-    template, model_args, data_args, training_args, stage: str, tokenizer, cache_dir: str | None = None
+    template, model_args, data_args, training_args, stage: str, tokenizer, cache_dir: str | None = None, media=None
 ) -> dict[str, Any]:
     """{"train_dataset": Dataset | None, "eval_dataset": Dataset | {name: Dataset} | None}.
 
     `cache_dir` holds the tokenization cache (default ~/.cache/lathe/tokenized) and the raw arrow files
-    `datasets` makes from the data files.
+    `datasets` makes from the data files. `media` (lathe.llm.multimodal.encode.MediaEncoder) encodes rows with
+    images, videos or audio; None: such rows are an error.
     """
     if stage not in STAGES:
         raise ValueError(
@@ -64,6 +65,7 @@ def get_dataset(
 
     root = os.path.expanduser(cache_dir or DEFAULT_CACHE_DIR)
     plan = DataPlan.make(template, model_args, data_args, training_args, stage, tokenizer)
+    plan.media = media
     key = cache.cache_key(plan.key_parts())
     main_first = getattr(training_args, "main_process_first", None)
     with main_first(desc="pre-process dataset") if main_first else contextlib.nullcontext():
@@ -100,6 +102,7 @@ class DataPlan:
     generate: bool  # predict_with_generate: evaluation rows are prompts to generate from
     seed: int
     files: dict[str, list[str]]
+    media: Any = None  # the MediaEncoder of a multimodal template
 
     @classmethod
     def make(cls, template, model_args, data_args, training_args, stage, tokenizer) -> "DataPlan":
@@ -147,7 +150,10 @@ class DataPlan:
             "template": cache.stable_structure(self.template),
             "tokenizer": cache.describe_tokenizer(self.tokenizer),
             "processors": sorted(f"{f.__module__}.{f.__qualname__}" for f in processors),
-            "code": cache.source_digest([path for path in code if path]),
+            "code": cache.source_digest([path for path in code if path] + _media_code()),
+            **({"media": self.media.describe()} if self.media is not None else {}),
+            # media rows hold paths joined to media_dir: another folder is other rows
+            **({"media_dir": self.data_args.media_dir} if self._has_media_columns() else {}),
         }
 
     def _describe(self, attr: DatasetAttr) -> dict[str, Any]:
@@ -155,8 +161,15 @@ class DataPlan:
         fields["files"] = [(os.path.basename(path), cache.hash_file(path)) for path in self.files[attr.name]]
         return fields
 
+    def _has_media_columns(self) -> bool:
+        return any(attr.images or attr.videos or attr.audios for attr in self.train_attrs + self.eval_attrs)
+
     def _val_size(self) -> float:
         return float(getattr(self.data_args, "val_size", 0) or 0)
+
+
+def _media_code() -> list[str]:
+    return glob.glob(os.path.join(HERE, "..", "multimodal", "*.py"))
 
 
 def _source_file(function: Callable) -> str | None:
@@ -260,6 +273,7 @@ def tokenize_split(plan: DataPlan, name: str, dataset, staging: str):
             processed = pretrain_blocks(dataset, plan.tokenizer, _resolved_data_args(plan), map_kwargs)
         else:
             options = {"measure": True} if _can_measure(processor) else {}  # sft: what cutoff_len cuts per row
+            options.update(_media_options(plan, processor, dataset))
             function = functools.partial(
                 processor,
                 template=plan.template,
@@ -277,6 +291,29 @@ def tokenize_split(plan: DataPlan, name: str, dataset, staging: str):
     if not processed.cache_files or any(not item["filename"].startswith(staging) for item in processed.cache_files):
         processed = processed.flatten_indices(cache_file_name=os.path.join(staging, f"{name}-flat.arrow"))
     return processed
+
+
+def _media_options(plan: DataPlan, processor: Callable, dataset) -> dict[str, Any]:
+    """The MediaEncoder and the media kinds the split's rows have, for a processor that takes them."""
+    from lathe.llm.multimodal.encode import media_kinds
+    from lathe.llm.multimodal.media import CANONICAL as CANONICAL_COLUMN
+
+    kinds = media_kinds(dataset)
+    if not kinds:
+        return {}
+    import inspect
+
+    if "media" not in inspect.signature(processor).parameters:
+        what = "packing" if plan.packing else ("generation (predict_with_generate)" if plan.generate else plan.stage)
+        raise ValueError(f"{what} with images, videos or audio is not supported yet: rows here hold {', '.join(kinds)}")
+    if plan.media is None:
+        raise ValueError(
+            f"the data has {', '.join(kinds)} rows but template {getattr(plan.template, 'name', None)!r} takes no "
+            "media: use the model family's multimodal template (e.g. qwen2_vl)"
+        )
+    counts = {kind: sum(1 for row in dataset[CANONICAL_COLUMN[kind]] if row) for kind in kinds}
+    plan.media.plugin.check_kinds(counts, f"dataset(s) {', '.join(a.name for a in plan.train_attrs + plan.eval_attrs)}")
+    return {"media": plan.media, "media_kinds": kinds}
 
 
 def _can_measure(processor: Callable) -> bool:

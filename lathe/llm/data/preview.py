@@ -4,10 +4,19 @@ sequence; KTO rows the tagged answer and the mismatched pair of the KL term."""
 
 from __future__ import annotations
 
+import re
 from typing import Any
+
 from lathe.train.data.labels import IGNORE_INDEX
 
 OPEN, CLOSE = "[[", "]]"
+# A run of one special token (an image's <|image_pad|> x 64): shown once with its count, "<|image_pad|>x64".
+REPEATED_SPECIAL = re.compile(r"(<[^<>\s]{1,40}>)\1{3,}")
+
+
+def collapse_repeats(text: str) -> str:
+    """Media runs shortened to their token and count, so the text around an image stays readable."""
+    return REPEATED_SPECIAL.sub(lambda match: f"{match.group(1)}x{len(match.group(0)) // len(match.group(1))}", text)
 
 
 def mark_trained_spans(input_ids: list[int], labels: list[int] | None, tokenizer) -> str:
@@ -80,6 +89,11 @@ def preview_examples(dataset, tokenizer, n: int = 3) -> str:
         f"{len(dataset)} examples, {total} tokens, {trained} trained ({share:.1%}); "
         f"trained spans are shown between {OPEN} and {CLOSE}."
     ]
+    if "images" in dataset.column_names or "videos" in dataset.column_names or "audios" in dataset.column_names:
+        lines.append(
+            "media tokens (<|image_pad|>, ...) stand where the row's media go, a run of them shown as the token and "
+            "its count (<|image_pad|>x64); they are never trained."
+        )
     for index in range(min(n, len(dataset))):
         row: dict[str, Any] = dataset[index]
         if "chosen_input_ids" in row:
@@ -99,6 +113,9 @@ def preview_examples(dataset, tokenizer, n: int = 3) -> str:
             )
         else:
             lines += _sequence(f"--- example {index + 1}:", row["input_ids"], row.get("labels"), tokenizer)
+        media = [f"{kind}: {', '.join(row[kind])}" for kind in ("images", "videos", "audios") if row.get(kind)]
+        if media:
+            lines.append("media " + "; ".join(media))
     return "\n".join(lines)
 
 
@@ -108,5 +125,5 @@ def _sequence(
     trained = sum(label != IGNORE_INDEX for label in labels) if labels is not None else len(input_ids)
     return [
         f"{title} {len(input_ids)} tokens, {trained} {counted} ({trained / max(len(input_ids), 1):.1%})",
-        mark_trained_spans(input_ids, labels, tokenizer),
+        collapse_repeats(mark_trained_spans(input_ids, labels, tokenizer)),
     ]

@@ -62,8 +62,7 @@ ENTRY_KEYS = (
     + HUB_KEYS
     + REMOTE_KEYS
 )
-# Columns whose data lathe cannot train on yet: a clear error instead of silently ignoring them.
-UNSUPPORTED_COLUMNS = {"images": "multimodal data", "videos": "multimodal data", "audios": "multimodal data"}
+MEDIA_COLUMNS = ("images", "videos", "audios")  # paths relative to media_dir (lathe.llm.multimodal.media)
 OFFLINE_MESSAGE = (
     "lathe does not run dataset scripts or read cloud storage; download the data and point file_name at it"
 )
@@ -91,6 +90,9 @@ class DatasetAttr:
     chosen: str | None = None  # ranking: the preferred answer (alpaca: text; sharegpt/openai: one message)
     rejected: str | None = None  # ranking: the other answer
     kto_tag: str | None = None  # KTO: true (desirable answer) or false (undesirable)
+    images: str | None = None  # media columns: a path or a list of paths per row (relative to media_dir)
+    videos: str | None = None
+    audios: str | None = None
     # Role tags (sharegpt / openai); `tags` in the registry replaces every default too.
     role_tag: str | None = DEFAULT_TAGS["role_tag"]
     content_tag: str | None = DEFAULT_TAGS["content_tag"]
@@ -203,12 +205,6 @@ def parse_entry(name: str, entry: Any, info_path: str) -> DatasetAttr:
     if "columns" in entry:
         _apply_names(attr, entry["columns"], COLUMN_NAMES, f"{where} (key 'columns')")
         attr.implicit_columns = ()
-        for column, what in UNSUPPORTED_COLUMNS.items():
-            if entry["columns"].get(column):
-                suffix = ": multimodal is not supported yet" if what == "multimodal data" else ""
-                raise ValueError(
-                    f"{where} (key 'columns'): '{column}' means {what}, which lathe does not support yet{suffix}."
-                )
     if "tags" in entry:
         _apply_names(attr, entry["tags"], TAG_NAMES, f"{where} (key 'tags')")
     _check_names(attr, where)

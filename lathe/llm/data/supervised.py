@@ -169,10 +169,45 @@ def assemble_turns(
     return input_ids, labels
 
 
-def encode_supervised_examples(examples: dict, template, tokenizer, data_args, cuts: list | None = None):
+def expand_media(media, examples: dict, index: int, prompt: list, response: list):
+    """(prompt, response, media paths, regularized media) of row `index`: the placeholders expanded by the run's
+    family plugin (lathe.llm.multimodal.encode.MediaEncoder) when the row has media; unchanged otherwise."""
+    if media is None:
+        if any(examples.get(column) and examples[column][index] for column in ("_images", "_videos", "_audios")):
+            raise ValueError("rows with images, videos or audio need a multimodal template (e.g. qwen2_vl)")
+        return prompt, response, {}, {}
+    paths = media.row_paths(examples, index)
+    if not any(paths.values()):
+        return prompt, response, paths, {}
+    messages, opened = media.expand(prompt + response, paths)
+    return messages[: len(prompt)], messages[len(prompt) :], paths, opened
+
+
+MEDIA_CUTS_NAMED = 5  # rows left out for a cut media run that are named one by one (per process)
+_named_cuts: list[str] = []
+
+
+def finish_media(media, opened: dict, input_ids: list[int], labels: list[int], paths: dict | None = None):
+    """The family's changes to an encoded row with media; SkippedExample when cutoff_len cut a media run (the
+    first rows so left out are named by their media files: the count by reason follows in the skip report)."""
+    if not opened:
+        return input_ids, labels
+    input_ids, labels, reason = media.finish(input_ids, labels, opened)
+    if reason:
+        files = [item for items in (paths or {}).values() for item in items or []]
+        if files and len(_named_cuts) < MEDIA_CUTS_NAMED:
+            _named_cuts.append(files[0])
+            logger.warning("left out the row with %s: %s (raise cutoff_len to keep it)", ", ".join(files), reason)
+        raise SkippedExample(reason)
+    return input_ids, labels
+
+
+def encode_supervised_examples(
+    examples: dict, template, tokenizer, data_args, cuts: list | None = None, media=None, paths: list | None = None
+):
     """A batch in the canonical columns (_prompt, _response, _system, _tools) -> the encoded
     (input_ids, labels) pairs of the examples kept, and a Counter of skip reasons for the others.
-    `cuts`, when given, receives an ExampleCut per kept example."""
+    `cuts`, when given, receives an ExampleCut per kept example; `paths` each kept row's media paths."""
     encoded, skipped = [], Counter()
     cutoff_len = data_args.cutoff_len
     train_on_prompt = getattr(data_args, "train_on_prompt", False)
@@ -180,12 +215,15 @@ def encode_supervised_examples(examples: dict, template, tokenizer, data_args, c
     count = len(examples["_prompt"])
     systems = examples.get("_system") or [None] * count
     tools = examples.get("_tools") or [None] * count
-    for prompt, response, system, tool_text in zip(examples["_prompt"], examples["_response"], systems, tools):
+    rows = zip(examples["_prompt"], examples["_response"], systems, tools)
+    for index, (prompt, response, system, tool_text) in enumerate(rows):
         try:
             check_supervised_example(prompt, response, system, tool_text)
+            prompt, response, row_paths, opened = expand_media(media, examples, index, prompt, response)
             input_ids, labels, cut = measure_supervised_example(
                 prompt, response, system, tool_text, template, tokenizer, cutoff_len, train_on_prompt, mask_history
             )
+            input_ids, labels = finish_media(media, opened, input_ids, labels, row_paths)
             if all(label == IGNORE_INDEX for label in labels):
                 raise SkippedExample(f"no trained token left after truncation to cutoff_len={cutoff_len}")
         except SkippedExample as skip:
@@ -194,6 +232,8 @@ def encode_supervised_examples(examples: dict, template, tokenizer, data_args, c
         encoded.append((input_ids, labels))
         if cuts is not None:
             cuts.append(cut)
+        if paths is not None:
+            paths.append(row_paths)
     return encoded, skipped
 
 
@@ -213,22 +253,40 @@ def report_skips(what: str, batch_skipped: Counter, total: int, skipped: Counter
 
 
 def preprocess_supervised_dataset(
-    examples: dict, template, tokenizer, data_args, skipped: Counter | None = None, measure: bool = False
+    examples: dict,
+    template,
+    tokenizer,
+    data_args,
+    skipped: Counter | None = None,
+    measure: bool = False,
+    media=None,
+    media_kinds: tuple = (),
 ):
     """A batched `datasets.map` function: canonical columns -> input_ids, attention_mask, labels.
 
     Skipped examples are logged per batch with their reasons and, when `skipped` is given, added to it
     (in-process only: with several map workers, compare row counts before and after). `measure` adds
-    truncation.COLUMNS: what cutoff_len cut from each row."""
+    truncation.COLUMNS: what cutoff_len cut from each row. `media` (a MediaEncoder) expands the rows' media;
+    `media_kinds` are the media columns the rows carry on (images, videos, audios: paths for the collator)."""
     cuts: list[ExampleCut] = []
-    encoded, batch_skipped = encode_supervised_examples(examples, template, tokenizer, data_args, cuts)
+    paths: list[dict] = []
+    encoded, batch_skipped = encode_supervised_examples(examples, template, tokenizer, data_args, cuts, media, paths)
     report_skips("Supervised", batch_skipped, len(examples["_prompt"]), skipped)
     rows = {
         "input_ids": [input_ids for input_ids, _ in encoded],
         "attention_mask": [[1] * len(input_ids) for input_ids, _ in encoded],
         "labels": [labels for _, labels in encoded],
+        **media_columns(paths, media_kinds),
     }
     return {**rows, **row_columns([[cut] for cut in cuts])} if measure else rows
+
+
+def media_columns(paths: list[dict], kinds: tuple) -> dict:
+    if not kinds:
+        return {}
+    from lathe.llm.multimodal.encode import output_columns
+
+    return output_columns(paths, kinds)
 
 
 def encode_unsupervised_example(prompt, response, system, tools, template, tokenizer, cutoff_len: int):

@@ -145,7 +145,13 @@ class _Run:
             params = _copy_params(parsed.params, index)
             on_text, on_done = self._deliver("text", index, loop), self._deliver("done", index, loop)
             self.jobs.append(
-                engine.submit(prompt_ids, params, on_text=on_text if parsed.stream else None, on_done=on_done)
+                engine.submit(
+                    prompt_ids,
+                    params,
+                    on_text=on_text if parsed.stream else None,
+                    on_done=on_done,
+                    media=parsed.media,
+                )
             )
 
     def _deliver(self, kind: str, index: int, loop):
@@ -276,20 +282,29 @@ def api_command(
     model_name: str | None = None,
     max_tokens: int | None = None,
     max_batch: int = 16,
+    media_dir: str | None = None,
+    max_body_bytes: int | None = None,
 ) -> int:
     from lathe.llm.inference.config import parse_infer_config
+    from lathe.llm.inference.image_urls import ImageRules
 
     _fastapi()
     import uvicorn
 
+    if media_dir is not None and not os.path.isdir(media_dir):  # before minutes of model loading
+        raise ValueError(f"--media_dir {media_dir!r} is not a folder (image_url files are served from it).")
     config = parse_infer_config(config_path, overrides, command="api")
     engine = ChatEngine.from_config(config, max_batch=max_batch)
     name = model_name or os.path.basename(os.path.normpath(config.model.model_name_or_path))
-    limits = Limits(max_tokens=max_tokens or config.generating.max_new_tokens)
+    limits = Limits(max_tokens=max_tokens or config.generating.max_new_tokens, images=ImageRules(media_dir=media_dir))
+    if max_body_bytes is not None:
+        limits.max_body_bytes = max_body_bytes
     app = create_app(engine, name, api_key=api_key, limits=limits)
     print(
         f"lathe api: serving {name!r} on http://{host}:{port}/v1 "
-        f"({'API key required' if api_key else 'no API key'}; max_tokens up to {limits.max_tokens})",
+        f"({'API key required' if api_key else 'no API key'}; max_tokens up to {limits.max_tokens}"
+        + (f"; image files from {media_dir}" if media_dir and engine.image_refusal() is None else "")
+        + ")",
         flush=True,
     )
     uvicorn.run(app, host=host, port=port, log_level="warning")

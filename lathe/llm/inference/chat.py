@@ -1,7 +1,8 @@
 """`lathe chat CONFIG [key=value ...]`: talk to the model in the terminal, with the template it was
 trained with. Replies stream as they are generated; `clear` forgets the conversation, `exit` (or
-end of input) quits. Generation settings come from the config's generation keys, overridable on the
-command line (`temperature=0.2 max_new_tokens=128`)."""
+end of input) quits, `/image PATH` attaches an image to the next message (a vision-language model: the
+images go before that message's text, encoded as training encodes them). Generation settings come from
+the config's generation keys, overridable on the command line (`temperature=0.2 max_new_tokens=128`)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,8 @@ import warnings
 from lathe.llm.inference.engine import ChatEngine, InvalidRequest
 
 WELCOME = "Chat with the model: `clear` forgets the conversation, `exit` quits."
+IMAGE_COMMAND = "/image"
+WELCOME_IMAGES = "`/image PATH` attaches an image to your next message."
 
 
 def chat_loop(engine: ChatEngine, system: str | None = None, read=input, write=None) -> int:
@@ -23,8 +26,11 @@ def chat_loop(engine: ChatEngine, system: str | None = None, read=input, write=N
         sys.stdout.flush()
 
     write = write or default_write
-    write(WELCOME + "\n")
+    takes_images = engine.image_refusal() is None
+    write(WELCOME + (" " + WELCOME_IMAGES if takes_images else "") + "\n")
     history: list[dict] = []
+    attached: list[dict] = []  # image parts for the next message
+    images: dict[str, object] = {}  # path -> the image read when it was attached
     shown: set[str] = set()  # each warning once per session
     while True:
         try:
@@ -35,27 +41,51 @@ def chat_loop(engine: ChatEngine, system: str | None = None, read=input, write=N
         if query == "exit":
             return 0
         if query == "clear":
-            history = []
+            history, attached = [], []
             write("The conversation is cleared.\n")
             continue
         if not query:
             continue
+        if query.split(maxsplit=1)[0] == IMAGE_COMMAND:
+            write(attach_image(engine, query[len(IMAGE_COMMAND) :].strip(), attached, images) + "\n")
+            continue
+        content = attached + [{"type": "text", "text": query}] if attached else query
         messages = (
-            ([{"role": "system", "content": system}] if system else []) + history + [{"role": "user", "content": query}]
+            ([{"role": "system", "content": system}] if system else [])
+            + history
+            + [{"role": "user", "content": content}]
         )
         try:
-            prompt_ids = engine.chat_prompt(messages)
+            prompt_ids, media = engine.chat_inputs(messages, read_image=lambda part, where: images[part["path"]])
             params = engine.check_length(prompt_ids, engine.default_params())
         except InvalidRequest as error:
             write(f"(not sent: {error} Type `clear` to start a new conversation.)\n")
             continue
         with held_messages(shown):  # a warning of the first forward (transformers') waits for the reply's end
             write("Assistant: ")
-            sequence = engine.generate(prompt_ids, params, on_text=write)
+            sequence = engine.generate(prompt_ids, params, on_text=write, media=media)
             if sequence.finish_reason == "length":
                 write(" [cut at max_new_tokens]")
             write("\n")
-        history += [{"role": "user", "content": query}, {"role": "assistant", "content": sequence.text}]
+        history += [{"role": "user", "content": content}, {"role": "assistant", "content": sequence.text}]
+        attached = []
+
+
+def attach_image(engine: ChatEngine, path: str, attached: list[dict], images: dict) -> str:
+    """Read the image at `path` (local files only) for the next message; what to tell the user."""
+    from lathe.llm.multimodal.images import open_image
+
+    refusal = engine.image_refusal()
+    if refusal is not None:
+        return f"(not attached: {refusal})"
+    try:
+        image = open_image(path, where="/image")
+        image.load()
+    except Exception as error:  # noqa: BLE001 (a missing, remote or unreadable file: say so, keep chatting)
+        return f"(not attached: {error})"
+    images[path] = image
+    attached.append({"type": "image_url", "path": path})
+    return f"(image {path} attached, {image.width}x{image.height}: it goes with your next message)"
 
 
 @contextlib.contextmanager

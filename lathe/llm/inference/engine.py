@@ -2,7 +2,8 @@
 template, and a scheduler that decodes concurrent requests together.
 
 Messages: an optional leading system message, then user (or tool results) and assistant turns
-alternating, ending on a user or tool turn; content is a string or a list of text parts. They map
+alternating, ending on a user or tool turn; content is a string or a list of text parts (and, for a
+vision-language model, image_url parts in user turns: lathe/llm/inference/vision.py encodes them). They map
 onto the template's roles as in training (tool -> observation; an assistant's tool_calls -> a
 function message), so the prompt is token for token what the model saw in training.
 
@@ -19,6 +20,7 @@ import threading
 from dataclasses import dataclass
 
 from lathe.llm.inference.generation import BatchGenerator, SamplingParams, Sequence
+from lathe.llm.multimodal.images import IMAGE_PLACEHOLDER
 
 logger = logging.getLogger(__name__)
 
@@ -33,27 +35,38 @@ class InvalidRequest(ValueError):
         self.param, self.code = param, code
 
 
-def message_text(content, where: str) -> str:
+def message_text(content, where: str, images: list | None = None) -> str:
+    """The text of a message's content. With `images` (a list), each `image_url` part becomes an `<image>`
+    placeholder and (its place, the part) is appended to `images`; without, image parts are refused."""
     if isinstance(content, str):
         return content
     if isinstance(content, list):
         parts = []
         for index, part in enumerate(content):
+            if images is not None and isinstance(part, dict) and part.get("type") == "image_url":
+                images.append((f"{where}.content[{index}]", part))
+                parts.append(IMAGE_PLACEHOLDER)
+                continue
             if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
+                kinds = "a text part ({'type': 'text', 'text': ...})"
                 raise InvalidRequest(
-                    f"{where}.content[{index}] must be a text part ({{'type': 'text', 'text': ...}}); "
-                    "images and audio are not supported.",
+                    f"{where}.content[{index}] must be "
+                    + (
+                        f"{kinds} or an image_url part."
+                        if images is not None
+                        else f"{kinds}; images are not supported."
+                    ),
                     param=f"{where}.content",
                 )
             parts.append(part["text"])
         return "".join(parts)
     if content is None:
         return ""
-    raise InvalidRequest(f"{where}.content must be a string or a list of text parts.", param=f"{where}.content")
+    raise InvalidRequest(f"{where}.content must be a string or a list of content parts.", param=f"{where}.content")
 
 
-def to_template_messages(messages) -> tuple[list[dict], str | None]:
-    """OpenAI messages -> (the template's turns, the system text)."""
+def to_template_messages(messages, images: list | None = None) -> tuple[list[dict], str | None]:
+    """OpenAI messages -> (the template's turns, the system text); image parts go to `images` (message_text)."""
     if not isinstance(messages, list) or not messages:
         raise InvalidRequest("messages must be a non-empty list.", param="messages")
     system, turns = None, []
@@ -64,7 +77,7 @@ def to_template_messages(messages) -> tuple[list[dict], str | None]:
         role = message.get("role")
         if role not in ROLE_NAMES:
             raise InvalidRequest(f"{where}.role {role!r} is not one of {', '.join(ROLE_NAMES)}.", param=f"{where}.role")
-        text = message_text(message.get("content"), where)
+        text = message_text(message.get("content"), where, images if role == "user" else None)
         if role == "system":
             if turns:
                 raise InvalidRequest(f"{where}: a system message must come before the conversation.", param=where)
@@ -115,12 +128,24 @@ class Job:
 
 
 class ChatEngine:
-    def __init__(self, model, tokenizer, template, generating, max_batch: int = 16, context_length: int | None = None):
+    def __init__(
+        self,
+        model,
+        tokenizer,
+        template,
+        generating,
+        max_batch: int = 16,
+        context_length: int | None = None,
+        image_encoder=None,
+    ):
         self.model, self.tokenizer, self.template, self.generating = model, tokenizer, template, generating
         self.stop_token_ids = template.get_stop_token_ids(tokenizer)
         self.generator = BatchGenerator(model, tokenizer, self.stop_token_ids, generating.skip_special_tokens)
         self.max_batch = max_batch
-        self.context_length = context_length or getattr(model.config, "max_position_embeddings", None) or 2048
+        text_config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+        self.context_length = context_length or getattr(text_config, "max_position_embeddings", None) or 2048
+        # lathe/llm/inference/vision.py's ImageEncoder; None: images are refused as for a text-only model
+        self.image_encoder = image_encoder
         self._queue: queue.Queue[Job] = queue.Queue()
         self._worker: threading.Thread | None = None
         self._lock = threading.Lock()
@@ -128,15 +153,31 @@ class ChatEngine:
     @classmethod
     def from_config(cls, config, **kwargs) -> "ChatEngine":
         from lathe.llm.inference.loading import load_for_inference
+        from lathe.llm.inference.vision import load_image_encoder
 
         model, tokenizer, template = load_for_inference(config)
-        return cls(model, tokenizer, template, config.generating, **kwargs)
+        encoder = load_image_encoder(config, model, template)
+        return cls(model, tokenizer, template, config.generating, image_encoder=encoder, **kwargs)
 
     # ---- prompts ----------------------------------------------------------------------------------
     def chat_prompt(self, messages, tools=None) -> list[int]:
+        """The prompt of a text conversation (image parts are refused: chat_inputs takes them)."""
+        return self.chat_inputs(messages, tools)[0]
+
+    def chat_inputs(self, messages, tools=None, read_image=None) -> tuple[list[int], dict]:
+        """(prompt ids, the images' tensors) of a conversation. With `read_image(part, where)` (which returns
+        an image), the user messages' `image_url` parts are read and encoded as training encodes images."""
         from lathe.llm.templates.tools import InvalidMessage
 
-        turns, system = to_template_messages(messages)
+        parts = [] if read_image is not None else None
+        turns, system = to_template_messages(messages, parts)
+        media = {}
+        if parts:
+            refusal = self.image_refusal()
+            if refusal is not None:
+                raise InvalidRequest(refusal, param=parts[0][0])
+            images = [read_image(part, where) for where, part in parts]
+            turns, media = self.encode_images(turns, images)
         tools_text = json.dumps(tools, ensure_ascii=False) if tools else None
         try:
             prompt_ids, _ = self.template.encode_oneturn(
@@ -144,7 +185,19 @@ class ChatEngine:
             )
         except InvalidMessage as error:
             raise InvalidRequest(str(error), param="messages") from None
-        return prompt_ids
+        return prompt_ids, media
+
+    def image_refusal(self) -> str | None:
+        """Why this model takes no images, or None."""
+        if self.image_encoder is None:
+            return "This model takes no images."
+        return self.image_encoder.refusal
+
+    def encode_images(self, turns: list[dict], images: list) -> tuple[list[dict], dict]:
+        try:
+            return self.image_encoder.encode(turns, images)
+        except ValueError as error:
+            raise InvalidRequest(str(error), param="messages") from None
 
     def text_prompt(self, prompt) -> list[int]:
         if not isinstance(prompt, str) or not prompt:
@@ -177,9 +230,9 @@ class ChatEngine:
         return params
 
     # ---- generation -------------------------------------------------------------------------------
-    def generate(self, prompt_ids: list[int], params: SamplingParams, on_text=None) -> Sequence:
+    def generate(self, prompt_ids: list[int], params: SamplingParams, on_text=None, media=None) -> Sequence:
         """Queue one sequence and wait for it (it may be decoded together with others)."""
-        job = self.submit(prompt_ids, params, on_text)
+        job = self.submit(prompt_ids, params, on_text, media=media)
         job.done.wait()
         if job.error is not None:
             raise job.error
@@ -189,8 +242,8 @@ class ChatEngine:
     def pending(self) -> int:
         return self._queue.qsize()
 
-    def submit(self, prompt_ids: list[int], params: SamplingParams, on_text=None, on_done=None) -> Job:
-        job = Job(Sequence(list(prompt_ids), params, on_text), threading.Event(), on_done)
+    def submit(self, prompt_ids: list[int], params: SamplingParams, on_text=None, on_done=None, media=None) -> Job:
+        job = Job(Sequence(list(prompt_ids), params, on_text, media=media or None), threading.Event(), on_done)
         self._queue.put(job)
         with self._lock:
             if self._worker is None or not self._worker.is_alive():

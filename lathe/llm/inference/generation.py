@@ -5,7 +5,9 @@ One forward pass per generated token for the whole batch (prompts left-padded, a
 row: OpenAI's presence/frequency penalties, transformers' repetition_penalty, temperature, top-k,
 top-p, its own random generator (seed), its own stop conditions (the template's stop tokens, stop
 strings, max_new_tokens). Text is streamed as it becomes final: never half a UTF-8 character, never
-the start of what may turn out to be a stop string.
+the start of what may turn out to be a stop string. Rows with images (a vision-language model) pass their
+images' tensors with the first forward, and a model with 3-D rotary positions (Qwen2-VL: mrope) gets them
+from its own get_rope_index, as in training.
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ class Sequence:
     sent: int = 0  # characters of `text` already passed to on_text
     finish_reason: str | None = None  # stop (a stop token or string) or length (max_new_tokens)
     completion_tokens: int = 0  # tokens the model produced, a final stop token included
+    media: dict | None = None  # the images' tensors (pixel_values, image_grid_thw) for the prompt's vision tokens
 
     @property
     def done(self) -> bool:
@@ -65,7 +68,14 @@ class BatchGenerator:
         device = next(self.model.parameters()).device
         generators = [self._random(seq.params.seed, device) for seq in sequences]
         input_ids, attention_mask = self._left_pad([seq.prompt_ids for seq in sequences], device)
+        media = self._media(sequences, device, next(self.model.parameters()).dtype)
         position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
+        if media:
+            from lathe.llm.multimodal.qwen2_vl import rope_index_function, rope_positions
+
+            if rope_index_function(self.model) is not None:
+                # 3-D (mrope) positions, as training gives them; then each new token one further on every axis
+                position_ids, _ = rope_positions(self.model, input_ids, attention_mask, media.get("image_grid_thw"))
         cache, steps = None, max(seq.params.max_new_tokens for seq in sequences)
         with torch.inference_mode():
             for _ in range(steps):
@@ -75,7 +85,9 @@ class BatchGenerator:
                     position_ids=position_ids,
                     past_key_values=cache,
                     use_cache=True,
+                    **media,
                 )
+                media = {}  # the vision tower reads the images once, with the prompt
                 cache = output.past_key_values
                 logits = output.logits[:, -1, :].float()
                 next_ids = []
@@ -90,7 +102,7 @@ class BatchGenerator:
                     break
                 input_ids = torch.tensor(next_ids, device=device)[:, None]
                 attention_mask = torch.cat([attention_mask, attention_mask.new_ones((len(sequences), 1))], dim=-1)
-                position_ids = position_ids[:, -1:] + 1
+                position_ids = position_ids[..., -1:] + 1
         return sequences
 
     # ---- per row ----------------------------------------------------------------------------------
@@ -153,6 +165,16 @@ class BatchGenerator:
         seq.sent = max(seq.sent, final)
 
     # ---- batch helpers ----------------------------------------------------------------------------
+    @staticmethod
+    def _media(sequences: list[Sequence], device, dtype) -> dict:
+        """The rows' image tensors joined in row order (the model matches them to its vision tokens in order),
+        pixel values in the model's dtype."""
+        import torch
+
+        rows = [seq.media for seq in sequences if seq.media]
+        joined = {key: torch.cat([row[key] for row in rows]).to(device) for key in (rows[0] if rows else {})}
+        return {key: value.to(dtype) if value.is_floating_point() else value for key, value in joined.items()}
+
     def _left_pad(self, rows: list[list[int]], device):
         import torch
 

@@ -23,7 +23,7 @@ def load_tokenizer_and_template(config):
     tokenizer = load_tokenizer(config.model)
     data_args = config.data
     if data_args.template is None:
-        name = exported_template_name(tokenizer)
+        name = exported_template_name(tokenizer, _image_model_type(config.model))
         if name is not None:
             logger.info(
                 "%s holds lathe's chat_template of template %r: serving with it.", config.model.model_name_or_path, name
@@ -44,20 +44,44 @@ def load_tokenizer_and_template(config):
     return tokenizer, template
 
 
-def exported_template_name(tokenizer) -> str | None:
-    """The registered template whose chat_template (as lathe export writes it) is the tokenizer's exactly."""
+def exported_template_name(tokenizer, image_model_type: str | None = None) -> str | None:
+    """The registered template whose chat_template (as lathe export writes it) is the tokenizer's exactly. Several
+    render alike (qwen2_vl, qwen2_omni, llava_next_qwen); for a model folder with an image processor
+    (`image_model_type`: its config's model_type) the one of the model's family wins, then one whose images lathe
+    encodes, so an exported vision-language model is served with images."""
+    from lathe.llm.multimodal.plugins import IMPLEMENTED
     from lathe.llm.templates.registry import TEMPLATES
 
     own = getattr(tokenizer, "chat_template", None)
     if not isinstance(own, str):
         return None
+    matches = []
     for name, template in sorted(TEMPLATES.items()):
         try:
             if template.jinja_chat_template(tokenizer) == own:
-                return name
+                matches.append((name, template.multimodal))
         except Exception:  # noqa: BLE001 (a template that cannot be written for this tokenizer is not the one)
             continue
-    return None
+    if image_model_type is not None:
+        matches.sort(key=lambda match: (image_model_type not in match, match[1] not in IMPLEMENTED))
+    return matches[0][0] if matches else None
+
+
+def _image_model_type(model_args) -> str | None:
+    """The model_type of a model folder that holds an image processor (preprocessor_config.json), else None."""
+    import json
+    import os
+
+    from lathe.llm.model.hub import model_folder
+
+    folder = model_folder(model_args)
+    if not os.path.isfile(os.path.join(folder, "preprocessor_config.json")):
+        return None
+    try:
+        with open(os.path.join(folder, "config.json"), encoding="utf-8") as handle:
+            return str(json.load(handle).get("model_type"))
+    except (OSError, ValueError):
+        return ""
 
 
 def load_for_inference(config, dtype: str | None = None, with_adapters: bool = True):

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from lathe.llm.inference.engine import InvalidRequest
 from lathe.llm.inference.generation import SamplingParams
+from lathe.llm.inference.image_urls import ImageRules, read_image_url
 
 MAX_STOP_STRINGS = 4  # OpenAI's limit
 JSON_STRING = re.compile(rb'"(?:[^"\\]|\\.)*+"', re.DOTALL)  # a JSON string literal, escapes included
@@ -20,6 +21,7 @@ class Limits:
     max_n: int = 8  # choices per request
     max_body_bytes: int = 1_000_000
     max_json_depth: int = 64  # nesting of objects and lists; OpenAI bodies, tool schemas included, need far fewer
+    images: ImageRules = field(default_factory=ImageRules)  # which image_url parts are read, and how large
 
 
 def parse_body(raw: bytes, limits: Limits):
@@ -99,6 +101,7 @@ class ParsedRequest:
     stream: bool
     include_usage: bool
     with_tools: bool = False  # tools were offered: a reply in the template's tool-call format is a tool call
+    media: dict | None = None  # the request's images' tensors (chat requests with image_url parts)
 
 
 def parse_common(body: dict, engine, limits: Limits) -> ParsedRequest:
@@ -177,9 +180,25 @@ def parse_chat(body: dict, engine, limits: Limits) -> tuple[list[int], ParsedReq
         # a reply is known to be a tool call only once it is complete (as LLaMA-Factory, which refuses too)
         raise InvalidRequest("stream: true with tools is not supported: ask without streaming.", param="stream")
     parsed.with_tools = bool(functions)
-    prompt_ids = engine.chat_prompt(body.get("messages"), tools=functions or None)
+    prompt_ids, parsed.media = engine.chat_inputs(
+        body.get("messages"), tools=functions or None, read_image=_image_reader(limits.images)
+    )
     engine.check_length(prompt_ids, parsed.params)
     return prompt_ids, parsed
+
+
+def _image_reader(rules: ImageRules):
+    """read_image for engine.chat_inputs: each image_url part read under `rules`, at most max_images of them."""
+    count = 0
+
+    def read(part, where: str):
+        nonlocal count
+        count += 1
+        if count > rules.max_images:
+            raise InvalidRequest(f"{where}: at most {rules.max_images} images per request.", param=where)
+        return read_image_url(part, rules, where)
+
+    return read
 
 
 def parse_completion(body: dict, engine, limits: Limits) -> tuple[list[int], ParsedRequest]:

@@ -53,7 +53,8 @@ def format_memory(plan: MemoryPlan) -> list[str]:
         f"activations {_mib(plan.activations)} ({_mib(plan.activations_other)} {switched} checkpointing), "
         f"logits {_mib(plan.logits)}"
         + (f", gathered while computing {_mib(plan.gathered)}" if plan.gathered else "")
-        + (f", DDP buckets {_mib(plan.buckets)}" if plan.buckets else ""),
+        + (f", DDP buckets {_mib(plan.buckets)}" if plan.buckets else "")
+        + (f", sampling (KV cache) {_mib(plan.generation)}" if plan.generation else ""),
     ]
     if plan.available is not None:
         where = "free on the GPU" if plan.device.startswith("cuda") else "available RAM"

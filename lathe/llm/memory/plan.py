@@ -69,6 +69,7 @@ class MemoryPlan:
     stage: str = "sft"
     gathered: int = 0  # FSDP2 / ZeRO-3: parameters (and gradients) held whole while computing
     buckets: int = 0  # DDP: its gradient buckets
+    generation: int = 0  # grpo: sampling's KV cache and next-token scores (lathe.llm.memory.grpo)
 
     @property
     def fits(self) -> bool:

@@ -67,6 +67,10 @@ def init_adapter(model, model_args: "ModelArguments", finetuning_args: "Finetuni
         _setup_freeze(model, finetuning_args)
     elif method != "full":
         raise ValueError(f"finetuning_type {method!r} is not supported; lathe supports full, freeze, lora, oft.")
+    if is_trainable and method in ("full", "freeze"):
+        from lathe.llm.multimodal.towers import freeze_towers
+
+        freeze_towers(model, finetuning_args, method)
     if is_trainable and not finetuning_args.pure_bf16:
         import torch
 

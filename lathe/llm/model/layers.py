@@ -21,7 +21,8 @@ def find_layer_stack(model) -> tuple[str, int]:
     if not num_layers:
         raise ValueError(f"freeze: {type(model).__name__}'s config does not say how many hidden layers it has.")
     for name, module in model.named_modules():
-        if isinstance(module, torch.nn.ModuleList) and len(module) == num_layers:
+        # a vision-language model's vision blocks may number the same: they are never the decoder's layers
+        if isinstance(module, torch.nn.ModuleList) and len(module) == num_layers and "visual" not in name:
             return name, num_layers
     raise ValueError(f"freeze: found no list of {num_layers} hidden layers in {type(model).__name__}.")
 

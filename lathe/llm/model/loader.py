@@ -15,7 +15,7 @@ from lathe.llm.model.tokenizer_check import check_tokenizer_matches_file
 if TYPE_CHECKING:
     from lathe.llm.config.train import FinetuningArguments, ModelArguments
 
-__all__ = ["load_tokenizer", "load_config", "load_model", "fix_pad_token", "weights_dtype"]
+__all__ = ["load_tokenizer", "load_config", "load_model", "fix_pad_token", "weights_dtype", "auto_model_class"]
 
 logger = logging.getLogger(__name__)
 
@@ -142,10 +142,10 @@ def load_model(
 def _instantiate(model_args: "ModelArguments", is_trainable: bool, meta: bool):
     """The transformers model: from its weights, fresh from its config (train_from_scratch), or on the meta device."""
     import torch
-    from transformers import AutoModelForCausalLM
 
     folder = _model_folder(model_args)
     config = load_config(model_args)
+    model_class = auto_model_class(config)
     dtype = weights_dtype(model_args, is_trainable, config)
     attention = attention_implementation(model_args.flash_attn, getattr(config, "model_type", None))
     config.use_cache = model_args.use_kv_cache and not is_trainable  # a cache only costs memory in training
@@ -159,11 +159,11 @@ def _instantiate(model_args: "ModelArguments", is_trainable: bool, meta: bool):
         if meta:
             # The unquantized modules: parameter counts equal the quantized model's (see parameter_count).
             with torch.device("meta"):
-                return AutoModelForCausalLM.from_config(_without_quantization(config), **kwargs)
+                return model_class.from_config(_without_quantization(config), **kwargs)
         if model_args.train_from_scratch:
-            return AutoModelForCausalLM.from_config(config, **kwargs)
+            return model_class.from_config(config, **kwargs)
         low_cpu_mem_usage = model_args.low_cpu_mem_usage or "device_map" in quantized  # a device map needs it
-        return AutoModelForCausalLM.from_pretrained(
+        return model_class.from_pretrained(
             folder, config=config, low_cpu_mem_usage=low_cpu_mem_usage, local_files_only=True, **quantized, **kwargs
         )
     except ImportError as error:
@@ -173,6 +173,16 @@ def _instantiate(model_args: "ModelArguments", is_trainable: bool, meta: bool):
                 "Use flash_attn: sdpa or auto."
             ) from error
         raise
+
+
+def auto_model_class(config):
+    """The transformers auto class that builds `config`'s generating model: AutoModelForImageTextToText for a
+    vision-language config (LLaMA-Factory's loader checks that mapping first), else AutoModelForCausalLM."""
+    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
+
+    if type(config) in AutoModelForImageTextToText._model_mapping:
+        return AutoModelForImageTextToText
+    return AutoModelForCausalLM
 
 
 def attention_implementation(flash_attn: str, model_type: str | None) -> str | None:

@@ -102,7 +102,10 @@ def resolve_targets(model, finetuning_args: "FinetuningArguments"):
         from lathe.llm.model.llama_pro import find_expanded_modules
 
         targets = find_expanded_modules(model, targets, finetuning_args.freeze_trainable_layers)
-    return targets
+    from lathe.llm.multimodal.towers import patch_targets
+
+    # a vision-language model: full module names, never a frozen tower nor the patch embedding (LLaMA-Factory)
+    return patch_targets(model, finetuning_args, targets, requested == ["all"])
 
 
 def _example_path(model) -> str:

@@ -1,13 +1,31 @@
-"""lathe.llm multimodal: images (and later videos, audio) beside the text, as LLaMA-Factory's plugins encode them.
+"""lathe.llm multimodal: images (and videos, audio) beside the text, as LLaMA-Factory 0.9.5's mm plugins encode them.
 
-- images.py: reading an image named by a data row (paths under media_dir, URLs refused offline), the
-  pixel budget resize every family shares, and the placeholder count check.
-- qwen2_vl.py: the Qwen2-VL / Qwen2.5-VL family: `<image>` expanded to its vision tokens, the image
-  processor's tensors, the 3-D (mrope) position ids the model's get_rope_index gives, which towers full
-  tuning freezes and which modules LoRA may wrap.
+The interface (base.py) that the data pipeline, the collator and the model setup call; a family is ONE module
+that defines a `FamilyPlugin` subclass and is registered by one line in plugins.py (`FAMILIES`: the template's
+`multimodal` name -> "module:Class"):
+
+    plugin = plugins.get_plugin(template, processor, tokenizer, MediaSettings.from_args(model_args))
+    plugin.check_settings()                                 # family-only keys (pan and scan, crop_to_patches)
+    plugin.check_kinds({"image": 2}, where)                 # a kind the family lacks: one line naming the row
+    media = {"image": plugin.regularize("image", paths, where)}      # opened, fitted into the pixel budget
+    messages = plugin.process_messages(messages, media)     # <image> -> the family's vision tokens
+    input_ids, labels = plugin.process_token_ids(input_ids, labels, media)
+    plugin.cut_reason(input_ids, media)                     # a cutoff through a media run: the row is left out
+    batch.update(plugin.batch_inputs(media_rows, batch, model))      # pixel_values, grids, position ids, ...
+    plugin.stand_in()                                       # a batch without media gets this (LF's fake image)
+    plugin.composite(model_type)                            # Composite: vision / projector / language name parts
+
+- base.py: MediaSettings (image_max_pixels ... audio_sampling_rate), Composite, FamilyPlugin.
+- images.py: reading an image named by a data row (paths under media_dir, URLs refused offline), the pixel
+  budget resize every family shares, the placeholder count check, media_cut_reason.
+- media.py: the rows' media columns: paths joined to media_dir as LLaMA-Factory does, checked per row.
+- encode.py: MediaEncoder, the data pipeline's handle on the run's plugin (the processor loaded at the first row
+  with media), and the tokenized rows' media columns.
+- qwen2_vl.py: the Qwen2-VL / Qwen2.5-VL family (images; mrope position ids from the model's get_rope_index).
 - llava.py, llava_next.py, gemma3.py, gemma3n.py, paligemma.py, qwen2_audio.py, mllama.py, pixtral.py,
-  intern_vl.py: the other families (placeholder expansion, PaliGemma's image prefix, the collator's tensors), on
-  common.py: the media settings, the image processor / feature extractor calls and their collator (FamilyCollator).
-- collator.py: the sft collator for the family's rows (LLaMA-Factory's stand-in image for image-less batches).
-- plugins.py: which family a template's `multimodal` name selects; a family not implemented yet is a clear error.
+  intern_vl.py: the other families (placeholder expansion, PaliGemma's image prefix, their tensors), each a
+  FamilyPlugin through common.py's ModulePlugin (the media settings, image processor / feature extractor calls).
+- collator.py: the collator for any family: the text collator's padding, then the plugin's tensors.
+- towers.py: freeze_vision_tower / freeze_multi_modal_projector / freeze_language_model, LoRA targets.
+- plugins.py: the registry; a family not implemented yet is a clear error, never trained as text.
 """

@@ -1,9 +1,10 @@
-"""The sft collator for Qwen2-VL family rows: the text collator's padding, then the images' tensors and the
-3-D rotary positions, as LLaMA-Factory 0.9.5's MultiModalDataCollatorForSeq2Seq returns them (unpacked rows).
+"""The collator for multimodal rows of any family: the text collator's padding, then the family plugin's tensors
+(pixel_values, grids, mrope position ids, ...), as LLaMA-Factory 0.9.5's MultiModalDataCollatorForSeq2Seq returns
+them (unpacked rows). Rows carry their media under "images" / "videos" / "audios" (paths or opened items).
 
-A batch without any image gets LLaMA-Factory's stand-in: a white 64x64 image whose vision tokens are appended
-to the first row (prepended with left padding) with attention_mask 0 and labels -100, so every batch runs
-the vision tower (distributed runs otherwise hang waiting for its gradients) and no number moves.
+A batch without any media gets the family's stand-in (LLaMA-Factory's white 64x64 image): its tokens are appended
+to the first row (prepended with left padding) with attention_mask 0 and labels -100, so every batch runs the
+vision tower (distributed runs otherwise hang waiting for its gradients) and no number moves.
 """
 
 from __future__ import annotations
@@ -11,44 +12,46 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from lathe.llm.multimodal import qwen2_vl
-from lathe.llm.multimodal.images import DEFAULT_IMAGE_MAX_PIXELS, DEFAULT_IMAGE_MIN_PIXELS, IMAGE_PLACEHOLDER
+from lathe.llm.multimodal.base import KINDS, PLACEHOLDERS, MediaSettings
 from lathe.train.data.labels import IGNORE_INDEX
 from lathe.train.data.padding import get_padding_side, pad_rows
 
-FAKE_IMAGE_SIZE, FAKE_IMAGE_COLOR = (64, 64), (255, 255, 255)
+COLUMNS = {"image": "images", "video": "videos", "audio": "audios"}
 
 
-class Qwen2VLCollator:
-    """Pads rows with `text_collator` (lathe's SFTDataCollator), then adds pixel_values, image_grid_thw,
-    position_ids (4, batch, length: the text positions, then mrope's temporal, height and width rows, as
-    transformers reads them since issue 39400) and rope_deltas. Rows carry their images under "images"."""
+class MultimodalCollator:
+    """`text_collator` (lathe's SFTDataCollator, or a preference collator) pads the text; `plugin` adds the rest."""
 
-    def __init__(
-        self,
-        text_collator,
-        image_processor,
-        model,
-        max_pixels: int = DEFAULT_IMAGE_MAX_PIXELS,
-        min_pixels: int = DEFAULT_IMAGE_MIN_PIXELS,
-    ):
+    def __init__(self, text_collator, plugin, model):
         self.text_collator = text_collator
-        self.tokenizer = text_collator.tokenizer
-        self.image_processor = image_processor
+        self.tokenizer = getattr(text_collator, "tokenizer", None) or plugin.tokenizer
+        self.plugin = plugin
         self.model = model
-        self.max_pixels, self.min_pixels = max_pixels, min_pixels
 
-    def _fake_image(self, features: list[dict]) -> list:
-        from PIL import Image
+    def media_of(self, feature: dict) -> dict[str, list]:
+        media = {}
+        for kind in KINDS:
+            items = feature.pop(COLUMNS[kind], None) or []
+            if items:
+                self.plugin.check_kinds({kind: len(items)}, "a training batch")
+                media[kind] = self.plugin.regularize(kind, list(items), "a training batch")
+        return media
 
-        image = Image.new("RGB", FAKE_IMAGE_SIZE, FAKE_IMAGE_COLOR)
-        grid = qwen2_vl.image_inputs([image], self.image_processor, self.max_pixels, self.min_pixels)["image_grid_thw"]
-        text = qwen2_vl.expand_placeholders(
-            [{"role": "user", "content": IMAGE_PLACEHOLDER}], grid, self.image_processor.merge_size
-        )[0]["content"]
-        ids = self.tokenizer.encode(text, add_special_tokens=False)
-        first = features[0]
-        right = get_padding_side(self.tokenizer) == "right"
+    def stand_in_ids(self, media: dict[str, list]) -> list[int]:
+        ids = []
+        for kind, items in media.items():
+            messages = [{"role": "user", "content": PLACEHOLDERS[kind] * len(items)}]
+            content = self.plugin.process_messages(messages, {kind: items})[0]["content"]
+            encoded = self.tokenizer.encode(content, add_special_tokens=False)
+            ids += self.plugin.process_token_ids(encoded, None, {kind: items})[0]
+        return ids
+
+    def add_stand_in(self, features: list[dict], media_rows: list[dict]) -> None:
+        stand_in = self.plugin.stand_in()
+        if not stand_in:
+            return
+        ids = self.stand_in_ids(stand_in)
+        first, right = features[0], get_padding_side(self.tokenizer) == "right"
         for key, value in (
             ("input_ids", ids),
             ("attention_mask", [0] * len(ids)),
@@ -56,20 +59,16 @@ class Qwen2VLCollator:
         ):
             if key in first:
                 first[key] = list(first[key]) + value if right else value + list(first[key])
-        return [image]
+        media_rows[0] = stand_in
 
     def __call__(self, features: list[Mapping[str, Any]]) -> dict[str, Any]:
-        import torch
-
         features = [dict(feature) for feature in features]
-        images = [image for feature in features for image in (feature.pop("images", None) or [])]
-        for feature in features:
-            feature.pop("videos", None), feature.pop("audios", None)
-        if not images:
-            images = self._fake_image(features)
+        media_rows = [self.media_of(feature) for feature in features]
+        if not any(media_rows):
+            self.add_stand_in(features, media_rows)
         batch = self.text_collator(features)
         if "attention_mask" in batch and "attention_mask" in features[0]:
-            # the rows' own masks (the stand-in image's tokens are 0), padded as the text collator padded
+            # the rows' own masks (the stand-in's tokens are 0), padded as the text collator padded
             batch["attention_mask"] = pad_rows(
                 [feature["attention_mask"] for feature in features],
                 0,
@@ -77,12 +76,18 @@ class Qwen2VLCollator:
                 get_padding_side(self.tokenizer),
             )
         if "attention_mask" not in batch:  # rows stay apart by attention_mask; flattened packing has none
-            raise ValueError("Qwen2-VL rows need an attention_mask: packing is not supported for images yet")
-        mm_inputs = qwen2_vl.image_inputs(images, self.image_processor, self.max_pixels, self.min_pixels)
-        positions, rope_deltas = qwen2_vl.rope_positions(
-            self.model, batch["input_ids"], batch["attention_mask"], mm_inputs.get("image_grid_thw")
-        )
-        batch["position_ids"] = torch.cat([positions[:1], positions], dim=0)
-        batch["rope_deltas"] = rope_deltas
-        batch.update(mm_inputs)
+            raise ValueError("multimodal rows need an attention_mask: packing is not supported with media yet")
+        batch.update(self.plugin.batch_inputs(media_rows, batch, self.model))
         return batch
+
+
+def Qwen2VLCollator(text_collator, image_processor, model, max_pixels=None, min_pixels=None):  # noqa: N802
+    """The Qwen2-VL family's collator from an image processor and a pixel budget (rows carry "images")."""
+    from lathe.llm.multimodal.qwen2_vl import Qwen2VLPlugin
+
+    settings = MediaSettings()
+    if max_pixels is not None:
+        settings.image_max_pixels = max_pixels
+    if min_pixels is not None:
+        settings.image_min_pixels = min_pixels
+    return MultimodalCollator(text_collator, Qwen2VLPlugin(image_processor, text_collator.tokenizer, settings), model)

@@ -1,31 +1,48 @@
-"""Which multimodal family a template's `multimodal` name (LLaMA-Factory's mm_plugin) selects: one line per family
-(qwen2_vl.py has its own shape; the others follow common.py's). A family not listed is named in a clear error,
-never trained as text with the media dropped."""
+"""Which multimodal family a template's `multimodal` name (LLaMA-Factory's mm_plugin) selects: one line per family,
+"module:Class" of its FamilyPlugin (lathe.llm.multimodal.base). A family not listed is named in a clear error, never
+trained as text with the media dropped."""
 
 from __future__ import annotations
 
-IMPLEMENTED = {
-    "qwen2_vl": "lathe.llm.multimodal.qwen2_vl",
-    "llava": "lathe.llm.multimodal.llava",
-    "llava_next": "lathe.llm.multimodal.llava_next",
-    "gemma3": "lathe.llm.multimodal.gemma3",
-    "paligemma": "lathe.llm.multimodal.paligemma",
-    "qwen2_audio": "lathe.llm.multimodal.qwen2_audio",
-    "mllama": "lathe.llm.multimodal.mllama",
-    "pixtral": "lathe.llm.multimodal.pixtral",
-    "intern_vl": "lathe.llm.multimodal.intern_vl",
-    "gemma3n": "lathe.llm.multimodal.gemma3n",
+FAMILIES = {
+    "qwen2_vl": "lathe.llm.multimodal.qwen2_vl:Qwen2VLPlugin",
+    "qwen3_vl": "lathe.llm.multimodal.qwen2_vl:Qwen3VLPlugin",
 }
+IMPLEMENTED = {name: target.split(":")[0] for name, target in FAMILIES.items()}
+
+
+def _unsupported(name: str, template_name: str) -> ValueError:
+    what = f"template {template_name!r} (multimodal family {name!r})" if template_name else f"family {name!r}"
+    return ValueError(
+        f"{what}: image, video and audio input is not supported yet for this family "
+        f"(lathe encodes: {', '.join(sorted(FAMILIES))})"
+    )
 
 
 def plugin_module(name: str, template_name: str = ""):
     """The module that encodes family `name`'s media; an error naming the family when lathe has none yet."""
     import importlib
 
-    if name not in IMPLEMENTED:
-        what = f"template {template_name!r} (multimodal family {name!r})" if template_name else f"family {name!r}"
-        raise ValueError(
-            f"{what}: image, video and audio input is not supported yet for this family "
-            f"(lathe encodes: {', '.join(sorted(IMPLEMENTED))})"
-        )
+    if name not in FAMILIES:
+        raise _unsupported(name, template_name)
     return importlib.import_module(IMPLEMENTED[name])
+
+
+def plugin_class(name: str, template_name: str = ""):
+    module = plugin_module(name, template_name)
+    return getattr(module, FAMILIES[name].split(":")[1])
+
+
+def get_plugin(template, processor, tokenizer, settings=None):
+    """The run's FamilyPlugin for `template` (its `multimodal` name), or an error when the template has none."""
+    from lathe.llm.multimodal.base import MediaSettings
+
+    name = getattr(template, "multimodal", "") or ""
+    if not name:
+        raise ValueError(
+            f"template {getattr(template, 'name', '?')!r} takes no images, videos or audio: "
+            "use the model family's multimodal template (e.g. qwen2_vl)"
+        )
+    plugin = plugin_class(name, getattr(template, "name", ""))(processor, tokenizer, settings or MediaSettings())
+    plugin.check_settings()
+    return plugin

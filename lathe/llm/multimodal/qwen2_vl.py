@@ -10,11 +10,16 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
+from lathe.llm.multimodal.base import Composite, FamilyPlugin
 from lathe.llm.multimodal.images import (
     DEFAULT_IMAGE_MAX_PIXELS,
     DEFAULT_IMAGE_MIN_PIXELS,
     IMAGE_PLACEHOLDER,
     fit_pixels,
+    media_cut_reason,
+    open_image,
 )
 
 VISION_START, VISION_END, IMAGE_TOKEN, VIDEO_TOKEN = (
@@ -163,3 +168,99 @@ def lora_module_names(model, target_modules: list[str], frozen: set[str]) -> lis
         for name, _ in model.named_modules()
         if any(target in name for target in target_modules) and not any(key in name for key in forbidden)
     ]
+
+
+QWEN2_VL = Composite(VISION_TOWER_KEYS, PROJECTOR_KEYS, LANGUAGE_MODEL_KEYS, LORA_CONFLICT_KEYS)
+STAND_IN_SIZE, STAND_IN_COLOR = (64, 64), (255, 255, 255)
+
+
+@dataclass
+class Qwen2VLPlugin(FamilyPlugin):
+    """LLaMA-Factory's Qwen2VLPlugin for images (Qwen2-VL, Qwen2.5-VL)."""
+
+    name = "qwen2_vl"
+    kinds = ("image",)
+    missing = {
+        "video": "transformers' Qwen2-VL video processor needs torchvision, which lathe cannot load beside a CPU "
+        "torch (not supported yet)",
+    }
+    composites = {"qwen2_vl": QWEN2_VL, "qwen2_5_vl": QWEN2_VL}
+
+    @property
+    def image_processor(self):
+        return getattr(self.processor, "image_processor", self.processor)
+
+    def regularize(self, kind: str, items: list, where: str = "") -> list:
+        if kind != "image":
+            return super().regularize(kind, items, where)
+        s = self.settings
+        return [prepare_image(open_image(item, None, where), s.image_max_pixels, s.image_min_pixels) for item in items]
+
+    def _grid(self, media: dict) -> list:
+        images = media.get("image") or []
+        if not images:
+            return []
+        return dict(self.image_processor(images, return_tensors="pt"))["image_grid_thw"]
+
+    def process_messages(self, messages: list[dict], media: dict) -> list[dict]:
+        return expand_placeholders(messages, self._grid(media), self.image_processor.merge_size)
+
+    def cut_reason(self, input_ids: list[int], media: dict) -> str | None:
+        grid = self._grid(media)
+        if not len(grid):
+            return None
+        start, end, pad = self.tokenizer.convert_tokens_to_ids([VISION_START, VISION_END, IMAGE_TOKEN])
+        counts = [int(item.prod()) // self.image_processor.merge_size**2 for item in grid]
+        return media_cut_reason(input_ids, start, end, pad, counts)
+
+    def batch_inputs(self, media_rows: list[dict], batch: dict, model) -> dict:
+        import torch
+
+        images = [image for row in media_rows for image in row.get("image") or []]
+        inputs = dict(self.image_processor(images, return_tensors="pt")) if images else {}
+        self._check_tokens(batch["input_ids"], inputs.get("image_grid_thw"))
+        positions, rope_deltas = rope_positions(
+            model, batch["input_ids"], batch["attention_mask"], inputs.get("image_grid_thw")
+        )
+        # the text positions first, then mrope's three rows, as transformers reads them since issue 39400
+        inputs["position_ids"] = torch.cat([positions[:1], positions], dim=0)
+        inputs["rope_deltas"] = rope_deltas
+        return inputs
+
+    def _check_tokens(self, input_ids, grid) -> None:
+        """The rows' image tokens must be the images' (an image file changed since the rows were tokenized and
+        cached, or a row cut by hand, otherwise fails deep inside the model)."""
+        expected = (
+            0 if grid is None else int(sum(int(item.prod()) for item in grid)) // self.image_processor.merge_size**2
+        )
+        found = int((input_ids == self.tokenizer.convert_tokens_to_ids(IMAGE_TOKEN)).sum())
+        if found != expected:
+            raise ValueError(
+                f"a batch holds {found} image tokens but its images make {expected}: an image file changed since the "
+                "data was tokenized (set overwrite_cache: true), or the rows were not made by this processor"
+            )
+
+    def stand_in(self) -> dict:
+        from PIL import Image
+
+        return {"image": [prepare_image(Image.new("RGB", STAND_IN_SIZE, STAND_IN_COLOR), *self._budget())]}
+
+    def _budget(self) -> tuple[int, int]:
+        return self.settings.image_max_pixels, self.settings.image_min_pixels
+
+
+QWEN3_VL = Composite(
+    ("visual.pos_embed", "visual.patch_embed", "visual.blocks", "visual.deepstack_merger_list"),
+    PROJECTOR_KEYS,
+    LANGUAGE_MODEL_KEYS,
+    LORA_CONFLICT_KEYS,
+)
+
+
+@dataclass
+class Qwen3VLPlugin(Qwen2VLPlugin):
+    """LLaMA-Factory's Qwen3VLPlugin for images (Qwen3-VL, Qwen3.5/3.6 templates): Qwen2-VL's image tokens; its
+    vision tower adds position embeddings and deepstack mergers (frozen with freeze_vision_tower)."""
+
+    name = "qwen3_vl"
+    composites = {"qwen3_vl": QWEN3_VL, "qwen3_vl_moe": QWEN3_VL}

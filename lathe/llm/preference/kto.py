@@ -13,6 +13,8 @@ from lathe.llm.preference.trainer import PreferenceTrainer, all_reduce, no_grad_
 
 SIDES = ("chosen", "rejected")
 SUMMED = ("rewards", "logps", "logits")
+PER_ROW_INPUTS = ("token_type_ids", "cross_attention_mask", "position_ids")  # the KL rows' own (prefix kl_)
+MEDIA_INPUTS = ("pixel_values", "image_sizes", "image_grid_thw", "aspect_ratio_ids", "aspect_ratio_mask")
 
 
 class KTOTrainer(PreferenceTrainer):
@@ -24,6 +26,10 @@ class KTOTrainer(PreferenceTrainer):
     def _log_probs(self, model, batch: dict, prefix: str = ""):
         """(logits, summed log-probs, mean token log-probs) of the target rows, or of the KL rows (prefix kl_)."""
         inputs = {"input_ids": batch[f"{prefix}input_ids"], "attention_mask": batch[f"{prefix}attention_mask"]}
+        # a vision-language batch: the target rows' media tensors serve both forwards, as in LLaMA-Factory; each
+        # side's mrope positions are the collator's (transformers 5.23 no longer derives them without token types)
+        inputs.update({key: batch[key] for key in MEDIA_INPUTS if key in batch})
+        inputs.update({key: batch[prefix + key] for key in PER_ROW_INPUTS if prefix + key in batch})
         logps, lengths, logits = forward_log_probs(self, model, inputs, batch[f"{prefix}labels"])
         return logits, logps, logps / lengths
 

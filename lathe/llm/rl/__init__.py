@@ -6,7 +6,13 @@ functions, and train on group-normalised advantages.
 - rewards.py: reward functions (callables, `module:function` names, reward-model folders) and their calls.
 - losses.py: advantages, the clipped per-token objective, the KL term and the loss aggregation per loss_type.
 - generation.py: prompt rendering, sampling through the model's `generate` and completion masks.
+- reward_models.py: `stage: rm` output folders (a causal LM and its value head) as reward functions.
+- scoring.py: one generation batch: sample, score, log-probs, advantages.
+- resume.py: what a checkpoint carries for an exact resume (the buffered generation, the step counter).
 - trainer.py: GRPOTrainer on lathe.train.Trainer, with TRL's logged metrics.
+
+`stage: grpo` in `lathe train` is lathe.llm.workflows.grpo (its keys: lathe.llm.config.grpo; its prompts:
+lathe.llm.data.prompts; its memory plan: lathe.llm.memory.grpo).
 
 Sampling reproduces TRL's `model.generate` call (same GenerationConfig, same global-RNG draw order), so a
 fixed seed samples the same tokens as TRL on the CPU.

@@ -1,6 +1,7 @@
 """Reward functions of GRPO: resolved from callables, `module:function` names or reward-model folders, and
 called with TRL's convention `f(prompts=, completions=, completion_ids=, **columns) -> list[float | None]`
-(every other dataset column as a keyword argument, one value per completion; None means "not applicable").
+(every other dataset column but lathe's prompt_ids as a keyword argument, one value per completion; None means
+"not applicable").
 A reward model scores prompt + completion and its first logit is the reward."""
 
 from __future__ import annotations
@@ -14,19 +15,25 @@ from pathlib import Path
 import torch
 
 
-class RewardFunctionError(RuntimeError):
-    """A reward function raised or returned the wrong number of rewards: names it and the dataset row."""
+class RewardFunctionError(ValueError):
+    """A reward function raised or returned the wrong number of rewards: names it and the dataset row (a
+    ValueError, so that `lathe train` stops with this one line; --traceback shows the function's own)."""
 
 
 def resolve_reward_function(spec, search_dirs=()):
     """A callable or nn.Module for `spec`: itself when callable; `module:function` imported from
     `search_dirs` first (e.g. the config file's folder), then the working directory, then sys.path; a
-    folder holding a sequence-classification model (e.g. trained with `stage: rm`)."""
+    folder holding a sequence-classification model, or a `stage: rm` output (value_head.safetensors beside the
+    causal LM or its adapter: lathe.llm.rl.reward_models)."""
     if callable(spec):
         return spec
     if not isinstance(spec, str) or not spec.strip():
         raise ValueError(f"reward_funcs: expected a callable, 'module:function' or a model folder; got {spec!r}.")
     if os.path.isdir(spec):
+        from lathe.llm.rl.reward_models import is_value_head_folder, load_value_head_reward
+
+        if is_value_head_folder(spec):  # stage rm's output: a causal LM and its value head
+            return load_value_head_reward(spec)
         from transformers import AutoModelForSequenceClassification
 
         model = AutoModelForSequenceClassification.from_pretrained(spec, num_labels=1)
@@ -69,19 +76,31 @@ def _import_module(name: str, search_dirs: list):
 def reward_function_name(function) -> str:
     """TRL's names: a model's folder name, a function's __name__, a partial's function name."""
     if isinstance(function, torch.nn.Module):
+        if getattr(function, "reward_name", None):
+            return function.reward_name
         return str(getattr(function.config, "_name_or_path", "") or type(function).__name__).rstrip("/").split("/")[-1]
     inner = getattr(function, "func", function)
     return getattr(inner, "__name__", type(inner).__name__)
 
 
-def compute_rewards(functions, names, tokenizers, inputs, prompts, completions, completion_ids, extras, row_ids=None):
-    """(completions, functions) rewards, NaN where a function returned None."""
+def compute_rewards(
+    functions, names, tokenizers, inputs, prompts, completions, completion_ids, extras, row_ids=None, token_ids=None
+):
+    """(completions, functions) rewards, NaN where a function returned None. token_ids: (prompt ids, pad id),
+    for stage rm's reward models, which score the sampled tokens."""
     rewards = torch.zeros(len(prompts), len(functions))
     columns = {
-        key: [row[key] for row in inputs] for key in inputs[0] if key not in ("prompt", "completion", "completion_ids")
+        key: [row[key] for row in inputs]
+        for key in inputs[0]
+        if key not in ("prompt", "prompt_ids", "completion", "completion_ids")
     }
     columns.update(extras)
     for index, (function, name, tokenizer) in enumerate(zip(functions, names, tokenizers)):
+        if getattr(function, "scores_token_ids", False):
+            from lathe.llm.rl.reward_models import score_token_ids
+
+            rewards[:, index] = score_token_ids(function, token_ids[0], completion_ids, token_ids[1])
+            continue
         if isinstance(function, torch.nn.Module):
             rewards[:, index] = _score_with_model(function, tokenizer, prompts, completions)
             continue

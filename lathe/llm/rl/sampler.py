@@ -24,11 +24,21 @@ class RepeatedPromptSampler(Sampler):
         self.batch_size = batch_size
         self.repeat_count = repeat_count
         self.shuffle = shuffle
+        self.seed, self.epoch = seed, None
         self.generator = torch.Generator()
         if seed is not None:
             self.generator.manual_seed(seed)
 
+    def set_epoch(self, epoch: int) -> None:
+        """The Trainer's loop names each epoch: its order is then the (epoch+1)-th permutation drawn from the
+        seed, the one an uninterrupted run draws, also in a run resumed in a later epoch."""
+        self.epoch = epoch
+
     def __iter__(self):
+        if self.shuffle and self.seed is not None and self.epoch is not None:
+            self.generator.manual_seed(self.seed)
+            for _ in range(self.epoch):
+                torch.randperm(self.num_samples, generator=self.generator)
         order = (
             torch.randperm(self.num_samples, generator=self.generator).tolist()
             if self.shuffle

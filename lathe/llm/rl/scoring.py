@@ -16,7 +16,13 @@ def generate_and_score(trainer, rows, mode: str) -> dict:
     if "prompt" not in inputs[0]:
         raise ValueError(f"GRPO: dataset row {row_ids[0]} has no 'prompt' column (columns: {', '.join(inputs[0])}).")
     prompts = [row["prompt"] for row in inputs]
-    prompt_ids_list = generation.tokenize_prompts(tokenizer, prompts, args.chat_template_kwargs, args.max_prompt_length)
+    if "prompt_ids" in inputs[0]:  # rendered beforehand (`lathe train`: the template's generation prompt)
+        keep = args.max_prompt_length
+        prompt_ids_list = [list(row["prompt_ids"])[-keep if keep else 0 :] for row in inputs]
+    else:
+        prompt_ids_list = generation.tokenize_prompts(
+            tokenizer, prompts, args.chat_template_kwargs, args.max_prompt_length
+        )
     completion_ids_list = generation.sample(
         trainer.model,
         prompt_ids_list,
@@ -58,6 +64,7 @@ def generate_and_score(trainer, rows, mode: str) -> dict:
         completion_ids_list,
         {"trainer_state": trainer.state},
         row_ids,
+        (prompt_ids_list, tokenizer.pad_token_id),
     )
     advantages, _, is_std_zero = losses.advantages_of(
         rewards_per_func, trainer.reward_weights, args.num_generations, args.scale_rewards

@@ -83,6 +83,11 @@ class GRPOTrainer(Trainer):
         from lathe.train.seed import set_seed
 
         args = args if args is not None else GRPOConfig(output_dir="grpo_output")
+        if args.world_size > 1:
+            raise ValueError(
+                f"GRPO runs on one process for now ({args.world_size} here): the generation batch is not split "
+                "across processes nor the rewards gathered for the group advantages. Train on one process."
+            )
         set_seed(args.seed)  # before the model: a LoRA adapter's initial weights are drawn from it
         model, tokenizer = _prepare_policy(model, processing_class, args)
         processing_class = processing_class if processing_class is not None else tokenizer
@@ -142,13 +147,34 @@ class GRPOTrainer(Trainer):
         given = given if isinstance(given, (list, tuple)) else [given] * len(self.reward_funcs)
         tokenizers = []
         for function, tokenizer in zip(self.reward_funcs, given):
-            if isinstance(function, torch.nn.Module) and tokenizer is None:
+            if (
+                isinstance(function, torch.nn.Module)
+                and tokenizer is None
+                and not hasattr(function, "scores_token_ids")
+            ):
                 tokenizer = AutoTokenizer.from_pretrained(function.config._name_or_path)
                 if tokenizer.pad_token_id is None:
                     tokenizer.pad_token = tokenizer.eos_token
                 function.config.pad_token_id = tokenizer.pad_token_id
             tokenizers.append(tokenizer)
         return tokenizers
+
+    # ----- exact resume: the buffered generation and the step counter travel with each checkpoint -----
+
+    def train(self, resume_from_checkpoint=None, trial=None, ignore_keys_for_eval=None, **kwargs):
+        from lathe.llm.rl.resume import load_generation_state
+        from lathe.train.resume import resolve_resume_path
+
+        path = resolve_resume_path(self.args, resume_from_checkpoint)
+        if path is not None:
+            load_generation_state(self, path)
+        return super().train(path, trial, ignore_keys_for_eval, **kwargs)
+
+    def _save_checkpoint(self, model, trial=None):
+        from lathe.llm.rl.resume import save_generation_state
+
+        super()._save_checkpoint(model, trial)
+        save_generation_state(self)
 
     # ----- data: the generation batch -----
 

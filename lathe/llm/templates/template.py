@@ -251,12 +251,14 @@ MEDIA_PLACEHOLDERS = ("<image>", "<video>", "<audio>")
 
 
 def _refuse_media_placeholders(template: Template, index: int, content: str) -> None:
-    """LLaMA-Factory's multimodal plugins refuse a placeholder without its media; lathe has no media."""
+    """LLaMA-Factory's multimodal plugins refuse a placeholder without its media (a row with media has its
+    placeholders expanded before the template encodes it: lathe.llm.multimodal)."""
     for placeholder in MEDIA_PLACEHOLDERS:
         if placeholder in content:
             raise InvalidMessage(
-                f"message {index + 1} holds the {placeholder} placeholder of an image, video or audio "
-                f"input: multimodal is not supported yet (template {template.name!r} trains on text)"
+                f"message {index + 1} holds the {placeholder} placeholder but the row gives no "
+                f"{placeholder.strip('<>')} (template {template.name!r}): list its file in the dataset's "
+                f"{placeholder.strip('<>')}s column"
             )
 
 

@@ -182,6 +182,9 @@ def _plan_memory(plan: RunPlan, config, model, train_dataset) -> None:
     vocab = getattr(getattr(model, "config", None), "vocab_size", None)
     settings = memory_settings(config, train_dataset, vocab)
     plan.memory = estimate_memory(model, settings, available_memory(config.training.device))
+    from lathe.llm.memory.vision import add_vision_terms
+
+    add_vision_terms(plan.memory, model, settings, train_dataset)  # a vision-language model's tower
     if plan.memory is not None and settings.reference_copy and config.finetuning.ref_model is not None:
         plan.memory.notes.append(f"ref_model {config.finetuning.ref_model}: sized as the policy's base model")
     if plan.memory is not None and settings.half and has_lora(model):

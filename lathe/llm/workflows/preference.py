@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from lathe.llm.workflows.plan import make_plan, report_plan
 from lathe.train.data.labels import IGNORE_INDEX
+from lathe.llm.multimodal.saving import processor_callbacks
 from lathe.llm.workflows.setup import (
     checkpointing_for,
     make_callbacks,
@@ -79,6 +80,9 @@ def _make_trainer(config, model, reference, tokenizer, datasets, callbacks):
     collator = (PairwiseDataCollator if dpo else KTODataCollator)(
         tokenizer, pad_to_multiple_of=8, label_pad_token_id=label_pad
     )
+    from lathe.llm.workflows.sft import multimodal_collator
+
+    collator.pad = multimodal_collator(collator.pad, model, datasets.get("media"))  # a VL model: media tensors
     return (DPOTrainer if dpo else KTOTrainer)(
         model=model,
         ref_model=reference,
@@ -88,5 +92,5 @@ def _make_trainer(config, model, reference, tokenizer, datasets, callbacks):
         processing_class=tokenizer,
         train_dataset=datasets["train_dataset"],
         eval_dataset=datasets["eval_dataset"],
-        callbacks=make_callbacks(config) + list(callbacks or []),
+        callbacks=make_callbacks(config) + processor_callbacks(datasets.get("media"), model) + list(callbacks or []),
     )

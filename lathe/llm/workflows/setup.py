@@ -151,11 +151,16 @@ def load_data(config, stage: str):
     stop tokens the model must have rows for, and the data is tokenized with both."""
     from lathe.llm.data.pipeline import get_dataset
     from lathe.llm.model.loader import load_tokenizer
+    from lathe.llm.multimodal.encode import MediaEncoder
     from lathe.llm.templates import get_template_and_fix_tokenizer
 
     tokenizer = load_tokenizer(config.model)
     template = get_template_and_fix_tokenizer(tokenizer, config.data)
-    datasets = get_dataset(template, config.model, config.data, config.training, stage=stage, tokenizer=tokenizer)
+    media = MediaEncoder.for_run(template, tokenizer, config.model)
+    datasets = get_dataset(
+        template, config.model, config.data, config.training, stage=stage, tokenizer=tokenizer, media=media
+    )
+    datasets["media"] = media
     return tokenizer, template, datasets
 
 

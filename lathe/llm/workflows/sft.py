@@ -10,6 +10,7 @@ from __future__ import annotations
 from lathe.llm.methods.optimizers import MethodOptimizerMixin
 from lathe.llm.workflows.meter import TokenMeterMixin
 from lathe.llm.workflows.plan import make_plan, report_plan
+from lathe.llm.multimodal.saving import processor_callbacks
 from lathe.llm.workflows.setup import (
     checkpointing_for,
     evaluate_and_save,
@@ -50,18 +51,31 @@ def generation_kwargs(config, tokenizer, template) -> dict:
     return kwargs
 
 
-def make_collator(config, tokenizer, model):
-    """The collator sft trains with (LLaMA-Factory's settings: rows padded to a multiple of 8 when training)."""
+def make_collator(config, tokenizer, model, media=None):
+    """The collator sft trains with (LLaMA-Factory's settings: rows padded to a multiple of 8 when training); a
+    vision-language model's adds the media tensors (lathe.llm.multimodal.collator)."""
     from lathe.llm.data.collator import SFTDataCollator
 
     data_args = config.data
-    return SFTDataCollator(
+    collator = SFTDataCollator(
         tokenizer=tokenizer,
         model=model,
         neat_packing=data_args.neat_packing,
         label_pad_token_id=IGNORE_INDEX if data_args.ignore_pad_token_for_loss else tokenizer.pad_token_id,
         pad_to_multiple_of=8 if config.training.do_train else None,
     )
+    return multimodal_collator(collator, model, media)
+
+
+def multimodal_collator(collator, model, media):
+    """`collator` wrapped for a vision-language model run with a multimodal template; unchanged otherwise."""
+    from lathe.llm.multimodal.towers import composite_of
+
+    if media is None or composite_of(model) is None:
+        return collator
+    from lathe.llm.multimodal.collator import MultimodalCollator
+
+    return MultimodalCollator(collator, media.plugin, model)
 
 
 def run(config, dry_run: bool = False, callbacks: list | None = None) -> dict:
@@ -94,7 +108,7 @@ def run(config, dry_run: bool = False, callbacks: list | None = None) -> dict:
         return {}
 
     set_stop_tokens(model, tokenizer, template)
-    collator = make_collator(config, tokenizer, model)
+    collator = make_collator(config, tokenizer, model, datasets.get("media"))
     trainer = SFTTrainer(
         model=model,
         args=training_args,
@@ -105,7 +119,7 @@ def run(config, dry_run: bool = False, callbacks: list | None = None) -> dict:
         compute_metrics=GenerationMetrics(tokenizer, config.generating.skip_special_tokens)
         if training_args.predict_with_generate
         else None,
-        callbacks=make_callbacks(config) + list(callbacks or []),
+        callbacks=make_callbacks(config) + processor_callbacks(datasets.get("media"), model) + list(callbacks or []),
         finetuning_args=finetuning_args,
         ref_model=load_reference_model(tokenizer, model_args, finetuning_args),
     )

@@ -6,11 +6,11 @@ from __future__ import annotations
 from importlib import import_module
 
 # stage -> module of lathe.llm.workflows (imported only when that stage runs: each pulls in transformers).
-RECIPES = {"pt": "pt", "sft": "sft", "rm": "rm", "dpo": "preference", "kto": "preference"}
+RECIPES = {"pt": "pt", "sft": "sft", "rm": "rm", "dpo": "preference", "kto": "preference", "grpo": "grpo"}
 
 
 def run_train(config, dry_run: bool = False, callbacks: list | None = None) -> dict:
-    """Run the stage the config names (pt, sft, rm, dpo or kto); the metrics of what ran ({} for a dry run)."""
+    """Run the stage the config names (pt, sft, rm, dpo, kto or grpo); the metrics of what ran ({} for a dry run)."""
     stage = config.finetuning.stage
     if stage not in RECIPES:
         raise ValueError(f"stage {stage!r} has no recipe; lathe trains {', '.join(RECIPES)}.")

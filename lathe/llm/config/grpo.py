@@ -1,0 +1,165 @@
+"""The `stage: grpo` keys of `lathe train`: TRL 1.16 GRPOConfig's names and defaults (FinetuningArguments
+inherits them, as LLaMA-Factory keeps its ppo_* / pref_* keys there), their checks, and the GRPOConfig a run
+trains with (the training section plus these keys).
+
+Four names are also LLaMA-Factory generating keys: temperature, top_p, top_k and repetition_penalty. Under
+`stage: grpo` they are GRPO's sampling settings with TRL's defaults (1.0, 1.0, 0, 1.0), not LLaMA-Factory's
+(0.95, 0.7, 50, 1.0); the generating keys GRPO does not read (max_new_tokens: use max_completion_length;
+do_sample, num_beams, ...) are errors there, never silently dropped."""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass, field, fields
+
+from lathe.llm.config.values import split_commas
+
+__all__ = ["GRPOArguments", "check_grpo_options", "grpo_config"]
+
+LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo")
+SCALE_REWARDS = ("group", "batch", "none")
+SHARED_WITH_GENERATING = ("temperature", "top_p", "top_k", "repetition_penalty")
+# LLaMA-Factory generating keys (with their defaults) that GRPO's sampling does not read.
+GENERATING_NOT_READ = {
+    "do_sample": True,
+    "num_beams": 1,
+    "max_length": 1024,
+    "max_new_tokens": 1024,
+    "length_penalty": 1.0,
+    "skip_special_tokens": True,
+}
+
+
+def _help(text: str) -> dict:
+    return {"help": text}
+
+
+@dataclass
+class GRPOArguments:
+    """GRPO's keys (stage grpo); checked by check_grpo_keys from FinetuningArguments.__post_init__."""
+
+    reward_funcs: str | list[str] | None = field(
+        default=None,
+        metadata=_help(
+            "grpo: reward functions, comma separated: 'module:function' (imported from the config file's folder, "
+            "then the working directory, then sys.path) or a reward-model folder (e.g. from stage rm)."
+        ),
+    )
+    reward_weights: str | list[float] | None = field(
+        default=None, metadata=_help("grpo: one weight per reward function (default: all 1.0).")
+    )
+    num_generations: int = field(default=8, metadata=_help("grpo: completions sampled per prompt (a group)."))
+    max_prompt_length: int | None = field(
+        default=None, metadata=_help("grpo: keep the last this many prompt tokens (None: the whole prompt).")
+    )
+    max_completion_length: int = field(default=512, metadata=_help("grpo: most tokens sampled per completion."))
+    shuffle_dataset: bool = field(default=True, metadata=_help("grpo: shuffle the prompts (TRL's sampler order)."))
+    generation_batch_size: int | None = field(
+        default=None, metadata=_help("grpo: completions per generation (default: global batch x accumulation).")
+    )
+    steps_per_generation: int | None = field(
+        default=None, metadata=_help("grpo: micro-steps served by one generation (default: gradient accumulation).")
+    )
+    temperature: float = field(default=1.0, metadata=_help("grpo: sampling temperature (TRL's default, 1.0)."))
+    top_p: float = field(default=1.0, metadata=_help("grpo: nucleus sampling mass (TRL's default, 1.0)."))
+    top_k: int = field(default=0, metadata=_help("grpo: sample among the k most likely tokens (0: all)."))
+    repetition_penalty: float = field(default=1.0, metadata=_help("grpo: repetition penalty (1.0: none)."))
+    beta: float = field(default=0.0, metadata=_help("grpo: KL weight; 0 loads and runs no reference model."))
+    epsilon: float = field(default=0.2, metadata=_help("grpo: lower clipping bound of the ratio (1 - epsilon)."))
+    epsilon_high: float | None = field(
+        default=None, metadata=_help("grpo: upper clipping bound (1 + epsilon_high; default epsilon).")
+    )
+    num_iterations: int = field(default=1, metadata=_help("grpo: updates per generation batch (mu)."))
+    loss_type: str = field(default="dapo", metadata=_help("grpo: grpo, bnpo, dr_grpo or dapo (TRL's)."))
+    scale_rewards: str = field(
+        default="group", metadata=_help("grpo: divide advantages by the group's std, the batch's, or none.")
+    )
+    mask_truncated_completions: bool = field(
+        default=False, metadata=_help("grpo: completions cut at max_completion_length add no loss.")
+    )
+
+    def check_grpo_keys(self) -> None:
+        if self.stage != "grpo":
+            for f in fields(GRPOArguments):
+                if f.name not in SHARED_WITH_GENERATING and getattr(self, f.name) != f.default:
+                    raise ValueError(f"{f.name} only applies to stage grpo (this config's stage is {self.stage}).")
+            return
+        self._check_rewards()
+        self._check_grpo_values()
+
+    def _check_rewards(self) -> None:
+        self.reward_funcs = split_commas(self.reward_funcs)
+        if not self.reward_funcs:
+            raise ValueError("reward_funcs is required for stage grpo: 'module:function' names or model folders.")
+        if self.reward_weights is not None:
+            weights = split_commas(self.reward_weights)
+            try:
+                self.reward_weights = [float(w) for w in weights]
+            except (TypeError, ValueError):
+                raise ValueError(f"reward_weights must be numbers, got {weights!r}") from None
+            if len(self.reward_weights) != len(self.reward_funcs):
+                raise ValueError(
+                    f"reward_weights has {len(self.reward_weights)} values for {len(self.reward_funcs)} reward_funcs."
+                )
+
+    def _check_grpo_values(self) -> None:
+        self.scale_rewards = {True: "group", False: "none"}.get(self.scale_rewards, self.scale_rewards)
+        for key, choices in (("loss_type", LOSS_TYPES), ("scale_rewards", SCALE_REWARDS)):
+            if getattr(self, key) not in choices:
+                raise ValueError(f"{key} must be one of {', '.join(choices)}; got {getattr(self, key)!r}.")
+        for key, low in (("num_generations", 2), ("max_completion_length", 1), ("num_iterations", 1)):
+            if getattr(self, key) < low:
+                raise ValueError(f"{key} must be at least {low}; got {getattr(self, key)}.")
+        for key in ("max_prompt_length", "generation_batch_size", "steps_per_generation"):
+            if getattr(self, key) is not None and getattr(self, key) < 1:
+                raise ValueError(f"{key} must be a positive integer; got {getattr(self, key)}.")
+        if self.temperature <= 0 or not 0 < self.top_p <= 1 or self.top_k < 0 or self.repetition_penalty <= 0:
+            raise ValueError(
+                "stage grpo samples: temperature and repetition_penalty must be > 0, top_p in (0, 1], top_k >= 0 "
+                f"(got {self.temperature}, {self.repetition_penalty}, {self.top_p}, {self.top_k})."
+            )
+        if self.epsilon < 0 or (self.epsilon_high is not None and self.epsilon_high < 0) or self.beta < 0:
+            raise ValueError("epsilon, epsilon_high and beta must be >= 0.")
+
+
+def check_grpo_options(data, training, finetuning, generating, where: str) -> None:
+    """What stage grpo does not read, refused; the GRPOConfig built once, so its rules (divisibility of the
+    batches by num_generations, ...) stop the run here, naming the keys."""
+    if finetuning.stage != "grpo":
+        return
+    for key, default in GENERATING_NOT_READ.items():
+        if generating is not None and getattr(generating, key) != default:
+            hint = " (use max_completion_length)" if key in ("max_new_tokens", "max_length") else ""
+            raise ValueError(f"{key}{where} is a generating key that stage grpo does not read{hint}.")
+    if data.cutoff_len != 2048:
+        raise ValueError(
+            f"cutoff_len{where} is not read by stage grpo: use max_prompt_length and max_completion_length."
+        )
+    if training.use_liger_kernel:  # GRPO's log-probs are its own, not the causal-LM loss Liger fuses
+        raise ValueError(f"enable_liger_kernel{where} is not read by stage grpo.")
+    if data.eval_dataset or data.val_size > 1e-6 or training.do_eval or training.do_predict:
+        raise ValueError(
+            f"stage grpo{where} trains only: evaluation (eval_dataset, val_size, do_eval) is not supported yet."
+        )
+    try:
+        grpo_config(training, finetuning)
+    except ValueError as error:
+        raise ValueError(f"{error}{where}") from None
+
+
+def grpo_config(training, finetuning):
+    """lathe.llm.rl.GRPOConfig: the training section's values (LLaMA-Factory's training defaults, e.g.
+    learning_rate 5e-5, not TRL's 1e-6) and the GRPO keys."""
+    from lathe.llm.rl.config import GRPOConfig
+    from lathe.train.args.training_args import TrainingArguments
+
+    values = {
+        f.name: getattr(training, f.name) for f in fields(TrainingArguments) if f.init and hasattr(training, f.name)
+    }
+    values.update({f.name: getattr(finetuning, f.name) for f in fields(GRPOArguments) if f.name != "reward_funcs"})
+    values.pop("overwrite_output_dir", None)  # read by the recipe (resume or not), not by transformers 5's arguments
+    # GRPO's loss is its own (log-probs of sampled tokens), not the causal-LM loss the chunked path serves.
+    values.update(remove_unused_columns=False, chunked_cross_entropy="no")
+    with warnings.catch_warnings():  # gradient_checkpointing* are copied with their new names' values: no news
+        warnings.filterwarnings("ignore", message=".*gradient_checkpointing", category=FutureWarning)
+        return GRPOConfig(**values, reward_funcs=list(finetuning.reward_funcs))

@@ -1,0 +1,165 @@
+"""Images for a served model (lathe chat, lathe api, lathe export): the model folder's image processor, and a
+conversation with images encoded exactly as training encodes it (the family's pixel budget, `<image>` expanded
+to its vision tokens, the processor's tensors), or the one-line reason this model takes no images."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+
+from lathe.llm.multimodal.images import (
+    DEFAULT_IMAGE_MAX_PIXELS,
+    DEFAULT_IMAGE_MIN_PIXELS,
+    IMAGE_PLACEHOLDER,
+    check_placeholders,
+)
+
+logger = logging.getLogger(__name__)
+
+# The family functions a served conversation needs (lathe/llm/multimodal/qwen2_vl.py has them).
+SERVING_FUNCTIONS = ("image_inputs", "expand_placeholders")
+# A processor's own files besides preprocessor_config.json (transformers 5 writes them with the processor).
+PROCESSOR_FILES = ("processor_config.json", "video_preprocessor_config.json")
+
+
+@dataclass
+class ImageEncoder:
+    """Encodes a conversation's images as training does. `refusal` is set (and nothing else used) when the model
+    takes no images: a text-only model, a family lathe cannot encode yet, or no image processor in the folder."""
+
+    family: object = None
+    image_processor: object = None
+    max_pixels: int = DEFAULT_IMAGE_MAX_PIXELS
+    min_pixels: int = DEFAULT_IMAGE_MIN_PIXELS
+    refusal: str | None = None
+    names: dict = field(default_factory=dict)  # what the refusal names: the model and template
+
+    def encode(self, turns: list[dict], images: list) -> tuple[list[dict], dict]:
+        """(turns with each `<image>` expanded, the processor's tensors). Images go where their `<image>`
+        placeholders are; with no placeholder at all they go before the text of the first turn, as LLaMA-Factory's
+        chat engine puts them. A ValueError says what does not fit (the refusal, the placeholder count)."""
+        if not images:
+            return turns, {}
+        if self.refusal is not None:
+            raise ValueError(self.refusal)
+        turns = [dict(turn) for turn in turns]
+        if not any(IMAGE_PLACEHOLDER in turn["content"] for turn in turns):
+            turns[0]["content"] = IMAGE_PLACEHOLDER * len(images) + turns[0]["content"]
+        check_placeholders(turns, {"image": len(images)}, "the conversation")
+        media = self.family.image_inputs(images, self.image_processor, self.max_pixels, self.min_pixels)
+        expanded = self.family.expand_placeholders(turns, media["image_grid_thw"], self.image_processor.merge_size)
+        return expanded, media
+
+
+def load_image_encoder(config, model, template) -> ImageEncoder:
+    """The encoder for `model` served with `template`: the template's multimodal family, the image processor of
+    model_name_or_path, and image_max_pixels / image_min_pixels as training read them."""
+    from lathe.llm.multimodal.plugins import plugin_module
+
+    name = config.model.model_name_or_path
+    if getattr(model.config, "vision_config", None) is None:
+        return ImageEncoder(refusal=f"{name} is a text-only model ({type(model).__name__}): it takes no images.")
+    if not template.multimodal:
+        return ImageEncoder(
+            refusal=f"template {template.name!r} is a text template: serve {name} with its multimodal template "
+            "(e.g. qwen2_vl) to send images."
+        )
+    try:
+        family = plugin_module(template.multimodal, template.name)
+    except ValueError as error:
+        return ImageEncoder(refusal=str(error))
+    if not all(hasattr(family, function) for function in SERVING_FUNCTIONS):
+        return ImageEncoder(refusal=f"template {template.name!r}: lathe chat / lathe api cannot send images yet.")
+    try:
+        image_processor = load_image_processor(config.model)
+    except OSError as error:
+        return ImageEncoder(refusal=f"{name} has no image processor, so it takes no images here: {error}")
+    return ImageEncoder(
+        family,
+        image_processor,
+        _config_value(config, "image_max_pixels", DEFAULT_IMAGE_MAX_PIXELS),
+        _config_value(config, "image_min_pixels", DEFAULT_IMAGE_MIN_PIXELS),
+    )
+
+
+def _config_value(config, key: str, default):
+    """A multimodal key of the inference config (LLaMA-Factory keeps them with the model arguments), else its
+    default: the same budget training read."""
+    for section in (config.model, config.data):
+        value = getattr(section, key, None)
+        if value is not None:
+            return value
+    return default
+
+
+def load_image_processor(model_args):
+    """The image processor saved in the model folder (preprocessor_config.json)."""
+    from transformers import AutoImageProcessor
+
+    from lathe.llm.model.hub import model_folder
+
+    folder = model_folder(model_args)
+    try:
+        return AutoImageProcessor.from_pretrained(
+            folder, trust_remote_code=model_args.trust_remote_code, local_files_only=True
+        )
+    except (OSError, ValueError) as error:
+        raise OSError(f"no image processor in {folder} (preprocessor_config.json): {error}") from None
+
+
+def probe_image():
+    """A small drawn image (a gradient with a checker pattern) for export's checks: the vision tower's weights
+    are compared too, not only the language model's."""
+    import numpy as np
+    from PIL import Image
+
+    y, x = np.mgrid[0:56, 0:84]
+    pixels = np.stack([(x * 3) % 256, (y * 5) % 256, ((x // 7 + y // 7) % 2) * 255], -1)
+    return Image.fromarray(pixels.astype("uint8"), "RGB")
+
+
+def image_probe(config, model, tokenizer, template) -> dict | None:
+    """Export's probe with an image (None for a model that takes none): the model's inputs for one user turn
+    holding the probe image, encoded as served, with the 3-D positions training gives the family."""
+    import torch
+
+    from lathe.llm.multimodal.qwen2_vl import rope_positions
+
+    encoder = load_image_encoder(config, model, template)
+    if encoder.refusal is not None:
+        return None
+    turns, media = encoder.encode([{"role": "user", "content": "Describe the image."}], [probe_image()])
+    prompt_ids, _ = template.encode_oneturn(tokenizer, turns + [{"role": "assistant", "content": ""}])
+    input_ids = torch.tensor([prompt_ids])
+    position_ids, _ = rope_positions(model, input_ids, torch.ones_like(input_ids), media["image_grid_thw"])
+    return {"input_ids": input_ids, "position_ids": position_ids, **media}
+
+
+def save_processor(model_args, model, export_dir: str) -> bool:
+    """Write a vision-language model's processor files into export_dir (before the tokenizer, whose files then
+    win): the whole processor when transformers can build it here, else its image processor
+    (preprocessor_config.json). False for a text-only model."""
+    if getattr(model.config, "vision_config", None) is None:
+        return False
+    from transformers import AutoProcessor, ProcessorMixin
+
+    from lathe.llm.model.hub import model_folder
+
+    try:
+        processor = AutoProcessor.from_pretrained(
+            model_folder(model_args), trust_remote_code=model_args.trust_remote_code, local_files_only=True
+        )
+    except Exception:  # noqa: BLE001 (a video processor needing torchvision, ...: the image processor is saved alone)
+        processor = None
+    if isinstance(processor, ProcessorMixin):
+        processor.save_pretrained(export_dir)
+        return True
+    load_image_processor(model_args).save_pretrained(export_dir)
+    import os
+    import shutil
+
+    folder = model_folder(model_args)
+    for name in PROCESSOR_FILES:  # the rest of the processor, as the base model has it, for a machine that builds it
+        if os.path.isfile(os.path.join(folder, name)) and not os.path.exists(os.path.join(export_dir, name)):
+            shutil.copy(os.path.join(folder, name), os.path.join(export_dir, name))
+    return True

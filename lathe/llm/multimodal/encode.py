@@ -1,0 +1,110 @@
+"""What the data pipeline calls for rows with media: the run's family plugin, made at the first such row (a text
+run with a multimodal template never loads a processor), the placeholders expanded before the template encodes
+the row, and the encoded row checked after cutoff_len (a media run cut through: the row is left out)."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from dataclasses import fields
+
+from lathe.llm.multimodal.base import KINDS, MediaSettings
+from lathe.llm.multimodal.media import CANONICAL
+
+PROCESSOR_FILES = ("preprocessor_config.json", "processor_config.json", "video_preprocessor_config.json")
+
+
+def load_processor(path: str):
+    """The model folder's processor. transformers' AutoProcessor of the Qwen2-VL family also builds a video
+    processor, which needs torchvision; without it the folder's image processor alone serves image rows."""
+    from transformers import AutoImageProcessor, AutoProcessor
+
+    try:
+        processor = AutoProcessor.from_pretrained(path)
+        if "Processor" in type(processor).__name__:  # not the tokenizer AutoProcessor falls back to
+            return processor
+    except ImportError:
+        pass
+    except (OSError, ValueError) as error:
+        raise ValueError(f"{path}: no processor for images/videos/audio could be loaded ({error})") from None
+    try:
+        return AutoImageProcessor.from_pretrained(path)
+    except (OSError, ValueError) as error:
+        raise ValueError(f"{path}: no image processor (preprocessor_config.json) could be loaded ({error})") from None
+
+
+class MediaEncoder:
+    """The data pipeline's handle on the run's multimodal family (lathe.llm.multimodal.base.FamilyPlugin)."""
+
+    def __init__(self, template, tokenizer, model_path: str, settings: MediaSettings | None = None, processor=None):
+        self.template, self.tokenizer, self.model_path = template, tokenizer, model_path
+        self.settings = settings or MediaSettings()
+        self._processor, self._plugin = processor, None
+
+    @classmethod
+    def for_run(cls, template, tokenizer, model_args) -> "MediaEncoder | None":
+        if not getattr(template, "multimodal", ""):
+            return None
+        from lathe.llm.model.hub import model_folder  # a hub id: its local snapshot, as the tokenizer was read
+
+        return cls(template, tokenizer, model_folder(model_args), MediaSettings.from_args(model_args))
+
+    @property
+    def processor(self):
+        if self._processor is None:
+            self._processor = load_processor(self.model_path)
+        return self._processor
+
+    @property
+    def plugin(self):
+        if self._plugin is None:
+            from lathe.llm.multimodal.plugins import get_plugin
+
+            self._plugin = get_plugin(self.template, self.processor, self.tokenizer, self.settings)
+        return self._plugin
+
+    def describe(self) -> dict:
+        """What changes the encoded rows besides the data: the settings and the model folder's processor files."""
+        files = {}
+        for name in PROCESSOR_FILES:
+            path = os.path.join(self.model_path, name)
+            if os.path.isfile(path):
+                with open(path, "rb") as handle:
+                    files[name] = hashlib.sha256(handle.read()).hexdigest()
+        settings = {item.name: getattr(self.settings, item.name) for item in fields(self.settings)}
+        return {"family": self.template.multimodal, "settings": settings, "processor_files": files}
+
+    def __getstate__(self):  # datasets' workers and fingerprints: the processor is loaded again where needed
+        return {**self.__dict__, "_processor": None, "_plugin": None}
+
+    @staticmethod
+    def row_paths(examples: dict, index: int) -> dict[str, list]:
+        return {kind: list((examples.get(CANONICAL[kind]) or [None] * (index + 1))[index] or []) for kind in KINDS}
+
+    def expand(self, messages: list[dict], paths: dict[str, list], where: str = "a row"):
+        """(the messages with their placeholders expanded, the regularized media) for a row with media."""
+        plugin = self.plugin
+        plugin.check_kinds({kind: len(items) for kind, items in paths.items()}, where)
+        media = {kind: plugin.regularize(kind, items, where) for kind, items in paths.items() if items}
+        return plugin.process_messages(messages, media), media
+
+    def finish(self, input_ids: list[int], labels: list[int], media: dict):
+        """(input_ids, labels, why the row cannot train or None) after the template encoded and cut the row."""
+        input_ids, labels = self.plugin.process_token_ids(input_ids, labels, media)
+        return input_ids, labels, self.plugin.cut_reason(input_ids, media)
+
+
+def media_kinds(dataset) -> tuple[str, ...]:
+    """The kinds of media some row of a converted dataset has (its tokenized rows carry those columns)."""
+    present = set(dataset.column_names)
+    table = dataset.with_format("arrow")
+    return tuple(
+        kind for kind in KINDS if CANONICAL[kind] in present and table[CANONICAL[kind]].null_count < len(dataset)
+    )
+
+
+def output_columns(paths: list[dict[str, list]], kinds: tuple[str, ...]) -> dict[str, list]:
+    """The tokenized rows' media columns (images / videos / audios: the paths the collator opens again)."""
+    from lathe.llm.multimodal.media import COLUMNS
+
+    return {COLUMNS[kind]: [row.get(kind) or None for row in paths] for kind in kinds}
