@@ -6,7 +6,6 @@ for pairs: pixel_values, image_sizes, token_type_ids, cross_attention_mask, aspe
 feature_attention_mask, with LLaMA-Factory's stand-in image or audio in batches that have none; and the family's
 tiny random-weight model (built from its config) takes lathe's batches."""
 
-import dataclasses
 import importlib.util
 import json
 from pathlib import Path
@@ -49,46 +48,49 @@ def _media(family, row):
     return media.get("images", []), media.get("audios", [])
 
 
+def _plugin(family, tokenizer, processor):
+    from lathe.llm.multimodal.plugins import plugin_class
+
+    return plugin_class(GEN.plugin_of(family))(processor, tokenizer, _settings(family))
+
+
 @pytest.mark.parametrize("family", list(GEN.FAMILIES))
 def test_family_encodes_and_collates_as_llamafactory(family, golden):
     from lathe.llm.config.train import DataArguments
     from lathe.llm.data.collator import SFTDataCollator
     from lathe.llm.data.supervised import encode_supervised_example
-    from lathe.llm.multimodal.common import FamilyCollator, media_cut_reason, media_token_counts
-    from lathe.llm.multimodal.plugins import plugin_module
+    from lathe.llm.multimodal.collator import MultimodalCollator
+    from lathe.llm.multimodal.encode import EXPANDED
     from lathe.llm.templates import get_template_and_fix_tokenizer
 
     tensors, metadata = golden
     assert json.loads(metadata["versions"])["llamafactory"] == "0.9.5"
     assert metadata[f"{family}.processor"].endswith(("Pil", "FeatureExtractor"))  # the goldens' PIL backend
-    module = plugin_module(GEN.plugin_of(family))
     tokenizer = GEN.make_tokenizer(GEN.plugin_of(family))
     processor = GEN.make_processor(GEN.plugin_of(family), tokenizer)
     template = get_template_and_fix_tokenizer(tokenizer, DataArguments(template=GEN.FAMILIES[family][0]))
-    # the expanded messages hold the family's media tokens, and LLaVA's is `<image>` itself: encode them with the
-    # text template (on main a multimodal template refuses any placeholder left in a message)
-    template = dataclasses.replace(template, multimodal="")
-    settings = _settings(family)
+    plugin = _plugin(family, tokenizer, processor)
+    media_ids = tokenizer.convert_tokens_to_ids(list(plugin.family.media_tokens(processor)))
     rows = GEN.rows_of(family)
     features = []
     for index, row in enumerate(rows):
         images, audios = _media(family, row)
-        messages = module.process_messages(GEN.messages_of(row), images, audios, processor, settings)
+        media = {kind: items for kind, items in (("image", images), ("audio", audios)) if items}
+        messages = plugin.process_messages(GEN.messages_of(row), media)
         assert messages == json.loads(metadata[f"{family}.messages.{index}"]), index
-        prefix = module.prefix_ids(images, tokenizer, processor)
+        # marked as the pipeline marks them: the template refuses a literal `<image>` only in rows without media
+        messages = [{**message, EXPANDED: True} for message in messages]
         ids, labels = encode_supervised_example(
-            messages[:-1], messages[-1:], "", "", template, tokenizer, GEN.CUTOFF_LEN - len(prefix)
+            messages[:-1], messages[-1:], "", "", template, tokenizer, GEN.CUTOFF_LEN - plugin.prefix_length(media)
         )
-        ids, labels = prefix + ids, [-100] * len(prefix) + labels
+        ids, labels = plugin.process_token_ids(ids, labels, media)
         assert ids == tensors[f"{family}.example.{index}.input_ids"].tolist(), index
         assert labels == tensors[f"{family}.example.{index}.labels"].tolist(), index
         # a cutoff through the media is named (the whole row is not), for each family's media tokens
-        counts = media_token_counts(messages, module.media_tokens(processor))
-        assert media_cut_reason(ids, counts, tokenizer) is None
-        media_ids = tokenizer.convert_tokens_to_ids(list(counts))
-        if any(counts.values()):
+        assert plugin.cut_reason(ids, media) is None
+        if media and media_ids:
             last = max(position for position, token in enumerate(ids) if token in media_ids)
-            assert media_cut_reason(ids[:last], counts, tokenizer).startswith("cutoff_len cuts through the media")
+            assert plugin.cut_reason(ids[:last], media).startswith("cutoff_len cuts through the media")
         features.append({"input_ids": ids, "labels": labels, "attention_mask": [1] * len(ids)})
         features[-1].update({key: value for key, value in (("images", images), ("audios", audios)) if value})
 
@@ -96,13 +98,13 @@ def test_family_encodes_and_collates_as_llamafactory(family, golden):
     # the towers' name parts (LLaMA-Factory's freeze / LoRA keys) name this model's parameters, none in two parts
     # (LLaVA-NeXT's image_newline is in none, as in LLaMA-Factory; lm_head is tied in some tiny models)
     if model is not None:
-        parts = module.COMPOSITES[model.config.model_type]
-        towers = [parts["vision_keys"], parts["projector_keys"], parts["language_keys"]]
+        parts = plugin.composite(model.config.model_type)
+        towers = [parts.vision_keys, parts.projector_keys, parts.language_keys]
         names = [name for name, _ in model.named_parameters()]
         assert all(sum(any(key in name for key in keys) for keys in towers) <= 1 for name in names)
-        for key in parts["vision_keys"] + parts["projector_keys"] + parts["language_keys"][:1]:
+        for key in parts.vision_keys + parts.projector_keys + parts.language_keys[:1]:
             assert any(key in name for name in names), key
-    collator = FamilyCollator(SFTDataCollator(tokenizer, pad_to_multiple_of=8), processor, module, settings)
+    collator = MultimodalCollator(SFTDataCollator(tokenizer, pad_to_multiple_of=8), plugin, model)
     batches = {f"single.{index}": [feature] for index, feature in enumerate(features)}
     batches.update({f"pair.{pair}": features[2 * pair : 2 * pair + 2] for pair in range(len(features) // 2)})
     for prefix, chosen in batches.items():
@@ -163,16 +165,15 @@ def test_media_the_family_does_not_take_is_refused():
     from PIL import Image
 
     from lathe.llm.data.collator import SFTDataCollator
-    from lathe.llm.multimodal import llava, qwen2_audio
-    from lathe.llm.multimodal.common import FamilyCollator
+    from lathe.llm.multimodal.collator import MultimodalCollator
 
     row = {"input_ids": [1, 2], "labels": [-100, 2], "attention_mask": [1, 1]}
     tokenizer = GEN.make_tokenizer("qwen2_audio")
-    collator = FamilyCollator(SFTDataCollator(tokenizer), None, qwen2_audio)
-    with pytest.raises(ValueError, match="the qwen2_audio family takes no image input"):
+    collator = MultimodalCollator(SFTDataCollator(tokenizer), _plugin("qwen2_audio", tokenizer, None), None)
+    with pytest.raises(ValueError, match="1 image.s. given, but lathe's qwen2_audio family takes no image input"):
         collator([{**row, "images": [Image.new("RGB", (8, 8))]}])
-    collator = FamilyCollator(SFTDataCollator(tokenizer), None, llava)
-    with pytest.raises(ValueError, match="the llava family takes no audio input"):
+    collator = MultimodalCollator(SFTDataCollator(tokenizer), _plugin("llava", tokenizer, None), None)
+    with pytest.raises(ValueError, match="lathe's llava family takes no audio input"):
         collator([{**row, "audios": [np.zeros(160)]}])
-    with pytest.raises(ValueError, match="the llava family: video input is not supported yet"):
+    with pytest.raises(ValueError, match="lathe's llava family takes no video input"):
         collator([{**row, "videos": ["clip.mp4"]}])

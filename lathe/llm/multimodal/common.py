@@ -1,7 +1,7 @@
-"""What the families beside Qwen2-VL share, as LLaMA-Factory 0.9.5's BasePlugin and MultiModalDataCollatorForSeq2Seq
-do it: the media settings, the image processor and audio feature extractor calls, and the sft collator.
+"""What the families beside Qwen2-VL share, as LLaMA-Factory 0.9.5's BasePlugin does it: the image processor and
+audio feature extractor calls, and ModulePlugin, the FamilyPlugin (base.py) over a family module of this shape.
 
-A family module (llava.py, gemma3.py, ...) gives:
+A family module (llava.py, gemma3.py, ...) gives, and ends with a ModulePlugin subclass that names the family:
 - IMAGE_TOKEN / AUDIO_TOKEN: the template's media token (None for a kind the family does not take);
 - COMPOSITES: model_type -> composite(...): the towers' parameter-name parts;
 - media_tokens(processor): the tokens of an expanded medium, which cutoff_len must leave whole (media_cut_reason);
@@ -10,26 +10,26 @@ A family module (llava.py, gemma3.py, ...) gives:
 - media_inputs(images, audios, counts, batch_ids, processor, settings): the collator's media tensors, with
   per-row `token_type_ids` lists (padded here) where the family has them.
 `processor` is the model's transformers processor (AutoProcessor), read for the same attributes LLaMA-Factory
-reads; `settings` is a MediaSettings from the config's keys.
+reads; `settings` is the run's MediaSettings (base.py). Images reach these functions as opened (the pixel budget is
+applied inside, once, from the original image, as LLaMA-Factory regularizes for each call).
 """
 
 from __future__ import annotations
 
+import importlib.util
+import os
+import sys
 from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import Any
+from typing import ClassVar
 
-from lathe.llm.multimodal.images import (
-    AUDIO_PLACEHOLDER,
-    DEFAULT_IMAGE_MAX_PIXELS,
-    DEFAULT_IMAGE_MIN_PIXELS,
-    IMAGE_PLACEHOLDER,
-    fit_pixels,
-)
+from lathe.llm.multimodal.base import PLACEHOLDERS, Composite, FamilyPlugin, MediaSettings
+from lathe.llm.multimodal.images import check_placeholders, fit_pixels, open_image
 from lathe.train.data.labels import IGNORE_INDEX
 from lathe.train.data.padding import get_padding_side, pad_rows
 
-FAKE_IMAGE_SIZE, FAKE_IMAGE_COLOR, FAKE_AUDIO_SAMPLES = (64, 64), (255, 255, 255), 1600
+__all__ = ["MediaSettings", "ModulePlugin"]
+
+FAKE_IMAGE_SIZE, FAKE_IMAGE_COLOR, FAKE_AUDIO_SAMPLES = (64, 64), (255, 255, 255), 1600  # LLaMA-Factory's stand-ins
 PAN_AND_SCAN = {  # LLaMA-Factory's fixed pan-and-scan settings for Gemma 3 (image_do_pan_and_scan: true)
     "do_pan_and_scan": True,
     "pan_and_scan_min_crop_size": 256,
@@ -38,32 +38,16 @@ PAN_AND_SCAN = {  # LLaMA-Factory's fixed pan-and-scan settings for Gemma 3 (ima
 }
 
 
-@dataclass(frozen=True)
-class MediaSettings:
-    """The config keys the families read (LLaMA-Factory's defaults)."""
-
-    image_max_pixels: int = DEFAULT_IMAGE_MAX_PIXELS
-    image_min_pixels: int = DEFAULT_IMAGE_MIN_PIXELS
-    image_do_pan_and_scan: bool = False
-    crop_to_patches: bool = False
-    audio_sampling_rate: int = 16000
-
-
 def composite(
     vision: tuple[str, ...] = ("vision_tower",),
     projector: tuple[str, ...] = ("multi_modal_projector",),
     language: tuple[str, ...] = ("language_model", "lm_head"),
     lora_conflict: tuple[str, ...] = (),
-) -> dict[str, tuple[str, ...]]:
+) -> Composite:
     """Parameter-name parts of a composite model, matched as substrings (LLaMA-Factory's COMPOSITE_MODELS entry,
     same defaults): what freeze_vision_tower / freeze_multi_modal_projector / freeze_language_model freeze, and
     what LoRA never wraps unless asked."""
-    return {
-        "vision_keys": vision,
-        "projector_keys": projector,
-        "language_keys": language,
-        "lora_conflict_keys": lora_conflict,
-    }
+    return Composite(vision, projector, language, lora_conflict)
 
 
 def fit_images(images: list, settings: MediaSettings) -> list:
@@ -109,10 +93,12 @@ def audio_processor_inputs(audios: list, processor, settings: MediaSettings) -> 
 
 
 def waveform(audio, sampling_rate: int):
-    """A mono waveform at `sampling_rate` from a row's audio: an array, or {"array", "sampling_rate"} as datasets
-    decodes audio. Files are read by the data pipeline; a rate that differs is an error, never resampled silently."""
+    """A mono waveform at `sampling_rate` from a row's audio: an array, {"array", "sampling_rate"} as datasets
+    decodes audio, or a WAV file's path. A rate that differs is an error, never resampled silently."""
     import numpy as np
 
+    if isinstance(audio, str):
+        audio = read_wav(audio)
     if isinstance(audio, Mapping) and "array" in audio:
         rate = audio.get("sampling_rate", sampling_rate)
         if rate != sampling_rate:
@@ -121,6 +107,32 @@ def waveform(audio, sampling_rate: int):
     if not isinstance(audio, np.ndarray):
         raise ValueError(f"expected an audio waveform (numpy array), got {type(audio).__name__}")
     return audio.mean(axis=0) if audio.ndim > 1 else audio
+
+
+def read_wav(path: str) -> dict:
+    """{"array": float32 mono samples in [-1, 1], "sampling_rate"} of a PCM WAV file (Python's wave module: no
+    audio package needed). Other formats are refused: convert them to WAV (LLaMA-Factory reads them with librosa)."""
+    import wave
+
+    import numpy as np
+
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"audio file {path!r} not found")
+    try:
+        with wave.open(path, "rb") as handle:
+            width, channels, rate = handle.getsampwidth(), handle.getnchannels(), handle.getframerate()
+            frames = handle.readframes(handle.getnframes())
+    except (wave.Error, EOFError) as error:
+        raise ValueError(f"{path}: not a PCM WAV file ({error}); lathe reads audio as WAV: convert it") from None
+    if width not in (1, 2, 4):
+        raise ValueError(f"{path}: {8 * width}-bit WAV samples; lathe reads 8, 16 or 32-bit PCM")
+    kind = {1: np.uint8, 2: np.int16, 4: np.int32}[width]
+    samples = np.frombuffer(frames, dtype=kind).astype(np.float32)
+    samples = (samples - 128) / 128 if width == 1 else samples / float(2 ** (8 * width - 1))
+    return {
+        "array": samples.reshape(-1, channels).T.squeeze(0) if channels == 1 else samples.reshape(-1, channels).T,
+        "sampling_rate": rate,
+    }
 
 
 def placeholder_runs(messages: list[dict], placeholder: str, replacement) -> list[dict]:
@@ -153,101 +165,95 @@ def media_cut_reason(input_ids: list[int], counts: dict[str, int], tokenizer) ->
     return None
 
 
-class FamilyCollator:
-    """Pads rows with `text_collator` (lathe's SFTDataCollator), then adds the family's media tensors, as
-    LLaMA-Factory's MultiModalDataCollatorForSeq2Seq does for unpacked rows. Rows carry "images" / "audios".
+class ModulePlugin(FamilyPlugin):
+    """The FamilyPlugin over the family module that defines the subclass (its functions above), as LLaMA-Factory's
+    plugin steps: the module's media kinds (IMAGE_TOKEN / AUDIO_TOKEN) and COMPOSITES are read at definition."""
 
-    A batch without images (for a family that takes images) or without audio (for one that takes audio) gets
-    LLaMA-Factory's stand-in (a white 64x64 image, 1600 samples of silence) whose tokens are appended to the
-    first row (prepended with left padding) with attention_mask 0 and labels -100: every batch runs the media
-    tower (distributed runs otherwise hang waiting for its gradients) and the trained numbers do not move."""
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        module = sys.modules[cls.__module__]
+        cls.kinds = tuple(
+            kind for kind, token in (("image", module.IMAGE_TOKEN), ("audio", module.AUDIO_TOKEN)) if token is not None
+        )
+        cls.composites = module.COMPOSITES
 
-    def __init__(self, text_collator, processor, family, settings: MediaSettings | None = None):
-        self.text_collator = text_collator
-        self.tokenizer = text_collator.tokenizer
-        self.processor = processor
-        self.family = family
-        self.settings = settings or MediaSettings()
+    requires: ClassVar[tuple[str, str] | None] = None  # (package, what needs it): checked when the run's plugin is made
 
-    def _stand_in(self, kind: str) -> tuple[list[int], Any]:
-        if kind == "image":
-            from PIL import Image
-
-            medium, images, audios, placeholder = (
-                Image.new("RGB", FAKE_IMAGE_SIZE, FAKE_IMAGE_COLOR),
-                1,
-                0,
-                IMAGE_PLACEHOLDER,
+    def check_settings(self) -> None:
+        super().check_settings()
+        if self.requires and importlib.util.find_spec(self.requires[0]) is None:
+            package, needer = self.requires
+            raise ValueError(
+                f"the {self.name} family needs {package} ({needer} imports it): pip install {package} "
+                "(built for your torch)"
             )
-        else:
-            import numpy as np
 
-            medium, images, audios, placeholder = np.zeros(FAKE_AUDIO_SAMPLES), 0, 1, AUDIO_PLACEHOLDER
-        media = [medium]
-        text = self.family.process_messages(
-            [{"role": "user", "content": placeholder}],
-            media[:images],
-            media[:audios],
-            self.processor,
-            self.settings,
-        )[0]["content"]
-        ids = self.family.prefix_ids(media[:images], self.tokenizer, self.processor)
-        return ids + self.tokenizer.encode(text, add_special_tokens=False), medium
+    @property
+    def family(self):
+        return sys.modules[type(self).__module__]
 
-    def __call__(self, features: list[Mapping[str, Any]]) -> dict[str, Any]:
+    def _args(self, media: dict) -> tuple[list, list]:
+        return list(media.get("image") or []), list(media.get("audio") or [])
+
+    def regularize(self, kind: str, items: list, where: str = "") -> list:
+        """Images opened (the family's calls fit them into the pixel budget), audio read as waveforms."""
+        if kind == "image":
+            return [open_image(item, None, where) for item in items]
+        if kind == "audio":
+            try:
+                return [waveform(item, self.settings.audio_sampling_rate) for item in items]
+            except (OSError, ValueError) as error:
+                raise ValueError(f"{where}: {error}") from None
+        return super().regularize(kind, items, where)
+
+    def process_messages(self, messages: list[dict], media: dict) -> list[dict]:
+        counts = {kind: len(items) for kind, items in media.items()}
+        check_placeholders(messages, counts, "a row")
+        return self.family.process_messages(messages, *self._args(media), self.processor, self.settings)
+
+    def prefix_length(self, media: dict) -> int:
+        return len(self.family.prefix_ids(self._args(media)[0], self.tokenizer, self.processor))
+
+    def process_token_ids(self, input_ids: list[int], labels: list[int] | None, media: dict):
+        prefix = self.family.prefix_ids(self._args(media)[0], self.tokenizer, self.processor)
+        if not prefix:
+            return input_ids, labels
+        return prefix + list(input_ids), None if labels is None else [IGNORE_INDEX] * len(prefix) + list(labels)
+
+    def cut_reason(self, input_ids: list[int], media: dict) -> str | None:
+        placeholders = "".join(PLACEHOLDERS[kind] * len(items) for kind, items in media.items())
+        expanded = self.process_messages([{"role": "user", "content": placeholders}], media)
+        counts = media_token_counts(expanded, self.family.media_tokens(self.processor))
+        return media_cut_reason(input_ids, counts, self.tokenizer)
+
+    def batch_inputs(self, media_rows: list[dict], batch: dict, model, row_ids: list[list[int]] | None = None) -> dict:
+        """The module's media tensors; per-row token_type_ids padded as the text was, cross_attention_mask padded at
+        the end whatever the padding side (as LLaMA-Factory pads it)."""
         import torch
 
-        features = [dict(feature) for feature in features]
-        images, audios, counts = [], [], {"image": [], "audio": []}
-        for feature in features:
-            row_images, row_audios = feature.pop("images", None) or [], feature.pop("audios", None) or []
-            if feature.pop("videos", None):
-                raise ValueError(
-                    f"the {self.family.__name__.rsplit('.', 1)[-1]} family: video input is not supported yet"
-                )
-            images += row_images
-            audios += row_audios
-            counts["image"].append(len(row_images))
-            counts["audio"].append(len(row_audios))
-        name = self.family.__name__.rsplit(".", 1)[-1]
-        for kind, media, token in (
-            ("image", images, self.family.IMAGE_TOKEN),
-            ("audio", audios, self.family.AUDIO_TOKEN),
-        ):
-            if media and token is None:  # LLaMA-Factory refuses them too: never dropped silently
-                raise ValueError(f"the {name} family takes no {kind} input; use the template of a model that does")
-        stand_in = []
-        for kind, media, token in (
-            ("image", images, self.family.IMAGE_TOKEN),
-            ("audio", audios, self.family.AUDIO_TOKEN),
-        ):
-            if token is not None and not media:
-                ids, medium = self._stand_in(kind)
-                stand_in += ids
-                media.append(medium)
-                counts[kind][0] = 1
-        if stand_in:
-            first, right = features[0], get_padding_side(self.tokenizer) == "right"
-            for key, value in (
-                ("input_ids", stand_in),
-                ("attention_mask", [0] * len(stand_in)),
-                ("labels", [IGNORE_INDEX] * len(stand_in)),
-            ):
-                if key in first:
-                    first[key] = list(first[key]) + value if right else value + list(first[key])
-        batch_ids = [list(feature["input_ids"]) for feature in features]
-        mm_inputs = self.family.media_inputs(images, audios, counts, batch_ids, self.processor, self.settings)
-        token_types = mm_inputs.pop("token_type_ids", None)
-        batch = self.text_collator(features)
-        if "attention_mask" not in batch:  # rows stay apart by attention_mask; flattened packing has none
-            raise ValueError("media rows need an attention_mask: packing is not supported for media yet")
-        side, length = get_padding_side(self.tokenizer), batch["input_ids"].shape[-1]
-        if "attention_mask" in features[0]:  # the rows' own masks (the stand-in's tokens are 0), padded likewise
-            batch["attention_mask"] = pad_rows([feature["attention_mask"] for feature in features], 0, length, side)
-        if token_types is not None:
-            batch["token_type_ids"] = pad_rows(token_types, 0, length, side)
-        cross = mm_inputs.pop("cross_attention_mask", None)
-        if cross is not None:  # LLaMA-Factory pads it at the end whatever the padding side
-            mm_inputs["cross_attention_mask"] = torch.nn.functional.pad(cross, (0, 0, 0, 0, 0, length - cross.shape[1]))
-        batch.update(mm_inputs)
-        return batch
+        images = [item for row in media_rows for item in row.get("image") or []]
+        audios = [item for row in media_rows for item in row.get("audio") or []]
+        counts = {kind: [len(row.get(kind) or []) for row in media_rows] for kind in ("image", "audio")}
+        if row_ids is None:
+            raise ValueError(f"the {self.name} family needs each row's unpadded input_ids (MultimodalCollator)")
+        inputs = self.family.media_inputs(images, audios, counts, row_ids, self.processor, self.settings)
+        length, side = batch["input_ids"].shape[-1], get_padding_side(self.tokenizer)
+        if inputs.get("token_type_ids") is not None:
+            inputs["token_type_ids"] = pad_rows(inputs["token_type_ids"], 0, length, side)
+        cross = inputs.get("cross_attention_mask")
+        if cross is not None:
+            inputs["cross_attention_mask"] = torch.nn.functional.pad(cross, (0, 0, 0, 0, 0, length - cross.shape[1]))
+        return inputs
+
+    def stand_in(self) -> dict:
+        """LLaMA-Factory's fake media, one per kind the family takes: a white 64x64 image, 1600 samples of silence."""
+        stand_in = {}
+        if "image" in self.kinds:
+            from PIL import Image
+
+            stand_in["image"] = [Image.new("RGB", FAKE_IMAGE_SIZE, FAKE_IMAGE_COLOR)]
+        if "audio" in self.kinds:
+            import numpy as np
+
+            stand_in["audio"] = [np.zeros(FAKE_AUDIO_SAMPLES)]
+        return stand_in

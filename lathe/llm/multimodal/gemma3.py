@@ -7,7 +7,7 @@ attention over them)."""
 from __future__ import annotations
 
 from lathe.llm.multimodal.images import IMAGE_PLACEHOLDER
-from lathe.llm.multimodal.common import composite, MediaSettings, image_processor_inputs, placeholder_runs
+from lathe.llm.multimodal.common import ModulePlugin, composite, MediaSettings, image_processor_inputs, placeholder_runs
 
 IMAGE_TOKEN, AUDIO_TOKEN = "<image_soft_token>", None
 COMPOSITES = {"gemma3": composite()}  # as LLaMA-Factory registers them
@@ -59,3 +59,10 @@ def media_inputs(images, audios, counts, batch_ids, processor, settings: MediaSe
         batch_ids, soft_token_id if soft_token_id is not None else processor.image_token_id
     )
     return inputs
+
+
+class Gemma3Plugin(ModulePlugin):
+    """LLaMA-Factory's Gemma 3 plugin: the functions above as the pipeline's FamilyPlugin steps."""
+
+    name = "gemma3"
+    options = ("image_do_pan_and_scan",)

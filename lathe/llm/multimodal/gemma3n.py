@@ -7,6 +7,7 @@ the image soft tokens). A batch without images gets the stand-in image, one with
 from __future__ import annotations
 
 from lathe.llm.multimodal.common import (
+    ModulePlugin,
     MediaSettings,
     audio_processor_inputs,
     composite,
@@ -54,3 +55,10 @@ def media_inputs(images, audios, counts, batch_ids, processor, settings: MediaSe
     inputs.update(audio_processor_inputs(audios, processor, settings))
     inputs["token_type_ids"] = token_type_ids(batch_ids, processor.tokenizer.image_token_id)
     return inputs
+
+
+class Gemma3nPlugin(ModulePlugin):
+    """LLaMA-Factory's Gemma 3n plugin: the functions above as the pipeline's FamilyPlugin steps."""
+
+    name = "gemma3n"
+    requires = ("timm", "its vision tower (a timm model)")

@@ -5,7 +5,7 @@ tiles in image order). Video is not supported yet (its processor needs torchvisi
 
 from __future__ import annotations
 
-from lathe.llm.multimodal.common import composite, MediaSettings, fit_images, placeholder_runs
+from lathe.llm.multimodal.common import ModulePlugin, composite, MediaSettings, fit_images, placeholder_runs
 from lathe.llm.multimodal.images import IMAGE_PLACEHOLDER
 
 IMAGE_TOKEN, AUDIO_TOKEN = "<image>", None
@@ -44,3 +44,11 @@ def media_inputs(images, audios, counts, batch_ids, processor, settings: MediaSe
     if not images:
         return {}
     return {"pixel_values": tiles(images, processor, settings)["pixel_values"]}
+
+
+class InternVLPlugin(ModulePlugin):
+    """LLaMA-Factory's InternVL plugin: the functions above as the pipeline's FamilyPlugin steps."""
+
+    name = "intern_vl"
+    options = ("crop_to_patches",)
+    requires = ("torchvision", "transformers' InternVLProcessor")

@@ -6,7 +6,7 @@ patches, plus its extra tokens (CLS), less one when the model drops CLS (vision_
 from __future__ import annotations
 
 from lathe.llm.multimodal.images import IMAGE_PLACEHOLDER
-from lathe.llm.multimodal.common import composite, MediaSettings, image_processor_inputs, placeholder_runs
+from lathe.llm.multimodal.common import ModulePlugin, composite, MediaSettings, image_processor_inputs, placeholder_runs
 
 IMAGE_TOKEN, AUDIO_TOKEN = "<image>", None
 COMPOSITES = {"llava": composite()}  # as LLaMA-Factory registers them
@@ -38,3 +38,9 @@ def prefix_ids(images, tokenizer, processor) -> list[int]:
 def media_inputs(images, audios, counts, batch_ids, processor, settings: MediaSettings) -> dict:
     """pixel_values (images, 3, height, width) of the batch's images in row order."""
     return image_processor_inputs(images, processor, settings)
+
+
+class LlavaPlugin(ModulePlugin):
+    """LLaMA-Factory's LLaVA-1.5 plugin: the functions above as the pipeline's FamilyPlugin steps."""
+
+    name = "llava"

@@ -7,7 +7,7 @@ the unpadding LLaVA-NeXT does (LlavaNextProcessor's own count), less one with vi
 from __future__ import annotations
 
 from lathe.llm.multimodal.images import IMAGE_PLACEHOLDER
-from lathe.llm.multimodal.common import composite, MediaSettings, image_processor_inputs, placeholder_runs
+from lathe.llm.multimodal.common import ModulePlugin, composite, MediaSettings, image_processor_inputs, placeholder_runs
 
 IMAGE_TOKEN, AUDIO_TOKEN = "<image>", None
 COMPOSITES = {"llava_next": composite()}  # as LLaMA-Factory registers them
@@ -41,3 +41,9 @@ def prefix_ids(images, tokenizer, processor) -> list[int]:
 def media_inputs(images, audios, counts, batch_ids, processor, settings: MediaSettings) -> dict:
     """pixel_values (tiles padded to the batch's most) and image_sizes (original height, width) per image."""
     return image_processor_inputs(images, processor, settings)
+
+
+class LlavaNextPlugin(ModulePlugin):
+    """LLaMA-Factory's LLaVA-NeXT plugin: the functions above as the pipeline's FamilyPlugin steps."""
+
+    name = "llava_next"

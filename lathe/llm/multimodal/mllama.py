@@ -7,7 +7,7 @@ from transformers' own mllama helpers."""
 from __future__ import annotations
 
 from lathe.llm.multimodal.images import IMAGE_PLACEHOLDER
-from lathe.llm.multimodal.common import composite, MediaSettings, image_processor_inputs, placeholder_runs
+from lathe.llm.multimodal.common import ModulePlugin, composite, MediaSettings, image_processor_inputs, placeholder_runs
 
 IMAGE_TOKEN, AUDIO_TOKEN = "<|image|>", None
 COMPOSITES = {"mllama": composite(vision=("vision_model",))}  # as LLaMA-Factory registers them
@@ -48,3 +48,9 @@ def media_inputs(images, audios, counts, batch_ids, processor, settings: MediaSe
     )
     inputs["cross_attention_mask"] = torch.from_numpy(dense)
     return inputs
+
+
+class MllamaPlugin(ModulePlugin):
+    """LLaMA-Factory's Llama 3.2 Vision plugin: the functions above as the pipeline's FamilyPlugin steps."""
+
+    name = "mllama"

@@ -7,7 +7,7 @@ so the model's prefix attention covers the images only)."""
 from __future__ import annotations
 
 from lathe.llm.multimodal.images import IMAGE_PLACEHOLDER
-from lathe.llm.multimodal.common import composite, MediaSettings, image_processor_inputs, placeholder_runs
+from lathe.llm.multimodal.common import ModulePlugin, composite, MediaSettings, image_processor_inputs, placeholder_runs
 
 IMAGE_TOKEN, AUDIO_TOKEN = "<image>", None
 COMPOSITES = {"paligemma": composite()}  # as LLaMA-Factory registers them
@@ -41,3 +41,9 @@ def media_inputs(images, audios, counts, batch_ids, processor, settings: MediaSe
     lengths = [len(ids) for ids in batch_ids]
     inputs["token_type_ids"] = token_type_ids(counts["image"], lengths, processor.image_seq_length)
     return inputs
+
+
+class PaliGemmaPlugin(ModulePlugin):
+    """LLaMA-Factory's PaliGemma plugin: the functions above as the pipeline's FamilyPlugin steps."""
+
+    name = "paligemma"

@@ -8,7 +8,7 @@ attributes read here are the processor's, so without torchvision the run stops n
 
 from __future__ import annotations
 
-from lathe.llm.multimodal.common import composite, MediaSettings, image_processor_inputs, placeholder_runs
+from lathe.llm.multimodal.common import ModulePlugin, composite, MediaSettings, image_processor_inputs, placeholder_runs
 from lathe.llm.multimodal.images import IMAGE_PLACEHOLDER
 
 IMAGE_TOKEN, AUDIO_TOKEN = "[IMG]", None
@@ -57,3 +57,10 @@ def prefix_ids(images, tokenizer, processor) -> list[int]:
 def media_inputs(images, audios, counts, batch_ids, processor, settings: MediaSettings) -> dict:
     """pixel_values (images, 3, height, width: padded to the largest) and image_sizes (height, width) per image."""
     return image_processor_inputs(images, processor, settings)
+
+
+class PixtralPlugin(ModulePlugin):
+    """LLaMA-Factory's Pixtral plugin: the functions above as the pipeline's FamilyPlugin steps."""
+
+    name = "pixtral"
+    requires = ("torchvision", "transformers' PixtralProcessor")

@@ -6,7 +6,7 @@ its pooling), `<|audio_eos|>`. The collator adds input_features and feature_atte
 from __future__ import annotations
 
 from lathe.llm.multimodal.images import AUDIO_PLACEHOLDER
-from lathe.llm.multimodal.common import composite, MediaSettings, audio_processor_inputs, placeholder_runs
+from lathe.llm.multimodal.common import ModulePlugin, composite, MediaSettings, audio_processor_inputs, placeholder_runs
 
 IMAGE_TOKEN, AUDIO_TOKEN = None, "<|AUDIO|>"
 COMPOSITES = {"qwen2_audio": composite(vision=("audio_tower",))}  # as LLaMA-Factory registers them
@@ -40,3 +40,9 @@ def prefix_ids(images, tokenizer, processor) -> list[int]:
 def media_inputs(images, audios, counts, batch_ids, processor, settings: MediaSettings) -> dict:
     """input_features (audios, mel bins, frames) and feature_attention_mask (audios, frames)."""
     return audio_processor_inputs(audios, processor, settings)
+
+
+class Qwen2AudioPlugin(ModulePlugin):
+    """LLaMA-Factory's Qwen2-Audio plugin: the functions above as the pipeline's FamilyPlugin steps."""
+
+    name = "qwen2_audio"
