@@ -150,4 +150,4 @@ def test_a_family_whose_processor_needs_a_missing_package_names_it(family, packa
     template = SimpleNamespace(name=family, multimodal=family)
     encoder = MediaEncoder(template, None, "unused", processor=SimpleNamespace())
     with pytest.raises(ValueError, match=f"the {family} family needs {package} .*pip install {package}"):
-        encoder.plugin
+        _ = encoder.plugin
