@@ -9,10 +9,11 @@ that defines a `FamilyPlugin` subclass and is registered by one line in plugins.
     plugin.check_kinds({"image": 2}, where)                 # a kind the family lacks: one line naming the row
     media = {"image": plugin.regularize("image", paths, where)}      # opened, fitted into the pixel budget
     messages = plugin.process_messages(messages, media)     # <image> -> the family's vision tokens
+    plugin.prefix_length(media)                             # tokens put before the row, within cutoff_len
     input_ids, labels = plugin.process_token_ids(input_ids, labels, media)
     plugin.cut_reason(input_ids, media)                     # a cutoff through a media run: the row is left out
-    batch.update(plugin.batch_inputs(media_rows, batch, model))      # pixel_values, grids, position ids, ...
-    plugin.stand_in()                                       # a batch without media gets this (LF's fake image)
+    batch.update(plugin.batch_inputs(media_rows, batch, model, row_ids))  # pixel_values, grids, position ids, ...
+    plugin.stand_in()                                       # a batch lacking a kind gets it (LF's fake media)
     plugin.composite(model_type)                            # Composite: vision / projector / language name parts
 
 - base.py: MediaSettings (image_max_pixels ... audio_sampling_rate), Composite, FamilyPlugin.
