@@ -37,6 +37,17 @@ def golden():
         return {key: f.get_tensor(key) for key in f.keys()}, f.metadata()
 
 
+def golden_batch(tensors: dict, metadata: dict, family: str, batch: str) -> dict:
+    """LLaMA-Factory's collated tensors of golden batch `batch` ("single.0", "pair.0", ...) of `family`."""
+    head = f"{family}.{batch}."
+    expected = {key[len(head) :]: value for key, value in tensors.items() if key.startswith(head)}
+    for name, rows_joined in json.loads(metadata[f"{family}.derived"]).items():
+        if name.startswith(head):  # left out of the file: the tensors of the pair's rows with media, joined
+            key = name[len(head) :]
+            expected[key] = torch.cat([tensors[f"{family}.single.{row}.{key}"] for row in rows_joined])
+    return expected
+
+
 def _settings(family):
     from lathe.llm.multimodal.common import MediaSettings
 
@@ -109,12 +120,7 @@ def test_family_encodes_and_collates_as_llamafactory(family, golden):
     batches.update({f"pair.{pair}": features[2 * pair : 2 * pair + 2] for pair in range(len(features) // 2)})
     for prefix, chosen in batches.items():
         batch = collator(chosen)
-        head = f"{family}.{prefix}."
-        expected = {key[len(head) :]: value for key, value in tensors.items() if key.startswith(head)}
-        for name, rows_joined in json.loads(metadata[f"{family}.derived"]).items():
-            if name.startswith(head):  # left out of the file: the tensors of the pair's rows with media, joined
-                key = name[len(head) :]
-                expected[key] = torch.cat([tensors[f"{family}.single.{row}.{key}"] for row in rows_joined])
+        expected = golden_batch(tensors, metadata, family, prefix)
         json_head = f"{family}.json.{prefix}."
         values = {
             key[len(json_head) :]: json.loads(value) for key, value in metadata.items() if key.startswith(json_head)

@@ -15,18 +15,9 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("PIL")
 pytest.importorskip("safetensors")
 
-GOLDEN_DIR = Path(__file__).parent / "golden"
+from tests.llm.test_multimodal_families import GEN, GOLDEN_DIR, golden_batch  # noqa: E402  (the golden generator, loaded once)
+
 FAMILIES = ["llava", "gemma3", "paligemma", "mllama", "qwen2_audio"]
-
-
-def _generator():
-    spec = importlib.util.spec_from_file_location("make_families", GOLDEN_DIR / "make_llamafactory_families.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-GEN = _generator()
 
 
 def _write_wav(path: Path, samples) -> None:
@@ -52,14 +43,9 @@ def _folders(root: Path, family: str) -> tuple[Path, Path, float]:
     processor = GEN.make_processor(family, tokenizer)
     get_template_and_fix_tokenizer(tokenizer, DataArguments(template=GEN.FAMILIES[family][0]))
     model = GEN.make_model(family, tokenizer)
-    head = f"{family}.pair.0."
     with safe_open(str(GOLDEN_DIR / "llamafactory_families.safetensors"), "pt") as f:
-        batch = {key[len(head) :]: f.get_tensor(key) for key in f.keys() if key.startswith(head)}
-        # tensors left out of the file: the pair's rows' own, joined (pixel_values, input_features, ...)
-        for name, rows in json.loads(f.metadata()[f"{family}.derived"]).items():
-            if name.startswith(head):
-                key = name[len(head) :]
-                batch[key] = torch.cat([f.get_tensor(f"{family}.single.{row}.{key}") for row in rows])
+        tensors, metadata = {key: f.get_tensor(key) for key in f.keys()}, f.metadata()
+    batch = golden_batch(tensors, metadata, family, "pair.0")
     with torch.no_grad():  # in training mode, as the trainer runs it (PaliGemma's prefix attention needs it)
         reference = model.train()(**batch).loss.item()
     folder, data = root / "model", root / "data"
