@@ -17,7 +17,7 @@ pytest.importorskip("safetensors")
 
 from tests.llm.test_multimodal_families import GEN, GOLDEN_DIR, golden_batch  # noqa: E402  (the golden generator, loaded once)
 
-FAMILIES = ["llava", "gemma3", "paligemma", "mllama", "qwen2_audio"]
+FAMILIES = ["llava", "llava_next", "gemma3", "paligemma", "mllama", "qwen2_audio"]
 
 
 def _write_wav(path: Path, samples) -> None:
