@@ -157,8 +157,10 @@ def test_row_checks_name_the_row(tmp_path):
     Image.new("RGB", (5, 4)).save(tmp_path / "a.png")
     assert open_image("a.png", str(tmp_path)).size == (5, 4)  # relative to media_dir
     assert plugin_module("qwen2_vl") is qwen2_vl
-    with pytest.raises(ValueError, match=r"template 'gemma3' \(multimodal family 'gemma3'\): image, video and audio"):
-        plugin_module("gemma3", "gemma3")
+    with pytest.raises(
+        ValueError, match=r"template 'minicpm_v' \(multimodal family 'minicpm_v'\): image, video and audio"
+    ):
+        plugin_module("minicpm_v", "minicpm_v")
 
 
 def test_three_sft_steps_train_the_language_model_only(assets, tmp_path):

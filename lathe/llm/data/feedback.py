@@ -89,8 +89,10 @@ def preprocess_feedback_dataset(
             check_preference_example(prompt, kl_response, system, tool_text)
             answers = [tagged_answer(response)[0], tagged_answer(kl_response)[0]]
             row_paths, opened, sides = media_sides(media, examples, index, prompt, answers)
+            # PaliGemma's image prefix is kept whole within cutoff_len (LLaMA-Factory counts it in the prompt)
+            budget = data_args.cutoff_len - (media.prefix_length(opened) if opened else 0)
             row = encode_feedback_example(
-                prompt, response, kl_response, system, tool_text, template, tokenizer, data_args.cutoff_len, sides
+                prompt, response, kl_response, system, tool_text, template, tokenizer, budget, sides
             )
             for prefix in ("", "kl_"):
                 ids, labels = finish_media(media, opened, row[f"{prefix}input_ids"], row[f"{prefix}labels"], row_paths)

@@ -107,9 +107,9 @@ def preprocess_pairwise_dataset(
         try:
             check_preference_example(prompt, response, system, tool_text)
             row_paths, opened, sides = media_sides(media, examples, index, prompt, response)
-            row = encode_pairwise_example(
-                prompt, response, system, tool_text, template, tokenizer, data_args.cutoff_len, sides
-            )
+            # PaliGemma's image prefix is kept whole within cutoff_len (LLaMA-Factory counts it in the prompt)
+            budget = data_args.cutoff_len - (media.prefix_length(opened) if opened else 0)
+            row = encode_pairwise_example(prompt, response, system, tool_text, template, tokenizer, budget, sides)
             for side in SIDES:
                 ids, labels = finish_media(media, opened, row[f"{side}_input_ids"], row[f"{side}_labels"], row_paths)
                 row[f"{side}_input_ids"], row[f"{side}_labels"] = ids, labels

@@ -220,8 +220,9 @@ def encode_supervised_examples(
         try:
             check_supervised_example(prompt, response, system, tool_text)
             prompt, response, row_paths, opened = expand_media(media, examples, index, prompt, response)
+            budget = cutoff_len - (media.prefix_length(opened) if opened else 0)  # PaliGemma's image prefix
             input_ids, labels, cut = measure_supervised_example(
-                prompt, response, system, tool_text, template, tokenizer, cutoff_len, train_on_prompt, mask_history
+                prompt, response, system, tool_text, template, tokenizer, budget, train_on_prompt, mask_history
             )
             input_ids, labels = finish_media(media, opened, input_ids, labels, row_paths)
             if all(label == IGNORE_INDEX for label in labels):

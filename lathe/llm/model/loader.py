@@ -177,11 +177,15 @@ def _instantiate(model_args: "ModelArguments", is_trainable: bool, meta: bool):
 
 def auto_model_class(config):
     """The transformers auto class that builds `config`'s generating model: AutoModelForImageTextToText for a
-    vision-language config (LLaMA-Factory's loader checks that mapping first), else AutoModelForCausalLM."""
-    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
+    vision-language config (LLaMA-Factory's loader checks that mapping first), AutoModelForSeq2SeqLM for an
+    audio-text one (Qwen2-Audio: LLaMA-Factory's next check; lathe takes it for configs with an audio tower only),
+    else AutoModelForCausalLM."""
+    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText, AutoModelForSeq2SeqLM
 
     if type(config) in AutoModelForImageTextToText._model_mapping:
         return AutoModelForImageTextToText
+    if getattr(config, "audio_config", None) is not None and type(config) in AutoModelForSeq2SeqLM._model_mapping:
+        return AutoModelForSeq2SeqLM
     return AutoModelForCausalLM
 
 

@@ -9,10 +9,11 @@ that defines a `FamilyPlugin` subclass and is registered by one line in plugins.
     plugin.check_kinds({"image": 2}, where)                 # a kind the family lacks: one line naming the row
     media = {"image": plugin.regularize("image", paths, where)}      # opened, fitted into the pixel budget
     messages = plugin.process_messages(messages, media)     # <image> -> the family's vision tokens
+    plugin.prefix_length(media)                             # tokens put before the row, within cutoff_len
     input_ids, labels = plugin.process_token_ids(input_ids, labels, media)
     plugin.cut_reason(input_ids, media)                     # a cutoff through a media run: the row is left out
-    batch.update(plugin.batch_inputs(media_rows, batch, model))      # pixel_values, grids, position ids, ...
-    plugin.stand_in()                                       # a batch without media gets this (LF's fake image)
+    batch.update(plugin.batch_inputs(media_rows, batch, model, row_ids))  # pixel_values, grids, position ids, ...
+    plugin.stand_in()                                       # a batch lacking a kind gets it (LF's fake media)
     plugin.composite(model_type)                            # Composite: vision / projector / language name parts
 
 - base.py: MediaSettings (image_max_pixels ... audio_sampling_rate), Composite, FamilyPlugin.
@@ -22,6 +23,9 @@ that defines a `FamilyPlugin` subclass and is registered by one line in plugins.
 - encode.py: MediaEncoder, the data pipeline's handle on the run's plugin (the processor loaded at the first row
   with media), and the tokenized rows' media columns.
 - qwen2_vl.py: the Qwen2-VL / Qwen2.5-VL family (images; mrope position ids from the model's get_rope_index).
+- llava.py, llava_next.py, gemma3.py, gemma3n.py, paligemma.py, qwen2_audio.py, mllama.py, pixtral.py,
+  intern_vl.py: the other families (placeholder expansion, PaliGemma's image prefix, their tensors), each a
+  FamilyPlugin through common.py's ModulePlugin (the media settings, image processor / feature extractor calls).
 - collator.py: the collator for any family: the text collator's padding, then the plugin's tensors.
 - towers.py: freeze_vision_tower / freeze_multi_modal_projector / freeze_language_model, LoRA targets.
 - plugins.py: the registry; a family not implemented yet is a clear error, never trained as text.

@@ -73,12 +73,16 @@ class FamilyPlugin:
       it what the processor takes (images: fit_pixels);
     - process_messages(messages, media): each placeholder replaced by the family's media tokens (media: kind -> the
       regularized items of one row);
+    - prefix_length(media): how many tokens process_token_ids puts before the row (PaliGemma's image prefix); the
+      pipeline counts them against cutoff_len first, as LLaMA-Factory does; default 0;
     - process_token_ids(input_ids, labels, media): the encoded row, changed where the family needs it (PaliGemma's
       image prefix); default unchanged;
     - cut_reason(input_ids, media): why a row cut by cutoff_len cannot train (a media run cut), or None;
-    - batch_inputs(media_rows, batch, model): the tensors the model takes besides the text (pixel_values, grids,
-      position ids, ...) for a padded batch whose rows carried media_rows (one dict per row);
-    - stand_in(): the media a batch without any gets (LLaMA-Factory's fake image), as one row's media dict, or None.
+    - batch_inputs(media_rows, batch, model, row_ids): the tensors the model takes besides the text (pixel_values,
+      grids, position ids, token_type_ids, ...) for a padded batch whose rows carried media_rows (one dict per row);
+      row_ids: each row's input_ids before padding (stand-in tokens included);
+    - stand_in(): LLaMA-Factory's fake media, kind -> items: the collator gives each kind a batch lacks to its first
+      row (a white image, silence), or None.
     """
 
     processor: Any
@@ -118,13 +122,16 @@ class FamilyPlugin:
     def process_messages(self, messages: list[dict], media: dict[str, list]) -> list[dict]:
         return messages
 
+    def prefix_length(self, media: dict[str, list]) -> int:
+        return 0
+
     def process_token_ids(self, input_ids: list[int], labels: list[int], media: dict[str, list]):
         return input_ids, labels
 
     def cut_reason(self, input_ids: list[int], media: dict[str, list]) -> str | None:
         return None
 
-    def batch_inputs(self, media_rows: list[dict[str, list]], batch: dict, model) -> dict:
+    def batch_inputs(self, media_rows: list[dict[str, list]], batch: dict, model, row_ids=None) -> dict:
         raise NotImplementedError
 
     def stand_in(self) -> dict[str, list] | None:

@@ -2,9 +2,10 @@
 (pixel_values, grids, mrope position ids, ...), as LLaMA-Factory 0.9.5's MultiModalDataCollatorForSeq2Seq returns
 them (unpacked rows). Rows carry their media under "images" / "videos" / "audios" (paths or opened items).
 
-A batch without any media gets the family's stand-in (LLaMA-Factory's white 64x64 image): its tokens are appended
-to the first row (prepended with left padding) with attention_mask 0 and labels -100, so every batch runs the
-vision tower (distributed runs otherwise hang waiting for its gradients) and no number moves.
+A batch without a kind of media the family takes gets the family's stand-in of that kind (LLaMA-Factory's white
+64x64 image, 1600 samples of silence): its tokens are appended to the first row (prepended with left padding) with
+attention_mask 0 and labels -100, so every batch runs each media tower (distributed runs otherwise hang waiting for
+its gradients) and no number moves.
 """
 
 from __future__ import annotations
@@ -47,7 +48,11 @@ class MultimodalCollator:
         return ids
 
     def add_stand_in(self, features: list[dict], media_rows: list[dict]) -> None:
-        stand_in = self.plugin.stand_in()
+        stand_in = {
+            kind: items
+            for kind, items in (self.plugin.stand_in() or {}).items()
+            if not any(row.get(kind) for row in media_rows)
+        }
         if not stand_in:
             return
         ids = self.stand_in_ids(stand_in)
@@ -59,13 +64,13 @@ class MultimodalCollator:
         ):
             if key in first:
                 first[key] = list(first[key]) + value if right else value + list(first[key])
-        media_rows[0] = stand_in
+        media_rows[0] = {**media_rows[0], **stand_in}
 
     def __call__(self, features: list[Mapping[str, Any]]) -> dict[str, Any]:
         features = [dict(feature) for feature in features]
         media_rows = [self.media_of(feature) for feature in features]
-        if not any(media_rows):
-            self.add_stand_in(features, media_rows)
+        self.add_stand_in(features, media_rows)
+        row_ids = [list(feature["input_ids"]) for feature in features]
         batch = self.text_collator(features)
         if "attention_mask" in batch and "attention_mask" in features[0]:
             # the rows' own masks (the stand-in's tokens are 0), padded as the text collator padded
@@ -77,7 +82,7 @@ class MultimodalCollator:
             )
         if "attention_mask" not in batch:  # rows stay apart by attention_mask; flattened packing has none
             raise ValueError("multimodal rows need an attention_mask: packing is not supported with media yet")
-        batch.update(self.plugin.batch_inputs(media_rows, batch, self.model))
+        batch.update(self.plugin.batch_inputs(media_rows, batch, self.model, row_ids))
         return batch
 
 

@@ -11,6 +11,7 @@ from dataclasses import fields
 from lathe.llm.multimodal.base import KINDS, MediaSettings
 from lathe.llm.multimodal.media import CANONICAL
 
+EXPANDED = "media_expanded"  # the key on a message whose placeholders the family plugin expanded
 PROCESSOR_FILES = ("preprocessor_config.json", "processor_config.json", "video_preprocessor_config.json")
 
 
@@ -86,7 +87,14 @@ class MediaEncoder:
         plugin = self.plugin
         plugin.check_kinds({kind: len(items) for kind, items in paths.items()}, where)
         media = {kind: plugin.regularize(kind, items, where) for kind, items in paths.items() if items}
-        return plugin.process_messages(messages, media), media
+        # marked: the template's refusal of a literal placeholder is for rows without media (LLaVA's expanded
+        # token is `<image>` itself)
+        expanded = [{**message, EXPANDED: True} for message in plugin.process_messages(messages, media)]
+        return expanded, media
+
+    def prefix_length(self, media: dict) -> int:
+        """Tokens the family puts before the encoded row (PaliGemma's images), counted against cutoff_len first."""
+        return self.plugin.prefix_length(media) if media else 0
 
     def finish(self, input_ids: list[int], labels: list[int], media: dict):
         """(input_ids, labels, why the row cannot train or None) after the template encoded and cut the row."""

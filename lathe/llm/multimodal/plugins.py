@@ -7,6 +7,15 @@ from __future__ import annotations
 FAMILIES = {
     "qwen2_vl": "lathe.llm.multimodal.qwen2_vl:Qwen2VLPlugin",
     "qwen3_vl": "lathe.llm.multimodal.qwen2_vl:Qwen3VLPlugin",
+    "llava": "lathe.llm.multimodal.llava:LlavaPlugin",
+    "llava_next": "lathe.llm.multimodal.llava_next:LlavaNextPlugin",
+    "gemma3": "lathe.llm.multimodal.gemma3:Gemma3Plugin",
+    "gemma3n": "lathe.llm.multimodal.gemma3n:Gemma3nPlugin",
+    "paligemma": "lathe.llm.multimodal.paligemma:PaliGemmaPlugin",
+    "qwen2_audio": "lathe.llm.multimodal.qwen2_audio:Qwen2AudioPlugin",
+    "mllama": "lathe.llm.multimodal.mllama:MllamaPlugin",
+    "pixtral": "lathe.llm.multimodal.pixtral:PixtralPlugin",
+    "intern_vl": "lathe.llm.multimodal.intern_vl:InternVLPlugin",
 }
 IMPLEMENTED = {name: target.split(":")[0] for name, target in FAMILIES.items()}
 

@@ -213,7 +213,7 @@ class Qwen2VLPlugin(FamilyPlugin):
         counts = [int(item.prod()) // self.image_processor.merge_size**2 for item in grid]
         return media_cut_reason(input_ids, start, end, pad, counts)
 
-    def batch_inputs(self, media_rows: list[dict], batch: dict, model) -> dict:
+    def batch_inputs(self, media_rows: list[dict], batch: dict, model, row_ids=None) -> dict:
         import torch
 
         images = [image for row in media_rows for image in row.get("image") or []]

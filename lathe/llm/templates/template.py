@@ -126,7 +126,7 @@ class Template:
                     else:
                         elements += _fill(self.system, system_text)
             role = message["role"]
-            if self.multimodal:
+            if self.multimodal and not message.get("media_expanded"):  # marked by lathe.llm.multimodal.encode
                 _refuse_media_placeholders(self, index, content)
             if role == USER:
                 elements += _fill(self.user, content)
