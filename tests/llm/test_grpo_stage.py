@@ -5,6 +5,7 @@ the GRPO keys checked when the config is read."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import sys
@@ -286,3 +287,35 @@ def test_the_reference_is_a_copy_only_for_full_or_freeze_with_beta():
     assert described("lora", 0.1).startswith("the policy with its adapters off")
     assert described("full", 0.0).startswith("none") and described("lora", 0.0).startswith("none")
     assert described("freeze", 0.1).startswith("a frozen copy")
+
+
+LORA_KEYS = {"finetuning_type": "lora", "lora_rank": 4, "lora_alpha": 8, "lora_target": "q_proj,v_proj"}
+
+
+@pytest.mark.parametrize("case", sorted(set(grpo_cases.CASES) - {"conversational"}))
+def test_every_golden_variant_as_config_keys_gives_the_library_cases_grpo_config(case, model_dir, tmp_path):
+    """The golden variants' numbers are the library class's (test_grpo_golden.py, 1e-4 of TRL's); `lathe train`
+    runs that class with the GRPOConfig its keys build (the conversational case is run whole above). So each
+    variant's keys, written in a config, build the case's GRPOConfig: every GRPO key and every training value set."""
+    from lathe.llm.config.grpo import GRPOArguments, grpo_config
+    from lathe.llm.rl.config import GRPOConfig
+
+    settings = {**grpo_cases.BASE, **grpo_cases.CASES[case]}
+    lora = settings.pop("lora", None)
+    keys = {k: v for k, v in settings.items() if k not in ("bf16", "gradient_checkpointing", "use_cpu")}
+    if isinstance(keys.get("reward_weights"), list):
+        keys["reward_weights"] = ",".join(str(w) for w in keys["reward_weights"])
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "dataset_info.json").write_text(json.dumps({"rows": {"file_name": "rows.json"}}))
+    (tmp_path / "my_rewards.py").write_text("")
+    path = config_file(
+        tmp_path, model_dir, reward_funcs="my_rewards:a, my_rewards:b", **keys, **(LORA_KEYS if lora else {})
+    )
+    config = parse_train_config(path)
+    ours = grpo_config(config.training, config.finetuning)
+    theirs = GRPOConfig(output_dir=str(tmp_path / "out"), **settings)
+    names = {f.name for f in dataclasses.fields(GRPOArguments)} - {"reward_funcs"} | set(settings)
+    assert {n: getattr(ours, n) for n in names} == {n: getattr(theirs, n) for n in names}
+    if lora:  # the adapter the library case passes as peft_config
+        assert (config.finetuning.lora_rank, config.finetuning.lora_alpha) == (lora["r"], lora["lora_alpha"])
+        assert config.finetuning.lora_target == lora["target_modules"]
