@@ -55,6 +55,7 @@ def _engine(folder: str, family: str, **keys):
     from lathe.llm.inference.engine import ChatEngine
 
     keys = {"model_name_or_path": folder, "template": GEN.FAMILIES[family][0], "max_new_tokens": 5, **keys}
+    keys = {key: value for key, value in keys.items() if value is not None}
     return ChatEngine.from_config(parse_infer_config({**keys, "do_sample": False}, command="chat"), max_batch=4)
 
 
@@ -155,6 +156,23 @@ def test_chat_and_api_send_images_as_training_encodes_them_and_decode_as_generat
     assert body["usage"]["prompt_tokens"] == len(prompt_ids)
 
 
+def test_chat_attaches_an_image_for_llama_3_2_vision(root, tmp_path):
+    """`/image PATH` in lathe chat: the image goes with the next message, its answer the model's own generate's."""
+    from lathe.llm.inference.chat import chat_loop
+
+    engine = _engine(_folder("mllama", root), "mllama")
+    GEN.make_image("square").save(tmp_path / "cat.png")  # one tile of two: the mask matters
+    prompt_ids, media = engine.chat_inputs(
+        _message("x"), read_image=lambda part, where: GEN.make_image("square").convert("RGB")
+    )
+    answer = engine.tokenizer.decode(_own_generate(engine, prompt_ids, media), skip_special_tokens=True)
+    lines, out = iter([f"/image {tmp_path / 'cat.png'}", QUESTION, "exit"]), []
+    assert chat_loop(engine, read=lambda _prompt: next(lines), write=out.append) == 0
+    text = "".join(out)
+    assert "`/image PATH` attaches an image" in text and "cat.png attached, 28x28" in text
+    assert answer and answer in text
+
+
 def test_a_family_without_images_is_refused_with_a_400(root):
     """An image for a model whose family takes none (Qwen2-Audio): the family's one line, a 400 from the API."""
     pytest.importorskip("fastapi")
@@ -200,8 +218,8 @@ def test_export_of_a_lora_merged_llava_reloads_with_the_same_logits(root, tmp_pa
     report = export_model(parse_infer_config(keys, command="export"))
     assert report.processor_saved and report.merged_adapters and report.change_from_base > 1e-3
 
-    served = _engine(str(tmp_path / "out"), "llava")
-    assert served.image_refusal() is None
+    served = _engine(str(tmp_path / "out"), "llava", template=None)  # read back from the chat_template
+    assert served.template.name == "llava" and served.image_refusal() is None
     probe = image_probe(parse_infer_config(keys, command="export"), served.model, served.tokenizer, served.template)
     assert sorted(probe) == ["input_ids", "pixel_values"]
     reference = PeftModel.from_pretrained(AutoModelForImageTextToText.from_pretrained(folder), tmp_path / "adapter")
