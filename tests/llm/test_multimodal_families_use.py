@@ -136,14 +136,15 @@ def test_chat_and_api_send_images_as_training_encodes_them_and_decode_as_generat
 
     params = engine.default_params()
     assert engine.generate(prompt_ids, params, media=media).generated == expected
-    # a batch with a text-only row beside: the image row decoded alone, the text row as alone
+    # a batch with a text-only row beside: each row's tokens as alone (rows with per-token tensors decoded apart)
     from lathe.llm.inference.generation import Sequence
 
     text_prompt = engine.chat_prompt([{"role": "user", "content": QUESTION}])
-    rows = [Sequence(list(prompt_ids), engine.default_params(), media=media)]
-    rows.append(Sequence(list(text_prompt), engine.default_params()))
+    rows = [Sequence(list(prompt_ids), engine.default_params(), media=dict(media)) for _ in range(2)]
+    rows.insert(1, Sequence(list(text_prompt), engine.default_params()))  # and the same image request twice
     engine.generator.generate(rows)
-    assert rows[0].generated == expected and rows[1].generated == engine.generate(text_prompt, params).generated
+    assert [rows[0].generated, rows[2].generated] == [expected, expected]
+    assert rows[1].generated == engine.generate(text_prompt, params).generated
 
     buffer = io.BytesIO()
     image.save(buffer, format="PNG")

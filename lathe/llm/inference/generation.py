@@ -69,9 +69,10 @@ class BatchGenerator:
         """Run every sequence to its end; each one's on_text streams its text as it is produced. Rows whose
         image tensors follow their own tokens or tiles (token_type_ids, cross_attention_mask, image_sizes: the
         families beside Qwen2-VL) are decoded alone, the others together."""
-        alone = [seq for seq in sequences if seq.media and not JOINABLE.issuperset(seq.media)]
-        together = [seq for seq in sequences if seq not in alone]
-        for group in ([together] if together else []) + [[seq] for seq in alone]:
+        # by flag, not `in`: Sequence's dataclass == would compare the media tensors of two equal requests
+        apart = [bool(seq.media) and not JOINABLE.issuperset(seq.media) for seq in sequences]
+        together = [seq for seq, alone in zip(sequences, apart) if not alone]
+        for group in ([together] if together else []) + [[seq] for seq, alone in zip(sequences, apart) if alone]:
             self._generate(group)
         return sequences
 
