@@ -156,7 +156,7 @@ class ChatEngine:
         from lathe.llm.inference.vision import load_image_encoder
 
         model, tokenizer, template = load_for_inference(config)
-        encoder = load_image_encoder(config, model, template)
+        encoder = load_image_encoder(config, model, template, tokenizer)
         return cls(model, tokenizer, template, config.generating, image_encoder=encoder, **kwargs)
 
     # ---- prompts ----------------------------------------------------------------------------------
@@ -185,6 +185,8 @@ class ChatEngine:
             )
         except InvalidMessage as error:
             raise InvalidRequest(str(error), param="messages") from None
+        if media:
+            prompt_ids, media = self.image_encoder.finish(prompt_ids, media, self.model)
         return prompt_ids, media
 
     def image_refusal(self) -> str | None:

@@ -53,6 +53,10 @@ class Sequence:
         return self.finish_reason is not None
 
 
+# image tensors that join across rows in row order (the model matches them to its vision tokens in order)
+JOINABLE = frozenset({"pixel_values", "image_grid_thw"})
+
+
 class BatchGenerator:
     def __init__(self, model, tokenizer, stop_token_ids: list[int], skip_special_tokens: bool = True):
         self.model = model
@@ -62,7 +66,17 @@ class BatchGenerator:
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else next(iter(stop_token_ids))
 
     def generate(self, sequences: list[Sequence]) -> list[Sequence]:
-        """Run every sequence to its end; each one's on_text streams its text as it is produced."""
+        """Run every sequence to its end; each one's on_text streams its text as it is produced. Rows whose
+        image tensors follow their own tokens or tiles (token_type_ids, cross_attention_mask, image_sizes: the
+        families beside Qwen2-VL) are decoded alone, the others together."""
+        # by flag, not `in`: Sequence's dataclass == would compare the media tensors of two equal requests
+        apart = [bool(seq.media) and not JOINABLE.issuperset(seq.media) for seq in sequences]
+        together = [seq for seq, alone in zip(sequences, apart) if not alone]
+        for group in ([together] if together else []) + [[seq] for seq, alone in zip(sequences, apart) if alone]:
+            self._generate(group)
+        return sequences
+
+    def _generate(self, sequences: list[Sequence]) -> list[Sequence]:
         import torch
 
         device = next(self.model.parameters()).device
@@ -87,7 +101,10 @@ class BatchGenerator:
                     use_cache=True,
                     **media,
                 )
-                media = {}  # the vision tower reads the images once, with the prompt
+                # the vision tower reads the images once, with the prompt; Llama 3.2 Vision's new tokens see the
+                # images the last prompt token saw (the model's own generate repeats that position's mask)
+                cross = media.get("cross_attention_mask")
+                media = {} if cross is None else {"cross_attention_mask": cross[:, -1:]}
                 cache = output.past_key_values
                 logits = output.logits[:, -1, :].float()
                 next_ids = []

@@ -68,14 +68,17 @@ def exported_template_name(tokenizer, image_model_type: str | None = None) -> st
 
 
 def _image_model_type(model_args) -> str | None:
-    """The model_type of a model folder that holds an image processor (preprocessor_config.json), else None."""
+    """The model_type of a model folder that holds an image processor (preprocessor_config.json, or
+    processor_config.json, where transformers 5 writes a whole processor's image settings), else None."""
     import json
     import os
 
     from lathe.llm.model.hub import model_folder
 
     folder = model_folder(model_args)
-    if not os.path.isfile(os.path.join(folder, "preprocessor_config.json")):
+    if not any(
+        os.path.isfile(os.path.join(folder, name)) for name in ("preprocessor_config.json", "processor_config.json")
+    ):
         return None
     try:
         with open(os.path.join(folder, "config.json"), encoding="utf-8") as handle:

@@ -1,6 +1,8 @@
 """Images for a served model (lathe chat, lathe api, lathe export): the model folder's image processor, and a
 conversation with images encoded exactly as training encodes it (the family's pixel budget, `<image>` expanded
-to its vision tokens, the processor's tensors), or the one-line reason this model takes no images."""
+to its vision tokens, the processor's tensors), or the one-line reason this model takes no images. Qwen2-VL /
+Qwen3-VL use their module's functions; the other image families their training FamilyPlugin (the same
+process_messages, image prefix and batch_inputs the data pipeline and collator call)."""
 
 from __future__ import annotations
 
@@ -33,6 +35,7 @@ class ImageEncoder:
     min_pixels: int = DEFAULT_IMAGE_MIN_PIXELS
     refusal: str | None = None
     names: dict = field(default_factory=dict)  # what the refusal names: the model and template
+    plugin: object = None  # the training FamilyPlugin (families beside Qwen2-VL): it encodes, `family` is unused
 
     def encode(self, turns: list[dict], images: list) -> tuple[list[dict], dict]:
         """(turns with each `<image>` expanded, the processor's tensors). Images go where their `<image>`
@@ -46,18 +49,38 @@ class ImageEncoder:
         if not any(IMAGE_PLACEHOLDER in turn["content"] for turn in turns):
             turns[0]["content"] = IMAGE_PLACEHOLDER * len(images) + turns[0]["content"]
         check_placeholders(turns, {"image": len(images)}, "the conversation")
+        if self.plugin is not None:
+            from lathe.llm.multimodal.encode import EXPANDED
+
+            media = {"image": self.plugin.regularize("image", images, "the conversation")}
+            # marked as the data pipeline marks them: LLaVA's expanded token is `<image>` itself
+            expanded = [{**turn, EXPANDED: True} for turn in self.plugin.process_messages(turns, media)]
+            return expanded, media
         media = self.family.image_inputs(images, self.image_processor, self.max_pixels, self.min_pixels)
         expanded = self.family.expand_placeholders(turns, media["image_grid_thw"], self.image_processor.merge_size)
         return expanded, media
 
+    def finish(self, prompt_ids: list[int], media: dict, model=None) -> tuple[list[int], dict]:
+        """(the prompt ids, the model's image tensors) of a prompt the template encoded from encode's turns: a
+        plugin family's image prefix (PaliGemma) added and its collator tensors for the one row (pixel_values,
+        image_sizes, token_type_ids, cross_attention_mask, ...), as training collates a batch of it alone."""
+        if self.plugin is None or not media:
+            return prompt_ids, media
+        import torch
 
-def load_image_encoder(config, model, template) -> ImageEncoder:
+        prompt_ids, _ = self.plugin.process_token_ids(list(prompt_ids), None, media)
+        batch = {"input_ids": torch.tensor([prompt_ids]), "attention_mask": torch.ones(1, len(prompt_ids))}
+        inputs = self.plugin.batch_inputs([media], batch, model, [prompt_ids])
+        return prompt_ids, {key: torch.as_tensor(value) for key, value in inputs.items()}
+
+
+def load_image_encoder(config, model, template, tokenizer=None) -> ImageEncoder:
     """The encoder for `model` served with `template`: the template's multimodal family, the image processor of
     model_name_or_path, and image_max_pixels / image_min_pixels as training read them."""
     from lathe.llm.multimodal.plugins import plugin_module
 
     name = config.model.model_name_or_path
-    if getattr(model.config, "vision_config", None) is None:
+    if all(getattr(model.config, tower, None) is None for tower in ("vision_config", "audio_config")):
         return ImageEncoder(refusal=f"{name} is a text-only model ({type(model).__name__}): it takes no images.")
     if not template.multimodal:
         return ImageEncoder(
@@ -69,7 +92,7 @@ def load_image_encoder(config, model, template) -> ImageEncoder:
     except ValueError as error:
         return ImageEncoder(refusal=str(error))
     if not all(hasattr(family, function) for function in SERVING_FUNCTIONS):
-        return ImageEncoder(refusal=f"template {template.name!r}: lathe chat / lathe api cannot send images yet.")
+        return _plugin_encoder(config, template, tokenizer)
     try:
         image_processor = load_image_processor(config.model)
     except OSError as error:
@@ -80,6 +103,30 @@ def load_image_encoder(config, model, template) -> ImageEncoder:
         _config_value(config, "image_max_pixels", DEFAULT_IMAGE_MAX_PIXELS),
         _config_value(config, "image_min_pixels", DEFAULT_IMAGE_MIN_PIXELS),
     )
+
+
+def _plugin_encoder(config, template, tokenizer) -> ImageEncoder:
+    """The encoder of a family served through its training FamilyPlugin, with the model folder's processor and
+    the run's media keys; the family's own refusal (no image input, a missing package) otherwise."""
+    from lathe.llm.model.hub import model_folder
+    from lathe.llm.multimodal.base import MediaSettings
+    from lathe.llm.multimodal.encode import load_processor
+    from lathe.llm.multimodal.plugins import get_plugin
+
+    if tokenizer is None:
+        return ImageEncoder(refusal=f"template {template.name!r}: images need the served tokenizer.")
+    defaults = MediaSettings()
+    settings = MediaSettings(
+        **{key: _config_value(config, key, value) for key, value in vars(defaults).items()}  # as training read them
+    )
+    try:
+        processor = load_processor(model_folder(config.model))
+        plugin = get_plugin(template, processor, tokenizer, settings)
+    except ValueError as error:
+        return ImageEncoder(refusal=f"{config.model.model_name_or_path}: it takes no images here: {error}")
+    if "image" not in plugin.kinds:
+        return ImageEncoder(refusal=f"template {template.name!r}: the {plugin.name} family takes no images.")
+    return ImageEncoder(refusal=None, plugin=plugin, image_processor=getattr(processor, "image_processor", None))
 
 
 def _config_value(config, key: str, default):
@@ -125,11 +172,14 @@ def image_probe(config, model, tokenizer, template) -> dict | None:
 
     from lathe.llm.multimodal.qwen2_vl import rope_positions
 
-    encoder = load_image_encoder(config, model, template)
+    encoder = load_image_encoder(config, model, template, tokenizer)
     if encoder.refusal is not None:
         return None
     turns, media = encoder.encode([{"role": "user", "content": "Describe the image."}], [probe_image()])
     prompt_ids, _ = template.encode_oneturn(tokenizer, turns + [{"role": "assistant", "content": ""}])
+    if encoder.plugin is not None:
+        prompt_ids, media = encoder.finish(prompt_ids, media, model)
+        return {"input_ids": torch.tensor([prompt_ids]), **media}
     input_ids = torch.tensor([prompt_ids])
     position_ids, _ = rope_positions(model, input_ids, torch.ones_like(input_ids), media["image_grid_thw"])
     return {"input_ids": input_ids, "position_ids": position_ids, **media}
