@@ -35,6 +35,11 @@ CASES = {
     "qwen2_audio_full": ("qwen2_audio", {}),
     "llava_lora": ("llava", LORA),
     "qwen2_audio_lora": ("qwen2_audio", LORA),
+    "gemma3_lora": ("gemma3", LORA),
+    "mllama_lora": ("mllama", LORA),
+    "paligemma_open_tower": ("paligemma", {"freeze_vision_tower": False}),
+    "llava_projector_only": ("llava", {"freeze_language_model": True, "freeze_multi_modal_projector": False}),
+    "qwen2_audio_open_tower": ("qwen2_audio", {"freeze_vision_tower": False}),
 }
 
 
