@@ -1,8 +1,9 @@
-"""`lathe train` (stage sft) with the families beside Qwen2-VL against LLaMA-Factory 0.9.5's own run_exp
+"""`lathe train` (sft, and dpo for two) with the families beside Qwen2-VL against LLaMA-Factory 0.9.5's own run_exp
 (tests/llm/golden/llamafactory_families_train.json, made by make_llamafactory_families_train.py): each family's tiny
 random-weight model, processor and tokenizer (make_llamafactory_families.py) saved in a folder with its first two
 golden rows (images as PNG, audio as 32-bit PCM WAV), three steps of one batch of both rows, full tuning with the
-vision tower frozen (LLaMA-Factory's default) and LoRA: the same losses, grad norms and trainable-parameter counts."""
+vision tower frozen (LLaMA-Factory's default), LoRA, the tower open, the projector alone, and LoRA dpo on the rows
+as pairs: the same losses, grad norms and trainable-parameter counts."""
 
 import importlib.util
 import json
@@ -44,7 +45,7 @@ def _folders(root: Path, family: str) -> tuple[Path, Path]:
 
 
 @pytest.mark.parametrize("name", list(TRAIN.CASES))
-def test_lathe_train_three_sft_steps_equal_llamafactory(name, tmp_path):
+def test_lathe_train_three_steps_equal_llamafactory(name, tmp_path):
     from lathe.llm.config.train import parse_train_config
     from lathe.llm.workflows.stages import run_train
     from lathe.train import TrainerCallback

@@ -363,8 +363,8 @@ def _same_weights(model):
 
 def write_folders(root: Path, family: str, fix_tokenizer) -> tuple[Path, Path, object]:
     """(model folder, data folder "rows", the model): the family's tiny model, processor and tokenizer saved, and
-    its first two rows as a sharegpt dataset (images as PNG, audio as 32-bit PCM WAV). fix_tokenizer(tokenizer,
-    template) is lathe's or LLaMA-Factory's template fix, run before the model is built so its vocabulary holds the
+    its first two rows as a sharegpt dataset "rows" (images as PNG, audio as 32-bit PCM WAV) and as dpo "pairs".
+    fix_tokenizer(tokenizer, template) is lathe's or LLaMA-Factory's template fix, run before the model is built so its vocabulary holds the
     processor's and the template's tokens (the golden's order)."""
     tokenizer = make_tokenizer(family)
     processor = make_processor(family, tokenizer)
@@ -386,14 +386,19 @@ def write_folders(root: Path, family: str, fix_tokenizer) -> tuple[Path, Path, o
             item.setdefault("audios", []).append(f"{name}.wav")
         rows.append(item)
     kind = "audios" if "audios" in rows[0] else "images"
+    # "pairs": the same rows for dpo, the answer chosen over "four" (the first row's answer reversed for the second)
+    pairs = [{**row, "messages": row["messages"][:-1], "chosen": row["messages"][-1]} for row in rows]
+    for pair in pairs:
+        wrong = "four" if pair["chosen"]["content"] != "four" else "The quick brown fox."
+        pair["rejected"] = {"role": "assistant", "content": wrong}
     (data / "rows.json").write_text(json.dumps(rows))
-    info = {
-        "file_name": "rows.json",
-        "formatting": "sharegpt",
-        "columns": {"messages": "messages", kind: kind},
-        "tags": {"role_tag": "role", "content_tag": "content", "user_tag": "user", "assistant_tag": "assistant"},
-    }
-    (data / "dataset_info.json").write_text(json.dumps({"rows": info}))
+    (data / "pairs.json").write_text(json.dumps(pairs))
+    tags = {"role_tag": "role", "content_tag": "content", "user_tag": "user", "assistant_tag": "assistant"}
+    info = {"file_name": "rows.json", "formatting": "sharegpt", "columns": {"messages": "messages", kind: kind}}
+    ranked = {"file_name": "pairs.json", "formatting": "sharegpt", "ranking": True}
+    ranked["columns"] = {"messages": "messages", "chosen": "chosen", "rejected": "rejected", kind: kind}
+    infos = {"rows": {**info, "tags": tags}, "pairs": {**ranked, "tags": tags}}
+    (data / "dataset_info.json").write_text(json.dumps(infos))
     return folder, data, model
 
 

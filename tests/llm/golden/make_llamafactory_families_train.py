@@ -40,6 +40,8 @@ CASES = {
     "paligemma_open_tower": ("paligemma", {"freeze_vision_tower": False}),
     "llava_projector_only": ("llava", {"freeze_language_model": True, "freeze_multi_modal_projector": False}),
     "qwen2_audio_open_tower": ("qwen2_audio", {"freeze_vision_tower": False}),
+    "llava_dpo": ("llava", {**LORA, "stage": "dpo", "dataset": "pairs", "pref_beta": 0.1}),
+    "qwen2_audio_dpo": ("qwen2_audio", {**LORA, "stage": "dpo", "dataset": "pairs", "pref_beta": 0.1}),
 }
 
 
@@ -51,7 +53,7 @@ def families_generator():
 
 
 def train_config(gen, family: str, model: Path, data: Path, output: Path, **keys) -> dict:
-    """Three sft steps of one batch of the family's two rows, on CPU, the families golden's media settings."""
+    """Three steps (sft unless keys say) of one batch of the family's two rows, on CPU, the families golden's media settings."""
     return {
         "model_name_or_path": str(model),
         "stage": "sft",
