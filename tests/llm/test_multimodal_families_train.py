@@ -1,9 +1,9 @@
-"""`lathe train` (sft, and dpo for two) with the families beside Qwen2-VL against LLaMA-Factory 0.9.5's own run_exp
+"""`lathe train` (sft, and dpo / kto for two) with the families beside Qwen2-VL against LLaMA-Factory 0.9.5's own run_exp
 (tests/llm/golden/llamafactory_families_train.json, made by make_llamafactory_families_train.py): each family's tiny
 random-weight model, processor and tokenizer (make_llamafactory_families.py) saved in a folder with its first two
 golden rows (images as PNG, audio as 32-bit PCM WAV), three steps of one batch of both rows, full tuning with the
-vision tower frozen (LLaMA-Factory's default), LoRA, the tower open, the projector alone, and LoRA dpo on the rows
-as pairs: the same losses, grad norms and trainable-parameter counts."""
+vision tower frozen (LLaMA-Factory's default), LoRA, the tower open, the projector alone, and LoRA dpo / kto on the rows
+as pairs / kto rows: the same losses, grad norms and trainable-parameter counts."""
 
 import importlib.util
 import json

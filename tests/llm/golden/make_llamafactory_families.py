@@ -363,7 +363,7 @@ def _same_weights(model):
 
 def write_folders(root: Path, family: str, fix_tokenizer) -> tuple[Path, Path, object]:
     """(model folder, data folder "rows", the model): the family's tiny model, processor and tokenizer saved, and
-    its first two rows as a sharegpt dataset "rows" (images as PNG, audio as 32-bit PCM WAV) and as dpo "pairs".
+    its first two rows as a sharegpt dataset "rows" (images as PNG, audio as 32-bit PCM WAV), as dpo "pairs" and as "kto".
     fix_tokenizer(tokenizer, template) is lathe's or LLaMA-Factory's template fix, run before the model is built so its vocabulary holds the
     processor's and the template's tokens (the golden's order)."""
     tokenizer = make_tokenizer(family)
@@ -398,6 +398,10 @@ def write_folders(root: Path, family: str, fix_tokenizer) -> tuple[Path, Path, o
     ranked = {"file_name": "pairs.json", "formatting": "sharegpt", "ranking": True}
     ranked["columns"] = {"messages": "messages", "chosen": "chosen", "rejected": "rejected", kind: kind}
     infos = {"rows": {**info, "tags": tags}, "pairs": {**ranked, "tags": tags}}
+    # "kto": the rows, the first desirable and the second not
+    (data / "kto.json").write_text(json.dumps([{**row, "label": index == 0} for index, row in enumerate(rows)]))
+    kto = {"file_name": "kto.json", "formatting": "sharegpt", "tags": tags}
+    infos["kto"] = {**kto, "columns": {"messages": "messages", "kto_tag": "label", kind: kind}}
     (data / "dataset_info.json").write_text(json.dumps(infos))
     return folder, data, model
 

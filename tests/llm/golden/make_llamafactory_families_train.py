@@ -42,6 +42,8 @@ CASES = {
     "qwen2_audio_open_tower": ("qwen2_audio", {"freeze_vision_tower": False}),
     "llava_dpo": ("llava", {**LORA, "stage": "dpo", "dataset": "pairs", "pref_beta": 0.1}),
     "qwen2_audio_dpo": ("qwen2_audio", {**LORA, "stage": "dpo", "dataset": "pairs", "pref_beta": 0.1}),
+    "llava_kto": ("llava", {**LORA, "stage": "kto", "dataset": "kto", "pref_beta": 0.1}),
+    "qwen2_audio_kto": ("qwen2_audio", {**LORA, "stage": "kto", "dataset": "kto", "pref_beta": 0.1}),
 }
 
 
