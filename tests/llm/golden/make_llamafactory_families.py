@@ -324,6 +324,88 @@ def make_model(family: str, tokenizer):
     return model_class(config).eval()
 
 
+def write_wav(path: Path, samples) -> None:
+    """32-bit PCM: the float32 waveform to within 2**-31."""
+    import wave
+
+    import numpy as np
+
+    with wave.open(str(path), "wb") as handle:
+        handle.setnchannels(1)
+        handle.setsampwidth(4)
+        handle.setframerate(SAMPLING_RATE)
+        handle.writeframes(np.round(samples.astype("float64") * 2**31).astype("<i4").tobytes())
+
+
+def _same_weights(model):
+    """Sets every parameter from a generator seeded by its name: transformers 5.6 (LLaMA-Factory's) and 5.23
+    (lathe's) initialise the same config with different draws, leave some parameters (LLaVA's projector biases) as
+    uninitialised memory, and nest some models differently (Qwen2-Audio's `audio_tower` is `model.audio_tower` in
+    5.23), so the name leaves out "model" and any prefix of lm_head. The training golden needs one model folder on
+    both sides. Biases 0, norm weights 1, the rest normal with std 0.1."""
+    import zlib
+
+    import torch
+
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            key = ".".join(part for part in name.split(".") if part != "model")
+            key = key[key.index("lm_head") :] if "lm_head" in key else key
+            if name.endswith("bias"):
+                parameter.zero_()
+            elif "norm" in name.rsplit(".", 2)[-2]:
+                parameter.fill_(1.0)
+            else:
+                generator = torch.Generator().manual_seed(zlib.crc32(key.encode()))
+                parameter.copy_(torch.randn(parameter.shape, generator=generator) * 0.1)
+    return model
+
+
+def write_folders(root: Path, family: str, fix_tokenizer) -> tuple[Path, Path, object]:
+    """(model folder, data folder "rows", the model): the family's tiny model, processor and tokenizer saved, and
+    its first two rows as a sharegpt dataset "rows" (images as PNG, audio as 32-bit PCM WAV), as dpo "pairs" and as "kto".
+    fix_tokenizer(tokenizer, template) is lathe's or LLaMA-Factory's template fix, run before the model is built so its vocabulary holds the
+    processor's and the template's tokens (the golden's order)."""
+    tokenizer = make_tokenizer(family)
+    processor = make_processor(family, tokenizer)
+    fix_tokenizer(tokenizer, FAMILIES[family][0])
+    model = _same_weights(make_model(family, tokenizer))
+    folder, data = root / "model", root / "data"
+    model.save_pretrained(str(folder))
+    processor.save_pretrained(str(folder))
+    tokenizer.save_pretrained(str(folder))
+    data.mkdir(parents=True)
+    rows = []
+    for row in rows_of(family)[:2]:
+        item = {"messages": [{"role": role, "content": content} for role, content in row["messages"]]}
+        for name in row.get("images", []):
+            make_image(name).save(data / f"{name}.png")
+            item.setdefault("images", []).append(f"{name}.png")
+        for name in row.get("audios", []):
+            write_wav(data / f"{name}.wav", make_audio(name))
+            item.setdefault("audios", []).append(f"{name}.wav")
+        rows.append(item)
+    kind = "audios" if "audios" in rows[0] else "images"
+    # "pairs": the same rows for dpo, the answer chosen over "four" (the first row's answer reversed for the second)
+    pairs = [{**row, "messages": row["messages"][:-1], "chosen": row["messages"][-1]} for row in rows]
+    for pair in pairs:
+        wrong = "four" if pair["chosen"]["content"] != "four" else "The quick brown fox."
+        pair["rejected"] = {"role": "assistant", "content": wrong}
+    (data / "rows.json").write_text(json.dumps(rows))
+    (data / "pairs.json").write_text(json.dumps(pairs))
+    tags = {"role_tag": "role", "content_tag": "content", "user_tag": "user", "assistant_tag": "assistant"}
+    info = {"file_name": "rows.json", "formatting": "sharegpt", "columns": {"messages": "messages", kind: kind}}
+    ranked = {"file_name": "pairs.json", "formatting": "sharegpt", "ranking": True}
+    ranked["columns"] = {"messages": "messages", "chosen": "chosen", "rejected": "rejected", kind: kind}
+    infos = {"rows": {**info, "tags": tags}, "pairs": {**ranked, "tags": tags}}
+    # "kto": the rows, the first desirable and the second not
+    (data / "kto.json").write_text(json.dumps([{**row, "label": index == 0} for index, row in enumerate(rows)]))
+    kto = {"file_name": "kto.json", "formatting": "sharegpt", "tags": tags}
+    infos["kto"] = {**kto, "columns": {"messages": "messages", "kto_tag": "label", kind: kind}}
+    (data / "dataset_info.json").write_text(json.dumps(infos))
+    return folder, data, model
+
+
 def run_family(family: str, tensors: dict, metadata: dict) -> None:
     import torch
     from llamafactory.data.collator import MultiModalDataCollatorForSeq2Seq
