@@ -110,9 +110,9 @@ def launch_quickstart(output_dir, *overrides, home=None):
     return result
 
 
-# 30 steps on 64 examples, then greedy answers to 64 prompts: trained enough that the answers' lengths differ, so
+# 12 steps on 64 examples, then greedy answers to 64 prompts: trained enough that the answers' lengths differ, so
 # the ranks finish generating at different steps (with sharded weights a rank that stops early would hang the other).
-GENERATING = ("max_samples=64", "max_steps=30", "per_device_train_batch_size=8", "per_device_eval_batch_size=16")
+GENERATING = ("max_samples=64", "max_steps=12", "per_device_train_batch_size=8", "per_device_eval_batch_size=16")
 
 
 @pytest.fixture(scope="module")
@@ -122,7 +122,7 @@ def runs(tmp_path_factory):
     sharding = {
         "ddp": ("logging_steps=1",),
         # ZeRO-3 also saves a checkpoint: its partitions and the whole weights gathered from them
-        "zero3": ("deepspeed=examples/deepspeed/ds_z3_config.json", "save_strategy=steps", "save_steps=30"),
+        "zero3": ("deepspeed=examples/deepspeed/ds_z3_config.json", "save_strategy=steps", "save_steps=12"),
         "fsdp": ("fsdp=full_shard auto_wrap",),
     }
 
@@ -152,7 +152,7 @@ def test_lathe_train_on_two_processes(runs):
     assert (output_dir / "model.safetensors").is_file()
     results = json.loads((output_dir / "train_results.json").read_text())
     log = [json.loads(line) for line in (output_dir / "trainer_log.jsonl").read_text().splitlines()]
-    assert results["epoch"] > 0 and [entry["current_steps"] for entry in log if "loss" in entry] == list(range(1, 31))
+    assert results["epoch"] > 0 and [entry["current_steps"] for entry in log if "loss" in entry] == list(range(1, 13))
 
 
 @pytest.mark.slow
@@ -163,9 +163,9 @@ def test_lathe_train_with_deepspeed_zero3_on_two_processes(runs):
 
     result, output_dir = runs("zero3")
     assert "sharding        DeepSpeed ZeRO stage 3 (examples/deepspeed/ds_z3_config.json)" in result.stdout
-    checkpoint = output_dir / "checkpoint-30"
-    assert (checkpoint / "latest").read_text().strip() == "global_step30"
-    assert len(list((checkpoint / "global_step30").glob("*optim_states.pt"))) == 2  # one partition per rank
+    checkpoint = output_dir / "checkpoint-12"
+    assert (checkpoint / "latest").read_text().strip() == "global_step12"
+    assert len(list((checkpoint / "global_step12").glob("*optim_states.pt"))) == 2  # one partition per rank
     # the weights gathered from the ZeRO-3 partitions are the whole model, loadable by transformers
     model = AutoModelForCausalLM.from_pretrained(output_dir)
     reference = AutoModelForCausalLM.from_pretrained(checkpoint)
