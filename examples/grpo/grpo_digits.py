@@ -12,19 +12,10 @@ import tempfile
 
 import torch
 from datasets import Dataset
-from tokenizers import Tokenizer, models, pre_tokenizers
-from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+from make_assets import make_tokenizer, model_config  # beside this file: the same tokenizer and model
+from transformers import LlamaForCausalLM
 
 from lathe.llm.rl import GRPOConfig, GRPOTrainer
-
-DIGITS = [str(d) for d in range(10)]
-
-
-def make_tokenizer() -> PreTrainedTokenizerFast:
-    vocab = {token: index for index, token in enumerate(["<pad>", "<s>", "</s>", "repeat", *DIGITS])}
-    backend = Tokenizer(models.WordLevel(vocab, unk_token="<pad>"))
-    backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    return PreTrainedTokenizerFast(tokenizer_object=backend, pad_token="<pad>", bos_token="<s>", eos_token="</s>")
 
 
 def digit_match(completions, digit, **kwargs):
@@ -37,18 +28,7 @@ def digit_match(completions, digit, **kwargs):
 def main():
     torch.set_num_threads(1)
     tokenizer = make_tokenizer()
-    config = LlamaConfig(
-        vocab_size=len(tokenizer),
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        max_position_embeddings=64,
-        bos_token_id=1,
-        eos_token_id=2,
-        pad_token_id=0,
-    )
+    config = model_config(len(tokenizer))
     torch.manual_seed(0)
     model = LlamaForCausalLM(config)
     rows = [{"prompt": f"repeat {d}", "digit": d} for d in (3, 7)] * 16

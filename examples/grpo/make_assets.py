@@ -15,14 +15,18 @@ HERE = Path(__file__).resolve().parent / "digits"
 DIGITS = [str(d) for d in range(10)]
 
 
-def main():
+def make_tokenizer() -> PreTrainedTokenizerFast:
+    """Word level: <pad> <s> </s>, "repeat" and the ten digits (grpo_digits.py builds its model on it too)."""
     vocab = {token: index for index, token in enumerate(["<pad>", "<s>", "</s>", "repeat", *DIGITS])}
     backend = Tokenizer(models.WordLevel(vocab, unk_token="<pad>"))
     backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, pad_token="<pad>", bos_token="<s>", eos_token="</s>")
-    tokenizer.save_pretrained(HERE / "model")
-    LlamaConfig(
-        vocab_size=len(vocab),
+    return PreTrainedTokenizerFast(tokenizer_object=backend, pad_token="<pad>", bos_token="<s>", eos_token="</s>")
+
+
+def model_config(vocab_size: int) -> LlamaConfig:
+    """The tiny Llama both GRPO examples train."""
+    return LlamaConfig(
+        vocab_size=vocab_size,
         hidden_size=32,
         intermediate_size=64,
         num_hidden_layers=2,
@@ -32,7 +36,13 @@ def main():
         bos_token_id=1,
         eos_token_id=2,
         pad_token_id=0,
-    ).save_pretrained(HERE / "model")
+    )
+
+
+def main():
+    tokenizer = make_tokenizer()
+    tokenizer.save_pretrained(HERE / "model")
+    model_config(len(tokenizer)).save_pretrained(HERE / "model")
     (HERE / "data").mkdir(parents=True, exist_ok=True)
     rows = [{"messages": [{"role": "user", "content": f"repeat {d}"}], "digit": d} for d in (3, 7)] * 16
     (HERE / "data" / "digits.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
