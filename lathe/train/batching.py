@@ -12,6 +12,7 @@ from itertools import islice
 import torch
 
 from lathe.train.data.labels import IGNORE_INDEX
+from lathe.train.parallel import distributed
 
 
 @dataclass(frozen=True)
@@ -129,6 +130,34 @@ def count_label_items(window: list, shift_labels: bool) -> torch.Tensor | None:
         count = labels.ne(IGNORE_INDEX).sum()
         total = count if total is None else total + count
     return total
+
+
+def count_window_items(window: list, counts_items: bool, shift_labels: bool, device, across_ranks: bool):
+    """The loss denominator of the whole window (count_label_items): the label tokens of all its
+    micro-batches, so that k micro-batches of b examples train as one batch of k*b. counts_items: the loss
+    divides by a count (the model takes loss kwargs, or a compute_loss_func is set); else None, and each
+    loss is a mean of its own batch. across_ranks (average_tokens_across_devices): summed over ranks, so
+    every rank divides by the global count (loss_scale then undoes DDP's average over ranks)."""
+    if not counts_items:
+        return None
+    num_items = count_label_items(window, shift_labels)
+    if torch.is_tensor(num_items) and device.type == "cuda" and num_items.device != device:
+        # Counted on the host batch; the loss would copy it over with a blocking .to(device), a host sync on
+        # every update (torch.cuda.set_sync_debug_mode finds it). A non-blocking copy queues behind the step.
+        num_items = num_items.to(device, non_blocking=True)
+    if num_items is not None and across_ranks:
+        num_items = distributed.sum_across_ranks(num_items, device)  # unchanged in one process
+    return num_items
+
+
+def loss_scale(counted: bool, across_ranks: bool, loss_is_scaled_for_ga: bool | None) -> tuple[bool, int]:
+    """training_step's decision for normalise_loss: (whether the loss is already divided by the window's
+    label tokens, the factor of ranks it is scaled by). counted: a num_items_in_batch reached a loss that
+    divides by it; across_ranks: that count was summed over ranks; loss_is_scaled_for_ga: a Trainer's
+    own answer (None: the count decides)."""
+    world_scale = distributed.world_size() if counted and across_ranks else 1
+    by_items = counted if loss_is_scaled_for_ga is None else loss_is_scaled_for_ga
+    return by_items, world_scale
 
 
 def normalise_loss(

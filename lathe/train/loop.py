@@ -13,6 +13,7 @@ from lathe.train import batching, resume, runtime, saving, seed, stepping
 from lathe.train.data import epochs as data
 from lathe.train.parallel import distributed, nodes
 from lathe.train.evaluation.outputs import TrainOutput
+from lathe.train.features import hp_search
 from lathe.train.run import TrainingRun
 from lathe.train.state import TrainerState
 
@@ -79,7 +80,10 @@ def update_step(trainer, model, window: list, epoch: int, plan) -> None:
         trainer.callback_handler,
     )
     trainer.control = events.on_step_begin(args, state, trainer.control)
-    num_items = count_window_items(trainer, window)  # the loss denominator: label tokens of the whole window
+    # the loss denominator: the label tokens of the whole window (summed over ranks when asked)
+    num_items = batching.count_window_items(
+        window, trainer._counts_items(), trainer._loss_shifts_labels, args.device, args.average_tokens_across_devices
+    )
     trainer.current_gradient_accumulation_steps = len(window)  # or, without a count, the window's size
     for index, inputs in enumerate(window):
         is_last = index == len(window) - 1
@@ -104,24 +108,6 @@ def update_step(trainer, model, window: list, epoch: int, plan) -> None:
     batches_per_epoch = plan.batches_per_epoch or plan.max_steps * args.gradient_accumulation_steps
     state.epoch = epoch + run.batches_done_in_epoch / batches_per_epoch
     trainer.control = events.on_step_end(args, state, trainer.control)  # the flow callback decides log/eval/save here
-
-
-def count_window_items(trainer, window: list):
-    """The loss denominator of the whole window (batching.count_label_items): the label tokens of all
-    its micro-batches, so that k micro-batches of b examples train as one batch of k*b. With
-    average_tokens_across_devices it is summed over ranks, so every rank divides by the global count
-    (training_step then undoes DDP's average over ranks). None: each loss is a mean of its own batch."""
-    if not trainer._counts_items():
-        return None
-    num_items = batching.count_label_items(window, trainer._loss_shifts_labels)
-    device = trainer.args.device
-    if torch.is_tensor(num_items) and device.type == "cuda" and num_items.device != device:
-        # Counted on the host batch; the loss would copy it over with a blocking .to(device), a host sync on
-        # every update (torch.cuda.set_sync_debug_mode finds it). A non-blocking copy queues behind the step.
-        num_items = num_items.to(device, non_blocking=True)
-    if num_items is not None and trainer.args.average_tokens_across_devices:
-        num_items = distributed.sum_across_ranks(num_items, trainer.args.device)  # unchanged in one process
-    return num_items
 
 
 def tally_micro_batch(trainer, inputs, loss: torch.Tensor) -> None:
@@ -176,6 +162,7 @@ def new_state(trainer, batch_size: int, plan, trial) -> TrainerState:
     state = TrainerState(train_batch_size=batch_size, stateful_callbacks=saving.stateful_callbacks(trainer))
     state.compute_steps(trainer.args, plan.max_steps)
     state.init_training_references(trainer, plan.max_steps, plan.num_train_epochs, trial)
+    state.trial_name, state.trial_params = hp_search.trial_references(trainer, trial)
     return state
 
 

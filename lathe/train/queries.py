@@ -89,15 +89,17 @@ def set_initial_training_values(trainer, args, dataloader) -> tuple:
 def get_batch_samples(trainer, epoch_iterator, num_batches: int, device=None) -> tuple[list, torch.Tensor | None]:
     """Up to `num_batches` batches from `epoch_iterator`, and their loss denominator: the label tokens of all of
     them (summed over ranks with average_tokens_across_devices), or None when the loss is a per-batch mean."""
-    from lathe.train.loop import count_window_items
-
     batches = []
     for _ in range(num_batches):
         try:
             batches.append(next(epoch_iterator))
         except StopIteration:
             break
-    num_items = count_window_items(trainer, batches) if batches else None
+    args, num_items = trainer.args, None
+    if batches:
+        num_items = batching.count_window_items(
+            batches, trainer._counts_items(), trainer._loss_shifts_labels, args.device, args.average_tokens_across_devices
+        )
     if torch.is_tensor(num_items) and device is not None:
         num_items = num_items.to(device)
     return batches, num_items
@@ -108,3 +110,13 @@ def _length(obj) -> int | None:
         return len(obj) if obj is not None else None
     except TypeError:
         return None
+
+
+def num_tokens(trainer, dataloader, max_steps: int | None = None) -> int:
+    """Input tokens (every position) of the first max_steps batches of `dataloader`, as transformers counts them."""
+    tokens = 0
+    for step, batch in enumerate(dataloader):
+        tokens += batching.count_input_tokens(batch, "all", trainer.main_input_name)
+        if max_steps is not None and step + 1 >= max_steps:
+            break
+    return tokens

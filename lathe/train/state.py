@@ -120,11 +120,8 @@ class TrainerState:
                 setattr(self, f"{step_kind}_steps", int(num_steps))
 
     def init_training_references(self, trainer, max_steps, num_train_epochs, trial=None) -> None:
-        from lathe.train.features.hp_search import trial_params
-
-        if getattr(trainer, "hp_name", None) is not None and getattr(trainer, "_trial", None) is not None:
-            self.trial_name = trainer.hp_name(trainer._trial)
-        self.trial_params = trial_params(trial)
+        """transformers' method: the run's length and the process flags. The trial's name and parameters
+        (trial_name, trial_params) are looked up by lathe.train.features.hp_search, set in loop.new_state."""
         self.max_steps = max_steps
         self.num_train_epochs = num_train_epochs
         self.is_local_process_zero = trainer.is_local_process_zero()

@@ -37,7 +37,7 @@ class TrainerSurface:
     push_to_hub = hub.push_to_hub
     init_hf_repo = hub.init_hf_repo
     num_examples = loaders.num_examples
-    num_tokens = loaders.num_tokens
+    num_tokens = queries.num_tokens
     floating_point_ops = modeling.floating_point_ops
     save_state = results.save_state
     save_metrics = results.save_metrics

@@ -274,8 +274,9 @@ class Trainer(TrainerSurface):
         # Divided by the accumulation window (or by its label tokens, inside the loss), the micro-batch
         # losses of a window add up to the loss of the whole window: batching.normalise_loss says why.
         counted = num_items_in_batch is not None and self._counts_items()
-        world_scale = distributed.world_size() if counted and self.args.average_tokens_across_devices else 1
-        by_items = counted if self.loss_is_scaled_for_ga is None else self.loss_is_scaled_for_ga
+        by_items, world_scale = batching.loss_scale(
+            counted, self.args.average_tokens_across_devices, self.loss_is_scaled_for_ga
+        )
         loss = batching.normalise_loss(loss, self.current_gradient_accumulation_steps, by_items, world_scale)
         self._backend.backward(loss)
         return loss.detach()

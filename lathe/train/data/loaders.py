@@ -4,7 +4,6 @@ resumable samplers of lathe.train.data.sampling, configured from TrainingArgumen
 
 from __future__ import annotations
 
-from lathe.train import batching
 from lathe.train.data import columns, sampling as data
 
 
@@ -85,12 +84,3 @@ def num_examples(trainer, dataloader) -> int:
         return len(dataset)
     except TypeError:
         return len(dataloader) * trainer.args.per_device_train_batch_size
-
-
-def num_tokens(trainer, dataloader, max_steps: int | None = None) -> int:
-    tokens = 0
-    for step, batch in enumerate(dataloader):
-        tokens += batching.count_input_tokens(batch, "all", trainer.main_input_name)
-        if max_steps is not None and step + 1 >= max_steps:
-            break
-    return tokens

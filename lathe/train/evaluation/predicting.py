@@ -9,6 +9,7 @@ from collections.abc import Mapping
 
 import torch
 
+from lathe.train import batching
 from lathe.train.evaluation import loop as evaluation
 from lathe.train.features import hp_search
 from lathe.train import runtime
@@ -172,10 +173,11 @@ def evaluate_during_training(trainer, trial, ignore_keys_for_eval, skip_schedule
 def _batch_items(trainer, inputs):
     """The batch's num_items_in_batch, as transformers' prediction_step passes it to compute_loss:
     counted when the model takes loss kwargs or a compute_loss_func is set, summed over ranks with
-    average_tokens_across_devices (training's count, loop.count_window_items, on one batch)."""
-    from lathe.train import loop
-
-    return loop.count_window_items(trainer, [inputs])
+    average_tokens_across_devices (training's count, batching.count_window_items, on one batch)."""
+    args = trainer.args
+    return batching.count_window_items(
+        [inputs], trainer._counts_items(), trainer._loss_shifts_labels, args.device, args.average_tokens_across_devices
+    )
 
 
 def _steps(num_samples: int, batch_size: int) -> int:

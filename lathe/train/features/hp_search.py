@@ -157,6 +157,14 @@ def trial_params(trial) -> dict | None:
     return None if trial is None else dict(getattr(trial, "params", trial))
 
 
+def trial_references(trainer, trial) -> tuple[str | None, dict | None]:
+    """TrainerState's trial_name (the Trainer's hp_name of the running trial) and trial_params."""
+    name = None
+    if getattr(trainer, "hp_name", None) is not None and getattr(trainer, "_trial", None) is not None:
+        name = trainer.hp_name(trainer._trial)
+    return name, trial_params(trial)
+
+
 def report_to_search(trainer, trial, step: int, metrics: dict) -> None:
     """After an evaluation inside a trial: the objective to optuna, which may prune the trial."""
     if trainer.hp_search_backend is None or trial is None:
