@@ -98,7 +98,11 @@ def get_batch_samples(trainer, epoch_iterator, num_batches: int, device=None) ->
     args, num_items = trainer.args, None
     if batches:
         num_items = batching.count_window_items(
-            batches, trainer._counts_items(), trainer._loss_shifts_labels, args.device, args.average_tokens_across_devices
+            batches,
+            trainer._counts_items(),
+            trainer._loss_shifts_labels,
+            args.device,
+            args.average_tokens_across_devices,
         )
     if torch.is_tensor(num_items) and device is not None:
         num_items = num_items.to(device)
