@@ -121,7 +121,7 @@ def trainer_script(config: dict) -> None:
     to Ray's storage; after a restart, training resumes from the last checkpoint Ray stored."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from lathe.llm.ray_train import RayCheckpointReport, ray_checkpoint
+    from lathe.llm.launch.ray_train import RayCheckpointReport, ray_checkpoint
     from lathe.train import Trainer, TrainingArguments
 
     torch.manual_seed(0)

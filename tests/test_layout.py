@@ -2,12 +2,18 @@
 included), no module importing another module's underscore names, no family of 4+ modules sharing a name
 prefix on one level, code modules under ~400 lines (a declared table may be longer), lathe/train's top level
 small enough to read, no merge-conflict markers in any tracked file, and every lathe import naming a module
-that exists (no leftovers of the move into folders). Each failure lists what breaks the rule."""
+that exists (no leftovers of the move into folders). Each failure lists what breaks the rule.
+
+The contracts: MAY_IMPORT is each wing's table of which folder (or top-level module) may import which, inside
+the wing; an import it does not declare fails, and so does a loop in the table (the arrows point one way).
+docs/LAYOUT.md is written from it and the folders' docstrings by docs/make_layout.py, and fails when stale."""
 
 import ast
+import functools
 import pathlib
 import re
 import subprocess
+import sys
 
 import pytest
 
@@ -22,6 +28,108 @@ DECLARED_TABLES: dict[str, str] = {
 # so that `from transformers.X import Y` becomes `from lathe.X import Y`: those families are the peer's.
 PEER_NAMED_FAMILIES = {("lathe", "trainer"), ("lathe", "training")}
 MAX_TRAIN_TOP_LEVEL = 25
+
+# Each wing's folders and top-level modules, and which others of the same wing each may import (imports inside
+# functions count, `if TYPE_CHECKING:` ones do not). A new arrow is declared here first: keep the table free
+# of loops, listed from the top of the house (what the user runs) to its leaves.
+MAY_IMPORT: dict[str, dict[str, set[str]]] = {
+    "lathe.train": {
+        "trainer": {
+            "args",
+            "batching",
+            "callbacks",
+            "checkpoints",
+            "data",
+            "evaluation",
+            "features",
+            "loop",
+            "loss",
+            "modeling",
+            "optim",
+            "parallel",
+            "resume",
+            "runtime",
+            "saving",
+            "seed",
+            "session",
+            "state",
+            "stepping",
+            "surface",
+        },
+        "seq2seq": {"parallel", "trainer"},
+        "surface": {"data", "evaluation", "features", "modeling", "optim", "parallel", "queries", "runtime"},
+        "queries": {"batching"},
+        "loop": {
+            "batching",
+            "data",
+            "evaluation",
+            "features",
+            "parallel",
+            "resume",
+            "run",
+            "runtime",
+            "saving",
+            "seed",
+            "state",
+            "stepping",
+        },
+        "resume": {"checkpoints", "optim", "parallel", "saving", "state"},
+        "saving": {"checkpoints", "evaluation", "parallel", "runtime", "state"},
+        "evaluation": {"batching", "checkpoints", "data", "features", "optim", "parallel", "runtime"},
+        "stepping": {"optim", "parallel", "runtime"},
+        "session": {"features", "seed"},
+        "batching": {"data", "parallel"},
+        "run": {"parallel"},
+        "runtime": {"parallel"},
+        "callbacks": {"state"},
+        "state": {"checkpoints"},
+        "features": {"args"},
+        "args": {"callbacks", "parallel", "runtime"},
+        "loss": {"data"},
+        "parallel": {"checkpoints"},
+        "checkpoints": {"seed"},
+        "data": {"seed"},
+        "modeling": set(),
+        "optim": set(),
+        "seed": set(),
+    },
+    "lathe.llm": {
+        "commands": {
+            "config",
+            "data",
+            "export",
+            "hub",
+            "inference",
+            "launch",
+            "model",
+            "multimodal",
+            "templates",
+            "webui",
+            "workflows",
+        },
+        "webui": {"inference", "templates"},
+        "export": {"hub", "inference", "model", "templates", "workflows"},
+        "inference": {"config", "hub", "model", "multimodal", "templates", "workflows"},
+        "launch": {"config", "hub", "workflows"},
+        "workflows": {"config", "data", "memory", "methods", "model", "multimodal", "preference", "rl", "templates"},
+        "preference": {"methods", "model"},
+        "methods": {"model"},
+        "rl": {"model"},
+        "data": {"hub", "multimodal", "strict_files", "templates"},
+        "memory": {"multimodal"},
+        "model": {"config", "hub", "multimodal"},
+        "multimodal": {"hub"},
+        "templates": {"strict_files"},
+        "config": {"rl", "strict_files"},
+        "hub": set(),
+        "strict_files": set(),
+    },
+}
+# Arrows that point up on purpose, each with its reason; the loop check leaves them out.
+DECLARED_UPWARD: dict[tuple[str, str], str] = {
+    ("lathe.llm.config", "lathe.llm.rl"): "config/grpo.py builds rl's GRPOConfig at parse time, so a wrong GRPO "
+    "key is refused with TRL's own checks before anything loads",
+}
 
 
 def _module_name(path: pathlib.Path) -> str:
@@ -68,7 +176,9 @@ def _targets(module: str, names: list[str]) -> list[str]:
     return submodules if submodules and len(submodules) == len(names) else [module, *submodules]
 
 
+@functools.cache
 def import_graph() -> dict[str, set[str]]:
+    """lathe's module -> the lathe modules it imports (parsed once per session; callers only read it)."""
     graph = {name: set() for name in MODULES}
     for name, path in MODULES.items():
         for _, module, names in _imports(path):
@@ -207,3 +317,99 @@ def test_every_lathe_import_names_a_module_that_exists():
                 if module not in MODULES:
                     stale.append(f"{path.relative_to(ROOT)}:{line} {module}")
     assert stale == []
+
+
+def wing_node(module: str, wing: str) -> str | None:
+    """The folder or top-level module of `wing` that `module` belongs to (None: outside the wing)."""
+    return module[len(wing) + 1 :].split(".")[0] if module.startswith(wing + ".") else None
+
+
+def wing_edges(graph: dict[str, set[str]], wing: str) -> dict[tuple[str, str], list[str]]:
+    """(node, imported node) -> the module imports that make the arrow, for every arrow inside `wing`."""
+    edges: dict[tuple[str, str], list[str]] = {}
+    for module, targets in graph.items():
+        source = wing_node(module, wing)
+        for target in targets:
+            imported = wing_node(target, wing)
+            if source and imported and imported != source:
+                edges.setdefault((source, imported), []).append(f"{module} -> {target}")
+    return edges
+
+
+def wing_nodes(wing: str) -> set[str]:
+    folder = ROOT / wing.replace(".", "/")
+    return {
+        entry.stem if entry.suffix == ".py" else entry.name
+        for entry in folder.iterdir()
+        if (entry.suffix == ".py" and entry.name != "__init__.py") or (entry / "__init__.py").is_file()
+    }
+
+
+def table_graph(wing: str) -> dict[str, set[str]]:
+    """The declared arrows of `wing`, the deliberate upward ones left out."""
+    return {
+        node: {target for target in targets if (f"{wing}.{node}", f"{wing}.{target}") not in DECLARED_UPWARD}
+        for node, targets in MAY_IMPORT[wing].items()
+    }
+
+
+def test_the_table_checks_see_the_arrows():
+    # A wrong wing name would make the contract pass on nothing.
+    edges = wing_edges(import_graph(), "lathe.llm")
+    assert ("workflows", "preference") in edges and ("launch", "config") in edges
+    assert wing_edges({"lathe.llm.a.x": {"lathe.llm.b", "lathe.train.c"}}, "lathe.llm") == {
+        ("a", "b"): ["lathe.llm.a.x -> lathe.llm.b"]
+    }
+
+
+@pytest.mark.parametrize("wing", sorted(MAY_IMPORT))
+def test_every_folder_of_a_wing_is_in_its_table(wing):
+    assert sorted(wing_nodes(wing) ^ set(MAY_IMPORT[wing])) == []
+
+
+@pytest.mark.parametrize("wing", sorted(MAY_IMPORT))
+def test_no_folder_imports_what_its_table_does_not_declare(wing):
+    edges = wing_edges(import_graph(), wing)
+    undeclared = {
+        f"{source} -> {target}": made_by
+        for (source, target), made_by in sorted(edges.items())
+        if target not in MAY_IMPORT[wing].get(source, set())
+    }
+    assert undeclared == {}
+
+
+@pytest.mark.parametrize("wing", sorted(MAY_IMPORT))
+def test_the_table_has_no_loop(wing):
+    # With every import declared (above), a table without loops means folder-level imports without loops.
+    graph = table_graph(wing)
+    assert all(target in graph for targets in graph.values() for target in targets)
+    assert circles(graph) == []
+
+
+def test_declared_upward_arrows_are_in_the_table():
+    for source, target in DECLARED_UPWARD:
+        wing = next(name for name in MAY_IMPORT if source.startswith(name + "."))
+        assert wing_node(target, wing) in MAY_IMPORT[wing][wing_node(source, wing)]
+
+
+def test_lathe_train_never_imports_lathe_llm():
+    graph = import_graph()
+    upward = [
+        f"{module} -> {target}"
+        for module, targets in graph.items()
+        if module.startswith("lathe.train")
+        for target in targets
+        if target.startswith("lathe.llm")
+    ]
+    assert upward == []
+
+
+def test_docs_layout_md_is_written_from_the_docstrings_and_the_table():
+    # docs/make_layout.py writes it; a folder, docstring or arrow changed without rerunning it fails here.
+    script = ROOT / "docs" / "make_layout.py"
+    written = subprocess.run(
+        [sys.executable, str(script), "--stdout"], cwd=ROOT, capture_output=True, text=True, check=True
+    ).stdout
+    assert written == (ROOT / "docs" / "LAYOUT.md").read_text(), (
+        "docs/LAYOUT.md is stale: run python docs/make_layout.py"
+    )

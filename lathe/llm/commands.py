@@ -63,16 +63,16 @@ def train_command(config_path: str, overrides: list[str], dry_run: bool = False,
     from lathe.llm.config.sections import hub_from_environment
     from lathe.llm.config.train import parse_train_config
     from lathe.llm.config.values import RawConfig
-    from lathe.llm.launch import launch_settings, planned_processes, ray_wanted, relaunch
-    from lathe.llm.model.hub import resolve_config, resolve_raw_config
-    from lathe.llm.stopping import Interrupted, StopOnSignal, TrainingStopped
+    from lathe.llm.launch.torchrun import launch_settings, planned_processes, ray_wanted, relaunch
+    from lathe.llm.hub import resolve_config, resolve_raw_config
+    from lathe.llm.launch.stopping import Interrupted, StopOnSignal, TrainingStopped
     from lathe.llm.workflows.plan import format_config, print_once
 
     def train() -> int:
         if not dry_run and launch_settings(config_path, overrides) is not None:
             resolve_raw_config(RawConfig(config_path, overrides).values, hub_from_environment())  # once, not per rank
         if not dry_run and ray_wanted():  # USE_RAY=1: Ray Train's workers run the ranks
-            from lathe.llm.ray_train import run_with_ray
+            from lathe.llm.launch.ray_train import run_with_ray
 
             return run_with_ray(config_path, overrides)
         code = (
@@ -80,7 +80,7 @@ def train_command(config_path: str, overrides: list[str], dry_run: bool = False,
         )  # under torchrun when several processes are asked for
         if code is not None:
             return code
-        # Ctrl-C / SIGTERM: stop after the step, save a checkpoint, say how to resume (lathe/llm/stopping.py).
+        # Ctrl-C / SIGTERM: stop after the step, save a checkpoint, say how to resume (lathe/llm/launch/stopping.py).
         # Not on several processes: they would stop at different steps and wait on each other forever.
         with StopOnSignal(config_path, overrides, enabled=int(os.environ.get("WORLD_SIZE", "1")) == 1) as stop:
             try:
@@ -201,7 +201,7 @@ def expand_command(
 ) -> int:
     """`lathe expand MODEL OUTPUT_DIR --num_expand N`: LLaMA Pro block expansion (lathe/llm/model/llama_pro.py)."""
     from lathe.llm.config.sections import hub_from_environment
-    from lathe.llm.model.hub import HubOptions, resolve_folder
+    from lathe.llm.hub import HubOptions, resolve_folder
     from lathe.llm.model.llama_pro import expand_blocks
 
     def expand() -> int:

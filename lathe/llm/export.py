@@ -65,7 +65,7 @@ def export_model(config) -> ExportReport:
         raise ValueError("export_dir is required: the folder to write the exported model into.")
     if os.path.isdir(export_dir) and os.listdir(export_dir):
         raise ValueError(f"export_dir {export_dir!r} is not empty: choose a new folder (nothing is overwritten).")
-    from lathe.llm.model.hub import adapter_folders
+    from lathe.llm.hub import adapter_folders
 
     adapters = adapter_folders(config.model)
     device = _export_device(config.export.export_device)
@@ -248,7 +248,7 @@ def _copy_value_head(model_args, export_dir: str) -> None:
 
     from lathe.llm.model.value_head import VALUE_HEAD_FILE
 
-    from lathe.llm.model.hub import adapter_folders, model_folder
+    from lathe.llm.hub import adapter_folders, model_folder
 
     source = (adapter_folders(model_args) or [model_folder(model_args)])[-1]
     path = os.path.join(source, VALUE_HEAD_FILE)

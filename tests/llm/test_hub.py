@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from lathe.llm.config import parse_train_config
-from lathe.llm.model.hub import is_repo_id, resolve_folder
+from lathe.llm.hub import is_repo_id, resolve_folder
 from lathe.llm.model.loader import load_model, load_tokenizer
 from lathe.llm.workflows.plan import format_config
 from tests.llm.hub_cache import put_in_hub_cache
@@ -149,7 +149,7 @@ def test_hub_dataset_is_read_from_its_cached_repository(tmp_path, hub_cache, tin
 
 
 def test_ref_model_from_the_hub_cache(hub_cache, tiny_model_dir):
-    from lathe.llm.model.hub import resolve_config
+    from lathe.llm.hub import resolve_config
     from lathe.llm.preference.reference import create_reference_model
 
     put_in_hub_cache(tiny_model_dir, hub_cache, "Org/Tiny")
@@ -185,7 +185,7 @@ def test_modelscope_needs_its_package_and_openmind_is_refused(hub_cache, monkeyp
 
 
 def test_a_path_that_is_no_folder_nor_id_says_so(tmp_path):
-    from lathe.llm.model.hub import HubOptions
+    from lathe.llm.hub import HubOptions
 
     with pytest.raises(FileNotFoundError, match="is not a local folder"):
         resolve_folder(str(tmp_path / "nope"), HubOptions())
@@ -223,7 +223,7 @@ def test_offline_and_not_cached_is_one_line_before_the_configuration(tmp_path, w
 ONLINE_SCRIPT = """
 import sys
 from lathe.llm.config import parse_train_config
-from lathe.llm.model.hub import resolve_config
+from lathe.llm.hub import resolve_config
 from lathe.llm.model.loader import load_model, load_tokenizer
 config = parse_train_config({"model_name_or_path": sys.argv[1], "adapter_name_or_path": sys.argv[2], "dataset": "d",
                              "output_dir": "unused", "hf_hub_token": sys.argv[3]})
@@ -232,7 +232,7 @@ tokenizer = load_tokenizer(config.model)
 model = load_model(tokenizer, config.model, config.finetuning)
 print("loaded", model.name_or_path)
 from lathe.llm.data.registry import get_dataset_list, resolve_data_files
-from lathe.llm.model.hub import resolve_hub_datasets
+from lathe.llm.hub import resolve_hub_datasets
 attrs = get_dataset_list(["sums"], {"sums": {"hf_hub_url": "Org/Sums"}})
 resolve_hub_datasets(attrs, config.model)
 print("dataset files", [path.rsplit("/", 2)[-2:] for path in resolve_data_files(attrs[0], "unused")[0]])
@@ -296,7 +296,7 @@ def test_use_modelscope_hub_downloads_through_modelscope(tmp_path, hub_cache, mo
     import types
 
     from lathe.llm.data.registry import get_dataset_list
-    from lathe.llm.model.hub import resolve_hub_datasets
+    from lathe.llm.hub import resolve_hub_datasets
 
     calls = []
 

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from lathe.llm.config.train import parse_train_config
-from lathe.llm.launch import launch_settings, torchrun_command, without_launch_keys
+from lathe.llm.launch.torchrun import launch_settings, torchrun_command, without_launch_keys
 
 REPOSITORY = Path(__file__).resolve().parents[2]
 

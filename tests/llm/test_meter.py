@@ -10,7 +10,7 @@ import torch
 
 from lathe.llm.commands import run_train
 from lathe.llm.config import parse_train_config
-from lathe.llm.workflows.meter import input_token_count, summary_lines
+from lathe.llm.methods.meter import input_token_count, summary_lines
 
 pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore:.*is_gradient_checkpointing:FutureWarning")]
 

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from lathe.llm.config.train import parse_train_config
-from lathe.llm.ray_launch import ray_settings
+from lathe.llm.launch.ray_settings import ray_settings
 
 REPOSITORY = Path(__file__).resolve().parents[2]
 BASE = {"model_name_or_path": "m", "dataset": "d"}
@@ -76,8 +76,8 @@ def test_ray_keys_without_use_ray_are_a_clear_error(monkeypatch, tiny_model_dir)
 
 
 def test_use_ray_refuses_force_torchrun_and_names_the_extra_when_ray_is_missing(monkeypatch):
-    from lathe.llm.launch import ray_wanted
-    from lathe.llm.ray_launch import import_ray
+    from lathe.llm.launch.torchrun import ray_wanted
+    from lathe.llm.launch.ray_settings import import_ray
 
     for name in ("LOCAL_RANK", "TORCHELASTIC_RUN_ID"):
         monkeypatch.delenv(name, raising=False)
@@ -111,7 +111,7 @@ def test_a_restart_resumes_from_ray_storage_but_a_new_launch_does_not(tmp_path, 
     """Ray hands a restarted worker the run's last stored checkpoint; on a new launch that reuses a run name
     it hands over the earlier launch's, which the driver names so the workers leave it (as LLaMA-Factory)."""
     train = pytest.importorskip("ray.train", reason="Ray Train (ray[train]) is not installed")
-    from lathe.llm.ray_train import last_stored_checkpoint, ray_checkpoint
+    from lathe.llm.launch.ray_train import last_stored_checkpoint, ray_checkpoint
 
     run = tmp_path / "storage/sft"
     (run / "checkpoint_2026-01-01_00-00-00.1/checkpoint").mkdir(parents=True)
@@ -148,7 +148,7 @@ def local_ray():
 
 
 def test_a_cluster_too_small_is_an_error_not_a_wait(local_ray):
-    from lathe.llm.ray_train import build_trainer
+    from lathe.llm.launch.ray_train import build_trainer
 
     settings = ray_settings(str(REPOSITORY / "examples/quickstart.yaml"), ["ray_num_workers=2"])
     assert build_trainer(local_ray, settings, "c.yaml", []).scaling_config.resources_per_worker == {"CPU": 1}
@@ -180,7 +180,7 @@ def assert_same_weights(ours: dict, theirs: dict) -> None:
 @pytest.fixture(scope="module")
 def ray_run(local_ray, tmp_path_factory):
     """`USE_RAY=1 lathe train` of the quickstart on 2 Ray Train workers (batch 4 each), checkpoints at steps 2, 3."""
-    from lathe.llm.ray_train import run_with_ray
+    from lathe.llm.launch.ray_train import run_with_ray
 
     root = tmp_path_factory.mktemp("ray_train")
     with pytest.MonkeyPatch.context() as patch:

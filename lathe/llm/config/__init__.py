@@ -1,8 +1,10 @@
 """A `lathe train` YAML file becomes one TrainConfig: parse_train_config and the argument dataclasses
-(train.py), the sections and their keys (sections.py, keys.py, with the launcher's keys), the value parsing
-and coercion (values.py), and the checks of methods, optimizers and stages (methods.py, optim.py,
-stages.py). May import lathe.train.args (TrainingArguments, HfArgumentParser), lathe.llm.launch and
-lathe.llm.preference.settings; the recipes and the memory plan import this package, not the other way.
+(train.py), the sections and their keys (sections.py, keys.py), the value parsing and coercion (values.py),
+the checks of methods, optimizers and stages (methods.py, optim.py, stages.py), the launchers' keys (launch.py)
+and the preference keys (preference.py): config owns every key it checks. May import lathe.train.args
+(TrainingArguments, HfArgumentParser), lathe.llm.strict_files, and lathe.llm.rl by one declared upward arrow
+(grpo.py builds GRPOConfig at parse time to check its keys); the recipes, the launchers and the memory plan
+import this package, not the other way.
 The names below keep `from lathe.llm.config import parse_train_config` working."""
 
 from lathe._lazy import make_getattr

@@ -17,10 +17,12 @@ from pathlib import Path
 from typing import Any, Literal
 
 from lathe.llm.config.grpo import GRPOArguments, check_grpo_options
+from lathe.llm.config.launch import LAUNCH_KEYS, RAY_KEYS, check_ray_keys
 from lathe.llm.config.media import TowerArguments
 from lathe.llm.config.keys import SUPPORTED_FINETUNING_TYPES, SUPPORTED_STAGES
 from lathe.llm.config.methods import check_methods, check_quantized_training, target_modules
 from lathe.llm.config.optim import OptimizerMethodArguments, validate_methods
+from lathe.llm.config.preference import check_preference_arguments
 from lathe.llm.config.sections import DataArguments, ModelArguments
 from lathe.llm.config.sections import help_text as _help
 from lathe.llm.config.stages import check_stage_options, resolve_liger_kernel
@@ -117,7 +119,7 @@ class FinetuningArguments(OptimizerMethodArguments, GRPOArguments, TowerArgument
     plot_loss: bool = field(
         default=False, metadata=_help("Save training_loss.png (and training_eval_loss.png) in output_dir.")
     )
-    # Preference training (dpo, kto); validated in lathe.llm.preference.settings.
+    # Preference training (dpo, kto); validated in lathe.llm.config.preference.
     pref_beta: float = field(
         default=0.1, metadata=_help("dpo/kto: beta, the strength of the pull towards the reference model.")
     )
@@ -157,8 +159,6 @@ class FinetuningArguments(OptimizerMethodArguments, GRPOArguments, TowerArgument
     )
 
     def __post_init__(self):
-        from lathe.llm.preference.settings import check_preference_arguments
-
         self.ref_model_adapters = split_commas(self.ref_model_adapters)
         self.use_ref_model = self.stage == "dpo" and self.pref_loss not in ("orpo", "simpo")
         check_preference_arguments(self)
@@ -270,12 +270,9 @@ def parse_train_config(source: str | Path | dict, overrides: list[str] | tuple[s
     }
     hints = {name: field_hints(dtype) for name, dtype in sections.items()}
     known = {key: hint for section in hints.values() for key, hint in section.items()}
-    from lathe.llm.launch import LAUNCH_KEYS
-    from lathe.llm.ray_launch import RAY_KEYS, check_ray_keys
-
     check_keys(raw, list(known) + list(LAUNCH_KEYS) + list(RAY_KEYS), origin)
     check_ray_keys(raw, origin)
-    # read by lathe.llm.launch / ray_launch before the ranks started (kept for the saved run config)
+    # read by lathe.llm.launch (torchrun.py, ray_settings.py) before the ranks started (kept for the saved run config)
     launch = {key: raw.pop(key) for key in (*LAUNCH_KEYS, *RAY_KEYS) if key in raw}
     config_input.coerce(known)
     given = {**_jsonable(raw), **_jsonable(launch)}

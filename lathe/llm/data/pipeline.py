@@ -25,7 +25,7 @@ from lathe.llm.data.converters import ConversionReport
 from lathe.llm.data.preview import trained_fraction
 from lathe.llm.data.loader import load_datasets, merge_datasets, split_validation
 from lathe.llm.data.registry import DatasetAttr, get_dataset_list, resolve_data_files
-from lathe.llm.model.hub import resolve_hub_datasets
+from lathe.llm.hub import resolve_hub_datasets
 
 logger = logging.getLogger("lathe.llm.data")
 

@@ -57,7 +57,7 @@ def get_prompt_dataset(template, model_args, data_args, training_args, tokenizer
     from lathe.llm.data.loader import load_datasets, merge_datasets
     from lathe.llm.data.pipeline import DEFAULT_CACHE_DIR
     from lathe.llm.data.registry import get_dataset_list
-    from lathe.llm.model.hub import resolve_hub_datasets
+    from lathe.llm.hub import resolve_hub_datasets
 
     attrs = get_dataset_list(data_args.dataset, data_args.dataset_dir)
     resolve_hub_datasets(attrs, model_args)

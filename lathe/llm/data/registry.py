@@ -44,7 +44,7 @@ DEFAULT_TAGS = {
     "function_tag": "function_call",
     "system_tag": "system",
 }
-HUB_KEYS = ("hf_hub_url", "ms_hub_url", "om_hub_url")  # a dataset repository, downloaded (lathe.llm.model.hub)
+HUB_KEYS = ("hf_hub_url", "ms_hub_url", "om_hub_url")  # a dataset repository, downloaded (lathe.llm.hub)
 REMOTE_KEYS = ("script_url", "cloud_file_name")
 ENTRY_KEYS = (
     (
@@ -105,7 +105,7 @@ class DatasetAttr:
     # (LLaMA-Factory raises KeyError there); a column the entry names explicitly must exist.
     implicit_columns: tuple[str, ...] = field(default=("prompt", "query", "response", "messages"))
     # A dataset repository on a hub (LLaMA-Factory's hf_hub_url / ms_hub_url / om_hub_url), read with its
-    # subset (config name) and folder (data_dir); lathe.llm.model.hub.resolve_hub_datasets sets snapshot, its local copy.
+    # subset (config name) and folder (data_dir); lathe.llm.hub.resolve_hub_datasets sets snapshot, its local copy.
     hub_urls: dict[str, str] = field(default_factory=dict)
     subset: str | None = None
     folder: str | None = None
@@ -300,9 +300,7 @@ def resolve_data_files(attr: DatasetAttr, dataset_dir: str) -> tuple[list[str], 
     if attr.snapshot is not None:
         return hub_data_files(attr)
     if attr.hub_urls:
-        raise ValueError(
-            f"{attr.where()}: the repository was not looked up (lathe.llm.model.hub.resolve_hub_datasets)."
-        )
+        raise ValueError(f"{attr.where()}: the repository was not looked up (lathe.llm.hub.resolve_hub_datasets).")
     local_path = os.path.join(dataset_dir, attr.file_name)
     if os.path.isdir(local_path):
         files = sorted(

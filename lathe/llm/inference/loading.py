@@ -73,7 +73,7 @@ def _image_model_type(model_args) -> str | None:
     import json
     import os
 
-    from lathe.llm.model.hub import model_folder
+    from lathe.llm.hub import model_folder
 
     folder = model_folder(model_args)
     if not any(

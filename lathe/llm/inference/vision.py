@@ -108,7 +108,7 @@ def load_image_encoder(config, model, template, tokenizer=None) -> ImageEncoder:
 def _plugin_encoder(config, template, tokenizer) -> ImageEncoder:
     """The encoder of a family served through its training FamilyPlugin, with the model folder's processor and
     the run's media keys; the family's own refusal (no image input, a missing package) otherwise."""
-    from lathe.llm.model.hub import model_folder
+    from lathe.llm.hub import model_folder
     from lathe.llm.multimodal.base import MediaSettings
     from lathe.llm.multimodal.encode import load_processor
     from lathe.llm.multimodal.plugins import get_plugin
@@ -143,7 +143,7 @@ def load_image_processor(model_args):
     """The image processor saved in the model folder (preprocessor_config.json)."""
     from transformers import AutoImageProcessor
 
-    from lathe.llm.model.hub import model_folder
+    from lathe.llm.hub import model_folder
 
     folder = model_folder(model_args)
     try:
@@ -193,7 +193,7 @@ def save_processor(model_args, model, export_dir: str) -> bool:
         return False
     from transformers import AutoProcessor, ProcessorMixin
 
-    from lathe.llm.model.hub import model_folder
+    from lathe.llm.hub import model_folder
 
     try:
         processor = AutoProcessor.from_pretrained(

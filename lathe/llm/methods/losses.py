@@ -13,7 +13,6 @@ compute_loss_func for DFT and EAFT, compute_loss for ASFT (which also runs a fro
 
 from __future__ import annotations
 
-import copy
 from functools import partial
 
 import torch
@@ -132,9 +131,6 @@ def load_reference_model(tokenizer, model_args, finetuning_args):
     """ASFT's reference: the starting model, frozen, in the training's compute dtype (None when not needed)."""
     if not finetuning_args.use_asft_loss:
         return None
-    from lathe.llm.config.train import FinetuningArguments
-    from lathe.llm.model.loader import load_model
+    from lathe.llm.model.frozen import load_frozen_copy
 
-    reference_args = copy.copy(model_args)
-    reference_args.infer_dtype = model_args.compute_dtype or "float32"
-    return load_model(tokenizer, reference_args, FinetuningArguments(finetuning_type="full"), is_trainable=False)
+    return load_frozen_copy(tokenizer, model_args, "full")

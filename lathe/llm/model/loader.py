@@ -8,7 +8,7 @@ import os
 from typing import TYPE_CHECKING
 
 from lathe.llm.model.adapters import count_parameters, init_adapter
-from lathe.llm.model.hub import model_folder
+from lathe.llm.hub import model_folder
 from lathe.llm.model.quantization import configure_quantization, is_quantized, quantization_compute_dtype
 from lathe.llm.model.tokenizer_check import check_tokenizer_matches_file
 

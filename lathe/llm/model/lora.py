@@ -51,7 +51,7 @@ def setup_peft(model, model_args: "ModelArguments", finetuning_args: "Finetuning
 
     from lathe.llm.model.quantization import is_quantized
 
-    from lathe.llm.model.hub import adapter_folders
+    from lathe.llm.hub import adapter_folders
 
     adapters = adapter_folders(model_args)
     for adapter in adapters:

@@ -157,7 +157,7 @@ def add_value_head(model: nn.Module, model_args) -> ValueHeadModel:
     """Wrap a loaded causal LM; the head is read from the last adapter folder, else from the model folder
     (continuing a reward model), else freshly initialised."""
     wrapped = ValueHeadModel(model)
-    from lathe.llm.model.hub import adapter_folders, model_folder
+    from lathe.llm.hub import adapter_folders, model_folder
 
     folder = (adapter_folders(model_args) or [model_folder(model_args)])[-1]
     load_value_head(wrapped, folder)

@@ -46,7 +46,7 @@ class MediaEncoder:
     def for_run(cls, template, tokenizer, model_args) -> "MediaEncoder | None":
         if not getattr(template, "multimodal", ""):
             return None
-        from lathe.llm.model.hub import model_folder  # a hub id: its local snapshot, as the tokenizer was read
+        from lathe.llm.hub import model_folder  # a hub id: its local snapshot, as the tokenizer was read
 
         return cls(template, tokenizer, model_folder(model_args), MediaSettings.from_args(model_args))
 

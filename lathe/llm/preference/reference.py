@@ -12,10 +12,8 @@ policy's tokenizer, so tokens a template added exist in both.
 from __future__ import annotations
 
 import contextlib
-import copy
 import logging
 
-import torch
 from torch import nn
 
 logger = logging.getLogger(__name__)
@@ -59,34 +57,16 @@ def create_reference_model(tokenizer, model_args, finetuning_args) -> nn.Module 
         return None
     if finetuning_args.ref_model is None and finetuning_args.finetuning_type == "lora":
         return None
-    from lathe.llm.config.train import FinetuningArguments
-    from lathe.llm.model.loader import load_model
+    from lathe.llm.model.frozen import load_frozen_copy
 
-    reference_args = copy.copy(model_args)
-    # The frozen weights in the precision the policy computes in (its own frozen weights are loaded so).
-    reference_args.infer_dtype = model_args.compute_dtype or "float32"
-    reference_args.train_from_scratch = False
-    if finetuning_args.ref_model is not None:
-        reference_args.model_name_or_path = finetuning_args.ref_model
-        reference_args.adapter_name_or_path = finetuning_args.ref_model_adapters
+    given = finetuning_args.ref_model
+    adapters = finetuning_args.ref_model_adapters if given is not None else None
     # finetuning_type lora with is_trainable=False: every adapter listed is merged into the weights.
-    model = load_model(tokenizer, reference_args, FinetuningArguments(finetuning_type="lora"), is_trainable=False)
-    logger.info(
-        "Reference model: %s%s (frozen copy)",
-        reference_args.model_name_or_path,
-        f" + {', '.join(reference_args.adapter_name_or_path)}" if reference_args.adapter_name_or_path else "",
-    )
+    model = load_frozen_copy(tokenizer, model_args, "lora", given, adapters, from_scratch=False)
+    name = given if given is not None else model_args.model_name_or_path
+    adapters = adapters if given is not None else model_args.adapter_name_or_path
+    logger.info("Reference model: %s%s (frozen copy)", name, f" + {', '.join(adapters)}" if adapters else "")
     return model
-
-
-def disable_dropout(model: nn.Module | None) -> None:
-    """Dropout off in every module (TRL's disable_dropout_in_model): the policy and reference log-probs of
-    one batch must be comparable, so dpo and kto train without dropout."""
-    if model is None:
-        return
-    for module in model.modules():
-        if isinstance(module, nn.Dropout):
-            module.p = 0
 
 
 def reference_context(policy: nn.Module, reference: nn.Module | None):
@@ -112,10 +92,3 @@ def shard_reference_like_policy(reference: nn.Module, args) -> nn.Module:
     if settings is None:
         return reference
     return shard_model(reference, args, settings)
-
-
-@torch.no_grad()
-def frozen(model: nn.Module) -> nn.Module:
-    model.requires_grad_(False)
-    model.eval()
-    return model

@@ -11,7 +11,7 @@ import numpy as np
 import torch
 
 from lathe.llm.methods.optimizers import MethodOptimizerMixin
-from lathe.llm.workflows.meter import TokenMeterMixin
+from lathe.llm.methods.meter import TokenMeterMixin
 from lathe.llm.preference.losses import pairwise_reward_loss
 from lathe.train.trainer import Trainer
 

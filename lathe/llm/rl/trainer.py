@@ -53,7 +53,7 @@ def _prepare_policy(model, processing_class, args):
     if getattr(model, "generation_config", None) is not None:
         model.generation_config.pad_token_id = tokenizer.pad_token_id
     if args.disable_dropout:
-        from lathe.llm.preference.reference import disable_dropout
+        from lathe.llm.model.frozen import disable_dropout
 
         disable_dropout(model)
     return model, tokenizer

@@ -8,7 +8,7 @@ causal LM trained on every token.
 from __future__ import annotations
 
 from lathe.llm.methods.optimizers import MethodOptimizerMixin
-from lathe.llm.workflows.meter import TokenMeterMixin
+from lathe.llm.methods.meter import TokenMeterMixin
 from lathe.llm.workflows.plan import make_plan, report_plan
 from lathe.llm.workflows.setup import (
     checkpointing_for,

@@ -9,7 +9,7 @@ import os
 
 from lathe.llm.memory.fit import start_batch_from_plan
 from lathe.llm.workflows.rerun import RUN_CONFIG_NAME, warn_about_changed_keys
-from lathe.llm.workflows.meter import summary_lines
+from lathe.llm.methods.meter import summary_lines
 from lathe.llm.workflows.outputs import TrainerLogCallback, plot_loss, save_generation_config
 
 __all__ = [

@@ -10,7 +10,7 @@ import shutil
 import sys
 import tempfile
 
-from lathe.llm.ray_launch import import_ray, ray_settings
+from lathe.llm.launch.ray_settings import import_ray, ray_settings
 from lathe.train.callbacks.events import TrainerCallback
 
 __all__ = [
@@ -70,7 +70,7 @@ def train_on_worker(loop_config: dict) -> None:
     import ray.train
 
     from lathe.llm.config.train import parse_train_config
-    from lathe.llm.model.hub import resolve_config
+    from lathe.llm.hub import resolve_config
     from lathe.llm.workflows.plan import format_config, print_once
     from lathe.llm.workflows.stages import run_train
 

@@ -1,58 +1,16 @@
 """The Ray keys of `USE_RAY=1 lathe train` (LLaMA-Factory 0.9.4's RayArguments, and ray_max_failures): read from
-the config and the command line and checked, without importing Ray. The run itself: lathe.llm.ray_train."""
+the config and the command line and checked, without importing Ray. The run itself: lathe.llm.launch.ray_train."""
 
 from __future__ import annotations
 
 import json
-import os
 
+from lathe.llm.config.launch import RAY_DEFAULTS
 from lathe.llm.config.values import parse_overrides, read_source
 
-# LLaMA-Factory 0.9.4's RayArguments and their defaults; ray_max_failures is lathe's (Ray's FailureConfig).
-RAY_DEFAULTS = {
-    "ray_num_workers": 1,
-    "ray_init_kwargs": None,
-    "ray_run_name": None,
-    "ray_storage_path": "./saves",
-    "ray_storage_filesystem": None,
-    "resources_per_worker": None,  # LLaMA-Factory: {"GPU": 1}; here {"CPU": 1} on a cluster without GPUs
-    "placement_strategy": "PACK",
-    "ray_max_failures": 0,
-}
-RAY_KEYS = tuple(RAY_DEFAULTS)
 PLACEMENT_STRATEGIES = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
 FILESYSTEMS = ("s3", "gs", "gcs")
 INSTALL_HINT = "USE_RAY=1 runs lathe train on Ray Train: pip install 'lathe[ray]' (ray[train])."
-
-
-def use_ray(environ=None) -> bool:
-    environ = os.environ if environ is None else environ
-    return (environ.get("USE_RAY") or "").strip().lower() in ("1", "true", "y", "yes")
-
-
-def check_ray_keys(raw: dict, origin) -> None:
-    """Without USE_RAY=1 a Ray key away from LLaMA-Factory's default would do nothing (LLaMA-Factory ignores
-    it and trains on one process): an error. origin(key) says where a key was given."""
-    if use_ray():
-        return
-    defaults = {**RAY_DEFAULTS, "resources_per_worker": {"GPU": 1}}
-    given = [key for key in RAY_KEYS if key in raw and _normal(raw[key]) != _normal(defaults[key])]
-    if given:
-        named = ", ".join(f"{key}{origin(key)}" for key in given)
-        raise ValueError(
-            f"{named} {'is' if len(given) == 1 else 'are'} read only with USE_RAY=1, which runs lathe train on Ray "
-            "Train workers (LLaMA-Factory then ignores them and trains on one process): set USE_RAY=1, or remove "
-            f"{'it' if len(given) == 1 else 'them'}."
-        )
-
-
-def _normal(value):
-    if isinstance(value, str) and value.strip().startswith("{"):
-        try:
-            return json.loads(value)
-        except json.JSONDecodeError:
-            return value
-    return value if isinstance(value, dict) else str(value)
 
 
 def _mapping(values: dict, key: str):

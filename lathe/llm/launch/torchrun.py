@@ -4,7 +4,7 @@ same recipe (lathe.train runs DDP / FSDP2 under it; lathe.llm.data preprocesses 
 
 When: FORCE_TORCHRUN=1, or more than one process per node asked for (`nproc_per_node` in the config or
 on the command line, else NPROC_PER_NODE), or several nodes (NNODES), or more than one CUDA device
-(as LLaMA-Factory); with USE_RAY=1, Ray Train starts them instead (lathe.llm.ray_train). Where: NNODES, NODE_RANK, MASTER_ADDR, MASTER_PORT (or the config keys nnodes,
+(as LLaMA-Factory); with USE_RAY=1, Ray Train starts them instead (lathe.llm.launch.ray_train). Where: NNODES, NODE_RANK, MASTER_ADDR, MASTER_PORT (or the config keys nnodes,
 node_rank, master_addr, master_port), LLaMA-Factory's names. Never inside a torchrun launch already.
 """
 
@@ -16,18 +16,10 @@ import socket
 import subprocess
 import sys
 
+from lathe.llm.config.launch import LAUNCH_KEYS, use_ray
 from lathe.llm.config.values import parse_overrides, read_source
 
 logger = logging.getLogger(__name__)
-
-# config key -> environment variable (LLaMA-Factory's) and default
-LAUNCH_KEYS = {
-    "nproc_per_node": "NPROC_PER_NODE",
-    "nnodes": "NNODES",
-    "node_rank": "NODE_RANK",
-    "master_addr": "MASTER_ADDR",
-    "master_port": "MASTER_PORT",
-}
 
 
 def under_launcher() -> bool:
@@ -75,7 +67,7 @@ def launch_settings(config_path, overrides: list[str], environ=None, cuda_device
 def planned_processes(config_path, overrides: list[str]) -> int:
     """How many processes, over all nodes, `lathe train` would run: ray_num_workers with USE_RAY=1,
     else nnodes x nproc_per_node when it relaunches under torchrun, else 1 (for a dry run's plan)."""
-    from lathe.llm.ray_launch import ray_settings, use_ray
+    from lathe.llm.launch.ray_settings import ray_settings
 
     if use_ray():
         return ray_settings(config_path, overrides)["num_workers"]
@@ -118,9 +110,7 @@ def without_launch_keys(overrides: list[str]) -> list[str]:
 
 
 def ray_wanted() -> bool:
-    """USE_RAY=1 outside a launcher: Ray Train starts the ranks (lathe.llm.ray_train), not torchrun."""
-    from lathe.llm.ray_launch import use_ray
-
+    """USE_RAY=1 outside a launcher: Ray Train starts the ranks (lathe.llm.launch.ray_train), not torchrun."""
     if not use_ray() or under_launcher():
         return False
     if _truthy(os.environ.get("FORCE_TORCHRUN")):
