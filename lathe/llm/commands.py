@@ -69,27 +69,25 @@ def train_command(config_path: str, overrides: list[str], dry_run: bool = False,
     from lathe.llm.workflows.plan import format_config, print_once
 
     def train() -> int:
-        if not dry_run and launch_settings(config_path, overrides) is not None:
-            resolve_raw_config(RawConfig(config_path, overrides).values, hub_from_environment())  # once, not per rank
+        raw = RawConfig(config_path, overrides)  # the one read of the file: every step below takes its values
+        settings = None if dry_run else launch_settings(raw.values)
+        if settings is not None:
+            resolve_raw_config(raw.values, hub_from_environment())  # once, not per rank
         if not dry_run and ray_wanted():  # USE_RAY=1: Ray Train's workers run the ranks
             from lathe.llm.launch.ray_train import run_with_ray
 
-            return run_with_ray(config_path, overrides)
-        code = (
-            None if dry_run else relaunch(config_path, overrides)
-        )  # under torchrun when several processes are asked for
-        if code is not None:
-            return code
+            return run_with_ray(raw, config_path, overrides)
+        if settings is not None:  # under torchrun when several processes are asked for
+            return relaunch(settings, config_path, overrides)
         # Ctrl-C / SIGTERM: stop after the step, save a checkpoint, say how to resume (lathe/llm/launch/stopping.py).
         # Not on several processes: they would stop at different steps and wait on each other forever.
         with StopOnSignal(config_path, overrides, enabled=int(os.environ.get("WORLD_SIZE", "1")) == 1) as stop:
             try:
-                config = parse_train_config(config_path, overrides)
-                resolve_config(
-                    config
-                )  # hub ids: found (or downloaded) before the configuration and the plan are printed
+                config = parse_train_config(raw)
+                # hub ids: found (or downloaded) before the configuration and the plan are printed
+                resolve_config(config)
                 if dry_run:  # plan for the processes a real run would start (per process: memory, batch)
-                    config.processes = planned_processes(config_path, overrides)
+                    config.processes = planned_processes(raw.values)
                 print_once(config, format_config(config))
                 run_train(config, dry_run=dry_run, callbacks=stop.callbacks())
             except (Interrupted, TrainingStopped) as stopped:

@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from lathe.llm.config.train import parse_train_config
+from lathe.llm.config.values import RawConfig
 from lathe.llm.launch.torchrun import launch_settings, torchrun_command, without_launch_keys
 
 REPOSITORY = Path(__file__).resolve().parents[2]
@@ -30,19 +31,31 @@ def not_under_torchrun(monkeypatch):
 
 
 def test_one_process_unless_asked(config):
-    assert launch_settings(config, [], environ={}, cuda_devices=0) is None
-    assert launch_settings(config, [], environ={}, cuda_devices=1) is None
+    assert launch_settings(RawConfig(config, []).values, environ={}, cuda_devices=0) is None
+    assert launch_settings(RawConfig(config, []).values, environ={}, cuda_devices=1) is None
 
 
 def test_several_processes_from_the_config_the_command_line_or_the_environment(config, tmp_path, write_yaml):
-    settings = launch_settings(config, ["nproc_per_node=2"], environ={}, cuda_devices=0)
+    settings = launch_settings(RawConfig(config, ["nproc_per_node=2"]).values, environ={}, cuda_devices=0)
     assert settings["nproc_per_node"] == 2 and settings["nnodes"] == 1 and settings["master_addr"] == "127.0.0.1"
     assert 0 < settings["master_port"] < 65536
-    assert launch_settings(config, [], environ={"NPROC_PER_NODE": "3"}, cuda_devices=0)["nproc_per_node"] == 3
+    assert (
+        launch_settings(RawConfig(config, []).values, environ={"NPROC_PER_NODE": "3"}, cuda_devices=0)["nproc_per_node"]
+        == 3
+    )
     in_file = write_yaml(tmp_path / "d.yaml", {"model_name_or_path": "m", "nproc_per_node": 4})
-    assert launch_settings(in_file, [], environ={"NPROC_PER_NODE": "3"}, cuda_devices=0)["nproc_per_node"] == 4
-    assert launch_settings(config, [], environ={}, cuda_devices=2)["nproc_per_node"] == 2  # every GPU, as LLaMA-Factory
-    forced = launch_settings(config, [], environ={"FORCE_TORCHRUN": "1", "MASTER_PORT": "29511"}, cuda_devices=0)
+    assert (
+        launch_settings(RawConfig(in_file, []).values, environ={"NPROC_PER_NODE": "3"}, cuda_devices=0)[
+            "nproc_per_node"
+        ]
+        == 4
+    )
+    assert (
+        launch_settings(RawConfig(config, []).values, environ={}, cuda_devices=2)["nproc_per_node"] == 2
+    )  # every GPU, as LLaMA-Factory
+    forced = launch_settings(
+        RawConfig(config, []).values, environ={"FORCE_TORCHRUN": "1", "MASTER_PORT": "29511"}, cuda_devices=0
+    )
     assert forced["nproc_per_node"] == 1 and forced["master_port"] == 29511
 
 
@@ -54,7 +67,7 @@ def test_multi_node_settings_and_errors(config):
         "MASTER_PORT": "29500",
         "NPROC_PER_NODE": "8",
     }
-    assert launch_settings(config, [], environ=environ, cuda_devices=0) == {
+    assert launch_settings(RawConfig(config, []).values, environ=environ, cuda_devices=0) == {
         "nproc_per_node": 8,
         "nnodes": 2,
         "node_rank": 1,
@@ -62,14 +75,17 @@ def test_multi_node_settings_and_errors(config):
         "master_port": 29500,
     }
     with pytest.raises(ValueError, match="MASTER_ADDR and MASTER_PORT"):
-        launch_settings(config, [], environ={"NNODES": "2"}, cuda_devices=0)
+        launch_settings(RawConfig(config, []).values, environ={"NNODES": "2"}, cuda_devices=0)
     with pytest.raises(ValueError, match="nproc_per_node .*whole number"):
-        launch_settings(config, ["nproc_per_node=two"], environ={}, cuda_devices=0)
+        launch_settings(RawConfig(config, ["nproc_per_node=two"]).values, environ={}, cuda_devices=0)
 
 
 def test_never_relaunches_inside_torchrun(config, monkeypatch):
     monkeypatch.setenv("LOCAL_RANK", "0")
-    assert launch_settings(config, ["nproc_per_node=2"], environ={"FORCE_TORCHRUN": "1"}, cuda_devices=0) is None
+    assert (
+        launch_settings(RawConfig(config, ["nproc_per_node=2"]).values, environ={"FORCE_TORCHRUN": "1"}, cuda_devices=0)
+        is None
+    )
 
 
 def test_the_ranks_get_the_config_without_the_launch_keys(config):

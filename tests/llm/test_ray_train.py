@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from lathe.llm.config.train import parse_train_config
+from lathe.llm.config.values import RawConfig
 from lathe.llm.launch.ray_settings import ray_settings
 
 REPOSITORY = Path(__file__).resolve().parents[2]
@@ -30,7 +31,7 @@ LF_RAY = {
 
 def test_ray_keys_as_llamafactory_reads_them(tmp_path, write_yaml):
     config = write_yaml(tmp_path / "c.yaml", {**BASE, **LF_RAY, "ddp_timeout": 180000000})
-    assert ray_settings(config, []) == {
+    assert ray_settings(RawConfig(config, []).values) == {
         "num_workers": 4,
         "init_kwargs": {},
         "run_name": "qwen3_4b_sft_lora",
@@ -43,10 +44,12 @@ def test_ray_keys_as_llamafactory_reads_them(tmp_path, write_yaml):
         "ddp_timeout": 180000000,
     }
     # on the command line the mappings are JSON, as LLaMA-Factory's `{`-strings
-    overridden = ray_settings(
-        config,
-        ['ray_init_kwargs={"address": "auto"}', 'resources_per_worker={"CPU": 2, "GPU": 0.5}', "ray_max_failures=3"],
-    )
+    overrides = [
+        'ray_init_kwargs={"address": "auto"}',
+        'resources_per_worker={"CPU": 2, "GPU": 0.5}',
+        "ray_max_failures=3",
+    ]
+    overridden = ray_settings(RawConfig(config, overrides).values)
     assert overridden["init_kwargs"] == {"address": "auto"} and overridden["max_failures"] == 3
     assert overridden["resources_per_worker"] == {"CPU": 2, "GPU": 0.5}
     for override, message in [
@@ -60,7 +63,7 @@ def test_ray_keys_as_llamafactory_reads_them(tmp_path, write_yaml):
         ("nproc_per_node=2", "nproc_per_node is given with USE_RAY=1: Ray Train starts ray_num_workers workers"),
     ]:
         with pytest.raises(ValueError, match=message):
-            ray_settings(config, [override])
+            ray_settings(RawConfig(config, [override]).values)
 
 
 def test_ray_keys_without_use_ray_are_a_clear_error(monkeypatch, tiny_model_dir):
@@ -150,7 +153,7 @@ def local_ray():
 def test_a_cluster_too_small_is_an_error_not_a_wait(local_ray):
     from lathe.llm.launch.ray_train import build_trainer
 
-    settings = ray_settings(str(REPOSITORY / "examples/quickstart.yaml"), ["ray_num_workers=2"])
+    settings = ray_settings(RawConfig(str(REPOSITORY / "examples/quickstart.yaml"), ["ray_num_workers=2"]).values)
     assert build_trainer(local_ray, settings, "c.yaml", []).scaling_config.resources_per_worker == {"CPU": 1}
     for resources, message in [({"CPU": 2}, "needs 4 CPU, but the Ray cluster has 2"), ({"GPU": 1}, "has 0")]:
         with pytest.raises(ValueError, match=rf"resources_per_worker {next(iter(resources))}=.* {message}"):
@@ -188,7 +191,9 @@ def ray_run(local_ray, tmp_path_factory):
         patch.setenv("USE_RAY", "1")
         overrides = [f"output_dir={root / 'out'}", *QUICK, "per_device_train_batch_size=4", "ray_num_workers=2"]
         overrides += [f"ray_storage_path={root / 'storage'}", "ray_run_name=quick"]
-        assert run_with_ray("examples/quickstart.yaml", overrides) == 0
+        assert (
+            run_with_ray(RawConfig("examples/quickstart.yaml", overrides), "examples/quickstart.yaml", overrides) == 0
+        )
     return root
 
 

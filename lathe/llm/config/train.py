@@ -253,13 +253,21 @@ def field_hints(dtype: type) -> dict[str, Any]:
     return {f.name: hints[f.name] for f in dataclasses.fields(dtype) if f.init}
 
 
-def parse_train_config(source: str | Path | dict, overrides: list[str] | tuple[str, ...] = ()) -> TrainConfig:
+def parse_train_config(
+    source: str | Path | dict | RawConfig, overrides: list[str] | tuple[str, ...] = ()
+) -> TrainConfig:
     """Read a LLaMA-Factory-style config (file path or dict) plus command-line overrides into a TrainConfig.
 
     Precedence: dataclass defaults < file < overrides. `do_train` defaults to True unless the config asks
-    for do_eval or do_predict (then, as in LLaMA-Factory, it only evaluates or predicts).
+    for do_eval or do_predict (then, as in LLaMA-Factory, it only evaluates or predicts). A RawConfig is a
+    file `lathe train` already read, its overrides applied: it is not read again (nor changed).
     """
-    config_input = RawConfig(source, overrides)
+    if isinstance(source, RawConfig):
+        if overrides:
+            raise TypeError("parse_train_config: a RawConfig already holds its command-line overrides.")
+        config_input = source.copy()
+    else:
+        config_input = RawConfig(source, overrides)
     raw, origin, where, path = config_input.values, config_input.origin, config_input.where, config_input.path
     sections = {
         "model": ModelArguments,

@@ -4,6 +4,7 @@ the key checks (unknown, not supported yet) and conversion to each field's type,
 
 from __future__ import annotations
 
+import copy
 import logging
 import types
 import typing
@@ -80,6 +81,13 @@ class RawConfig:
 
     def origin(self, key: str) -> str:
         return " (command line)" if key in self.from_command_line else self.where
+
+    def copy(self) -> RawConfig:
+        """An independent copy (parsing pops and converts values): a command reads its file once, then each
+        reader of the values (the launchers, parse_train_config) takes its own copy."""
+        duplicate = copy.copy(self)
+        duplicate.values, duplicate.from_command_line = copy.deepcopy(self.values), dict(self.from_command_line)
+        return duplicate
 
     def coerce(self, known: dict[str, Any]) -> None:
         """Convert every value to its field's type (`known`: key -> type hint), naming the key on error."""

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 
 from lathe.llm.config.launch import RAY_DEFAULTS
-from lathe.llm.config.values import parse_overrides, read_source
 
 PLACEMENT_STRATEGIES = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
 FILESYSTEMS = ("s3", "gs", "gcs")
@@ -33,10 +32,9 @@ def _whole(values: dict, key: str, least: int) -> int:
     return int(text)
 
 
-def ray_settings(config_path, overrides: list[str]) -> dict:
-    """The Ray keys from the config and the command line, checked (mappings may be given as JSON)."""
-    values, _ = read_source(config_path)
-    values.update(parse_overrides(overrides))
+def ray_settings(values: dict) -> dict:
+    """The Ray keys from the config and the command line (RawConfig.values, read once by the command),
+    checked (mappings may be given as JSON)."""
     for key in ("master_addr", "master_port"):
         if values.get(key) is not None:
             raise ValueError(

@@ -100,13 +100,15 @@ def train_on_worker(loop_config: dict) -> None:
         run_train(config, callbacks=[RayCheckpointReport()])
 
 
-def run_with_ray(config_path, overrides: list[str]) -> int:
+def run_with_ray(raw, config_path, overrides: list[str]) -> int:
     """Train on ray_num_workers Ray Train workers; 0 when the run finished, 1 when a worker failed after the
-    restarts ray_max_failures allows. The config is checked here first: a wrong key is one line, no worker."""
+    restarts ray_max_failures allows. raw: the RawConfig the command read from config_path and overrides (each
+    worker reads the file again, in its own process). The config is checked here first: a wrong key is one
+    line, no worker."""
     from lathe.llm.config.train import parse_train_config
 
-    settings = ray_settings(config_path, overrides)
-    parse_train_config(config_path, overrides)
+    settings = ray_settings(raw.values)
+    parse_train_config(raw)
     ray = import_ray()
     # Ray Train's print patch sends each print to its logger as well as to stdout: every line lathe prints
     # would reach the terminal twice. Off unless the user set it (Ray passes it on to the workers).

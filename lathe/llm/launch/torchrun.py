@@ -17,7 +17,6 @@ import subprocess
 import sys
 
 from lathe.llm.config.launch import LAUNCH_KEYS, use_ray
-from lathe.llm.config.values import parse_overrides, read_source
 
 logger = logging.getLogger(__name__)
 
@@ -30,13 +29,12 @@ def _truthy(value: str | None) -> bool:
     return (value or "").strip().lower() in ("1", "true", "y", "yes")
 
 
-def launch_settings(config_path, overrides: list[str], environ=None, cuda_devices=None) -> dict | None:
-    """torchrun's settings when this `lathe train` must run on several processes, else None."""
+def launch_settings(values: dict, environ=None, cuda_devices=None) -> dict | None:
+    """torchrun's settings when this `lathe train` must run on several processes, else None. values: the
+    config's keys with the command line's on top (RawConfig.values, read once by the command)."""
     environ = os.environ if environ is None else environ
     if under_launcher():
         return None
-    values, _ = read_source(config_path)
-    values.update(parse_overrides(overrides))
     chosen = {key: values.get(key, environ.get(variable)) for key, variable in LAUNCH_KEYS.items()}
     for key in ("nproc_per_node", "nnodes", "node_rank", "master_port"):
         if chosen[key] is not None and not str(chosen[key]).isdigit():
@@ -64,14 +62,14 @@ def launch_settings(config_path, overrides: list[str], environ=None, cuda_device
     return settings
 
 
-def planned_processes(config_path, overrides: list[str]) -> int:
+def planned_processes(values: dict) -> int:
     """How many processes, over all nodes, `lathe train` would run: ray_num_workers with USE_RAY=1,
     else nnodes x nproc_per_node when it relaunches under torchrun, else 1 (for a dry run's plan)."""
     from lathe.llm.launch.ray_settings import ray_settings
 
     if use_ray():
-        return ray_settings(config_path, overrides)["num_workers"]
-    settings = launch_settings(config_path, overrides)
+        return ray_settings(values)["num_workers"]
+    settings = launch_settings(values)
     return settings["nnodes"] * settings["nproc_per_node"] if settings else 1
 
 
@@ -118,11 +116,9 @@ def ray_wanted() -> bool:
     return True
 
 
-def relaunch(config_path, overrides: list[str]) -> int | None:
-    """Run `lathe train` under torchrun when asked to; its exit code, or None to train in this process."""
-    settings = launch_settings(config_path, overrides)
-    if settings is None:
-        return None
+def relaunch(settings: dict, config_path, overrides: list[str]) -> int:
+    """Run `lathe train` under torchrun with launch_settings' `settings`; its exit code. Each rank reads the
+    config file itself (a process of its own), with the launch keys left out of its overrides."""
     command = torchrun_command(settings, config_path, overrides)
     print(
         f"lathe train: {settings['nproc_per_node']} process(es) per node x {settings['nnodes']} node(s), "
