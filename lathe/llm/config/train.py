@@ -262,12 +262,9 @@ def parse_train_config(
     for do_eval or do_predict (then, as in LLaMA-Factory, it only evaluates or predicts). A RawConfig is a
     file `lathe train` already read, its overrides applied: it is not read again (nor changed).
     """
-    if isinstance(source, RawConfig):
-        if overrides:
-            raise TypeError("parse_train_config: a RawConfig already holds its command-line overrides.")
-        config_input = source.copy()
-    else:
-        config_input = RawConfig(source, overrides)
+    if isinstance(source, RawConfig) and overrides:
+        raise TypeError("parse_train_config: a RawConfig already holds its command-line overrides.")
+    config_input = source.copy() if isinstance(source, RawConfig) else RawConfig(source, overrides)
     raw, origin, where, path = config_input.values, config_input.origin, config_input.where, config_input.path
     sections = {
         "model": ModelArguments,
