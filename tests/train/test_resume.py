@@ -19,6 +19,7 @@ from torch.utils.data import IterableDataset
 from lathe import EarlyStoppingCallback, Trainer, TrainingArguments
 from lathe.train.checkpoints import layout as ckpt
 from lathe.train.checkpoints import loading
+from tests.train.trainer_helpers import assert_same_weights, pad_collate, tiny_llama, token_items
 
 ITEMS = 10  # with batch size 2: 5 batches per epoch
 TIMING_KEYS = ("runtime", "per_second")
@@ -95,13 +96,6 @@ def resumed_runs(tmp_path, full_dir, step: int, **options) -> dict[str, Trainer]
         "path": train(tmp_path / f"path-{step}", resume=source, **make(), **options),
         "latest": train(latest_dir, resume=True, **make(), **options),
     }
-
-
-def assert_same_weights(first: nn.Module, second: nn.Module) -> None:
-    a, b = first.state_dict(), second.state_dict()
-    assert a.keys() == b.keys()
-    different = [name for name in a if not torch.equal(a[name], b[name])]
-    assert not different, f"weights differ (not bitwise equal): {different}"
 
 
 def logged(trainer: Trainer, after_step: int = -1, upto_step: float = float("inf")) -> list[dict]:
@@ -519,45 +513,6 @@ def safetensors_weights(folder) -> dict:
 # ---------------------------------------------------------------------------------------------
 
 
-def tiny_llama():
-    transformers = pytest.importorskip("transformers")
-    config = transformers.LlamaConfig(
-        vocab_size=64,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=64,
-        pad_token_id=0,
-        attention_dropout=0.2,
-    )
-    torch.manual_seed(0)
-    return transformers.LlamaForCausalLM(config)
-
-
-def token_items(count: int = 12) -> list[dict]:
-    generator = torch.Generator().manual_seed(0)
-    items = []
-    for _ in range(count):
-        length = int(torch.randint(3, 11, (1,), generator=generator))
-        ids = torch.randint(1, 64, (length,), generator=generator).tolist()
-        items.append({"input_ids": ids, "labels": list(ids)})
-    return items
-
-
-def pad_collate(features: list[dict]) -> dict:
-    """Right padding to the longest item: input_ids 0, attention_mask 0, labels -100."""
-    longest = max(len(f["input_ids"]) for f in features)
-    batch = {"input_ids": [], "attention_mask": [], "labels": []}
-    for feature in features:
-        pad = longest - len(feature["input_ids"])
-        batch["input_ids"].append(feature["input_ids"] + [0] * pad)
-        batch["attention_mask"].append([1] * len(feature["input_ids"]) + [0] * pad)
-        batch["labels"].append(feature["labels"] + [-100] * pad)
-    return {key: torch.tensor(value) for key, value in batch.items()}
-
-
 def test_resume_a_transformers_causal_lm_with_padding_and_accumulation(tmp_path):
     # 12 items, batch 2, accumulation 2: 6 batches = 3 updates per epoch, 2 epochs = 6 steps.
     options = dict(
@@ -568,7 +523,7 @@ def test_resume_a_transformers_causal_lm_with_padding_and_accumulation(tmp_path)
         train_dataset=token_items(),
         trainer_kwargs={"data_collator": pad_collate},
     )
-    full = train(tmp_path / "full", model=tiny_llama(), **options)
+    full = train(tmp_path / "full", model=tiny_llama(attention_dropout=0.2), **options)
     assert full.model_accepts_loss_kwargs  # the loss is divided by num_items_in_batch
     files = set(os.listdir(tmp_path / "full" / "checkpoint-4"))
     assert {
@@ -580,7 +535,7 @@ def test_resume_a_transformers_causal_lm_with_padding_and_accumulation(tmp_path)
         "trainer_state.json",
     } <= files
     for how, resumed in resumed_runs(
-        tmp_path, tmp_path / "full", 4, make_options=lambda: {"model": tiny_llama()}, **options
+        tmp_path, tmp_path / "full", 4, make_options=lambda: {"model": tiny_llama(attention_dropout=0.2)}, **options
     ).items():
         assert_resumed_exactly(full, resumed, 4)
         assert (
@@ -607,8 +562,13 @@ def test_resume_with_length_grouped_batches_at_an_epoch_boundary(tmp_path):
         train_dataset=token_items(),
         trainer_kwargs={"data_collator": pad_collate},
     )
-    full = train(tmp_path / "full", model=tiny_llama(), **options)
-    resumed = train(tmp_path / "resumed", resume=str(tmp_path / "full" / "checkpoint-6"), model=tiny_llama(), **options)
+    full = train(tmp_path / "full", model=tiny_llama(attention_dropout=0.2), **options)
+    resumed = train(
+        tmp_path / "resumed",
+        resume=str(tmp_path / "full" / "checkpoint-6"),
+        model=tiny_llama(attention_dropout=0.2),
+        **options,
+    )
     assert_resumed_exactly(full, resumed, 6)
 
 

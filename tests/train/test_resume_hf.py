@@ -16,6 +16,7 @@ from torch import nn
 
 from lathe.train.checkpoints import layout as ckpt
 from lathe.train.checkpoints import loading
+from tests.train.trainer_helpers import assert_same_weights, pad_collate, tiny_llama, token_items
 
 pytestmark = pytest.mark.hf
 
@@ -70,13 +71,6 @@ def run(library: str, output_dir, resume=None, model=None, dataset=None, collato
     )
     trainer.train(resume_from_checkpoint=resume)
     return trainer
-
-
-def assert_same_weights(first: nn.Module, second: nn.Module) -> None:
-    a, b = first.state_dict(), second.state_dict()
-    assert a.keys() == b.keys()
-    different = [name for name in a if not torch.equal(a[name], b[name])]
-    assert not different, f"weights differ (not bitwise equal): {different}"
 
 
 def step_logs(trainer, after_step: int) -> list[dict]:
@@ -182,45 +176,6 @@ def test_a_model_without_bias_or_norm_cross_resumes_both_ways(tmp_path):
     )
     assert_same_weights(ours.model, theirs_from_ours.model)
     assert step_logs(theirs_from_ours, 4) == step_logs(ours, 4)
-
-
-def tiny_llama(**overrides):
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    config = dict(
-        vocab_size=64,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=64,
-        pad_token_id=0,
-    )
-    config.update(overrides)
-    torch.manual_seed(0)
-    return LlamaForCausalLM(LlamaConfig(**config))
-
-
-def token_items(count: int = 12) -> list[dict]:
-    generator = torch.Generator().manual_seed(0)
-    items = []
-    for _ in range(count):
-        length = int(torch.randint(3, 11, (1,), generator=generator))
-        ids = torch.randint(1, 64, (length,), generator=generator).tolist()
-        items.append({"input_ids": ids, "labels": list(ids)})
-    return items
-
-
-def pad_collate(features: list[dict]) -> dict:
-    longest = max(len(f["input_ids"]) for f in features)
-    batch = {"input_ids": [], "attention_mask": [], "labels": []}
-    for feature in features:
-        pad = longest - len(feature["input_ids"])
-        batch["input_ids"].append(feature["input_ids"] + [0] * pad)
-        batch["attention_mask"].append([1] * len(feature["input_ids"]) + [0] * pad)
-        batch["labels"].append(feature["labels"] + [-100] * pad)
-    return {key: torch.tensor(value) for key, value in batch.items()}
 
 
 @pytest.mark.slow

@@ -97,6 +97,14 @@ def assert_weights_close(first: nn.Module, second: nn.Module, atol: float = 1e-6
         torch.testing.assert_close(a[name], b[name], atol=atol, rtol=0, msg=lambda m, n=name: f"{n}: {m}")
 
 
+def assert_same_weights(first: nn.Module, second: nn.Module) -> None:
+    """Bit for bit: both runs happen in the same test on the same machine."""
+    a, b = first.state_dict(), second.state_dict()
+    assert a.keys() == b.keys()
+    different = [name for name in a if not torch.equal(a[name], b[name])]
+    assert not different, f"weights differ (not bitwise equal): {different}"
+
+
 def max_weight_difference(first: nn.Module, second: nn.Module) -> float:
     a, b = weights(first), weights(second)
     return max(float((a[name] - b[name]).abs().max()) for name in a)
