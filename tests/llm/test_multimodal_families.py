@@ -16,6 +16,8 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("PIL")
 pytest.importorskip("safetensors")
 
+from tests.goldens import assert_close_to_golden  # noqa: E402
+
 GOLDEN_DIR = Path(__file__).parent / "golden"
 
 
@@ -129,10 +131,8 @@ def test_family_encodes_and_collates_as_llamafactory(family, golden):
         assert all(batch[key] == value for key, value in values.items()), prefix  # non-tensors (None)
         for key, value in expected.items():
             assert batch[key].shape == value.shape and batch[key].dtype == value.dtype, (prefix, key)
-            if value.is_floating_point():
-                assert torch.allclose(batch[key], value, atol=1e-5, rtol=0), (prefix, key)
-            else:
-                assert torch.equal(batch[key], value), (prefix, key)
+            # floats (pixels, audio features) to 1e-5 absolute, as always, and the golden tolerance's relative part
+            assert_close_to_golden(batch[key], value, f"{family} {key}, {prefix}", abs=1e-5)
         if model is not None and prefix in (
             "single.0",
             "pair.0",
