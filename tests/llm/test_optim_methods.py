@@ -28,6 +28,9 @@ from tests.llm.golden.make_llamafactory_optim import (
 pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore::UserWarning", "ignore::FutureWarning")]
 
 GOLDENS = json.loads(GOLDEN.read_text(encoding="utf-8"))
+# Muon orthogonalises each update with Newton-Schulz iterations in bfloat16 (8-bit mantissa): a last-bit change
+# of a gradient on another CPU can flip a bfloat16 rounding, so its numbers move more than float32 rounding.
+WIDER = {"muon": {"rel": 1e-3}}
 PACKAGES = {
     "use_galore": "galore_torch",
     "use_apollo": "apollo_torch",
@@ -65,16 +68,16 @@ def _train(name, assets, output_dir, **extra):
     return recorder.steps
 
 
-def _assert_weights_equal_golden(folder: Path, golden: dict, what: str) -> None:
+def _assert_weights_equal_golden(folder: Path, golden: dict, what: str, rel: float = GOLDEN_REL) -> None:
     """Each saved tensor's sum and sum of squares (the golden's fingerprint) within the golden tolerance. A sum of
-    elements of both signs cancels, so its absolute tolerance is GOLDEN_REL times the sum of |w|: how far it may
-    move when each element moves by GOLDEN_REL (measured here: 4e-8 of that sum after GaLore's SVDs)."""
+    elements of both signs cancels, so its absolute tolerance is `rel` times the sum of |w|: how far it may move
+    when each element moves by `rel` (docs/GOLDENS.md has what was measured)."""
     tensors = {name: t.double() for name, t in load_file(str(folder / "model.safetensors")).items()}
     assert golden.keys() <= tensors.keys(), f"{what}: tensors {sorted(tensors)}"
     for name, (total, squares) in golden.items():
         tensor = tensors[name]
-        assert_close_to_golden(float(tensor.square().sum()), squares, f"{what} weights, {name} sum of squares")
-        margin = GOLDEN_REL * float(tensor.abs().sum())
+        assert_close_to_golden(float(tensor.square().sum()), squares, f"{what} sums of squares, {name}", rel=rel)
+        margin = rel * float(tensor.abs().sum())
         assert_close_to_golden(float(tensor.sum()), total, f"{what} weight sums, {name}", rel=0, abs=margin)
 
 
@@ -85,11 +88,14 @@ def test_step_losses_equal_llamafactory(name, assets, tmp_path):
     # LLaMA-Factory computes the full logits: with that path (chunked_cross_entropy: no) the losses are its bits
     # on the machine that recorded them, and within the golden tolerance on another CPU (tests/goldens.py).
     steps = _train(name, assets, tmp_path / "out", chunked_cross_entropy="no")
-    assert_close_to_golden([s["loss"] for s in steps], [s["loss"] for s in golden["steps"]], f"{name} losses")
+    wider = WIDER.get(name, {})
+    losses = [s["loss"] for s in steps]
+    assert_close_to_golden(losses, [s["loss"] for s in golden["steps"]], f"{name} losses", **wider)
     assert [s["learning_rate"] for s in steps] == [s["learning_rate"] for s in golden["steps"]]  # Python floats
-    assert_close_to_golden([s["grad_norm"] for s in steps], [s["grad_norm"] for s in golden["steps"]], f"{name} norms")
+    norms = [s["grad_norm"] for s in steps]
+    assert_close_to_golden(norms, [s["grad_norm"] for s in golden["steps"]], f"{name} norms", **wider)
     assert set(golden["weights"]) == set(load_file(str(tmp_path / "out" / "model.safetensors")))
-    _assert_weights_equal_golden(tmp_path / "out", golden["weights"], name)
+    _assert_weights_equal_golden(tmp_path / "out", golden["weights"], name, **wider)
 
 
 @pytest.mark.parametrize("name", list(PREDICT_CASES))
