@@ -29,8 +29,9 @@ pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore::UserWarning"
 
 GOLDENS = json.loads(GOLDEN.read_text(encoding="utf-8"))
 # Muon orthogonalises each update with Newton-Schulz iterations in bfloat16 (8-bit mantissa): a last-bit change
-# of a gradient on another CPU can flip a bfloat16 rounding, so its numbers move more than float32 rounding.
-WIDER = {"muon": {"rel": 1e-3}}
+# of a gradient on another CPU can flip a bfloat16 rounding, so its numbers move more than float32 rounding
+# (measured: grad norms 5.2e-5 relative, losses 9e-6; docs/GOLDENS.md).
+WIDER = {"muon": {"rel": 2e-4}}
 PACKAGES = {
     "use_galore": "galore_torch",
     "use_apollo": "apollo_torch",
@@ -139,7 +140,8 @@ def test_the_default_chunked_loss_stays_within_rounding_of_llamafactory(name, as
     1e-5 (measured: about 1e-6)."""
     golden = GOLDENS["cases"][name]
     steps = _train(name, assets, tmp_path / "out")
-    assert [s["loss"] for s in steps] == pytest.approx([s["loss"] for s in golden["steps"]], rel=0, abs=1e-5)
+    tolerance = WIDER.get(name, {"rel": 0, "abs": 1e-5})
+    assert_close_to_golden([s["loss"] for s in steps], [s["loss"] for s in golden["steps"]], name, **tolerance)
 
 
 class StopAfter(TrainerCallback):
