@@ -4,7 +4,7 @@ Each setting is one pytest run of the given tests (default: GOLDEN_TESTS) in a s
 `LATHE_GOLDEN_REPORT` set, so tests/goldens.py records, for every comparison with a recorded file, the largest
 absolute and relative difference. The settings stand in for other machines: PyTorch's kernels of another CPU
 (`ATEN_CPU_CAPABILITY`), MKL's code path of another CPU (`MKL_ENABLE_INSTRUCTIONS`, oneDNN's
-`ONEDNN_MAX_CPU_ISA`), and another thread count (`LATHE_TEST_THREADS`, read by tests/conftest.py). The tests
+`ONEDNN_MAX_CPU_ISA`), numpy's OpenBLAS kernels of another CPU (`OPENBLAS_CORETYPE`), and another thread count (`LATHE_TEST_THREADS`, read by tests/conftest.py). The tests
 pass or fail under the golden tolerance; the table is what docs/GOLDENS.md reports.
 
     python bench/golden_drift.py                        # all settings, GOLDEN_TESTS; a markdown table
@@ -27,6 +27,8 @@ SETTINGS = {
     "default-isa": {"ATEN_CPU_CAPABILITY": "default"},
     "mkl-sse4": {"MKL_ENABLE_INSTRUCTIONS": "SSE4_2", "ONEDNN_MAX_CPU_ISA": "SSE41"},
     "2-threads": {"LATHE_TEST_THREADS": "2", "OMP_NUM_THREADS": "2"},
+    "openblas-sse3": {"OPENBLAS_CORETYPE": "Prescott"},  # numpy's OpenBLAS (audio features) on an old CPU's kernels
+    "numpy-v2": {"NPY_DISABLE_CPU_FEATURES": "X86_V3"},  # numpy's own loops (log10, ...) without AVX2/FMA
 }
 # One or more golden comparisons of each kind: step losses, norms and weights of several optimizers; preference
 # logs; multimodal batches (images, audio features) and training; GRPO logs.

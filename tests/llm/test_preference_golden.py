@@ -7,8 +7,8 @@ data and configs).
 Tolerance: with full logits the same operations run in the same order as in LLaMA-Factory, down to the
 float32 metric averages, so on the machine that recorded the golden the training logs are equal bit for bit
 (evaluation losses to 5e-8: lathe's evaluation loop sums the batch losses in another order than
-transformers'); the test holds them to the golden tolerance of tests/goldens.py (2e-6 relative), which covers
-another CPU's kernels (docs/GOLDENS.md), with 1e-5 absolute for differences of log-probs (LOGPROB_ABS).
+transformers'); on another CPU's kernels they move more (docs/GOLDENS.md): the test holds them to 5e-6
+relative and 1e-5 absolute for differences of log-probs (FULL_LOGITS_TOLERANCE): half the chunked loss's relative.
 """
 
 import json
@@ -26,9 +26,10 @@ pytestmark = pytest.mark.filterwarnings("ignore:.*is_gradient_checkpointing:Futu
 # carry that absolute error whatever their size, hence abs 1e-5. The tight check stays, with full logits
 # (test_training_logs_with_full_logits_equal_llamafactory_bit_for_bit: the golden tolerance, tests/goldens.py).
 CHUNKED_TOLERANCE = dict(rel=1e-5, abs=1e-5)
-# With full logits, on another CPU: the golden relative tolerance (tests/goldens.py), and for the same reason as
-# above an absolute 1e-5 for kl, rewards and margins (measured on a second CPU: kl 0.0995 off by 1.9e-6).
-LOGPROB_ABS = 1e-5
+# With full logits, on another CPU (docs/GOLDENS.md): log-prob sums of ~-140 moved by up to 1.5e-4 (1.1e-6
+# relative) under PyTorch's portable kernels, half of 2e-6, so 5e-6 relative; and for the same reason as above
+# 1e-5 absolute for kl, rewards and margins (kl 0.0995 moved by 1.9e-6 on this repository's own CPU).
+FULL_LOGITS_TOLERANCE = dict(rel=5e-6, abs=1e-5)
 NOT_COMPARED = (
     "train_runtime",
     "train_samples_per_second",
@@ -92,7 +93,7 @@ def _compare_logs(name: str, ours: list[dict], theirs: list[dict], exact: bool =
         assert {key for key in mine if key not in NOT_COMPARED} == keys, f"{name} step {peer['step']}"
         if exact:  # bit for bit on the recording machine; on another CPU within the golden tolerance
             ours_now, recorded = {key: mine[key] for key in keys}, {key: peer[key] for key in keys}
-            assert_close_to_golden(ours_now, recorded, f"{name} logs, step {peer['step']}", abs=LOGPROB_ABS)
+            assert_close_to_golden(ours_now, recorded, f"{name} logs, step {peer['step']}", **FULL_LOGITS_TOLERANCE)
             continue
         for key in keys:
             if isinstance(peer[key], float):
