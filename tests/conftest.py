@@ -1,12 +1,13 @@
-"""Shared test set-up: one torch thread (2 shared cores: spinning thread pools make runs erratic),
-and quiet, deterministic defaults."""
+"""Shared test set-up: one torch thread (2 shared cores: spinning thread pools make runs erratic; another count
+with LATHE_TEST_THREADS, how bench/golden_drift.py measures what threads change), and quiet, deterministic
+defaults."""
 
 import os
 
 import pytest
 import torch
 
-torch.set_num_threads(1)
+torch.set_num_threads(int(os.environ.get("LATHE_TEST_THREADS", "1")))
 
 
 def pytest_collection_modifyitems(config, items):

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import functools
 import json
-import math
 import sys
 from pathlib import Path
 
@@ -17,6 +16,8 @@ import torch
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 import grpo_cases  # noqa: E402
+
+from tests.goldens import assert_close_to_golden  # noqa: E402
 
 GOLDEN = json.loads((HERE / "golden" / "trl_grpo.json").read_text())
 # Relative tolerance of the logged numbers. mask_truncated_completions: step 1 matches to 1e-7, but from
@@ -74,14 +75,6 @@ def run_lathe_case(name: str, model_dir: str, output_dir: str) -> dict:
     return grpo_cases.record(trainer, generations)
 
 
-def close(a, b, rel=1e-4, abs_=1e-6) -> bool:
-    if a is None or b is None:
-        return a is b
-    if isinstance(a, float) and math.isnan(a):
-        return isinstance(b, float) and math.isnan(b)
-    return math.isclose(a, b, rel_tol=rel, abs_tol=abs_)
-
-
 @pytest.mark.parametrize("case", sorted(GOLDEN["cases"]))
 def test_grpo_matches_trl(case, model_dir, tmp_path):
     torch.set_num_threads(1)
@@ -92,11 +85,8 @@ def test_grpo_matches_trl(case, model_dir, tmp_path):
         # Sampling is exact: the same tokens, hence exactly the same rewards.
         assert mine["completion_ids"] == theirs["completion_ids"], f"generation {step}: sampled tokens differ"
         assert mine["rewards"] == theirs["rewards"], f"generation {step}"
-        assert all(close(a, b, 1e-5, 1e-6) for a, b in zip(mine["advantages"], theirs["advantages"])), step
+        assert_close_to_golden(mine["advantages"], theirs["advantages"], f"{case} advantages, {step}", rel=1e-5)
     assert len(got["logs"]) == len(expected["logs"])
     for step, (mine, theirs) in enumerate(zip(got["logs"], expected["logs"]), start=1):
         assert set(mine) == set(theirs), f"step {step}: logged keys differ: {set(mine) ^ set(theirs)}"
-        for key, value in theirs.items():
-            assert close(mine[key], value, TOLERANCE.get(case, 1e-4)), (
-                f"step {step} {key}: lathe {mine[key]} TRL {value}"
-            )
+        assert_close_to_golden(mine, theirs, f"{case} logs, step {step}", rel=TOLERANCE.get(case, 1e-4))

@@ -15,12 +15,13 @@ pytest.importorskip("bitsandbytes")
 
 from lathe.llm.commands import run_train  # noqa: E402
 from lathe.llm.config.train import parse_train_config  # noqa: E402
+from tests.goldens import assert_close_to_golden  # noqa: E402
 from tests.llm.golden.make_llamafactory_methods import CASES, GOLDEN, build_assets, case_config  # noqa: E402
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning", "ignore::FutureWarning")
 GOLDEN_CASES = json.loads(GOLDEN.read_text())["cases"]
-# The golden was written with one thread; other thread counts may reorder a matmul's sums (last-bit changes).
-TOLERANCE = dict(rel=2e-6, abs=2e-6)
+# The golden was written on one CPU with one thread; another CPU's kernels or thread count round the last bits
+# differently: losses are held to the golden tolerance (tests/goldens.py, docs/GOLDENS.md).
 
 
 @pytest.fixture(scope="module")
@@ -56,9 +57,13 @@ def test_every_case_has_a_golden():
 # full-logits path's to ~1e-6 relative, not bit for bit. LoRA+ at 16x on lora_B (lr 0.16) with Adam is the one
 # case that magnifies that: Adam's first update of an element is lr * g / (|g| + 1e-8), whose slope at g ~ 0 is
 # lr / 1e-8 = 1.6e7, so lora_B elements whose gradient is ~1e-9 (absolute differences of ~1e-9 between the two
-# summation orders) move by up to ~1e-2 differently, and the next losses differ by up to 2e-3. Its step-1 loss
-# is held to TOLERANCE; the model's own loss (chunked_cross_entropy: no) is held to TOLERANCE at every step.
+# summation orders) move by up to ~1e-2 differently, and the next losses differ by up to 2e-3. Another CPU's
+# last-bit differences are magnified the same way: with the model's own loss (chunked_cross_entropy: no, bit for
+# bit on the CPU that recorded the golden) this repository's AVX2 CPU differs by 1.9e-3 at step 4. Its step-1
+# loss, before any update, is held to the golden tolerance.
 ILL_CONDITIONED = {"loraplus": dict(rel=1e-3, abs=1e-3)}
+# The chunked loss (~1e-6 from the full logits' sums) on another CPU (up to 7.4e-7 more, docs/GOLDENS.md): 5e-6.
+CHUNKED = dict(rel=5e-6)
 
 
 @pytest.mark.slow
@@ -66,16 +71,18 @@ ILL_CONDITIONED = {"loraplus": dict(rel=1e-3, abs=1e-3)}
 def test_step_losses_equal_llamafactory(name, assets, tmp_path, monkeypatch):
     losses, _ = train(case_config(name, assets, str(tmp_path / "out")), monkeypatch)
     expected = GOLDEN_CASES[name]["losses"]
-    assert losses[0] == pytest.approx(expected[0], **TOLERANCE)
-    assert losses == pytest.approx(expected, **ILL_CONDITIONED.get(name, TOLERANCE))
+    assert_close_to_golden(losses[0], expected[0], f"{name} step-1 loss", **CHUNKED)
+    assert_close_to_golden(losses, expected, f"{name} losses", **ILL_CONDITIONED.get(name, CHUNKED))
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(ILL_CONDITIONED))
-def test_step_losses_with_the_models_own_loss_equal_llamafactory_bit_for_bit(name, assets, tmp_path, monkeypatch):
+def test_step_losses_with_the_models_own_loss_equal_llamafactory(name, assets, tmp_path, monkeypatch):
     config = {**case_config(name, assets, str(tmp_path / "out")), "chunked_cross_entropy": "no"}
     losses, _ = train(config, monkeypatch)
-    assert losses == pytest.approx(GOLDEN_CASES[name]["losses"], **TOLERANCE)
+    expected = GOLDEN_CASES[name]["losses"]
+    assert_close_to_golden(losses[0], expected[0], f"{name} full-logits step-1 loss")
+    assert_close_to_golden(losses, expected, f"{name} full-logits losses", **ILL_CONDITIONED[name])
 
 
 def _linear_types(model) -> set[str]:

@@ -16,7 +16,14 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("PIL")
 pytest.importorskip("safetensors")
 
+from tests.goldens import assert_close_to_golden  # noqa: E402
+
 GOLDEN_DIR = Path(__file__).parent / "golden"
+# Log-mel features are log10 of FFT power: another CPU's FFT (MKL picks its kernels by the CPU) rounds each bin to
+# ~1e-7 of the peak amplitude, which is ~1e-3 relative for a bin at the floor the extractors clamp to (1e-8 of the
+# peak power, amplitude 1e-4): up to ~2e-4 after log10 and the /4 scaling. Not reproduced here (docs/GOLDENS.md:
+# 0 difference under every kernel setting of this CPU); reported on an AVX-512 Xeon beyond the former 1e-5.
+FEATURES_ABS = 1e-3
 
 
 def _generator():
@@ -129,10 +136,10 @@ def test_family_encodes_and_collates_as_llamafactory(family, golden):
         assert all(batch[key] == value for key, value in values.items()), prefix  # non-tensors (None)
         for key, value in expected.items():
             assert batch[key].shape == value.shape and batch[key].dtype == value.dtype, (prefix, key)
-            if value.is_floating_point():
-                assert torch.allclose(batch[key], value, atol=1e-5, rtol=0), (prefix, key)
-            else:
-                assert torch.equal(batch[key], value), (prefix, key)
+            # floats (pixels) to 1e-5 absolute, as always, and the golden tolerance's relative part; audio features
+            # wider (FEATURES_ABS)
+            tolerance = FEATURES_ABS if key == "input_features" else 1e-5
+            assert_close_to_golden(batch[key], value, f"{family} {key}, {prefix}", abs=tolerance)
         if model is not None and prefix in (
             "single.0",
             "pair.0",

@@ -15,6 +15,7 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("PIL")
 pytest.importorskip("safetensors")
 
+from tests.goldens import assert_close_to_golden  # noqa: E402
 from tests.llm.test_multimodal_families import GEN, GOLDEN_DIR  # noqa: E402  (the golden generator, loaded once)
 
 GOLDEN = json.loads((GOLDEN_DIR / "llamafactory_families_train.json").read_text())
@@ -65,9 +66,11 @@ def test_lathe_train_three_steps_equal_llamafactory(name, tmp_path):
     history = json.loads((tmp_path / "out" / "trainer_state.json").read_text())["log_history"]
     expected = GOLDEN[name]
     assert count.counts == (expected["trainable"], expected["total"])
-    assert [e["loss"] for e in history if "loss" in e] == pytest.approx(expected["loss"], abs=1e-5)
+    losses = [e["loss"] for e in history if "loss" in e]
+    # wider than the golden tolerance (tests/goldens.py): the tolerances these multimodal runs always had
+    assert_close_to_golden(losses, expected["loss"], f"{name} losses", rel=0, abs=1e-5)
     norms = [e["grad_norm"] for e in history if "loss" in e]
-    assert norms == pytest.approx(expected["grad_norm"], rel=1e-4, abs=1e-6)
+    assert_close_to_golden(norms, expected["grad_norm"], f"{name} norms", rel=1e-4)
 
 
 def test_paligemma_image_prefix_counts_against_cutoff_len(tmp_path):

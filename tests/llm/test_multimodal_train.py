@@ -13,6 +13,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("PIL")
 
+from tests.goldens import assert_close_to_golden  # noqa: E402
 from tests.llm import multimodal_cases as cases  # noqa: E402
 
 GOLDEN = json.loads((Path(__file__).parent / "golden" / "llamafactory_qwen2vl_train.json").read_text())
@@ -67,8 +68,9 @@ def test_three_sft_steps_equal_llamafactory(folders, name):
     losses, norms, (trainable, total) = _train(folders, name, **_cases()[name])
     expected = GOLDEN[name]
     assert (trainable, total) == (expected["trainable"], expected["total"])
-    assert losses == pytest.approx(expected["loss"], abs=1e-5)
-    assert norms == pytest.approx(expected["grad_norm"], rel=1e-4, abs=1e-6)
+    # wider than the golden tolerance (tests/goldens.py): the tolerances these multimodal runs always had
+    assert_close_to_golden(losses, expected["loss"], f"{name} losses", rel=0, abs=1e-5)
+    assert_close_to_golden(norms, expected["grad_norm"], f"{name} norms", rel=1e-4)
     # the processor is saved beside the model, as LLaMA-Factory's SaveProcessorCallback does
     assert (folders[2] / name / "preprocessor_config.json").is_file()
 

@@ -9,10 +9,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from safetensors.torch import load_file
 
 from lathe.llm.commands import run_train
 from lathe.llm.config.train import parse_train_config
 from lathe.train.callbacks.events import TrainerCallback
+from tests.goldens import GOLDEN_REL, assert_close_to_golden
 from tests.llm.golden.make_llamafactory_optim import (
     CASES,
     GOLDEN,
@@ -26,6 +28,10 @@ from tests.llm.golden.make_llamafactory_optim import (
 pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore::UserWarning", "ignore::FutureWarning")]
 
 GOLDENS = json.loads(GOLDEN.read_text(encoding="utf-8"))
+# Muon orthogonalises each update with Newton-Schulz iterations in bfloat16 (8-bit mantissa): a last-bit change
+# of a gradient on another CPU can flip a bfloat16 rounding, so its numbers move more than float32 rounding
+# (measured: grad norms 5.2e-5 relative, losses 9e-6; docs/GOLDENS.md).
+WIDER = {"muon": {"rel": 2e-4}}
 PACKAGES = {
     "use_galore": "galore_torch",
     "use_apollo": "apollo_torch",
@@ -63,26 +69,34 @@ def _train(name, assets, output_dir, **extra):
     return recorder.steps
 
 
-def _fingerprint(folder: Path) -> dict:
-    from safetensors.torch import load_file
-
-    tensors = load_file(str(folder / "model.safetensors"))
-    return {name: [float(t.double().sum()), float(t.double().square().sum())] for name, t in sorted(tensors.items())}
+def _assert_weights_equal_golden(folder: Path, golden: dict, what: str, rel: float = GOLDEN_REL) -> None:
+    """Each saved tensor's sum and sum of squares (the golden's fingerprint) within the golden tolerance. A sum of
+    elements of both signs cancels, so its absolute tolerance is `rel` times the sum of |w|: how far it may move
+    when each element moves by `rel` (docs/GOLDENS.md has what was measured)."""
+    tensors = {name: t.double() for name, t in load_file(str(folder / "model.safetensors")).items()}
+    assert golden.keys() <= tensors.keys(), f"{what}: tensors {sorted(tensors)}"
+    for name, (total, squares) in golden.items():
+        tensor = tensors[name]
+        assert_close_to_golden(float(tensor.square().sum()), squares, f"{what} sums of squares, {name}", rel=rel)
+        margin = rel * float(tensor.abs().sum())
+        assert_close_to_golden(float(tensor.sum()), total, f"{what} weight sums, {name}", rel=0, abs=margin)
 
 
 @pytest.mark.parametrize("name", list(CASES))
 def test_step_losses_equal_llamafactory(name, assets, tmp_path):
     golden = GOLDENS["cases"][name]
     assert golden["config"] == CASES[name], f"{name}: the golden file is stale; rerun make_llamafactory_optim.py"
-    # LLaMA-Factory computes the full logits: with that path (chunked_cross_entropy: no) the losses are its bits.
+    # LLaMA-Factory computes the full logits: with that path (chunked_cross_entropy: no) the losses are its bits
+    # on the machine that recorded them, and within the golden tolerance on another CPU (tests/goldens.py).
     steps = _train(name, assets, tmp_path / "out", chunked_cross_entropy="no")
-    assert [s["loss"] for s in steps] == pytest.approx([s["loss"] for s in golden["steps"]], rel=0, abs=0)
-    assert [s["learning_rate"] for s in steps] == [s["learning_rate"] for s in golden["steps"]]
-    assert [s["grad_norm"] for s in steps] == pytest.approx([s["grad_norm"] for s in golden["steps"]], rel=1e-6)
-    weights = _fingerprint(tmp_path / "out")
-    assert weights.keys() == golden["weights"].keys()
-    for key, (total, squares) in golden["weights"].items():
-        assert weights[key] == pytest.approx([total, squares], rel=1e-6, abs=1e-9), key
+    wider = WIDER.get(name, {})
+    losses = [s["loss"] for s in steps]
+    assert_close_to_golden(losses, [s["loss"] for s in golden["steps"]], f"{name} losses", **wider)
+    assert [s["learning_rate"] for s in steps] == [s["learning_rate"] for s in golden["steps"]]  # Python floats
+    norms = [s["grad_norm"] for s in steps]
+    assert_close_to_golden(norms, [s["grad_norm"] for s in golden["steps"]], f"{name} norms", **wider)
+    assert set(golden["weights"]) == set(load_file(str(tmp_path / "out" / "model.safetensors")))
+    _assert_weights_equal_golden(tmp_path / "out", golden["weights"], name, **wider)
 
 
 @pytest.mark.parametrize("name", list(PREDICT_CASES))
@@ -126,7 +140,8 @@ def test_the_default_chunked_loss_stays_within_rounding_of_llamafactory(name, as
     1e-5 (measured: about 1e-6)."""
     golden = GOLDENS["cases"][name]
     steps = _train(name, assets, tmp_path / "out")
-    assert [s["loss"] for s in steps] == pytest.approx([s["loss"] for s in golden["steps"]], rel=0, abs=1e-5)
+    tolerance = WIDER.get(name, {"rel": 0, "abs": 1e-5})
+    assert_close_to_golden([s["loss"] for s in steps], [s["loss"] for s in golden["steps"]], name, **tolerance)
 
 
 class StopAfter(TrainerCallback):
@@ -153,7 +168,5 @@ def test_interrupted_run_resumes_to_llamafactorys_weights(name, assets, tmp_path
         parse_train_config({**values, "resume_from_checkpoint": str(output / "checkpoint-3")}), callbacks=[recorder]
     )
     golden = GOLDENS["cases"][name]
-    assert [s["loss"] for s in recorder.steps] == [s["loss"] for s in golden["steps"][3:]]
-    weights = _fingerprint(output)
-    for key, (total, squares) in golden["weights"].items():
-        assert weights[key] == pytest.approx([total, squares], rel=1e-6, abs=1e-9), key
+    assert_close_to_golden([s["loss"] for s in recorder.steps], [s["loss"] for s in golden["steps"][3:]], name)
+    _assert_weights_equal_golden(output, golden["weights"], name)

@@ -4,9 +4,11 @@ sft_loss, odds_ratio_loss, eval_* and eval_accuracy), from tests/llm/golden/llam
 (made by make_llamafactory_preference.py, which runs LLaMA-Factory beside lathe on the same tiny models,
 data and configs).
 
-Tolerance: training logs are compared exactly (0 difference: the same operations run in the same order,
-down to the float32 metric averages). Evaluation losses get 1e-7 relative: lathe's evaluation loop sums
-the batch losses in another order than transformers' (float rounding of the mean, seen up to 5e-8).
+Tolerance: with full logits the same operations run in the same order as in LLaMA-Factory, down to the
+float32 metric averages, so on the machine that recorded the golden the training logs are equal bit for bit
+(evaluation losses to 5e-8: lathe's evaluation loop sums the batch losses in another order than
+transformers'); on another CPU's kernels they move more (docs/GOLDENS.md): the test holds them to 5e-6
+relative and 1e-5 absolute for differences of log-probs (FULL_LOGITS_TOLERANCE): half the chunked loss's relative.
 """
 
 import json
@@ -14,16 +16,20 @@ import logging
 
 import pytest
 
+from tests.goldens import assert_close_to_golden
 from tests.llm.golden.make_llamafactory_preference import CASES, GOLDEN, TOKENIZED, build_model, case_config
 
 pytestmark = pytest.mark.filterwarnings("ignore:.*is_gradient_checkpointing:FutureWarning")
-EVALUATION_TOLERANCE = 1e-7
 # lathe computes the log-probs chunk by chunk with the logits never whole (chunked_cross_entropy, its default):
 # the same values summed in another order, so logs agree to rounding, not bit for bit. A sequence log-prob of
 # ~-50 to ~1e-7 relative is ~5e-6 absolute, and rewards, margins and kl are differences of such numbers: they
-# carry that absolute error whatever their size, hence abs 1e-5. The bitwise check stays, with full logits
-# (test_training_logs_with_full_logits_equal_llamafactory_bit_for_bit).
+# carry that absolute error whatever their size, hence abs 1e-5. The tight check stays, with full logits
+# (test_training_logs_with_full_logits_equal_llamafactory_bit_for_bit: the golden tolerance, tests/goldens.py).
 CHUNKED_TOLERANCE = dict(rel=1e-5, abs=1e-5)
+# With full logits, on another CPU (docs/GOLDENS.md): log-prob sums of ~-140 moved by up to 1.5e-4 (1.1e-6
+# relative) under PyTorch's portable kernels, half of 2e-6, so 5e-6 relative; and for the same reason as above
+# 1e-5 absolute for kl, rewards and margins (kl 0.0995 moved by 1.9e-6 on this repository's own CPU).
+FULL_LOGITS_TOLERANCE = dict(rel=5e-6, abs=1e-5)
 NOT_COMPARED = (
     "train_runtime",
     "train_samples_per_second",
@@ -85,13 +91,13 @@ def _compare_logs(name: str, ours: list[dict], theirs: list[dict], exact: bool =
     for mine, peer in zip(ours, theirs):
         keys = {key for key in peer if key not in NOT_COMPARED}
         assert {key for key in mine if key not in NOT_COMPARED} == keys, f"{name} step {peer['step']}"
+        if exact:  # bit for bit on the recording machine; on another CPU within the golden tolerance
+            ours_now, recorded = {key: mine[key] for key in keys}, {key: peer[key] for key in keys}
+            assert_close_to_golden(ours_now, recorded, f"{name} logs, step {peer['step']}", **FULL_LOGITS_TOLERANCE)
+            continue
         for key in keys:
-            if not exact and isinstance(peer[key], float):
+            if isinstance(peer[key], float):
                 assert mine[key] == pytest.approx(peer[key], **CHUNKED_TOLERANCE), f"{name} step {peer['step']} {key}"
-            elif "eval_loss" in peer:
-                assert mine[key] == pytest.approx(peer[key], rel=EVALUATION_TOLERANCE), (
-                    f"{name} step {peer['step']} {key}"
-                )
             else:
                 assert mine[key] == peer[key], f"{name} step {peer['step']} {key}: {mine[key]!r} != {peer[key]!r}"
 
