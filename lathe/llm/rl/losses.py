@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import torch
 
+from lathe.llm.rl import ranks
+
 
 def nan_std(values: torch.Tensor, dim: int | None = None) -> torch.Tensor:
     """Sample standard deviation (Bessel-corrected) ignoring NaN; NaN where fewer than two values."""
@@ -79,11 +81,14 @@ def aggregate(per_token_loss, mask, args, accumulation_steps: int, num_items_in_
 
 
 def masked_mean(values, mask) -> float:
-    return ((values * mask).sum() / mask.sum().float().clamp(min=1.0)).item()
+    """The mean over the masked tokens of every process (sums and counts added across processes)."""
+    totals = ranks.total(torch.stack([(values * mask).sum().float(), mask.sum().float()]))
+    return (totals[0] / totals[1].clamp(min=1.0)).item()
 
 
 def clip_metrics(ratio, advantages, mask, args) -> dict:
-    """The clip_ratio/* logs: the share of completion tokens whose ratio is clipped where it matters."""
+    """The clip_ratio/* logs: the share of completion tokens (of every process) whose ratio is clipped where it
+    matters; the least / most clipped sequence's share over every process's sequences."""
     advantages = advantages.unsqueeze(1) if advantages.dim() == 1 else advantages
     epsilon_high = args.epsilon_high if args.epsilon_high is not None else args.epsilon
     low = ((ratio < 1 - args.epsilon) & (advantages < 0)).float()
@@ -94,8 +99,8 @@ def clip_metrics(ratio, advantages, mask, args) -> dict:
         "clip_ratio/low_mean": masked_mean(low, mask),
         "clip_ratio/high_mean": masked_mean(high, mask),
         "clip_ratio/region_mean": masked_mean(region, mask),
-        "clip_ratio/low_min": _nan_extreme(per_sequence(low), torch.min),
-        "clip_ratio/high_max": _nan_extreme(per_sequence(high), torch.max),
+        "clip_ratio/low_min": _nan_extreme(ranks.gather(per_sequence(low)), torch.min),
+        "clip_ratio/high_max": _nan_extreme(ranks.gather(per_sequence(high)), torch.max),
     }
 
 

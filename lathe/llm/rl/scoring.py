@@ -1,12 +1,14 @@
 """One generation batch of GRPO: sample the completions, decode them, compute the old and reference
 log-probs where needed, call the reward functions, and turn the rewards into advantages, logging TRL's
-completions/*, rewards/*, reward, reward_std and frac_reward_zero_std."""
+completions/*, rewards/*, reward, reward_std and frac_reward_zero_std. Under N processes each samples and scores its
+rows; the rewards and the logged numbers are gathered (lathe.llm.rl.ranks), the advantages computed over the
+whole generation batch and each process keeps its slice, as TRL does."""
 
 from __future__ import annotations
 
 import torch
 
-from lathe.llm.rl import generation, losses, rewards
+from lathe.llm.rl import generation, losses, ranks, rewards
 
 
 def generate_and_score(trainer, rows, mode: str) -> dict:
@@ -47,7 +49,7 @@ def generate_and_score(trainer, rows, mode: str) -> dict:
     completion_mask = generation.pad([torch.ones_like(r) for r in completion_rows], 0, "right").to(device)
     if args.mask_truncated_completions:
         completion_mask = completion_mask * (~truncated).unsqueeze(1).int().to(device)
-    num_items = completion_mask.sum()
+    num_items = ranks.gather(completion_mask.sum()).sum()  # the whole generation batch's tokens
 
     input_ids = torch.cat([prompt_ids, completion_ids], dim=1)
     attention_mask = torch.cat([prompt_mask, completion_mask], dim=1)
@@ -66,13 +68,17 @@ def generate_and_score(trainer, rows, mode: str) -> dict:
         row_ids,
         (prompt_ids_list, tokenizer.pad_token_id),
     )
+    # Gathered: the groups of num_generations may span processes; each process keeps its rows' advantages.
+    rewards_per_func = ranks.gather(rewards_per_func)
     advantages, _, is_std_zero = losses.advantages_of(
         rewards_per_func, trainer.reward_weights, args.num_generations, args.scale_rewards
     )
+    local = ranks.local_slice(args.process_index, len(prompts))
     _log_rewards(trainer, metrics, rewards_per_func, is_std_zero)
+    advantages = advantages[local]
     trainer._last_generation = {
         "completion_ids": completion_ids_list,
-        "rewards": rewards_per_func.tolist(),
+        "rewards": rewards_per_func[local].tolist(),
         "advantages": advantages.tolist(),
         "row_ids": row_ids,
     }
@@ -93,10 +99,11 @@ def generate_and_score(trainer, rows, mode: str) -> dict:
 
 
 def _log_lengths(trainer, metrics, prompt_ids_list, completion_ids_list, mode: str) -> torch.Tensor:
-    """TRL's num_tokens and completions/* lengths; returns which completions were cut at the length limit."""
+    """TRL's num_tokens and completions/* lengths (of every process's completions); returns which of this
+    process's completions were cut at the length limit."""
     tokenizer = trainer._tokenizer
-    prompt_lengths = torch.tensor([len(ids) for ids in prompt_ids_list])
-    lengths = torch.tensor([len(ids) for ids in completion_ids_list]).float()
+    prompt_lengths = ranks.gather(torch.tensor([len(ids) for ids in prompt_ids_list]))
+    lengths = ranks.gather(torch.tensor([len(ids) for ids in completion_ids_list])).float()
     if mode == "train":
         trainer.state.num_input_tokens_seen += int(prompt_lengths.sum() + lengths.sum())
     metrics["num_tokens"] = [trainer.state.num_input_tokens_seen]
@@ -105,8 +112,9 @@ def _log_lengths(trainer, metrics, prompt_ids_list, completion_ids_list, mode: s
     metrics["completions/max_length"].append(lengths.max().item())
     ends = [*trainer.eos_token_ids, tokenizer.pad_token_id]
     truncated = torch.tensor([ids[-1] not in ends for ids in completion_ids_list])
-    metrics["completions/clipped_ratio"].append(truncated.float().mean().item())
-    terminated = lengths[~truncated] if (~truncated).any() else torch.zeros(1)
+    everywhere = ranks.gather(truncated)
+    metrics["completions/clipped_ratio"].append(everywhere.float().mean().item())
+    terminated = lengths[~everywhere] if (~everywhere).any() else torch.zeros(1)
     metrics["completions/mean_terminated_length"].append(terminated.mean().item())
     metrics["completions/min_terminated_length"].append(terminated.min().item())
     metrics["completions/max_terminated_length"].append(terminated.max().item())

@@ -17,6 +17,7 @@ from torch.utils.data import DataLoader, Dataset
 from lathe.llm.rl import generation, losses, rewards
 from lathe.llm.rl.config import GRPOConfig
 from lathe.llm.rl.sampler import RepeatedPromptSampler
+from lathe.train.data.sampling import ResumableBatchSampler
 from lathe.train.trainer import Trainer
 
 
@@ -83,11 +84,6 @@ class GRPOTrainer(Trainer):
         from lathe.train.seed import set_seed
 
         args = args if args is not None else GRPOConfig(output_dir="grpo_output")
-        if args.world_size > 1:
-            raise ValueError(
-                f"GRPO runs on one process for now ({args.world_size} here): the generation batch is not split "
-                "across processes nor the rewards gathered for the group advantages. Train on one process."
-            )
         set_seed(args.seed)  # before the model: a LoRA adapter's initial weights are drawn from it
         model, tokenizer = _prepare_policy(model, processing_class, args)
         processing_class = processing_class if processing_class is not None else tokenizer
@@ -182,6 +178,9 @@ class GRPOTrainer(Trainer):
         if self.train_dataset is None:
             raise ValueError("GRPOTrainer.train() needs a train_dataset with a 'prompt' column.")
         args = self.args
+        # The whole generation batch's prompts, in TRL's order; under N processes process r takes the r-th of
+        # each N consecutive batches of per_device_train_batch_size x steps_per_generation rows (accelerate's
+        # BatchSamplerShard), so a group of num_generations completions may span processes.
         sampler = RepeatedPromptSampler(
             len(self.train_dataset),
             args.num_generations,
@@ -190,12 +189,17 @@ class GRPOTrainer(Trainer):
             args.shuffle_dataset,
             args.seed,
         )
+        batches = ResumableBatchSampler(
+            sampler,
+            self._train_batch_size * args.steps_per_generation,
+            args.dataloader_drop_last,
+            num_shards=args.world_size,
+            shard_index=args.process_index,
+        )
         return DataLoader(
             _IndexedRows(self.train_dataset),
-            batch_size=self._train_batch_size * args.steps_per_generation,
-            sampler=sampler,
+            batch_sampler=batches,
             collate_fn=_identity,
-            drop_last=args.dataloader_drop_last,
             num_workers=args.dataloader_num_workers,
         )
 

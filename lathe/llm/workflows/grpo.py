@@ -39,8 +39,6 @@ def run(config, dry_run: bool = False, callbacks: list | None = None) -> dict:
     from lathe.train.seed import set_seed
 
     model_args, training_args, finetuning_args = config.model, config.training, config.finetuning
-    if training_args.world_size > 1:  # before anything is loaded (GRPOTrainer says the same)
-        raise ValueError(f"stage grpo runs on one process for now; this job has {training_args.world_size}.")
     resume_from = resolve_resume_checkpoint(config)
     tokenizer = load_tokenizer(config.model)
     template = get_template_and_fix_tokenizer(tokenizer, config.data)
