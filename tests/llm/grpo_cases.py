@@ -53,6 +53,33 @@ CASES = {
     "scale_batch_weights": {"scale_rewards": "batch", "reward_weights": [1.0, 0.5], "top_k": 20, "temperature": 0.9},
 }
 
+# Run on 2 processes (bench/grpo_goldens.py --processes 2, tests/llm/test_grpo_multiprocess.py): each process
+# holds per_device_train_batch_size rows of every step, so a generation batch is twice one process's.
+MULTIPROCESS_CASES = {
+    "dapo_beta0": {"per_device_train_batch_size": 4},
+    "dapo_beta": {"per_device_train_batch_size": 4, "beta": 0.1},
+    "lora_beta": {
+        "per_device_train_batch_size": 4,
+        "beta": 0.1,
+        "lora": {"r": 4, "lora_alpha": 8, "target_modules": ["q_proj", "v_proj"]},
+    },
+    # 3 rows per process and step, 2 steps a generation: 12 rows = 3 prompts x 4, so the second prompt's group
+    # spans the two processes and its advantages need the other process's rewards.
+    "grpo_spanning_groups": {
+        "loss_type": "grpo",
+        "beta": 0.1,
+        "per_device_train_batch_size": 3,
+        "gradient_accumulation_steps": 2,
+        "num_iterations": 2,
+        "max_steps": 4,
+    },
+    "lora_beta0_batch": {
+        "per_device_train_batch_size": 4,
+        "scale_rewards": "batch",
+        "lora": {"r": 4, "lora_alpha": 8, "target_modules": ["q_proj", "v_proj"]},
+    },
+}
+
 
 def _texts(completions):
     """Plain completions, or conversational ones: [{"role": "assistant", "content": text}]."""
