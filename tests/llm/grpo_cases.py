@@ -73,6 +73,9 @@ MULTIPROCESS_CASES = {
         "num_iterations": 2,
         "max_steps": 4,
     },
+    # Also what `lathe train` (stage grpo, NPROC_PER_NODE=2) is compared against: the ChatML template renders the
+    # conversations as the tokenizer's chat template does.
+    "conversational": {"per_device_train_batch_size": 4, "conversational": True, "beta": 0.1},
     "lora_beta0_batch": {
         "per_device_train_batch_size": 4,
         "scale_rewards": "batch",

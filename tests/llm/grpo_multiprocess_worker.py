@@ -21,6 +21,8 @@ from tests.train.torchrun_helpers import worker_main  # noqa: E402
 
 def run(output_dir: str, options: dict) -> dict:
     torch.set_num_threads(1)
+    if "stage_config" in options:  # `lathe train` of a stage grpo config, in these processes
+        return run_stage(options["stage_config"])
     overrides = options.get("overrides", {})
     result = run_lathe_case(
         options["case"], options["model_dir"], output_dir, grpo_cases.MULTIPROCESS_CASES, **overrides
@@ -30,6 +32,22 @@ def run(output_dir: str, options: dict) -> dict:
 
     result["rank"] = dist.get_rank()
     return result
+
+
+def run_stage(path: str) -> dict:
+    import json
+
+    import torch.distributed as dist
+
+    from lathe.llm.config import parse_train_config
+    from lathe.llm.workflows.stages import run_train
+
+    config = parse_train_config(path)
+    run_train(config)
+    if dist.get_rank() != 0:  # the first process writes the run's files
+        return {"rank": dist.get_rank()}
+    logs = json.loads(Path(config.training.output_dir, "trainer_state.json").read_text())["log_history"]
+    return {"logs": logs, "rank": 0}
 
 
 if __name__ == "__main__":

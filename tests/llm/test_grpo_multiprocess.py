@@ -12,11 +12,15 @@ import math
 import sys
 from pathlib import Path
 
+import shutil
+
 import pytest
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 import grpo_cases  # noqa: E402
+
+from test_grpo_stage import SHAREGPT_TAGS, config_file, write_project  # noqa: E402
 
 from tests.train.torchrun_helpers import torchrun_runs  # noqa: E402
 
@@ -47,6 +51,21 @@ def results(tmp_path_factory):
         "model_dir": model_dir,
         "overrides": {**saving, "resume_from_checkpoint": checkpoint},
     }
+    # `lathe train` (stage grpo) of the conversational case's rows from a registered dataset.
+    project = tmp / "stage"
+    project.mkdir()
+    rows = [
+        {"prompt": [{"role": "user", "content": p}], "target": t}
+        for p, t in zip(grpo_cases.PROMPTS, grpo_cases.TARGETS)
+    ]
+    entry = {"formatting": "sharegpt", "columns": {"messages": "prompt"}, "tags": SHAREGPT_TAGS}
+    write_project(project, rows, entry, (HERE / "grpo_cases.py").read_text())
+    stage_model = shutil.copytree(model_dir, tmp / "stage_model")
+    for item in (grpo_cases.TOKENIZER.parent / "bpe_chatml").iterdir():  # the ChatML chat template
+        shutil.copy(item, stage_model / item.name)
+    rewards = "my_rewards:vowel_share, my_rewards:length_target"
+    path = config_file(project, str(stage_model), beta=0.1, reward_funcs=rewards, per_device_train_batch_size=4)
+    runs["stage"] = {"stage_config": path}
     return torchrun_runs(tmp, runs, worker=WORKER)
 
 
@@ -95,3 +114,16 @@ def test_resumed_on_two_processes_logs_the_uninterrupted_numbers(results):
     for step in (2, 3, 4):
         for key, value in whole[step].items():
             assert close(resumed[step][key], value, 1e-6, 1e-9), f"step {step} {key}"
+
+
+def test_stage_grpo_under_two_processes_logs_trls_numbers(results):
+    """`lathe train` on 2 processes (a stage grpo config, the prompts rendered by the ChatML template) logs
+    what TRL logs on 2 processes for the same conversations."""
+    expected = GOLDEN["cases"]["conversational"]["logs"]
+    logs = results["stage"]["logs"]
+    assert len(logs) == len(expected)
+    for step, (mine, theirs) in enumerate(zip(logs, expected), start=1):
+        for key, value in theirs.items():
+            if key in SKIPPED or key == "step_time":
+                continue
+            assert close(mine[key], value, 1e-4), f"step {step} {key}: lathe train {mine[key]}, TRL {value}"

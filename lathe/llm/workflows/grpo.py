@@ -38,7 +38,14 @@ def run(config, dry_run: bool = False, callbacks: list | None = None) -> dict:
     from lathe.llm.workflows.outputs import set_stop_tokens
     from lathe.train.seed import set_seed
 
+    from lathe.llm.ray_launch import use_ray
+
     model_args, training_args, finetuning_args = config.model, config.training, config.finetuning
+    if use_ray():  # before anything is loaded
+        raise ValueError(
+            "stage grpo under Ray (USE_RAY=1) is not supported yet (its ranks' sampling and gathered rewards are "
+            "tested under torchrun only): run it with NPROC_PER_NODE=N (torchrun) instead."
+        )
     resume_from = resolve_resume_checkpoint(config)
     tokenizer = load_tokenizer(config.model)
     template = get_template_and_fix_tokenizer(tokenizer, config.data)
