@@ -246,6 +246,15 @@ def test_the_plan_counts_sampling_and_the_reference_only_where_one_is_loaded(tmp
     assert weights == reference and "a frozen copy of the initial model (beta 0.04)" in plans["full"]
     assert "reference model" not in plans["lora"] and "none (beta 0" in plans["lora"]
     assert "8 per epoch, 2 in total" in plans["full"]  # 8 prompts, one per generation of 8 completions
+    # generation_batch_size 64 on the 2 processes a launch will start (the plan is made before it): each process
+    # samples 64 / 2 = 32 rows (steps_per_generation 4 of 8 rows), not the 64 one process would.
+    config = parse_train_config(
+        config_file(tmp_path, str(folder), finetuning_type="lora", generation_batch_size=64, **keys)
+    )
+    config.processes = 2
+    run_train(config, True)
+    shared = float(re.search(r"sampling \(KV cache\) ([\d,.]+) MiB", capsys.readouterr().out).group(1).replace(",", ""))
+    assert shared == pytest.approx(4 * (kv_cache + prefill) / 2**20, abs=1)
 
 
 def test_the_cpu_example_learns_its_task_and_its_assets_are_what_make_assets_writes(tmp_path, monkeypatch):

@@ -94,8 +94,9 @@ def plan_grpo(plan, config, args, train, model) -> None:
     per_generation = args.generation_batch_size // args.num_generations
     # The sampler yields each generation batch num_iterations x steps_per_generation times and the loader
     # reads steps_per_generation micro-batches at once: one micro-step per per_device_train_batch_size rows.
+    processes = world_size(config)
     rows = (prompts // per_generation) * per_generation * args.num_generations * args.num_iterations
-    batches = rows // (args.per_device_train_batch_size * world_size(config))
+    batches = rows // (args.per_device_train_batch_size * processes)
     schedule = plan_training(args, batches, prompts, args.per_device_train_batch_size)
     plan.steps_per_epoch, plan.total_steps = schedule.updates_per_epoch, schedule.max_steps
     plan.epochs = plan.total_steps / plan.steps_per_epoch if plan.steps_per_epoch else 0.0
@@ -109,8 +110,14 @@ def plan_grpo(plan, config, args, train, model) -> None:
         reference_copy=args.beta != 0.0 and config.finetuning.finetuning_type not in ("lora", "oft"),
     )
     available = available_memory(config.training.device)
+    # Each of the N processes samples per_device_train_batch_size x steps_per_generation rows of the generation
+    # batch. A generation_batch_size set in the config is shared by the N processes the run will have (the plan
+    # may be made in one process: a dry run, or the launcher before torchrun starts the N).
+    steps_per_generation = args.steps_per_generation
+    if config.finetuning.generation_batch_size is not None:
+        steps_per_generation = max(1, args.generation_batch_size // (args.per_device_train_batch_size * processes))
     plan.memory = estimate_grpo_memory(
-        model, settings, available, args.steps_per_generation, prompt_len, args.max_completion_length
+        model, settings, available, steps_per_generation, prompt_len, args.max_completion_length
     )
     if plan.memory is not None and not plan.memory.fits:
         plan.memory_advice = advice(plan.memory, model, settings)
