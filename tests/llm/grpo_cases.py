@@ -50,6 +50,10 @@ CASES = {
     },
     "mask_truncated": {"mask_truncated_completions": True, "loss_type": "bnpo"},
     "conversational": {"conversational": True, "beta": 0.1},
+    "gspo": {"importance_sampling_level": "sequence", "loss_type": "grpo", "num_iterations": 2, "beta": 0.1},
+    "gspo_dapo_beta0": {"importance_sampling_level": "sequence", "num_iterations": 2},
+    "delta": {"delta": 1.05, "num_iterations": 2, "epsilon": 0.02, "beta": 0.1},
+    "top_entropy": {"top_entropy_quantile": 0.2, "loss_type": "bnpo", "beta": 0.1},
     "scale_batch_weights": {"scale_rewards": "batch", "reward_weights": [1.0, 0.5], "top_k": 20, "temperature": 0.9},
 }
 

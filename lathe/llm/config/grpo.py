@@ -69,6 +69,23 @@ class GRPOArguments:
     epsilon_high: float | None = field(
         default=None, metadata=_help("grpo: upper clipping bound (1 + epsilon_high; default epsilon).")
     )
+    delta: float | None = field(
+        default=None, metadata=_help("grpo: two-sided clipping, the unclipped ratio capped at delta (INTELLECT-2).")
+    )
+    importance_sampling_level: str = field(
+        default="token",
+        metadata=_help("grpo: the ratio per token, or per sequence (GSPO: its tokens' mean log-ratio)."),
+    )
+    top_entropy_quantile: float = field(
+        default=1.0, metadata=_help("grpo: only the top this share of completion tokens by entropy add policy loss.")
+    )
+    use_bias_correction_kl: bool = field(
+        default=True, metadata=_help("grpo: weight the per-token KL by the importance ratio.")
+    )
+    min_p: float | None = field(default=None, metadata=_help("grpo: min-p sampling (None: off)."))
+    generation_kwargs: dict | None = field(
+        default=None, metadata=_help("grpo: more GenerationConfig settings for sampling; they win over the others.")
+    )
     num_iterations: int = field(default=1, metadata=_help("grpo: updates per generation batch (mu)."))
     loss_type: str = field(default="dapo", metadata=_help("grpo: grpo, bnpo, dr_grpo or dapo (TRL's)."))
     scale_rewards: str = field(
@@ -104,7 +121,11 @@ class GRPOArguments:
 
     def _check_grpo_values(self) -> None:
         self.scale_rewards = {True: "group", False: "none"}.get(self.scale_rewards, self.scale_rewards)
-        for key, choices in (("loss_type", LOSS_TYPES), ("scale_rewards", SCALE_REWARDS)):
+        for key, choices in (
+            ("loss_type", LOSS_TYPES),
+            ("scale_rewards", SCALE_REWARDS),
+            ("importance_sampling_level", ("token", "sequence")),
+        ):
             if getattr(self, key) not in choices:
                 raise ValueError(f"{key} must be one of {', '.join(choices)}; got {getattr(self, key)!r}.")
         for key, low in (("num_generations", 2), ("max_completion_length", 1), ("num_iterations", 1)):

@@ -8,6 +8,7 @@ from lathe.train.args.training_args import TrainingArguments
 
 LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo")
 SCALE_REWARDS = ("group", "batch", "none")
+IMPORTANCE_SAMPLING_LEVELS = ("token", "sequence")
 
 
 @dataclass
@@ -40,6 +41,9 @@ class GRPOConfig(TrainingArguments):
     num_iterations: int = 1
     epsilon: float = 0.2
     epsilon_high: float | None = None
+    delta: float | None = None
+    importance_sampling_level: str = "token"
+    top_entropy_quantile: float = 1.0
     reward_weights: list[float] | None = None
     scale_rewards: str = "group"
     loss_type: str = "dapo"
@@ -58,6 +62,13 @@ class GRPOConfig(TrainingArguments):
             raise ValueError(f"scale_rewards must be one of {', '.join(SCALE_REWARDS)}; got {self.scale_rewards!r}.")
         if self.loss_type not in LOSS_TYPES:
             raise ValueError(f"loss_type must be one of {', '.join(LOSS_TYPES)}; got {self.loss_type!r}.")
+        if self.importance_sampling_level not in IMPORTANCE_SAMPLING_LEVELS:
+            raise ValueError(
+                f"importance_sampling_level must be one of {', '.join(IMPORTANCE_SAMPLING_LEVELS)}; got "
+                f"{self.importance_sampling_level!r}."
+            )
+        if not 0.0 <= self.top_entropy_quantile <= 1.0:
+            raise ValueError(f"top_entropy_quantile must be in [0, 1]; got {self.top_entropy_quantile}.")
         if self.auto_find_batch_size:
             raise ValueError(
                 "auto_find_batch_size is not supported by GRPO: a smaller batch would split the groups of "

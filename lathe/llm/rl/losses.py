@@ -39,23 +39,44 @@ def advantages_of(rewards_per_func: torch.Tensor, weights: torch.Tensor, num_gen
     return torch.nan_to_num(advantages, nan=0.0), rewards, is_std_zero
 
 
-def per_token_objective(logps, old_logps, ref_logps, advantages, args):
-    """(per-token loss, per-token KL or None, ratio). The ratio r = exp(logp - old_logp) is clipped to
-    [1 - epsilon, 1 + epsilon_high]; the loss is -min(r A, clip(r) A), plus beta times the k3 estimate of
-    KL(policy || reference), weighted by r when use_bias_correction_kl."""
-    ratio = torch.exp(logps - old_logps)
+def per_token_objective(logps, old_logps, ref_logps, advantages, args, mask=None, entropy_mask=None):
+    """(per-token loss, per-token KL or None, ratio as the clip metrics read it). The ratio r = exp(logp -
+    old_logp), per token, or per sequence (importance_sampling_level "sequence", GSPO: exp of the mean log-ratio
+    over the completion's tokens, shape (B, 1)), is clipped to [1 - epsilon, 1 + epsilon_high]; with `delta` the
+    unclipped term's r is capped at delta (two-sided clipping). The loss is -min(r A, clip(r) A), times the
+    high-entropy token mask where top_entropy_quantile < 1, plus beta times the k3 estimate of KL(policy ||
+    reference), weighted by the (uncapped) r when use_bias_correction_kl."""
+    log_ratio = logps - old_logps
+    if args.importance_sampling_level == "sequence":
+        log_ratio = ((log_ratio * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)).unsqueeze(-1)
+    ratio = torch.exp(log_ratio)
     epsilon_high = args.epsilon_high if args.epsilon_high is not None else args.epsilon
     advantages = advantages.unsqueeze(1) if advantages.dim() == 1 else advantages
-    clipped = torch.clamp(ratio, 1 - args.epsilon, 1 + epsilon_high)
-    loss = -torch.min(ratio * advantages, clipped * advantages)
     kl = None
     if args.beta != 0.0:
         delta = ref_logps - logps
         kl = torch.exp(delta) - delta - 1
         if args.use_bias_correction_kl:
             kl = kl * ratio
+    clipped = torch.clamp(ratio, 1 - args.epsilon, 1 + epsilon_high)
+    if args.delta is not None:
+        ratio = torch.clamp(ratio, max=args.delta)
+    loss = -torch.min(ratio * advantages, clipped * advantages)
+    if entropy_mask is not None:
+        loss = loss * entropy_mask
+    if kl is not None:
         loss = loss + args.beta * kl
     return loss, kl, ratio
+
+
+def high_entropy_mask(entropies, mask, quantile: float):
+    """The completion tokens whose entropy is at least the (1 - top_entropy_quantile) quantile of every
+    process's completion tokens' entropies (TRL's get_high_entropy_mask)."""
+    everywhere = ranks.gather(entropies[mask.bool()].float())
+    if everywhere.numel() == 0:
+        return torch.zeros_like(entropies, dtype=torch.bool)
+    threshold = torch.quantile(everywhere, 1 - quantile)
+    return ((entropies * mask.float()) >= threshold) & mask.bool()
 
 
 def aggregate(per_token_loss, mask, args, accumulation_steps: int, num_items_in_batch, training: bool):
@@ -81,8 +102,13 @@ def aggregate(per_token_loss, mask, args, accumulation_steps: int, num_items_in_
 
 
 def masked_mean(values, mask) -> float:
-    """The mean over the masked tokens of every process (sums and counts added across processes)."""
-    totals = ranks.total(torch.stack([(values * mask).sum().float(), mask.sum().float()]))
+    """The mean over the masked tokens of every process (sums and counts added across processes); of a
+    (B, 1) tensor of one value per sequence, the mean over every process's sequences."""
+    if values.dim() == 2 and values.size(1) == 1:
+        local = torch.stack([values.sum().float(), torch.tensor(float(values.size(0)), device=values.device)])
+    else:
+        local = torch.stack([(values * mask).sum().float(), mask.sum().float()])
+    totals = ranks.total(local)
     return (totals[0] / totals[1].clamp(min=1.0)).item()
 
 
@@ -94,7 +120,7 @@ def clip_metrics(ratio, advantages, mask, args) -> dict:
     low = ((ratio < 1 - args.epsilon) & (advantages < 0)).float()
     high = ((ratio > 1 + epsilon_high) & (advantages > 0)).float()
     region = ((low + high) > 0).float()
-    per_sequence = lambda x: (x * mask).sum(-1) / mask.sum(-1)  # noqa: E731
+    per_sequence = lambda x: x.squeeze(1) if x.size(1) == 1 else (x * mask).sum(-1) / mask.sum(-1)  # noqa: E731
     return {
         "clip_ratio/low_mean": masked_mean(low, mask),
         "clip_ratio/high_mean": masked_mean(high, mask),

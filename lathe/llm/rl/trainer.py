@@ -273,8 +273,11 @@ class GRPOTrainer(Trainer):
         logps, entropies = generation.per_token_logps(model, input_ids, attention_mask, keep, args.temperature, True)
         old = inputs.get("old_per_token_logps")
         old = logps.detach() if old is None else old
+        entropy_mask = None
+        if args.top_entropy_quantile < 1.0:
+            entropy_mask = losses.high_entropy_mask(entropies, mask, args.top_entropy_quantile)
         per_token, kl, ratio = losses.per_token_objective(
-            logps, old, inputs.get("ref_per_token_logps"), inputs["advantages"], args
+            logps, old, inputs.get("ref_per_token_logps"), inputs["advantages"], args, mask, entropy_mask
         )
         loss, _ = losses.aggregate(
             per_token,
