@@ -53,6 +53,7 @@ def run_trl_case(name: str, model_dir: str, table: dict | None = None, output_di
     settings = {**grpo_cases.BASE, **(table if table is not None else grpo_cases.CASES)[name]}
     lora = settings.pop("lora", None)
     conversational = settings.pop("conversational", False)
+    functions = grpo_cases.reward_funcs([], model_dir, settings)  # the reward model's folder, if any
     generations, rewards = [], {}
 
     class Recording(GRPOTrainer):
@@ -67,7 +68,7 @@ def run_trl_case(name: str, model_dir: str, table: dict | None = None, output_di
         args = GRPOConfig(output_dir=output_dir or out, **settings)
         trainer = Recording(
             model=model_dir,
-            reward_funcs=recording(grpo_cases.REWARDS, rewards),
+            reward_funcs=[*recording(grpo_cases.REWARDS, rewards), *functions],
             args=args,
             train_dataset=grpo_cases.dataset(conversational),
             processing_class=grpo_cases.tokenizer(conversational),

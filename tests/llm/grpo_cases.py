@@ -54,6 +54,12 @@ CASES = {
     "gspo_dapo_beta0": {"importance_sampling_level": "sequence", "num_iterations": 2},
     "delta": {"delta": 1.05, "num_iterations": 2, "epsilon": 0.02, "beta": 0.1},
     "top_entropy": {"top_entropy_quantile": 0.2, "loss_type": "bnpo", "beta": 0.1},
+    "cispo": {"loss_type": "cispo", "num_iterations": 2, "epsilon_high": 1.2, "beta": 0.1},
+    "sapo": {"loss_type": "sapo", "num_iterations": 2, "sapo_temperature_neg": 1.5},
+    "luspo": {"loss_type": "luspo", "importance_sampling_level": "sequence", "num_iterations": 2},
+    "vespo": {"loss_type": "vespo", "num_iterations": 2, "vespo_k_neg": 2.5, "beta": 0.1},
+    # A reward model (a sequence classifier folder, TRL's AutoModelForSequenceClassification) beside the functions.
+    "reward_model_mixed": {"reward_model": True, "beta": 0.1, "reward_weights": [1.0, 0.5, 2.0]},
     "scale_batch_weights": {"scale_rewards": "batch", "reward_weights": [1.0, 0.5], "top_k": 20, "temperature": 0.9},
 }
 
@@ -138,6 +144,35 @@ def build_model(folder, seed: int = 0) -> None:
         model.model.embed_tokens.weight[:, 0] = 1.0
         model.lm_head.weight[2, 0] = 5.0
     model.save_pretrained(str(folder))
+    build_reward_model(folder / "reward_model", config)
+
+
+def build_reward_model(folder, config) -> None:
+    """A tiny sequence classifier (one score) with seeded weights and the model's tokenizer: the reward model of
+    the case reward_model_mixed, at <model folder>/reward_model."""
+    import torch
+    from transformers import LlamaForSequenceClassification
+
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    for item in TOKENIZER.iterdir():
+        shutil.copy(item, folder / item.name)
+    config = config.__class__(**{**config.to_dict(), "num_labels": 1, "pad_token_id": 2})
+    model = LlamaForSequenceClassification(config)
+    generator = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for name, parameter in sorted(model.named_parameters()):
+            if not name.endswith("norm.weight"):
+                parameter.copy_(torch.randn(parameter.shape, generator=generator) * 0.3)
+    model.save_pretrained(str(folder))
+
+
+def reward_funcs(functions, model_dir, settings: dict) -> list:
+    """The case's reward functions: `functions`, then the reward model's folder when the case asks for one
+    (the key `reward_model` is taken out of `settings`)."""
+    if settings.pop("reward_model", False):
+        return [*functions, str(Path(model_dir) / "reward_model")]
+    return list(functions)
 
 
 def dataset(conversational: bool = False):

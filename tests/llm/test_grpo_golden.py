@@ -41,6 +41,7 @@ def run_lathe_case(name: str, model_dir: str, output_dir: str, table: dict | Non
     resume = settings.pop("resume_from_checkpoint", None)
     lora = settings.pop("lora", None)
     conversational = settings.pop("conversational", False)
+    models = grpo_cases.reward_funcs([], model_dir, settings)  # the reward model's folder, if any
     generations, rewards = [], {}
     functions = []
     for function in grpo_cases.REWARDS:
@@ -64,7 +65,7 @@ def run_lathe_case(name: str, model_dir: str, output_dir: str, table: dict | Non
     args = GRPOConfig(output_dir=output_dir, **settings)
     trainer = Recording(
         model=model_dir,
-        reward_funcs=functions,
+        reward_funcs=[*functions, *models],
         args=args,
         train_dataset=grpo_cases.dataset(conversational),
         processing_class=grpo_cases.tokenizer(conversational),

@@ -147,7 +147,7 @@ def test_alpaca_rows_hand_their_other_columns_to_the_rewards_and_a_raise_names_t
     "keys, message",
     [
         ({"num_generations": 3}, r"generation_batch_size \(8\) must be divisible by num_generations \(3\)"),
-        ({"loss_type": "ppo"}, "loss_type must be one of grpo, bnpo, dr_grpo, dapo"),
+        ({"loss_type": "ppo"}, "loss_type must be one of grpo, bnpo, dr_grpo, dapo, cispo, sapo, luspo, vespo"),
         ({"max_new_tokens": 16}, r"max_new_tokens .*stage grpo does not read \(use max_completion_length\)"),
         ({"cutoff_len": 512}, "cutoff_len .*use max_prompt_length and max_completion_length"),
         ({"reward_weights": "1, 2"}, "reward_weights has 2 values for 1 reward_funcs"),
@@ -316,15 +316,14 @@ def test_every_golden_variant_as_config_keys_gives_the_library_cases_grpo_config
 
     settings = {**grpo_cases.BASE, **grpo_cases.CASES[case]}
     lora = settings.pop("lora", None)
+    names = ", ".join(["my_rewards:a", "my_rewards:b", *grpo_cases.reward_funcs([], model_dir, settings)])
     keys = {k: v for k, v in settings.items() if k not in ("bf16", "gradient_checkpointing", "use_cpu")}
     if isinstance(keys.get("reward_weights"), list):
         keys["reward_weights"] = ",".join(str(w) for w in keys["reward_weights"])
     (tmp_path / "data").mkdir()
     (tmp_path / "data" / "dataset_info.json").write_text(json.dumps({"rows": {"file_name": "rows.json"}}))
     (tmp_path / "my_rewards.py").write_text("")
-    path = config_file(
-        tmp_path, model_dir, reward_funcs="my_rewards:a, my_rewards:b", **keys, **(LORA_KEYS if lora else {})
-    )
+    path = config_file(tmp_path, model_dir, reward_funcs=names, **keys, **(LORA_KEYS if lora else {}))
     config = parse_train_config(path)
     ours = grpo_config(config.training, config.finetuning)
     theirs = GRPOConfig(output_dir=str(tmp_path / "out"), **settings)

@@ -16,7 +16,7 @@ from lathe.llm.config.values import split_commas
 
 __all__ = ["GRPOArguments", "check_grpo_options", "grpo_config"]
 
-LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo")
+LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo", "luspo", "vespo")
 SCALE_REWARDS = ("group", "batch", "none")
 SHARED_WITH_GENERATING = ("temperature", "top_p", "top_k", "repetition_penalty")
 # LLaMA-Factory generating keys (with their defaults) that GRPO's sampling does not read.
@@ -79,6 +79,12 @@ class GRPOArguments:
     top_entropy_quantile: float = field(
         default=1.0, metadata=_help("grpo: only the top this share of completion tokens by entropy add policy loss.")
     )
+    sapo_temperature_neg: float = field(default=1.05, metadata=_help("grpo, sapo: the gate's temperature, A <= 0."))
+    sapo_temperature_pos: float = field(default=1.0, metadata=_help("grpo, sapo: the gate's temperature, A > 0."))
+    vespo_k_pos: float = field(default=2.0, metadata=_help("grpo, vespo: the gamma weight's k, A >= 0."))
+    vespo_lambda_pos: float = field(default=3.0, metadata=_help("grpo, vespo: the gamma weight's lambda, A >= 0."))
+    vespo_k_neg: float = field(default=3.0, metadata=_help("grpo, vespo: the gamma weight's k, A < 0."))
+    vespo_lambda_neg: float = field(default=2.0, metadata=_help("grpo, vespo: the gamma weight's lambda, A < 0."))
     use_bias_correction_kl: bool = field(
         default=True, metadata=_help("grpo: weight the per-token KL by the importance ratio.")
     )
@@ -87,7 +93,9 @@ class GRPOArguments:
         default=None, metadata=_help("grpo: more GenerationConfig settings for sampling; they win over the others.")
     )
     num_iterations: int = field(default=1, metadata=_help("grpo: updates per generation batch (mu)."))
-    loss_type: str = field(default="dapo", metadata=_help("grpo: grpo, bnpo, dr_grpo or dapo (TRL's)."))
+    loss_type: str = field(
+        default="dapo", metadata=_help("grpo: grpo, bnpo, dr_grpo, dapo, cispo, sapo, luspo or vespo (TRL's).")
+    )
     scale_rewards: str = field(
         default="group", metadata=_help("grpo: divide advantages by the group's std, the batch's, or none.")
     )

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 from lathe.train.args.training_args import TrainingArguments
 
-LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo")
+LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo", "luspo", "vespo")
 SCALE_REWARDS = ("group", "batch", "none")
 IMPORTANCE_SAMPLING_LEVELS = ("token", "sequence")
 
@@ -44,6 +44,12 @@ class GRPOConfig(TrainingArguments):
     delta: float | None = None
     importance_sampling_level: str = "token"
     top_entropy_quantile: float = 1.0
+    sapo_temperature_neg: float = 1.05
+    sapo_temperature_pos: float = 1.0
+    vespo_k_pos: float = 2.0
+    vespo_lambda_pos: float = 3.0
+    vespo_k_neg: float = 3.0
+    vespo_lambda_neg: float = 2.0
     reward_weights: list[float] | None = None
     scale_rewards: str = "group"
     loss_type: str = "dapo"

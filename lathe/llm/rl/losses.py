@@ -4,6 +4,8 @@ TRL's documented definitions."""
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from lathe.llm.rl import ranks
@@ -58,15 +60,37 @@ def per_token_objective(logps, old_logps, ref_logps, advantages, args, mask=None
         kl = torch.exp(delta) - delta - 1
         if args.use_bias_correction_kl:
             kl = kl * ratio
-    clipped = torch.clamp(ratio, 1 - args.epsilon, 1 + epsilon_high)
-    if args.delta is not None:
-        ratio = torch.clamp(ratio, max=args.delta)
-    loss = -torch.min(ratio * advantages, clipped * advantages)
+    extra = {}
+    if args.loss_type == "cispo":  # the clipped, detached ratio weights the log-prob (ScaleRL)
+        loss = -torch.clamp(ratio, max=epsilon_high).detach() * advantages * logps
+    elif args.loss_type == "sapo":  # a soft gate instead of clipping, its temperature by the advantage's sign
+        temperatures = torch.where(advantages > 0, args.sapo_temperature_pos, args.sapo_temperature_neg)
+        loss = -torch.sigmoid(temperatures * (ratio - 1)) * 4 / temperatures * advantages
+    elif args.loss_type == "vespo":  # a detached gamma weight of the sequence's ratio scales A x log-prob
+        extra["phi"] = gamma_weights(advantages, logps - old_logps, mask, args)
+        loss = -extra["phi"] * advantages * logps
+    else:  # grpo, bnpo, dr_grpo, dapo, luspo: PPO's clipped surrogate
+        clipped = torch.clamp(ratio, 1 - args.epsilon, 1 + epsilon_high)
+        if args.delta is not None:
+            ratio = torch.clamp(ratio, max=args.delta)
+        loss = -torch.min(ratio * advantages, clipped * advantages)
     if entropy_mask is not None:
         loss = loss * entropy_mask
     if kl is not None:
         loss = loss + args.beta * kl
-    return loss, kl, ratio
+    return loss, kl, ratio, extra
+
+
+@torch.no_grad()
+def gamma_weights(advantages, log_ratio, mask, args):
+    """VESPO's phi(w) = exp(lambda + k log w - lambda w) of the sequence ratio w = exp(sum of the token
+    log-ratios), k and lambda by the advantage's sign; (B, 1), detached."""
+    lower = math.log(1e-8)
+    log_w = torch.clamp((torch.clamp(log_ratio, -20.0, 20.0) * mask).sum(-1, keepdim=True), lower, 20.0)
+    nonnegative = advantages >= 0
+    k = torch.where(nonnegative, args.vespo_k_pos, args.vespo_k_neg)
+    lam = torch.where(nonnegative, args.vespo_lambda_pos, args.vespo_lambda_neg).clamp(min=1e-4)
+    return torch.exp(lam + k * log_w - lam * torch.exp(log_w)).nan_to_num(nan=0.0, posinf=0.0, neginf=0.0)
 
 
 def high_entropy_mask(entropies, mask, quantile: float):
@@ -85,13 +109,15 @@ def aggregate(per_token_loss, mask, args, accumulation_steps: int, num_items_in_
     (sequences x max_completion_length); dapo: sum over the tokens of the whole generation batch, scaled to
     one accumulation window. Returns (loss, loss before the accumulation division)."""
     masked = per_token_loss * mask
-    if args.loss_type == "grpo":
+    if args.loss_type in ("grpo", "sapo"):
         loss = (masked.sum(-1) / mask.sum(-1).clamp(min=1.0)).mean()
+    elif args.loss_type == "luspo":  # each sequence's summed loss, averaged over sequences
+        loss = masked.sum(-1).mean()
     elif args.loss_type == "bnpo":
         loss = masked.sum() / mask.sum().clamp(min=1.0)
     elif args.loss_type == "dr_grpo":
         loss = masked.sum() / (per_token_loss.size(0) * args.max_completion_length)
-    else:  # dapo
+    else:  # dapo, cispo, vespo
         normalizer = num_items_in_batch.clamp(min=1.0) / args.world_size
         if training:
             normalizer = normalizer * accumulation_steps / args.steps_per_generation
@@ -112,11 +138,18 @@ def masked_mean(values, mask) -> float:
     return (totals[0] / totals[1].clamp(min=1.0)).item()
 
 
-def clip_metrics(ratio, advantages, mask, args) -> dict:
+def clip_metrics(ratio, advantages, mask, args, extra=None) -> dict:
     """The clip_ratio/* logs: the share of completion tokens (of every process) whose ratio is clipped where it
-    matters; the least / most clipped sequence's share over every process's sequences."""
+    matters; the least / most clipped sequence's share over every process's sequences. cispo logs
+    cispo_clip_ratio, vespo vespo/phi_seq_mean, sapo nothing (as TRL)."""
     advantages = advantages.unsqueeze(1) if advantages.dim() == 1 else advantages
     epsilon_high = args.epsilon_high if args.epsilon_high is not None else args.epsilon
+    if args.loss_type == "cispo":
+        return {"cispo_clip_ratio": masked_mean(((ratio > epsilon_high) & (advantages > 0)).float(), mask)}
+    if args.loss_type == "vespo":
+        return {"vespo/phi_seq_mean": masked_mean(extra["phi"], mask)}
+    if args.loss_type == "sapo":
+        return {}
     low = ((ratio < 1 - args.epsilon) & (advantages < 0)).float()
     high = ((ratio > 1 + epsilon_high) & (advantages > 0)).float()
     region = ((low + high) > 0).float()

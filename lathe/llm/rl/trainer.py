@@ -276,7 +276,7 @@ class GRPOTrainer(Trainer):
         entropy_mask = None
         if args.top_entropy_quantile < 1.0:
             entropy_mask = losses.high_entropy_mask(entropies, mask, args.top_entropy_quantile)
-        per_token, kl, ratio = losses.per_token_objective(
+        per_token, kl, ratio, extra = losses.per_token_objective(
             logps, old, inputs.get("ref_per_token_logps"), inputs["advantages"], args, mask, entropy_mask
         )
         loss, _ = losses.aggregate(
@@ -291,7 +291,7 @@ class GRPOTrainer(Trainer):
         if kl is not None:
             metrics["kl"].append(losses.masked_mean(kl.detach(), mask))
         metrics["entropy"].append(losses.masked_mean(entropies, mask))
-        for key, value in losses.clip_metrics(ratio.detach(), inputs["advantages"], mask, args).items():
+        for key, value in losses.clip_metrics(ratio.detach(), inputs["advantages"], mask, args, extra).items():
             metrics[key].append(value)
         return loss
 
