@@ -60,6 +60,8 @@ CASES = {
     "vespo": {"loss_type": "vespo", "num_iterations": 2, "vespo_k_neg": 2.5, "beta": 0.1},
     # A reward model (a sequence classifier folder, TRL's AutoModelForSequenceClassification) beside the functions.
     "reward_model_mixed": {"reward_model": True, "beta": 0.1, "reward_weights": [1.0, 0.5, 2.0]},
+    "normalize_then_sum": {"multi_objective_aggregation": "normalize_then_sum", "reward_weights": [1.0, 0.5]},
+    "generation_kwargs": {"generation_kwargs": {"top_k": 12, "typical_p": 0.9}, "beta": 0.1},
     "scale_batch_weights": {"scale_rewards": "batch", "reward_weights": [1.0, 0.5], "top_k": 20, "temperature": 0.9},
 }
 

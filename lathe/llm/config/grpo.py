@@ -99,6 +99,10 @@ class GRPOArguments:
     scale_rewards: str = field(
         default="group", metadata=_help("grpo: divide advantages by the group's std, the batch's, or none.")
     )
+    multi_objective_aggregation: str = field(
+        default="sum_then_normalize",
+        metadata=_help("grpo: weighted sum then group normalisation, or each reward normalised then summed (GDPO)."),
+    )
     mask_truncated_completions: bool = field(
         default=False, metadata=_help("grpo: completions cut at max_completion_length add no loss.")
     )
@@ -133,6 +137,7 @@ class GRPOArguments:
             ("loss_type", LOSS_TYPES),
             ("scale_rewards", SCALE_REWARDS),
             ("importance_sampling_level", ("token", "sequence")),
+            ("multi_objective_aggregation", ("sum_then_normalize", "normalize_then_sum")),
         ):
             if getattr(self, key) not in choices:
                 raise ValueError(f"{key} must be one of {', '.join(choices)}; got {getattr(self, key)!r}.")

@@ -134,7 +134,6 @@ TRL_GRPO_NOT_IMPLEMENTED: dict[str, object] = {
     "vllm_importance_sampling_clip_max": 3.0,
     "vllm_importance_sampling_clip_min": None,
     "vllm_importance_sampling_cap": None,
-    "multi_objective_aggregation": "sum_then_normalize",
     "sync_ref_model": False,
     "ref_model_mixup_alpha": 0.6,
     "ref_model_sync_steps": 512,

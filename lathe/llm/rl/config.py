@@ -9,6 +9,7 @@ from lathe.train.args.training_args import TrainingArguments
 LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo", "luspo", "vespo")
 SCALE_REWARDS = ("group", "batch", "none")
 IMPORTANCE_SAMPLING_LEVELS = ("token", "sequence")
+AGGREGATIONS = ("sum_then_normalize", "normalize_then_sum")
 
 
 @dataclass
@@ -52,6 +53,7 @@ class GRPOConfig(TrainingArguments):
     vespo_lambda_neg: float = 2.0
     reward_weights: list[float] | None = None
     scale_rewards: str = "group"
+    multi_objective_aggregation: str = "sum_then_normalize"
     loss_type: str = "dapo"
     mask_truncated_completions: bool = False
     use_bias_correction_kl: bool = True
@@ -68,6 +70,11 @@ class GRPOConfig(TrainingArguments):
             raise ValueError(f"scale_rewards must be one of {', '.join(SCALE_REWARDS)}; got {self.scale_rewards!r}.")
         if self.loss_type not in LOSS_TYPES:
             raise ValueError(f"loss_type must be one of {', '.join(LOSS_TYPES)}; got {self.loss_type!r}.")
+        if self.multi_objective_aggregation not in AGGREGATIONS:
+            raise ValueError(
+                f"multi_objective_aggregation must be one of {', '.join(AGGREGATIONS)}; got "
+                f"{self.multi_objective_aggregation!r}."
+            )
         if self.importance_sampling_level not in IMPORTANCE_SAMPLING_LEVELS:
             raise ValueError(
                 f"importance_sampling_level must be one of {', '.join(IMPORTANCE_SAMPLING_LEVELS)}; got "

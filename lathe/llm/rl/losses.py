@@ -21,11 +21,30 @@ def nan_std(values: torch.Tensor, dim: int | None = None) -> torch.Tensor:
     return std.squeeze() if dim is None else std.squeeze(dim)
 
 
-def advantages_of(rewards_per_func: torch.Tensor, weights: torch.Tensor, num_generations: int, scale: str):
+def advantages_of(
+    rewards_per_func: torch.Tensor,
+    weights: torch.Tensor,
+    num_generations: int,
+    scale: str,
+    aggregation: str = "sum_then_normalize",
+):
     """(advantages, weighted rewards, is_std_zero). Rewards are summed with their weights (NaN = skipped),
     centred on the mean of their group of num_generations, and divided by the group's std ("group"), the
-    batch's ("batch") or not at all ("none"), plus 1e-4. A completion no function scored gets advantage 0."""
+    batch's ("batch") or not at all ("none"), plus 1e-4. A completion no function scored gets advantage 0.
+    aggregation "normalize_then_sum" (GDPO): each function's rewards normalised in their group first, then
+    the weighted sum normalised over the batch (scale_rewards is not read, as TRL)."""
     unscorable = torch.isnan(rewards_per_func).all(dim=1)
+    if aggregation == "normalize_then_sum":
+        grouped = rewards_per_func.view(-1, num_generations, rewards_per_func.size(1))
+        mean_k = torch.nanmean(grouped, dim=1, keepdim=True)
+        std_k = nan_std(grouped, dim=1).unsqueeze(1)
+        normalised = ((grouped - mean_k) / (std_k + 1e-4)).view(-1, rewards_per_func.size(1))
+        rewards = (normalised * weights.unsqueeze(0)).nansum(dim=1)
+        rewards[unscorable] = torch.nan
+        std = nan_std(rewards).expand_as(rewards) if rewards.numel() > 1 else torch.zeros_like(rewards)
+        advantages = (rewards - torch.nanmean(rewards)) / (std + 1e-4)
+        is_std_zero = torch.isclose(std, torch.zeros_like(std))
+        return torch.nan_to_num(advantages, nan=0.0), rewards, is_std_zero
     rewards = (rewards_per_func * weights.unsqueeze(0)).nansum(dim=1)
     rewards[unscorable] = torch.nan
     groups = rewards.view(-1, num_generations)

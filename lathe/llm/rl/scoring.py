@@ -71,7 +71,11 @@ def generate_and_score(trainer, rows, mode: str) -> dict:
     # Gathered: the groups of num_generations may span processes; each process keeps its rows' advantages.
     rewards_per_func = ranks.gather(rewards_per_func)
     advantages, _, is_std_zero = losses.advantages_of(
-        rewards_per_func, trainer.reward_weights, args.num_generations, args.scale_rewards
+        rewards_per_func,
+        trainer.reward_weights,
+        args.num_generations,
+        args.scale_rewards,
+        args.multi_objective_aggregation,
     )
     local = ranks.local_slice(args.process_index, len(prompts))
     _log_rewards(trainer, metrics, rewards_per_func, is_std_zero)
