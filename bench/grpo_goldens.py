@@ -54,6 +54,7 @@ def run_trl_case(name: str, model_dir: str, table: dict | None = None, output_di
     lora = settings.pop("lora", None)
     conversational = settings.pop("conversational", False)
     functions = grpo_cases.reward_funcs([], model_dir, settings)  # the reward model's folder, if any
+    rollout_func = grpo_cases.rollout_of(settings)
     generations, rewards = [], {}
 
     class Recording(GRPOTrainer):
@@ -73,6 +74,7 @@ def run_trl_case(name: str, model_dir: str, table: dict | None = None, output_di
             train_dataset=grpo_cases.dataset(conversational),
             processing_class=grpo_cases.tokenizer(conversational),
             peft_config=LoraConfig(**lora) if lora else None,
+            rollout_func=rollout_func,
         )
         trainer.train()
     for index, generation in enumerate(generations):

@@ -62,6 +62,8 @@ CASES = {
     "reward_model_mixed": {"reward_model": True, "beta": 0.1, "reward_weights": [1.0, 0.5, 2.0]},
     "normalize_then_sum": {"multi_objective_aggregation": "normalize_then_sum", "reward_weights": [1.0, 0.5]},
     "generation_kwargs": {"generation_kwargs": {"top_k": 12, "typical_p": 0.9}, "beta": 0.1},
+    # TRL's rollout_func: deterministic completions with an environment's reply in the middle (env_mask 0).
+    "rollout_func": {"rollout_func": True, "beta": 0.1, "num_iterations": 2},
     "scale_batch_weights": {"scale_rewards": "batch", "reward_weights": [1.0, 0.5], "top_k": 20, "temperature": 0.9},
 }
 
@@ -167,6 +169,33 @@ def build_reward_model(folder, config) -> None:
             if not name.endswith("norm.weight"):
                 parameter.copy_(torch.randn(parameter.shape, generator=generator) * 0.3)
     model.save_pretrained(str(folder))
+
+
+def rollout(prompts, trainer):
+    """A rollout_func (TRL's signature): the model's turn (2-5 tokens drawn from the prompt's, varying within a
+    group), an environment's reply (2 tokens, env_mask 0), the model's last token and the end-of-sequence id;
+    a `turns` column for the reward functions."""
+    tokenizer = trainer.processing_class
+    prompt_ids = tokenizer(text=prompts)["input_ids"]
+    completion_ids, env_mask = [], []
+    for index, ids in enumerate(prompt_ids):
+        own = [(token * 7 + index * 13) % 400 + 40 for token in ids * 3][: 2 + index % 4]
+        completion_ids.append([*own, 17, 23, own[0], 2])
+        env_mask.append([1] * len(own) + [0, 0, 1, 1])
+    logprobs = [[0.0] * len(ids) for ids in completion_ids]
+    turns = [2] * len(prompts)
+    return {
+        "prompt_ids": prompt_ids,
+        "completion_ids": completion_ids,
+        "logprobs": logprobs,
+        "env_mask": env_mask,
+        "turns": turns,
+    }
+
+
+def rollout_of(settings: dict):
+    """The case's rollout_func (the key `rollout_func` is taken out of `settings`), or None."""
+    return rollout if settings.pop("rollout_func", False) else None
 
 
 def reward_funcs(functions, model_dir, settings: dict) -> list:

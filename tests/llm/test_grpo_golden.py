@@ -42,6 +42,7 @@ def run_lathe_case(name: str, model_dir: str, output_dir: str, table: dict | Non
     lora = settings.pop("lora", None)
     conversational = settings.pop("conversational", False)
     models = grpo_cases.reward_funcs([], model_dir, settings)  # the reward model's folder, if any
+    rollout_func = grpo_cases.rollout_of(settings)
     generations, rewards = [], {}
     functions = []
     for function in grpo_cases.REWARDS:
@@ -70,6 +71,7 @@ def run_lathe_case(name: str, model_dir: str, output_dir: str, table: dict | Non
         train_dataset=grpo_cases.dataset(conversational),
         processing_class=grpo_cases.tokenizer(conversational),
         peft_config=LoraConfig(**lora) if lora else None,
+        rollout_func=rollout_func,
     )
     trainer.train(resume_from_checkpoint=resume)
     for index, generation in enumerate(generations):

@@ -317,18 +317,20 @@ def test_every_golden_variant_as_config_keys_gives_the_library_cases_grpo_config
     settings = {**grpo_cases.BASE, **grpo_cases.CASES[case]}
     lora = settings.pop("lora", None)
     names = ", ".join(["my_rewards:a", "my_rewards:b", *grpo_cases.reward_funcs([], model_dir, settings)])
+    rollout = {"rollout_func": "my_rewards:rollout"} if grpo_cases.rollout_of(settings) else {}
     keys = {k: v for k, v in settings.items() if k not in ("bf16", "gradient_checkpointing", "use_cpu")}
     if isinstance(keys.get("reward_weights"), list):
         keys["reward_weights"] = ",".join(str(w) for w in keys["reward_weights"])
     (tmp_path / "data").mkdir()
     (tmp_path / "data" / "dataset_info.json").write_text(json.dumps({"rows": {"file_name": "rows.json"}}))
     (tmp_path / "my_rewards.py").write_text("")
-    path = config_file(tmp_path, model_dir, reward_funcs=names, **keys, **(LORA_KEYS if lora else {}))
+    path = config_file(tmp_path, model_dir, reward_funcs=names, **keys, **rollout, **(LORA_KEYS if lora else {}))
     config = parse_train_config(path)
     ours = grpo_config(config.training, config.finetuning)
     theirs = GRPOConfig(output_dir=str(tmp_path / "out"), **settings)
-    names = {f.name for f in dataclasses.fields(GRPOArguments)} - {"reward_funcs"} | set(settings)
+    names = {f.name for f in dataclasses.fields(GRPOArguments)} - {"reward_funcs", "rollout_func"} | set(settings)
     assert {n: getattr(ours, n) for n in names} == {n: getattr(theirs, n) for n in names}
+    assert config.finetuning.rollout_func == rollout.get("rollout_func")  # handed to GRPOTrainer(rollout_func=...)
     if lora:  # the adapter the library case passes as peft_config
         assert (config.finetuning.lora_rank, config.finetuning.lora_alpha) == (lora["r"], lora["lora_alpha"])
         assert config.finetuning.lora_target == lora["target_modules"]

@@ -45,6 +45,13 @@ class GRPOArguments:
             "then the working directory, then sys.path) or a reward-model folder (e.g. from stage rm)."
         ),
     )
+    rollout_func: str | None = field(
+        default=None,
+        metadata=_help(
+            "grpo: 'module:function' (TRL's rollout_func(prompts, trainer) -> prompt_ids, completion_ids, logprobs, "
+            "[env_mask], columns for the rewards) instead of sampling; imported as reward functions are."
+        ),
+    )
     reward_weights: str | list[float] | None = field(
         default=None, metadata=_help("grpo: one weight per reward function (default: all 1.0).")
     )
@@ -190,7 +197,13 @@ def grpo_config(training, finetuning):
     values = {
         f.name: getattr(training, f.name) for f in fields(TrainingArguments) if f.init and hasattr(training, f.name)
     }
-    values.update({f.name: getattr(finetuning, f.name) for f in fields(GRPOArguments) if f.name != "reward_funcs"})
+    values.update(
+        {
+            f.name: getattr(finetuning, f.name)
+            for f in fields(GRPOArguments)
+            if f.name not in ("reward_funcs", "rollout_func")  # the trainer's arguments, as in TRL
+        }
+    )
     values.pop("overwrite_output_dir", None)  # read by the recipe (resume or not), not by transformers 5's arguments
     # GRPO's loss is its own (log-probs of sampled tokens), not the causal-LM loss the chunked path serves.
     values.update(remove_unused_columns=False, chunked_cross_entropy="no")

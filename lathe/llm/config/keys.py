@@ -146,7 +146,6 @@ TRL_GRPO_NOT_IMPLEMENTED: dict[str, object] = {
     "tools": None,
     "max_tool_calling_iterations": None,
     "environment_factory": None,
-    "rollout_func": None,
     "off_policy_mask_threshold": None,
     "log_completions": False,
     "log_multimodal": True,

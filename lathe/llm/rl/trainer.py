@@ -79,7 +79,7 @@ def _check_parallelism(args) -> None:
 
 class GRPOTrainer(Trainer):
     """GRPOTrainer(model, reward_funcs, args=GRPOConfig(...), train_dataset=..., processing_class=...,
-    peft_config=None). `model`: a model or a folder; `reward_funcs`: callables, `module:function` names or
+    peft_config=None, rollout_func=None). `model`: a model or a folder; `reward_funcs`: callables, `module:function` names or
     reward-model folders (one or a list); the dataset has a `prompt` column (text or a conversation)."""
 
     loss_is_scaled_for_ga = True  # each loss_type divides for accumulation itself
@@ -97,6 +97,7 @@ class GRPOTrainer(Trainer):
         optimizers=(None, None),
         peft_config=None,
         reward_search_dirs=(),
+        rollout_func=None,
     ):
         from lathe.train.seed import set_seed
 
@@ -133,6 +134,9 @@ class GRPOTrainer(Trainer):
             if isinstance(function, torch.nn.Module):
                 function.to(self.args.device)
         self._tokenizer = tokenizer
+        self.rollout_func = rollout_func
+        if isinstance(rollout_func, str):  # `module:function`, as reward functions are named
+            self.rollout_func = rewards.resolve_reward_function(rollout_func, reward_search_dirs)
         self.eos_token_ids = generation.eos_ids_of(model, tokenizer)
         self.generation_config = generation.generation_config(args, tokenizer, self.eos_token_ids)
         self._step = 0
@@ -270,6 +274,8 @@ class GRPOTrainer(Trainer):
         input_ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], dim=1)
         attention_mask = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], dim=1)
         keep, mask = inputs["completion_ids"].size(1), inputs["completion_mask"]
+        if "tool_mask" in inputs:  # the environment's tokens (rollout_func's env_mask) add no loss
+            mask = mask * inputs["tool_mask"]
         logps, entropies = generation.per_token_logps(model, input_ids, attention_mask, keep, args.temperature, True)
         old = inputs.get("old_per_token_logps")
         old = logps.detach() if old is None else old

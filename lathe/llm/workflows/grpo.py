@@ -70,6 +70,7 @@ def run(config, dry_run: bool = False, callbacks: list | None = None) -> dict:
         processing_class=tokenizer,
         callbacks=make_callbacks(config) + list(callbacks or []),
         reward_search_dirs=reward_search_dirs(config),
+        rollout_func=finetuning_args.rollout_func,
     )
     metrics = train_and_save(trainer, config, plan, resume_from, None, train_keys=PLOTTED)
     write_model_card(trainer, config)
