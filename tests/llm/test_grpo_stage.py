@@ -334,3 +334,15 @@ def test_every_golden_variant_as_config_keys_gives_the_library_cases_grpo_config
     if lora:  # the adapter the library case passes as peft_config
         assert (config.finetuning.lora_rank, config.finetuning.lora_alpha) == (lora["r"], lora["lora_alpha"])
         assert config.finetuning.lora_target == lora["target_modules"]
+
+
+def test_stage_grpo_under_ray_is_one_error_before_loading(model_dir, tmp_path, monkeypatch):
+    from lathe.llm.workflows.grpo import run as run_grpo
+
+    write_project(
+        tmp_path, [{"instruction": "add", "output": "1"}], {}, "def f(completions, **kw):\n    return [0.0]\n"
+    )
+    config = parse_train_config(config_file(tmp_path, model_dir, reward_funcs="my_rewards:f"))
+    monkeypatch.setenv("USE_RAY", "1")
+    with pytest.raises(ValueError, match=r"stage grpo under Ray \(USE_RAY=1\) is not supported yet.*NPROC_PER_NODE"):
+        run_grpo(config)
