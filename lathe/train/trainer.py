@@ -265,7 +265,9 @@ class Trainer(TrainerSurface):
 
     def training_step(self, model, inputs, num_items_in_batch=None) -> torch.Tensor:
         """Forward and backward of one micro-batch; returns the detached, normalised loss."""
-        if not model.training:  # model.train() walks every module; only evaluation turns training off
+        # model.train() walks every module; only evaluation turns training off. A DDP wrapper is created in
+        # training mode around a model that from_pretrained left in eval mode: ask the inner model too.
+        if not model.training or not self.model.training:
             model.train()
         inputs = self._prepare_inputs(inputs)
         with runtime.autocast_context(self.args, self._autocast_dtype), self.compute_loss_context_manager():

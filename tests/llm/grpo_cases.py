@@ -50,7 +50,51 @@ CASES = {
     },
     "mask_truncated": {"mask_truncated_completions": True, "loss_type": "bnpo"},
     "conversational": {"conversational": True, "beta": 0.1},
+    "gspo": {"importance_sampling_level": "sequence", "loss_type": "grpo", "num_iterations": 2, "beta": 0.1},
+    "gspo_dapo_beta0": {"importance_sampling_level": "sequence", "num_iterations": 2},
+    "delta": {"delta": 1.05, "num_iterations": 2, "epsilon": 0.02, "beta": 0.1},
+    "top_entropy": {"top_entropy_quantile": 0.2, "loss_type": "bnpo", "beta": 0.1},
+    "cispo": {"loss_type": "cispo", "num_iterations": 2, "epsilon_high": 1.2, "beta": 0.1},
+    "sapo": {"loss_type": "sapo", "num_iterations": 2, "sapo_temperature_neg": 1.5},
+    "luspo": {"loss_type": "luspo", "importance_sampling_level": "sequence", "num_iterations": 2},
+    "vespo": {"loss_type": "vespo", "num_iterations": 2, "vespo_k_neg": 2.5, "beta": 0.1},
+    # A reward model (a sequence classifier folder, TRL's AutoModelForSequenceClassification) beside the functions.
+    "reward_model_mixed": {"reward_model": True, "beta": 0.1, "reward_weights": [1.0, 0.5, 2.0]},
+    "normalize_then_sum": {"multi_objective_aggregation": "normalize_then_sum", "reward_weights": [1.0, 0.5]},
+    "generation_kwargs": {"generation_kwargs": {"top_k": 12, "typical_p": 0.9}, "beta": 0.1},
+    # TRL's rollout_func: deterministic completions with an environment's reply in the middle (env_mask 0).
+    "rollout_func": {"rollout_func": True, "beta": 0.1, "num_iterations": 2},
     "scale_batch_weights": {"scale_rewards": "batch", "reward_weights": [1.0, 0.5], "top_k": 20, "temperature": 0.9},
+}
+
+# Run on 2 processes (bench/grpo_goldens.py --processes 2, tests/llm/test_grpo_multiprocess.py): each process
+# holds per_device_train_batch_size rows of every step, so a generation batch is twice one process's.
+MULTIPROCESS_CASES = {
+    "dapo_beta0": {"per_device_train_batch_size": 4},
+    "dapo_beta": {"per_device_train_batch_size": 4, "beta": 0.1},
+    "lora_beta": {
+        "per_device_train_batch_size": 4,
+        "beta": 0.1,
+        "lora": {"r": 4, "lora_alpha": 8, "target_modules": ["q_proj", "v_proj"]},
+    },
+    # 3 rows per process and step, 2 steps a generation: 12 rows = 3 prompts x 4, so the second prompt's group
+    # spans the two processes and its advantages need the other process's rewards.
+    "grpo_spanning_groups": {
+        "loss_type": "grpo",
+        "beta": 0.1,
+        "per_device_train_batch_size": 3,
+        "gradient_accumulation_steps": 2,
+        "num_iterations": 2,
+        "max_steps": 4,
+    },
+    # Also what `lathe train` (stage grpo, NPROC_PER_NODE=2) is compared against: the ChatML template renders the
+    # conversations as the tokenizer's chat template does.
+    "conversational": {"per_device_train_batch_size": 4, "conversational": True, "beta": 0.1},
+    "lora_beta0_batch": {
+        "per_device_train_batch_size": 4,
+        "scale_rewards": "batch",
+        "lora": {"r": 4, "lora_alpha": 8, "target_modules": ["q_proj", "v_proj"]},
+    },
 }
 
 
@@ -104,6 +148,62 @@ def build_model(folder, seed: int = 0) -> None:
         model.model.embed_tokens.weight[:, 0] = 1.0
         model.lm_head.weight[2, 0] = 5.0
     model.save_pretrained(str(folder))
+    build_reward_model(folder / "reward_model", config)
+
+
+def build_reward_model(folder, config) -> None:
+    """A tiny sequence classifier (one score) with seeded weights and the model's tokenizer: the reward model of
+    the case reward_model_mixed, at <model folder>/reward_model."""
+    import torch
+    from transformers import LlamaForSequenceClassification
+
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    for item in TOKENIZER.iterdir():
+        shutil.copy(item, folder / item.name)
+    config = config.__class__(**{**config.to_dict(), "num_labels": 1, "pad_token_id": 2})
+    model = LlamaForSequenceClassification(config)
+    generator = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for name, parameter in sorted(model.named_parameters()):
+            if not name.endswith("norm.weight"):
+                parameter.copy_(torch.randn(parameter.shape, generator=generator) * 0.3)
+    model.save_pretrained(str(folder))
+
+
+def rollout(prompts, trainer):
+    """A rollout_func (TRL's signature): the model's turn (2-5 tokens drawn from the prompt's, varying within a
+    group), an environment's reply (2 tokens, env_mask 0), the model's last token and the end-of-sequence id;
+    a `turns` column for the reward functions."""
+    tokenizer = trainer.processing_class
+    prompt_ids = tokenizer(text=prompts)["input_ids"]
+    completion_ids, env_mask = [], []
+    for index, ids in enumerate(prompt_ids):
+        own = [(token * 7 + index * 13) % 400 + 40 for token in ids * 3][: 2 + index % 4]
+        completion_ids.append([*own, 17, 23, own[0], 2])
+        env_mask.append([1] * len(own) + [0, 0, 1, 1])
+    logprobs = [[0.0] * len(ids) for ids in completion_ids]
+    turns = [2] * len(prompts)
+    return {
+        "prompt_ids": prompt_ids,
+        "completion_ids": completion_ids,
+        "logprobs": logprobs,
+        "env_mask": env_mask,
+        "turns": turns,
+    }
+
+
+def rollout_of(settings: dict):
+    """The case's rollout_func (the key `rollout_func` is taken out of `settings`), or None."""
+    return rollout if settings.pop("rollout_func", False) else None
+
+
+def reward_funcs(functions, model_dir, settings: dict) -> list:
+    """The case's reward functions: `functions`, then the reward model's folder when the case asks for one
+    (the key `reward_model` is taken out of `settings`)."""
+    if settings.pop("reward_model", False):
+        return [*functions, str(Path(model_dir) / "reward_model")]
+    return list(functions)
 
 
 def dataset(conversational: bool = False):

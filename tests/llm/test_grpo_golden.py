@@ -32,14 +32,18 @@ def model_dir(tmp_path_factory):
     return str(folder)
 
 
-def run_lathe_case(name: str, model_dir: str, output_dir: str) -> dict:
+def run_lathe_case(name: str, model_dir: str, output_dir: str, table: dict | None = None, **overrides) -> dict:
+    """Case `name` of `table` (grpo_cases.CASES by default) trained by lathe; `overrides` win over the case."""
     from peft import LoraConfig
 
     from lathe.llm.rl import GRPOConfig, GRPOTrainer
 
-    settings = {**grpo_cases.BASE, **grpo_cases.CASES[name]}
+    settings = {**grpo_cases.BASE, **(table if table is not None else grpo_cases.CASES)[name], **overrides}
+    resume = settings.pop("resume_from_checkpoint", None)
     lora = settings.pop("lora", None)
     conversational = settings.pop("conversational", False)
+    models = grpo_cases.reward_funcs([], model_dir, settings)  # the reward model's folder, if any
+    rollout_func = grpo_cases.rollout_of(settings)
     generations, rewards = [], {}
     functions = []
     for function in grpo_cases.REWARDS:
@@ -63,13 +67,14 @@ def run_lathe_case(name: str, model_dir: str, output_dir: str) -> dict:
     args = GRPOConfig(output_dir=output_dir, **settings)
     trainer = Recording(
         model=model_dir,
-        reward_funcs=functions,
+        reward_funcs=[*functions, *models],
         args=args,
         train_dataset=grpo_cases.dataset(conversational),
         processing_class=grpo_cases.tokenizer(conversational),
         peft_config=LoraConfig(**lora) if lora else None,
+        rollout_func=rollout_func,
     )
-    trainer.train()
+    trainer.train(resume_from_checkpoint=resume)
     for index, generation in enumerate(generations):
         generation["rewards"] = {key: values[index] for key, values in rewards.items()}
     return grpo_cases.record(trainer, generations)

@@ -48,6 +48,26 @@ def test_form_gives_the_yaml_lathe_train_reads(client, root):
     assert "models/tiny" in client.get("/api/models").json()["models"]
 
 
+def test_the_form_offers_grpo_with_its_keys(client):
+    from lathe.llm.config.train import parse_train_config
+
+    meta = client.get("/api/strings").json()
+    assert "grpo" in meta["stages"] and "reward_funcs" in meta["stage_keys"]["grpo"]
+    assert meta["defaults"]["num_generations"] == 8 and meta["defaults"]["loss_type"] == "dapo"
+    form = train_form(stage="grpo", reward_funcs="rewards:exact", num_generations="4", beta="0.04", loss_type="grpo")
+    form["values"]["cutoff_len"] = ""  # stage grpo reads max_prompt_length / max_completion_length instead
+    values = yaml.safe_load(client.post("/api/config", json=form).json()["yaml"])
+    assert (values["stage"], values["reward_funcs"], values["num_generations"], values["beta"]) == (
+        "grpo",
+        "rewards:exact",
+        4,
+        0.04,
+    )
+    config = parse_train_config(values)
+    assert config.finetuning.stage == "grpo" and config.finetuning.reward_funcs == ["rewards:exact"]
+    assert config.finetuning.loss_type == "grpo" and config.finetuning.num_generations == 4
+
+
 def test_bad_form_values_are_one_clear_error(client):
     reply = client.post("/api/config", json={**train_form(), "method": "magic"})
     assert reply.status_code == 400 and "method" in reply.json()["error"]
@@ -113,13 +133,19 @@ def test_runs_from_the_command_line_are_listed(client, root):
         {"current_steps": s, "total_steps": 4, "loss": 2.0 - s / 10, "lr": 1e-3, "percentage": s * 25} for s in (1, 2)
     ]
     open(os.path.join(run, "trainer_log.jsonl"), "w").write("".join(json.dumps(line) + "\n" for line in lines))
-    state = {"log_history": [{"step": 1, "loss": 1.9, "grad_norm": 0.5}, {"step": 2, "loss": 1.8, "grad_norm": 0.25}]}
+    state = {
+        "log_history": [
+            {"step": 1, "loss": 1.9, "grad_norm": 0.5, "reward": 0.1},
+            {"step": 2, "loss": 1.8, "grad_norm": 0.25, "reward": 0.7},
+        ]
+    }
     open(os.path.join(run, "checkpoint-2", "trainer_state.json"), "w").write(json.dumps(state))
     listed = {item["run"]: item for item in client.get("/api/runs").json()["runs"]}
     assert listed["cli_runs/a"]["status"] == "incomplete" and listed["cli_runs/a"]["step"] == 2
     assert listed["cli_runs/a"]["checkpoints"] == ["checkpoint-2"]
     detail = client.get("/api/run", params={"run": "cli_runs/a"}).json()
     assert [point["grad_norm"] for point in detail["points"]] == [0.5, 0.25]
+    assert [point["reward"] for point in detail["points"]] == [0.1, 0.7]  # GRPO's reward curve
     open(os.path.join(run, "all_results.json"), "w").write("{}")
     assert client.get("/api/run", params={"run": "cli_runs/a"}).json()["status"] == "finished"
 

@@ -16,7 +16,7 @@ from lathe.llm.config.values import split_commas
 
 __all__ = ["GRPOArguments", "check_grpo_options", "grpo_config"]
 
-LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo")
+LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo", "luspo", "vespo")
 SCALE_REWARDS = ("group", "batch", "none")
 SHARED_WITH_GENERATING = ("temperature", "top_p", "top_k", "repetition_penalty")
 # LLaMA-Factory generating keys (with their defaults) that GRPO's sampling does not read.
@@ -45,6 +45,13 @@ class GRPOArguments:
             "then the working directory, then sys.path) or a reward-model folder (e.g. from stage rm)."
         ),
     )
+    rollout_func: str | None = field(
+        default=None,
+        metadata=_help(
+            "grpo: 'module:function' (TRL's rollout_func(prompts, trainer) -> prompt_ids, completion_ids, logprobs, "
+            "[env_mask], columns for the rewards) instead of sampling; imported as reward functions are."
+        ),
+    )
     reward_weights: str | list[float] | None = field(
         default=None, metadata=_help("grpo: one weight per reward function (default: all 1.0).")
     )
@@ -69,10 +76,39 @@ class GRPOArguments:
     epsilon_high: float | None = field(
         default=None, metadata=_help("grpo: upper clipping bound (1 + epsilon_high; default epsilon).")
     )
+    delta: float | None = field(
+        default=None, metadata=_help("grpo: two-sided clipping, the unclipped ratio capped at delta (INTELLECT-2).")
+    )
+    importance_sampling_level: str = field(
+        default="token",
+        metadata=_help("grpo: the ratio per token, or per sequence (GSPO: its tokens' mean log-ratio)."),
+    )
+    top_entropy_quantile: float = field(
+        default=1.0, metadata=_help("grpo: only the top this share of completion tokens by entropy add policy loss.")
+    )
+    sapo_temperature_neg: float = field(default=1.05, metadata=_help("grpo, sapo: the gate's temperature, A <= 0."))
+    sapo_temperature_pos: float = field(default=1.0, metadata=_help("grpo, sapo: the gate's temperature, A > 0."))
+    vespo_k_pos: float = field(default=2.0, metadata=_help("grpo, vespo: the gamma weight's k, A >= 0."))
+    vespo_lambda_pos: float = field(default=3.0, metadata=_help("grpo, vespo: the gamma weight's lambda, A >= 0."))
+    vespo_k_neg: float = field(default=3.0, metadata=_help("grpo, vespo: the gamma weight's k, A < 0."))
+    vespo_lambda_neg: float = field(default=2.0, metadata=_help("grpo, vespo: the gamma weight's lambda, A < 0."))
+    use_bias_correction_kl: bool = field(
+        default=True, metadata=_help("grpo: weight the per-token KL by the importance ratio.")
+    )
+    min_p: float | None = field(default=None, metadata=_help("grpo: min-p sampling (None: off)."))
+    generation_kwargs: dict | None = field(
+        default=None, metadata=_help("grpo: more GenerationConfig settings for sampling; they win over the others.")
+    )
     num_iterations: int = field(default=1, metadata=_help("grpo: updates per generation batch (mu)."))
-    loss_type: str = field(default="dapo", metadata=_help("grpo: grpo, bnpo, dr_grpo or dapo (TRL's)."))
+    loss_type: str = field(
+        default="dapo", metadata=_help("grpo: grpo, bnpo, dr_grpo, dapo, cispo, sapo, luspo or vespo (TRL's).")
+    )
     scale_rewards: str = field(
         default="group", metadata=_help("grpo: divide advantages by the group's std, the batch's, or none.")
+    )
+    multi_objective_aggregation: str = field(
+        default="sum_then_normalize",
+        metadata=_help("grpo: weighted sum then group normalisation, or each reward normalised then summed (GDPO)."),
     )
     mask_truncated_completions: bool = field(
         default=False, metadata=_help("grpo: completions cut at max_completion_length add no loss.")
@@ -104,7 +140,12 @@ class GRPOArguments:
 
     def _check_grpo_values(self) -> None:
         self.scale_rewards = {True: "group", False: "none"}.get(self.scale_rewards, self.scale_rewards)
-        for key, choices in (("loss_type", LOSS_TYPES), ("scale_rewards", SCALE_REWARDS)):
+        for key, choices in (
+            ("loss_type", LOSS_TYPES),
+            ("scale_rewards", SCALE_REWARDS),
+            ("importance_sampling_level", ("token", "sequence")),
+            ("multi_objective_aggregation", ("sum_then_normalize", "normalize_then_sum")),
+        ):
             if getattr(self, key) not in choices:
                 raise ValueError(f"{key} must be one of {', '.join(choices)}; got {getattr(self, key)!r}.")
         for key, low in (("num_generations", 2), ("max_completion_length", 1), ("num_iterations", 1)):
@@ -156,7 +197,13 @@ def grpo_config(training, finetuning):
     values = {
         f.name: getattr(training, f.name) for f in fields(TrainingArguments) if f.init and hasattr(training, f.name)
     }
-    values.update({f.name: getattr(finetuning, f.name) for f in fields(GRPOArguments) if f.name != "reward_funcs"})
+    values.update(
+        {
+            f.name: getattr(finetuning, f.name)
+            for f in fields(GRPOArguments)
+            if f.name not in ("reward_funcs", "rollout_func")  # the trainer's arguments, as in TRL
+        }
+    )
     values.pop("overwrite_output_dir", None)  # read by the recipe (resume or not), not by transformers 5's arguments
     # GRPO's loss is its own (log-probs of sampled tokens), not the causal-LM loss the chunked path serves.
     values.update(remove_unused_columns=False, chunked_cross_entropy="no")

@@ -12,7 +12,14 @@ import warnings
 from pathlib import Path
 from typing import Any, Literal, Union
 
-from lathe.llm.config.keys import ANY_VALUE, REFUSED_KEYS, UNSUPPORTED_KEYS, applies_nothing, refusal_reason
+from lathe.llm.config.keys import (
+    ANY_VALUE,
+    REFUSED_KEYS,
+    TRL_GRPO_NOT_IMPLEMENTED,
+    UNSUPPORTED_KEYS,
+    applies_nothing,
+    refusal_reason,
+)
 from lathe.llm.strict_files import DuplicateKeyError, did_you_mean, load_json, load_yaml
 
 logger = logging.getLogger(__name__)
@@ -182,6 +189,15 @@ def check_keys(
                 )
         elif key in known:
             continue
+        elif key in TRL_GRPO_NOT_IMPLEMENTED:
+            default = TRL_GRPO_NOT_IMPLEMENTED[key]
+            if raw[key] == default or (isinstance(raw[key], str) and raw[key] == str(default)):
+                del raw[key]
+            else:
+                errors.append(
+                    f"{key}{origin(key)} is a TRL GRPOConfig key that lathe's stage grpo does not implement yet "
+                    f"(got {raw[key]!r}; TRL's default {default!r} is accepted)."
+                )
         elif key in hints:
             errors.append(f"{key}{origin(key)} {hints[key]}")
         else:

@@ -6,8 +6,10 @@ from dataclasses import dataclass, field
 
 from lathe.train.args.training_args import TrainingArguments
 
-LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo")
+LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo", "luspo", "vespo")
 SCALE_REWARDS = ("group", "batch", "none")
+IMPORTANCE_SAMPLING_LEVELS = ("token", "sequence")
+AGGREGATIONS = ("sum_then_normalize", "normalize_then_sum")
 
 
 @dataclass
@@ -40,8 +42,18 @@ class GRPOConfig(TrainingArguments):
     num_iterations: int = 1
     epsilon: float = 0.2
     epsilon_high: float | None = None
+    delta: float | None = None
+    importance_sampling_level: str = "token"
+    top_entropy_quantile: float = 1.0
+    sapo_temperature_neg: float = 1.05
+    sapo_temperature_pos: float = 1.0
+    vespo_k_pos: float = 2.0
+    vespo_lambda_pos: float = 3.0
+    vespo_k_neg: float = 3.0
+    vespo_lambda_neg: float = 2.0
     reward_weights: list[float] | None = None
     scale_rewards: str = "group"
+    multi_objective_aggregation: str = "sum_then_normalize"
     loss_type: str = "dapo"
     mask_truncated_completions: bool = False
     use_bias_correction_kl: bool = True
@@ -58,6 +70,18 @@ class GRPOConfig(TrainingArguments):
             raise ValueError(f"scale_rewards must be one of {', '.join(SCALE_REWARDS)}; got {self.scale_rewards!r}.")
         if self.loss_type not in LOSS_TYPES:
             raise ValueError(f"loss_type must be one of {', '.join(LOSS_TYPES)}; got {self.loss_type!r}.")
+        if self.multi_objective_aggregation not in AGGREGATIONS:
+            raise ValueError(
+                f"multi_objective_aggregation must be one of {', '.join(AGGREGATIONS)}; got "
+                f"{self.multi_objective_aggregation!r}."
+            )
+        if self.importance_sampling_level not in IMPORTANCE_SAMPLING_LEVELS:
+            raise ValueError(
+                f"importance_sampling_level must be one of {', '.join(IMPORTANCE_SAMPLING_LEVELS)}; got "
+                f"{self.importance_sampling_level!r}."
+            )
+        if not 0.0 <= self.top_entropy_quantile <= 1.0:
+            raise ValueError(f"top_entropy_quantile must be in [0, 1]; got {self.top_entropy_quantile}.")
         if self.auto_find_batch_size:
             raise ValueError(
                 "auto_find_batch_size is not supported by GRPO: a smaller batch would split the groups of "

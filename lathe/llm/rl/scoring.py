@@ -1,12 +1,14 @@
 """One generation batch of GRPO: sample the completions, decode them, compute the old and reference
 log-probs where needed, call the reward functions, and turn the rewards into advantages, logging TRL's
-completions/*, rewards/*, reward, reward_std and frac_reward_zero_std."""
+completions/*, rewards/*, reward, reward_std and frac_reward_zero_std. Under N processes each samples and scores its
+rows; the rewards and the logged numbers are gathered (lathe.llm.rl.ranks), the advantages computed over the
+whole generation batch and each process keeps its slice, as TRL does."""
 
 from __future__ import annotations
 
 import torch
 
-from lathe.llm.rl import generation, losses, rewards
+from lathe.llm.rl import generation, losses, ranks, rewards
 
 
 def generate_and_score(trainer, rows, mode: str) -> dict:
@@ -16,28 +18,17 @@ def generate_and_score(trainer, rows, mode: str) -> dict:
     if "prompt" not in inputs[0]:
         raise ValueError(f"GRPO: dataset row {row_ids[0]} has no 'prompt' column (columns: {', '.join(inputs[0])}).")
     prompts = [row["prompt"] for row in inputs]
-    if "prompt_ids" in inputs[0]:  # rendered beforehand (`lathe train`: the template's generation prompt)
-        keep = args.max_prompt_length
-        prompt_ids_list = [list(row["prompt_ids"])[-keep if keep else 0 :] for row in inputs]
+    env_masks = None
+    if trainer.rollout_func is not None:  # the user's rollouts replace tokenizing and sampling (TRL's rollout_func)
+        prompt_ids_list, completion_ids_list, env_masks = _rollouts(trainer, prompts, inputs)
     else:
-        prompt_ids_list = generation.tokenize_prompts(
-            tokenizer, prompts, args.chat_template_kwargs, args.max_prompt_length
-        )
-    completion_ids_list = generation.sample(
-        trainer.model,
-        prompt_ids_list,
-        trainer.generation_config,
-        tokenizer.pad_token_id,
-        trainer.eos_token_ids,
-        device,
-        args.gradient_checkpointing_kwargs,
-    )
+        prompt_ids_list, completion_ids_list = _sample(trainer, inputs, prompts)
     texts = tokenizer.batch_decode(completion_ids_list, skip_special_tokens=True)
     conversational = generation.is_conversation(prompts[0])
     completions = [[{"role": "assistant", "content": text}] for text in texts] if conversational else texts
 
     metrics = trainer._metrics[mode]
-    truncated = _log_lengths(trainer, metrics, prompt_ids_list, completion_ids_list, mode)
+    truncated = _log_lengths(trainer, metrics, prompt_ids_list, completion_ids_list, mode, env_masks)
 
     prompt_rows = [torch.tensor(ids) for ids in prompt_ids_list]
     prompt_ids = generation.pad(prompt_rows, tokenizer.pad_token_id, "left").to(device)
@@ -45,9 +36,15 @@ def generate_and_score(trainer, rows, mode: str) -> dict:
     completion_rows = [torch.tensor(ids) for ids in completion_ids_list]
     completion_ids = generation.pad(completion_rows, tokenizer.pad_token_id, "right").to(device)
     completion_mask = generation.pad([torch.ones_like(r) for r in completion_rows], 0, "right").to(device)
+    env_mask = None
+    if env_masks is not None:  # 0 on tokens the environment wrote: no loss there
+        env_mask = generation.pad([torch.tensor(m, dtype=torch.long) for m in env_masks], 1, "right").to(device)
     if args.mask_truncated_completions:
         completion_mask = completion_mask * (~truncated).unsqueeze(1).int().to(device)
-    num_items = completion_mask.sum()
+        if env_mask is not None:
+            env_mask = env_mask * (~truncated).unsqueeze(1).int().to(device)
+    loss_mask = completion_mask if env_mask is None else completion_mask * env_mask
+    num_items = ranks.gather(loss_mask.sum()).sum()  # the whole generation batch's trained tokens
 
     input_ids = torch.cat([prompt_ids, completion_ids], dim=1)
     attention_mask = torch.cat([prompt_mask, completion_mask], dim=1)
@@ -66,13 +63,21 @@ def generate_and_score(trainer, rows, mode: str) -> dict:
         row_ids,
         (prompt_ids_list, tokenizer.pad_token_id),
     )
+    # Gathered: the groups of num_generations may span processes; each process keeps its rows' advantages.
+    rewards_per_func = ranks.gather(rewards_per_func)
     advantages, _, is_std_zero = losses.advantages_of(
-        rewards_per_func, trainer.reward_weights, args.num_generations, args.scale_rewards
+        rewards_per_func,
+        trainer.reward_weights,
+        args.num_generations,
+        args.scale_rewards,
+        args.multi_objective_aggregation,
     )
+    local = ranks.local_slice(args.process_index, len(prompts))
     _log_rewards(trainer, metrics, rewards_per_func, is_std_zero)
+    advantages = advantages[local]
     trainer._last_generation = {
         "completion_ids": completion_ids_list,
-        "rewards": rewards_per_func.tolist(),
+        "rewards": rewards_per_func[local].tolist(),
         "advantages": advantages.tolist(),
         "row_ids": row_ids,
     }
@@ -85,6 +90,8 @@ def generate_and_score(trainer, rows, mode: str) -> dict:
         "advantages": advantages.to(device),
         "num_items_in_batch": num_items,
     }
+    if env_mask is not None:
+        output["tool_mask"] = env_mask
     if old_logps is not None:
         output["old_per_token_logps"] = old_logps
     if ref_logps is not None:
@@ -92,11 +99,67 @@ def generate_and_score(trainer, rows, mode: str) -> dict:
     return output
 
 
-def _log_lengths(trainer, metrics, prompt_ids_list, completion_ids_list, mode: str) -> torch.Tensor:
-    """TRL's num_tokens and completions/* lengths; returns which completions were cut at the length limit."""
+def _sample(trainer, inputs, prompts):
+    """Prompt token ids (rendered beforehand, or by the tokenizer) and the completions sampled by `generate`."""
+    args, tokenizer = trainer.args, trainer._tokenizer
+    if "prompt_ids" in inputs[0]:  # rendered beforehand (`lathe train`: the template's generation prompt)
+        keep = args.max_prompt_length
+        prompt_ids_list = [list(row["prompt_ids"])[-keep if keep else 0 :] for row in inputs]
+    else:
+        prompt_ids_list = generation.tokenize_prompts(
+            tokenizer, prompts, args.chat_template_kwargs, args.max_prompt_length
+        )
+    completion_ids_list = generation.sample(
+        trainer.model,
+        prompt_ids_list,
+        trainer.generation_config,
+        tokenizer.pad_token_id,
+        trainer.eos_token_ids,
+        args.device,
+        args.gradient_checkpointing_kwargs,
+    )
+    return prompt_ids_list, completion_ids_list
+
+
+REQUIRED_ROLLOUT_KEYS = ("prompt_ids", "completion_ids", "logprobs")
+
+
+def _rollouts(trainer, prompts, inputs):
+    """TRL's rollout_func(prompts, trainer) -> {prompt_ids, completion_ids, logprobs, [env_mask], ...}: its token
+    ids are trained on as they are; `env_mask` (1: the model's token, 0: the environment's) keeps the
+    environment's tokens out of the loss; its other keys reach the reward functions as columns (a list: one value
+    per completion)."""
+    import copy
+
+    output = trainer.rollout_func(copy.deepcopy(prompts), trainer)
+    if not isinstance(output, dict):
+        raise ValueError(
+            f"rollout_func must return a dict with keys {list(REQUIRED_ROLLOUT_KEYS)}; got {type(output)}."
+        )
+    missing = sorted(set(REQUIRED_ROLLOUT_KEYS) - output.keys())
+    if missing:
+        raise ValueError(f"rollout_func must return keys {missing} in its output dict.")
+    extra = {k: v for k, v in output.items() if k not in REQUIRED_ROLLOUT_KEYS}
+    env_masks = extra.pop("env_mask", None)
+    for index, row in enumerate(inputs):
+        for key, values in extra.items():
+            if isinstance(values, list) and index < len(values):
+                row[key] = values[index]
+            elif not isinstance(values, list):
+                row[key] = values
+    prompt_ids = [list(ids) for ids in output["prompt_ids"]]
+    completion_ids = [list(ids) for ids in output["completion_ids"]]
+    return prompt_ids, completion_ids, None if env_masks is None else [list(m) for m in env_masks]
+
+
+def _log_lengths(trainer, metrics, prompt_ids_list, completion_ids_list, mode: str, env_masks=None) -> torch.Tensor:
+    """TRL's num_tokens and completions/* lengths (of every process's completions); returns which of this
+    process's completions were cut at the length limit."""
     tokenizer = trainer._tokenizer
-    prompt_lengths = torch.tensor([len(ids) for ids in prompt_ids_list])
-    lengths = torch.tensor([len(ids) for ids in completion_ids_list]).float()
+    prompt_lengths = ranks.gather(torch.tensor([len(ids) for ids in prompt_ids_list]))
+    # With an environment's tokens in the completions, only the model's count (env_mask 1).
+    own = [len(ids) for ids in completion_ids_list] if env_masks is None else [sum(m) for m in env_masks]
+    lengths = ranks.gather(torch.tensor(own)).float()
     if mode == "train":
         trainer.state.num_input_tokens_seen += int(prompt_lengths.sum() + lengths.sum())
     metrics["num_tokens"] = [trainer.state.num_input_tokens_seen]
@@ -105,8 +168,9 @@ def _log_lengths(trainer, metrics, prompt_ids_list, completion_ids_list, mode: s
     metrics["completions/max_length"].append(lengths.max().item())
     ends = [*trainer.eos_token_ids, tokenizer.pad_token_id]
     truncated = torch.tensor([ids[-1] not in ends for ids in completion_ids_list])
-    metrics["completions/clipped_ratio"].append(truncated.float().mean().item())
-    terminated = lengths[~truncated] if (~truncated).any() else torch.zeros(1)
+    everywhere = ranks.gather(truncated)
+    metrics["completions/clipped_ratio"].append(everywhere.float().mean().item())
+    terminated = lengths[~everywhere] if (~everywhere).any() else torch.zeros(1)
     metrics["completions/mean_terminated_length"].append(terminated.mean().item())
     metrics["completions/min_terminated_length"].append(terminated.min().item())
     metrics["completions/max_terminated_length"].append(terminated.max().item())

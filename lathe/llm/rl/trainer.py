@@ -17,6 +17,7 @@ from torch.utils.data import DataLoader, Dataset
 from lathe.llm.rl import generation, losses, rewards
 from lathe.llm.rl.config import GRPOConfig
 from lathe.llm.rl.sampler import RepeatedPromptSampler
+from lathe.train.data.sampling import ResumableBatchSampler
 from lathe.train.trainer import Trainer
 
 
@@ -59,9 +60,26 @@ def _prepare_policy(model, processing_class, args):
     return model, tokenizer
 
 
+def _check_parallelism(args) -> None:
+    """GRPO runs on N processes under DDP (torchrun); DeepSpeed and FSDP are not wired into its sampling yet."""
+    if args.deepspeed:
+        raise ValueError(
+            "GRPO under DeepSpeed (deepspeed: ...) is not supported yet: sampling from ZeRO-partitioned weights "
+            "(TRL's ds3_gather_for_generation) and the partitioned reference model are missing. Run it on N "
+            "processes with plain DDP (torchrun / NPROC_PER_NODE=N without a deepspeed key)."
+        )
+    from lathe.train.parallel.fsdp import settings_from_args
+
+    if settings_from_args(args) is not None:
+        raise ValueError(
+            "GRPO under FSDP (fsdp / fsdp_config) is not supported yet: sampling from sharded weights (gathering "
+            "them for generate) is missing. Run it on N processes with plain DDP (torchrun / NPROC_PER_NODE=N)."
+        )
+
+
 class GRPOTrainer(Trainer):
     """GRPOTrainer(model, reward_funcs, args=GRPOConfig(...), train_dataset=..., processing_class=...,
-    peft_config=None). `model`: a model or a folder; `reward_funcs`: callables, `module:function` names or
+    peft_config=None, rollout_func=None). `model`: a model or a folder; `reward_funcs`: callables, `module:function` names or
     reward-model folders (one or a list); the dataset has a `prompt` column (text or a conversation)."""
 
     loss_is_scaled_for_ga = True  # each loss_type divides for accumulation itself
@@ -79,15 +97,12 @@ class GRPOTrainer(Trainer):
         optimizers=(None, None),
         peft_config=None,
         reward_search_dirs=(),
+        rollout_func=None,
     ):
         from lathe.train.seed import set_seed
 
         args = args if args is not None else GRPOConfig(output_dir="grpo_output")
-        if args.world_size > 1:
-            raise ValueError(
-                f"GRPO runs on one process for now ({args.world_size} here): the generation batch is not split "
-                "across processes nor the rewards gathered for the group advantages. Train on one process."
-            )
+        _check_parallelism(args)
         set_seed(args.seed)  # before the model: a LoRA adapter's initial weights are drawn from it
         model, tokenizer = _prepare_policy(model, processing_class, args)
         processing_class = processing_class if processing_class is not None else tokenizer
@@ -119,6 +134,9 @@ class GRPOTrainer(Trainer):
             if isinstance(function, torch.nn.Module):
                 function.to(self.args.device)
         self._tokenizer = tokenizer
+        self.rollout_func = rollout_func
+        if isinstance(rollout_func, str):  # `module:function`, as reward functions are named
+            self.rollout_func = rewards.resolve_reward_function(rollout_func, reward_search_dirs)
         self.eos_token_ids = generation.eos_ids_of(model, tokenizer)
         self.generation_config = generation.generation_config(args, tokenizer, self.eos_token_ids)
         self._step = 0
@@ -182,6 +200,9 @@ class GRPOTrainer(Trainer):
         if self.train_dataset is None:
             raise ValueError("GRPOTrainer.train() needs a train_dataset with a 'prompt' column.")
         args = self.args
+        # The whole generation batch's prompts, in TRL's order; under N processes process r takes the r-th of
+        # each N consecutive batches of per_device_train_batch_size x steps_per_generation rows (accelerate's
+        # BatchSamplerShard), so a group of num_generations completions may span processes.
         sampler = RepeatedPromptSampler(
             len(self.train_dataset),
             args.num_generations,
@@ -190,12 +211,17 @@ class GRPOTrainer(Trainer):
             args.shuffle_dataset,
             args.seed,
         )
+        batches = ResumableBatchSampler(
+            sampler,
+            self._train_batch_size * args.steps_per_generation,
+            args.dataloader_drop_last,
+            num_shards=args.world_size,
+            shard_index=args.process_index,
+        )
         return DataLoader(
             _IndexedRows(self.train_dataset),
-            batch_size=self._train_batch_size * args.steps_per_generation,
-            sampler=sampler,
+            batch_sampler=batches,
             collate_fn=_identity,
-            drop_last=args.dataloader_drop_last,
             num_workers=args.dataloader_num_workers,
         )
 
@@ -248,11 +274,16 @@ class GRPOTrainer(Trainer):
         input_ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], dim=1)
         attention_mask = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], dim=1)
         keep, mask = inputs["completion_ids"].size(1), inputs["completion_mask"]
+        if "tool_mask" in inputs:  # the environment's tokens (rollout_func's env_mask) add no loss
+            mask = mask * inputs["tool_mask"]
         logps, entropies = generation.per_token_logps(model, input_ids, attention_mask, keep, args.temperature, True)
         old = inputs.get("old_per_token_logps")
         old = logps.detach() if old is None else old
-        per_token, kl, ratio = losses.per_token_objective(
-            logps, old, inputs.get("ref_per_token_logps"), inputs["advantages"], args
+        entropy_mask = None
+        if args.top_entropy_quantile < 1.0:
+            entropy_mask = losses.high_entropy_mask(entropies, mask, args.top_entropy_quantile)
+        per_token, kl, ratio, extra = losses.per_token_objective(
+            logps, old, inputs.get("ref_per_token_logps"), inputs["advantages"], args, mask, entropy_mask
         )
         loss, _ = losses.aggregate(
             per_token,
@@ -266,7 +297,7 @@ class GRPOTrainer(Trainer):
         if kl is not None:
             metrics["kl"].append(losses.masked_mean(kl.detach(), mask))
         metrics["entropy"].append(losses.masked_mean(entropies, mask))
-        for key, value in losses.clip_metrics(ratio.detach(), inputs["advantages"], mask, args).items():
+        for key, value in losses.clip_metrics(ratio.detach(), inputs["advantages"], mask, args, extra).items():
             metrics[key].append(value)
         return loss
 

@@ -9,7 +9,11 @@ import re
 
 from lathe.llm.webui.paths import PathError, check_config_paths, checked_model, inside
 
-STAGES = ("sft", "pt", "rm", "dpo", "kto")
+STAGES = ("sft", "pt", "rm", "dpo", "kto", "grpo")
+# The keys each stage adds to the form (besides the method's): GRPO's reward functions, sampling and objective.
+STAGE_KEYS = {
+    "grpo": ["reward_funcs", "num_generations", "max_completion_length", "beta", "loss_type", "temperature"],
+}
 # finetuning_type and quantization per method; the keys each method shows in the form.
 METHODS = {
     "full": ({"finetuning_type": "full"}, []),
@@ -45,6 +49,13 @@ DEFAULTS = {
     "oft_rank": 0,
     "oft_block_size": 32,
     "oft_target": "all",
+    # stage grpo: TRL 1.16's defaults (reward_funcs has none: `module:function` names or reward-model folders)
+    "reward_funcs": "",
+    "num_generations": 8,
+    "max_completion_length": 512,
+    "beta": 0.0,
+    "loss_type": "dapo",
+    "temperature": 1.0,
 }
 CONFIG_FOLDER = "configs"  # under the root: the YAML files the page saves and runs
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$")

@@ -32,7 +32,7 @@ def find_runs(root: str) -> list[str]:
 
 def read_points(output_dir: str) -> list[dict]:
     """The run's log events: trainer_log.jsonl's lines (loss, eval_loss, lr, throughput, times), with
-    grad_norm added from the newest trainer_state.json (the log line does not carry it); a run without a
+    grad_norm and GRPO's reward added from the newest trainer_state.json (the log line does not carry them); a run without a
     trainer_log.jsonl (not lathe's) gives its trainer_state.json's log_history instead."""
     path = os.path.join(output_dir, TRAINER_LOG)
     state_history = _state_history(output_dir)
@@ -46,10 +46,11 @@ def read_points(output_dir: str) -> list[dict]:
             points.append(json.loads(line))
         except json.JSONDecodeError:
             continue  # a line being written right now
-    norms = {entry.get("step"): entry["grad_norm"] for entry in state_history if "grad_norm" in entry}
-    for point in points:
-        if point.get("current_steps") in norms and point.get("loss") is not None:
-            point["grad_norm"] = norms[point["current_steps"]]
+    for key in ("grad_norm", "reward"):  # GRPO logs its mean reward per step in the state, not the log line
+        values = {entry.get("step"): entry[key] for entry in state_history if key in entry}
+        for point in points:
+            if point.get("current_steps") in values and point.get("loss") is not None:
+                point[key] = values[point["current_steps"]]
     return points
 
 
@@ -76,6 +77,7 @@ def _from_history(entry: dict) -> dict:
         ("eval_loss", "eval_loss"),
         ("learning_rate", "lr"),
         ("grad_norm", "grad_norm"),
+        ("reward", "reward"),
     ):
         if key in entry:
             point[name] = entry[key]

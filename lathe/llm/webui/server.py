@@ -122,6 +122,7 @@ def _add_page_routes(app: FastAPI, root: str, chat_config: dict | None) -> None:
             "stages": forms.STAGES,
             "defaults": forms.DEFAULTS,
             "method_keys": {name: keys for name, (_, keys) in forms.METHODS.items()},
+            "stage_keys": forms.STAGE_KEYS,
             "chat": chat_config,
         }
 

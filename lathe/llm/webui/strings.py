@@ -39,6 +39,7 @@ ENGLISH = {
     "loss": "Loss",
     "lr": "Learning rate",
     "grad_norm": "Grad norm",
+    "reward": "Reward (GRPO, mean per step)",
     "eval_loss": "Eval loss",
     "tokens_per_second": "Tokens/s",
     "eta": "ETA",

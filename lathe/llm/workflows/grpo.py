@@ -38,9 +38,14 @@ def run(config, dry_run: bool = False, callbacks: list | None = None) -> dict:
     from lathe.llm.workflows.outputs import set_stop_tokens
     from lathe.train.seed import set_seed
 
+    from lathe.llm.ray_launch import use_ray
+
     model_args, training_args, finetuning_args = config.model, config.training, config.finetuning
-    if training_args.world_size > 1:  # before anything is loaded (GRPOTrainer says the same)
-        raise ValueError(f"stage grpo runs on one process for now; this job has {training_args.world_size}.")
+    if use_ray():  # before anything is loaded
+        raise ValueError(
+            "stage grpo under Ray (USE_RAY=1) is not supported yet (its ranks' sampling and gathered rewards are "
+            "tested under torchrun only): run it with NPROC_PER_NODE=N (torchrun) instead."
+        )
     resume_from = resolve_resume_checkpoint(config)
     tokenizer = load_tokenizer(config.model)
     template = get_template_and_fix_tokenizer(tokenizer, config.data)
@@ -65,6 +70,7 @@ def run(config, dry_run: bool = False, callbacks: list | None = None) -> dict:
         processing_class=tokenizer,
         callbacks=make_callbacks(config) + list(callbacks or []),
         reward_search_dirs=reward_search_dirs(config),
+        rollout_func=finetuning_args.rollout_func,
     )
     metrics = train_and_save(trainer, config, plan, resume_from, None, train_keys=PLOTTED)
     write_model_card(trainer, config)
@@ -89,8 +95,9 @@ def plan_grpo(plan, config, args, train, model) -> None:
     per_generation = args.generation_batch_size // args.num_generations
     # The sampler yields each generation batch num_iterations x steps_per_generation times and the loader
     # reads steps_per_generation micro-batches at once: one micro-step per per_device_train_batch_size rows.
+    processes = world_size(config)
     rows = (prompts // per_generation) * per_generation * args.num_generations * args.num_iterations
-    batches = rows // (args.per_device_train_batch_size * world_size(config))
+    batches = rows // (args.per_device_train_batch_size * processes)
     schedule = plan_training(args, batches, prompts, args.per_device_train_batch_size)
     plan.steps_per_epoch, plan.total_steps = schedule.updates_per_epoch, schedule.max_steps
     plan.epochs = plan.total_steps / plan.steps_per_epoch if plan.steps_per_epoch else 0.0
@@ -104,8 +111,14 @@ def plan_grpo(plan, config, args, train, model) -> None:
         reference_copy=args.beta != 0.0 and config.finetuning.finetuning_type not in ("lora", "oft"),
     )
     available = available_memory(config.training.device)
+    # Each of the N processes samples per_device_train_batch_size x steps_per_generation rows of the generation
+    # batch. A generation_batch_size set in the config is shared by the N processes the run will have (the plan
+    # may be made in one process: a dry run, or the launcher before torchrun starts the N).
+    steps_per_generation = args.steps_per_generation
+    if config.finetuning.generation_batch_size is not None:
+        steps_per_generation = max(1, args.generation_batch_size // (args.per_device_train_batch_size * processes))
     plan.memory = estimate_grpo_memory(
-        model, settings, available, args.steps_per_generation, prompt_len, args.max_completion_length
+        model, settings, available, steps_per_generation, prompt_len, args.max_completion_length
     )
     if plan.memory is not None and not plan.memory.fits:
         plan.memory_advice = advice(plan.memory, model, settings)

@@ -25,7 +25,7 @@ function escapeHtml(text) {
 function hyperFields() {
   const box = $("hyper");
   box.innerHTML = "";
-  const keys = HYPER.concat(META.method_keys[$("method").value] || []);
+  const keys = HYPER.concat(META.method_keys[$("method").value] || [], (META.stage_keys || {})[$("stage").value] || []);
   for (const key of keys) {
     const label = document.createElement("label");
     label.innerHTML = `<span>${key}</span><input id="h_${key}" data-key="${key}">`;
@@ -135,7 +135,7 @@ async function drawCharts() {
   for (const run of selected) { try { details.push(await api("/api/run?run=" + encodeURIComponent(run))); } catch (e) { selected.delete(run); } }
   const box = $("charts");
   box.innerHTML = "";
-  for (const [key, label] of [["loss", S.loss], ["eval_loss", S.eval_loss], ["lr", S.lr], ["grad_norm", S.grad_norm], ["throughput", S.tokens_per_second]]) {
+  for (const [key, label] of [["loss", S.loss], ["eval_loss", S.eval_loss], ["lr", S.lr], ["grad_norm", S.grad_norm], ["reward", S.reward], ["throughput", S.tokens_per_second]]) {
     const series = details.map((d) => d.points.filter((p) => p[key] != null).map((p) => [p.current_steps, p[key]]));
     if (!series.some((s) => s.length)) continue;
     const div = document.createElement("div");
@@ -235,6 +235,7 @@ async function init() {
   hyperFields();
   for (const tab of document.querySelectorAll(".tab")) tab.onclick = () => showTab(tab.dataset.tab);
   $("method").onchange = () => { hyperFields(); changed(); };
+  $("stage").onchange = () => { hyperFields(); changed(); };
   $("train").addEventListener("input", (e) => { if (e.target.id !== "method") changed(); });
   $("load_datasets").onclick = loadDatasets;
   $("suggest").onclick = suggestTemplate;

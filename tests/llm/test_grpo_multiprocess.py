@@ -1,0 +1,129 @@
+"""GRPO on 2 processes (torchrun, gloo, CPU) against TRL 1.16 launched on 2 processes (goldens from
+bench/grpo_goldens.py --processes 2): each process samples the same completion tokens and gets the same rewards
+and advantages as TRL's process of that rank (the generation batch split as accelerate splits it, a group of
+completions spanning the two processes, advantages over the gathered rewards), and every step logs TRL's
+gathered numbers, for full and LoRA, beta 0 and > 0. A run resumed on 2 processes logs the uninterrupted run's
+numbers. All runs share one torchrun launch."""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from pathlib import Path
+
+import shutil
+
+import pytest
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+import grpo_cases  # noqa: E402
+
+from test_grpo_stage import SHAREGPT_TAGS, config_file, write_project  # noqa: E402
+
+from tests.train.torchrun_helpers import torchrun_runs  # noqa: E402
+
+pytestmark = pytest.mark.slow
+
+GOLDEN = json.loads((HERE / "golden" / "trl_grpo_2proc.json").read_text())
+WORKER = HERE / "grpo_multiprocess_worker.py"
+# Relative tolerance of the logged numbers. LoRA cases and the first step of every case agree to ~1e-7; in the
+# full-model cases the weights after the first update differ from TRL's by ~1e-5 relative (the step-2 entropy and
+# grad_norm show it; one process agrees to ~1e-7; the cause is not found yet), and grad_norm at step 3 by up to 4e-4.
+# The sampled tokens and rewards stay identical and the advantages within 1e-5.
+TOLERANCE = {"dapo_beta0": 1e-3, "dapo_beta": 1e-3}
+SKIPPED = ("train_runtime", "train_samples_per_second", "train_steps_per_second", "train_loss", "total_flos")
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("grpo_2proc")
+    model_dir = str(tmp / "model")
+    grpo_cases.build_model(model_dir)
+    runs = {name: {"case": name, "model_dir": model_dir} for name in GOLDEN["cases"]}
+    # The spanning case again, saving every step, then resumed from step 1 (inside a generation's 4 micro-steps).
+    saving = {"save_strategy": "steps", "save_steps": 1}
+    runs["whole"] = {"case": "grpo_spanning_groups", "model_dir": model_dir, "overrides": saving}
+    checkpoint = str(tmp / "whole" / "checkpoint-1")
+    runs["resumed"] = {
+        "case": "grpo_spanning_groups",
+        "model_dir": model_dir,
+        "overrides": {**saving, "resume_from_checkpoint": checkpoint},
+    }
+    # `lathe train` (stage grpo) of the conversational case's rows from a registered dataset.
+    project = tmp / "stage"
+    project.mkdir()
+    rows = [
+        {"prompt": [{"role": "user", "content": p}], "target": t}
+        for p, t in zip(grpo_cases.PROMPTS, grpo_cases.TARGETS)
+    ]
+    entry = {"formatting": "sharegpt", "columns": {"messages": "prompt"}, "tags": SHAREGPT_TAGS}
+    write_project(project, rows, entry, (HERE / "grpo_cases.py").read_text())
+    stage_model = shutil.copytree(model_dir, tmp / "stage_model")
+    for item in (grpo_cases.TOKENIZER.parent / "bpe_chatml").iterdir():  # the ChatML chat template
+        shutil.copy(item, stage_model / item.name)
+    rewards = "my_rewards:vowel_share, my_rewards:length_target"
+    path = config_file(project, str(stage_model), beta=0.1, reward_funcs=rewards, per_device_train_batch_size=4)
+    runs["stage"] = {"stage_config": path}
+    return torchrun_runs(tmp, runs, worker=WORKER)
+
+
+def close(a, b, rel=1e-4, abs_=1e-6) -> bool:
+    if a is None or b is None:
+        return a is b
+    if isinstance(a, float) and math.isnan(a):
+        return isinstance(b, float) and math.isnan(b)
+    return math.isclose(a, b, rel_tol=rel, abs_tol=abs_)
+
+
+@pytest.mark.parametrize("case", sorted(grpo_cases.MULTIPROCESS_CASES))
+def test_two_processes_match_trl_on_two_processes(case, results):
+    expected, got = GOLDEN["cases"][case], results[case]
+    assert len(got["generations"]) == len(expected["generations"]) == 2  # one list per process
+    for rank, (mine_all, theirs_all) in enumerate(zip(got["generations"], expected["generations"])):
+        assert len(mine_all) == len(theirs_all)
+        for index, (mine, theirs) in enumerate(zip(mine_all, theirs_all)):
+            where = f"rank {rank} generation {index}"
+            assert mine["completion_ids"] == theirs["completion_ids"], f"{where}: sampled tokens differ"
+            assert mine["rewards"] == theirs["rewards"], where
+            assert len(mine["advantages"]) == len(theirs["advantages"]), where
+            assert all(close(a, b, 1e-5, 1e-6) for a, b in zip(mine["advantages"], theirs["advantages"])), where
+    assert len(got["logs"]) == len(expected["logs"])
+    for step, (mine, theirs) in enumerate(zip(got["logs"], expected["logs"]), start=1):
+        assert set(mine) == set(theirs), f"step {step}: logged keys differ: {set(mine) ^ set(theirs)}"
+        for key, value in theirs.items():
+            assert close(mine[key], value, TOLERANCE.get(case, 1e-5)), (
+                f"step {step} {key}: lathe {mine[key]} TRL {value}"
+            )
+
+
+def test_a_group_spans_the_two_processes(results):
+    """The spanning case's first generation: 3 prompts x 4 completions over 2 x 6 rows."""
+    first = [results["grpo_spanning_groups"]["generations"][rank][0] for rank in (0, 1)]
+    assert [len(g["completion_ids"]) for g in first] == [6, 6]
+
+
+def test_resumed_on_two_processes_logs_the_uninterrupted_numbers(results):
+    def logged(run):
+        return {e["step"]: {k: v for k, v in e.items() if k not in SKIPPED} for e in run["logs"] if "loss" in e}
+
+    whole, resumed = logged(results["whole"]), logged(results["resumed"])
+    assert sorted(whole) == [1, 2, 3, 4]
+    assert sorted(step for step in resumed if step > 1) == [2, 3, 4]
+    for step in (2, 3, 4):
+        for key, value in whole[step].items():
+            assert close(resumed[step][key], value, 1e-6, 1e-9), f"step {step} {key}"
+
+
+def test_stage_grpo_under_two_processes_logs_trls_numbers(results):
+    """`lathe train` on 2 processes (a stage grpo config, the prompts rendered by the ChatML template) logs
+    what TRL logs on 2 processes for the same conversations."""
+    expected = GOLDEN["cases"]["conversational"]["logs"]
+    logs = results["stage"]["logs"]
+    assert len(logs) == len(expected)
+    for step, (mine, theirs) in enumerate(zip(logs, expected), start=1):
+        for key, value in theirs.items():
+            if key in SKIPPED or key == "step_time":
+                continue
+            assert close(mine[key], value, 1e-4), f"step {step} {key}: lathe train {mine[key]}, TRL {value}"
