@@ -38,7 +38,7 @@ def run(config, dry_run: bool = False, callbacks: list | None = None) -> dict:
     from lathe.llm.workflows.outputs import set_stop_tokens
     from lathe.train.seed import set_seed
 
-    from lathe.llm.ray_launch import use_ray
+    from lathe.llm.config.launch import use_ray
 
     model_args, training_args, finetuning_args = config.model, config.training, config.finetuning
     if use_ray():  # before anything is loaded
