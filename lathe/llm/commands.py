@@ -233,7 +233,9 @@ def api_command(config_path: str, overrides: list[str], server: dict, traceback:
     return _reported("api", traceback, lambda: run_api(config_path, overrides, **server))
 
 
-def webui_command(root: str, host: str, port: int, api_key, chat_config: str | None = None, traceback=False) -> int:
+def webui_command(
+    root: str, host: str, port: int, api_key, chat_config: str | None = None, traceback=False, allowed_hosts=()
+) -> int:
     """`lathe webui` / `lathe webchat CONFIG`: the local web page (lathe/llm/webui/server.py)."""
     from lathe.llm.webui.server import serve
 
@@ -243,6 +245,6 @@ def webui_command(root: str, host: str, port: int, api_key, chat_config: str | N
             from lathe.llm.config.values import RawConfig
 
             chat = dict(RawConfig(chat_config, []).values)
-        return serve(root, host, port, api_key, chat_config=chat)
+        return serve(root, host, port, api_key, chat_config=chat, allowed_hosts=allowed_hosts)
 
     return _reported("webui", traceback, webui)

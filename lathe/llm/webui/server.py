@@ -15,6 +15,7 @@ try:
 except ImportError:  # this module is imported only by `lathe webui` / `lathe webchat`
     raise ImportError("lathe webui needs FastAPI and uvicorn: pip install 'lathe[api]'") from None
 
+from lathe.llm.inference.browser import Boundary
 from lathe.llm.webui import forms, runs
 from lathe.llm.webui.chat import ChatSession
 from lathe.llm.webui.jobs import Jobs, run_short
@@ -67,11 +68,15 @@ def _authorized(request: Request, api_key: str) -> bool:
     return any(candidate and hmac.compare_digest(candidate.encode(), api_key.encode()) for candidate in candidates)
 
 
-def _add_guard(app: FastAPI, api_key: str | None, chat_only: bool) -> None:
-    """Every request: the key (when there is one), the routes webchat serves, a bounded body; error replies."""
+def _add_guard(app: FastAPI, api_key: str | None, chat_only: bool, boundary: Boundary) -> None:
+    """Every request: Host and Origin (inference/browser.py), the key (when there is one), the routes webchat
+    serves, a bounded body; error replies."""
 
     @app.middleware("http")
     async def guard(request: Request, call_next):
+        refused = boundary.refusal(request.method, request.headers)
+        if refused is not None:
+            return JSONResponse({"error": f"refused: {refused}"}, 403)
         if api_key is not None and not _authorized(request, api_key):
             return JSONResponse({"error": "a key is required (Authorization: Bearer KEY or /?key=KEY)."}, 401)
         path = request.url.path
@@ -255,14 +260,16 @@ def _add_chat_export_routes(app: FastAPI, root: str, chat: ChatSession) -> None:
         return FileResponse(target, filename=os.path.basename(target))
 
 
-def create_app(root: str, api_key: str | None = None, chat_config: dict | None = None) -> FastAPI:
+def create_app(
+    root: str, api_key: str | None = None, chat_config: dict | None = None, boundary: Boundary | None = None
+) -> FastAPI:
     """The application serving `root` (every path stays under it); with `api_key`, every route needs it
     (Authorization: Bearer KEY, or the cookie set by opening /?key=KEY once). With `chat_config` (lathe
-    webchat), only the chat."""
+    webchat), only the chat. `boundary` (default: bound to 127.0.0.1) says which Host / Origin headers pass."""
     root = os.path.realpath(root)
     app = FastAPI(title="lathe webui", docs_url=None, redoc_url=None, openapi_url=None)
     app.state.jobs, app.state.chat = Jobs(root), ChatSession(root)
-    _add_guard(app, api_key, chat_only=chat_config is not None)
+    _add_guard(app, api_key, chat_only=chat_config is not None, boundary=boundary or Boundary())
     _add_page_routes(app, root, chat_config)
     _add_train_routes(app, root, app.state.jobs)
     _add_watch_routes(app, root, app.state.jobs)
@@ -270,7 +277,14 @@ def create_app(root: str, api_key: str | None = None, chat_config: dict | None =
     return app
 
 
-def serve(root: str, host: str = "127.0.0.1", port: int = 7860, api_key: str | None = None, chat_config=None) -> int:
+def serve(
+    root: str,
+    host: str = "127.0.0.1",
+    port: int = 7860,
+    api_key: str | None = None,
+    chat_config=None,
+    allowed_hosts: tuple[str, ...] = (),
+) -> int:
     """`lathe webui`: serve the page until Ctrl-C (runs it started go on). A host other than loopback needs a key."""
     import uvicorn
 
@@ -278,7 +292,7 @@ def serve(root: str, host: str = "127.0.0.1", port: int = 7860, api_key: str | N
         raise ValueError(f"--host {host} opens the page to other machines: give a key (--api_key or LATHE_WEBUI_KEY).")
     if not os.path.isdir(root):
         raise NotADirectoryError(f"--root {root!r} is not a folder.")
-    app = create_app(root, api_key, chat_config)
+    app = create_app(root, api_key, chat_config, Boundary(host, allowed_hosts))
     if chat_config is not None:
         print("lathe webchat: loading the model ...", flush=True)
         app.state.chat.load(chat_config, whole_config=True)
