@@ -19,7 +19,7 @@ from lathe.llm.inference.browser import Boundary
 from lathe.llm.webui import forms, runs
 from lathe.llm.webui.chat import ChatSession
 from lathe.llm.webui.jobs import Jobs, run_short
-from lathe.llm.webui.paths import PathError, check_config_paths, inside
+from lathe.llm.webui.paths import PathError, check_config_paths, check_dataset_files, inside
 from lathe.llm.webui.strings import STRINGS
 
 MAX_BODY = 1 << 20  # JSON requests: 1 MiB
@@ -150,6 +150,12 @@ def _add_page_routes(app: FastAPI, root: str, chat_config: dict | None) -> None:
         if len(body) > MAX_UPLOAD:
             raise ValueError(f"uploads are at most {MAX_UPLOAD} bytes.")
         target = inside(root, os.path.join(dataset_dir, name), "upload")
+        if name == "dataset_info.json":  # the files it names must be under the root too
+            try:
+                info = json.loads(body)
+            except (json.JSONDecodeError, UnicodeDecodeError, RecursionError):
+                raise ValueError("dataset_info.json: not JSON.") from None
+            check_dataset_files(root, os.path.dirname(target), info)
         os.makedirs(os.path.dirname(target), exist_ok=True)
         with open(target, "wb") as f:
             f.write(body)
