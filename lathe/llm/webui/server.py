@@ -11,7 +11,9 @@ from importlib import resources
 
 try:
     from fastapi import FastAPI, HTTPException, Request
+    from fastapi.exceptions import RequestValidationError
     from fastapi.responses import FileResponse, HTMLResponse, JSONResponse, Response, StreamingResponse
+    from starlette.exceptions import HTTPException as StarletteHTTPException
 except ImportError:  # this module is imported only by `lathe webui` / `lathe webchat`
     raise ImportError("lathe webui needs FastAPI and uvicorn: pip install 'lathe[api]'") from None
 
@@ -21,9 +23,11 @@ from lathe.llm.webui.chat import ChatSession
 from lathe.llm.webui.jobs import Jobs, run_short
 from lathe.llm.webui.paths import PathError, check_config_paths, check_dataset_files, inside
 from lathe.llm.webui.strings import STRINGS
+from lathe.llm.workflows.lock import OutputDirBusy, busy_message
 
 MAX_BODY = 1 << 20  # JSON requests: 1 MiB
 MAX_UPLOAD = 32 << 20  # a dataset file: 32 MiB
+MAX_DEPTH = 32  # JSON nesting of a request body
 SHORT_TIMEOUT = 300  # seconds for --dry_run, data preview and export
 STATIC = {"index.html": "text/html", "app.js": "text/javascript", "style.css": "text/css"}
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
@@ -45,13 +49,19 @@ def _static(name: str) -> str:
 
 
 async def _form(request: Request) -> dict:
-    """The JSON body, at most MAX_BODY bytes (the guard checked Content-Length; this checks what came)."""
+    """The JSON body, at most MAX_BODY bytes (the guard checked Content-Length; this checks what came) and
+    MAX_DEPTH levels deep (checked before parsing: Python's parser recurses once per level)."""
+    from lathe.llm.inference.requests import json_depth
+
     body = await request.body()
     if len(body) > MAX_BODY:
         raise ValueError(f"request body over {MAX_BODY} bytes.")
+    depth = json_depth(body)
+    if depth > MAX_DEPTH:
+        raise ValueError(f"the request body nests JSON {depth} levels deep; at most {MAX_DEPTH} are allowed.")
     try:
         form = json.loads(body or b"{}")
-    except json.JSONDecodeError:
+    except (ValueError, UnicodeDecodeError, RecursionError):
         raise ValueError("expected a JSON body.") from None
     if not isinstance(form, dict):
         raise ValueError("expected a JSON object.")
@@ -99,6 +109,10 @@ def _add_guard(app: FastAPI, api_key: str | None, chat_only: bool, boundary: Bou
     async def outside(_request, error: PathError):
         return JSONResponse({"error": str(error)}, 403)
 
+    @app.exception_handler(OutputDirBusy)
+    async def busy(_request, error: OutputDirBusy):
+        return JSONResponse({"error": str(error)}, 409)
+
     @app.exception_handler(ValueError)
     async def bad_input(_request, error: ValueError):
         return JSONResponse({"error": str(error)}, 400)
@@ -106,6 +120,19 @@ def _add_guard(app: FastAPI, api_key: str | None, chat_only: bool, boundary: Bou
     @app.exception_handler(FileNotFoundError)
     async def missing(_request, error: FileNotFoundError):
         return JSONResponse({"error": str(error)}, 404)
+
+    @app.exception_handler(TypeError)
+    async def wrong_type(request, error: TypeError):  # a field of the wrong JSON type (a list for a name, ...)
+        return JSONResponse({"error": f"{request.url.path}: a field has the wrong type ({error})."}, 400)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(_request, error: StarletteHTTPException):  # unknown routes, wrong methods: JSON too
+        return JSONResponse({"error": str(error.detail)}, error.status_code)
+
+    @app.exception_handler(RequestValidationError)
+    async def bad_query(request, error: RequestValidationError):  # a missing or mistyped query parameter
+        where = "; ".join(f"{'.'.join(map(str, item['loc']))}: {item['msg']}" for item in error.errors())
+        return JSONResponse({"error": f"{request.url.path}: {where}."}, 400)
 
 
 def _add_page_routes(app: FastAPI, root: str, chat_config: dict | None) -> None:
@@ -192,6 +219,9 @@ def _add_train_routes(app: FastAPI, root: str, jobs: Jobs) -> None:
     @app.post("/api/start")
     async def start(request: Request):
         values = forms.build_config(root, await _form(request))
+        busy = busy_message(values["output_dir"])  # a run from the command line writes there
+        if busy is not None:
+            raise OutputDirBusy(busy)
         path = forms.save_config(root, values)
         run = forms.run_name(root, values)
         jobs.start(run, path)
@@ -209,6 +239,9 @@ def _add_train_routes(app: FastAPI, root: str, jobs: Jobs) -> None:
         path = inside(root, os.path.join(forms.CONFIG_FOLDER, run.replace("/", "_") + ".yaml"), "config")
         if not os.path.isfile(path):
             raise FileNotFoundError(f"no saved config for {run!r} (resume runs started from the command line there).")
+        busy = busy_message(os.path.join(root, run))
+        if busy is not None:
+            raise OutputDirBusy(busy)
         return {"run": run, "checkpoint": runs.relative(root, jobs.resume(run, path))}
 
 
