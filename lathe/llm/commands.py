@@ -3,6 +3,7 @@ stage's recipe. Imported only when one of these commands runs (it pulls in trans
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import sys
@@ -22,6 +23,7 @@ __all__ = [
 
 # Errors that mean "the config or the files are wrong": shown as one message, not a traceback.
 USER_ERRORS = (ValueError, FileNotFoundError, NotADirectoryError, ImportError)
+DISK_FULL = (errno.ENOSPC, errno.EFBIG, errno.EDQUOT)
 
 
 def _setup_logging() -> None:
@@ -54,6 +56,10 @@ def _reported(command: str, traceback: bool, run, errors: tuple = USER_ERRORS) -
         return run()
     except errors as error:
         if traceback:
+            raise
+        return _report(error, command)
+    except OSError as error:  # a full disk (or quota, or file size limit): the file and what is intact, no traceback
+        if traceback or error.errno not in DISK_FULL:
             raise
         return _report(error, command)
 
