@@ -4,6 +4,7 @@ resume with another model, a full disk (ENOSPC) or a file size limit (EFBIG) dur
 from __future__ import annotations
 
 import errno
+import json
 import os
 import resource
 import shutil
@@ -139,3 +140,104 @@ def test_a_file_size_limit_is_one_line(run_root, tmp_path):
     assert "File too large" in lines[0] and "checkpoint-2" in lines[0], lines[0]
     assert "earlier checkpoints are intact" in lines[0]
     assert not any("checkpoint" in name for name in os.listdir(os.path.join(run_root, "saves", "run1")))
+
+
+@pytest.fixture(scope="module")
+def model_folders(tmp_path_factory, tiny_model_dir):
+    """The tiny model damaged four ways: no tokenizer, a truncated weight file, a config.json with more layers
+    than the weights, one with fewer."""
+    import json
+
+    base = tmp_path_factory.mktemp("damaged")
+    folders = {}
+    for name in ("no_tokenizer", "truncated", "more_layers", "fewer_layers"):
+        folders[name] = str(base / name)
+        shutil.copytree(tiny_model_dir, folders[name])
+    for item in os.listdir(folders["no_tokenizer"]):
+        if item.startswith(("tokenizer", "special_tokens", "vocab", "merges", "chat_template")):
+            os.remove(os.path.join(folders["no_tokenizer"], item))
+    weights = os.path.join(folders["truncated"], "model.safetensors")
+    with open(weights, "r+b") as f:
+        f.truncate(os.path.getsize(weights) // 2)
+    for name, change in (("more_layers", 2), ("fewer_layers", -1)):
+        path = os.path.join(folders[name], "config.json")
+        config = json.load(open(path))
+        config["num_hidden_layers"] += change
+        json.dump(config, open(path, "w"))
+    return folders
+
+
+def _load(folder: str):
+    from lathe.llm.config.sections import ModelArguments
+    from lathe.llm.config.train import FinetuningArguments
+    from lathe.llm.model.loader import load_model, load_tokenizer
+
+    arguments = ModelArguments(model_name_or_path=folder)
+    return load_model(load_tokenizer(arguments), arguments, FinetuningArguments(finetuning_type="full"), False)
+
+
+def test_a_model_folder_without_a_tokenizer_is_named(model_folders):
+    folder = model_folders["no_tokenizer"]
+    with pytest.raises(FileNotFoundError, match=f"^model folder {folder} has no tokenizer \\(none of tokenizer.json"):
+        _load(folder)
+
+
+def test_a_truncated_weight_file_is_named(model_folders):
+    path = os.path.join(model_folders["truncated"], "model.safetensors")
+    size = os.path.getsize(path)
+    with pytest.raises(ValueError, match=f"^weight file {path} is damaged \\(truncated: {size} bytes, its header"):
+        _load(model_folders["truncated"])
+
+
+def test_a_config_that_does_not_match_the_weights_is_an_error_not_a_random_init(model_folders):
+    folder = model_folders["more_layers"]
+    with pytest.raises(ValueError) as caught:
+        _load(folder)
+    assert str(caught.value).startswith(
+        f"{folder}/config.json does not match the weights in {folder} (model.safetensors): 18 tensors the config "
+        "needs are not in the weights (model.layers.3.input_layernorm.weight, "
+    ), caught.value
+    assert str(caught.value).endswith(
+        "Loading would initialise the missing ones at random: fix config.json or the weights."
+    )
+    folder = model_folders["fewer_layers"]
+    with pytest.raises(ValueError, match="9 tensors in the weights have no place in the model \\(model.layers.2."):
+        _load(folder)
+
+
+def test_an_undecodable_or_truncated_image_names_the_file_and_the_row(tmp_path, capsys, monkeypatch):
+    from lathe.cli import main
+    from tests.llm import multimodal_cases as cases
+
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    model, data = cases.make_model_folder(tmp_path / "model"), cases.make_data_folder(tmp_path / "data")
+    rows = json.loads((data / "mllm_demo.json").read_text())
+    row = next(index for index, item in enumerate(rows) if item["images"])
+    image = data / rows[row]["images"][0]
+    assert image.is_file(), image
+    content = image.read_bytes()
+    image.write_bytes(content[: len(content) // 2])  # truncated
+    config = tmp_path / "c.yaml"
+    config.write_text(yaml.safe_dump(cases.train_config(model, data, tmp_path / "out", max_steps=1)))
+    assert main(["train", str(config)]) == 2
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.startswith("lathe train: error:")]
+    assert len(lines) == 1 and "Traceback" not in err, err[-2000:]
+    assert f"image file '{image}' cannot be decoded" in lines[0] and f"dataset row {row + 1}" in lines[0], lines[0]
+
+
+def test_a_truncated_wav_names_the_file(tmp_path):
+    import wave
+
+    from lathe.llm.multimodal.common import read_wav
+    from lathe.llm.multimodal.images import UndecodableMedia
+
+    path = str(tmp_path / "a.wav")
+    with wave.open(path, "wb") as f:
+        f.setnchannels(1), f.setsampwidth(2), f.setframerate(16000)
+        f.writeframes(b"\1\0" * 1600)
+    assert read_wav(path)["array"].shape == (1600,)
+    with open(path, "r+b") as f:
+        f.truncate(os.path.getsize(path) - 1001)
+    with pytest.raises(UndecodableMedia, match=f"audio file '{path}' is truncated \\(2199 of 3200 bytes of samples\\)"):
+        read_wav(path)

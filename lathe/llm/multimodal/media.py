@@ -62,3 +62,16 @@ def row_media(example: dict, columns: dict[str, str | None], media_dir: str | No
                 f"placeholder(s); put one {PLACEHOLDERS[kind]} where each {kind} goes"
             )
     return out
+
+
+def name_row(error, dataset) -> ValueError:
+    """`error` (an UndecodableMedia naming its file) with the dataset row(s) whose media columns hold that file."""
+    rows = []
+    for column in CANONICAL.values():
+        if error.file is None or column not in dataset.column_names:
+            continue
+        rows += [index + 1 for index, items in enumerate(dataset[column]) if items and error.file in items]
+    if not rows:
+        return error
+    shown = ", ".join(map(str, rows[:5])) + (f" and {len(rows) - 5} more" if len(rows) > 5 else "")
+    return MediaProblem(f"dataset row {shown}: {error}")
