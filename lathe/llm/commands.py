@@ -42,6 +42,10 @@ def _setup_logging() -> None:
 
 def _report(error: BaseException, command: str) -> int:
     print(f"lathe {command}: error: {error}", file=sys.stderr)
+    if os.environ.get("LATHE_LAUNCH_ERRORS"):  # a rank under `lathe train`'s torchrun: the launcher prints it last
+        from lathe.llm.launch import record_error
+
+        record_error(f"lathe {command}: error: {error}")
     for note in getattr(error, "__notes__", []):
         print(note, file=sys.stderr)
     print(f"(run `lathe {command} ... --traceback` to see where it happened)", file=sys.stderr)

@@ -241,3 +241,32 @@ def test_a_truncated_wav_names_the_file(tmp_path):
         f.truncate(os.path.getsize(path) - 1001)
     with pytest.raises(UndecodableMedia, match=f"audio file '{path}' is truncated \\(2199 of 3200 bytes of samples\\)"):
         read_wav(path)
+
+
+def test_a_stage_that_cannot_run_on_several_processes_says_so_last(run_root, tmp_path):
+    """Under torchrun, each rank's one-line error comes after torchrun's ChildFailedError report."""
+    config = _config(run_root, tmp_path / "a.yaml")
+    run = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "lathe",
+            "train",
+            config,
+            "nproc_per_node=2",
+            "use_badam=true",
+            "finetuning_type=full",
+            "master_port=0",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "PYTHONPATH": REPO, "OMP_NUM_THREADS": "1"},
+    )
+    lines = [line for line in run.stderr.splitlines() if line.strip()]
+    assert run.returncode != 0 and "several-process BAdam" in lines[-1], run.stderr[-3000:]
+    assert lines[-1].startswith("lathe train: error: use_badam (in ") and lines[-1].endswith(
+        "runs in one process here: LLaMA-Factory's several-process BAdam needs DeepSpeed ZeRO-3 hooks that lathe's "
+        "ZeRO integration does not install."
+    ), run.stderr[-3000:]
+    assert any("ChildFailedError" in line or "FAILED" in line for line in lines[:-1]), run.stderr[-3000:]
