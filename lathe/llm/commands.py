@@ -66,6 +66,12 @@ def _reported(command: str, traceback: bool, run, errors: tuple = USER_ERRORS) -
         if traceback or error.errno not in DISK_FULL:
             raise
         return _report(error, command)
+    except RuntimeError as error:  # torch.save's full disk, explained in notes by the checkpoint writer
+        if traceback or getattr(error, "disk_errno", None) not in DISK_FULL:
+            raise
+        notes = " ".join(getattr(error, "__notes__", []))
+        print(f"lathe {command}: error: {os.strerror(error.disk_errno)}. {notes} Cause: {error}", file=sys.stderr)
+        return 2
 
 
 def train_command(config_path: str, overrides: list[str], dry_run: bool = False, traceback: bool = False) -> int:

@@ -1,22 +1,21 @@
-"""A checkpoint write that ran out of room (ENOSPC, EFBIG: a file size limit, EDQUOT): which file, and that
-earlier checkpoints are intact, as one OSError that keeps the errno (the CLI prints it as one line).
+"""A checkpoint write that ran out of room (ENOSPC; EFBIG: a file size limit; EDQUOT: a quota): its errno and
+the file being written, for layout.explain_save_error's message.
 
 The writers report a full disk in their own words: Python's OSError, safetensors' "I/O error: ... (os error
-27)", torch.save's "[enforce fail at inline_container.cc] unexpected pos" (no errno: when the disk still has
-room, a file size limit is the cause). The file being written is the newest one in the staging folder."""
+27)", torch.save's "[enforce fail at inline_container.cc] unexpected pos" (no errno: EFBIG when a file size
+limit is set, else ENOSPC). The file being written is the error's own filename, else the newest file in the
+staging folder."""
 
 from __future__ import annotations
 
 import errno
 import os
 import re
-import shutil
 
 DISK_FULL = (errno.ENOSPC, errno.EFBIG, errno.EDQUOT)
-LOW_SPACE = 64 << 20  # bytes: below this, a write that failed without an errno ran out of disk
 
 
-def disk_errno(error: BaseException, folder: str) -> int | None:
+def disk_errno(error: BaseException) -> int | None:
     """The ENOSPC / EFBIG / EDQUOT behind `error`, or None when it is something else."""
     if isinstance(error, OSError):
         return error.errno if error.errno in DISK_FULL else None
@@ -26,11 +25,10 @@ def disk_errno(error: BaseException, folder: str) -> int | None:
         number = int(found.group(1))
         return number if number in DISK_FULL else None
     if "unexpected pos" in text or "PytorchStreamWriter failed writing" in text:
-        try:
-            free = shutil.disk_usage(folder).free
-        except OSError:
-            return errno.ENOSPC
-        return errno.ENOSPC if free < LOW_SPACE else errno.EFBIG
+        import resource
+
+        limited = resource.getrlimit(resource.RLIMIT_FSIZE)[0] != resource.RLIM_INFINITY
+        return errno.EFBIG if limited else errno.ENOSPC
     return None
 
 
@@ -49,23 +47,12 @@ def last_written(staging: str) -> str | None:
     return None if newest is None else newest[1]
 
 
-def disk_full_error(error: BaseException, final_path: str, staging: str | None) -> OSError | None:
-    """One OSError naming the file and saying earlier checkpoints are intact, or None when `error` is not a
-    full disk. Call it before the staging folder is removed."""
-    parent = os.path.dirname(os.path.abspath(final_path))
-    number = disk_errno(error, parent)
-    if number is None:
-        return None
+def failed_file(error: BaseException, final_path: str, staging: str | None) -> str | None:
+    """The file whose write failed, named where it would have been published (under final_path)."""
     file = getattr(error, "filename", None)
-    if not file and staging is not None:
-        written = last_written(staging)
-        file = os.path.join(final_path, os.path.relpath(written, staging)) if written else None
-    try:
-        free = f"{shutil.disk_usage(parent).free / 2**20:.0f} MiB free"
-    except OSError:
-        free = "free space unknown"
-    return OSError(
-        number,
-        f"writing {file or final_path} failed: {os.strerror(number)} ({free}); checkpoint {final_path} was not "
-        "saved and earlier checkpoints are intact. Free some space (or raise the file size limit) and resume.",
-    )
+    if file and staging and os.path.abspath(str(file)).startswith(os.path.abspath(staging) + os.sep):
+        return os.path.join(final_path, os.path.relpath(os.path.abspath(str(file)), os.path.abspath(staging)))
+    if file:
+        return str(file)
+    written = last_written(staging) if staging and os.path.isdir(staging) else None
+    return os.path.join(final_path, os.path.relpath(written, staging)) if written else None

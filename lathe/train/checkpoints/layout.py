@@ -221,18 +221,21 @@ def explain_save_error(
     what the traceback ends with."""
     if not isinstance(error, Exception):
         return error  # KeyboardInterrupt, SystemExit: nothing to explain
-    from lathe.train.checkpoints.diskfull import disk_full_error
+    from lathe.train.checkpoints.diskfull import disk_errno, failed_file
 
-    full = disk_full_error(error, final_path, staging)
-    if full is not None:
-        return full
     summary = summary or f"Saving checkpoint {final_path!r} failed; earlier checkpoints are intact."
     hint = f"{summary} Check free disk space ({_free_space(final_path)}) and that the output folder is writable."
-    if isinstance(error, OSError):
-        return _os_error(error, f"{hint} Cause: {error}")
+    number = disk_errno(error)
+    file = failed_file(error, final_path, staging) if number is not None else None
+    if isinstance(error, OSError) or (number is not None and "os error" in str(error)):  # safetensors' own words
+        cause = f"writing {file}: {error}" if file else str(error)
+        return OSError(number or error.errno, f"{hint} Cause: {cause}") if (number or error.errno) else OSError(hint)
     # torch.save reports a write that failed (full disk) as RuntimeError("[enforce fail at
     # inline_container.cc...] unexpected pos ..."), which names neither the disk nor the path.
+    error.disk_errno = number  # the CLI prints a full disk as one line (lathe/llm/commands.py)
     if hasattr(error, "add_note"):  # Python 3.11+
+        if file:
+            error.add_note(f"(while writing {file})")
         error.add_note(hint)
     else:
         logger.error(hint)
