@@ -137,3 +137,19 @@ def test_dataset_files_stay_under_the_root(client, root, file_name):
     assert client.post("/api/config", json=train_form(dataset="add")).status_code == 200
     good = json.dumps({"add": {"file_name": "add.json"}, "hub": {"hf_hub_url": "org/data"}}).encode()
     assert client.post("/api/upload?name=dataset_info.json", content=good).status_code == 200
+
+
+def test_media_files_in_data_rows_stay_under_the_root_for_runs_the_page_starts(root, monkeypatch):
+    from lathe.llm.multimodal.media import MediaProblem, resolve_path
+    from lathe.llm.webui.jobs import child_environment
+
+    os.makedirs(os.path.join(root, "data", "images"))
+    open(os.path.join(root, "data", "images", "a.png"), "wb").write(b"x")
+    outside = os.path.join(os.path.dirname(root), "outside", "secret.json")
+    media_dir = os.path.join(root, "data")
+    assert resolve_path(outside, media_dir, "image") == outside  # the command line: LLaMA-Factory's rule
+    monkeypatch.setenv("LATHE_MEDIA_ROOT", child_environment(root)["LATHE_MEDIA_ROOT"])
+    assert resolve_path("images/a.png", media_dir, "image") == os.path.join(media_dir, "images/a.png")
+    for item in (outside, "../../outside/secret.json", "../link/secret.json"):
+        with pytest.raises(MediaProblem, match="is outside the web page's root"):
+            resolve_path(item, media_dir, "image")
