@@ -117,6 +117,7 @@ def test_a_full_disk_during_a_checkpoint_names_the_file_and_keeps_the_last(run_r
     assert sorted(name for name in os.listdir(output_dir) if "checkpoint" in name) == ["checkpoint-2"]
 
 
+@pytest.mark.slow  # a whole `lathe train` subprocess
 def test_a_file_size_limit_is_one_line(run_root, tmp_path):
     """A real EFBIG: `lathe train` under RLIMIT_FSIZE (ulimit -f) too small for the checkpoint's weights."""
     config = _config(run_root, tmp_path / "a.yaml")
@@ -240,6 +241,7 @@ def test_a_truncated_wav_names_the_file(tmp_path):
         read_wav(path)
 
 
+@pytest.mark.slow  # a whole `lathe train` subprocess
 def test_a_stage_that_cannot_run_on_several_processes_says_so_last(run_root, tmp_path):
     """Under torchrun, each rank's one-line error comes after torchrun's ChildFailedError report."""
     config = _config(run_root, tmp_path / "a.yaml")

@@ -112,6 +112,7 @@ def _hold(folder: str) -> subprocess.Popen:
     return holder
 
 
+@pytest.mark.slow  # a whole `lathe train` subprocess
 def test_a_second_lathe_train_is_one_line(root, tmp_path):
     output_dir = os.path.join(root, "saves", "busy")
     holder = _hold(output_dir)
