@@ -52,14 +52,14 @@ def _pop_valued(overrides: list[str], options, spellings: dict[str, tuple[str, .
     while index < len(overrides):
         item = overrides[index]
         name = next((dest for dest, names in spellings.items() if item.split("=", 1)[0] in names), None)
+        value = item.split("=", 1)[1] if "=" in item else overrides[index + 1] if index + 1 < len(overrides) else None
         if name is None:
             rest.append(item)
-        elif "=" in item:
-            setattr(options, name, item.split("=", 1)[1])
-        elif index + 1 < len(overrides):
-            setattr(options, name, overrides[index + 1])
-            index += 1
-        index += 1
+        elif value is not None and isinstance(getattr(options, name, None), list):  # a repeatable option
+            getattr(options, name).append(value)
+        elif value is not None:
+            setattr(options, name, value)
+        index += 2 if name is not None and "=" not in item else 1
     return rest
 
 
@@ -147,6 +147,7 @@ API_OPTIONS = {
     "max_batch": ("--max_batch", "--max-batch"),
     "media_dir": ("--media_dir", "--media-dir"),
     "max_body_bytes": ("--max_body_bytes", "--max-body-bytes"),
+    "allowed_hosts": ("--allowed_host", "--allowed-host"),
 }
 
 
@@ -172,6 +173,7 @@ def _api(options) -> int:
             else None
         ),
         "max_body_bytes": int(options.max_body_bytes) if options.max_body_bytes else None,
+        "allowed_hosts": tuple(options.allowed_hosts),
     }
     from lathe.llm.commands import api_command
 
@@ -233,12 +235,14 @@ def _add_inference_parsers(commands) -> None:
     )
     api.add_argument("config", help="YAML or JSON config file")
     for dest, spellings in API_OPTIONS.items():
-        api.add_argument(*spellings, dest=dest, default=None, help=argparse.SUPPRESS)
+        repeated = {"action": "append", "default": []} if dest == "allowed_hosts" else {"default": None}
+        api.add_argument(*spellings, dest=dest, help=argparse.SUPPRESS, **repeated)
     api.add_argument(
         "overrides",
         nargs=argparse.REMAINDER,
         help="--host H --port P --api_key K --model_name NAME --max_tokens CAP --max_batch B --media_dir DIR "
-        "(image_url files allowed from DIR only) --max_body_bytes N (1000000), then key=value config overrides; "
+        "(image_url files allowed from DIR only) --max_body_bytes N (1000000) --allowed_host NAME (a Host name to "
+        "answer besides the bound address and localhost; repeatable), then key=value config overrides; "
         "--traceback shows the full error",
     )
     api.set_defaults(run=_api)
@@ -263,7 +267,13 @@ def _webui(options) -> int:
 
     config = getattr(options, "config", None)
     return webui_command(
-        options.root, options.host, options.port, api_key, chat_config=config, traceback=options.traceback
+        options.root,
+        options.host,
+        options.port,
+        api_key,
+        chat_config=config,
+        traceback=options.traceback,
+        allowed_hosts=tuple(options.allowed_hosts),
     )
 
 
@@ -284,6 +294,14 @@ def _add_webui_parsers(commands) -> None:
         command.add_argument("--port", type=int, default=7860, help="port (7860)")
         command.add_argument("--root", default=".", help="the folder the page works in: models, data, runs (.)")
         command.add_argument("--api_key", "--api-key", default=None, help="key every request must carry")
+        command.add_argument(
+            "--allowed_host",
+            "--allowed-host",
+            dest="allowed_hosts",
+            action="append",
+            default=[],
+            help="a Host name to answer besides the bound address and localhost (repeatable; * allows any)",
+        )
         command.add_argument("--traceback", action="store_true", help="show the full error")
         command.set_defaults(run=_webui)
 

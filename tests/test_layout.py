@@ -107,7 +107,7 @@ MAY_IMPORT: dict[str, dict[str, set[str]]] = {
             "webui",
             "workflows",
         },
-        "webui": {"inference", "templates"},
+        "webui": {"inference", "templates", "workflows"},
         "export": {"hub", "inference", "model", "templates", "workflows"},
         "inference": {"config", "hub", "model", "multimodal", "templates", "workflows"},
         "launch": {"config", "hub", "workflows"},

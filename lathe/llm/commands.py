@@ -3,6 +3,7 @@ stage's recipe. Imported only when one of these commands runs (it pulls in trans
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import sys
@@ -22,6 +23,7 @@ __all__ = [
 
 # Errors that mean "the config or the files are wrong": shown as one message, not a traceback.
 USER_ERRORS = (ValueError, FileNotFoundError, NotADirectoryError, ImportError)
+DISK_FULL = (errno.ENOSPC, errno.EFBIG, errno.EDQUOT)
 
 
 def _setup_logging() -> None:
@@ -40,6 +42,10 @@ def _setup_logging() -> None:
 
 def _report(error: BaseException, command: str) -> int:
     print(f"lathe {command}: error: {error}", file=sys.stderr)
+    if os.environ.get("LATHE_LAUNCH_ERRORS"):  # a rank under `lathe train`'s torchrun: the launcher prints it last
+        from lathe.llm.launch.torchrun import record_error
+
+        record_error(f"lathe {command}: error: {error}")
     for note in getattr(error, "__notes__", []):
         print(note, file=sys.stderr)
     print(f"(run `lathe {command} ... --traceback` to see where it happened)", file=sys.stderr)
@@ -56,6 +62,16 @@ def _reported(command: str, traceback: bool, run, errors: tuple = USER_ERRORS) -
         if traceback:
             raise
         return _report(error, command)
+    except OSError as error:  # a full disk (or quota, or file size limit): the file and what is intact, no traceback
+        if traceback or error.errno not in DISK_FULL:
+            raise
+        return _report(error, command)
+    except RuntimeError as error:  # torch.save's full disk, explained in notes by the checkpoint writer
+        if traceback or getattr(error, "disk_errno", None) not in DISK_FULL:
+            raise
+        notes = " ".join(getattr(error, "__notes__", []))
+        print(f"lathe {command}: error: {os.strerror(error.disk_errno)}. {notes} Cause: {error}", file=sys.stderr)
+        return 2
 
 
 def train_command(config_path: str, overrides: list[str], dry_run: bool = False, traceback: bool = False) -> int:
@@ -231,7 +247,9 @@ def api_command(config_path: str, overrides: list[str], server: dict, traceback:
     return _reported("api", traceback, lambda: run_api(config_path, overrides, **server))
 
 
-def webui_command(root: str, host: str, port: int, api_key, chat_config: str | None = None, traceback=False) -> int:
+def webui_command(
+    root: str, host: str, port: int, api_key, chat_config: str | None = None, traceback=False, allowed_hosts=()
+) -> int:
     """`lathe webui` / `lathe webchat CONFIG`: the local web page (lathe/llm/webui/server.py)."""
     from lathe.llm.webui.server import serve
 
@@ -241,6 +259,6 @@ def webui_command(root: str, host: str, port: int, api_key, chat_config: str | N
             from lathe.llm.config.values import RawConfig
 
             chat = dict(RawConfig(chat_config, []).values)
-        return serve(root, host, port, api_key, chat_config=chat)
+        return serve(root, host, port, api_key, chat_config=chat, allowed_hosts=allowed_hosts)
 
     return _reported("webui", traceback, webui)

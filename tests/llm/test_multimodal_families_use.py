@@ -149,7 +149,7 @@ def test_chat_and_api_send_images_as_training_encodes_them_and_decode_as_generat
     buffer = io.BytesIO()
     image.save(buffer, format="PNG")
     url = "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode()
-    client = TestClient(create_app(engine, family))
+    client = TestClient(create_app(engine, family), base_url="http://localhost")
     response = client.post("/v1/chat/completions", json={"messages": _message(url), "max_tokens": 4})
     body = response.json()
     assert response.status_code == 200, body
@@ -195,7 +195,9 @@ def test_a_family_without_images_is_refused_with_a_400(root):
     buffer = io.BytesIO()
     GEN.make_image("wide").save(buffer, format="PNG")
     url = "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode()
-    response = TestClient(create_app(engine, "audio")).post("/v1/chat/completions", json={"messages": _message(url)})
+    response = TestClient(create_app(engine, "audio"), base_url="http://localhost").post(
+        "/v1/chat/completions", json={"messages": _message(url)}
+    )
     assert response.status_code == 400
     assert response.json()["error"]["message"] == engine.image_encoder.refusal
 

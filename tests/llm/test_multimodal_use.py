@@ -209,7 +209,9 @@ def api(engine, tmp_path_factory, gen):
 
     def client(media_dir):
         rules = ImageRules(media_dir=media_dir, max_images=2, max_image_pixels=250 * 250)
-        return TestClient(create_app(engine, "tiny-vl", limits=Limits(max_tokens=8, images=rules)))
+        return TestClient(
+            create_app(engine, "tiny-vl", limits=Limits(max_tokens=8, images=rules)), base_url="http://localhost"
+        )
 
     return client(str(root)), client(None), root, outside
 
@@ -288,7 +290,7 @@ def test_text_only_models_refuse_images_with_a_400(tiny_model_dir, vl_dir, gen):
 
     png = base64.b64encode(_png(gen.make_image("small"))).decode()
     text_engine = _engine(tiny_model_dir, template="chatml")
-    client = TestClient(create_app(text_engine, "tiny"))
+    client = TestClient(create_app(text_engine, "tiny"), base_url="http://localhost")
     status, body = _post(client, _image_message(f"data:image/png;base64,{png}"))
     assert status == 400 and "is a text-only model (LlamaForCausalLM): it takes no images" in body["error"]["message"]
     assert body["error"]["param"] == "messages[0].content[0]"

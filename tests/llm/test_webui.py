@@ -24,7 +24,7 @@ def root(tmp_path, tiny_model_dir, monkeypatch):
 
 @pytest.fixture
 def client(root):
-    client = TestClient(create_app(root))
+    client = TestClient(create_app(root), base_url="http://localhost")
     yield client
     for run in client.app.state.jobs.running():  # a failed test leaves no training process behind
         client.app.state.jobs.stop(run)
@@ -114,7 +114,7 @@ def test_bodies_are_bounded(client):
 
 
 def test_the_key_guards_every_route(root):
-    client = TestClient(create_app(root, api_key="s3cret"))
+    client = TestClient(create_app(root, api_key="s3cret"), base_url="http://localhost")
     for path in ("/", "/static/app.js", "/api/runs", "/api/strings"):
         assert client.get(path).status_code == 401
         assert client.get(path, headers={"Authorization": "Bearer wrong"}).status_code == 401
@@ -204,7 +204,7 @@ def test_plan_and_preview_are_the_cli_outputs(client):
 
 def test_webchat_serves_the_chat_alone_and_streams(root):
     chat = {"model_name_or_path": "models/tiny", "template": "chatml"}
-    client = TestClient(create_app(root, chat_config=chat))
+    client = TestClient(create_app(root, chat_config=chat), base_url="http://localhost")
     assert client.get("/api/runs").status_code == 404
     assert client.post("/api/start", json=train_form()).status_code == 404
     assert client.get("/api/strings").json()["chat"] == chat
@@ -234,7 +234,7 @@ def test_cli_needs_a_key_off_loopback_and_reads_it_from_the_environment(root, mo
     monkeypatch.setenv("LATHE_WEBUI_KEY", "from-env")
     assert main(["webui", "--host", "0.0.0.0", "--port", "7999", "--root", root]) == 0
     assert served["host"] == "0.0.0.0" and served["port"] == 7999
-    client = TestClient(served["app"])
+    client = TestClient(served["app"], base_url="http://localhost")
     assert client.get("/api/runs").status_code == 401
     assert client.get("/api/runs", headers={"Authorization": "Bearer from-env"}).status_code == 200
 

@@ -73,6 +73,12 @@ class ModelArguments(ProcessorArguments):
     low_cpu_mem_usage: bool = field(
         default=True, metadata=help_text("Load weights without first building a randomly initialised copy.")
     )
+    allow_model_change: bool = field(
+        default=False,
+        metadata=help_text(
+            "lathe: resume a run whose lathe_train_config.yaml names another model_name_or_path (refused otherwise)."
+        ),
+    )
     flash_attn: Literal["auto", "disabled", "sdpa", "fa2", "fa3"] = field(
         default="auto",
         metadata=help_text(

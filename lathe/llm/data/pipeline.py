@@ -281,7 +281,13 @@ def tokenize_split(plan: DataPlan, name: str, dataset, staging: str):
                 data_args=_resolved_data_args(plan),
                 **options,
             )
-            processed = dataset.map(function, batched=True, remove_columns=dataset.column_names, **map_kwargs)
+            from lathe.llm.multimodal.images import UndecodableMedia
+            from lathe.llm.multimodal.media import name_row
+
+            try:
+                processed = dataset.map(function, batched=True, remove_columns=dataset.column_names, **map_kwargs)
+            except UndecodableMedia as error:  # name the row too (rows are processed in batches)
+                raise name_row(error, dataset) from None
     if len(processed) == 0:
         what = "with text" if plan.stage == "pt" else "usable after tokenization"
         raise ValueError(

@@ -20,6 +20,7 @@ import os
 import time
 import uuid
 
+from lathe.llm.inference.browser import Boundary
 from lathe.llm.inference.engine import ChatEngine, InvalidRequest
 from lathe.llm.inference.requests import Limits, parse_body, parse_chat, parse_completion
 
@@ -41,11 +42,18 @@ def error_body(
     return {"error": {"message": message, "type": kind, "param": param, "code": code}}
 
 
-def create_app(engine: ChatEngine, model_name: str, api_key: str | None = None, limits: Limits | None = None):
+def create_app(
+    engine: ChatEngine,
+    model_name: str,
+    api_key: str | None = None,
+    limits: Limits | None = None,
+    boundary: Boundary | None = None,
+):
+    """The app; `boundary` (default: bound to 127.0.0.1, no other name allowed) checks Host and Origin."""
     fastapi = _fastapi()
     limits = limits or Limits(max_tokens=engine.generating.max_new_tokens)
     app = fastapi.FastAPI(title="lathe api", docs_url=None, redoc_url=None)
-    _add_guards(app, api_key, limits)
+    _add_guards(app, api_key, limits, boundary or Boundary())
     _add_routes(app, fastapi, engine, model_name, limits)
     return app
 
@@ -56,12 +64,16 @@ def _fail(status: int, message: str, kind: str = "invalid_request_error", param=
     return JSONResponse(error_body(message, kind, param, code), status_code=status)
 
 
-def _add_guards(app, api_key: str | None, limits: Limits) -> None:
-    """The API key and body-size checks before every route, and OpenAI error bodies for every error."""
+def _add_guards(app, api_key: str | None, limits: Limits, boundary: Boundary) -> None:
+    """The Host / Origin, API key and body-size checks before every route, and OpenAI error bodies for every
+    error."""
     from starlette.exceptions import HTTPException
 
     @app.middleware("http")
     async def guard(request, call_next):
+        refused = boundary.refusal(request.method, request.headers)
+        if refused is not None:
+            return _fail(403, f"Refused: {refused}", code="forbidden")
         if api_key is not None:
             header = request.headers.get("authorization", "")
             token = header[7:] if header.lower().startswith("bearer ") else ""
@@ -284,6 +296,7 @@ def api_command(
     max_batch: int = 16,
     media_dir: str | None = None,
     max_body_bytes: int | None = None,
+    allowed_hosts: tuple[str, ...] = (),
 ) -> int:
     from lathe.llm.inference.config import parse_infer_config
     from lathe.llm.inference.image_urls import ImageRules
@@ -299,7 +312,7 @@ def api_command(
     limits = Limits(max_tokens=max_tokens or config.generating.max_new_tokens, images=ImageRules(media_dir=media_dir))
     if max_body_bytes is not None:
         limits.max_body_bytes = max_body_bytes
-    app = create_app(engine, name, api_key=api_key, limits=limits)
+    app = create_app(engine, name, api_key=api_key, limits=limits, boundary=Boundary(host, allowed_hosts))
     print(
         f"lathe api: serving {name!r} on http://{host}:{port}/v1 "
         f"({'API key required' if api_key else 'no API key'}; max_tokens up to {limits.max_tokens}"

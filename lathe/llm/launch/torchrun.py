@@ -14,11 +14,14 @@ import logging
 import os
 import socket
 import subprocess
+import tempfile
 import sys
 
 from lathe.llm.config.launch import LAUNCH_KEYS, use_ray
 
 logger = logging.getLogger(__name__)
+
+ERROR_FILE_VARIABLE = "LATHE_LAUNCH_ERRORS"
 
 
 def under_launcher() -> bool:
@@ -125,10 +128,38 @@ def relaunch(settings: dict, config_path, overrides: list[str]) -> int:
         f"rendezvous at {settings['master_addr']}:{settings['master_port']}",
         flush=True,
     )
+    with tempfile.TemporaryDirectory(prefix="lathe-launch-") as folder:
+        errors = os.path.join(folder, "errors.txt")  # each rank's one-line error (commands.py writes it)
+        try:
+            code = subprocess.run(command, env={**os.environ, ERROR_FILE_VARIABLE: errors}).returncode
+        except KeyboardInterrupt:  # torchrun got the same signal and stops its workers
+            return 130
+        if code != 0:
+            print_rank_errors(errors)
+    return code
+
+
+def print_rank_errors(path: str) -> None:
+    """The ranks' error lines, once each, printed after torchrun's own report (its ChildFailedError traceback
+    would bury them otherwise)."""
     try:
-        return subprocess.run(command).returncode
-    except KeyboardInterrupt:  # torchrun got the same signal and stops its workers
-        return 130
+        with open(path, encoding="utf-8") as f:
+            lines = list(dict.fromkeys(line.rstrip("\n") for line in f if line.strip()))
+    except OSError:
+        return
+    for line in lines:
+        print(line, file=sys.stderr, flush=True)
+
+
+def record_error(line: str) -> None:
+    """Under lathe's launcher, add this rank's error line to the file the launcher prints last."""
+    path = os.environ.get(ERROR_FILE_VARIABLE)
+    if path:
+        try:
+            with open(path, "a", encoding="utf-8") as f:
+                f.write(line.replace("\n", " ") + "\n")
+        except OSError:
+            pass
 
 
 def _cuda_devices() -> int:

@@ -11,6 +11,7 @@ from lathe.llm.model.adapters import count_parameters, init_adapter
 from lathe.llm.hub import model_folder
 from lathe.llm.model.quantization import configure_quantization, is_quantized, quantization_compute_dtype
 from lathe.llm.model.tokenizer_check import check_tokenizer_matches_file
+from lathe.llm.model.weights_check import check_has_tokenizer, check_loading_info, check_weight_files, mismatch_error
 
 if TYPE_CHECKING:
     from lathe.llm.config.train import FinetuningArguments, ModelArguments
@@ -52,6 +53,7 @@ def load_tokenizer(model_args: "ModelArguments"):
     from transformers import AutoTokenizer
 
     folder = _model_folder(model_args)
+    check_has_tokenizer(folder)
     try:
         tokenizer = AutoTokenizer.from_pretrained(
             folder,
@@ -163,9 +165,23 @@ def _instantiate(model_args: "ModelArguments", is_trainable: bool, meta: bool):
         if model_args.train_from_scratch:
             return model_class.from_config(config, **kwargs)
         low_cpu_mem_usage = model_args.low_cpu_mem_usage or "device_map" in quantized  # a device map needs it
-        return model_class.from_pretrained(
-            folder, config=config, low_cpu_mem_usage=low_cpu_mem_usage, local_files_only=True, **quantized, **kwargs
+        check_weight_files(folder)
+        model, info = model_class.from_pretrained(
+            folder,
+            config=config,
+            low_cpu_mem_usage=low_cpu_mem_usage,
+            local_files_only=True,
+            output_loading_info=True,
+            **quantized,
+            **kwargs,
         )
+        check_loading_info(info, folder)
+        return model
+    except RuntimeError as error:
+        named = mismatch_error(error, folder)
+        if named is None:
+            raise
+        raise named from error
     except ImportError as error:
         if attention is not None and "flash" in attention:
             raise ImportError(

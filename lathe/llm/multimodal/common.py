@@ -23,7 +23,7 @@ from collections.abc import Mapping
 from typing import ClassVar
 
 from lathe.llm.multimodal.base import PLACEHOLDERS, Composite, FamilyPlugin, MediaSettings
-from lathe.llm.multimodal.images import check_placeholders, fit_pixels, open_image
+from lathe.llm.multimodal.images import UndecodableMedia, check_placeholders, fit_pixels, open_image
 from lathe.train.data.labels import IGNORE_INDEX
 from lathe.train.data.padding import get_padding_side, pad_rows
 
@@ -121,9 +121,17 @@ def read_wav(path: str) -> dict:
     try:
         with wave.open(path, "rb") as handle:
             width, channels, rate = handle.getsampwidth(), handle.getnchannels(), handle.getframerate()
-            frames = handle.readframes(handle.getnframes())
+            count = handle.getnframes()
+            frames = handle.readframes(count)
     except (wave.Error, EOFError) as error:
-        raise ValueError(f"{path}: not a PCM WAV file ({error}); lathe reads audio as WAV: convert it") from None
+        raise UndecodableMedia(
+            f"{path}: not a PCM WAV file ({error}); lathe reads audio as WAV: convert it", path
+        ) from None
+    expected = count * width * channels
+    if len(frames) < expected:
+        raise UndecodableMedia(
+            f"audio file {path!r} is truncated ({len(frames)} of {expected} bytes of samples).", path
+        )
     if width not in (1, 2, 4):
         raise ValueError(f"{path}: {8 * width}-bit WAV samples; lathe reads 8, 16 or 32-bit PCM")
     kind = {1: np.uint8, 2: np.int16, 4: np.int32}[width]

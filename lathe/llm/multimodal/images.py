@@ -29,10 +29,10 @@ def open_image(item: Any, media_dir: str | None = None, where: str = "image"):
         return item
     if isinstance(item, dict):
         if item.get("bytes") is not None:
-            return Image.open(BytesIO(item["bytes"]))
+            return _decoded(Image, BytesIO(item["bytes"]), where, item.get("path"))
         item = item.get("path")
     if isinstance(item, bytes):
-        return Image.open(BytesIO(item))
+        return _decoded(Image, BytesIO(item), where)
     if not isinstance(item, str):
         raise ValueError(f"{where}: expected an image path, bytes or image, got {type(item).__name__}")
     if item.startswith(("http://", "https://")):
@@ -40,7 +40,27 @@ def open_image(item: Any, media_dir: str | None = None, where: str = "image"):
     path = item if os.path.isabs(item) or media_dir is None else os.path.join(media_dir, item)
     if not os.path.isfile(path):
         raise FileNotFoundError(f"{where}: image file {path!r} not found")
-    return Image.open(path)
+    return _decoded(Image, path, where)
+
+
+class UndecodableMedia(ValueError):
+    """A media file that cannot be decoded (truncated, damaged, not an image); `file` names it, for the row."""
+
+    def __init__(self, message: str, file: str | None = None):
+        super().__init__(message)
+        self.file = file
+
+
+def _decoded(Image, source, where: str, file: str | None = None):
+    """Open and decode now (PIL decodes lazily: a truncated file would fail later, far from its name)."""
+    file = file or (source if isinstance(source, str) else None)
+    try:
+        image = Image.open(source)
+        image.load()
+    except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as error:
+        what = f"image file {file!r}" if file else "image bytes"
+        raise UndecodableMedia(f"{where}: {what} cannot be decoded ({error}).", file) from None
+    return image
 
 
 def fit_pixels(image, max_pixels: int = DEFAULT_IMAGE_MAX_PIXELS, min_pixels: int = DEFAULT_IMAGE_MIN_PIXELS):

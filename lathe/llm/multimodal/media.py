@@ -26,11 +26,22 @@ def resolve_path(item: Any, media_dir: str | None, kind: str) -> str:
     if item.startswith(("http://", "https://", "s3://", "gs://")):
         raise MediaProblem(f"{kind} {item!r} is a URL; lathe reads no network: download it and give its path")
     joined = os.path.join(media_dir, item) if media_dir else item
-    if os.path.isfile(joined):
-        return joined
-    if os.path.isfile(item):
-        return item
+    for path in (joined, item):
+        if os.path.isfile(path):
+            return _confined(path, kind)
     raise MediaProblem(f"{kind} file {item!r} not found (looked in media_dir {media_dir!r} and as written)")
+
+
+ROOT_VARIABLE = "LATHE_MEDIA_ROOT"  # set by `lathe webui` for the runs it starts: media files stay under its root
+
+
+def _confined(path: str, kind: str) -> str:
+    root = os.environ.get(ROOT_VARIABLE)
+    if root:
+        real, real_root = os.path.realpath(path), os.path.realpath(root)
+        if real != real_root and not real.startswith(real_root + os.sep):
+            raise MediaProblem(f"{kind} file {path!r} is outside the web page's root {real_root} (paths stay under it)")
+    return path
 
 
 def count_placeholders(messages: list[dict]) -> dict[str, int]:
@@ -62,3 +73,16 @@ def row_media(example: dict, columns: dict[str, str | None], media_dir: str | No
                 f"placeholder(s); put one {PLACEHOLDERS[kind]} where each {kind} goes"
             )
     return out
+
+
+def name_row(error, dataset) -> ValueError:
+    """`error` (an UndecodableMedia naming its file) with the dataset row(s) whose media columns hold that file."""
+    rows = []
+    for column in CANONICAL.values():
+        if error.file is None or column not in dataset.column_names:
+            continue
+        rows += [index + 1 for index, items in enumerate(dataset[column]) if items and error.file in items]
+    if not rows:
+        return error
+    shown = ", ".join(map(str, rows[:5])) + (f" and {len(rows) - 5} more" if len(rows) > 5 else "")
+    return MediaProblem(f"dataset row {shown}: {error}")

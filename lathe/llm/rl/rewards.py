@@ -111,14 +111,36 @@ def compute_rewards(
             raise RewardFunctionError(
                 f"reward function {name!r} raised {type(error).__name__}: {error}{row}"
             ) from error
-        values = list(values)
-        if len(values) != len(prompts):
-            raise RewardFunctionError(
-                f"reward function {name!r} returned {len(values)} rewards for {len(prompts)} completions "
-                "(one per completion expected)."
-            )
-        rewards[:, index] = torch.tensor([float("nan") if v is None else float(v) for v in values], dtype=torch.float32)
+        rewards[:, index] = torch.tensor(checked_rewards(name, values, len(prompts)), dtype=torch.float32)
     return rewards
+
+
+def checked_rewards(name: str, values, count: int) -> list[float]:
+    """A reward function's answer as `count` floats (NaN for None), or RewardFunctionError naming the function,
+    what is expected (a list[float] of the batch's length) and what came back."""
+    expected = (
+        f"reward function {name!r} must return a list[float] of {count} rewards (one per completion, None to skip)"
+    )
+    if isinstance(values, (str, bytes, dict)) or not hasattr(values, "__iter__"):
+        raise RewardFunctionError(f"{expected}; it returned {type(values).__name__} {_short(values)}.")
+    values = list(values.flatten() if isinstance(values, torch.Tensor) else values)
+    if len(values) != count:
+        raise RewardFunctionError(f"{expected}; it returned {len(values)} values: {_short(values)}.")
+    floats = []
+    for position, value in enumerate(values):
+        if isinstance(value, torch.Tensor) and value.numel() == 1:
+            value = value.item()
+        if value is not None and (isinstance(value, (str, bytes)) or not hasattr(value, "__float__")):
+            raise RewardFunctionError(
+                f"{expected}; item {position} is {type(value).__name__} {_short(value)} (in {_short(values)})."
+            )
+        floats.append(float("nan") if value is None else float(value))
+    return floats
+
+
+def _short(value) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
 
 
 def _failing_row(function, prompts, completions, completion_ids, columns, row_ids) -> str:

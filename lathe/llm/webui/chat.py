@@ -35,6 +35,12 @@ class ChatSession:
 
         keys = form if whole_config else CHAT_KEYS
         values = {key: form[key] for key in keys if form.get(key) not in (None, "")}
+        if not whole_config and form.get("trust_remote_code") not in (None, "", False, "false"):
+            if form.get("confirm_remote_code") is not True:
+                raise ValueError(
+                    "trust_remote_code runs Python code from the model folder: confirm it (confirm_remote_code) to go on."
+                )
+            values["trust_remote_code"] = True
         if not values.get("model_name_or_path"):
             raise ValueError("model_name_or_path is required.")
         values = check_config_paths(self.root, values)
@@ -46,7 +52,9 @@ class ChatSession:
         return {"loaded": values, "template": self.engine.template.name}
 
     def stream(self, messages: list, max_new_tokens=None, temperature=None):
-        """Yield the answer's text as it is decoded (the engine's worker thread fills a queue)."""
+        """An iterator over the answer's text as it is decoded (the engine's worker thread fills a queue).
+        The request is checked here, before the first piece, so that a bad one is an error reply, not a
+        broken stream."""
         from lathe.llm.inference.engine import InvalidRequest
 
         engine = self.engine
@@ -66,6 +74,10 @@ class ChatSession:
         job = engine.submit(
             engine.chat_prompt(messages), params, on_text=pieces.put, on_done=lambda *_: pieces.put(done)
         )
+        return self._pieces(job, pieces, done)
+
+    @staticmethod
+    def _pieces(job, pieces, done):
         while True:
             try:
                 piece = pieces.get(timeout=600)

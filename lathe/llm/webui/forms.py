@@ -7,7 +7,7 @@ import json
 import os
 import re
 
-from lathe.llm.webui.paths import PathError, check_config_paths, checked_model, inside
+from lathe.llm.webui.paths import PathError, check_config_paths, check_dataset_files, checked_model, inside
 
 STAGES = ("sft", "pt", "rm", "dpo", "kto", "grpo")
 # The keys each stage adds to the form (besides the method's): GRPO's reward functions, sampling and objective.
@@ -116,7 +116,30 @@ def build_config(root: str, form: dict) -> dict:
             raise ValueError(f"{key} is required.")
     if values.get("trust_remote_code") and not form.get("confirm_remote_code"):
         raise ValueError("trust_remote_code runs Python code from the model folder: confirm it in the form to go on.")
-    return check_config_paths(root, values)
+    # lathe train imports reward modules from the config's folder, then its working directory (the root)
+    values = check_config_paths(root, values, search_dirs=(inside(root, CONFIG_FOLDER), root))
+    _check_datasets(root, values)
+    return values
+
+
+def _check_datasets(root: str, values: dict) -> None:
+    """The files the chosen datasets name in dataset_info.json stay under the root too."""
+    dataset_dir = values.get("dataset_dir") or inside(root, "data", "dataset_dir")
+    path = os.path.join(dataset_dir, "dataset_info.json")
+    if not os.path.isfile(path):
+        return  # lathe train says which dataset it cannot find
+    with open(path, encoding="utf-8") as f:
+        try:
+            info = json.load(f)
+        except (json.JSONDecodeError, RecursionError):
+            raise ValueError(f"{path}: not a JSON object of datasets.") from None
+    names = [
+        name.strip()
+        for key in ("dataset", "eval_dataset")
+        for name in (values.get(key) if isinstance(values.get(key), list) else str(values.get(key) or "").split(","))
+        if isinstance(name, str) and name.strip()
+    ]
+    check_dataset_files(root, dataset_dir, info, names, where=path)
 
 
 def _extra_keys(text) -> dict:

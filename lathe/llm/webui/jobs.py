@@ -20,8 +20,10 @@ def lathe_command(*args: str) -> list[str]:
     return [sys.executable, "-m", "lathe", *args]
 
 
-def child_environment() -> dict:
+def child_environment(root: str | None = None) -> dict:
     env = dict(os.environ)
+    if root is not None:  # the data rows' image / audio / video files stay under the root too (multimodal/media.py)
+        env["LATHE_MEDIA_ROOT"] = os.path.realpath(root)
     env["PYTHONUNBUFFERED"] = "1"  # the log tail shows lines as they are printed
     env.pop("LATHE_WEBUI_KEY", None)  # the page's key is no business of the training process
     return env
@@ -52,7 +54,7 @@ class Jobs:
                     stdout=log,
                     stderr=subprocess.STDOUT,
                     stdin=subprocess.DEVNULL,
-                    env=child_environment(),
+                    env=child_environment(self.root),
                     start_new_session=True,
                 )
             self._stopping.discard(run)
@@ -103,7 +105,7 @@ def run_short(args: list[str], root: str, timeout: float) -> dict:
             errors="replace",
             timeout=timeout,
             stdin=subprocess.DEVNULL,
-            env=child_environment(),
+            env=child_environment(root),
         )
     except subprocess.TimeoutExpired:
         return {"code": None, "output": f"lathe {args[0]} took longer than {timeout:.0f} s and was stopped."}

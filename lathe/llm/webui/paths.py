@@ -1,4 +1,10 @@
-"""Where the web page may read and write: every path a form or a request names resolves under the root."""
+"""Where the web page may read and write: every path a form or a request names resolves under the root.
+
+`inside` is the one helper: it resolves a value (relative to the root, or absolute; `..` and symbolic links
+followed) and refuses anything that lands outside the root. `check_config_paths` applies it to every
+path-valued config key (PATH_KEYS; tests/llm/test_webui_paths.py derives the path-valued keys from the config
+dataclasses and fails when one is missing here), `check_dataset_files` to the files a dataset_info.json
+names."""
 
 from __future__ import annotations
 
@@ -6,9 +12,13 @@ import os
 import re
 
 # Keys whose values are files or folders. Any other key ending like these counts too (see is_path_key).
+MODEL_KEYS = ("model_name_or_path", "ref_model", "reward_model", "generation_config")  # a folder or a hub id
+LIST_KEYS = ("adapter_name_or_path", "ref_model_adapters")  # comma-separated folders or hub ids
+JSON_KEYS = ("deepspeed", "fsdp_config", "accelerator_config")  # a dict, a JSON string or a JSON file
 PATH_KEYS = {
-    "model_name_or_path",
-    "adapter_name_or_path",
+    *MODEL_KEYS,
+    *LIST_KEYS,
+    *JSON_KEYS,
     "dataset_dir",
     "media_dir",
     "output_dir",
@@ -16,10 +26,8 @@ PATH_KEYS = {
     "export_dir",
     "resume_from_checkpoint",
     "tokenized_path",
-    "deepspeed",
     "cache_dir",
-    "ref_model",
-    "reward_model",
+    "reward_funcs",
 }
 PATH_SUFFIXES = ("_dir", "_path", "_file", "_folder")
 # A hub id: "org/name" (LLaMA-Factory downloads it); it must not exist as a folder under the root.
@@ -58,17 +66,51 @@ def checked_model(root: str, value: str, what: str = "model_name_or_path") -> st
     return inside(root, value, what)
 
 
-def check_config_paths(root: str, values: dict) -> dict:
+def _items(value) -> list:
+    return [item.strip() for item in value.split(",") if item.strip()] if isinstance(value, str) else list(value)
+
+
+def checked_reward(root: str, spec, search_dirs: tuple[str, ...]) -> str:
+    """A reward function the page may name: a model folder under root, or `module:function` whose module is
+    a .py file under root (in one of `search_dirs`, where `lathe train` looks first): never a module found
+    elsewhere on sys.path."""
+    if not isinstance(spec, str) or not spec.strip():
+        raise PathError(f"reward_funcs: expected 'module:function' or a model folder, got {spec!r}.")
+    module, colon, function = spec.strip().partition(":")
+    if not colon:
+        return inside(root, spec, "reward_funcs")
+    if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*", module) or not function.isidentifier():
+        raise PathError(f"reward_funcs: {spec!r} is not 'module:function'.")
+    relative_file = os.path.join(*module.split(".")) + ".py"
+    for folder in search_dirs:
+        candidate = os.path.join(folder, relative_file)
+        if os.path.isfile(candidate):
+            inside(root, candidate, "reward_funcs")  # a link to a file outside is refused
+            return spec.strip()
+    raise PathError(
+        f"reward_funcs: module {module!r} is not a .py file under the web page's root (the page runs reward "
+        f"code from the root only; looked for {relative_file} in {', '.join(search_dirs)})."
+    )
+
+
+def check_config_paths(root: str, values: dict, search_dirs: tuple[str, ...] = ()) -> dict:
     """The config with every path value made absolute under root; PathError for any that escapes.
-    Model keys may also be hub ids; comma-separated adapter lists are checked one by one."""
+    Model keys may also be hub ids; comma-separated lists are checked one by one; deepspeed / fsdp_config /
+    accelerator_config may be given inline (a dict or a JSON string); reward modules are looked up in
+    `search_dirs` (default: the root)."""
     checked = dict(values)
     for key, value in values.items():
         if value is None or value == "" or not is_path_key(key) or isinstance(value, bool):
             continue
-        if key in ("model_name_or_path", "ref_model", "reward_model"):
+        if key in MODEL_KEYS:
             checked[key] = checked_model(root, str(value), key)
-        elif key == "adapter_name_or_path":
-            checked[key] = ",".join(checked_model(root, item, key) for item in str(value).split(","))
+        elif key in LIST_KEYS:
+            checked[key] = ",".join(checked_model(root, item, key) for item in _items(value))
+        elif key == "reward_funcs":
+            dirs = search_dirs or (root,)
+            checked[key] = [checked_reward(root, item, dirs) for item in _items(value)]
+        elif key in JSON_KEYS and (isinstance(value, dict) or str(value).lstrip().startswith("{")):
+            continue
         elif key == "resume_from_checkpoint" and str(value).lower() in ("true", "false"):
             continue
         elif isinstance(value, str):
@@ -76,6 +118,20 @@ def check_config_paths(root: str, values: dict) -> dict:
         else:
             raise PathError(f"{key}: expected a path (a string), got {value!r}.")
     return checked
+
+
+def check_dataset_files(root: str, dataset_dir: str, info: dict, names=None, where: str = "dataset_info.json"):
+    """Each entry of a dataset_info.json (those in `names`, or all) whose `file_name` is a file or folder:
+    it must resolve under root (relative to dataset_dir, as lathe train reads it). Hub and remote entries
+    name no local file."""
+    if not isinstance(info, dict):
+        raise ValueError(f"{where}: expected an object of datasets.")
+    for name in info if names is None else names:
+        entry = info.get(name)
+        if isinstance(entry, dict) and entry.get("file_name") is not None:
+            if not isinstance(entry["file_name"], str):
+                raise ValueError(f"{where}: dataset {name!r}: file_name must be a string.")
+            inside(root, os.path.join(dataset_dir, entry["file_name"]), f"{where}: dataset {name!r} file_name")
 
 
 def relative(root: str, path: str) -> str:

@@ -11,18 +11,23 @@ from importlib import resources
 
 try:
     from fastapi import FastAPI, HTTPException, Request
+    from fastapi.exceptions import RequestValidationError
     from fastapi.responses import FileResponse, HTMLResponse, JSONResponse, Response, StreamingResponse
+    from starlette.exceptions import HTTPException as StarletteHTTPException
 except ImportError:  # this module is imported only by `lathe webui` / `lathe webchat`
     raise ImportError("lathe webui needs FastAPI and uvicorn: pip install 'lathe[api]'") from None
 
+from lathe.llm.inference.browser import Boundary
 from lathe.llm.webui import forms, runs
 from lathe.llm.webui.chat import ChatSession
 from lathe.llm.webui.jobs import Jobs, run_short
-from lathe.llm.webui.paths import PathError, check_config_paths, inside
+from lathe.llm.webui.paths import PathError, check_config_paths, check_dataset_files, inside
 from lathe.llm.webui.strings import STRINGS
+from lathe.llm.workflows.lock import OutputDirBusy, busy_message
 
 MAX_BODY = 1 << 20  # JSON requests: 1 MiB
 MAX_UPLOAD = 32 << 20  # a dataset file: 32 MiB
+MAX_DEPTH = 32  # JSON nesting of a request body
 SHORT_TIMEOUT = 300  # seconds for --dry_run, data preview and export
 STATIC = {"index.html": "text/html", "app.js": "text/javascript", "style.css": "text/css"}
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
@@ -44,13 +49,19 @@ def _static(name: str) -> str:
 
 
 async def _form(request: Request) -> dict:
-    """The JSON body, at most MAX_BODY bytes (the guard checked Content-Length; this checks what came)."""
+    """The JSON body, at most MAX_BODY bytes (the guard checked Content-Length; this checks what came) and
+    MAX_DEPTH levels deep (checked before parsing: Python's parser recurses once per level)."""
+    from lathe.llm.inference.requests import json_depth
+
     body = await request.body()
     if len(body) > MAX_BODY:
         raise ValueError(f"request body over {MAX_BODY} bytes.")
+    depth = json_depth(body)
+    if depth > MAX_DEPTH:
+        raise ValueError(f"the request body nests JSON {depth} levels deep; at most {MAX_DEPTH} are allowed.")
     try:
         form = json.loads(body or b"{}")
-    except json.JSONDecodeError:
+    except (ValueError, UnicodeDecodeError, RecursionError):
         raise ValueError("expected a JSON body.") from None
     if not isinstance(form, dict):
         raise ValueError("expected a JSON object.")
@@ -67,11 +78,15 @@ def _authorized(request: Request, api_key: str) -> bool:
     return any(candidate and hmac.compare_digest(candidate.encode(), api_key.encode()) for candidate in candidates)
 
 
-def _add_guard(app: FastAPI, api_key: str | None, chat_only: bool) -> None:
-    """Every request: the key (when there is one), the routes webchat serves, a bounded body; error replies."""
+def _add_guard(app: FastAPI, api_key: str | None, chat_only: bool, boundary: Boundary) -> None:
+    """Every request: Host and Origin (inference/browser.py), the key (when there is one), the routes webchat
+    serves, a bounded body; error replies."""
 
     @app.middleware("http")
     async def guard(request: Request, call_next):
+        refused = boundary.refusal(request.method, request.headers)
+        if refused is not None:
+            return JSONResponse({"error": f"refused: {refused}"}, 403)
         if api_key is not None and not _authorized(request, api_key):
             return JSONResponse({"error": "a key is required (Authorization: Bearer KEY or /?key=KEY)."}, 401)
         path = request.url.path
@@ -94,6 +109,10 @@ def _add_guard(app: FastAPI, api_key: str | None, chat_only: bool) -> None:
     async def outside(_request, error: PathError):
         return JSONResponse({"error": str(error)}, 403)
 
+    @app.exception_handler(OutputDirBusy)
+    async def busy(_request, error: OutputDirBusy):
+        return JSONResponse({"error": str(error)}, 409)
+
     @app.exception_handler(ValueError)
     async def bad_input(_request, error: ValueError):
         return JSONResponse({"error": str(error)}, 400)
@@ -101,6 +120,19 @@ def _add_guard(app: FastAPI, api_key: str | None, chat_only: bool) -> None:
     @app.exception_handler(FileNotFoundError)
     async def missing(_request, error: FileNotFoundError):
         return JSONResponse({"error": str(error)}, 404)
+
+    @app.exception_handler(TypeError)
+    async def wrong_type(request, error: TypeError):  # a field of the wrong JSON type (a list for a name, ...)
+        return JSONResponse({"error": f"{request.url.path}: a field has the wrong type ({error})."}, 400)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(_request, error: StarletteHTTPException):  # unknown routes, wrong methods: JSON too
+        return JSONResponse({"error": str(error.detail)}, error.status_code)
+
+    @app.exception_handler(RequestValidationError)
+    async def bad_query(request, error: RequestValidationError):  # a missing or mistyped query parameter
+        where = "; ".join(f"{'.'.join(map(str, item['loc']))}: {item['msg']}" for item in error.errors())
+        return JSONResponse({"error": f"{request.url.path}: {where}."}, 400)
 
 
 def _add_page_routes(app: FastAPI, root: str, chat_config: dict | None) -> None:
@@ -146,6 +178,12 @@ def _add_page_routes(app: FastAPI, root: str, chat_config: dict | None) -> None:
         if len(body) > MAX_UPLOAD:
             raise ValueError(f"uploads are at most {MAX_UPLOAD} bytes.")
         target = inside(root, os.path.join(dataset_dir, name), "upload")
+        if name == "dataset_info.json":  # the files it names must be under the root too
+            try:
+                info = json.loads(body)
+            except (json.JSONDecodeError, UnicodeDecodeError, RecursionError):
+                raise ValueError("dataset_info.json: not JSON.") from None
+            check_dataset_files(root, os.path.dirname(target), info)
         os.makedirs(os.path.dirname(target), exist_ok=True)
         with open(target, "wb") as f:
             f.write(body)
@@ -182,6 +220,9 @@ def _add_train_routes(app: FastAPI, root: str, jobs: Jobs) -> None:
     @app.post("/api/start")
     async def start(request: Request):
         values = forms.build_config(root, await _form(request))
+        busy = busy_message(values["output_dir"])  # a run from the command line writes there
+        if busy is not None:
+            raise OutputDirBusy(busy)
         path = forms.save_config(root, values)
         run = forms.run_name(root, values)
         jobs.start(run, path)
@@ -199,6 +240,9 @@ def _add_train_routes(app: FastAPI, root: str, jobs: Jobs) -> None:
         path = inside(root, os.path.join(forms.CONFIG_FOLDER, run.replace("/", "_") + ".yaml"), "config")
         if not os.path.isfile(path):
             raise FileNotFoundError(f"no saved config for {run!r} (resume runs started from the command line there).")
+        busy = busy_message(os.path.join(root, run))
+        if busy is not None:
+            raise OutputDirBusy(busy)
         return {"run": run, "checkpoint": runs.relative(root, jobs.resume(run, path))}
 
 
@@ -256,14 +300,16 @@ def _add_chat_export_routes(app: FastAPI, root: str, chat: ChatSession) -> None:
         return FileResponse(target, filename=os.path.basename(target))
 
 
-def create_app(root: str, api_key: str | None = None, chat_config: dict | None = None) -> FastAPI:
+def create_app(
+    root: str, api_key: str | None = None, chat_config: dict | None = None, boundary: Boundary | None = None
+) -> FastAPI:
     """The application serving `root` (every path stays under it); with `api_key`, every route needs it
     (Authorization: Bearer KEY, or the cookie set by opening /?key=KEY once). With `chat_config` (lathe
-    webchat), only the chat."""
+    webchat), only the chat. `boundary` (default: bound to 127.0.0.1) says which Host / Origin headers pass."""
     root = os.path.realpath(root)
     app = FastAPI(title="lathe webui", docs_url=None, redoc_url=None, openapi_url=None)
     app.state.jobs, app.state.chat = Jobs(root), ChatSession(root)
-    _add_guard(app, api_key, chat_only=chat_config is not None)
+    _add_guard(app, api_key, chat_only=chat_config is not None, boundary=boundary or Boundary())
     _add_page_routes(app, root, chat_config)
     _add_train_routes(app, root, app.state.jobs)
     _add_watch_routes(app, root, app.state.jobs)
@@ -271,7 +317,14 @@ def create_app(root: str, api_key: str | None = None, chat_config: dict | None =
     return app
 
 
-def serve(root: str, host: str = "127.0.0.1", port: int = 7860, api_key: str | None = None, chat_config=None) -> int:
+def serve(
+    root: str,
+    host: str = "127.0.0.1",
+    port: int = 7860,
+    api_key: str | None = None,
+    chat_config=None,
+    allowed_hosts: tuple[str, ...] = (),
+) -> int:
     """`lathe webui`: serve the page until Ctrl-C (runs it started go on). A host other than loopback needs a key."""
     import uvicorn
 
@@ -279,7 +332,7 @@ def serve(root: str, host: str = "127.0.0.1", port: int = 7860, api_key: str | N
         raise ValueError(f"--host {host} opens the page to other machines: give a key (--api_key or LATHE_WEBUI_KEY).")
     if not os.path.isdir(root):
         raise NotADirectoryError(f"--root {root!r} is not a folder.")
-    app = create_app(root, api_key, chat_config)
+    app = create_app(root, api_key, chat_config, Boundary(host, allowed_hosts))
     if chat_config is not None:
         print("lathe webchat: loading the model ...", flush=True)
         app.state.chat.load(chat_config, whole_config=True)

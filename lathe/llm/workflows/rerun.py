@@ -7,7 +7,7 @@ import json
 import logging
 import os
 
-__all__ = ["finished_run_message", "changed_keys", "warn_about_changed_keys"]
+__all__ = ["finished_run_message", "changed_keys", "warn_about_changed_keys", "check_same_model"]
 
 logger = logging.getLogger(__name__)
 
@@ -16,7 +16,7 @@ RUN_CONFIG_NAME = "lathe_train_config.yaml"
 FINISHED_MARKER = "train_results.json"
 FINAL_STATE = "trainer_state.json"
 # Keys that say how to start, not what to train: a resume that differs in them is the same run.
-NOT_COMPARED = ("resume_from_checkpoint", "overwrite_output_dir")
+NOT_COMPARED = ("resume_from_checkpoint", "overwrite_output_dir", "allow_model_change")
 
 
 def _read_json(path: str) -> dict | None:
@@ -99,4 +99,36 @@ def warn_about_changed_keys(config, checkpoint: str) -> None:
             "Warning: The following keys do not match the ones of the run being resumed from %s: %s",
             checkpoint,
             "".join(f"\n\t{line}" for line in changed),
+        )
+
+
+def _same_model(now, before) -> bool:
+    if now == before:
+        return True
+    if isinstance(now, str) and isinstance(before, str) and os.path.isdir(now) and os.path.isdir(before):
+        return os.path.realpath(now) == os.path.realpath(before)
+    return False
+
+
+def check_same_model(config, checkpoint: str) -> None:
+    """A resume trains the model the run started from: another model_name_or_path than the one in
+    output_dir/lathe_train_config.yaml is refused (the checkpoint's weights or adapter belong to that one),
+    unless allow_model_change: true."""
+    path = os.path.join(config.training.output_dir, RUN_CONFIG_NAME)
+    if config.model.allow_model_change or not os.path.isfile(path):
+        return
+    import yaml
+
+    try:
+        with open(path, encoding="utf-8") as f:
+            before = yaml.safe_load(f)
+    except (OSError, yaml.YAMLError):
+        return
+    if not isinstance(before, dict) or "model_name_or_path" not in before:
+        return
+    now, then = config.given.get("model_name_or_path"), before["model_name_or_path"]
+    if not _same_model(now, then):
+        raise ValueError(
+            f"resuming {checkpoint} with model_name_or_path {now!r}, but that run was trained from {then!r} "
+            f"(its {RUN_CONFIG_NAME}): use another output_dir, or set allow_model_change: true to resume anyway."
         )

@@ -8,8 +8,8 @@ import math
 import os
 
 from lathe.llm.memory.fit import start_batch_from_plan
-from lathe.llm.workflows.rerun import RUN_CONFIG_NAME, warn_about_changed_keys
 from lathe.llm.methods.meter import summary_lines
+from lathe.llm.workflows.rerun import RUN_CONFIG_NAME, check_same_model, warn_about_changed_keys
 from lathe.llm.workflows.outputs import TrainerLogCallback, plot_loss, save_generation_config
 
 __all__ = [
@@ -43,6 +43,7 @@ def resolve_resume_checkpoint(config) -> str | None:
     training = config.training
     explicit = training.resume_from_checkpoint
     if explicit not in (None, False, ""):
+        check_same_model(config, explicit)
         warn_about_changed_keys(config, explicit)
         return explicit
     if not training.do_train or not os.path.isdir(training.output_dir) or training.overwrite_output_dir:
@@ -57,6 +58,7 @@ def resolve_resume_checkpoint(config) -> str | None:
         )
     if last is not None:
         logger.info("Resuming training from %s (set overwrite_output_dir: true to start over).", last)
+        check_same_model(config, last)
         warn_about_changed_keys(config, last)
     return last
 

@@ -23,4 +23,12 @@ def run_train(config, dry_run: bool = False, callbacks: list | None = None) -> d
         print_once(config, finished)
         return {}
     recipe = import_module(f"lathe.llm.workflows.{RECIPES[stage]}")
-    return recipe.run(config, dry_run=dry_run, callbacks=callbacks)
+    if dry_run:
+        return recipe.run(config, dry_run=dry_run, callbacks=callbacks)
+    import os
+
+    from lathe.llm.workflows.lock import OutputDirLock
+
+    # one writer per output_dir (rank 0 holds it for the whole multi-process run)
+    with OutputDirLock(config.training.output_dir, enabled=int(os.environ.get("RANK", "0")) == 0):
+        return recipe.run(config, dry_run=dry_run, callbacks=callbacks)

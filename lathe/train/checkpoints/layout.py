@@ -164,8 +164,9 @@ def publish_staging(staging: str, final_path: str, write=None) -> None:
             write(staging)
         commit_staging(staging, final_path)
     except BaseException as error:
+        explained = explain_save_error(error, final_path, staging=staging)
         abort_staging(staging)
-        raise explain_save_error(error, final_path) from error
+        raise explained from error
 
 
 def abort_staging(staging: str) -> None:
@@ -202,27 +203,39 @@ def atomic_checkpoint(
         if is_main_process:
             commit_staging(staging, final_path)
     except BaseException as error:
+        explained = explain_save_error(error, final_path, staging=staging)
         if is_main_process:
             abort_staging(staging)
-        raise explain_save_error(error, final_path) from error
+        raise explained from error
     if is_main_process and after_commit is not None:
         after_commit()  # only after the rename is committed may rotation delete anything
     wait()  # nobody reads the new checkpoint (or rotates) before it is published
 
 
-def explain_save_error(error: BaseException, final_path: str, summary: str | None = None) -> BaseException:
+def explain_save_error(
+    error: BaseException, final_path: str, summary: str | None = None, staging: str | None = None
+) -> BaseException:
     """The error to raise for a failed save: it names the checkpoint (or says `summary`), says
     earlier ones are intact, and points at disk space and permissions (an OSError keeps its errno).
-    Raised `from error`, so lathe's message is what the traceback ends with."""
+    A full disk names the file being written (diskfull.py). Raised `from error`, so lathe's message is
+    what the traceback ends with."""
     if not isinstance(error, Exception):
         return error  # KeyboardInterrupt, SystemExit: nothing to explain
+    from lathe.train.checkpoints.diskfull import disk_errno, failed_file
+
     summary = summary or f"Saving checkpoint {final_path!r} failed; earlier checkpoints are intact."
     hint = f"{summary} Check free disk space ({_free_space(final_path)}) and that the output folder is writable."
-    if isinstance(error, OSError):
-        return _os_error(error, f"{hint} Cause: {error}")
+    number = disk_errno(error)
+    file = failed_file(error, final_path, staging) if number is not None else None
+    if isinstance(error, OSError) or (number is not None and "os error" in str(error)):  # safetensors' own words
+        cause = f"writing {file}: {error}" if file else str(error)
+        return OSError(number or error.errno, f"{hint} Cause: {cause}") if (number or error.errno) else OSError(hint)
     # torch.save reports a write that failed (full disk) as RuntimeError("[enforce fail at
     # inline_container.cc...] unexpected pos ..."), which names neither the disk nor the path.
+    error.disk_errno = number  # the CLI prints a full disk as one line (lathe/llm/commands.py)
     if hasattr(error, "add_note"):  # Python 3.11+
+        if file:
+            error.add_note(f"(while writing {file})")
         error.add_note(hint)
     else:
         logger.error(hint)
