@@ -254,3 +254,13 @@ def test_template_is_suggested_from_the_tokenizer(client, root):
     tokenizer.save_pretrained(folder)
     assert "chatml" in client.get("/api/template", params={"model": "models/tiny"}).json()["templates"]
     assert client.get("/api/template", params={"model": "../models"}).status_code == 403
+
+
+def test_start_refuses_a_form_that_differs_from_the_yaml_the_page_showed(client, root):
+    form = train_form("saves/shown")
+    shown = client.post("/api/config", json=form).json()["yaml"]
+    changed = train_form("saves/shown", template="qwen")  # e.g. a late suggestion changed a field after the YAML
+    refused = client.post("/api/start", json={**changed, "yaml": shown})
+    assert refused.status_code == 400 and "the form changed after its YAML was shown" in refused.json()["error"]
+    assert not os.path.exists(os.path.join(root, "configs", "saves_shown.yaml"))  # nothing saved, nothing started
+    assert client.app.state.jobs.status("saves/shown") is None

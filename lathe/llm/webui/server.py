@@ -180,7 +180,12 @@ def _add_train_routes(app: FastAPI, root: str, jobs: Jobs) -> None:
 
     @app.post("/api/start")
     async def start(request: Request):
-        values = forms.build_config(root, await _form(request))
+        form = await _form(request)
+        values = forms.build_config(root, form)
+        shown = form.get("yaml")
+        if shown is not None and shown != forms.config_yaml(values):
+            # The page shows the YAML before it starts: a form changed since (or a stale page) starts nothing.
+            raise ValueError("the form changed after its YAML was shown: check the YAML on the page and start again.")
         path = forms.save_config(root, values)
         run = forms.run_name(root, values)
         jobs.start(run, path)
