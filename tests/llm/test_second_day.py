@@ -1,0 +1,127 @@
+"""The second-day traps (issue 39): a typo in a path key, a cutoff that cuts most trained tokens, the
+configuration dump, the progress bar's postfix, the api access log, a taken webui port, resumed runs' config."""
+
+import json
+import os
+import shutil
+
+import pytest
+
+from lathe.llm.path_typos import local_path_problem, one_edit_apart
+
+
+@pytest.fixture(autouse=True)
+def private_cache(tmp_path_factory, monkeypatch):
+    monkeypatch.setenv("HOME", str(tmp_path_factory.getbasetemp() / "home"))  # the tokenization cache
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("second_day_data")
+    rows = [
+        {"instruction": f"What is {a} plus 2?", "input": "", "output": f"{a} plus 2 is {a + 2}."} for a in range(20)
+    ]
+    (folder / "add.json").write_text(json.dumps(rows))
+    # Long answers: cutoff_len 24 keeps the question and a few answer tokens of every row (no row is left out).
+    long = [{"instruction": "hi", "input": "", "output": " ".join(["two plus two is four."] * 20)} for _ in range(8)]
+    (folder / "long.json").write_text(json.dumps(long))
+    (folder / "dataset_info.json").write_text(
+        json.dumps({"add": {"file_name": "add.json"}, "long": {"file_name": "long.json"}})
+    )
+    return str(folder)
+
+
+def _config(model_dir, data_dir, output_dir, **extra):
+    values = {
+        "model_name_or_path": model_dir,
+        "stage": "sft",
+        "finetuning_type": "lora",
+        "dataset_dir": data_dir,
+        "dataset": "add",
+        "template": "chatml",
+        "cutoff_len": 64,
+        "output_dir": str(output_dir),
+        "per_device_train_batch_size": 4,
+        "learning_rate": 1.0e-3,
+        "max_steps": 2,
+        "logging_steps": 1,
+        "report_to": "none",
+        "disable_tqdm": True,
+        "seed": 7,
+    }
+    values.update(extra)
+    return values
+
+
+# ---- 2. A typo is a typo.
+
+
+def test_one_edit_apart_counts_one_added_dropped_changed_or_swapped_letter():
+    assert one_edit_apart("models", "modles") and one_edit_apart("tiny", "tin") and one_edit_apart("tiny", "tiy")
+    assert one_edit_apart("data", "date") and one_edit_apart("data", "datas")
+    assert (
+        not one_edit_apart("data", "data") and not one_edit_apart("data", "dtaa ") and not one_edit_apart("ab", "ba c")
+    )
+
+
+def test_names_that_look_local_are_missing_folders_and_hub_ids_are_left_to_the_hub(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    os.makedirs("models/tiny")
+    os.makedirs("data")
+    assert local_path_problem("models/tni").endswith(
+        "'models' has no folder 'tni' (in %s); did you mean 'models/tiny'?" % tmp_path
+    )
+    assert local_path_problem("modles/tiny").endswith("did you mean 'models/tiny'?")  # one edit from a folder here
+    assert "did you mean 'models'" in local_path_problem("./model")
+    assert local_path_problem("../nowhere").startswith("is not a local folder: '..' has no folder 'nowhere'")
+    assert local_path_problem("daat").endswith("did you mean 'data'?")
+    for hub_id in ("Qwen/Qwen2-0.5B", "gpt2", "org/tiny", "models/tiny"):
+        assert local_path_problem(hub_id) is None
+
+
+@pytest.mark.parametrize(
+    "key, value, shown",
+    [
+        (
+            "model_name_or_path",
+            "models/tni",
+            "model_name_or_path 'models/tni' is not a local folder: 'models' has no folder 'tni'",
+        ),
+        (
+            "model_name_or_path",
+            "modles/tiny",
+            "model_name_or_path 'modles/tiny' is not a local folder: there is no folder 'modles'",
+        ),
+        (
+            "adapter_name_or_path",
+            "saves/lora/checkpont-2",
+            "adapter_name_or_path 'saves/lora/checkpont-2' is not a local folder",
+        ),
+    ],
+)
+def test_a_path_typo_is_reported_as_a_missing_folder_not_a_hub_id(
+    tiny_model_dir, data_dir, tmp_path, monkeypatch, write_yaml, capsys, key, value, shown
+):
+    from lathe.llm.commands import train_command
+
+    monkeypatch.chdir(tmp_path)
+    shutil.copytree(tiny_model_dir, "models/tiny")
+    os.makedirs("saves/lora/checkpoint-2")
+    values = _config("models/tiny", data_dir, tmp_path / "out", **{key: value})
+    config = write_yaml(tmp_path / "train.yaml", values)
+    assert train_command(config, [], dry_run=True) == 2
+    error = capsys.readouterr().err
+    assert shown in error and "did you mean" in error
+    assert "hf download" not in error and "Hub" not in error
+    assert error.startswith("lathe train: error: ") and len(error.strip().splitlines()) == 2  # + the --traceback hint
+
+
+def test_a_dataset_dir_typo_names_the_close_folder(tiny_model_dir, data_dir, tmp_path, monkeypatch, write_yaml, capsys):
+    from lathe.llm.commands import train_command
+
+    monkeypatch.chdir(tmp_path)
+    shutil.copytree(data_dir, "data")
+    config = write_yaml(tmp_path / "train.yaml", _config(tiny_model_dir, "daat", tmp_path / "out"))
+    assert train_command(config, [], dry_run=True) == 2
+    error = capsys.readouterr().err
+    assert "dataset_dir 'daat' does not exist; did you mean 'data'?" in error
