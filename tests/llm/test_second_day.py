@@ -125,3 +125,22 @@ def test_a_dataset_dir_typo_names_the_close_folder(tiny_model_dir, data_dir, tmp
     assert train_command(config, [], dry_run=True) == 2
     error = capsys.readouterr().err
     assert "dataset_dir 'daat' does not exist; did you mean 'data'?" in error
+
+
+# ---- 4. A cutoff that cuts most trained tokens stops (rows all kept).
+
+
+def test_a_cutoff_that_cuts_most_trained_tokens_stops_the_run(tiny_model_dir, data_dir, tmp_path, write_yaml, capsys):
+    from lathe.llm.commands import train_command
+
+    config = write_yaml(
+        tmp_path / "train.yaml", _config(tiny_model_dir, data_dir, tmp_path / "out", dataset="long", cutoff_len=24)
+    )
+    assert train_command(config, [], dry_run=True) == 2
+    error = capsys.readouterr().err
+    line = next(line for line in error.splitlines() if line.startswith("lathe train: error: "))
+    assert line.startswith("lathe train: error: cutoff_len=24 cuts ") and "% of the trained tokens" in line
+    share = float(line.split("cuts ")[1].split("%")[0]) / 100
+    assert share > 0.5 and "longest example " in line and "(now 0.1)" in line
+    allowed = line.split("max_dropped_rows_share: ")[1].split(" ")[0]
+    assert train_command(config, [f"max_dropped_rows_share={allowed}"], dry_run=True) == 0
