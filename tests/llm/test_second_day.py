@@ -144,3 +144,43 @@ def test_a_cutoff_that_cuts_most_trained_tokens_stops_the_run(tiny_model_dir, da
     assert share > 0.5 and "longest example " in line and "(now 0.1)" in line
     allowed = line.split("max_dropped_rows_share: ")[1].split(" ")[0]
     assert train_command(config, [f"max_dropped_rows_share={allowed}"], dry_run=True) == 0
+
+
+# ---- 7. Resumed runs remember every invocation.
+
+
+def _losses(output_dir):
+    lines = [json.loads(line) for line in (output_dir / "trainer_log.jsonl").read_text().splitlines()]
+    return [line["loss"] for line in lines if "loss" in line]
+
+
+@pytest.mark.slow
+def test_a_resumed_runs_config_records_every_invocation_and_replays_the_story(
+    tiny_model_dir, data_dir, tmp_path, write_yaml
+):
+    import yaml
+
+    from lathe.llm.commands import train_command
+    from lathe.llm.workflows.run_config import read_invocations
+
+    output = tmp_path / "run"
+    config = write_yaml(tmp_path / "train.yaml", _config(tiny_model_dir, data_dir, output, save_steps=2))
+    assert train_command(config, []) == 0
+    assert train_command(config, ["max_steps=3", "learning_rate=2e-3"]) == 0  # resumes from checkpoint-2
+    assert train_command(config, ["max_steps=4", "learning_rate=2e-3"]) == 0  # resumes from checkpoint-3
+    saved = output / "lathe_train_config.yaml"
+    story = read_invocations(str(saved))
+    assert [record["resumed_from"] for record in story] == [None, "checkpoint-2", "checkpoint-3"]
+    assert [(r["keys"]["max_steps"], r["keys"]["learning_rate"]) for r in story] == [(2, 1e-3), (3, 2e-3), (4, 2e-3)]
+    assert yaml.safe_load(saved.read_text())["max_steps"] == 4  # the body: the last invocation, runnable as it is
+
+    # The commands in the file re-run the story into a new folder: the same losses, step for step.
+    commands = [line[4:].split() for line in saved.read_text().splitlines() if line.startswith("#   lathe train ")]
+    assert len(commands) == 3
+    again = tmp_path / "again"
+    for command in commands:
+        path, overrides = command[2], [arg.replace("NEW_DIR", str(again)) for arg in command[3:]]
+        assert train_command(path, overrides) == 0
+    assert len(_losses(again)) == 4
+    assert _losses(again) == pytest.approx(_losses(output), rel=1e-5, abs=1e-6)
+    assert len(read_invocations(str(again / "lathe_train_config.yaml"))) == 3
