@@ -154,8 +154,9 @@ def _api(options) -> int:
     import os
 
     options.overrides = _pop_valued(options.overrides, options, API_OPTIONS)
-    overrides, flags = _pop_flags(options.overrides, "traceback")
+    overrides, flags = _pop_flags(options.overrides, "traceback", "quiet")
     server = {
+        "access_log": "quiet" not in flags,  # one line per request unless --quiet
         # LLaMA-Factory's environment variables work too (API_HOST, API_PORT, API_KEY, API_MODEL_NAME).
         "host": options.host or os.environ.get("API_HOST") or "127.0.0.1",
         "port": int(options.port or os.environ.get("API_PORT") or 8000),
@@ -239,7 +240,7 @@ def _add_inference_parsers(commands) -> None:
         nargs=argparse.REMAINDER,
         help="--host H --port P --api_key K --model_name NAME --max_tokens CAP --max_batch B --media_dir DIR "
         "(image_url files allowed from DIR only) --max_body_bytes N (1000000), then key=value config overrides; "
-        "--traceback shows the full error",
+        "--quiet drops the access line printed per request; --traceback shows the full error",
     )
     api.set_defaults(run=_api)
 

@@ -184,3 +184,67 @@ def test_a_resumed_runs_config_records_every_invocation_and_replays_the_story(
     assert len(_losses(again)) == 4
     assert _losses(again) == pytest.approx(_losses(output), rel=1e-5, abs=1e-6)
     assert len(read_invocations(str(again / "lathe_train_config.yaml"))) == 3
+
+
+# ---- 3. Nothing silent while waiting: the api's access log, the webui's port.
+
+
+def test_the_api_logs_one_line_per_request_with_its_tokens_streamed_or_not(tiny_model_dir, capsys):
+    pytest.importorskip("fastapi")
+    import openai
+
+    from lathe.llm.inference.api import create_app
+    from lathe.llm.inference.config import parse_infer_config
+    from lathe.llm.inference.engine import ChatEngine
+    from tests.llm.test_api import HELLO, Server
+
+    config = parse_infer_config(
+        {"model_name_or_path": tiny_model_dir, "template": "chatml", "max_new_tokens": 5, "do_sample": False},
+        command="api",
+    )
+    server = Server(create_app(ChatEngine.from_config(config, max_batch=2), "tiny", access_log=True))
+    capsys.readouterr()
+    try:
+        client = openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0, timeout=60)
+        whole = client.chat.completions.create(model="tiny", messages=HELLO, max_tokens=3).usage
+        chunks = client.chat.completions.create(
+            model="tiny", messages=HELLO, max_tokens=4, n=2, stream=True, stream_options={"include_usage": True}
+        )
+        streamed = [chunk.usage for chunk in chunks if chunk.usage is not None][0]
+        client.models.list()
+    finally:
+        server.stop()  # the lines are printed once each body is sent: all of them by now
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("lathe api: ")]
+    assert len(lines) == 3
+    assert lines[0].startswith("lathe api: POST /v1/chat/completions 200 ")
+    assert lines[0].endswith(f" s {whole.prompt_tokens}+{whole.completion_tokens} tokens")
+    assert lines[1].startswith("lathe api: POST /v1/chat/completions 200 ")
+    assert lines[1].endswith(f" s {streamed.prompt_tokens}+{streamed.completion_tokens} tokens")
+    assert lines[2].startswith("lathe api: GET /v1/models 200 ") and lines[2].endswith(" s")
+    seconds = [float(line.split(" s")[0].rsplit(" ", 1)[1]) for line in lines]
+    assert all(0 <= value < 60 for value in seconds)
+
+
+def test_access_lines_name_method_path_status_seconds_and_tokens():
+    from types import SimpleNamespace
+
+    from lathe.llm.inference.api import access_line
+
+    reply = SimpleNamespace(prompt_tokens=12, n=2, completion_tokens=9)
+    assert access_line("POST", "/v1/completions", 200, 0.8412, reply) == (
+        "lathe api: POST /v1/completions 200 0.84 s 24+9 tokens"
+    )
+    assert access_line("GET", "/health", 401, 0.001) == "lathe api: GET /health 401 0.00 s"
+
+
+def test_lathe_api_quiet_drops_the_access_log(monkeypatch):
+    from lathe import cli
+
+    seen = {}
+    monkeypatch.setattr(
+        "lathe.llm.commands.api_command", lambda config, overrides, server, traceback: seen.update(server) or 0
+    )
+    assert cli.main(["api", "serve.yaml", "--quiet", "max_new_tokens=4"]) == 0
+    assert seen["access_log"] is False
+    assert cli.main(["api", "serve.yaml"]) == 0
+    assert seen["access_log"] is True
