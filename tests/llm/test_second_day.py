@@ -248,3 +248,21 @@ def test_lathe_api_quiet_drops_the_access_log(monkeypatch):
     assert seen["access_log"] is False
     assert cli.main(["api", "serve.yaml"]) == 0
     assert seen["access_log"] is True
+
+
+def test_lathe_webui_on_a_taken_port_says_so_in_one_line_before_serving(tmp_path, capsys):
+    pytest.importorskip("fastapi")
+    import socket
+
+    from lathe import cli
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen(1)
+        port = taken.getsockname()[1]
+        assert cli.main(["webui", "--root", str(tmp_path), "--port", str(port)]) == 2
+    out, error = capsys.readouterr()
+    assert "serving" not in out
+    line = error.splitlines()[0]
+    assert line.startswith(f"lathe webui: error: port {port} on 127.0.0.1 is taken")
+    assert f"choose another with --port (e.g. --port {port + 1})" in line

@@ -275,6 +275,23 @@ def create_app(root: str, api_key: str | None = None, chat_config: dict | None =
     return app
 
 
+def check_port(host: str, port: int) -> None:
+    """One line when the port is taken, before the page says it serves (uvicorn would log a traceback-like
+    error after our "serving" line). The probe binds as uvicorn does (SO_REUSEADDR), then lets go."""
+    import socket
+
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host, port))
+        except OSError as error:
+            raise ValueError(
+                f"port {port} on {host} is taken ({error.strerror}): stop what uses it, or choose another with "
+                f"--port (e.g. --port {port + 1})."
+            ) from None
+
+
 def serve(root: str, host: str = "127.0.0.1", port: int = 7860, api_key: str | None = None, chat_config=None) -> int:
     """`lathe webui`: serve the page until Ctrl-C (runs it started go on). A host other than loopback needs a key."""
     import uvicorn
@@ -283,6 +300,7 @@ def serve(root: str, host: str = "127.0.0.1", port: int = 7860, api_key: str | N
         raise ValueError(f"--host {host} opens the page to other machines: give a key (--api_key or LATHE_WEBUI_KEY).")
     if not os.path.isdir(root):
         raise NotADirectoryError(f"--root {root!r} is not a folder.")
+    check_port(host, port)
     app = create_app(root, api_key, chat_config)
     if chat_config is not None:
         print("lathe webchat: loading the model ...", flush=True)
