@@ -266,3 +266,45 @@ def test_lathe_webui_on_a_taken_port_says_so_in_one_line_before_serving(tmp_path
     line = error.splitlines()[0]
     assert line.startswith(f"lathe webui: error: port {port} on 127.0.0.1 is taken")
     assert f"choose another with --port (e.g. --port {port + 1})" in line
+
+
+class _Terminal:
+    """A stderr that says it is a terminal (tqdm draws there), keeping what was written."""
+
+    def __init__(self):
+        import io
+
+        self.buffer = io.StringIO()
+
+    def write(self, text):
+        return self.buffer.write(text)
+
+    def flush(self):
+        pass
+
+    def isatty(self):
+        return True
+
+
+@pytest.mark.slow
+def test_on_a_terminal_the_bar_shows_the_latest_loss_and_elsewhere_the_dict_lines_stay(
+    tiny_model_dir, data_dir, tmp_path, write_yaml, monkeypatch, capsys
+):
+    from lathe.llm.commands import train_command
+
+    values = _config(tiny_model_dir, data_dir, tmp_path / "tty", max_steps=3, disable_tqdm=False)
+    values["include_num_input_tokens_seen"] = True
+    config = write_yaml(tmp_path / "train.yaml", values)
+    terminal = _Terminal()
+    monkeypatch.setattr("sys.stderr", terminal)
+    capsys.readouterr()
+    assert train_command(config, []) == 0
+    monkeypatch.undo()
+    drawn, out = terminal.buffer.getvalue(), capsys.readouterr().out  # tqdm.write prints on stdout
+    assert "{'loss'" not in drawn + out  # no dict line per training log ...
+    assert "3/3" in drawn and "loss=" in drawn and "lr=" in drawn and "tok/s=" in drawn  # ... the postfix
+    assert "'train_runtime'" in out  # the final summary is still written
+
+    assert train_command(config, [f"output_dir={tmp_path / 'pipe'}"]) == 0  # stderr captured: not a terminal
+    captured = capsys.readouterr()
+    assert captured.out.count("{'loss'") == 3 and "loss=" not in captured.err  # transformers' lines, as they were

@@ -8,6 +8,7 @@ import math
 import os
 
 from lathe.llm.memory.fit import start_batch_from_plan
+from lathe.llm.workflows.progress import use_postfix_bar
 from lathe.llm.workflows.rerun import warn_about_changed_keys
 from lathe.llm.workflows.run_config import write_run_config
 from lathe.llm.workflows.meter import summary_lines
@@ -153,6 +154,7 @@ def train_and_save(trainer, config, plan, resume_from: str | None, eval_dataset,
     if not config.training.do_train:
         return {}
     write_run_config(config, resume_from)
+    use_postfix_bar(trainer)  # on a terminal: the latest loss in the bar, not a dict line per log
     result = trainer.train(resume_from_checkpoint=resume_from)
     finish_training(trainer, config, result, eval_dataset, plan=plan, **finish_keys)
     return dict(result.metrics)
