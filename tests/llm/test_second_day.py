@@ -308,3 +308,22 @@ def test_on_a_terminal_the_bar_shows_the_latest_loss_and_elsewhere_the_dict_line
     assert train_command(config, [f"output_dir={tmp_path / 'pipe'}"]) == 0  # stderr captured: not a terminal
     captured = capsys.readouterr()
     assert captured.out.count("{'loss'") == 3 and "loss=" not in captured.err  # transformers' lines, as they were
+
+
+def test_a_first_deepspeed_run_says_which_cpu_ops_it_compiles_and_roughly_how_long(tmp_path):
+    from lathe.train.parallel.deepspeed_ops import compile_notice, ops_to_build
+
+    offload = {"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"}}}
+    assert ops_to_build({"zero_optimization": {"stage": 2}}, on_cpu=False) == []
+    assert ops_to_build(offload, on_cpu=True) == ["deepspeed_shm_comm", "cpu_adam"]
+    assert ops_to_build({**offload, "zero_force_ds_cpu_optimizer": False}, on_cpu=True) == ["deepspeed_shm_comm"]
+    notice = compile_notice(["deepspeed_shm_comm", "cpu_adam"], str(tmp_path), {})
+    assert notice.startswith("DeepSpeed is compiling its CPU ops deepspeed_shm_comm, cpu_adam (first run only; about ")
+    assert "minutes" in notice and str(tmp_path) in notice
+    built = tmp_path / "py311_cpu" / "deepspeed_shm_comm"  # torch's extensions cache, as a first run leaves it
+    built.mkdir(parents=True)
+    (built / "deepspeed_shm_comm.so").write_bytes(b"")
+    assert compile_notice(["deepspeed_shm_comm", "cpu_adam"], str(tmp_path), {}).startswith(
+        "DeepSpeed is compiling its CPU ops cpu_adam (first run only; about 2 minutes"
+    )
+    assert compile_notice(["deepspeed_shm_comm", "cpu_adam"], str(tmp_path), {"cpu_adam": True}) is None

@@ -26,6 +26,7 @@ import json
 import logging
 import os
 
+from lathe.train.parallel.deepspeed_ops import announce_compiles
 from lathe.train.parallel.quiet_collectives import quiet_collectives
 from lathe.train.parallel.deepspeed_checkpoint import (  # noqa: F401 (the engine's checkpoint API, here too)
     full_state_dict,
@@ -333,6 +334,10 @@ def ensure_process_group(args) -> None:
 def initialize(model, optimizer, lr_scheduler, args):
     """deepspeed.initialize around lathe's model, optimizer and scheduler; returns the engine."""
     deepspeed = import_deepspeed()
+    import torch
+
+    if getattr(args, "local_process_index", 0) == 0:
+        announce_compiles(read_config(args.deepspeed), on_cpu=not torch.cuda.is_available())
     ensure_process_group(args)
     import torch.distributed as dist
 
