@@ -327,3 +327,27 @@ def test_a_first_deepspeed_run_says_which_cpu_ops_it_compiles_and_roughly_how_lo
         "DeepSpeed is compiling its CPU ops cpu_adam (first run only; about 2 minutes"
     )
     assert compile_notice(["deepspeed_shm_comm", "cpu_adam"], str(tmp_path), {"cpu_adam": True}) is None
+
+
+# ---- 5. Less noise.
+
+
+def test_the_configuration_dump_lists_what_the_user_set_as_written(
+    tiny_model_dir, data_dir, tmp_path, write_yaml, capsys
+):
+    from lathe.llm.commands import train_command
+
+    values = _config(tiny_model_dir, data_dir, tmp_path / "out", warmup_ratio=0.1)
+    config = write_yaml(tmp_path / "train.yaml", values)
+    assert train_command(config, ["lora_rank=4"], dry_run=True) == 0
+    out = capsys.readouterr().out
+    dump = out.split("Configuration (the keys you set, as written):\n")[1].split("\n\n")[0]
+    dump = dump.split("\nPlan")[0]
+    shown = [line.strip() for line in dump.splitlines() if line.startswith("    ")]
+    assert "warmup_ratio: 0.1" in shown and "report_to: none" in shown and "lora_rank: 4" in shown
+    for noise in ("accelerator_config", "debug: []", "report_to: []", "warmup_steps: 0.1", "label_names"):
+        assert noise not in out
+    keys = [line.split(":")[0] for line in shown]
+    # Besides the keys set, only do_train: lathe trains when it is not set; LLaMA-Factory (transformers) does not.
+    assert sorted(keys) == sorted([*values, "lora_rank", "do_train"])
+    assert "resolved by lathe (not set, and not LLaMA-Factory's default):\n    do_train: True" in out
