@@ -351,3 +351,20 @@ def test_the_configuration_dump_lists_what_the_user_set_as_written(
     # Besides the keys set, only do_train: lathe trains when it is not set; LLaMA-Factory (transformers) does not.
     assert sorted(keys) == sorted([*values, "lora_rank", "do_train"])
     assert "resolved by lathe (not set, and not LLaMA-Factory's default):\n    do_train: True" in out
+
+
+def test_a_one_point_loss_plot_draws_its_point(tmp_path):
+    pytest.importorskip("matplotlib")
+    import numpy as np
+    from matplotlib import image
+
+    from lathe.llm.workflows.outputs import plot_loss
+
+    (tmp_path / "trainer_state.json").write_text(json.dumps({"log_history": [{"step": 1, "loss": 2.5}]}))
+    pixels = image.imread(plot_loss(str(tmp_path), ("loss",))[0])[..., :3]
+    blue = np.array([0x1F, 0x77, 0xB4]) / 255  # the smoothed curve's colour, drawn at full strength
+    ys, xs = np.nonzero(np.abs(pixels - blue).max(-1) < 0.05)
+    height, width = pixels.shape[:2]
+    # The point sits in the middle of the axes (one value: matplotlib centres it); the legend is in a corner.
+    middle = (abs(xs - width * 0.55) < width * 0.12) & (abs(ys - height * 0.48) < height * 0.15)
+    assert middle.sum() >= 20
