@@ -368,3 +368,31 @@ def test_a_one_point_loss_plot_draws_its_point(tmp_path):
     # The point sits in the middle of the axes (one value: matplotlib centres it); the legend is in a corner.
     middle = (abs(xs - width * 0.55) < width * 0.12) & (abs(ys - height * 0.48) < height * 0.15)
     assert middle.sum() >= 20
+
+
+@pytest.mark.slow
+def test_the_template_mismatch_warning_comes_once_per_run_with_its_fix(
+    tiny_model_dir, data_dir, tmp_path, write_yaml, caplog
+):
+    from transformers import AutoTokenizer
+
+    from lathe.llm.commands import train_command
+    from lathe.llm.templates.registry import get_template
+
+    model = tmp_path / "model"
+    shutil.copytree(tiny_model_dir, model)
+    tokenizer = AutoTokenizer.from_pretrained(model)
+    # chatml's chat_template (a comment makes it this test's own: the warning is once per process and text)
+    tokenizer.chat_template = get_template("chatml").jinja_chat_template(tokenizer) + "{# " + str(tmp_path) + " #}"
+    tokenizer.save_pretrained(model)
+    values = _config(str(model), data_dir, tmp_path / "out", template="qwen", max_steps=1)
+    config = write_yaml(tmp_path / "train.yaml", values)
+    with caplog.at_level("WARNING"):
+        assert train_command(config, []) == 0  # the tokenizer is loaded for the data, the model and the save
+    warnings = [r.getMessage() for r in caplog.records if "renders conversations differently" in r.getMessage()]
+    assert len(warnings) == 1
+    assert warnings[0].endswith(
+        "Fix: template: chatml trains as the chat_template renders; or keep 'qwen' and serve the `lathe export`ed "
+        "folder, which gets the template's own chat_template."
+    )
+    assert "\n" not in warnings[0]
