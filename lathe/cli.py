@@ -39,10 +39,16 @@ def _pop_flags(overrides: list[str], *names: str) -> tuple[list[str], set[str]]:
 
 
 def _train(options) -> int:
-    overrides, flags = _pop_flags(options.overrides, "dry_run", "traceback")
+    overrides, flags = _pop_flags(options.overrides, "dry_run", "traceback", "verbose")
     from lathe.llm.commands import train_command
 
-    return train_command(options.config, overrides, dry_run="dry_run" in flags, traceback="traceback" in flags)
+    return train_command(
+        options.config,
+        overrides,
+        dry_run="dry_run" in flags,
+        traceback="traceback" in flags,
+        verbose="verbose" in flags,
+    )
 
 
 def _pop_valued(overrides: list[str], options, spellings: dict[str, tuple[str, ...]]) -> list[str]:
@@ -106,7 +112,8 @@ def _add_train_parsers(commands) -> None:
         description="Train from a LLaMA-Factory-style config. Prints the resolved configuration and the plan "
         "(examples, tokens, steps, trainable parameters) first. Overrides win over the file: "
         "`lathe train c.yaml learning_rate=1e-4 --num_train_epochs 2`.",
-        overrides_help="key=value or --key value pairs; --dry_run prints the plan and stops; --traceback shows the full error",
+        overrides_help="key=value or --key value pairs; --dry_run prints the plan and stops; --traceback shows the "
+        "full error; --verbose shows Ray's own INFO logs (quiet otherwise)",
     )
 
     data = commands.add_parser("data", help="inspect the data a config trains on")

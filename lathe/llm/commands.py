@@ -58,8 +58,11 @@ def _reported(command: str, traceback: bool, run, errors: tuple = USER_ERRORS) -
         return _report(error, command)
 
 
-def train_command(config_path: str, overrides: list[str], dry_run: bool = False, traceback: bool = False) -> int:
-    """`lathe train CONFIG [key=value ...]`: print the resolved configuration and the plan, then train."""
+def train_command(
+    config_path: str, overrides: list[str], dry_run: bool = False, traceback: bool = False, verbose: bool = False
+) -> int:
+    """`lathe train CONFIG [key=value ...]`: print the resolved configuration and the plan, then train. With
+    `verbose`, third-party services' own INFO logs (Ray's) are shown too."""
     from lathe.llm.config.sections import hub_from_environment
     from lathe.llm.config.train import parse_train_config
     from lathe.llm.config.values import RawConfig
@@ -74,7 +77,7 @@ def train_command(config_path: str, overrides: list[str], dry_run: bool = False,
         if not dry_run and ray_wanted():  # USE_RAY=1: Ray Train's workers run the ranks
             from lathe.llm.ray_train import run_with_ray
 
-            return run_with_ray(config_path, overrides)
+            return run_with_ray(config_path, overrides, verbose=verbose)
         code = (
             None if dry_run else relaunch(config_path, overrides)
         )  # under torchrun when several processes are asked for

@@ -396,3 +396,22 @@ def test_the_template_mismatch_warning_comes_once_per_run_with_its_fix(
         "folder, which gets the template's own chat_template."
     )
     assert "\n" not in warnings[0]
+
+
+def test_ray_is_quiet_unless_verbose_and_the_flag_reaches_it(monkeypatch):
+    from lathe import cli
+    from lathe.llm.ray_train import init_kwargs
+
+    assert init_kwargs({"init_kwargs": {}}) == {"logging_level": "warning"}
+    assert init_kwargs({"init_kwargs": {}}, verbose=True) == {}
+    assert init_kwargs({"init_kwargs": {"logging_level": "debug"}}) == {"logging_level": "debug"}  # the user's wins
+    seen = {}
+
+    def fake_train_command(config, overrides, dry_run, traceback, verbose):
+        seen.update(overrides=overrides, verbose=verbose)
+        return 0
+
+    monkeypatch.setattr("lathe.llm.commands.train_command", fake_train_command)
+    assert cli.main(["train", "c.yaml", "--verbose", "max_steps=1"]) == 0
+    assert seen == {"overrides": ["max_steps=1"], "verbose": True}
+    assert cli.main(["train", "c.yaml"]) == 0 and seen["verbose"] is False
