@@ -329,6 +329,22 @@ def test_a_first_deepspeed_run_says_which_cpu_ops_it_compiles_and_roughly_how_lo
     assert compile_notice(["deepspeed_shm_comm", "cpu_adam"], str(tmp_path), {"cpu_adam": True}) is None
 
 
+def test_the_compile_notice_is_logged_by_the_first_process_of_a_machine(tmp_path, monkeypatch, caplog):
+    pytest.importorskip("deepspeed")
+    from types import SimpleNamespace
+
+    from lathe.train.parallel.deepspeed_ops import announce_compiles
+
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))  # an empty cache: everything would be compiled
+    offload = {"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"}}}
+    with caplog.at_level("WARNING", logger="lathe.train.parallel.deepspeed_ops"):
+        announce_compiles(offload, SimpleNamespace(local_process_index=1))
+        assert not caplog.records
+        announce_compiles(offload, SimpleNamespace(local_process_index=0))
+    assert len(caplog.records) == 1 and "cpu_adam" in caplog.records[0].getMessage()
+    assert str(tmp_path) in caplog.records[0].getMessage()
+
+
 # ---- 5. Less noise.
 
 

@@ -53,13 +53,19 @@ def compile_notice(ops: list[str], build_root: str, installed: dict) -> str | No
     )
 
 
-def announce_compiles(config: dict, on_cpu: bool) -> None:
-    """Log compile_notice for this config before DeepSpeed starts (deepspeed is imported by then)."""
+def announce_compiles(config: dict, args) -> None:
+    """Log compile_notice for this config on each machine's first process (deepspeed is imported by then)."""
+    if getattr(args, "local_process_index", 0) != 0:
+        return
     try:
+        import torch
         from deepspeed.git_version_info import installed_ops
         from torch.utils.cpp_extension import get_default_build_root
     except ImportError:
         return
-    notice = compile_notice(ops_to_build(config, on_cpu), get_default_build_root(), dict(installed_ops))
+    ops = ops_to_build(config, on_cpu=not torch.cuda.is_available())
+    # torch's own rule for where JIT extensions go (torch.utils.cpp_extension._get_build_directory)
+    build_root = os.environ.get("TORCH_EXTENSIONS_DIR") or get_default_build_root()
+    notice = compile_notice(ops, build_root, dict(installed_ops))
     if notice:
         logger.warning(notice)

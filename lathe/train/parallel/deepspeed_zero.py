@@ -334,14 +334,11 @@ def ensure_process_group(args) -> None:
 def initialize(model, optimizer, lr_scheduler, args):
     """deepspeed.initialize around lathe's model, optimizer and scheduler; returns the engine."""
     deepspeed = import_deepspeed()
-    import torch
-
-    if getattr(args, "local_process_index", 0) == 0:
-        announce_compiles(read_config(args.deepspeed), on_cpu=not torch.cuda.is_available())
     ensure_process_group(args)
     import torch.distributed as dist
 
     config = engine_config(args, dist.get_world_size(), model)
+    announce_compiles(config, args)  # a first run compiles C++ ops in deepspeed.initialize, without a word
     optimizer = _offloaded(optimizer, config)
     with quiet_collectives():
         engine, _, _, _ = deepspeed.initialize(
