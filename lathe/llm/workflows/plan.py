@@ -1,5 +1,5 @@
-"""What `lathe train` prints before it starts: the resolved configuration (values that differ from
-the defaults) and the plan — examples, tokens, steps, when it logs/evaluates/saves, trainable parameters."""
+"""What `lathe train` prints before it starts: the configuration (config_dump.py: the keys set, and what
+lathe resolved otherwise than LLaMA-Factory) and the plan — examples, tokens, steps, when it logs/evaluates/saves, trainable parameters."""
 
 from __future__ import annotations
 
