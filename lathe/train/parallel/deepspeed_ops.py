@@ -17,7 +17,7 @@ __all__ = ["ops_to_build", "compile_notice", "announce_compiles"]
 logger = logging.getLogger(__name__)
 
 # Rough seconds per op on a few idle cores (a guess to set expectations, not a promise); a busy machine
-# takes several times longer (the shm op took over 6 minutes niced on a shared 2-core machine).
+# takes several times longer (a shm-op build watched on a shared 2-core machine, niced, ran 6 minutes).
 ROUGH_SECONDS = {"deepspeed_shm_comm": 60, "cpu_adam": 90, "cpu_adagrad": 90}
 
 
