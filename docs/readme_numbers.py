@@ -7,6 +7,9 @@
                                            # steps; not timings) with the README's, writes nothing
     python docs/readme_numbers.py --keep-timings  # rewrites the scores, keeps the README's timings (for a
                                                   # busy machine, whose timings say nothing)
+    python docs/readme_numbers.py --busy   # only the LLM quickstart's timing on this machine as it is now,
+                                           # with the load average around it: the README's "busy machine"
+                                           # numbers (the quiet ones stay)
 
 Each number lives in README.md between `<!-- numbers:NAME -->` and `<!-- /numbers -->`; only that text changes.
 Timings are from the machine that runs the script (the README says it is 2 CPU cores).
@@ -154,13 +157,37 @@ def measure_llm() -> str:
     return render_llm(numbers)
 
 
+def render_busy(wall_s: float, train_s: float, load: tuple[float, float], cores: int) -> str:
+    return (
+        f"{wall_s:.0f} s wall ({train_s:.0f} s of training) with a load average of {load[0]:.1f}–{load[1]:.1f} "
+        f"on its {cores} cores"
+    )
+
+
+def measure_busy() -> str:
+    """The LLM quickstart's training run alone, timed with the 1-minute load average before and after it."""
+    import os
+
+    before = os.getloadavg()[0]
+    with tempfile.TemporaryDirectory() as work:
+        trained, wall = _lathe_train(Path(work) / "trained")
+    after = os.getloadavg()[0]
+    return render_busy(wall, trained["train_runtime"], (min(before, after), max(before, after)), os.cpu_count() or 0)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--llm", action="store_true", help="also run the LLM quickstart (about 1.5 min)")
     parser.add_argument("--check", action="store_true", help="compare with the README instead of rewriting it")
     parser.add_argument("--keep-timings", action="store_true", help="rewrite the scores, keep the README's timings")
+    parser.add_argument("--busy", action="store_true", help="only the LLM quickstart's timing under today's load")
     options = parser.parse_args(argv)
     text = README.read_text()
+    if options.busy:
+        new = measure_busy()
+        print(f"quickstart-llm-busy: {new}")
+        README.write_text(replace_region(text, "quickstart-llm-busy", new))
+        return 0
     measured = {"quickstart-mlp": (measure_mlp(), stable_mlp)}
     if options.llm:
         measured["quickstart-llm"] = (measure_llm(), stable_llm)

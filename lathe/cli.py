@@ -39,10 +39,16 @@ def _pop_flags(overrides: list[str], *names: str) -> tuple[list[str], set[str]]:
 
 
 def _train(options) -> int:
-    overrides, flags = _pop_flags(options.overrides, "dry_run", "traceback")
+    overrides, flags = _pop_flags(options.overrides, "dry_run", "traceback", "verbose")
     from lathe.llm.commands import train_command
 
-    return train_command(options.config, overrides, dry_run="dry_run" in flags, traceback="traceback" in flags)
+    return train_command(
+        options.config,
+        overrides,
+        dry_run="dry_run" in flags,
+        traceback="traceback" in flags,
+        verbose="verbose" in flags,
+    )
 
 
 def _pop_valued(overrides: list[str], options, spellings: dict[str, tuple[str, ...]]) -> list[str]:
@@ -106,7 +112,8 @@ def _add_train_parsers(commands) -> None:
         description="Train from a LLaMA-Factory-style config. Prints the resolved configuration and the plan "
         "(examples, tokens, steps, trainable parameters) first. Overrides win over the file: "
         "`lathe train c.yaml learning_rate=1e-4 --num_train_epochs 2`.",
-        overrides_help="key=value or --key value pairs; --dry_run prints the plan and stops; --traceback shows the full error",
+        overrides_help="key=value or --key value pairs; --dry_run prints the plan and stops; --traceback shows the "
+        "full error; --verbose shows Ray's own INFO logs (quiet otherwise)",
     )
 
     data = commands.add_parser("data", help="inspect the data a config trains on")
@@ -155,8 +162,9 @@ def _api(options) -> int:
     import os
 
     options.overrides = _pop_valued(options.overrides, options, API_OPTIONS)
-    overrides, flags = _pop_flags(options.overrides, "traceback")
+    overrides, flags = _pop_flags(options.overrides, "traceback", "quiet")
     server = {
+        "access_log": "quiet" not in flags,  # one line per request unless --quiet
         # LLaMA-Factory's environment variables work too (API_HOST, API_PORT, API_KEY, API_MODEL_NAME).
         "host": options.host or os.environ.get("API_HOST") or "127.0.0.1",
         "port": int(options.port or os.environ.get("API_PORT") or 8000),
@@ -243,7 +251,7 @@ def _add_inference_parsers(commands) -> None:
         help="--host H --port P --api_key K --model_name NAME --max_tokens CAP --max_batch B --media_dir DIR "
         "(image_url files allowed from DIR only) --max_body_bytes N (1000000) --allowed_host NAME (a Host name to "
         "answer besides the bound address and localhost; repeatable), then key=value config overrides; "
-        "--traceback shows the full error",
+        "--quiet drops the access line printed per request; --traceback shows the full error",
     )
     api.set_defaults(run=_api)
 

@@ -74,8 +74,11 @@ def _reported(command: str, traceback: bool, run, errors: tuple = USER_ERRORS) -
         return 2
 
 
-def train_command(config_path: str, overrides: list[str], dry_run: bool = False, traceback: bool = False) -> int:
-    """`lathe train CONFIG [key=value ...]`: print the resolved configuration and the plan, then train."""
+def train_command(
+    config_path: str, overrides: list[str], dry_run: bool = False, traceback: bool = False, verbose: bool = False
+) -> int:
+    """`lathe train CONFIG [key=value ...]`: print the resolved configuration and the plan, then train. With
+    `verbose`, third-party services' own INFO logs (Ray's) are shown too."""
     from lathe.llm.config.sections import hub_from_environment
     from lathe.llm.config.train import parse_train_config
     from lathe.llm.config.values import RawConfig
@@ -92,7 +95,7 @@ def train_command(config_path: str, overrides: list[str], dry_run: bool = False,
         if not dry_run and ray_wanted():  # USE_RAY=1: Ray Train's workers run the ranks
             from lathe.llm.launch.ray_train import run_with_ray
 
-            return run_with_ray(raw, config_path, overrides)
+            return run_with_ray(raw, config_path, overrides, verbose=verbose)
         if settings is not None:  # under torchrun when several processes are asked for
             return relaunch(settings, config_path, overrides)
         # Ctrl-C / SIGTERM: stop after the step, save a checkpoint, say how to resume (lathe/llm/launch/stopping.py).

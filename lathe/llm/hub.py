@@ -14,6 +14,8 @@ import os
 import re
 from dataclasses import dataclass
 
+from lathe.llm.path_typos import local_path_problem
+
 __all__ = [
     "HubOptions",
     "hub_options",
@@ -74,6 +76,9 @@ def resolve_folder(name: str, options: HubOptions, key: str = "model_name_or_pat
     """The local folder behind `name`: itself when it is a folder, else the hub snapshot (downloaded if needed)."""
     if os.path.isdir(name):
         return name
+    typo = local_path_problem(name) if repo_type == "model" else None  # ./x, models/tni, modles/tiny: not hub ids
+    if typo:
+        raise FileNotFoundError(f"{key} {name!r} {typo}")
     if not is_repo_id(name):
         raise FileNotFoundError(f"{key} {name!r} is not a local folder (nor a hub id such as Org/Name).")
     from huggingface_hub import constants

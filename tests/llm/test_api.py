@@ -261,9 +261,20 @@ def test_lathe_api_command_line_serves_with_a_key(tiny_model_dir, tmp_path, writ
             client.chat.completions.create(model="x", messages=HELLO, max_tokens=9)
         with pytest.raises(openai.AuthenticationError):
             openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="nope", max_retries=0).models.list()
+        reply = client.chat.completions.create(model="x", messages=HELLO, max_tokens=4)
     finally:
         process.terminate()
         process.wait(timeout=30)
+    # One access line per request (unless --quiet): method, path, status, seconds, tokens when generated.
+    lines = [line for line in process.stdout.read().splitlines() if line.startswith("lathe api: ") and " s" in line]
+    assert [line.split(" s")[0].rsplit(" ", 1)[0] for line in lines[-4:]] == [
+        "lathe api: GET /v1/models 200",
+        "lathe api: POST /v1/chat/completions 400",
+        "lathe api: GET /v1/models 401",
+        "lathe api: POST /v1/chat/completions 200",
+    ]
+    usage = reply.usage
+    assert lines[-1].endswith(f" s {usage.prompt_tokens}+{usage.completion_tokens} tokens")
 
 
 def test_a_reply_in_the_tool_call_format_comes_back_as_tool_calls(client, engine, monkeypatch):

@@ -154,7 +154,11 @@ def test_a_cluster_too_small_is_an_error_not_a_wait(local_ray):
     from lathe.llm.launch.ray_train import build_trainer
 
     settings = ray_settings(RawConfig(str(REPOSITORY / "examples/quickstart.yaml"), ["ray_num_workers=2"]).values)
-    assert build_trainer(local_ray, settings, "c.yaml", []).scaling_config.resources_per_worker == {"CPU": 1}
+    trainer = build_trainer(local_ray, settings, "c.yaml", [])
+    assert trainer.scaling_config.resources_per_worker == {"CPU": 1}
+    # Ray Train's own INFO lines (worker group, placement group) are warnings-only unless --verbose.
+    assert trainer.run_config.logging_config.log_level == "WARNING"
+    assert build_trainer(local_ray, settings, "c.yaml", [], verbose=True).run_config.logging_config.log_level == "INFO"
     for resources, message in [({"CPU": 2}, "needs 4 CPU, but the Ray cluster has 2"), ({"GPU": 1}, "has 0")]:
         with pytest.raises(ValueError, match=rf"resources_per_worker {next(iter(resources))}=.* {message}"):
             build_trainer(local_ray, {**settings, "resources_per_worker": resources}, "c.yaml", [])

@@ -3,6 +3,7 @@ manifest (a cached run reports the same), in the log (loud when most trained tok
 printed plan; the tokenizer's misleading "indexing errors" warning is gone; pre-training cuts nothing."""
 
 import json
+import math
 import logging
 from types import SimpleNamespace
 
@@ -105,7 +106,9 @@ def expected_counts(tokenizer, rows, cutoff_len):
 def test_a_split_whose_every_example_is_cut_is_counted_and_warned_loudly(tmp_path, word_tokenizer, caplog, packing):
     write_data(tmp_path, LONG)
     with caplog.at_level("INFO", logger="lathe.llm.data"):
-        module = build(tmp_path, word_tokenizer, dataset="d", cutoff_len=16, packing=packing)
+        module = build(
+            tmp_path, word_tokenizer, dataset="d", cutoff_len=16, packing=packing, max_dropped_rows_share=1.0
+        )
     counts = expected_counts(word_tokenizer, LONG, 16)
     assert counts["truncated_examples"] == 6 and counts["cut_label_tokens"] > counts["label_tokens"] / 2
     assert module["truncation"]["train"] == {**counts, "rows_before": 6}  # rows_before: the examples before tokenizing
@@ -119,7 +122,9 @@ def test_a_split_whose_every_example_is_cut_is_counted_and_warned_loudly(tmp_pat
 
     caplog.clear()
     with caplog.at_level("INFO", logger="lathe.llm.data"):
-        cached = build(tmp_path, word_tokenizer, dataset="d", cutoff_len=16, packing=packing)
+        cached = build(
+            tmp_path, word_tokenizer, dataset="d", cutoff_len=16, packing=packing, max_dropped_rows_share=1.0
+        )
     assert "loaded from the cache" in caplog.text
     assert cached["truncation"] == module["truncation"]
     assert "MOST TOKENS THAT SHOULD TRAIN ARE CUT" in caplog.text
@@ -156,7 +161,7 @@ def test_the_tokenizers_indexing_errors_warning_is_not_shown(tmp_path, tiny_toke
     handler.emit = lambda record: seen.append(record.getMessage())
     logging.getLogger("transformers").addHandler(handler)
     try:
-        module = build(tmp_path, tokenizer, dataset="d", cutoff_len=16)
+        module = build(tmp_path, tokenizer, dataset="d", cutoff_len=16, max_dropped_rows_share=1.0)
     finally:
         logging.getLogger("transformers").removeHandler(handler)
     assert not [message for message in seen if "indexing errors" in message]
@@ -212,3 +217,25 @@ def test_the_plan_shows_what_cutoff_len_cut(tmp_path):
     config.finetuning.stage = "pt"
     text = format_plan(make_plan(config, {"train_dataset": train, "truncation": {"train": None}}, model), config)
     assert "  cutoff_len      16-token rows; no token is cut (a longer document continues in the next row)" in text
+
+
+def test_a_cutoff_that_cuts_most_trained_tokens_stops_in_one_line_unless_allowed(tmp_path, word_tokenizer):
+    """No row is left out (every answer keeps a few tokens), yet most of the signal is gone: the run stops with
+    the share and the longest example, and max_dropped_rows_share (the rows guard's key) lets it through."""
+    write_data(tmp_path, LONG)
+    counts = expected_counts(word_tokenizer, LONG, 16)
+    share = counts["cut_label_tokens"] / counts["label_tokens"]
+    assert counts["examples"] == 6 and share > 0.5
+    with pytest.raises(ValueError) as error:
+        build(tmp_path, word_tokenizer, dataset="d", cutoff_len=16)
+    message = str(error.value)
+    assert "\n" not in message
+    assert message.startswith(f"cutoff_len=16 cuts {share:.1%} of the trained tokens of the training data")
+    assert f"longest example {counts['longest_example']} tokens" in message
+    assert f"max_dropped_rows_share: {math.ceil(share * 100) / 100} (now 0.1)" in message
+    with pytest.raises(ValueError, match="cuts"):  # a share below the cut one is not enough
+        build(tmp_path, word_tokenizer, dataset="d", cutoff_len=16, max_dropped_rows_share=round(share - 0.02, 2))
+    module = build(
+        tmp_path, word_tokenizer, dataset="d", cutoff_len=16, max_dropped_rows_share=math.ceil(share * 100) / 100
+    )
+    assert len(module["train_dataset"]) == 6

@@ -4,6 +4,7 @@ stays under the root (../, absolute, symbolic links); the key guards every route
 
 import json
 import os
+import pathlib
 import time
 
 import pytest
@@ -48,8 +49,13 @@ def test_form_gives_the_yaml_lathe_train_reads(client, root):
     assert "models/tiny" in client.get("/api/models").json()["models"]
 
 
-def test_the_form_offers_grpo_with_its_keys(client):
+def test_the_form_offers_grpo_with_its_keys(client, root):
     from lathe.llm.config.train import parse_train_config
+
+    # the page runs reward code only from .py files under its root (docs/SECURITY.md)
+    (pathlib.Path(root) / "rewards.py").write_text(
+        "def exact(completions, **kwargs):\n    return [0.0] * len(completions)\n"
+    )
 
     meta = client.get("/api/strings").json()
     assert "grpo" in meta["stages"] and "reward_funcs" in meta["stage_keys"]["grpo"]
@@ -59,7 +65,7 @@ def test_the_form_offers_grpo_with_its_keys(client):
     values = yaml.safe_load(client.post("/api/config", json=form).json()["yaml"])
     assert (values["stage"], values["reward_funcs"], values["num_generations"], values["beta"]) == (
         "grpo",
-        "rewards:exact",
+        ["rewards:exact"],  # checked one by one against the root, saved as the list it is
         4,
         0.04,
     )
@@ -280,3 +286,13 @@ def test_template_is_suggested_from_the_tokenizer(client, root):
     tokenizer.save_pretrained(folder)
     assert "chatml" in client.get("/api/template", params={"model": "models/tiny"}).json()["templates"]
     assert client.get("/api/template", params={"model": "../models"}).status_code == 403
+
+
+def test_start_refuses_a_form_that_differs_from_the_yaml_the_page_showed(client, root):
+    form = train_form("saves/shown")
+    shown = client.post("/api/config", json=form).json()["yaml"]
+    changed = train_form("saves/shown", template="qwen")  # e.g. a late suggestion changed a field after the YAML
+    refused = client.post("/api/start", json={**changed, "yaml": shown})
+    assert refused.status_code == 400 and "the form changed after its YAML was shown" in refused.json()["error"]
+    assert not os.path.exists(os.path.join(root, "configs", "saves_shown.yaml"))  # nothing saved, nothing started
+    assert client.app.state.jobs.status("saves/shown") is None

@@ -173,3 +173,58 @@ def test_train_watch_stop_resume_chat_export_in_a_browser(browser, server):  # b
     assert os.path.isfile(os.path.join(root, "exports", "model1", "model.safetensors"))
     assert link.get_attribute("href").endswith("exports%2Fmodel1%2Fmodel.safetensors")
     _shoot(driver, "export")
+
+
+def test_a_late_template_suggestion_never_overwrites_what_the_user_typed(browser, server, monkeypatch):
+    """The suggestion (the tokenizer loaded on the server) answers after the user typed a template: the typed
+    value stays, and Start saves the YAML the page showed, with that template."""
+    import yaml
+    from transformers import AutoTokenizer
+
+    from lathe.llm.templates.registry import get_template
+    from lathe.llm.webui import forms
+
+    url, root, app = server
+    folder = os.path.join(root, "models", "tiny")  # a chat_template that chatml reproduces: the suggestion is chatml
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    tokenizer.chat_template = get_template("chatml").jinja_chat_template(tokenizer)
+    tokenizer.save_pretrained(folder)
+    asked, release = threading.Event(), threading.Event()
+    suggest = forms.suggest_template
+
+    def slow_suggestion(root_folder, model):
+        asked.set()
+        assert release.wait(60)
+        return suggest(root_folder, model)
+
+    monkeypatch.setattr(forms, "suggest_template", slow_suggestion)
+    driver = browser
+    driver.get(url)
+    _wait(lambda: driver.find_element("id", "h_learning_rate").get_attribute("value") == "0.00005")
+    _fill(driver, "model_name_or_path", "models/tiny\t")  # leaving the field with the template empty asks
+    assert asked.wait(30)
+    _fill(driver, "template", "qwen")  # typed while the server loads the tokenizer
+    release.set()
+    answer = _wait(lambda: driver.find_element("id", "suggest_out").get_attribute("data-answer"))
+    assert answer.split(",")[0] == "chatml"  # the answer came, and would have been chatml
+    assert driver.find_element("id", "template").get_attribute("value") == "qwen"
+
+    driver.find_element("id", "load_datasets").click()
+    _wait(lambda: driver.find_element("css selector", "#dataset option").text == "add")
+    _fill(driver, "output_dir", "saves/typed")
+    _fill(driver, "extra", "max_steps: 1\ndisable_tqdm: true\n")
+    _wait(lambda: "max_steps: 1" in driver.find_element("id", "yaml").text)
+    driver.find_element("id", "start").click()
+    saved = os.path.join(root, "configs", "saves_typed.yaml")
+    _wait(lambda: os.path.isfile(saved), 60)
+    with open(saved) as f:
+        config = yaml.safe_load(f)
+    assert config["template"] == "qwen" and config["max_steps"] == 1
+    shown = driver.find_element("id", "yaml").get_attribute("textContent")  # the Train tab is hidden now
+    assert yaml.safe_load(shown) == config  # the YAML the page showed is the one saved
+
+    # Asked for with the Suggest button and nothing typed meanwhile, the suggestion fills the field.
+    driver.find_element("css selector", '.tab[data-tab="train"]').click()
+    _fill(driver, "template", "")
+    driver.find_element("id", "suggest").click()
+    _wait(lambda: driver.find_element("id", "template").get_attribute("value") == "chatml", 60)

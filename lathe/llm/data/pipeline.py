@@ -81,6 +81,7 @@ def get_dataset(
         else:
             splits, manifest = build_and_cache(plan, root, key)
     truncation.check_dropped_rows(manifest.get("stats", {}).get("train"), data_args)
+    truncation.check_cut_tokens(manifest.get("stats", {}).get("train"), data_args)
     if tokenized_path and getattr(training_args, "should_save", True):
         cache.save_tokenized_path(splits, tokenized_path, key, manifest.get("stats"))
         logger.info("Tokenized dataset saved at %s; later runs with tokenized_path load it.", tokenized_path)

@@ -11,6 +11,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
+from lathe.llm.path_typos import folder_hint
 from lathe.llm.strict_files import did_you_mean, load_json
 
 DATA_CONFIG = "dataset_info.json"
@@ -139,7 +140,7 @@ def load_dataset_info(dataset_dir: str | dict) -> tuple[dict[str, Any], str]:
         )
     path = os.path.join(dataset_dir, DATA_CONFIG)
     if not os.path.isfile(path):
-        where = "does not exist" if not os.path.isdir(dataset_dir) else f"has no {DATA_CONFIG}"
+        where = f"has no {DATA_CONFIG}" if os.path.isdir(dataset_dir) else f"does not exist{folder_hint(dataset_dir)}"
         raise FileNotFoundError(
             f"dataset_dir '{dataset_dir}' {where}: the registry {path} is needed to "
             f"find the datasets (LLaMA-Factory's schema)."

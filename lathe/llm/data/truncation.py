@@ -114,6 +114,24 @@ def check_dropped_rows(split: dict[str, Any] | None, data_args) -> None:
     )
 
 
+def check_cut_tokens(split: dict[str, Any] | None, data_args) -> None:
+    """Stop when cutoff_len cut most of the training split's trained tokens (more than MOSTLY_CUT, and more
+    than max_dropped_rows_share, the same opt-out as the rows left out): rows survive, the signal does not."""
+    stats = (split or {}).get("truncation")
+    if not stats or not stats["label_tokens"]:
+        return
+    share = stats["cut_label_tokens"] / stats["label_tokens"]
+    limit = data_args.max_dropped_rows_share
+    if share <= max(MOSTLY_CUT, limit):
+        return
+    raise ValueError(
+        f"cutoff_len={data_args.cutoff_len} cuts {share:.1%} of the trained tokens of the training data "
+        f"({stats['cut_label_tokens']:,} of {stats['label_tokens']:,}; longest example {stats['longest_example']:,} "
+        f"tokens): raise cutoff_len (cutoff_len: {stats['longest_example']} keeps every example whole), or set "
+        f"max_dropped_rows_share: {math.ceil(share * 100) / 100} (now {limit}) to train on what is left."
+    )
+
+
 def mostly_cut(stats: dict[str, Any]) -> bool:
     return stats["cut_label_tokens"] > MOSTLY_CUT * max(stats["label_tokens"], 1)
 

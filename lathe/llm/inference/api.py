@@ -48,12 +48,16 @@ def create_app(
     api_key: str | None = None,
     limits: Limits | None = None,
     boundary: Boundary | None = None,
+    access_log: bool = False,
 ):
-    """The app; `boundary` (default: bound to 127.0.0.1, no other name allowed) checks Host and Origin."""
+    """The app; `boundary` (default: bound to 127.0.0.1, no other name allowed) checks Host and Origin; with
+    `access_log`, one line per request on stdout (`lathe api` unless --quiet)."""
     fastapi = _fastapi()
     limits = limits or Limits(max_tokens=engine.generating.max_new_tokens)
     app = fastapi.FastAPI(title="lathe api", docs_url=None, redoc_url=None)
     _add_guards(app, api_key, limits, boundary or Boundary())
+    if access_log:  # added last, so it wraps the guards: refused requests are logged too
+        _add_access_log(app)
     _add_routes(app, fastapi, engine, model_name, limits)
     return app
 
@@ -103,6 +107,36 @@ def _add_guards(app, api_key: str | None, limits: Limits, boundary: Boundary) ->
         return _fail(500, f"Internal error: {type(error).__name__}: {error}", "server_error")
 
 
+def access_line(method: str, path: str, status: int, seconds: float, reply=None) -> str:
+    """`lathe api: POST /v1/chat/completions 200 0.84 s 12+20 tokens` (prompt + completion, when generated)."""
+    tokens = f" {reply.prompt_tokens * reply.n}+{reply.completion_tokens} tokens" if reply is not None else ""
+    return f"lathe api: {method} {path} {status} {seconds:.2f} s{tokens}"
+
+
+def _add_access_log(app) -> None:
+    """One line per request once its body is sent (a stream: when it ends), the guards' refusals included."""
+
+    @app.middleware("http")
+    async def log_access(request, call_next):
+        start = time.perf_counter()
+        response = await call_next(request)
+        body = response.body_iterator
+
+        async def logged():
+            try:
+                async for chunk in body:
+                    yield chunk
+            finally:
+                reply = getattr(request.state, "reply", None)
+                line = access_line(
+                    request.method, request.url.path, response.status_code, time.perf_counter() - start, reply
+                )
+                print(line, flush=True)
+
+        response.body_iterator = logged()
+        return response
+
+
 def _add_routes(app, fastapi, engine: ChatEngine, model_name: str, limits: Limits) -> None:
     from fastapi.responses import StreamingResponse
 
@@ -134,6 +168,7 @@ def _add_routes(app, fastapi, engine: ChatEngine, model_name: str, limits: Limit
             parsed.n,
             extract_tool=engine.template.extract_tool if parsed.with_tools else None,
         )
+        request.state.reply = reply  # the access log's token counts
         if parsed.stream:
             return StreamingResponse(reply.stream(run, parsed.include_usage), media_type="text/event-stream")
         return await reply.whole(run)
@@ -199,6 +234,7 @@ class _Reply:
         self.id = ("chatcmpl-" if kind == "chat" else "cmpl-") + uuid.uuid4().hex
         self.created = int(time.time())
         self.object = "chat.completion" if kind == "chat" else "text_completion"
+        self.completion_tokens = 0  # so far (the access log reads it when the reply is sent)
 
     def usage(self, completion_tokens: int) -> dict:
         return {
@@ -232,6 +268,7 @@ class _Reply:
                 choices.append(
                     {"index": index, "text": sequence.text, "finish_reason": sequence.finish_reason, "logprobs": None}
                 )
+        self.completion_tokens = used
         return self._envelope(choices, usage=self.usage(used))
 
     def _message(self, sequence) -> dict:
@@ -273,6 +310,7 @@ class _Reply:
                 else:
                     sequence = payload.sequence
                     used += sequence.completion_tokens
+                    self.completion_tokens = used
                     end = {"delta": {}} if self.kind == "chat" else {"text": ""}
                     yield event(
                         self._envelope([{"index": index, **end, "finish_reason": sequence.finish_reason}], chunk=True)
@@ -297,6 +335,7 @@ def api_command(
     media_dir: str | None = None,
     max_body_bytes: int | None = None,
     allowed_hosts: tuple[str, ...] = (),
+    access_log: bool = True,
 ) -> int:
     from lathe.llm.inference.config import parse_infer_config
     from lathe.llm.inference.image_urls import ImageRules
@@ -312,7 +351,9 @@ def api_command(
     limits = Limits(max_tokens=max_tokens or config.generating.max_new_tokens, images=ImageRules(media_dir=media_dir))
     if max_body_bytes is not None:
         limits.max_body_bytes = max_body_bytes
-    app = create_app(engine, name, api_key=api_key, limits=limits, boundary=Boundary(host, allowed_hosts))
+    app = create_app(
+        engine, name, api_key=api_key, limits=limits, boundary=Boundary(host, allowed_hosts), access_log=access_log
+    )
     print(
         f"lathe api: serving {name!r} on http://{host}:{port}/v1 "
         f"({'API key required' if api_key else 'no API key'}; max_tokens up to {limits.max_tokens}"

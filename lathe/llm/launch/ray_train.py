@@ -100,11 +100,21 @@ def train_on_worker(loop_config: dict) -> None:
         run_train(config, callbacks=[RayCheckpointReport()])
 
 
-def run_with_ray(raw, config_path, overrides: list[str]) -> int:
+def init_kwargs(settings: dict, verbose: bool = False) -> dict:
+    """ray.init's arguments: ray_init_kwargs, and Ray's own INFO lines (local instance started, placement
+    groups, autoscaler) quieted to warnings unless --verbose or ray_init_kwargs sets logging_level."""
+    kwargs = dict(settings["init_kwargs"])
+    if not verbose:
+        kwargs.setdefault("logging_level", "warning")
+    return kwargs
+
+
+def run_with_ray(raw, config_path, overrides: list[str], verbose: bool = False) -> int:
     """Train on ray_num_workers Ray Train workers; 0 when the run finished, 1 when a worker failed after the
     restarts ray_max_failures allows. raw: the RawConfig the command read from config_path and overrides (each
     worker reads the file again, in its own process). The config is checked here first: a wrong key is one
-    line, no worker."""
+    line, no worker. Ray's own INFO logs (its start, the controller's placement-group lines) are quieted unless
+    `verbose`."""
     from lathe.llm.config.train import parse_train_config
 
     settings = ray_settings(raw.values)
@@ -115,13 +125,13 @@ def run_with_ray(raw, config_path, overrides: list[str]) -> int:
     os.environ.setdefault("RAY_TRAIN_ENABLE_PRINT_PATCH", "0")
     started_here = not ray.is_initialized()
     if started_here:
-        ray.init(**settings["init_kwargs"])
+        ray.init(**init_kwargs(settings, verbose))
     elif settings["init_kwargs"]:
         print("lathe train: Ray is already initialized in this process; ray_init_kwargs are not applied.")
     try:
         from ray.train import TrainingFailedError
 
-        trainer = build_trainer(ray, settings, config_path, overrides)
+        trainer = build_trainer(ray, settings, config_path, overrides, verbose)
         try:
             result = trainer.fit()
         except TrainingFailedError as error:  # Ray printed the workers' tracebacks; one line says what it means
@@ -134,9 +144,17 @@ def run_with_ray(raw, config_path, overrides: list[str]) -> int:
             ray.shutdown()
 
 
-def build_trainer(ray, settings: dict, config_path, overrides: list[str]):
+def _logging_config(train, verbose: bool) -> dict:
+    if not hasattr(train, "LoggingConfig"):  # older Ray Train: no such setting
+        return {}
+    return {"logging_config": train.LoggingConfig(log_level="INFO" if verbose else "WARNING")}
+
+
+def build_trainer(ray, settings: dict, config_path, overrides: list[str], verbose: bool = False):
     """The TorchTrainer LLaMA-Factory 0.9.4 builds (get_ray_trainer), with ddp_backend / ddp_timeout for the
-    process group Ray opens and FailureConfig(max_failures=ray_max_failures)."""
+    process group Ray opens and FailureConfig(max_failures=ray_max_failures); Ray Train's own INFO logs
+    (worker group and placement-group lines) at WARNING unless `verbose`."""
+    from ray import train as ray_train_api
     from ray.train import FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchConfig, TorchTrainer
 
@@ -171,6 +189,7 @@ def build_trainer(ray, settings: dict, config_path, overrides: list[str]):
             storage_path=storage,
             storage_filesystem=filesystem,
             failure_config=FailureConfig(max_failures=settings["max_failures"]),
+            **_logging_config(ray_train_api, verbose),
         ),
     )
 

@@ -56,16 +56,28 @@ def get_template_and_fix_tokenizer(tokenizer, data_args) -> Template:
     return template
 
 
-def _warn_if_chat_template_disagrees(template: Template, tokenizer) -> None:
-    """The tokenizer keeps its own chat_template (as in LLaMA-Factory) and is saved with it: say so when a server
-    rendering it would prompt the model differently from how it is trained."""
-    from lathe.llm.templates.check import chat_template_differences
+_WARNED: set[tuple[str, str]] = set()  # (template, chat_template) pairs already warned about in this process
 
-    differences = chat_template_differences(template, tokenizer)
-    if differences:
-        logger.warning(
-            "The tokenizer's own chat_template, which is saved with the model, renders conversations "
-            "differently from template %r (`lathe data preview` shows how):\n%s",
-            template.name,
-            differences[0].describe(),
-        )
+
+def _warn_if_chat_template_disagrees(template: Template, tokenizer) -> None:
+    """The tokenizer keeps its own chat_template (as in LLaMA-Factory) and is saved with it: say so, once per
+    run (the tokenizer is loaded several times), when a server rendering it would prompt the model differently
+    from how it is trained, with the one-line fix."""
+    from lathe.llm.templates.check import chat_template_differences, matching_templates
+
+    seen = (template.name, tokenizer.chat_template)
+    if seen in _WARNED or not chat_template_differences(template, tokenizer):
+        return
+    _WARNED.add(seen)
+    matches = [name for name in matching_templates(tokenizer) if name != template.name]
+    fix = (
+        f"template: {matches[0]} trains as the chat_template renders; or keep {template.name!r}"
+        if matches
+        else f"keep {template.name!r}"
+    ) + " and serve the `lathe export`ed folder, which gets the template's own chat_template"
+    logger.warning(
+        "The tokenizer's own chat_template, saved with the model, renders conversations differently from "
+        "template %r (`lathe data preview` shows how). Fix: %s.",
+        template.name,
+        fix,
+    )

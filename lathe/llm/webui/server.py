@@ -219,7 +219,12 @@ def _add_train_routes(app: FastAPI, root: str, jobs: Jobs) -> None:
 
     @app.post("/api/start")
     async def start(request: Request):
-        values = forms.build_config(root, await _form(request))
+        form = await _form(request)
+        values = forms.build_config(root, form)
+        shown = form.get("yaml")
+        if shown is not None and shown != forms.config_yaml(values):
+            # The page shows the YAML before it starts: a form changed since (or a stale page) starts nothing.
+            raise ValueError("the form changed after its YAML was shown: check the YAML on the page and start again.")
         busy = busy_message(values["output_dir"])  # a run from the command line writes there
         if busy is not None:
             raise OutputDirBusy(busy)
@@ -317,6 +322,23 @@ def create_app(
     return app
 
 
+def check_port(host: str, port: int) -> None:
+    """One line when the port is taken, before the page says it serves (uvicorn would log a traceback-like
+    error after our "serving" line). The probe binds as uvicorn does (SO_REUSEADDR), then lets go."""
+    import socket
+
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host, port))
+        except OSError as error:
+            raise ValueError(
+                f"port {port} on {host} is taken ({error.strerror}): stop what uses it, or choose another with "
+                f"--port (e.g. --port {port + 1})."
+            ) from None
+
+
 def serve(
     root: str,
     host: str = "127.0.0.1",
@@ -332,6 +354,7 @@ def serve(
         raise ValueError(f"--host {host} opens the page to other machines: give a key (--api_key or LATHE_WEBUI_KEY).")
     if not os.path.isdir(root):
         raise NotADirectoryError(f"--root {root!r} is not a folder.")
+    check_port(host, port)
     app = create_app(root, api_key, chat_config, Boundary(host, allowed_hosts))
     if chat_config is not None:
         print("lathe webchat: loading the model ...", flush=True)

@@ -11,6 +11,7 @@ ENGLISH = {
     "model": "Model folder or hub id",
     "template": "Template",
     "suggest": "Suggest from tokenizer",
+    "no_suggestion": "no template reproduces the tokenizer's chat_template: type one",
     "stage": "Stage",
     "action": "Action",
     "action_train": "Train",

@@ -141,8 +141,9 @@ def plot_loss(output_dir: str, keys: tuple[str, ...] = ("loss", "eval_loss")) ->
             continue
         steps, values = zip(*points)
         figure, axes = plt.subplots(figsize=(6.4, 4.0))
-        axes.plot(steps, values, color="#1f77b4", alpha=0.35, label="original")
-        axes.plot(steps, smooth(list(values)), color="#1f77b4", label="smoothed")
+        marker = "o" if len(points) == 1 else None  # a line through one point draws nothing
+        axes.plot(steps, values, color="#1f77b4", alpha=0.35, label="original", marker=marker)
+        axes.plot(steps, smooth(list(values)), color="#1f77b4", label="smoothed", marker=marker)
         axes.set_title(f"training {key} of {os.path.basename(os.path.abspath(output_dir))}")
         axes.set_xlabel("step")
         axes.set_ylabel(key)

@@ -1,5 +1,5 @@
-"""What `lathe train` prints before it starts: the resolved configuration (values that differ from
-the defaults) and the plan — examples, tokens, steps, when it logs/evaluates/saves, trainable parameters."""
+"""What `lathe train` prints before it starts: the configuration (config_dump.py: the keys set, and what
+lathe resolved otherwise than LLaMA-Factory) and the plan — examples, tokens, steps, when it logs/evaluates/saves, trainable parameters."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 from lathe.llm.config.methods import describe_method
 from lathe.llm.memory.preference import PREFERENCE_STAGES
+from lathe.llm.workflows.config_dump import format_config  # noqa: F401 (printed with the plan; its import path)
 
 __all__ = ["RunPlan", "make_plan", "format_plan", "format_config", "count_tokens", "print_once", "report_plan"]
 
@@ -332,44 +333,6 @@ def _sharding(training) -> str:
 
     source = training.deepspeed if isinstance(training.deepspeed, str) else "config dict"
     return f"DeepSpeed ZeRO stage {zero_stage(read_config(training.deepspeed))} ({source})"
-
-
-def _changed(instance) -> dict:
-    changed = {}
-    for field in dataclasses.fields(instance):
-        if not field.init or field.name.startswith("_"):
-            continue
-        if field.default is not dataclasses.MISSING:
-            default = field.default
-        elif field.default_factory is not dataclasses.MISSING:
-            default = field.default_factory()
-        else:
-            default = dataclasses.MISSING
-        value = getattr(instance, field.name)
-        plain = getattr(value, "value", value)
-        if plain == default or (isinstance(default, str) and [default] == plain):
-            continue
-        if default is None and plain in (False, [], "") and name_is_training(instance):
-            continue  # TrainingArguments resolving an unset option to its off value
-        changed[field.name] = "<hidden>" if field.name.endswith("hub_token") else plain  # never print a secret
-    return changed
-
-
-def name_is_training(instance) -> bool:
-    return hasattr(instance, "to_json_string")
-
-
-def format_config(config) -> str:
-    """The resolved configuration: per section, the keys whose value is not the default."""
-    lines = ["Configuration (values that differ from the defaults):"]
-    for name in ("model", "data", "finetuning", "training", "generating"):
-        changed = _changed(getattr(config, name))
-        if not changed:
-            continue
-        lines.append(f"  {name}:")
-        for key in sorted(changed):
-            lines.append(f"    {key}: {changed[key]}")
-    return "\n".join(lines)
 
 
 def print_once(config, text: str) -> None:

@@ -7,11 +7,12 @@ import json
 import logging
 import os
 
+from lathe.llm.workflows.run_config import RUN_CONFIG_NAME
+
 __all__ = ["finished_run_message", "changed_keys", "warn_about_changed_keys", "check_same_model"]
 
 logger = logging.getLogger(__name__)
 
-RUN_CONFIG_NAME = "lathe_train_config.yaml"
 # A file only the end of a training run writes (finish_training), and the state each checkpoint holds.
 FINISHED_MARKER = "train_results.json"
 FINAL_STATE = "trainer_state.json"

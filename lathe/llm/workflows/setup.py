@@ -9,7 +9,9 @@ import os
 
 from lathe.llm.memory.fit import start_batch_from_plan
 from lathe.llm.methods.meter import summary_lines
-from lathe.llm.workflows.rerun import RUN_CONFIG_NAME, check_same_model, warn_about_changed_keys
+from lathe.llm.workflows.progress import use_postfix_bar
+from lathe.llm.workflows.rerun import check_same_model, warn_about_changed_keys
+from lathe.llm.workflows.run_config import write_run_config
 from lathe.llm.workflows.outputs import TrainerLogCallback, plot_loss, save_generation_config
 
 __all__ = [
@@ -85,26 +87,6 @@ def make_callbacks(config) -> list:
     return callbacks
 
 
-def write_run_config(config) -> str | None:
-    """output_dir/lathe_train_config.yaml: the keys the run was given (file and command line) in the flat
-    form `lathe train` reads, so `lathe train <that file>` reproduces the run."""
-    if not config.training.should_save:
-        return None
-    import yaml
-
-    os.makedirs(config.training.output_dir, exist_ok=True)
-    path = os.path.join(config.training.output_dir, RUN_CONFIG_NAME)
-    origin = f" from {config.source}" if config.source else ""
-    with open(path, "w", encoding="utf-8") as f:
-        f.write(
-            f"# The keys this run was given{origin} (command-line overrides included). `lathe train {path}` "
-            f"reproduces it,\n# run from the same folder (relative paths) and with another output_dir "
-            f"(output_dir=... on the command line).\n"
-        )
-        yaml.safe_dump(config.given, f, sort_keys=False)
-    return path
-
-
 def finish_training(
     trainer, config, train_result, eval_dataset, train_keys=("loss",), eval_keys=("loss",), plan=None
 ) -> None:
@@ -173,7 +155,8 @@ def train_and_save(trainer, config, plan, resume_from: str | None, eval_dataset,
     start_batch_from_plan(trainer, plan.memory)
     if not config.training.do_train:
         return {}
-    write_run_config(config)
+    write_run_config(config, resume_from)
+    use_postfix_bar(trainer)  # on a terminal: the latest loss in the bar, not a dict line per log
     result = trainer.train(resume_from_checkpoint=resume_from)
     finish_training(trainer, config, result, eval_dataset, plan=plan, **finish_keys)
     return dict(result.metrics)

@@ -26,6 +26,7 @@ import json
 import logging
 import os
 
+from lathe.train.parallel.deepspeed_ops import announce_compiles
 from lathe.train.parallel.quiet_collectives import quiet_collectives
 from lathe.train.parallel.deepspeed_checkpoint import (  # noqa: F401 (the engine's checkpoint API, here too)
     full_state_dict,
@@ -337,6 +338,7 @@ def initialize(model, optimizer, lr_scheduler, args):
     import torch.distributed as dist
 
     config = engine_config(args, dist.get_world_size(), model)
+    announce_compiles(config, args)  # a first run compiles C++ ops in deepspeed.initialize, without a word
     optimizer = _offloaded(optimizer, config)
     with quiet_collectives():
         engine, _, _, _ = deepspeed.initialize(

@@ -89,16 +89,28 @@ async function upload() {
   $("upload_out").textContent = `${data.saved} (${data.bytes} bytes)`;
 }
 
+// The suggestion loads the tokenizer, which takes seconds: it is checked when the answer arrives, and fills the
+// field only if neither the template nor the model changed meanwhile (a value the user typed always wins).
 async function suggestTemplate() {
-  const found = (await api("/api/template?model=" + encodeURIComponent($("model_name_or_path").value))).templates;
+  const model = $("model_name_or_path").value, typed = $("template").value;
+  const found = (await api("/api/template?model=" + encodeURIComponent(model))).templates;
+  $("suggest_out").dataset.answer = found.join(",");
+  if ($("template").value !== typed || $("model_name_or_path").value !== model) { $("suggest_out").textContent = ""; return; }
+  $("suggest_out").textContent = found.length ? "" : S.no_suggestion;
   if (found.length) { $("template").value = found[0]; changed(); }
 }
 
+// Start shows the YAML of the form as it is now, then starts exactly that: the server refuses (and nothing runs)
+// when the YAML it would save differs from the one on the page.
 async function start() {
   const box = $("trust_remote_code");
   if (box.checked && !confirm(S.confirm_remote_code)) return;
   box.dataset.confirmed = box.checked ? "1" : "0";
-  const result = await api("/api/start", form());
+  clearTimeout(yamlTimer);
+  const values = form();
+  const shown = (await api("/api/config", values)).yaml;
+  $("yaml").textContent = shown;
+  const result = await api("/api/start", {...values, yaml: shown});
   $("yaml").textContent = result.yaml;
   selected = new Set([result.run]);
   showTab("watch");
