@@ -81,8 +81,11 @@ def update_step(trainer, model, window: list, epoch: int, plan) -> None:
     trainer.control = events.on_step_begin(args, state, trainer.control)
     num_items = count_window_items(trainer, window)  # the loss denominator: label tokens of the whole window
     trainer.current_gradient_accumulation_steps = len(window)  # or, without a count, the window's size
+    accelerator = trainer.__dict__.get("_accelerator")  # trainer.accelerator, once something asked for it
     for index, inputs in enumerate(window):
         is_last = index == len(window) - 1
+        if accelerator is not None:  # accelerator.sync_gradients, as transformers' loop sets it
+            accelerator.gradient_state.sync_gradients = is_last
         # Gradients are summed locally and reduced across ranks once, on the window's last backward.
         with backend.gradient_sync(is_last):
             loss = trainer.training_step(model, inputs, num_items)  # forward (compute_loss), then backward

@@ -80,10 +80,14 @@ class TrainerSurface:
 
     @property
     def accelerator(self):
-        raise AttributeError(
-            "Trainer.accelerator: lathe does not use accelerate (it owns the loop); use the Trainer's own methods "
-            "(training_step, evaluate, save_model) and torch.distributed directly."
-        )
+        """accelerate's Accelerator surface that libraries built on transformers' Trainer call (TRL,
+        sentence-transformers, setfit), answered by lathe's own runtime: lathe/train/parallel/accelerator.py."""
+        accelerator = self.__dict__.get("_accelerator")
+        if accelerator is None:
+            from lathe.train.parallel.accelerator import LatheAccelerator
+
+            accelerator = self.__dict__["_accelerator"] = LatheAccelerator(self)
+        return accelerator
 
     def gather_function(self, tensors, use_gather_object: bool | None = None):
         """accelerate's gather_for_metrics as transformers' Trainer exposes it: `tensors` (a tensor, or lists /

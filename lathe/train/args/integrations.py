@@ -38,7 +38,8 @@ class DebugOption(ExplicitEnum):
 class AcceleratorConfig:
     """transformers' `accelerator_config`: how accelerate would split, dispatch and accumulate. lathe's loop
     does what the defaults describe, and in one process what split_batches / dispatch_batches / even_batches
-    describe too; `gradient_accumulation_kwargs["num_steps"]` sets gradient_accumulation_steps as in
+    describe too; non_blocking (lathe's batch copies are non-blocking anyway) and use_configured_state (lathe
+    uses the process group that is set up) hold as given; `gradient_accumulation_kwargs["num_steps"]` sets gradient_accumulation_steps as in
     transformers; other values are refused by `check_accelerator_config`."""
 
     split_batches: bool = False
@@ -169,7 +170,9 @@ def check_accelerator_config(args) -> None:
     if not isinstance(value, AcceleratorConfig):
         raise ValueError(f"accelerator_config must be a dict, a JSON string or a file path, got {value!r}")
     args.accelerator_config = value
-    refused = {"use_seedable_sampler": False, "non_blocking": True, "use_configured_state": True}
+    # non_blocking: lathe's batches already move with non_blocking=True (pinned memory makes it asynchronous);
+    # use_configured_state: lathe never resets a process group set up before the arguments, it uses it.
+    refused = {"use_seedable_sampler": False}
     # how accelerate shares batches between processes: the same thing as the default in one process
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:
         refused.update(split_batches=True, even_batches=False)
