@@ -451,8 +451,10 @@ def _split(inputs, num_processes: int, index: int, apply_padding: bool):
         part = values[start:end]
         missing = per_process + (1 if extras else 0) - len(part)
         if apply_padding and missing > 0:  # repeat the last element, as accelerate does
-            part = torch.cat([part, values[-1:].expand(missing, *values.shape[1:])]) if torch.is_tensor(part) else (
-                part + type(part)([values[-1]] * missing)
+            part = (
+                torch.cat([part, values[-1:].expand(missing, *values.shape[1:])])
+                if torch.is_tensor(part)
+                else (part + type(part)([values[-1]] * missing))
             )
         return part
 
