@@ -239,7 +239,7 @@ def finish_run(trainer) -> TrainOutput:
             run.losses.nonfinite,
         )
     if args.load_best_model_at_end and state.best_model_checkpoint is not None:
-        resume.load_best_model(trainer)
+        trainer._load_best_model()  # transformers' hook (resume.load_best_model unless a subclass overrides it)
     steps_run = run.steps_run(state.global_step)
     samples_run = (
         steps_run * trainer._train_batch_size * args.gradient_accumulation_steps * args.world_size

@@ -17,7 +17,7 @@ import os
 
 import torch
 
-from lathe.train.parallel import distributed
+from lathe.train.parallel import collectives, distributed
 
 
 class DistributedType(str, enum.Enum):
@@ -165,6 +165,26 @@ class LatheAccelerator:
     def is_fsdp2(self) -> bool:
         return bool(self._args.fsdp)
 
+    @property
+    def parallelism_config(self):
+        """None: lathe has no tensor / context / sequence parallelism (TrainingArguments refuses parallelism_config)."""
+        return None
+
+    @property
+    def dataloader_config(self):
+        """accelerate's DataLoaderConfiguration: TrainingArguments.accelerator_config holds the same fields."""
+        return self._args.accelerator_config
+
+    @property
+    def even_batches(self) -> bool:
+        return self.__dict__.get("_even_batches", self._args.accelerator_config.even_batches)
+
+    @even_batches.setter
+    def even_batches(self, value: bool) -> None:
+        """As accelerate: a setting of the dataloaders prepared after it (the arguments keep theirs). lathe's
+        evaluation never pads with repeated samples (it cuts by the dataset's size); one process pads nothing."""
+        self.__dict__["_even_batches"] = bool(value)
+
     deepspeed_plugin = property(lambda self: self.state.deepspeed_plugin)
     fsdp_plugin = property(lambda self: self.state.fsdp_plugin)
 
@@ -178,28 +198,30 @@ class LatheAccelerator:
         """Every process's tensors concatenated on dim 0 in rank order (0-d tensors become 1-d); in one process the input."""
         if not distributed.is_distributed():
             return tensor
-        return _apply(_all_gather, tensor, "gather")
+        return collectives.apply_nested(collectives.all_gather, tensor, "gather")
 
     def gather_for_metrics(self, input_data, use_gather_object: bool = False):
         """gather (tensors) or gather_object (anything else). lathe's dataloaders are not accelerate's, so (as
         accelerate does for a dataloader it did not prepare) nothing is cut from the end."""
         try:
-            _apply(lambda t: t, input_data, "gather_for_metrics")
+            collectives.apply_nested(lambda t: t, input_data, "gather_for_metrics")
             all_tensors = True
         except TypeError:
             all_tensors = False
         if use_gather_object or not all_tensors:
-            return gather_object(input_data)
+            return collectives.gather_object(input_data)
         return self.gather(input_data)
 
     def pad_across_processes(self, tensor, dim: int = 0, pad_index: int = 0, pad_first: bool = False):
         """Pad `dim` to the largest size any process has (pad_index values, at the end or first)."""
-        return _apply(lambda t: _pad(t, dim, pad_index, pad_first), tensor, "pad_across_processes")
+        return collectives.apply_nested(
+            lambda t: collectives.pad_to_largest(t, dim, pad_index, pad_first), tensor, "pad_across_processes"
+        )
 
     def reduce(self, tensor, reduction: str = "sum", scale: float = 1.0):
         """A copy of `tensor` summed (or averaged / maximum: reduction="mean" / "max") over processes; in one process the copy,
         unscaled, as accelerate returns it."""
-        return _apply(lambda t: _reduce(t, reduction), tensor, "reduce")
+        return collectives.apply_nested(lambda t: collectives.reduce_copy(t, reduction), tensor, "reduce")
 
     def wait_for_everyone(self) -> None:
         if distributed.is_distributed():
@@ -225,7 +247,7 @@ class LatheAccelerator:
     @contextlib.contextmanager
     def split_between_processes(self, inputs, apply_padding: bool = False):
         """This process's contiguous share of a list / tuple / dict of lists / tensor (accelerate's split)."""
-        yield _split(inputs, self.num_processes, self.process_index, apply_padding)
+        yield collectives.split_share(inputs, self.num_processes, self.process_index, apply_padding)
 
     def print(self, *args, **kwargs) -> None:
         if self.is_local_main_process:
@@ -372,92 +394,3 @@ class _DeviceLoader:
 
     def __getattr__(self, name):
         return getattr(self._loader, name)
-
-
-def _apply(function, data, what: str):
-    """accelerate's recursively_apply with error_on_other_type: tensors anywhere in lists, tuples and mappings."""
-    if torch.is_tensor(data):
-        return function(data)
-    if isinstance(data, (list, tuple)):
-        applied = [_apply(function, item, what) for item in data]
-        return type(data)(*applied) if hasattr(data, "_fields") else type(data)(applied)
-    if isinstance(data, dict) or hasattr(data, "keys") and hasattr(data, "__getitem__"):
-        return type(data)({key: _apply(function, data[key], what) for key in data})
-    raise TypeError(
-        f"Trainer.accelerator.{what}: unsupported type {type(data).__name__}; only nested lists, tuples and dicts "
-        "of tensors are supported."
-    )
-
-
-def _all_gather(tensor: torch.Tensor) -> torch.Tensor:
-    import torch.distributed as dist
-
-    if tensor.ndim == 0:
-        tensor = tensor.clone()[None]
-    tensor = tensor.contiguous()
-    parts = [torch.empty_like(tensor) for _ in range(dist.get_world_size())]
-    dist.all_gather(parts, tensor)
-    return torch.cat(parts, dim=0)
-
-
-def gather_object(obj):
-    """accelerate.utils.gather_object: every process's list, concatenated in rank order; the object in one process."""
-    if not distributed.is_distributed():
-        return obj
-    return [item for per_rank in distributed.gather_objects(obj) for item in per_rank]
-
-
-def _pad(tensor: torch.Tensor, dim: int, pad_index: int, pad_first: bool) -> torch.Tensor:
-    if dim >= tensor.ndim or dim < -tensor.ndim:
-        return tensor
-    dim = dim % tensor.ndim
-    if not distributed.is_distributed():
-        return tensor
-    sizes = _all_gather(torch.tensor(tensor.shape, device=tensor.device)[None]).cpu()
-    max_size = int(max(size[dim] for size in sizes))
-    if max_size == tensor.shape[dim]:
-        return tensor
-    new_size = list(tensor.shape)
-    new_size[dim] = max_size
-    padded = tensor.new_zeros(tuple(new_size)) + pad_index
-    start = max_size - tensor.shape[dim] if pad_first else 0
-    index = [slice(None)] * tensor.ndim
-    index[dim] = slice(start, start + tensor.shape[dim])
-    padded[tuple(index)] = tensor
-    return padded
-
-
-def _reduce(tensor: torch.Tensor, reduction: str) -> torch.Tensor:
-    copy = tensor.clone()
-    if not distributed.is_distributed():
-        return copy
-    import torch.distributed as dist
-
-    dist.all_reduce(copy, op=dist.ReduceOp.MAX if reduction == "max" else dist.ReduceOp.SUM)
-    if reduction == "mean":
-        copy /= dist.get_world_size()
-    return copy
-
-
-def _split(inputs, num_processes: int, index: int, apply_padding: bool):
-    if num_processes == 1:
-        return inputs
-    length = len(inputs) if not isinstance(inputs, dict) else len(next(iter(inputs.values())))
-    per_process, extras = divmod(length, num_processes)
-    start = index * per_process + min(index, extras)
-    end = start + per_process + (1 if index < extras else 0)
-
-    def take(values):
-        part = values[start:end]
-        missing = per_process + (1 if extras else 0) - len(part)
-        if apply_padding and missing > 0:  # repeat the last element, as accelerate does
-            part = (
-                torch.cat([part, values[-1:].expand(missing, *values.shape[1:])])
-                if torch.is_tensor(part)
-                else (part + type(part)([values[-1]] * missing))
-            )
-        return part
-
-    if isinstance(inputs, dict):
-        return {key: take(value) for key, value in inputs.items()}
-    return take(inputs)
