@@ -41,6 +41,10 @@ def training_loop(trainer, batch_size: int, resume_path: str | None, trial, igno
     )
     log_training_summary(trainer, plan, train_dataloader, resume_path, start)
     begin_run(trainer, model, train_dataloader)
+    # Every submodule in training mode, as transformers' training_step makes it: a model assembled from parts
+    # loaded with from_pretrained (in eval mode) under a new top-level module (sentence-transformers) says
+    # training=True at the top, so training_step's check alone would leave their dropout off.
+    model.train()
     trainer.control = trainer.callback_handler.on_train_begin(args, trainer.state, trainer.control)
     if args.eval_on_start:  # a baseline metric; ReduceLROnPlateau must not count it as an epoch's result
         trainer._evaluate(trial, ignore_keys_for_eval, skip_scheduler=True)
