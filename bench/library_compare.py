@@ -19,21 +19,26 @@ LATHE_ONLY_FILES = ("lathe_checkpoint.json", "training_args.json")
 IGNORED_KEYS = ("transformers_version", "lathe_version", "_name_or_path", "best_model_checkpoint", "logging_dir")
 
 
+def _dict_differences(ours: dict, theirs: dict, path: str, rtol: float, atol: float) -> list[str]:
+    found = []
+    for key in sorted(set(theirs) | set(ours)):
+        if any(mark in key for mark in TIMING) or key in IGNORED_KEYS:
+            continue
+        where = f"{path}/{key}"
+        lathe_only = key.rsplit("/", 1)[-1] in LATHE_ONLY_FILES
+        if key not in ours and not lathe_only:
+            found.append(f"{where}: missing on lathe")
+        elif key not in theirs and not lathe_only:
+            found.append(f"{where}: only on lathe")
+        elif key in ours and key in theirs:
+            found += differences(ours[key], theirs[key], where, rtol, atol)
+    return found
+
+
 def differences(ours, theirs, path: str = "", rtol: float = 1e-5, atol: float = 1e-6) -> list[str]:
     found = []
     if isinstance(theirs, dict) and isinstance(ours, dict):
-        for key in sorted(set(theirs) | set(ours)):
-            if any(mark in key for mark in TIMING) or key in IGNORED_KEYS:
-                continue
-            where = f"{path}/{key}"
-            if key not in ours:
-                if key.rsplit("/", 1)[-1] not in LATHE_ONLY_FILES:
-                    found.append(f"{where}: missing on lathe")
-            elif key not in theirs:
-                if key.rsplit("/", 1)[-1] not in LATHE_ONLY_FILES:
-                    found.append(f"{where}: only on lathe")
-            else:
-                found += differences(ours[key], theirs[key], where, rtol, atol)
+        return _dict_differences(ours, theirs, path, rtol, atol)
     elif isinstance(theirs, list) and isinstance(ours, list):
         if len(ours) != len(theirs):
             found.append(f"{path}: {len(ours)} items on lathe, {len(theirs)} on transformers")

@@ -111,7 +111,7 @@ def test_derived_attributes_describe_a_single_process_run():
     args = TrainingArguments(output_dir="o", bf16=True, use_cpu=True)
     assert args.parallel_mode is ParallelMode.NOT_PARALLEL and args.place_model_on_device is True
     assert args.mixed_precision == "bf16" and args.default_optim == "adamw_torch_fused"
-    assert args.fsdp_plugin_args is None and args.distributed_state is None
+    assert args.fsdp_plugin_args is None and args.distributed_state.distributed_type == "NO"
 
 
 class Exploding(torch.nn.Module):

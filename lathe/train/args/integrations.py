@@ -69,7 +69,13 @@ class IntegrationProperties:
     default_optim = "adamw_torch_fused"  # transformers' default since torch 2.8 (lathe needs newer)
     is_torch_greater_or_equal_than_2_8 = True
     deepspeed_plugin = None  # lathe's DeepSpeed engine is configured from `deepspeed`, without accelerate
-    distributed_state = None  # no accelerate PartialState: world_size / process_index tell the same
+
+    @property
+    def distributed_state(self):
+        """accelerate's PartialState as transformers keeps it here: lathe's answer from its own process group."""
+        from lathe.train.parallel.accelerator import ProcessState
+
+        return ProcessState(self)
 
     @property
     def parallel_mode(self) -> ParallelMode:

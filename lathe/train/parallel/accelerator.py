@@ -38,70 +38,12 @@ def _refuse(what: str, why: str):
     raise Unsupported(f"Trainer.accelerator.{what}: {why} (lathe runs its own loop, without accelerate).")
 
 
-class AcceleratorState:
-    """accelerate's `Accelerator.state` / `PartialState`: where this process stands."""
+class ProcessState:
+    """accelerate's `PartialState` / `Accelerator.state` (and TrainingArguments.distributed_state): where this
+    process stands, read from lathe's process group and the arguments."""
 
-    def __init__(self, accelerator: LatheAccelerator):
-        self._accelerator = accelerator
-
-    def __getattr__(self, name):
-        if name.startswith("_"):
-            raise AttributeError(name)
-        if name in ("deepspeed_plugin", "fsdp_plugin", "torch_tp_plugin", "megatron_lm_plugin", "parallelism_config"):
-            plugin_of = {"deepspeed_plugin": "deepspeed", "fsdp_plugin": "fsdp"}.get(name)
-            if plugin_of and getattr(self._accelerator._args, plugin_of, None):
-                _refuse(f"state.{name}", f"lathe runs {plugin_of} itself, without accelerate's plugin object")
-            return None
-        if name in _SHARED:
-            return getattr(self._accelerator, name)
-        raise AttributeError(f"Trainer.accelerator.state has no {name!r} on lathe")
-
-
-_SHARED = (
-    "device",
-    "distributed_type",
-    "num_processes",
-    "process_index",
-    "local_process_index",
-    "is_main_process",
-    "is_local_main_process",
-    "is_last_process",
-    "mixed_precision",
-    "use_distributed",
-    "backend",
-)
-
-
-class GradientState:
-    """accelerate's `GradientState` as transformers' loop drives it: gradients sync on the last micro-batch."""
-
-    def __init__(self):
-        self.sync_gradients = True
-        self.end_of_dataloader = False
-        self.remainder = -1
-        self.plugin_kwargs = {"sync_with_dataloader": False}
-
-    def _set_sync_gradients(self, sync_gradients: bool) -> None:
-        self.sync_gradients = sync_gradients
-
-
-class LatheAccelerator:
-    """What `trainer.accelerator` answers on lathe (see the module docstring)."""
-
-    def __init__(self, trainer):
-        self._trainer = trainer
-        self.gradient_state = GradientState()
-        self.state = AcceleratorState(self)
-        self.step = 0
-        # transformers builds its Accelerator without a GradientAccumulationPlugin: the Trainer divides the loss
-        # itself, and accelerate's backward divides by 1.
-        self.gradient_accumulation_steps = 1
-
-    @property
-    def _args(self):
-        return self._trainer.args
-
-    # ----- where this process stands -----
+    def __init__(self, args):
+        self._args = args
 
     @property
     def device(self) -> torch.device:
@@ -156,6 +98,60 @@ class LatheAccelerator:
     @property
     def mixed_precision(self) -> str:
         return "bf16" if self._args.bf16 else "fp16" if self._args.fp16 else "no"
+
+    def __getattr__(self, name):
+        if name.startswith("_"):
+            raise AttributeError(name)
+        if name in ("deepspeed_plugin", "fsdp_plugin", "torch_tp_plugin", "megatron_lm_plugin", "parallelism_config"):
+            plugin_of = {"deepspeed_plugin": "deepspeed", "fsdp_plugin": "fsdp"}.get(name)
+            if plugin_of and getattr(self._args, plugin_of, None):
+                _refuse(f"state.{name}", f"lathe runs {plugin_of} itself, without accelerate's plugin object")
+            return None
+        raise AttributeError(f"Trainer.accelerator.state has no {name!r} on lathe")
+
+
+class GradientState:
+    """accelerate's `GradientState` as transformers' loop drives it: gradients sync on the last micro-batch."""
+
+    def __init__(self):
+        self.sync_gradients = True
+        self.end_of_dataloader = False
+        self.remainder = -1
+        self.plugin_kwargs = {"sync_with_dataloader": False}
+
+    def _set_sync_gradients(self, sync_gradients: bool) -> None:
+        self.sync_gradients = sync_gradients
+
+
+class LatheAccelerator:
+    """What `trainer.accelerator` answers on lathe (see the module docstring)."""
+
+    def __init__(self, trainer):
+        self._trainer = trainer
+        self.gradient_state = GradientState()
+        self.state = ProcessState(trainer.args)
+        self.step = 0
+        # transformers builds its Accelerator without a GradientAccumulationPlugin: the Trainer divides the loss
+        # itself, and accelerate's backward divides by 1.
+        self.gradient_accumulation_steps = 1
+
+    @property
+    def _args(self):
+        return self._trainer.args
+
+    # ----- where this process stands (ProcessState) -----
+
+    device = property(lambda self: self.state.device)
+    num_processes = property(lambda self: self.state.num_processes)
+    process_index = property(lambda self: self.state.process_index)
+    local_process_index = property(lambda self: self.state.local_process_index)
+    is_main_process = property(lambda self: self.state.is_main_process)
+    is_local_main_process = property(lambda self: self.state.is_local_main_process)
+    is_last_process = property(lambda self: self.state.is_last_process)
+    use_distributed = property(lambda self: self.state.use_distributed)
+    backend = property(lambda self: self.state.backend)
+    distributed_type = property(lambda self: self.state.distributed_type)
+    mixed_precision = property(lambda self: self.state.mixed_precision)
 
     @property
     def sync_gradients(self) -> bool:
