@@ -296,6 +296,10 @@ class LatheAccelerator:
     def prepare_data_loader(self, data_loader, device_placement=None):
         if distributed.is_distributed():
             _refuse("prepare_data_loader", "sharding a dataloader across processes (use the Trainer's dataloaders)")
+        if self._args.accelerator_config.use_seedable_sampler:  # always True on lathe (False is refused)
+            from lathe.train.data.seedable import make_sampler_seedable
+
+            make_sampler_seedable(data_loader, self._args.data_seed)
         if device_placement is False or self.device.type == "cpu":
             return data_loader
         return _DeviceLoader(data_loader, self.device)
