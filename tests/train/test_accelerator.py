@@ -22,11 +22,15 @@ accelerate = pytest.importorskip("accelerate")
 def both(tmp_path_factory):
     """lathe's trainer.accelerator and accelerate's Accelerator as transformers' Trainer builds it (cpu)."""
     from accelerate import Accelerator
-    from accelerate.utils import GradientAccumulationPlugin
+    from accelerate.utils import DataLoaderConfiguration, GradientAccumulationPlugin
 
     args = training_args(tmp_path_factory.mktemp("acc"), use_cpu=True)
     trainer = make_trainer("lathe", model=Regression(), args=args, train_dataset=regression_items(8))
-    theirs = Accelerator(cpu=True, gradient_accumulation_plugin=GradientAccumulationPlugin(num_steps=1))
+    theirs = Accelerator(
+        cpu=True,
+        gradient_accumulation_plugin=GradientAccumulationPlugin(num_steps=1),
+        dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True),  # transformers' defaults
+    )
     return trainer, trainer.accelerator, theirs
 
 
@@ -175,3 +179,19 @@ def test_collectives_on_two_processes(tmp_path):
     assert result["reduce_sum"] == 3.0 and result["reduce_mean"] == 1.5 and result["reduce_max"] == 2.0
     assert result["split"] == [[0, 1, 2], [3, 4]] and result["split_padded"] == [[0, 1, 2], [3, 4, 4]]
     assert result["info"] == [[0, 2, "MULTI_CPU", True], [1, 2, "MULTI_CPU", False]]
+
+
+def test_prepare_a_shuffled_dataloader_gives_accelerates_epoch_orders(both):
+    """A library's own shuffled DataLoader (sentence-transformers builds one) comes back with accelerate's
+    seedable sampler: each pass is seeded with the initial seed + epoch, so epochs 1, 2, ... match transformers'."""
+    from torch.utils.data import DataLoader
+
+    _, ours, theirs = both
+
+    def loader():
+        return DataLoader(list(range(10)), batch_size=3, shuffle=True, generator=torch.Generator().manual_seed(7))
+
+    torch.manual_seed(42)  # the initial seed the sampler reads, as Trainer's set_seed leaves it
+    mine, other = ours.prepare(loader()), theirs.prepare(loader())
+    for _ in range(3):
+        assert [batch.tolist() for batch in mine] == [batch.tolist() for batch in other]
