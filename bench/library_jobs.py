@@ -230,7 +230,9 @@ def job_sft(root: str):
         save_strategy="steps",
         save_steps=3,
     )
-    trainer = SFTTrainer(model=llama, args=args, train_dataset=data.select(range(16)), eval_dataset=data.select(range(16, 24)))
+    trainer = SFTTrainer(
+        model=llama, args=args, train_dataset=data.select(range(16)), eval_dataset=data.select(range(16, 24))
+    )
     trainer.train()
     return trainer, {"final_dir": _save_final(trainer, root)}
 
@@ -258,7 +260,9 @@ def job_dpo(root: str):
         save_steps=2,
         max_length=32,
     )
-    trainer = DPOTrainer(model=llama, args=args, train_dataset=data.select(range(12)), eval_dataset=data.select(range(12, 16)))
+    trainer = DPOTrainer(
+        model=llama, args=args, train_dataset=data.select(range(12)), eval_dataset=data.select(range(12, 16))
+    )
     trainer.train()
     return trainer, {"final_dir": _save_final(trainer, root)}
 
@@ -283,7 +287,9 @@ def job_reward(root: str):
         save_steps=2,
         max_length=32,
     )
-    trainer = RewardTrainer(model=llama, args=args, train_dataset=data.select(range(12)), eval_dataset=data.select(range(12, 16)))
+    trainer = RewardTrainer(
+        model=llama, args=args, train_dataset=data.select(range(12)), eval_dataset=data.select(range(12, 16))
+    )
     trainer.train()
     return trainer, {"final_dir": _save_final(trainer, root)}
 
@@ -303,7 +309,9 @@ def job_setfit(root: str):
     args = TrainingArguments(
         output_dir=os.path.join(root, "out"), batch_size=4, num_epochs=1, num_iterations=2, seed=42, report_to="none"
     )
-    trainer = Trainer(model=model, args=args, train_dataset=data.select(range(12)), eval_dataset=data.select(range(12, 16)))
+    trainer = Trainer(
+        model=model, args=args, train_dataset=data.select(range(12)), eval_dataset=data.select(range(12, 16))
+    )
     trainer.train()
     metrics = trainer.evaluate()
     final = os.path.join(root, "final")
@@ -346,7 +354,10 @@ def file_record(path: str):
     if path.endswith(".safetensors"):
         from safetensors.torch import load_file
 
-        return {name: [list(t.shape), float(t.double().sum()), float(t.double().abs().sum())] for name, t in sorted(load_file(path).items())}
+        return {
+            name: [list(t.shape), float(t.double().sum()), float(t.double().abs().sum())]
+            for name, t in sorted(load_file(path).items())
+        }
     if path.endswith(".json"):
         with open(path) as handle:
             try:
