@@ -13,7 +13,6 @@ packing, assistant-only loss), dpo, reward (TRL), setfit.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import sys
@@ -310,7 +309,11 @@ def job_setfit(root: str):
         output_dir=os.path.join(root, "out"), batch_size=4, num_epochs=1, num_iterations=2, seed=42, report_to="none"
     )
     trainer = Trainer(
-        model=model, args=args, train_dataset=data.select(range(12)), eval_dataset=data.select(range(12, 16))
+        model=model,
+        args=args,
+        train_dataset=data.select(range(12)),
+        eval_dataset=data.select(range(12, 16)),
+        metric=accuracy,  # a callable: evaluate.load("accuracy") needs the Hub
     )
     trainer.train()
     metrics = trainer.evaluate()
@@ -318,6 +321,12 @@ def job_setfit(root: str):
     model.save_pretrained(final)
     probabilities = model.predict_proba(texts[12:]).tolist()
     return trainer, {"metrics": metrics, "probabilities": probabilities, "final_dir": final}
+
+
+def accuracy(predictions, references) -> dict:
+    import numpy
+
+    return {"accuracy": float((numpy.asarray(predictions) == numpy.asarray(references)).mean())}
 
 
 def _save_final(trainer, root: str) -> str:
@@ -367,8 +376,39 @@ def file_record(path: str):
     if path.endswith((".txt", ".md", ".jinja")):
         with open(path, errors="replace") as handle:
             return handle.read()
+    if path.endswith((".pt", ".pth", ".bin")):
+        return torch_file_record(path)
     with open(path, "rb") as handle:
-        return {"bytes": len(handle.read()) > 0, "sha": hashlib.sha256(b"").hexdigest()[:0]}
+        return {"bytes": len(handle.read())}
+
+
+def torch_file_record(path: str):
+    """optimizer.pt, scheduler.pt, rng_state.pth: their numbers (tensors as shape and sums); training_args.bin:
+    the arguments' dict (a pickled TrainingArguments of the library's class)."""
+    import torch
+
+    try:
+        return _numbers(torch.load(path, weights_only=True))
+    except Exception:
+        arguments = torch.load(path, weights_only=False)
+        return {"class": type(arguments).__name__, "fields": _numbers(arguments.to_dict())}
+
+
+def _numbers(value):
+    import numpy
+    import torch
+
+    if torch.is_tensor(value):
+        return [list(value.shape), float(value.double().sum())]
+    if isinstance(value, numpy.ndarray):
+        return [list(value.shape), float(value.astype("float64").sum())]
+    if isinstance(value, dict):
+        return {str(key): _numbers(item) for key, item in value.items() if key not in ("output_dir", "logging_dir")}
+    if isinstance(value, (list, tuple)):
+        return [_numbers(item) for item in value]
+    if isinstance(value, (int, float, str, bool)) or value is None:
+        return value
+    return repr(type(value).__name__)
 
 
 def main() -> None:
