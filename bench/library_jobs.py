@@ -390,8 +390,10 @@ def torch_file_record(path: str):
     try:
         return _numbers(torch.load(path, weights_only=True))
     except Exception:
-        arguments = torch.load(path, weights_only=False)
-        return {"class": type(arguments).__name__, "fields": _numbers(arguments.to_dict())}
+        loaded = torch.load(path, weights_only=False)  # files this run wrote (numpy RNG states, pickled arguments)
+        if hasattr(loaded, "to_dict"):
+            return {"class": type(loaded).__name__, "fields": _numbers(loaded.to_dict())}
+        return _numbers(loaded)
 
 
 def _numbers(value):

@@ -305,8 +305,11 @@ def _listed_fields(args) -> list[str]:
     """The order of transformers' dataclass: its own fields, then each subclass's new ones in declaration order
     (a subclass redeclaring one of LATHE_ONLY_FIELDS declares a new field on transformers); then lathe's own
     fields that differ from their defaults."""
-    from lathe.train.args.training_args import TrainingArguments
-
+    TrainingArguments = next(  # lathe's base class (training_args.py mixes this module in: no import back)
+        klass
+        for klass in type(args).__mro__
+        if klass.__name__ == "TrainingArguments" and klass.__module__ == "lathe.train.args.training_args"
+    )
     base = TrainingArguments.__dataclass_fields__
     own = {f.name: f for f in fields(args) if f.init}
     redeclared = {name for name in LATHE_ONLY_FIELDS if name in own and own[name] is not base.get(name)}
