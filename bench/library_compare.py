@@ -58,8 +58,9 @@ def differences(ours, theirs, path: str = "", rtol: float = 1e-5, atol: float = 
 
 
 def _untimed(text: str) -> str:
-    """A model card without its measured durations ("- **Training**: 4.6 seconds")."""
-    return re.sub(r"\d+(\.\d+)? (seconds|minutes|hours)", "<duration>", text)
+    """A model card without its measured durations ("- **Training**: 4.6 seconds") and temporary folder names."""
+    text = re.sub(r"\d+(\.\d+)? (seconds|minutes|hours)", "<duration>", text)
+    return re.sub(r"tmp[a-z0-9_]{8}", "<tmp>", text)
 
 
 def main() -> int:
