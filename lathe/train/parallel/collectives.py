@@ -67,7 +67,7 @@ def reduce_copy(tensor: torch.Tensor, reduction: str) -> torch.Tensor:
         return copy
     import torch.distributed as dist
 
-    dist.allreduce_copy(copy, op=dist.ReduceOp.MAX if reduction == "max" else dist.ReduceOp.SUM)
+    dist.all_reduce(copy, op=dist.ReduceOp.MAX if reduction == "max" else dist.ReduceOp.SUM)
     if reduction == "mean":
         copy /= dist.get_world_size()
     return copy
