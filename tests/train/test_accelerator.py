@@ -160,6 +160,7 @@ def test_what_lathe_cannot_honour_raises_naming_it(tmp_path):
     with pytest.raises(Unsupported, match="autocast_handler"):
         trainer.accelerator.autocast(autocast_handler=object())
     assert trainer.accelerator.distributed_type is DistributedType.NO
+    assert not hasattr(trainer.accelerator, "register_for_checkpointing")  # libraries probing for a feature
 
 
 @pytest.mark.slow

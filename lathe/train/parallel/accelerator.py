@@ -30,8 +30,9 @@ class DistributedType(str, enum.Enum):
     FSDP = "FSDP"
 
 
-class Unsupported(NotImplementedError):
-    """A call on Trainer.accelerator that lathe's runtime cannot honour."""
+class Unsupported(NotImplementedError, AttributeError):
+    """A call on Trainer.accelerator that lathe's runtime cannot honour. Also an AttributeError, so that
+    `hasattr(trainer.accelerator, name)` / `getattr(..., default)` answer "absent", as for a missing attribute."""
 
 
 def _refuse(what: str, why: str):
