@@ -14,19 +14,13 @@ import json
 import os
 import sys
 
-# transformers module -> lathe module with the same public names (lathe's compatibility import paths).
-SWAPPED_MODULES = {
-    "transformers.trainer": "lathe.trainer",
-    "transformers.training_args": "lathe.training_args",
-    "transformers.trainer_callback": "lathe.trainer_callback",
-    "transformers.trainer_utils": "lathe.trainer_utils",
-    "transformers.hf_argparser": "lathe.hf_argparser",
-    "transformers.optimization": "lathe.optimization",
-    "transformers.data.data_collator": "lathe.data_collator",
-    "transformers.trainer_seq2seq": "lathe.trainer_seq2seq",
-    "transformers.training_args_seq2seq": "lathe.training_args_seq2seq",
-    "transformers.trainer_jit_checkpoint": "lathe.trainer_jit_checkpoint",
-}
+
+def _swapped_modules() -> dict:
+    """transformers module -> lathe module with the same public names: lathe.patch_transformers()'s table."""
+    from lathe.train.features.patching import SWAPPED_MODULES
+
+    return SWAPPED_MODULES
+
 
 # Modules of which lathe provides a part: the functions lathe has replace transformers' (so the tests' library
 # logger, `logging.get_logger()`, and `set_verbosity` are lathe's, as after a user's import change); the rest
@@ -102,10 +96,10 @@ def _set_everywhere(top, module, name, original, replacement):
 
 
 def swap_in_lathe():
-    """Replace the names each SWAPPED_MODULES module defines by lathe's; stub the callables lathe lacks."""
+    """Replace the names each swapped module (lathe.patch_transformers()'s table) defines by lathe's; stub the callables lathe lacks."""
     top = final_transformers()
     log = {"replaced": {}, "stubbed": {}, "kept_constants": {}}
-    for module_name, lathe_name in SWAPPED_MODULES.items():
+    for module_name, lathe_name in _swapped_modules().items():
         module = importlib.import_module(module_name)
         lathe_module = importlib.import_module(lathe_name)
         for name in defined_public_names(module):

@@ -68,6 +68,8 @@ EXPORTS = {
     "set_seed": "lathe.train.seed",
     "enable_full_determinism": "lathe.train.seed",
     "get_last_checkpoint": "lathe.train.checkpoints.layout",
+    # libraries built on transformers' Trainer, on lathe's
+    "patch_transformers": "lathe.train.features.patching",
 }
 
 __all__ = sorted(EXPORTS)

@@ -42,6 +42,10 @@ def training_loop(trainer, batch_size: int, resume_path: str | None, trial, igno
     )
     log_training_summary(trainer, plan, train_dataloader, resume_path, start)
     begin_run(trainer, model, train_dataloader)
+    # Every submodule in training mode, as transformers' training_step makes it: a model assembled from parts
+    # loaded with from_pretrained (in eval mode) under a new top-level module (sentence-transformers) says
+    # training=True at the top, so training_step's check alone would leave their dropout off.
+    model.train()
     trainer.control = trainer.callback_handler.on_train_begin(args, trainer.state, trainer.control)
     if args.eval_on_start:  # a baseline metric; ReduceLROnPlateau must not count it as an epoch's result
         trainer._evaluate(trial, ignore_keys_for_eval, skip_scheduler=True)
@@ -85,8 +89,11 @@ def update_step(trainer, model, window: list, epoch: int, plan) -> None:
         window, trainer._counts_items(), trainer._loss_shifts_labels, args.device, args.average_tokens_across_devices
     )
     trainer.current_gradient_accumulation_steps = len(window)  # or, without a count, the window's size
+    accelerator = trainer.__dict__.get("_accelerator")  # trainer.accelerator, once something asked for it
     for index, inputs in enumerate(window):
         is_last = index == len(window) - 1
+        if accelerator is not None:  # accelerator.sync_gradients, as transformers' loop sets it
+            accelerator.gradient_state.sync_gradients = is_last
         # Gradients are summed locally and reduced across ranks once, on the window's last backward.
         with backend.gradient_sync(is_last):
             loss = trainer.training_step(model, inputs, num_items)  # forward (compute_loss), then backward
@@ -223,7 +230,7 @@ def finish_run(trainer) -> TrainOutput:
             run.losses.nonfinite,
         )
     if args.load_best_model_at_end and state.best_model_checkpoint is not None:
-        resume.load_best_model(trainer)
+        trainer._load_best_model()  # transformers' hook (resume.load_best_model unless a subclass overrides it)
     steps_run = run.steps_run(state.global_step)
     samples_run = (
         steps_run * trainer._train_batch_size * args.gradient_accumulation_steps * args.world_size

@@ -43,7 +43,12 @@ def load_best_model(trainer) -> None:
     logger.info(
         "Loading the best model from %s (%s = %s).", path, trainer.args.metric_for_best_model, trainer.state.best_metric
     )
-    load_weights(trainer.model, trainer.args, path)
+    trainer._load_from_checkpoint(path)
+
+
+def load_from_checkpoint(trainer, resume_from_checkpoint: str, model=None) -> None:
+    """transformers' Trainer._load_from_checkpoint: the checkpoint's weights into `model` (the Trainer's)."""
+    load_weights(model if model is not None else trainer.model, trainer.args, resume_from_checkpoint)
 
 
 def load_weights(model, args, path: str, optimizer=None, optimizer_file: str | None = None) -> None:

@@ -33,12 +33,7 @@ def save_model(trainer, output_dir: str | None = None, _internal_call: bool = Fa
     elif not args.should_save:
         return
     try:
-        os.makedirs(output_dir, exist_ok=True)
-        weights_io.save_model_weights(model, output_dir, state_dict=weights)
-        save_processing_class(trainer.processing_class, output_dir)
-        torch.save(args, os.path.join(output_dir, ckpt.TRAINING_ARGS_NAME))
-        with open(os.path.join(output_dir, ckpt.TRAINING_ARGS_JSON), "w", encoding="utf-8") as f:
-            f.write(args.to_json_string())
+        trainer._save(output_dir, state_dict=weights)
     except Exception as error:
         if _internal_call:
             raise  # inside a checkpoint save, which explains the error itself
@@ -46,6 +41,19 @@ def save_model(trainer, output_dir: str | None = None, _internal_call: bool = Fa
         raise ckpt.explain_save_error(
             error, os.path.join(output_dir, ckpt.WEIGHTS_NAME), f"Saving the model to {output_dir!r} failed."
         ) from error
+
+
+def save_files(trainer, output_dir: str | None = None, state_dict=None) -> None:
+    """transformers' Trainer._save, the hook save_model calls on the process that writes (a subclass writes its
+    own layout here, as sentence-transformers does): weights, processing class, training arguments."""
+    args = trainer.args
+    output_dir = output_dir if output_dir is not None else args.output_dir
+    os.makedirs(output_dir, exist_ok=True)
+    weights_io.save_model_weights(trainer.model, output_dir, state_dict=state_dict)
+    save_processing_class(trainer.processing_class, output_dir)
+    torch.save(args, os.path.join(output_dir, ckpt.TRAINING_ARGS_NAME))
+    with open(os.path.join(output_dir, ckpt.TRAINING_ARGS_JSON), "w", encoding="utf-8") as f:
+        f.write(args.to_json_string())
 
 
 def save_processing_class(processing_class, output_dir: str) -> None:
@@ -74,6 +82,7 @@ def save_checkpoint(trainer, model, trial=None) -> None:
         and gathered is None
         and engine is None
         and type(trainer).save_model is save_model
+        and type(trainer)._save is save_files  # a subclass's own layout is written by its _save, in the loop
         and snapshot.copy_fits_in_memory(trainer.model, trainer.optimizer)
     )
     contents = _contents(trainer, gathered, copy_state=background)

@@ -79,7 +79,10 @@ class Seq2SeqTrainer(Trainer):
             )
         has_labels = "labels" in inputs
         inputs = self._prepare_inputs(inputs)
-        gen_kwargs = gen_kwargs or dict(getattr(self, "_gen_kwargs", {}))
+        gen_kwargs = dict(gen_kwargs or getattr(self, "_gen_kwargs", {}))
+        for name in ("num_beams", "max_length"):  # as transformers: None leaves them to the generation config
+            if name in gen_kwargs and gen_kwargs[name] is None:
+                del gen_kwargs[name]
         generation_inputs = dict(inputs)
         generation_inputs.pop("labels", None)
         if (

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from lathe.train.features import hp_search, hub
 from lathe.train.data import loaders
-from lathe.train import modeling, queries, runtime
+from lathe.train import modeling, queries, resume, runtime, saving
 from lathe.train.evaluation import results
 from lathe.train.optim.optimizers import get_optimizer_cls_and_kwargs
 
@@ -43,6 +43,15 @@ class TrainerSurface:
     save_metrics = results.save_metrics
     metrics_format = staticmethod(results.metrics_format)
     log_metrics = results.log_metrics
+
+    # transformers' private hooks that libraries built on the Trainer override or call (issue 38)
+    _signature_columns = None
+    _set_signature_columns_if_needed = loaders.set_signature_columns_if_needed
+    _remove_unused_columns = loaders.remove_unused_columns
+    _get_collator_with_removed_columns = loaders.collator_with_removed_columns
+    _save = saving.save_files
+    _load_best_model = resume.load_best_model
+    _load_from_checkpoint = resume.load_from_checkpoint
 
     def store_flos(self) -> None:
         """Move the FLOPs counted since the last call into state.total_flos (transformers' name)."""
@@ -80,10 +89,14 @@ class TrainerSurface:
 
     @property
     def accelerator(self):
-        raise AttributeError(
-            "Trainer.accelerator: lathe does not use accelerate (it owns the loop); use the Trainer's own methods "
-            "(training_step, evaluate, save_model) and torch.distributed directly."
-        )
+        """accelerate's Accelerator surface that libraries built on transformers' Trainer call (TRL,
+        sentence-transformers, setfit), answered by lathe's own runtime: lathe/train/parallel/accelerator.py."""
+        accelerator = self.__dict__.get("_accelerator")
+        if accelerator is None:
+            from lathe.train.parallel.accelerator import LatheAccelerator
+
+            accelerator = self.__dict__["_accelerator"] = LatheAccelerator(self)
+        return accelerator
 
     def gather_function(self, tensors, use_gather_object: bool | None = None):
         """accelerate's gather_for_metrics as transformers' Trainer exposes it: `tensors` (a tensor, or lists /

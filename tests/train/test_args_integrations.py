@@ -59,8 +59,6 @@ def test_hub_strategy_and_debug_are_converted():
         (dict(trackio_space_id="me/space"), "trackio_space_id"),
         (dict(trackio_bucket_id="bucket"), "trackio_bucket_id"),
         (dict(accelerator_config={"use_seedable_sampler": False}), "use_seedable_sampler"),
-        (dict(accelerator_config={"non_blocking": True}), "non_blocking"),
-        (dict(accelerator_config={"use_configured_state": True}), "use_configured_state"),
         (dict(accelerator_config={"split_batche": True}), "unknown keys"),
         (
             dict(accelerator_config={"gradient_accumulation_kwargs": {"num_steps": 2}}, gradient_accumulation_steps=4),
@@ -113,7 +111,7 @@ def test_derived_attributes_describe_a_single_process_run():
     args = TrainingArguments(output_dir="o", bf16=True, use_cpu=True)
     assert args.parallel_mode is ParallelMode.NOT_PARALLEL and args.place_model_on_device is True
     assert args.mixed_precision == "bf16" and args.default_optim == "adamw_torch_fused"
-    assert args.fsdp_plugin_args is None and args.distributed_state is None
+    assert args.fsdp_plugin_args is None and args.distributed_state.distributed_type == "NO"
 
 
 class Exploding(torch.nn.Module):

@@ -67,3 +67,29 @@ def test_generations_equal_transformers(tmp_path):
     np.testing.assert_array_equal(ours.predictions, theirs.predictions)
     np.testing.assert_array_equal(ours.label_ids, theirs.label_ids)
     assert ours.metrics["test_loss"] == pytest.approx(theirs.metrics["test_loss"], rel=1e-6)
+
+
+@pytest.mark.parametrize("library", ["lathe", "transformers"])
+def test_prediction_step_drops_none_num_beams_and_max_length_as_transformers(tmp_path, library):
+    """QuestionAnsweringSeq2SeqTrainer (transformers' run_seq2seq_qa.py) calls prediction_step with
+    num_beams=None / max_length=None when the script's arguments are unset: generate must not see them."""
+    import importlib
+
+    module = importlib.import_module(library)
+    args = module.Seq2SeqTrainingArguments(
+        output_dir=str(tmp_path), predict_with_generate=True, report_to="none", disable_tqdm=True
+    )
+    model = tiny_t5()
+    seen = []
+    generate = model.generate
+
+    def recording_generate(**kwargs):
+        seen.append(sorted(kwargs))
+        return generate(**kwargs)
+
+    model.generate = recording_generate
+    trainer = module.Seq2SeqTrainer(model=model, args=args)
+    inputs = {key: torch.tensor([value]) for key, value in DATA[0].items()}
+    trainer.prediction_step(model, inputs, prediction_loss_only=False, num_beams=None, max_length=None, top_k=3)
+    assert len(seen) == 1 and "top_k" in seen[0]
+    assert "num_beams" not in seen[0] and "max_length" not in seen[0]  # None is left to the generation config

@@ -142,9 +142,11 @@ class DerivedValues:
     # --- Serialisation ---
 
     def to_dict(self) -> dict[str, Any]:
-        """All fields as JSON-safe values: enums become their strings, config objects their dicts; secrets
-        (fields ending in `_token`) are masked as transformers masks them ("<HUB_TOKEN>")."""
-        values = {f.name: _json_safe(getattr(self, f.name)) for f in fields(self) if f.init}
+        """All fields as JSON-safe values, in transformers' order (libraries list them as they come: a
+        sentence-transformers model card): enums become their strings, config objects their dicts; secrets
+        (fields ending in `_token`) are masked as transformers masks them ("<HUB_TOKEN>"). lathe's own fields
+        (LATHE_ONLY_FIELDS) are listed only when set, so a run that does not use them saves what transformers does."""
+        values = {name: _json_safe(getattr(self, name)) for name in _listed_fields(self)}
         return {key: f"<{key.upper()}>" if key.endswith("_token") else value for key, value in values.items()}
 
     def to_json_string(self) -> str:
@@ -160,6 +162,168 @@ class DerivedValues:
         return f"{type(self).__name__}(\n{lines})"
 
     __repr__ = __str__
+
+
+# Fields transformers 5.23's TrainingArguments does not have: lathe's options and the old names it still reads.
+LATHE_ONLY_FIELDS = frozenset(
+    (
+        "chunked_cross_entropy",
+        "chunked_cross_entropy_size",
+        "past_index",
+        "warmup_ratio",
+        "evaluation_strategy",
+        "group_by_length",
+        "logging_dir",
+        "overwrite_output_dir",
+        "save_safetensors",
+        "no_cuda",
+    )
+)
+
+
+# transformers 5.23's TrainingArguments fields in its declaration order (what its to_dict lists).
+TRANSFORMERS_FIELD_ORDER = (
+    "output_dir",
+    "per_device_train_batch_size",
+    "num_train_epochs",
+    "max_steps",
+    "learning_rate",
+    "lr_scheduler_type",
+    "lr_scheduler_kwargs",
+    "warmup_steps",
+    "optim",
+    "optim_args",
+    "weight_decay",
+    "adam_beta1",
+    "adam_beta2",
+    "adam_epsilon",
+    "optim_target_modules",
+    "gradient_accumulation_steps",
+    "average_tokens_across_devices",
+    "max_grad_norm",
+    "label_smoothing_factor",
+    "bf16",
+    "fp16",
+    "bf16_full_eval",
+    "fp16_full_eval",
+    "tf32",
+    "activation_checkpointing",
+    "activation_checkpointing_kwargs",
+    "gradient_checkpointing",
+    "gradient_checkpointing_kwargs",
+    "torch_compile",
+    "torch_compile_backend",
+    "torch_compile_mode",
+    "use_liger_kernel",
+    "liger_kernel_config",
+    "use_cache",
+    "neftune_noise_alpha",
+    "torch_empty_cache_steps",
+    "auto_find_batch_size",
+    "logging_strategy",
+    "logging_steps",
+    "logging_first_step",
+    "log_on_each_node",
+    "logging_nan_inf_filter",
+    "include_num_input_tokens_seen",
+    "log_level",
+    "log_level_replica",
+    "disable_tqdm",
+    "report_to",
+    "run_name",
+    "project",
+    "trackio_space_id",
+    "trackio_bucket_id",
+    "trackio_static_space_id",
+    "eval_strategy",
+    "eval_steps",
+    "eval_delay",
+    "per_device_eval_batch_size",
+    "prediction_loss_only",
+    "eval_on_start",
+    "eval_do_concat_batches",
+    "eval_use_gather_object",
+    "eval_accumulation_steps",
+    "include_for_metrics",
+    "batch_eval_metrics",
+    "save_only_model",
+    "save_strategy",
+    "save_steps",
+    "save_on_each_node",
+    "save_total_limit",
+    "enable_jit_checkpoint",
+    "push_to_hub",
+    "hub_token",
+    "hub_private_repo",
+    "hub_model_id",
+    "hub_strategy",
+    "hub_always_push",
+    "hub_revision",
+    "load_best_model_at_end",
+    "metric_for_best_model",
+    "greater_is_better",
+    "ignore_data_skip",
+    "restore_callback_states_from_checkpoint",
+    "full_determinism",
+    "seed",
+    "data_seed",
+    "use_cpu",
+    "accelerator_config",
+    "parallelism_config",
+    "dataloader_drop_last",
+    "dataloader_num_workers",
+    "dataloader_pin_memory",
+    "dataloader_persistent_workers",
+    "dataloader_prefetch_factor",
+    "dataloader_multiprocessing_context",
+    "dataloader_in_order",
+    "remove_unused_columns",
+    "label_names",
+    "train_sampling_strategy",
+    "length_column_name",
+    "ddp_find_unused_parameters",
+    "ddp_bucket_cap_mb",
+    "ddp_broadcast_buffers",
+    "ddp_static_graph",
+    "ddp_backend",
+    "ddp_timeout",
+    "fsdp",
+    "fsdp_config",
+    "deepspeed",
+    "debug",
+    "skip_memory_metrics",
+    "do_train",
+    "do_eval",
+    "do_predict",
+    "resume_from_checkpoint",
+    "local_rank",
+)
+_POSITION = {name: index for index, name in enumerate(TRANSFORMERS_FIELD_ORDER)}
+
+
+def _listed_fields(args) -> list[str]:
+    """The order of transformers' dataclass: its own fields, then each subclass's new ones in declaration order
+    (a subclass redeclaring one of LATHE_ONLY_FIELDS declares a new field on transformers); then lathe's own
+    fields that differ from their defaults."""
+    TrainingArguments = next(  # lathe's base class (training_args.py mixes this module in: no import back)
+        klass
+        for klass in type(args).__mro__
+        if klass.__name__ == "TrainingArguments" and klass.__module__ == "lathe.train.args.training_args"
+    )
+    base = TrainingArguments.__dataclass_fields__
+    own = {f.name: f for f in fields(args) if f.init}
+    redeclared = {name for name in LATHE_ONLY_FIELDS if name in own and own[name] is not base.get(name)}
+    order = sorted((name for name in own if name in _POSITION), key=_POSITION.__getitem__)
+    for klass in reversed(type(args).__mro__):
+        if klass is TrainingArguments or not issubclass(klass, TrainingArguments):
+            continue
+        for name in klass.__dict__.get("__annotations__", {}):
+            if name in own and name not in order and (name not in base or name in redeclared):
+                order.append(name)
+    for name in own:
+        if name not in order and getattr(args, name) != own[name].default:
+            order.append(name)
+    return order
 
 
 def _initialized_process_group():

@@ -38,7 +38,8 @@ class DebugOption(ExplicitEnum):
 class AcceleratorConfig:
     """transformers' `accelerator_config`: how accelerate would split, dispatch and accumulate. lathe's loop
     does what the defaults describe, and in one process what split_batches / dispatch_batches / even_batches
-    describe too; `gradient_accumulation_kwargs["num_steps"]` sets gradient_accumulation_steps as in
+    describe too; non_blocking (lathe's batch copies are non-blocking anyway) and use_configured_state (lathe
+    uses the process group that is set up) hold as given; `gradient_accumulation_kwargs["num_steps"]` sets gradient_accumulation_steps as in
     transformers; other values are refused by `check_accelerator_config`."""
 
     split_batches: bool = False
@@ -68,7 +69,13 @@ class IntegrationProperties:
     default_optim = "adamw_torch_fused"  # transformers' default since torch 2.8 (lathe needs newer)
     is_torch_greater_or_equal_than_2_8 = True
     deepspeed_plugin = None  # lathe's DeepSpeed engine is configured from `deepspeed`, without accelerate
-    distributed_state = None  # no accelerate PartialState: world_size / process_index tell the same
+
+    @property
+    def distributed_state(self):
+        """accelerate's PartialState as transformers keeps it here: lathe's answer from its own process group."""
+        from lathe.train.parallel.accelerator import ProcessState
+
+        return ProcessState(self)
 
     @property
     def parallel_mode(self) -> ParallelMode:
@@ -169,7 +176,9 @@ def check_accelerator_config(args) -> None:
     if not isinstance(value, AcceleratorConfig):
         raise ValueError(f"accelerator_config must be a dict, a JSON string or a file path, got {value!r}")
     args.accelerator_config = value
-    refused = {"use_seedable_sampler": False, "non_blocking": True, "use_configured_state": True}
+    # non_blocking: lathe's batches already move with non_blocking=True (pinned memory makes it asynchronous);
+    # use_configured_state: lathe never resets a process group set up before the arguments, it uses it.
+    refused = {"use_seedable_sampler": False}
     # how accelerate shares batches between processes: the same thing as the default in one process
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:
         refused.update(split_batches=True, even_batches=False)

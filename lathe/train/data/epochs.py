@@ -23,6 +23,9 @@ def set_epoch(dataloader, epoch: int) -> None:
         batch_sampler.set_epoch(epoch)
     elif hasattr(sampler, "set_epoch"):
         sampler.set_epoch(epoch)
+    inner = getattr(batch_sampler, "sampler", None)
+    if type(inner).__name__ == "SeedableRandomSampler":  # Trainer.accelerator.prepare's, as accelerate sets it
+        inner.set_epoch(epoch)
     dataset = getattr(dataloader, "dataset", None)
     if isinstance(dataset, IterableDataset) and hasattr(dataset, "set_epoch"):
         dataset.set_epoch(epoch)

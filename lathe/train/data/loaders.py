@@ -17,9 +17,9 @@ def build_dataloader(trainer, dataset, description: str, batch_size: int, train:
     args = trainer.args
     collate = trainer.data_collator
     if args.remove_unused_columns:
-        wanted = signature_columns(trainer.model, trainer.label_names)
+        trainer._set_signature_columns_if_needed()  # a subclass (TRL) may name its own columns there
         dataset, collate = columns.prune_unused_columns(
-            dataset, collate, wanted, description, type(trainer.model).__name__
+            dataset, collate, trainer._signature_columns, description, type(trainer.model).__name__
         )
     if trainer._default_collator_used:
         columns.validate_first_item(dataset)
@@ -44,6 +44,30 @@ def build_dataloader(trainer, dataset, description: str, batch_size: int, train:
         length_group_size=batch_size * (args.gradient_accumulation_steps if train else 1),
         num_shards=args.world_size,
         shard_index=args.process_index,
+    )
+
+
+def set_signature_columns_if_needed(trainer) -> None:
+    """transformers' Trainer._set_signature_columns_if_needed: the columns model.forward takes, once."""
+    if getattr(trainer, "_signature_columns", None) is None:
+        trainer._signature_columns = signature_columns(trainer.model, trainer.label_names)
+
+
+def remove_unused_columns(trainer, dataset, description: str | None = None):
+    """transformers' Trainer._remove_unused_columns: a `datasets.Dataset` without the columns forward does not take."""
+    if not trainer.args.remove_unused_columns:
+        return dataset
+    trainer._set_signature_columns_if_needed()
+    return columns.remove_unused_columns(dataset, trainer._signature_columns, description, type(trainer.model).__name__)
+
+
+def collator_with_removed_columns(trainer, data_collator, description: str | None = None):
+    """transformers' Trainer._get_collator_with_removed_columns: the collator dropping keys forward does not take."""
+    if not trainer.args.remove_unused_columns:
+        return data_collator
+    trainer._set_signature_columns_if_needed()
+    return columns.RemoveColumnsCollator(
+        data_collator, trainer._signature_columns, description, type(trainer.model).__name__
     )
 
 
