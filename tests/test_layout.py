@@ -27,7 +27,7 @@ DECLARED_TABLES: dict[str, str] = {
 # lathe/'s top level holds transformers' module names (lathe.trainer_callback, lathe.training_args_seq2seq, ...)
 # so that `from transformers.X import Y` becomes `from lathe.X import Y`: those families are the peer's.
 PEER_NAMED_FAMILIES = {("lathe", "trainer"), ("lathe", "training")}
-MAX_TRAIN_TOP_LEVEL = 25
+MAX_TRAIN_TOP_LEVEL = 26  # 25 rooms + accelerator.py (Trainer.accelerator: above parallel, runtime and data)
 
 # Each wing's folders and top-level modules, and which others of the same wing each may import (imports inside
 # functions count, `if TYPE_CHECKING:` ones do not). A new arrow is declared here first: keep the table free
@@ -57,7 +57,20 @@ MAY_IMPORT: dict[str, dict[str, set[str]]] = {
             "surface",
         },
         "seq2seq": {"parallel", "trainer"},
-        "surface": {"data", "evaluation", "features", "modeling", "optim", "parallel", "queries", "runtime"},
+        "accelerator": {"data", "parallel", "runtime"},
+        "surface": {
+            "accelerator",
+            "data",
+            "evaluation",
+            "features",
+            "modeling",
+            "optim",
+            "parallel",
+            "queries",
+            "resume",
+            "runtime",
+            "saving",
+        },
         "queries": {"batching"},
         "loop": {
             "batching",
@@ -84,7 +97,7 @@ MAY_IMPORT: dict[str, dict[str, set[str]]] = {
         "callbacks": {"state"},
         "state": {"checkpoints"},
         "features": {"args"},
-        "args": {"callbacks", "parallel", "runtime"},
+        "args": {"accelerator", "callbacks", "parallel", "runtime"},
         "loss": {"data"},
         "parallel": {"checkpoints"},
         "checkpoints": {"seed"},

@@ -90,10 +90,10 @@ class TrainerSurface:
     @property
     def accelerator(self):
         """accelerate's Accelerator surface that libraries built on transformers' Trainer call (TRL,
-        sentence-transformers, setfit), answered by lathe's own runtime: lathe/train/parallel/accelerator.py."""
+        sentence-transformers, setfit), answered by lathe's own runtime: lathe/train/accelerator.py."""
         accelerator = self.__dict__.get("_accelerator")
         if accelerator is None:
-            from lathe.train.parallel.accelerator import LatheAccelerator
+            from lathe.train.accelerator import LatheAccelerator
 
             accelerator = self.__dict__["_accelerator"] = LatheAccelerator(self)
         return accelerator

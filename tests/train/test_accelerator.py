@@ -11,7 +11,7 @@ import json
 import pytest
 import torch
 
-from lathe.train.parallel.accelerator import DistributedType, Unsupported
+from lathe.train.accelerator import DistributedType, Unsupported
 from tests.train.torchrun_helpers import launch
 from tests.train.trainer_helpers import Regression, make_trainer, regression_items, training_args
 

@@ -73,7 +73,7 @@ class IntegrationProperties:
     @property
     def distributed_state(self):
         """accelerate's PartialState as transformers keeps it here: lathe's answer from its own process group."""
-        from lathe.train.parallel.accelerator import ProcessState
+        from lathe.train.accelerator import ProcessState
 
         return ProcessState(self)
 
