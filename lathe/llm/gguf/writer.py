@@ -52,6 +52,14 @@ def parse_gguf_types(value) -> list[str]:
     return types
 
 
+def check_gguf_types(types: list[str]) -> None:
+    """Before any work: the gguf package is there, and llama.cpp's quantizer when a k-quant is asked for."""
+    if types:
+        gguf_package()
+    if any(kind in K_QUANTS for kind in types):
+        _k_quantizer()
+
+
 def write_gguf_files(folder: str, types: list[str], name: str | None = None) -> list[GGUFFile]:
     """Each requested type as `<name>-<type>.gguf` in `folder` (an exported Hugging Face model folder)."""
     gguf_package()  # the install hint before any work
