@@ -5,7 +5,8 @@ string and `SYSTEM` with the template's default system prompt.
 The TEMPLATE uses a small subset of Go's text/template (range over .Messages, if / else if on .Role,
 .Content, one variable for Llama-2-style templates that put the system text inside the first user turn),
 with no whitespace-trimming markers, so every character of the template's slots is literal text. BOS is
-left to llama.cpp when the GGUF adds it (add_bos_token), as Ollama's own templates do. Not rendered: tool
+left to llama.cpp when the GGUF adds it (add_bos_token) and the template puts it in its prefix, as Ollama's
+own templates do. Not rendered: tool
 calls of assistant messages (.ToolCalls) and the tool descriptions of the system turn; a reasoning
 template's earlier thoughts are not removed from the history (lathe removes them).
 """
@@ -22,17 +23,17 @@ ROLES = (("user", "user"), ("assistant", "assistant"), ("tool", "observation"))
 def go_template(template, tokenizer, adds_bos: bool) -> str:
     """Ollama's TEMPLATE for a lathe template."""
 
-    def text(slots, value: str) -> str:
+    def text(slots, value: str, first: bool = False) -> str:
         parts = []
         for slot in slots:
             if isinstance(slot, SpecialToken):
-                parts.append(_literal(_special(slot, tokenizer, adds_bos)))
+                parts.append(_literal(_special(slot, tokenizer, adds_bos and first)))
             else:
                 before, found, after = slot.partition(CONTENT)
                 parts.append(_literal(before) + (value if found else "") + _literal(after))
         return "".join(parts)
 
-    prefix = text(template.prefix, "")
+    prefix = text(template.prefix, "", first=True)
     turns = []
     if template.system_in_first_user:
         first = template.system[0] if template.system and isinstance(template.system[0], str) else CONTENT

@@ -137,7 +137,7 @@ def _write_sentencepiece(writer, spec, vocab, added, merges, vocab_size, tokeniz
     types = [gguf.TokenType.UNUSED] * vocab_size
     unk = spec["model"].get("unk_token")
     for text, token_id in vocab.items():
-        if token_id in added:
+        if token_id in added and not _BYTE_TOKEN.fullmatch(text):
             types[token_id] = _added_type(added[token_id], gguf)
             scores[token_id] = -1000.0
             continue
