@@ -15,6 +15,7 @@ import sys
 import ctypes
 
 import llama_cpp as lib
+import numpy as np
 
 lib.llama_backend_init()
 
@@ -40,7 +41,7 @@ def tokenize(vocab, text: str) -> list[int]:
     return [tokens[i] for i in range(count)]
 
 
-def evaluate(context, n_vocab: int, ids: list[int], start: int) -> list[list[float]]:
+def evaluate(context, n_vocab: int, ids: list[int], start: int) -> list:
     """Logits of every position of ids (decoded from position `start`)."""
     batch = lib.llama_batch_init(len(ids), 0, 1)
     batch.n_tokens = len(ids)
@@ -55,7 +56,7 @@ def evaluate(context, n_vocab: int, ids: list[int], start: int) -> list[list[flo
     rows = []
     for index in range(len(ids)):
         pointer = lib.llama_get_logits_ith(context, index)
-        rows.append(pointer[:n_vocab])
+        rows.append(np.ctypeslib.as_array(pointer, shape=(n_vocab,)).copy())
     lib.llama_batch_free(batch)
     return rows
 
@@ -74,7 +75,7 @@ def run(job: dict) -> dict:
         "bos": lib.llama_vocab_bos(vocab),
         "eog": [i for i in job.get("eog_probe", []) if lib.llama_vocab_is_eog(vocab, i)],
         "arch": meta(model, "general.architecture"),
-        "logits": [],
+        "logits": [],  # .npy files, one per prompt
         "greedy": [],
     }
     for ids in job.get("prompts", []):
@@ -85,11 +86,13 @@ def run(job: dict) -> dict:
         params.n_threads_batch = 1
         context = lib.llama_init_from_model(model, params)
         rows = evaluate(context, n_vocab, ids, 0)
-        result["logits"].append(rows)
+        path = f"{job['out']}-{len(result['logits'])}.npy"
+        np.save(path, np.stack(rows))
+        result["logits"].append(path)
         generated, position = [], len(ids)
         last = rows[-1]
         for _ in range(job.get("greedy", 0)):
-            token = max(range(n_vocab), key=last.__getitem__)
+            token = int(np.argmax(last))
             generated.append(token)
             last = evaluate(context, n_vocab, [token], position)[0]
             position += 1
