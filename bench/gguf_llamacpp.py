@@ -173,14 +173,23 @@ def compare_case(case: str, python: str, steps: int) -> dict:
     export_seconds = time.time() - started
     tokenizer = transformers.AutoTokenizer.from_pretrained(str(out))
     hf_tokens = [tokenizer(text)["input_ids"] for text in TEXTS]
-    prompts = [list(tokenizer.apply_chat_template(chat, add_generation_prompt=True, return_dict=True)["input_ids"]) for chat in CHATS]
+    prompts = [
+        list(tokenizer.apply_chat_template(chat, add_generation_prompt=True, return_dict=True)["input_ids"])
+        for chat in CHATS
+    ]
     hf_logits, hf_greedy = hf_reference(out, prompts, steps)
     generation = json.loads((out / "generation_config.json").read_text())
     stops = generation["eos_token_id"] if isinstance(generation["eos_token_id"], list) else [generation["eos_token_id"]]
     rows = []
     for gguf_file, _ in report.gguf_files:
-        job = {"gguf": gguf_file.path, "texts": TEXTS, "prompts": prompts, "greedy": steps, "eog_probe": stops,
-               "out": str(WORK / case / gguf_file.type)}
+        job = {
+            "gguf": gguf_file.path,
+            "texts": TEXTS,
+            "prompts": prompts,
+            "greedy": steps,
+            "eog_probe": stops,
+            "out": str(WORK / case / gguf_file.type),
+        }
         result = run_llama_cpp(python, job)
         differences, agree, total, scale = [], 0, 0, 0.0
         for path, reference in zip(result["logits"], hf_logits):
@@ -210,8 +219,15 @@ def compare_case(case: str, python: str, steps: int) -> dict:
             }
         )
     meta = report.gguf_files[0][0].tokenizer
-    return {"case": case, "template": CASES[case][2], "vocab": len(tokenizer), "tokenizer": meta.get("model"),
-            "pre": meta.get("pre"), "export_seconds": round(export_seconds, 1), "files": rows}
+    return {
+        "case": case,
+        "template": CASES[case][2],
+        "vocab": len(tokenizer),
+        "tokenizer": meta.get("model"),
+        "pre": meta.get("pre"),
+        "export_seconds": round(export_seconds, 1),
+        "files": rows,
+    }
 
 
 def markdown(results: list[dict]) -> str:

@@ -29,9 +29,7 @@ from lathe.llm.gguf.writer import parse_gguf_types, write_gguf_files  # noqa: E4
 from lathe.llm.inference.config import parse_infer_config  # noqa: E402
 from lathe.llm.templates.registry import get_template  # noqa: E402
 
-LLAMA3_SPLIT = (
-    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
-)
+LLAMA3_SPLIT = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 CORPUS = ["Hello world, I'm lathe.", "def f(x):\n    return x + 1", "12345 tokens 3.14 ünïcödé 你好"] * 8
 
 
@@ -67,7 +65,10 @@ def test_full_export_writes_f16_and_q8_0_that_read_back(tiny_model_dir, tmp_path
     assert meta["llama.block_count"] == 3 and meta["llama.context_length"] == 256
     assert meta["llama.embedding_length"] == 32 and meta["llama.feed_forward_length"] == 64
     assert meta["llama.attention.head_count"] == 4 and meta["llama.attention.head_count_kv"] == 2
-    assert meta["llama.rope.dimension_count"] == 8 and meta["llama.rope.freq_base"] == config["rope_parameters"]["rope_theta"]
+    assert (
+        meta["llama.rope.dimension_count"] == 8
+        and meta["llama.rope.freq_base"] == config["rope_parameters"]["rope_theta"]
+    )
     assert meta["llama.attention.layer_norm_rms_epsilon"] == pytest.approx(1e-6)
     # tokenizer: the vocabulary in id order, merges, special ids (chatml: EOS <|im_end|>, EOT <|im_start|>)
     vocab = tokenizer.get_vocab()
@@ -75,9 +76,13 @@ def test_full_export_writes_f16_and_q8_0_that_read_back(tiny_model_dir, tmp_path
     assert meta["tokenizer.ggml.tokens"] == sorted(vocab, key=vocab.get)
     spec = json.loads((tmp_path / "out" / "tokenizer.json").read_text())
     assert meta["tokenizer.ggml.merges"] == [" ".join(m) if isinstance(m, list) else m for m in spec["model"]["merges"]]
-    assert meta["tokenizer.ggml.eos_token_id"] == tokenizer.convert_tokens_to_ids("<|im_end|>") == tokenizer.eos_token_id
+    assert (
+        meta["tokenizer.ggml.eos_token_id"] == tokenizer.convert_tokens_to_ids("<|im_end|>") == tokenizer.eos_token_id
+    )
     assert meta["tokenizer.ggml.eot_token_id"] == tokenizer.convert_tokens_to_ids("<|im_start|>")
-    assert meta["tokenizer.ggml.bos_token_id"] == tokenizer.bos_token_id and meta["tokenizer.ggml.add_bos_token"] is False
+    assert (
+        meta["tokenizer.ggml.bos_token_id"] == tokenizer.bos_token_id and meta["tokenizer.ggml.add_bos_token"] is False
+    )
     types = meta["tokenizer.ggml.token_type"]
     assert types[vocab["<|im_end|>"]] == gguf.TokenType.CONTROL and types[vocab["user"]] == gguf.TokenType.NORMAL
     assert meta["tokenizer.chat_template"] == tokenizer.chat_template
@@ -86,7 +91,17 @@ def test_full_export_writes_f16_and_q8_0_that_read_back(tiny_model_dir, tmp_path
     expected = {"token_embd.weight", "output_norm.weight", "output.weight"} | {
         f"blk.{i}.{part}.weight"
         for i in range(3)
-        for part in ("attn_norm", "attn_q", "attn_k", "attn_v", "attn_output", "ffn_norm", "ffn_gate", "ffn_up", "ffn_down")
+        for part in (
+            "attn_norm",
+            "attn_q",
+            "attn_k",
+            "attn_v",
+            "attn_output",
+            "ffn_norm",
+            "ffn_gate",
+            "ffn_up",
+            "ffn_down",
+        )
     }
     assert set(tensors) == expected
     assert tensors["blk.0.attn_norm.weight"].tensor_type == gguf.GGMLQuantizationType.F32
@@ -98,7 +113,9 @@ def test_full_export_writes_f16_and_q8_0_that_read_back(tiny_model_dir, tmp_path
     np.testing.assert_allclose(tensors["blk.1.attn_q.weight"].data, permute_rotary(q, 4).astype(np.float16))
     np.testing.assert_allclose(tensors["blk.1.attn_k.weight"].data, permute_rotary(k, 2).astype(np.float16))
     assert not np.allclose(permute_rotary(q, 4), q)
-    np.testing.assert_array_equal(tensors["blk.1.ffn_norm.weight"].data, state["model.layers.1.post_attention_layernorm.weight"])
+    np.testing.assert_array_equal(
+        tensors["blk.1.ffn_norm.weight"].data, state["model.layers.1.post_attention_layernorm.weight"]
+    )
 
     # q8_0: 32-value blocks, each within half a step (max|block| / 127 / 2, plus the f16 scale's rounding)
     q8_reader, q8_meta = fields(q8.path)
@@ -117,14 +134,18 @@ def test_lora_merge_exports_the_merged_weights(tiny_model_dir, tmp_path):
     from test_export import make_adapter
 
     adapter = make_adapter(tiny_model_dir, tmp_path / "adapter")
-    report = export(tiny_model_dir, tmp_path / "out", finetuning_type="lora", adapter_name_or_path=adapter, export_gguf="bf16")
-    (bf16, _), = report.gguf_files
+    report = export(
+        tiny_model_dir, tmp_path / "out", finetuning_type="lora", adapter_name_or_path=adapter, export_gguf="bf16"
+    )
+    ((bf16, _),) = report.gguf_files
     merged = hf_state(tmp_path / "out")
     base = hf_state(tiny_model_dir)
     tensors = {t.name: t for t in gguf.GGUFReader(bf16.path).tensors}
     v = tensors["blk.2.attn_v.weight"]
     assert v.tensor_type == gguf.GGMLQuantizationType.BF16
-    restored = gguf.quants.dequantize(v.data, gguf.GGMLQuantizationType.BF16).reshape(merged["model.layers.2.self_attn.v_proj.weight"].shape)
+    restored = gguf.quants.dequantize(v.data, gguf.GGMLQuantizationType.BF16).reshape(
+        merged["model.layers.2.self_attn.v_proj.weight"].shape
+    )
     np.testing.assert_allclose(restored, merged["model.layers.2.self_attn.v_proj.weight"], rtol=1e-2, atol=1e-6)
     assert np.abs(restored - base["model.layers.2.self_attn.v_proj.weight"]).max() > 1e-2  # the adapter is in it
 
@@ -135,8 +156,14 @@ def _tiny(config_class, folder, tokenizer_dir, **values):
         if not item.endswith((".safetensors", "config.json")) or item == "tokenizer_config.json":
             shutil.copy(os.path.join(tokenizer_dir, item), folder / item)
     config = config_class(
-        vocab_size=400, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, max_position_embeddings=128, **values
+        vocab_size=400,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=128,
+        **values,
     )
     torch.manual_seed(0)
     transformers.AutoModelForCausalLM.from_config(config).save_pretrained(str(folder))
@@ -154,10 +181,14 @@ def _tiny(config_class, folder, tokenizer_dir, **values):
         ("Phi3Config", "phi3", {"blk.0.attn_qkv.weight"}),
     ],
 )
-def test_each_architecture_is_named_and_described_as_llama_cpp_expects(tiny_model_dir, tmp_path, name, arch, extra_tensors):
+def test_each_architecture_is_named_and_described_as_llama_cpp_expects(
+    tiny_model_dir, tmp_path, name, arch, extra_tensors
+):
     values = {"head_dim": 16} if arch.startswith("gemma") else {"pad_token_id": 0} if arch == "phi3" else {}
     if arch == "gemma3":
-        values.update(query_pre_attn_scalar=16, sliding_window=32, layer_types=["sliding_attention", "sliding_attention"])
+        values.update(
+            query_pre_attn_scalar=16, sliding_window=32, layer_types=["sliding_attention", "sliding_attention"]
+        )
     if arch == "gemma2":
         values.update(query_pre_attn_scalar=16, sliding_window=32, layer_types=["sliding_attention", "full_attention"])
     folder = _tiny(getattr(transformers, name), tmp_path / arch, tiny_model_dir, **values)
@@ -189,11 +220,17 @@ def _byte_level_tokenizer(folder, regex, ignore_merges):
 
     backend = Tokenizer(models.BPE(ignore_merges=ignore_merges))
     backend.pre_tokenizer = pre_tokenizers.Sequence(
-        [pre_tokenizers.Split(Regex(regex), "isolated"), pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)]
+        [
+            pre_tokenizers.Split(Regex(regex), "isolated"),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
     )
     backend.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=["<|begin_of_text|>", "<|eot_id|>"],
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    trainer = trainers.BpeTrainer(
+        vocab_size=300,
+        special_tokens=["<|begin_of_text|>", "<|eot_id|>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
     backend.train_from_iterator(CORPUS, trainer=trainer)
     transformers.PreTrainedTokenizerFast(
         tokenizer_object=backend, bos_token="<|begin_of_text|>", eos_token="<|eot_id|>"
@@ -261,7 +298,9 @@ def test_sentencepiece_style_tokenizer_as_llama_vocabulary(tmp_path, prepend):
 def test_bad_types_and_missing_quantizer_are_clear_errors(tiny_model_dir, tmp_path, monkeypatch):
     assert parse_gguf_types("F16, q8_0") == ["f16", "q8_0"] and parse_gguf_types(None) == []
     with pytest.raises(ValueError, match="export_gguf: unknown GGUF type 'q3'"):
-        parse_infer_config({"model_name_or_path": tiny_model_dir, "export_dir": "x", "export_gguf": "q3"}, command="export")
+        parse_infer_config(
+            {"model_name_or_path": tiny_model_dir, "export_dir": "x", "export_gguf": "q3"}, command="export"
+        )
     monkeypatch.setitem(sys.modules, "llama_cpp", None)
     monkeypatch.setattr(shutil, "which", lambda name: None)
     with pytest.raises(ImportError, match="k-quants .* need llama.cpp's quantizer: pip install llama-cpp-python"):
@@ -309,7 +348,9 @@ def test_modelfile_template_renders_what_lathes_template_renders(tiny_model_dir,
     template = get_template(name)
     go = go_template(template, tokenizer, adds_bos)
     for system, turns in CONVERSATIONS:
-        prompt, response = template.render_oneturn(tokenizer, turns + [{"role": "assistant", "content": "ok"}], system=system)
+        prompt, response = template.render_oneturn(
+            tokenizer, turns + [{"role": "assistant", "content": "ok"}], system=system
+        )
         if adds_bos and template.prefix and prompt.startswith(tokenizer.bos_token):
             prompt = prompt[len(tokenizer.bos_token) :]  # llama.cpp adds it as a token
         system = system or template.default_system
@@ -339,3 +380,27 @@ def test_llama_cpp_loads_the_file_and_agrees_with_transformers(tiny_model_dir, t
     model.eval(ids)
     hf = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path / "out"))(torch.tensor([ids])).logits[0]
     np.testing.assert_allclose(np.asarray(model.scores[: len(ids)]), hf.detach().numpy(), atol=2e-2)
+
+
+@pytest.mark.slow  # a `lathe export` subprocess (~1 min on 2 busy cores)
+def test_webui_export_tab_offers_and_writes_gguf(tiny_model_dir, tmp_path, monkeypatch):
+    pytest.importorskip("fastapi")
+    from fastapi.testclient import TestClient
+    from webui_fixtures import make_root
+
+    from lathe.llm.webui.server import create_app
+
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    client = TestClient(create_app(make_root(tmp_path / "root", tiny_model_dir)))
+    assert client.get("/api/strings").json()["gguf_types"][:3] == ["f16", "bf16", "q8_0"]
+    form = {
+        "model_name_or_path": "models/tiny",
+        "template": "chatml",
+        "finetuning_type": "full",
+        "export_dir": "exports/model1",
+        "export_gguf": "f16,q8_0",
+    }
+    reply = client.post("/api/export", json=form).json()
+    assert reply["code"] == 0, reply
+    assert {"model1-f16.gguf", "model1-q8_0.gguf", "Modelfile", "Modelfile.q8_0"} <= set(reply["files"])
+    assert "ollama create model1-f16 -f " in reply["output"]

@@ -51,7 +51,9 @@ def go_template(template, tokenizer, adds_bos: bool) -> str:
     return start + prefix + "{{ range .Messages }}" + "".join(turns) + "{{ end }}{{ end }}"
 
 
-_SYSTEM_IN_USER = "{{{{ if $system }}}}{before}{{{{ $system }}}}{after}{{{{ $system = \"\" }}}}{{{{ end }}}}{{{{ .Content }}}}"
+_SYSTEM_IN_USER = (
+    '{{{{ if $system }}}}{before}{{{{ $system }}}}{after}{{{{ $system = "" }}}}{{{{ end }}}}{{{{ .Content }}}}'
+)
 
 
 def _literal(value: str) -> str:
