@@ -154,7 +154,7 @@ def compare_case(case: str, python: str, steps: int) -> dict:
     from lathe.llm.export import export_model
     from lathe.llm.inference.config import parse_infer_config
 
-    base, out = WORK / case / "base", WORK / case / "export"
+    base, out = WORK / case / "base", WORK / case / case
     shutil.rmtree(WORK / case, ignore_errors=True)
     build_model(case, base)
     started = time.time()

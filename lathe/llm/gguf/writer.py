@@ -174,7 +174,9 @@ def _quantize_with_binding(llama_cpp, source: str, target: str, kind: str) -> No
     params = llama_cpp.llama_model_quantize_default_params()
     params.ftype = getattr(llama_cpp, f"LLAMA_FTYPE_MOSTLY_{kind.upper()}")
     params.nthread = os.cpu_count() or 1
-    status = llama_cpp.llama_model_quantize(source.encode(), target.encode(), params)
+    import ctypes
+
+    status = llama_cpp.llama_model_quantize(source.encode(), target.encode(), ctypes.byref(params))
     if status != 0 or not os.path.isfile(target):
         raise RuntimeError(f"export_gguf: llama.cpp's quantizer failed ({status}) making {target}.")
 
