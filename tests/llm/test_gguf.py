@@ -404,3 +404,26 @@ def test_webui_export_tab_offers_and_writes_gguf(tiny_model_dir, tmp_path, monke
     assert reply["code"] == 0, reply
     assert {"model1-f16.gguf", "model1-q8_0.gguf", "Modelfile", "Modelfile.q8_0"} <= set(reply["files"])
     assert "ollama create model1-f16 -f " in reply["output"]
+
+
+def test_llama3_rope_scaling_is_written_as_rope_freqs(tiny_model_dir, tmp_path):
+    rope = {
+        "rope_type": "llama3",
+        "rope_theta": 500000.0,
+        "factor": 8.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 64,
+    }
+    folder = _tiny(transformers.LlamaConfig, tmp_path / "llama31", tiny_model_dir, rope_parameters=rope)
+    (written,) = write_gguf_files(str(folder), ["f32"])
+    reader, meta = fields(written.path)
+    factors = next(t for t in reader.tensors if t.name == "rope_freqs.weight").data
+    # transformers' llama3 scaling divides each inverse frequency by the factor llama.cpp multiplies wavelengths by
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    config = transformers.AutoConfig.from_pretrained(str(folder))
+    scaled, _ = ROPE_INIT_FUNCTIONS["llama3"](config, "cpu")
+    plain = 1.0 / (500000.0 ** (torch.arange(0, 16, 2, dtype=torch.float32) / 16))
+    np.testing.assert_allclose(factors, (plain / scaled).numpy(), rtol=1e-5)
+    assert factors[0] == 1.0 and factors[-1] == 8.0 and meta["llama.rope.freq_base"] == 500000.0

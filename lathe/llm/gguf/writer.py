@@ -65,7 +65,6 @@ def write_gguf_files(folder: str, types: list[str], name: str | None = None) -> 
     gguf_package()  # the install hint before any work
     with open(os.path.join(folder, "config.json"), encoding="utf-8") as handle:
         config = json.load(handle)
-    config = config.get("text_config", config) if "architectures" not in config else config
     arch = llama_cpp_architecture(config)
     name = name or os.path.basename(os.path.normpath(folder)) or "model"
     quantizer = _k_quantizer() if any(kind in K_QUANTS for kind in types) else None
