@@ -102,10 +102,12 @@ def build_model(case: str, folder: Path) -> None:
     )
     torch.manual_seed(0)
     model = transformers.AutoModelForCausalLM.from_config(config)
-    with torch.no_grad():  # trained-like scales: unit embeddings, 1/sqrt(fan-in) matrices, norms near 1
+    with (
+        torch.no_grad()
+    ):  # trained-like scales: embeddings 0.25 (tied: logits of a few units), 1/sqrt(fan-in) matrices, norms near 1
         for name, parameter in model.named_parameters():
             if parameter.ndim == 2:
-                std = 1.0 if "embed" in name else parameter.shape[1] ** -0.5
+                std = 0.25 if "embed" in name else parameter.shape[1] ** -0.5
                 parameter.normal_(0, std)
             elif "norm" in name:
                 parameter.normal_(0.0 if config_name.startswith("Gemma") else 1.0, 0.1)

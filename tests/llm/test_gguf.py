@@ -371,8 +371,10 @@ def test_modelfile_content(tiny_model_dir, tmp_path):
 
 def test_llama_cpp_loads_the_file_and_agrees_with_transformers(tiny_model_dir, tmp_path):
     llama_cpp = pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed (bench/gguf_llamacpp.py)")
-    report = export(tiny_model_dir, tmp_path / "out", export_gguf="f16")
-    model = llama_cpp.Llama(report.gguf_files[0][0].path, logits_all=True, verbose=False, n_ctx=128)
+    report = export(tiny_model_dir, tmp_path / "out", export_gguf=["f16", "q4_k_m"])
+    (f16, _), (q4, _) = report.gguf_files
+    assert fields(q4.path)[1]["general.file_type"] == 15  # made by llama.cpp's quantizer through the binding
+    model = llama_cpp.Llama(f16.path, logits_all=True, verbose=False, n_ctx=128)
     tokenizer = transformers.AutoTokenizer.from_pretrained(str(tmp_path / "out"))
     for text in ["Hello world", "user: 1 + 2 = 3?\n\n  <|im_start|>"]:
         assert model.tokenize(text.encode(), add_bos=False, special=True) == tokenizer(text)["input_ids"]
