@@ -180,11 +180,13 @@ def compare_case(case: str, python: str, steps: int) -> dict:
         for chat in CHATS
     ]
     hf_logits, hf_greedy = hf_reference(out, prompts, steps)
+    lathe_prompts = lathe_renderings(tokenizer, CASES[case][2])
     generation = json.loads((out / "generation_config.json").read_text())
     stops = generation["eos_token_id"] if isinstance(generation["eos_token_id"], list) else [generation["eos_token_id"]]
     rows = []
     for gguf_file, _ in report.gguf_files:
         job = {
+            "chats": CHATS,
             "gguf": gguf_file.path,
             "texts": TEXTS,
             "prompts": prompts,
@@ -213,6 +215,7 @@ def compare_case(case: str, python: str, steps: int) -> dict:
                 "greedy_equal": sum(a == b for a, b in zip(result["greedy"], hf_greedy)),
                 "prompts": len(prompts),
                 "stops_are_eog": sorted(result["eog"]) == sorted(stops),
+                "chat_template_equal": sum(a == b for a, b in zip(result["chat_prompts"], lathe_prompts)),
                 "token_mismatches": [
                     {"text": t, "hf": b, "llama.cpp": a}
                     for t, a, b in zip(TEXTS, result["tokens"], hf_tokens)
@@ -232,10 +235,25 @@ def compare_case(case: str, python: str, steps: int) -> dict:
     }
 
 
+def lathe_renderings(tokenizer, template_name: str) -> list[str]:
+    """What lathe's template renders for CHATS with a generation prompt (the text before the answer)."""
+    from lathe.llm.templates.registry import get_template
+
+    template = get_template(template_name)
+    prompts = []
+    for chat in CHATS:
+        system = chat[0]["content"] if chat[0]["role"] == "system" else None
+        turns = chat[1:] if system else chat
+        prompts.append(
+            template.render_oneturn(tokenizer, turns + [{"role": "assistant", "content": "x"}], system=system)[0]
+        )
+    return prompts
+
+
 def markdown(results: list[dict]) -> str:
     lines = [
-        "| case | type | MB | token ids equal | max abs logit diff (max abs logit) | top-1 agreement | greedy equal | stops are EOG |",
-        "|---|---|---|---|---|---|---|---|",
+        "| case | type | MB | token ids equal | max abs logit diff (max abs logit) | top-1 agreement | greedy equal | stops are EOG | chat template |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for case in results:
         for row in case["files"]:
@@ -243,7 +261,7 @@ def markdown(results: list[dict]) -> str:
                 f"| {case['case']} ({case['tokenizer']}/{case['pre']}, vocab {case['vocab']}) | {row['type']} | {row['mb']} | "
                 f"{row['tokens_equal']}/{row['texts']} | {row['max_abs_logit_diff']:.2e} ({row['max_abs_logit']:.1f}) | "
                 f"{row['top1_agreement']:.1%} of {row['positions']} | {row['greedy_equal']}/{row['prompts']} | "
-                f"{'yes' if row['stops_are_eog'] else 'no'} |"
+                f"{'yes' if row['stops_are_eog'] else 'no'} | {row['chat_template_equal']}/{row['prompts']} |"
             )
     return "\n".join(lines)
 

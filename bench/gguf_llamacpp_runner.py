@@ -75,9 +75,23 @@ def run(job: dict) -> dict:
         "bos": lib.llama_vocab_bos(vocab),
         "eog": [i for i in job.get("eog_probe", []) if lib.llama_vocab_is_eog(vocab, i)],
         "arch": meta(model, "general.architecture"),
+        "chat_prompts": [],
         "logits": [],  # .npy files, one per prompt
         "greedy": [],
     }
+    if job.get("chats"):  # the embedded chat template, rendered as llama-cpp-python's chat completions do
+        from llama_cpp.llama_chat_format import Jinja2ChatFormatter
+
+        def piece(token: int) -> str:
+            buffer = ctypes.create_string_buffer(256)
+            size = lib.llama_token_to_piece(vocab, token, buffer, 256, 0, True)
+            return buffer.raw[:size].decode("utf-8", "replace")
+
+        template = meta(model, "tokenizer.chat_template")
+        formatter = Jinja2ChatFormatter(
+            template, piece(result["eos"]), piece(result["bos"]) if result["bos"] >= 0 else ""
+        )
+        result["chat_prompts"] = [formatter(messages=chat).prompt for chat in job["chats"]]
     for ids in job.get("prompts", []):
         params = lib.llama_context_default_params()
         params.n_ctx = 256
