@@ -429,3 +429,52 @@ def test_llama3_rope_scaling_is_written_as_rope_freqs(tiny_model_dir, tmp_path):
     plain = 1.0 / (500000.0 ** (torch.arange(0, 16, 2, dtype=torch.float32) / 16))
     np.testing.assert_allclose(factors, (plain / scaled).numpy(), rtol=1e-5)
     assert factors[0] == 1.0 and factors[-1] == 8.0 and meta["llama.rope.freq_base"] == 500000.0
+
+
+@pytest.mark.slow
+def test_a_lora_run_of_lathe_train_exports_to_gguf(tiny_model_dir, tmp_path, monkeypatch):
+    from lathe.llm.commands import run_train
+    from lathe.llm.config.train import parse_train_config
+
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))  # the tokenization cache
+    data = tmp_path / "data"
+    data.mkdir()
+    rows = [{"instruction": f"What is {a} plus {b}?", "output": f"{a + b}"} for a in range(4) for b in range(4)]
+    (data / "add.json").write_text(json.dumps(rows))
+    (data / "dataset_info.json").write_text(json.dumps({"add": {"file_name": "add.json"}}))
+    run_dir = tmp_path / "run"
+    run_train(
+        parse_train_config(
+            {
+                "model_name_or_path": tiny_model_dir,
+                "stage": "sft",
+                "finetuning_type": "lora",
+                "dataset_dir": str(data),
+                "dataset": "add",
+                "template": "chatml",
+                "cutoff_len": 32,
+                "output_dir": str(run_dir),
+                "max_steps": 3,
+                "per_device_train_batch_size": 4,
+                "learning_rate": 5e-2,
+                "report_to": "none",
+                "disable_tqdm": True,
+                "save_strategy": "no",
+                "disable_gradient_checkpointing": True,
+            }
+        )
+    )
+    report = export(
+        tiny_model_dir, tmp_path / "out", finetuning_type="lora", adapter_name_or_path=str(run_dir), export_gguf="f32"
+    )
+    merged, base = hf_state(tmp_path / "out"), hf_state(tiny_model_dir)
+    tensors = {t.name: t for t in gguf.GGUFReader(report.gguf_files[0][0].path).tensors}
+    for layer in range(3):  # the merged (trained) weights are what the GGUF holds, q permuted for llama.cpp
+        q = merged[f"model.layers.{layer}.self_attn.q_proj.weight"]
+        np.testing.assert_array_equal(tensors[f"blk.{layer}.attn_q.weight"].data, permute_rotary(q, 4))
+        v = merged[f"model.layers.{layer}.self_attn.v_proj.weight"]
+        np.testing.assert_array_equal(tensors[f"blk.{layer}.attn_v.weight"].data, v)
+    assert (
+        np.abs(merged["model.layers.0.self_attn.v_proj.weight"] - base["model.layers.0.self_attn.v_proj.weight"]).max()
+        > 1e-4
+    )
