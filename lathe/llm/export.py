@@ -71,7 +71,8 @@ def export_model(config) -> ExportReport:
     if config.export.export_gguf:
         from lathe.llm.gguf.writer import check_gguf_types
 
-        check_gguf_types(config.export.export_gguf)  # a missing package is said before the merge, not after
+        # a missing package or an architecture llama.cpp does not run is said before the merge, not after
+        check_gguf_types(config.export.export_gguf, config.model.model_name_or_path)
 
     adapters = adapter_folders(config.model)
     device = _export_device(config.export.export_device)

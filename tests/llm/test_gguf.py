@@ -311,6 +311,9 @@ def test_bad_types_and_missing_quantizer_are_clear_errors(tiny_model_dir, tmp_pa
     (gpt2 / "config.json").write_text(json.dumps({"architectures": ["GPT2LMHeadModel"]}))
     with pytest.raises(UnsupportedModel, match="architecture GPT2LMHeadModel is not one lathe writes as GGUF"):
         write_gguf_files(str(gpt2), ["f16"])
+    with pytest.raises(UnsupportedModel, match="architecture GPT2LMHeadModel"):  # before any work
+        export(str(gpt2), tmp_path / "gpt2-out", export_gguf="f16")
+    assert not (tmp_path / "gpt2-out").exists()
 
 
 def test_embedded_chat_template_renders_as_lathes_template(tiny_model_dir, tmp_path):

@@ -52,12 +52,17 @@ def parse_gguf_types(value) -> list[str]:
     return types
 
 
-def check_gguf_types(types: list[str]) -> None:
-    """Before any work: the gguf package is there, and llama.cpp's quantizer when a k-quant is asked for."""
+def check_gguf_types(types: list[str], model_dir: str | None = None) -> None:
+    """Before any work: the gguf package is there, llama.cpp's quantizer when a k-quant is asked for, and
+    the model's architecture is one written as GGUF (when its config.json is a local file)."""
     if types:
         gguf_package()
     if any(kind in K_QUANTS for kind in types):
         _k_quantizer()
+    path = os.path.join(model_dir or "", "config.json")
+    if types and model_dir and os.path.isfile(path):
+        with open(path, encoding="utf-8") as handle:
+            llama_cpp_architecture(json.load(handle))
 
 
 def write_gguf_files(folder: str, types: list[str], name: str | None = None) -> list[GGUFFile]:
