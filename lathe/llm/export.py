@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 import logging
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 logger = logging.getLogger(__name__)
 
@@ -47,6 +47,7 @@ class ExportReport:
     reload_error: float  # max |exported folder - merged model|, in the export dtype
     dequantized: str | None = None  # the quantization the base was loaded with and dequantized from (quantization_bit)
     processor_saved: bool = False  # a vision-language model's processor files (preprocessor_config.json, ...)
+    gguf_files: list = field(default_factory=list)  # (GGUFFile, Modelfile path) per export_gguf type
 
 
 def export_command(config_path, overrides: list[str]) -> ExportReport:
@@ -66,6 +67,12 @@ def export_model(config) -> ExportReport:
     if os.path.isdir(export_dir) and os.listdir(export_dir):
         raise ValueError(f"export_dir {export_dir!r} is not empty: choose a new folder (nothing is overwritten).")
     from lathe.llm.hub import adapter_folders
+
+    if config.export.export_gguf:
+        from lathe.llm.gguf.writer import check_gguf_types
+
+        # a missing package or an architecture llama.cpp does not run is said before the merge, not after
+        check_gguf_types(config.export.export_gguf, config.model.model_name_or_path)
 
     adapters = adapter_folders(config.model)
     device = _export_device(config.export.export_device)
@@ -90,6 +97,11 @@ def export_model(config) -> ExportReport:
         _copy_value_head(config.model, export_dir)
     reload_error = _check_reloaded(export_dir, probes, merged_logits, dtype, device)
     shards, size = _shard_facts(export_dir)
+    gguf_files = []
+    if config.export.export_gguf:
+        from lathe.llm.gguf import export_gguf
+
+        gguf_files = export_gguf(export_dir, config.export.export_gguf, template, tokenizer)
     return ExportReport(
         export_dir,
         str(dtype).replace("torch.", ""),
@@ -101,6 +113,7 @@ def export_model(config) -> ExportReport:
         reload_error,
         dequantized,
         processor_saved,
+        gguf_files,
     )
 
 
@@ -344,4 +357,11 @@ def format_report(report: ExportReport) -> str:
     lines.append(
         f"  reload check    the folder loads with transformers and gives the merged logits within {report.reload_error:.1e}"
     )
+    if report.gguf_files:
+        from lathe.llm.gguf import run_commands
+
+        for gguf_file, modelfile_path in report.gguf_files:
+            lines.append(f"  gguf            {gguf_file.path} ({gguf_file.type}, {gguf_file.bytes / 1e6:,.1f} MB)")
+            lines.append(f"  ollama          {modelfile_path}")
+        lines.append("  run it with     " + "\n                  ".join(run_commands(*report.gguf_files[0])))
     return "\n".join(lines)

@@ -23,7 +23,7 @@ from lathe.llm.config.values import RawConfig, build_sections, check_keys
 __all__ = ["ExportArguments", "InferConfig", "parse_infer_config"]
 
 # The export keys lathe supports; the rest of that group (quantization, the Hub) stays unsupported.
-_SUPPORTED_EXPORT_KEYS = ("export_dir", "export_size", "export_device", "export_legacy_format")
+_SUPPORTED_EXPORT_KEYS = ("export_dir", "export_size", "export_device", "export_legacy_format", "export_gguf")
 
 
 @dataclass
@@ -40,10 +40,18 @@ class ExportArguments:
     export_legacy_format: bool = field(
         default=False, metadata={"help": "Write pytorch_model.bin (pickle) instead of safetensors; not supported."}
     )
+    # lathe's own key (not LLaMA-Factory's): GGUF files for llama.cpp / Ollama beside the safetensors.
+    export_gguf: Any = field(
+        default=None,
+        metadata={"help": "GGUF type(s) to write beside the folder: f16, bf16, q8_0, q4_k_m, q5_k_m, q6_k, f32."},
+    )
 
     def __post_init__(self):
         if self.export_size <= 0:
             raise ValueError(f"export_size must be a positive number of GB, got {self.export_size}")
+        from lathe.llm.gguf.writer import parse_gguf_types
+
+        self.export_gguf = parse_gguf_types(self.export_gguf)
         if self.export_legacy_format:
             raise ValueError(
                 "export_legacy_format: true (pickled .bin weights) is not supported: lathe writes safetensors."

@@ -33,6 +33,8 @@ STATIC = {"index.html": "text/html", "app.js": "text/javascript", "style.css": "
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 CHAT_ONLY = ("/", "/static/", "/api/strings", "/api/chat")  # what `lathe webchat` serves
 COOKIE = "lathe_webui_key"
+# export_gguf's types offered by the export tab (lathe.llm.gguf; the k-quants need llama.cpp's quantizer)
+GGUF_TYPES = ("f16", "bf16", "q8_0", "q6_k", "q5_k_m", "q4_k_m")
 EXPORT_KEYS = (
     "model_name_or_path",
     "adapter_name_or_path",
@@ -41,6 +43,7 @@ EXPORT_KEYS = (
     "export_dir",
     "export_size",
     "infer_dtype",
+    "export_gguf",
 )
 
 
@@ -152,6 +155,7 @@ def _add_page_routes(app: FastAPI, root: str, chat_config: dict | None) -> None:
             "strings": STRINGS,
             "methods": list(forms.METHODS),
             "stages": forms.STAGES,
+            "gguf_types": list(GGUF_TYPES),
             "defaults": forms.DEFAULTS,
             "method_keys": {name: keys for name, (_, keys) in forms.METHODS.items()},
             "stage_keys": forms.STAGE_KEYS,

@@ -53,6 +53,7 @@ ENGLISH = {
     "message": "Message",
     "export_dir": "Export folder",
     "export_size": "Shard size (GB)",
+    "export_gguf": "GGUF for llama.cpp / Ollama (Ctrl-click for several)",
     "export": "Export",
     "files": "Files",
     "working": "Working...",

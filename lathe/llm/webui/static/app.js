@@ -230,7 +230,8 @@ async function chatSend() {
 async function exportModel() {
   $("export_out").textContent = S.working;
   const result = await api("/api/export", {model_name_or_path: $("export_model").value, adapter_name_or_path: $("export_adapter").value,
-    template: $("export_template").value, export_dir: $("export_dir").value, export_size: $("export_size").value});
+    template: $("export_template").value, export_dir: $("export_dir").value, export_size: $("export_size").value,
+    export_gguf: [...$("export_gguf").selectedOptions].map((o) => o.value).join(",")});
   $("export_out").textContent = result.output;
   $("export_files").innerHTML = (result.files || []).map((f) => {
     const path = encodeURIComponent(result.export_dir + "/" + f);
@@ -243,6 +244,7 @@ async function init() {
   S = META.strings;
   for (const el of document.querySelectorAll("[data-s]")) el.textContent = S[el.dataset.s];
   $("stage").innerHTML = META.stages.map((s) => `<option>${s}</option>`).join("");
+  $("export_gguf").innerHTML = META.gguf_types.map((t) => `<option value="${t}">${t}</option>`).join("");
   $("method").innerHTML = META.methods.map((m) => `<option ${m === "lora" ? "selected" : ""}>${m}</option>`).join("");
   hyperFields();
   for (const tab of document.querySelectorAll(".tab")) tab.onclick = () => showTab(tab.dataset.tab);
