@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+BITEXACT = {"fflags": "+bitexact"}  # no random stream serial (OGG), no encoder version string: the same bytes each run
 # name: (codec, channels, sampling rate, samples): every container LLaMA-Factory reads, mono and stereo,
 # rates above, below and at 16 kHz
 AUDIO_FILES = {
@@ -34,7 +35,7 @@ def write_audio(path: Path, codec: str, channels: int, rate: int, samples: int) 
 
     signal = make_signal(Path(path).name, channels, rate, samples)
     layout = "mono" if channels == 1 else "stereo"
-    with av.open(str(path), "w") as container:
+    with av.open(str(path), "w", options=BITEXACT) as container:
         stream = container.add_stream(codec, rate=rate, layout=layout)
         step = stream.codec_context.frame_size or 1024
         for start in range(0, samples, step):
@@ -77,7 +78,7 @@ def write_video(path: Path, width: int, height: int, frames: int, fps: int) -> P
     """An MPEG-4 Part 2 video (yuv420p, one thread: the same bytes run to run) of make_frame's frames."""
     import av
 
-    with av.open(str(path), "w") as container:
+    with av.open(str(path), "w", options=BITEXACT) as container:
         stream = container.add_stream("mpeg4", rate=fps)
         stream.width, stream.height, stream.pix_fmt = width, height, "yuv420p"
         stream.codec_context.thread_count = 1

@@ -375,4 +375,6 @@ class Qwen3VLPlugin(Qwen2VLPlugin):
     vision tower adds position embeddings and deepstack mergers (frozen with freeze_vision_tower)."""
 
     name = "qwen3_vl"
+    kinds = ("image",)
+    missing = {"video": "Qwen3-VL's timestamped video tokens are not implemented in lathe yet (Qwen2-VL's are)"}
     composites = {"qwen3_vl": QWEN3_VL, "qwen3_vl_moe": QWEN3_VL}
