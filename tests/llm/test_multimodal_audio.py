@@ -120,7 +120,9 @@ def test_datasets_audio_dicts_and_bytes(audio_files):
     expected = resample(torch.from_numpy(stereo).mean(dim=0, keepdim=True), 8000, 16000)[0]
     assert out.shape == (1600,) and torch.equal(torch.from_numpy(out), expected)
     raw = audio_files["song.mp3"].read_bytes()
-    assert np.array_equal(waveform({"bytes": raw, "path": None}, 16000), load_audio(str(audio_files["song.mp3"]), 16000))
+    assert np.array_equal(
+        waveform({"bytes": raw, "path": None}, 16000), load_audio(str(audio_files["song.mp3"]), 16000)
+    )
     array = np.zeros(10, dtype=np.float32)
     assert waveform(array, 16000) is array  # an array is taken as it is, as LLaMA-Factory takes it
 

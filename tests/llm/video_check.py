@@ -69,7 +69,13 @@ def check(folder: Path) -> list[str]:
             assert ids == tensors[f"{prefix}.input_ids"].tolist(), (model_type, index)
             assert labels == tensors[f"{prefix}.labels"].tolist(), (model_type, index)
             features.append(
-                {"input_ids": ids, "labels": labels, "attention_mask": [1] * len(ids), "images": images, "videos": videos}
+                {
+                    "input_ids": ids,
+                    "labels": labels,
+                    "attention_mask": [1] * len(ids),
+                    "images": images,
+                    "videos": videos,
+                }
             )
         collator = MultimodalCollator(SFTDataCollator(tokenizer, model=model, pad_to_multiple_of=8), plugin, model)
         batches = {f"single.{index}": [feature] for index, feature in enumerate(features)}
@@ -78,6 +84,12 @@ def check(folder: Path) -> list[str]:
             batch = collator([dict(feature) for feature in chosen])
             head = f"{model_type}.{prefix}."
             expected = {key[len(head) :]: value for key, value in tensors.items() if key.startswith(head)}
+            if prefix.startswith("pair."):  # left out of the golden: the rows' pixel tensors in order
+                for key, kind in (("pixel_values", "images"), ("pixel_values_videos", "videos")):
+                    sides = [int(prefix[5:]) * 2 + side for side in (0, 1)]
+                    rows = [tensors[f"{model_type}.single.{side}.{key}"] for side in sides if GEN.ROWS[side].get(kind)]
+                    if rows:
+                        expected[key] = torch.cat(rows)
             second = metadata.get(f"{model_type}.json.{prefix}.second_per_grid_ts")
             if second is not None:
                 expected["second_per_grid_ts"] = json.loads(second)

@@ -76,8 +76,9 @@ def write_stand_in(wheel: Path, folder: Path) -> None:
     package = folder / "torchaudio"
     package.mkdir(parents=True, exist_ok=True)
     (package / "functional.py").write_text(header + functions + "\n")
-    (package / "__init__.py").write_text(f'"""torchaudio {TORCHAUDIO}: resample and load only."""\n'
-                                          "from . import functional\n" + LOAD)
+    (package / "__init__.py").write_text(
+        f'"""torchaudio {TORCHAUDIO}: resample and load only."""\nfrom . import functional\n' + LOAD
+    )
 
 
 def run_llamafactory(folder: Path) -> tuple[dict, dict]:

@@ -12,7 +12,8 @@ template (`process_messages`, then `SupervisedDatasetProcessor`) with the commit
 tokens, and through MultiModalDataCollatorForSeq2Seq (pad_to_multiple_of=8) with a tiny random model (mrope
 positions with second_per_grid_ts for Qwen2.5-VL) whose loss on each batch is recorded. Writes
 tests/llm/golden/llamafactory_video.safetensors: `<model>.example.<i>.*`, `<model>.single.<i>.*`,
-`<model>.pair.<b>.*`, `<model>.loss.<batch>`, and the expanded messages, file hashes and versions in the metadata.
+`<model>.pair.<b>.*` (less the pixel tensors: its rows' in order), `<model>.loss.<batch>`, and the expanded
+messages, file hashes and versions in the metadata.
 """
 
 from __future__ import annotations
@@ -145,7 +146,9 @@ def run_model(model_type: str, folder: Path, tensors: dict, metadata: dict) -> N
         "_videos": [videos or None for _, videos in media],
         "_audios": [None] * len(ROWS),
     }
-    encoder = SupervisedDatasetProcessor(template=template, tokenizer=tokenizer, processor=processor, data_args=data_args)
+    encoder = SupervisedDatasetProcessor(
+        template=template, tokenizer=tokenizer, processor=processor, data_args=data_args
+    )
     encoded = encoder.preprocess_dataset(batch)
     model = make_model(model_type, tokenizer)
     collator = MultiModalDataCollatorForSeq2Seq(
@@ -169,6 +172,13 @@ def run_model(model_type: str, folder: Path, tensors: dict, metadata: dict) -> N
                 tensors[f"{model_type}.{prefix}.{key}"] = value.detach().contiguous().clone()
             else:
                 metadata[f"{model_type}.json.{prefix}.{key}"] = json.dumps(value, default=str)
+    # A pair's pixel tensors are its rows' in order: checked here and left out to keep the file small.
+    for pair in range(len(features) // 2):
+        for key, kind in (("pixel_values", "images"), ("pixel_values_videos", "videos")):
+            sides = [2 * pair + side for side in (0, 1) if ROWS[2 * pair + side].get(kind)]
+            if sides:
+                rows = [tensors[f"{model_type}.single.{side}.{key}"] for side in sides]
+                assert torch.equal(tensors.pop(f"{model_type}.pair.{pair}.{key}"), torch.cat(rows))
 
 
 def run_llamafactory(folder: Path) -> tuple[dict, dict]:
