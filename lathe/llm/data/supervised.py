@@ -195,7 +195,11 @@ def finish_media(media, opened: dict, input_ids: list[int], labels: list[int], p
         return input_ids, labels
     input_ids, labels, reason = media.finish(input_ids, labels, opened)
     if reason:
-        files = [item for items in (paths or {}).values() for item in items or []]
+        files = [
+            item if isinstance(item, str) else f"a {kind} held in the row"
+            for kind, items in (paths or {}).items()
+            for item in items or []
+        ]
         if files and len(_named_cuts) < MEDIA_CUTS_NAMED:
             _named_cuts.append(files[0])
             logger.warning("left out the row with %s: %s (raise cutoff_len to keep it)", ", ".join(files), reason)

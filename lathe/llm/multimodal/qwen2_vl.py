@@ -346,9 +346,10 @@ class Qwen2VLPlugin(FamilyPlugin):
             0 if grid is None else int(sum(int(item.prod()) for item in grid)) // self.image_processor.merge_size**2
         )
         found = int((input_ids == self.tokenizer.convert_tokens_to_ids(token)).sum())
+        article = "an" if kind == "image" else "a"
         if found != expected:
             raise ValueError(
-                f"a batch holds {found} {kind} tokens but its {kind}s make {expected}: a {kind} file changed since the "
+                f"a batch holds {found} {kind} tokens but its {kind}s make {expected}: {article} {kind} file changed since the "
                 "data was tokenized (set overwrite_cache: true), or the rows were not made by this processor"
             )
 

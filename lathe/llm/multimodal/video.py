@@ -54,9 +54,15 @@ def sample_indices(total_frames: int, seconds: float, video_fps: float, video_ma
 
 
 def read_video(source: Any, video_fps: float, video_maxlen: int, even: bool = False) -> Video:
-    """The sampled frames of a video file (path or file-like) and their timing; `even`: the Qwen families repeat
+    """The sampled frames of a video file (path, bytes, {"bytes", "path"} or file-like) and their timing; `even`: the Qwen families repeat
     the last frame of an odd count (their processors group frames in pairs)."""
+    from io import BytesIO
+
     av = import_av()
+    if isinstance(source, dict):  # datasets' {"bytes", "path"}
+        source = source["bytes"] if source.get("bytes") is not None else source.get("path")
+    if isinstance(source, (bytes, bytearray)):
+        source = BytesIO(source)
     if isinstance(source, str) and not os.path.isfile(source):
         raise FileNotFoundError(f"video file {source!r} not found")
     try:
