@@ -204,8 +204,7 @@ def convert_dataset(
     reads stay beside the canonical ones (for the reward functions; alpaca's `response` column is one of them).
 
     Malformed rows are skipped and counted; `locate(positions)` names their file and row. Zero usable rows
-    is an error that quotes the first problems. `json_columns` hold each value as JSON text (files.py).
-    """
+    is an error that quotes the first problems. `json_columns` hold each value as JSON text (files.py)."""
     import pyarrow.compute as compute
 
     report = ConversionReport(attr.name, total=len(dataset))
