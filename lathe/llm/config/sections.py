@@ -222,8 +222,8 @@ class DataArguments:
     max_dropped_rows_share: float = field(
         default=0.1,
         metadata=help_text(
-            "lathe: stop when tokenizing leaves out more than this share of the training examples (no trained "
-            "token left after cutoff_len, or unusable); 1.0 trains on whatever is left."
+            "lathe: stop when tokenizing leaves out more than this share of the training examples (unusable, or "
+            "cutoff_len cuts through their media); 1.0 trains on whatever is left."
         ),
     )
 
