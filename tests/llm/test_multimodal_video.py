@@ -80,3 +80,19 @@ def test_qwen3_vl_video_is_refused_by_name():
 
     with pytest.raises(ValueError, match="qwen3_vl family takes no video input: Qwen3-VL's timestamped"):
         Qwen3VLPlugin(None, None).check_kinds({"video": 1}, "row 1")
+
+
+@pytest.mark.slow
+def test_video_demo_data_goes_through_the_pipeline(tmp_path):
+    """The mllm_video_demo shape (a `<video>` row, a videos column) with the image demo: tokenized by lathe's
+    pipeline, collated with an image row, and read by the tiny model (a finite loss)."""
+    pytest.importorskip("transformers")
+    import math
+
+    from tests.llm.torchvision_recipe import run_with_torchvision
+
+    code = f"import json; from tests.llm.video_check import pipeline; print(json.dumps(pipeline({str(tmp_path)!r})))"
+    out = json.loads(run_with_torchvision(code).stdout.strip().splitlines()[-1])
+    assert out["rows"] == 5 and out["videos"][0].endswith("clip.mp4") and out["pads"] > 0
+    assert {"pixel_values_videos", "video_grid_thw", "pixel_values", "position_ids"} <= set(out["keys"])
+    assert math.isfinite(out["loss"])

@@ -111,3 +111,28 @@ def check(folder: Path) -> list[str]:
 
 def main(folder: str) -> None:
     print(json.dumps(check(Path(folder))))
+
+
+def pipeline(root: str) -> dict:
+    """LLaMA-Factory's mllm_video_demo shape beside the image demo through lathe's whole data pipeline (the model
+    folder's AutoProcessor, built with its video processor where torchvision imports), one collated batch of a
+    video row and an image row, and the tiny model's loss on it."""
+    import torch
+
+    from lathe.llm.config.train import parse_train_config
+    from lathe.llm.data.collator import SFTDataCollator
+    from lathe.llm.multimodal.collator import MultimodalCollator
+    from lathe.llm.workflows.setup import load_data
+    from tests.llm import multimodal_cases as cases
+
+    root = Path(root)
+    model, data = cases.make_model_folder(root / "model"), cases.make_data_folder(root / "data")
+    config = parse_train_config(cases.train_config(model, data, root / "out", dataset="mllm_video_demo,mllm_demo"))
+    tokenizer, _, datasets = load_data(config, stage="sft")
+    rows = [dict(row) for row in datasets["train_dataset"]]
+    net = cases.make_model(tokenizer)
+    batch = MultimodalCollator(SFTDataCollator(tokenizer, model=net), datasets["media"].plugin, net)(rows[:2])
+    with torch.no_grad():
+        loss = net(**batch).loss.item()
+    pads = int((batch["input_ids"] == tokenizer.convert_tokens_to_ids("<|video_pad|>")).sum())
+    return {"rows": len(rows), "videos": rows[0].get("videos"), "keys": sorted(batch), "loss": loss, "pads": pads}
