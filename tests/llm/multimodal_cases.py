@@ -177,7 +177,9 @@ def make_data_folder(path: Path, rows=ROWS) -> Path:
         {"instruction": f"Who are you? ({i})", "input": "", "output": f"I am a tiny model, {i}."} for i in range(3)
     ]
     alpaca = [{"instruction": f"Add {i} and 1.", "input": "", "output": f"It is {i + 1}."} for i in range(3)]
-    (path / "clip.mp4").write_bytes(b"not decoded: refused before")
+    from tests.llm.media_files import write_video
+
+    write_video(path / "clip.mp4", 64, 48, 13, 5)
     video = {"messages": [{"role": "user", "content": "<video>What happens?"}, {"role": "assistant", "content": "x"}]}
     (path / "mllm_video_demo.json").write_text(json.dumps([{**video, "videos": ["clip.mp4"]}]))
     (path / "identity.json").write_text(json.dumps(identity))

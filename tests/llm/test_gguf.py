@@ -396,7 +396,7 @@ def test_webui_export_tab_offers_and_writes_gguf(tiny_model_dir, tmp_path, monke
     from lathe.llm.webui.server import create_app
 
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
-    client = TestClient(create_app(make_root(tmp_path / "root", tiny_model_dir)))
+    client = TestClient(create_app(make_root(tmp_path / "root", tiny_model_dir)), base_url="http://localhost")
     assert client.get("/api/strings").json()["gguf_types"][:3] == ["f16", "bf16", "q8_0"]
     form = {
         "model_name_or_path": "models/tiny",

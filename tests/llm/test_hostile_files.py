@@ -227,18 +227,18 @@ def test_an_undecodable_or_truncated_image_names_the_file_and_the_row(tmp_path, 
 def test_a_truncated_wav_names_the_file(tmp_path):
     import wave
 
-    from lathe.llm.multimodal.common import read_wav
+    from lathe.llm.multimodal.audio import decode_audio
     from lathe.llm.multimodal.images import UndecodableMedia
 
     path = str(tmp_path / "a.wav")
     with wave.open(path, "wb") as f:
         f.setnchannels(1), f.setsampwidth(2), f.setframerate(16000)
         f.writeframes(b"\1\0" * 1600)
-    assert read_wav(path)["array"].shape == (1600,)
+    assert decode_audio(path)[0].shape == (1, 1600)
     with open(path, "r+b") as f:
         f.truncate(os.path.getsize(path) - 1001)
-    with pytest.raises(UndecodableMedia, match=f"audio file '{path}' is truncated \\(2199 of 3200 bytes of samples\\)"):
-        read_wav(path)
+    with pytest.raises(UndecodableMedia, match=f"audio file '{path}' is truncated \\(1099 of 1600 samples\\)"):
+        decode_audio(path)
 
 
 @pytest.mark.slow  # a whole `lathe train` subprocess

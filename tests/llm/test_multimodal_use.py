@@ -369,3 +369,37 @@ def test_lathe_api_takes_the_media_folder_from_its_option_or_llamafactorys_varia
     pytest.importorskip("uvicorn")
     with pytest.raises(ValueError, match="--media_dir '/no/such/folder' is not a folder"):
         api_command("never-read.yaml", [], media_dir="/no/such/folder")
+
+
+def test_webui_chat_takes_an_image(gen, vl_dir, tmp_path):
+    """The web chat sends an attached image as an `image_url` data URL part; the answer is the engine's own for
+    the same prompt and image (as `lathe chat` / `lathe api` encode it)."""
+    import base64
+    import io
+    import shutil
+
+    pytest.importorskip("fastapi")
+    from fastapi.testclient import TestClient
+
+    from lathe.llm.webui.chat import ChatSession
+    from lathe.llm.webui.server import create_app
+
+    shutil.copytree(vl_dir, tmp_path / "root" / "models" / "vl")
+    chat = {"model_name_or_path": "models/vl", "template": "qwen2_vl"}
+    client = TestClient(create_app(str(tmp_path / "root"), chat_config=chat), base_url="http://localhost")
+    assert client.post("/api/chat/load", json=chat).json()["template"] == "qwen2_vl"
+    buffer = io.BytesIO()
+    gen.make_image("large").save(buffer, format="PNG")
+    url = "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode()
+    content = [{"type": "image_url", "image_url": {"url": url}}, {"type": "text", "text": QUESTION}]
+    messages = [{"role": "user", "content": content}]
+    with client.stream("POST", "/api/chat", json={"messages": messages, "max_new_tokens": 5, "temperature": 0}) as r:
+        answer = "".join(r.iter_text())
+    engine = client.app.state.chat.engine
+    prompt_ids, media = engine.chat_inputs(messages, read_image=ChatSession.read_image)
+    assert media and engine.model.config.image_token_id in prompt_ids
+    expected = engine.generate(prompt_ids, engine.default_params(max_new_tokens=5, temperature=0), media=media)
+    assert answer == expected.text and answer
+    path = [{"type": "image_url", "image_url": {"url": str(tmp_path / "x.png")}}, {"type": "text", "text": "hi"}]
+    refused = client.post("/api/chat", json={"messages": [{"role": "user", "content": path}]})
+    assert refused.status_code == 400 and "reads no local files" in refused.json()["error"]

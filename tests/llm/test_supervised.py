@@ -196,11 +196,13 @@ def test_invalid_examples_are_skipped_and_counted(word_tokenizer, caplog):
         out = preprocess_supervised_dataset(
             examples, template, word_tokenizer, data_args("chatml", cutoff_len=6), skipped=skipped
         )
-    assert len(out["input_ids"]) == 1 and out["attention_mask"] == [[1] * len(out["input_ids"][0])]
-    assert sum(skipped.values()) == 6 and len(skipped) == 6
-    assert "skipped 6 of 7 examples" in caplog.text
+    # the row cutoff_len leaves with no trained token is kept, as LLaMA-Factory keeps it
+    assert len(out["input_ids"]) == 2 and out["attention_mask"] == [[1] * len(ids) for ids in out["input_ids"]]
+    assert sum(skipped.values()) == 5 and len(skipped) == 5
+    assert "skipped 5 of 7 examples" in caplog.text
+    assert "kept 1 of 7 examples with no trained token left after truncation to cutoff_len=6" in caplog.text
     assert any("not valid JSON" in reason for reason in skipped)
-    assert any("no trained token" in reason for reason in skipped)
+    assert all(label == -100 for label in out["labels"][1]) or all(label == -100 for label in out["labels"][0])
     with pytest.raises(SkippedExample):
         encode_supervised_example([user, bad_call, user], [answer], "", "", template, word_tokenizer, 99)
 
@@ -247,7 +249,7 @@ def test_supervised_rows_equal_llamafactory_token_for_token(golden_cases):
     tool_format / default_system / thinking flags, word-level and byte-level BPE tokenizers, and
     templates parsed from a tokenizer's chat_template) gives LLaMA-Factory's exact input_ids and labels,
     except where lathe deliberately differs: an example LLaMA-Factory aborts on (tool-call JSON that
-    does not parse) or keeps with no trained token is skipped and counted here."""
+    does not parse) is skipped and counted here."""
     from transformers import AutoTokenizer
 
     meta, cases = golden_cases
@@ -270,10 +272,7 @@ def test_supervised_rows_equal_llamafactory_token_for_token(golden_cases):
         if "error" in expected:
             assert not out["input_ids"] and "not valid JSON" in next(iter(skipped)), where
             outcomes["LLaMA-Factory error: skipped"] += 1
-        elif all(label == IGNORE_INDEX for label in expected["labels"]):
-            assert not out["input_ids"] and "no trained token" in next(iter(skipped)), where
-            outcomes["nothing trained: skipped"] += 1
-        else:
+        else:  # rows left with no trained token included: kept, as LLaMA-Factory keeps them
             assert out["input_ids"] == [expected["input_ids"]] and out["labels"] == [expected["labels"]], where
             outcomes["equal"] += 1
         if "unsupervised" in expected:

@@ -228,9 +228,9 @@ class DataArguments:
     max_dropped_rows_share: float = field(
         default=0.1,
         metadata=help_text(
-            "lathe: stop when tokenizing leaves out more than this share of the training examples (no trained "
-            "token left after cutoff_len, or unusable), or when cutoff_len cuts more than this share (and more "
-            "than half) of the trained tokens; 1.0 trains on whatever is left."
+            "lathe: stop when tokenizing leaves out more than this share of the training examples (unusable, or "
+            "cutoff_len cuts through their media), or when cutoff_len cuts more than this share (and more than "
+            "half) of the trained tokens; 1.0 trains on whatever is left."
         ),
     )
 

@@ -148,17 +148,41 @@ def add_media_columns(dataset):
     return dataset
 
 
-def canonical_features(media: bool = False):
+HELD_MEDIA = {"bytes": "binary", "path": "string"}  # datasets' Image / Audio storage: the file held in the row
+
+
+def media_held_in_rows(dataset, attr: DatasetAttr):
+    """(dataset, whether its media columns hold the files themselves): a column of datasets' Image / Audio
+    features (or of {"bytes", "path"} structs, or bytes) is cast so its items come as {"bytes", "path"} dicts,
+    undecoded, which the family plugin opens as LLaMA-Factory opens them."""
+    import datasets
+
+    held = False
+    for column in (attr.images, attr.videos, attr.audios):
+        feature = dataset.features.get(column) if column else None
+        inner = getattr(feature, "feature", None)
+        inner = feature[0] if isinstance(feature, list) and feature else inner if inner is not None else feature
+        if isinstance(inner, (datasets.Image, datasets.Audio)):
+            kind = type(inner)
+            dataset = dataset.cast_column(column, datasets.List(kind(decode=False)))
+            held = True
+        elif isinstance(inner, dict) or getattr(inner, "dtype", "") in ("binary", "large_binary"):
+            held = True
+    return dataset, held
+
+
+def canonical_features(media: bool = False, held: bool = False):
     import datasets
 
     message = {"role": datasets.Value("string"), "content": datasets.Value("string")}
+    media_item = {key: datasets.Value(kind) for key, kind in HELD_MEDIA.items()} if held else datasets.Value("string")
     return datasets.Features(
         {
             "_prompt": datasets.List(message),
             "_response": datasets.List(message),
             "_system": datasets.Value("string"),
             "_tools": datasets.Value("string"),
-            **({column: datasets.List(datasets.Value("string")) for column in MEDIA_COLUMNS} if media else {}),
+            **({column: datasets.List(media_item) for column in MEDIA_COLUMNS} if media else {}),
             PROBLEM_COLUMN: datasets.Value("string"),
         }
     )
@@ -180,8 +204,7 @@ def convert_dataset(
     reads stay beside the canonical ones (for the reward functions; alpaca's `response` column is one of them).
 
     Malformed rows are skipped and counted; `locate(positions)` names their file and row. Zero usable rows
-    is an error that quotes the first problems. `json_columns` hold each value as JSON text (files.py).
-    """
+    is an error that quotes the first problems. `json_columns` hold each value as JSON text (files.py)."""
     import pyarrow.compute as compute
 
     report = ConversionReport(attr.name, total=len(dataset))
@@ -191,12 +214,13 @@ def convert_dataset(
     if extras and set(extras) & set(CANONICAL_COLUMNS):
         names = ", ".join(sorted(set(extras) & set(CANONICAL_COLUMNS)))
         raise ValueError(f"{attr.where('columns')}: column(s) {names} have the names of lathe's converted columns.")
+    dataset, held = media_held_in_rows(dataset, attr) if has_media(attr) else (dataset, False)
     converted = dataset.map(
         ConvertBatch(attr, require_response, tuple(json_columns), extras, media_dir),
         batched=True,
         remove_columns=dataset.column_names,
         # the extra columns' types are the file's
-        features=None if prompts_only else canonical_features(has_media(attr)),
+        features=None if prompts_only else canonical_features(has_media(attr), held),
         num_proc=num_proc,
         load_from_cache_file=load_from_cache_file,
         desc=f"Converting {attr.name} ({attr.formatting})",

@@ -3,9 +3,10 @@
 Labels are -100 on every prompt span (system, user, tool results) and the token ids on every answer
 span, EOS included; `train_on_prompt` trains prompts too, `mask_history` only the last answer.
 Truncation to cutoff_len splits each turn's budget between prompt and answer as LLaMA-Factory 0.9.5
-does (`infer_seqlen`), so the ids are the same token for token. Examples that cannot be encoded, or
-that have no trained token left, are skipped and counted by reason, never dropped silently; with
-`measure`, each row also says what cutoff_len cut from it (truncation.py).
+does (`infer_seqlen`), so the ids are the same token for token. Examples that cannot be encoded (or
+whose media a cutoff cuts through) are skipped and counted by reason, never dropped silently; examples
+left with no trained token are kept with a warning, as LLaMA-Factory keeps them; with `measure`, each
+row also says what cutoff_len cut from it (truncation.py).
 """
 
 from __future__ import annotations
@@ -194,7 +195,11 @@ def finish_media(media, opened: dict, input_ids: list[int], labels: list[int], p
         return input_ids, labels
     input_ids, labels, reason = media.finish(input_ids, labels, opened)
     if reason:
-        files = [item for items in (paths or {}).values() for item in items or []]
+        files = [
+            item if isinstance(item, str) else f"a {kind} held in the row"
+            for kind, items in (paths or {}).items()
+            for item in items or []
+        ]
         if files and len(_named_cuts) < MEDIA_CUTS_NAMED:
             _named_cuts.append(files[0])
             logger.warning("left out the row with %s: %s (raise cutoff_len to keep it)", ", ".join(files), reason)
@@ -208,7 +213,7 @@ def encode_supervised_examples(
     """A batch in the canonical columns (_prompt, _response, _system, _tools) -> the encoded
     (input_ids, labels) pairs of the examples kept, and a Counter of skip reasons for the others.
     `cuts`, when given, receives an ExampleCut per kept example; `paths` each kept row's media paths."""
-    encoded, skipped = [], Counter()
+    encoded, skipped, untrained = [], Counter(), 0
     cutoff_len = data_args.cutoff_len
     train_on_prompt = getattr(data_args, "train_on_prompt", False)
     mask_history = getattr(data_args, "mask_history", False)
@@ -225,16 +230,23 @@ def encode_supervised_examples(
                 prompt, response, system, tool_text, template, tokenizer, budget, train_on_prompt, mask_history
             )
             input_ids, labels = finish_media(media, opened, input_ids, labels, row_paths)
-            if all(label == IGNORE_INDEX for label in labels):
-                raise SkippedExample(f"no trained token left after truncation to cutoff_len={cutoff_len}")
         except SkippedExample as skip:
             skipped[skip.reason] += 1
             continue
+        untrained += all(label == IGNORE_INDEX for label in labels)
         encoded.append((input_ids, labels))
         if cuts is not None:
             cuts.append(cut)
         if paths is not None:
             paths.append(row_paths)
+    if untrained:  # LLaMA-Factory keeps them too: its configs run unchanged, batches keep their shape
+        logger.warning(
+            "kept %d of %d examples with no trained token left after truncation to cutoff_len=%d, as LLaMA-Factory "
+            "keeps them (they add nothing to the loss); raise cutoff_len to train on them",
+            untrained,
+            count,
+            cutoff_len,
+        )
     return encoded, skipped
 
 

@@ -97,9 +97,10 @@ def dropped_rows(split: dict[str, Any] | None) -> int | None:
 
 
 def check_dropped_rows(split: dict[str, Any] | None, data_args) -> None:
-    """Stop when more than max_dropped_rows_share of the training examples were left out. LLaMA-Factory keeps
-    an example cutoff_len emptied of trained tokens (it adds nothing to the loss); lathe leaves it out and
-    counts it, and a run that lost that many is almost always a cutoff_len too small, not a few outliers."""
+    """Stop when more than max_dropped_rows_share of the training examples were left out: rows that cannot be
+    encoded, or whose media cutoff_len cuts through (LLaMA-Factory keeps those, and the model then stops on
+    features that do not match their tokens). Rows left with no trained token are kept, as LLaMA-Factory keeps
+    them, and are not counted here."""
     dropped = dropped_rows(split)
     limit = data_args.max_dropped_rows_share
     if not dropped or dropped <= limit * split["rows_before"]:
@@ -108,8 +109,8 @@ def check_dropped_rows(split: dict[str, Any] | None, data_args) -> None:
     names = ", ".join(data_args.dataset or []) or "the training data"
     raise ValueError(
         f"tokenizing left out {dropped} of {total} training examples ({dropped / total:.1%}) of dataset "
-        f"{names}: no trained token left after cutoff_len={data_args.cutoff_len}, or unusable (see the warnings "
-        f"above). Raise cutoff_len, or set max_dropped_rows_share: {math.ceil(dropped / total * 100) / 100} "
+        f"{names}: cutoff_len={data_args.cutoff_len} cuts through their media, or they are unusable (see the "
+        f"warnings above). Raise cutoff_len, or set max_dropped_rows_share: {math.ceil(dropped / total * 100) / 100} "
         f"(now {limit}) to train on the {total - dropped} left."
     )
 

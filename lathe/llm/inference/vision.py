@@ -120,7 +120,7 @@ def _plugin_encoder(config, template, tokenizer) -> ImageEncoder:
         **{key: _config_value(config, key, value) for key, value in vars(defaults).items()}  # as training read them
     )
     try:
-        processor = load_processor(model_folder(config.model))
+        processor = load_processor(model_folder(config.model), _config_value(config, "use_fast_tokenizer", True))
         plugin = get_plugin(template, processor, tokenizer, settings)
     except ValueError as error:
         return ImageEncoder(refusal=f"{config.model.model_name_or_path}: it takes no images here: {error}")

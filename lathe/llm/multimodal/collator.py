@@ -48,10 +48,12 @@ class MultimodalCollator:
         return ids
 
     def add_stand_in(self, features: list[dict], media_rows: list[dict]) -> None:
+        # LLaMA-Factory's rule: the image stand-in goes to a batch with neither images nor videos
+        covers = {"image": ("image", "video")}
         stand_in = {
             kind: items
             for kind, items in (self.plugin.stand_in() or {}).items()
-            if not any(row.get(kind) for row in media_rows)
+            if not any(row.get(other) for row in media_rows for other in covers.get(kind, (kind,)))
         }
         if not stand_in:
             return

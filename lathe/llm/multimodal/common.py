@@ -17,13 +17,12 @@ applied inside, once, from the original image, as LLaMA-Factory regularizes for 
 from __future__ import annotations
 
 import importlib.util
-import os
 import sys
-from collections.abc import Mapping
 from typing import ClassVar
 
+from lathe.llm.multimodal.audio import waveform
 from lathe.llm.multimodal.base import PLACEHOLDERS, Composite, FamilyPlugin, MediaSettings
-from lathe.llm.multimodal.images import UndecodableMedia, check_placeholders, fit_pixels, open_image
+from lathe.llm.multimodal.images import check_placeholders, fit_pixels, open_image
 from lathe.train.data.labels import IGNORE_INDEX
 from lathe.train.data.padding import get_padding_side, pad_rows
 
@@ -90,57 +89,6 @@ def audio_processor_inputs(audios: list, processor, settings: MediaSettings) -> 
     )
     inputs["feature_attention_mask"] = inputs.pop("attention_mask", None)
     return inputs
-
-
-def waveform(audio, sampling_rate: int):
-    """A mono waveform at `sampling_rate` from a row's audio: an array, {"array", "sampling_rate"} as datasets
-    decodes audio, or a WAV file's path. A rate that differs is an error, never resampled silently."""
-    import numpy as np
-
-    if isinstance(audio, str):
-        audio = read_wav(audio)
-    if isinstance(audio, Mapping) and "array" in audio:
-        rate = audio.get("sampling_rate", sampling_rate)
-        if rate != sampling_rate:
-            raise ValueError(f"audio at {rate} Hz; audio_sampling_rate is {sampling_rate}: resample it first")
-        audio = audio["array"]
-    if not isinstance(audio, np.ndarray):
-        raise ValueError(f"expected an audio waveform (numpy array), got {type(audio).__name__}")
-    return audio.mean(axis=0) if audio.ndim > 1 else audio
-
-
-def read_wav(path: str) -> dict:
-    """{"array": float32 mono samples in [-1, 1], "sampling_rate"} of a PCM WAV file (Python's wave module: no
-    audio package needed). Other formats are refused: convert them to WAV (LLaMA-Factory reads them with librosa)."""
-    import wave
-
-    import numpy as np
-
-    if not os.path.isfile(path):
-        raise FileNotFoundError(f"audio file {path!r} not found")
-    try:
-        with wave.open(path, "rb") as handle:
-            width, channels, rate = handle.getsampwidth(), handle.getnchannels(), handle.getframerate()
-            count = handle.getnframes()
-            frames = handle.readframes(count)
-    except (wave.Error, EOFError) as error:
-        raise UndecodableMedia(
-            f"{path}: not a PCM WAV file ({error}); lathe reads audio as WAV: convert it", path
-        ) from None
-    expected = count * width * channels
-    if len(frames) < expected:
-        raise UndecodableMedia(
-            f"audio file {path!r} is truncated ({len(frames)} of {expected} bytes of samples).", path
-        )
-    if width not in (1, 2, 4):
-        raise ValueError(f"{path}: {8 * width}-bit WAV samples; lathe reads 8, 16 or 32-bit PCM")
-    kind = {1: np.uint8, 2: np.int16, 4: np.int32}[width]
-    samples = np.frombuffer(frames, dtype=kind).astype(np.float32)
-    samples = (samples - 128) / 128 if width == 1 else samples / float(2 ** (8 * width - 1))
-    return {
-        "array": samples.reshape(-1, channels).T.squeeze(0) if channels == 1 else samples.reshape(-1, channels).T,
-        "sampling_rate": rate,
-    }
 
 
 def placeholder_runs(messages: list[dict], placeholder: str, replacement) -> list[dict]:

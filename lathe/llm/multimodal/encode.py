@@ -15,13 +15,16 @@ EXPANDED = "media_expanded"  # the key on a message whose placeholders the famil
 PROCESSOR_FILES = ("preprocessor_config.json", "processor_config.json", "video_preprocessor_config.json")
 
 
-def load_processor(path: str):
-    """The model folder's processor. transformers' AutoProcessor of the Qwen2-VL family also builds a video
-    processor, which needs torchvision; without it the folder's image processor alone serves image rows."""
+def load_processor(path: str, use_fast: bool = True):
+    """The model folder's processor, loaded as LLaMA-Factory loads it (`AutoProcessor.from_pretrained(path,
+    use_fast=use_fast_tokenizer)`): with torchvision importable, transformers picks its torchvision image backend,
+    without it the PIL one (pixel values differ slightly; lathe's equal LLaMA-Factory's in both). A processor that
+    cannot be built without torchvision (Qwen2-VL's video processor) leaves the folder's image processor alone
+    to serve image rows; a video row then names torchvision (check_video_processor)."""
     from transformers import AutoImageProcessor, AutoProcessor
 
     try:
-        processor = AutoProcessor.from_pretrained(path)
+        processor = AutoProcessor.from_pretrained(path, use_fast=use_fast)
         if "Processor" in type(processor).__name__:  # not the tokenizer AutoProcessor falls back to
             return processor
     except ImportError:
@@ -29,7 +32,7 @@ def load_processor(path: str):
     except (OSError, ValueError) as error:
         raise ValueError(f"{path}: no processor for images/videos/audio could be loaded ({error})") from None
     try:
-        return AutoImageProcessor.from_pretrained(path)
+        return AutoImageProcessor.from_pretrained(path, use_fast=use_fast)
     except (OSError, ValueError) as error:
         raise ValueError(f"{path}: no image processor (preprocessor_config.json) could be loaded ({error})") from None
 
@@ -37,8 +40,10 @@ def load_processor(path: str):
 class MediaEncoder:
     """The data pipeline's handle on the run's multimodal family (lathe.llm.multimodal.base.FamilyPlugin)."""
 
-    def __init__(self, template, tokenizer, model_path: str, settings: MediaSettings | None = None, processor=None):
-        self.template, self.tokenizer, self.model_path = template, tokenizer, model_path
+    def __init__(
+        self, template, tokenizer, model_path: str, settings: MediaSettings | None = None, processor=None, use_fast=True
+    ):
+        self.template, self.tokenizer, self.model_path, self.use_fast = template, tokenizer, model_path, use_fast
         self.settings = settings or MediaSettings()
         self._processor, self._plugin = processor, None
 
@@ -48,12 +53,13 @@ class MediaEncoder:
             return None
         from lathe.llm.hub import model_folder  # a hub id: its local snapshot, as the tokenizer was read
 
-        return cls(template, tokenizer, model_folder(model_args), MediaSettings.from_args(model_args))
+        use_fast = getattr(model_args, "use_fast_tokenizer", True)
+        return cls(template, tokenizer, model_folder(model_args), MediaSettings.from_args(model_args), None, use_fast)
 
     @property
     def processor(self):
         if self._processor is None:
-            self._processor = load_processor(self.model_path)
+            self._processor = load_processor(self.model_path, self.use_fast)
         return self._processor
 
     @property

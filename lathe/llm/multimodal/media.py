@@ -1,5 +1,6 @@
 """A data row's media columns (images / videos / audios in dataset_info.json) -> the canonical `_images`,
-`_videos`, `_audios` lists: paths joined to media_dir as LLaMA-Factory's converter joins them, and checked per row
+`_videos`, `_audios` lists: paths joined to media_dir as LLaMA-Factory's converter joins them (bytes and images
+held in the row pass as they are), and checked per row
 (a URL, a missing file, a placeholder count that differs from the media) with one line naming the row."""
 
 from __future__ import annotations
@@ -17,11 +18,21 @@ class MediaProblem(ValueError):
     """A row whose media cannot train: the run stops with the row named (never a silently dropped image)."""
 
 
-def resolve_path(item: Any, media_dir: str | None, kind: str) -> str:
-    """LLaMA-Factory's rule: media_dir/item when that file exists, else the path as written (which must exist)."""
+def resolve_path(item: Any, media_dir: str | None, kind: str) -> Any:
+    """LLaMA-Factory's rule: media_dir/item when that file exists, else the path as written (which must exist).
+    Media held in the row itself pass as they are, as LLaMA-Factory takes them: bytes, {"bytes", "path"} (how
+    datasets' Image / Audio features store a file in parquet and arrow; a dict without bytes is its path), and
+    a decoded PIL image."""
+    if isinstance(item, dict):  # the row's column holds files: every item stays a {"bytes", "path"} dict
+        if item.get("bytes") is not None:
+            return {"bytes": item["bytes"], "path": item.get("path")}
+        return {"bytes": None, "path": resolve_path(item.get("path"), media_dir, kind)}
+    if isinstance(item, (bytes, bytearray)) or type(item).__module__.startswith("PIL."):
+        return item
     if not isinstance(item, str):
         raise MediaProblem(
-            f"a {kind} is {type(item).__name__}: lathe reads {kind}s as file paths (relative to media_dir)"
+            f"a {kind} is {type(item).__name__}: lathe reads {kind}s as file paths (relative to media_dir), bytes, "
+            '{"bytes", "path"} or images'
         )
     if item.startswith(("http://", "https://", "s3://", "gs://")):
         raise MediaProblem(f"{kind} {item!r} is a URL; lathe reads no network: download it and give its path")

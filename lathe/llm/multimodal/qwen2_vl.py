@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from lathe.llm.multimodal.base import Composite, FamilyPlugin
@@ -17,10 +18,13 @@ from lathe.llm.multimodal.images import (
     DEFAULT_IMAGE_MAX_PIXELS,
     DEFAULT_IMAGE_MIN_PIXELS,
     IMAGE_PLACEHOLDER,
+    VIDEO_PLACEHOLDER,
     fit_pixels,
     media_cut_reason,
     open_image,
 )
+from lathe.llm.multimodal.common import media_cut_reason as count_cut_reason
+from lathe.llm.multimodal.video import check_torchvision, read_video
 
 VISION_START, VISION_END, IMAGE_TOKEN, VIDEO_TOKEN = (
     "<|vision_start|>",
@@ -86,9 +90,10 @@ def rope_index_function(model):
     return getattr(inner, "get_rope_index", None)
 
 
-def rope_positions(model, input_ids, attention_mask, image_grid_thw=None, video_grid_thw=None):
+def rope_positions(model, input_ids, attention_mask, image_grid_thw=None, video_grid_thw=None, second_per_grid_ts=None):
     """(position_ids of shape (3, batch, length), rope_deltas) for a padded batch, from the model's get_rope_index
-    (image tokens marked 1 and video tokens 2 in mm_token_type_ids, as transformers 5 asks)."""
+    (image tokens marked 1 and video tokens 2 in mm_token_type_ids, as transformers 5 asks; Qwen2.5-VL's video
+    frames spaced by second_per_grid_ts)."""
     import inspect
 
     import torch
@@ -106,6 +111,8 @@ def rope_positions(model, input_ids, attention_mask, image_grid_thw=None, video_
         "video_grid_thw": video_grid_thw,
         "attention_mask": (attention_mask >= 1).float(),
     }
+    if second_per_grid_ts is not None:
+        kwargs["second_per_grid_ts"] = second_per_grid_ts
     if "mm_token_type_ids" in inspect.signature(get_rope_index).parameters:
         config = model.config
         token_types = torch.zeros_like(input_ids)
@@ -174,26 +181,93 @@ QWEN2_VL = Composite(VISION_TOWER_KEYS, PROJECTOR_KEYS, LANGUAGE_MODEL_KEYS, LOR
 STAND_IN_SIZE, STAND_IN_COLOR = (64, 64), (255, 255, 255)
 
 
+def expand_videos(messages: list[dict], video_grid_thw, merge_size: int) -> list[dict]:
+    """The messages with each `<video>` replaced by its vision tokens (video pads), in order over all messages."""
+    merge_length, used, expanded = merge_size**2, 0, []
+    for message in messages:
+        content = message["content"]
+        while VIDEO_PLACEHOLDER in content:
+            count = int(video_grid_thw[used].prod()) // merge_length
+            content = content.replace(VIDEO_PLACEHOLDER, f"{VISION_START}{VIDEO_TOKEN * count}{VISION_END}", 1)
+            used += 1
+        expanded.append({**message, "content": content})
+    return expanded
+
+
+def video_grid(video, video_processor, settings) -> list[int]:
+    """(t, h, w) patches of a video from its stream's frame size and sample count, as LLaMA-Factory's Qwen2VLPlugin
+    counts a video's tokens (`_get_qwen_video_grid_metadata`): the frame size after the pixel budget, the
+    processor's smart_resize, an even number of frames grouped by temporal_patch_size."""
+    from transformers.models.qwen2_vl.image_processing_qwen2_vl import smart_resize
+
+    width, height = regularized_size(video.width, video.height, settings.video_max_pixels, settings.video_min_pixels)
+    frames = video.sample_count + video.sample_count % 2
+    size = video_processor.size
+    size = size if isinstance(size, dict) else vars(size)
+    patch, merge = video_processor.patch_size, video_processor.merge_size
+    resized_height, resized_width = smart_resize(
+        height=height,
+        width=width,
+        factor=patch * merge,
+        min_pixels=size.get("shortest_edge"),
+        max_pixels=size.get("longest_edge"),
+    )
+    return [math.ceil(frames / video_processor.temporal_patch_size), resized_height // patch, resized_width // patch]
+
+
+def regularized_size(width: int, height: int, max_pixels: int, min_pixels: int) -> tuple[int, int]:
+    """The frame size prepare_image makes, computed without resizing (LLaMA-Factory's arithmetic)."""
+    for limit, too_far in ((max_pixels, lambda area: area > max_pixels), (min_pixels, lambda area: area < min_pixels)):
+        if too_far(width * height):
+            factor = math.sqrt(limit / (width * height))
+            width, height = int(width * factor), int(height * factor)
+    if min(width, height) < MIN_SIDE:
+        width, height = max(width, MIN_SIDE), max(height, MIN_SIDE)
+    if width / height > MAX_ASPECT:
+        width = height * ASPECT_SIDE
+    if height / width > MAX_ASPECT:
+        height = width * ASPECT_SIDE
+    return width, height
+
+
 @dataclass
 class Qwen2VLPlugin(FamilyPlugin):
-    """LLaMA-Factory's Qwen2VLPlugin for images (Qwen2-VL, Qwen2.5-VL)."""
+    """LLaMA-Factory's Qwen2VLPlugin for images and videos (Qwen2-VL, Qwen2.5-VL)."""
 
     name = "qwen2_vl"
-    kinds = ("image",)
-    missing = {
-        "video": "transformers' Qwen2-VL video processor needs torchvision, which lathe cannot load beside a CPU "
-        "torch (not supported yet)",
-    }
+    kinds = ("image", "video")
     composites = {"qwen2_vl": QWEN2_VL, "qwen2_5_vl": QWEN2_VL}
 
     @property
     def image_processor(self):
         return getattr(self.processor, "image_processor", self.processor)
 
+    @property
+    def video_processor(self):
+        """The processor's video processor; without one (transformers builds it only with torchvision), one line."""
+        check_torchvision("a video row")
+        processor = getattr(self.processor, "video_processor", None)
+        if processor is None:
+            raise ValueError(
+                f"the model's processor ({type(self.processor).__name__}) has no video processor: load the model "
+                "folder's processor with torchvision installed (processor_config.json / video_preprocessor_config.json)"
+            )
+        return processor
+
     def regularize(self, kind: str, items: list, where: str = "") -> list:
+        s = self.settings
+        if kind == "video":
+            videos = []
+            for item in items:
+                try:
+                    video = read_video(item, s.video_fps, s.video_maxlen, even=True)
+                except (OSError, ValueError) as error:
+                    raise ValueError(f"{where}: {error}") from None
+                video.frames = [prepare_image(frame, s.video_max_pixels, s.video_min_pixels) for frame in video.frames]
+                videos.append(video)
+            return videos
         if kind != "image":
             return super().regularize(kind, items, where)
-        s = self.settings
         return [prepare_image(open_image(item, None, where), s.image_max_pixels, s.image_min_pixels) for item in items]
 
     def _grid(self, media: dict) -> list:
@@ -202,41 +276,80 @@ class Qwen2VLPlugin(FamilyPlugin):
             return []
         return dict(self.image_processor(images, return_tensors="pt"))["image_grid_thw"]
 
+    def _video_grid(self, media: dict):
+        import torch
+
+        videos = media.get("video") or []
+        grids = [video_grid(video, self.video_processor, self.settings) for video in videos]
+        return torch.tensor(grids, dtype=torch.long).reshape(-1, 3)
+
     def process_messages(self, messages: list[dict], media: dict) -> list[dict]:
-        return expand_placeholders(messages, self._grid(media), self.image_processor.merge_size)
+        expanded = expand_placeholders(messages, self._grid(media), self.image_processor.merge_size)
+        if media.get("video"):
+            expanded = expand_videos(expanded, self._video_grid(media), self.image_processor.merge_size)
+        return expanded
 
     def cut_reason(self, input_ids: list[int], media: dict) -> str | None:
         grid = self._grid(media)
+        merge_length = self.image_processor.merge_size**2
+        if media.get("video"):  # images and videos: every vision token of the row must be left
+            videos = self._video_grid(media)
+            counts = {
+                IMAGE_TOKEN: sum(int(item.prod()) // merge_length for item in grid),
+                VIDEO_TOKEN: sum(int(item.prod()) // merge_length for item in videos),
+                VISION_END: len(grid) + len(videos),
+            }
+            return count_cut_reason(input_ids, counts, self.tokenizer)
         if not len(grid):
             return None
         start, end, pad = self.tokenizer.convert_tokens_to_ids([VISION_START, VISION_END, IMAGE_TOKEN])
-        counts = [int(item.prod()) // self.image_processor.merge_size**2 for item in grid]
+        counts = [int(item.prod()) // merge_length for item in grid]
         return media_cut_reason(input_ids, start, end, pad, counts)
+
+    def video_inputs(self, videos: list) -> dict:
+        """pixel_values_videos and video_grid_thw of the regularized videos; second_per_grid_ts (temporal patch over
+        the sampled fps) where the processor takes it (Qwen2.5-VL), as LLaMA-Factory adds it."""
+        if not videos:
+            return {}
+        inputs = dict(self.video_processor(videos=[video.frames for video in videos], return_tensors="pt"))
+        if "second_per_grid_ts" in (getattr(self.processor, "model_input_names", None) or ()):
+            temporal = getattr(self.image_processor, "temporal_patch_size", 2)
+            inputs["second_per_grid_ts"] = [temporal / video.fps for video in videos]
+        return inputs
 
     def batch_inputs(self, media_rows: list[dict], batch: dict, model, row_ids=None) -> dict:
         import torch
 
         images = [image for row in media_rows for image in row.get("image") or []]
+        videos = [video for row in media_rows for video in row.get("video") or []]
         inputs = dict(self.image_processor(images, return_tensors="pt")) if images else {}
-        self._check_tokens(batch["input_ids"], inputs.get("image_grid_thw"))
+        inputs.update(self.video_inputs(videos))
+        self._check_tokens(batch["input_ids"], inputs.get("image_grid_thw"), IMAGE_TOKEN, "image")
+        self._check_tokens(batch["input_ids"], inputs.get("video_grid_thw"), VIDEO_TOKEN, "video")
         positions, rope_deltas = rope_positions(
-            model, batch["input_ids"], batch["attention_mask"], inputs.get("image_grid_thw")
+            model,
+            batch["input_ids"],
+            batch["attention_mask"],
+            inputs.get("image_grid_thw"),
+            inputs.get("video_grid_thw"),
+            inputs.get("second_per_grid_ts"),
         )
         # the text positions first, then mrope's three rows, as transformers reads them since issue 39400
         inputs["position_ids"] = torch.cat([positions[:1], positions], dim=0)
         inputs["rope_deltas"] = rope_deltas
         return inputs
 
-    def _check_tokens(self, input_ids, grid) -> None:
-        """The rows' image tokens must be the images' (an image file changed since the rows were tokenized and
-        cached, or a row cut by hand, otherwise fails deep inside the model)."""
+    def _check_tokens(self, input_ids, grid, token: str = IMAGE_TOKEN, kind: str = "image") -> None:
+        """The rows' media tokens must be the media's (a file changed since the rows were tokenized and cached, or
+        a row cut by hand, otherwise fails deep inside the model)."""
         expected = (
             0 if grid is None else int(sum(int(item.prod()) for item in grid)) // self.image_processor.merge_size**2
         )
-        found = int((input_ids == self.tokenizer.convert_tokens_to_ids(IMAGE_TOKEN)).sum())
+        found = int((input_ids == self.tokenizer.convert_tokens_to_ids(token)).sum())
+        article = "an" if kind == "image" else "a"
         if found != expected:
             raise ValueError(
-                f"a batch holds {found} image tokens but its images make {expected}: an image file changed since the "
+                f"a batch holds {found} {kind} tokens but its {kind}s make {expected}: {article} {kind} file changed since the "
                 "data was tokenized (set overwrite_cache: true), or the rows were not made by this processor"
             )
 
@@ -263,4 +376,6 @@ class Qwen3VLPlugin(Qwen2VLPlugin):
     vision tower adds position embeddings and deepstack mergers (frozen with freeze_vision_tower)."""
 
     name = "qwen3_vl"
+    kinds = ("image",)
+    missing = {"video": "Qwen3-VL's timestamped video tokens are not implemented in lathe yet (Qwen2-VL's are)"}
     composites = {"qwen3_vl": QWEN3_VL, "qwen3_vl_moe": QWEN3_VL}

@@ -51,10 +51,15 @@ class ChatSession:
             self.loaded = values
         return {"loaded": values, "template": self.engine.template.name}
 
+    @staticmethod
+    def read_image(part, where: str):
+        from lathe.llm.inference.image_urls import ImageRules, read_image_url
+
+        return read_image_url(part, ImageRules(media_dir=None), where)
+
     def stream(self, messages: list, max_new_tokens=None, temperature=None):
-        """An iterator over the answer's text as it is decoded (the engine's worker thread fills a queue).
-        The request is checked here, before the first piece, so that a bad one is an error reply, not a
-        broken stream."""
+        """The answer's text as it is decoded (the engine's worker thread fills a queue); the request is checked
+        and submitted here, before the reply starts."""
         from lathe.llm.inference.engine import InvalidRequest
 
         engine = self.engine
@@ -63,21 +68,24 @@ class ChatSession:
         if not isinstance(messages, list) or not messages or len(messages) > MAX_MESSAGES:
             raise InvalidRequest(f"messages: expected 1 to {MAX_MESSAGES} messages.")
         limit = min(int(max_new_tokens or engine.generating.max_new_tokens or 256), MAX_NEW_TOKENS)
+        # images come as OpenAI `image_url` parts holding data URLs (the page reads the chosen file), read as
+        # `lathe api` reads them; no local paths from the browser (media_dir None)
+        prompt_ids, media = engine.chat_inputs(messages, read_image=self.read_image)
         params = engine.check_length(
-            engine.chat_prompt(messages),
+            prompt_ids,
             engine.default_params(
                 max_new_tokens=limit, temperature=None if temperature is None else float(temperature)
             ),
         )
         pieces: queue.Queue = queue.Queue()
         done = object()
-        job = engine.submit(
-            engine.chat_prompt(messages), params, on_text=pieces.put, on_done=lambda *_: pieces.put(done)
-        )
-        return self._pieces(job, pieces, done)
+        job = engine.submit(prompt_ids, params, on_text=pieces.put, on_done=lambda *_: pieces.put(done), media=media)
+        return self.answer(pieces, job, done)
 
     @staticmethod
-    def _pieces(job, pieces, done):
+    def answer(pieces: queue.Queue, job, done):
+        """The answer's pieces as the worker thread queues them (a request the engine refused has raised before
+        the reply started: a 400 naming it)."""
         while True:
             try:
                 piece = pieces.get(timeout=600)

@@ -208,12 +208,25 @@ function addMessage(role, text) {
   return div.querySelector("span");
 }
 
+function readDataUrl(file) {
+  return new Promise((resolve, reject) => {
+    const reader = new FileReader();
+    reader.onload = () => resolve(reader.result);
+    reader.onerror = () => reject(reader.error);
+    reader.readAsDataURL(file);
+  });
+}
+
 async function chatSend() {
   const text = $("chat_input").value;
   if (!text) return;
   $("chat_input").value = "";
-  history.push({role: "user", content: text});
-  addMessage("user", text);
+  const file = $("chat_image").files[0];
+  // an attached image goes with this message as an OpenAI image_url part (a data URL), as `lathe api` takes it
+  const content = file ? [{type: "image_url", image_url: {url: await readDataUrl(file)}}, {type: "text", text}] : text;
+  $("chat_image").value = "";
+  history.push({role: "user", content});
+  addMessage("user", file ? `[${file.name}] ${text}` : text);
   const span = addMessage("assistant", "");
   const response = await fetch("/api/chat", {method: "POST", headers: {"Content-Type": "application/json"}, body: JSON.stringify({messages: history})});
   if (!response.ok) { showError((await response.json()).error); return; }

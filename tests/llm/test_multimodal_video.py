@@ -1,0 +1,98 @@
+"""Video rows for Qwen2-VL and Qwen2.5-VL as LLaMA-Factory 0.9.5 encodes them (tests/llm/golden/
+llamafactory_video.safetensors, made by make_llamafactory_video.py): frames sampled with PyAV at video_fps, the
+expanded `<video>`, the encoded rows and every collated tensor (pixel_values_videos, video_grid_thw,
+second_per_grid_ts, mrope position_ids) for rows alone and in pairs, and the tiny model's loss. transformers' video
+processors need torchvision: the comparison runs in a subprocess with the torchvision test recipe
+(tests/llm/torchvision_recipe.py); without torchvision a video row is one line naming it."""
+
+import json
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("av")
+pytest.importorskip("PIL")
+
+
+@pytest.fixture(scope="module")
+def video_files(tmp_path_factory):
+    from tests.llm.media_files import write_video_files
+
+    return write_video_files(tmp_path_factory.mktemp("video"))
+
+
+def test_frames_are_sampled_as_llamafactory_samples_them(video_files):
+    """floor(seconds * video_fps) frames spread evenly with numpy's linspace; an odd count repeats the last frame;
+    the sampled fps and the frames' timestamps (index / stream fps * video_fps) as LLaMA-Factory reports them."""
+    from lathe.llm.multimodal.video import read_video, sample_indices
+
+    assert sample_indices(13, 2.6, 2.0, 128) == [0, 3, 6, 9, 12]
+    assert sample_indices(24, 3.0, 2.0, 4) == [0, 7, 15, 23]  # video_maxlen caps the count
+    assert sample_indices(0, 0.0, 2.0, 3) == [0, 1, 2]  # a stream that does not know its length
+    walk = read_video(str(video_files["walk.mp4"]), 2.0, 128, even=True)
+    assert (walk.sample_count, len(walk.frames), walk.duration) == (5, 6, pytest.approx(2.6))
+    assert walk.fps == pytest.approx(5 / 2.6) and walk.frames_indices == pytest.approx([0, 1.2, 2.4, 3.6, 4.8])
+    assert walk.frames[-1] is walk.frames[-2] and walk.frames[0].size == (64, 48)
+    spin = read_video(str(video_files["spin.mp4"]), 2.0, 128)
+    assert (len(spin.frames), spin.fps, spin.duration) == (6, pytest.approx(2.0), pytest.approx(3.0))
+
+
+def test_golden_files_are_the_ones_made_here(video_files):
+    import hashlib
+
+    from tests.llm.video_check import golden
+
+    _, metadata = golden()
+    for name, path in video_files.items():
+        assert hashlib.sha256(path.read_bytes()).hexdigest() == metadata[f"sha256.{name}"], (
+            f"PyAV's {name} differs from the golden's: rerun tests/llm/golden/make_llamafactory_video.py"
+        )
+
+
+@pytest.mark.slow
+def test_video_rows_and_batches_equal_llamafactory(video_files):
+    pytest.importorskip("transformers")
+    from tests.llm.torchvision_recipe import run_with_torchvision
+
+    folder = str(next(iter(video_files.values())).parent)
+    out = run_with_torchvision(f"from tests.llm.video_check import main; main({folder!r})").stdout
+    checked = json.loads(out.strip().splitlines()[-1])
+    assert len(checked) == 12  # 2 model types x (4 rows alone + 2 pairs)
+
+
+def test_without_torchvision_a_video_row_names_it(video_files, monkeypatch):
+    import sys
+
+    from lathe.llm.multimodal.base import MediaSettings
+    from lathe.llm.multimodal.qwen2_vl import Qwen2VLPlugin
+    from tests.llm.multimodal_cases import generator
+
+    monkeypatch.setitem(sys.modules, "torchvision", None)
+    gen = generator()
+    plugin = Qwen2VLPlugin(gen.make_image_processor(), gen.make_tokenizer(), MediaSettings())
+    media = {"video": plugin.regularize("video", [str(video_files["walk.mp4"])], "row 2")}
+    with pytest.raises(ValueError, match=r"^a video row needs torchvision .*pip install torchvision"):
+        plugin.process_messages([{"role": "user", "content": "<video>hi"}], media)
+
+
+def test_qwen3_vl_video_is_refused_by_name():
+    from lathe.llm.multimodal.qwen2_vl import Qwen3VLPlugin
+
+    with pytest.raises(ValueError, match="qwen3_vl family takes no video input: Qwen3-VL's timestamped"):
+        Qwen3VLPlugin(None, None).check_kinds({"video": 1}, "row 1")
+
+
+@pytest.mark.slow
+def test_video_demo_data_goes_through_the_pipeline(tmp_path):
+    """The mllm_video_demo shape (a `<video>` row, a videos column) with the image demo: tokenized by lathe's
+    pipeline, collated with an image row, and read by the tiny model (a finite loss)."""
+    pytest.importorskip("transformers")
+    import math
+
+    from tests.llm.torchvision_recipe import run_with_torchvision
+
+    code = f"import json; from tests.llm.video_check import pipeline; print(json.dumps(pipeline({str(tmp_path)!r})))"
+    out = json.loads(run_with_torchvision(code).stdout.strip().splitlines()[-1])
+    assert out["rows"] == 5 and out["videos"][0].endswith("clip.mp4") and out["pads"] > 0
+    assert {"pixel_values_videos", "video_grid_thw", "pixel_values", "position_ids"} <= set(out["keys"])
+    assert math.isfinite(out["loss"])

@@ -1,0 +1,61 @@
+"""torchvision for the tests on a CPU torch (../shared/PEERS.md, "torchvision on a CPU torch"): PyPI's
+torchvision 0.28.0 (the release for torch 2.13) installed without dependencies into a folder of the test cache
+(~/.cache/lathe-test-assets, or $LATHE_TEST_ASSETS), and a `sitecustomize.py` beside it that puts a blank
+module under sys.modules["torchvision._meta_registrations"] (the compiled-ops registration, which fails beside a
+CPU torch, is skipped; the pure-PyTorch transforms transformers' processors use all work). A test runs its code
+in a subprocess with PYTHONPATH=SHIM:DIR. This is a test device only: lathe ships no shim, and on a user's machine
+torchvision imports as it is. A failed download skips the test with its reason."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from tests.llm.real_tokenizers import CACHE
+
+VERSION = "0.28.0"
+SITECUSTOMIZE = '''"""Test device only: torchvision's compiled ops do not load beside a CPU torch; skip their registration."""
+import sys
+import types
+
+sys.modules.setdefault("torchvision._meta_registrations", types.ModuleType("torchvision._meta_registrations"))
+'''
+
+
+def torchvision_paths() -> tuple[Path, Path]:
+    """(SHIM, DIR): the folder holding sitecustomize.py and the folder torchvision is installed in."""
+    root = CACHE / f"torchvision-{VERSION}"
+    shim, target = root / "shim", root / "site"
+    if not (target / "torchvision" / "__init__.py").is_file():
+        CACHE.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=CACHE) as work:
+            command = [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", work]
+            result = subprocess.run([*command, f"torchvision=={VERSION}"], capture_output=True, text=True)
+            if result.returncode:
+                pytest.skip(f"installing torchvision=={VERSION} failed: {result.stderr.strip()[-300:]}")
+            root.mkdir(parents=True, exist_ok=True)
+            if target.exists():
+                import shutil
+
+                shutil.rmtree(target)
+            os.replace(work, target)
+            os.makedirs(work)  # TemporaryDirectory removes it again
+    shim.mkdir(parents=True, exist_ok=True)
+    (shim / "sitecustomize.py").write_text(SITECUSTOMIZE)
+    return shim, target
+
+
+def run_with_torchvision(code: str, timeout: int = 600) -> subprocess.CompletedProcess:
+    """`code` run by this Python with torchvision importable (the recipe), the repository first on sys.path."""
+    shim, target = torchvision_paths()
+    repository = Path(__file__).resolve().parents[2]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(shim), str(target), str(repository)]))
+    env.setdefault("OMP_NUM_THREADS", "1")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=timeout)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result

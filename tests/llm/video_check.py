@@ -1,0 +1,138 @@
+"""lathe's video rows against LLaMA-Factory's (tests/llm/golden/llamafactory_video.safetensors), run where
+torchvision imports: by tests/llm/test_multimodal_video.py in a subprocess with the torchvision test recipe.
+check(folder) compares, per model type, the expanded messages, the encoded rows, and every collated tensor of each
+row alone and of pairs (integers exactly, floats to a tolerance), and the tiny model's loss on each batch."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+HERE = Path(__file__).parent
+
+
+def _module(name, path):
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+GEN = _module("make_video", HERE / "golden" / "make_llamafactory_video.py")
+
+
+def golden():
+    from safetensors import safe_open
+
+    with safe_open(str(HERE / "golden" / "llamafactory_video.safetensors"), "pt") as handle:
+        return {key: handle.get_tensor(key) for key in handle.keys()}, handle.metadata()
+
+
+def check(folder: Path) -> list[str]:
+    import torch
+
+    from lathe.llm.config.train import DataArguments
+    from lathe.llm.data.collator import SFTDataCollator
+    from lathe.llm.data.supervised import encode_supervised_example
+    from lathe.llm.multimodal.base import MediaSettings
+    from lathe.llm.multimodal.collator import MultimodalCollator
+    from lathe.llm.multimodal.qwen2_vl import Qwen2VLPlugin
+    from lathe.llm.templates import get_template_and_fix_tokenizer
+
+    tensors, metadata = golden()
+    assert json.loads(metadata["versions"])["llamafactory"] == "0.9.5"
+    checked = []
+    for model_type in GEN.MODELS:
+        tokenizer = _module("make_qwen2vl", HERE / "golden" / "make_llamafactory_qwen2vl.py").make_tokenizer()
+        template = get_template_and_fix_tokenizer(tokenizer, DataArguments(template="qwen2_vl"))
+        processor = GEN.make_processor(model_type, tokenizer)
+        assert json.loads(metadata[f"{model_type}.processors"]) == [
+            type(processor.image_processor).__name__,
+            type(processor.video_processor).__name__,
+        ]
+        plugin = Qwen2VLPlugin(processor, tokenizer, MediaSettings(**GEN.SETTINGS))
+        model = GEN.make_model(model_type, tokenizer)
+        features = []
+        for index, row in enumerate(GEN.ROWS):
+            images, videos = GEN.row_media(row, folder)
+            media = {}
+            if images:
+                media["image"] = plugin.regularize("image", images)
+            if videos:
+                media["video"] = plugin.regularize("video", videos)
+            messages = plugin.process_messages(GEN.messages_of(row), media)
+            expected = json.loads(metadata[f"{model_type}.messages.{index}"])
+            assert messages == expected, (model_type, index)
+            ids, labels = encode_supervised_example(messages[:-1], messages[-1:], "", "", template, tokenizer, 1024)
+            prefix = f"{model_type}.example.{index}"
+            assert ids == tensors[f"{prefix}.input_ids"].tolist(), (model_type, index)
+            assert labels == tensors[f"{prefix}.labels"].tolist(), (model_type, index)
+            features.append(
+                {
+                    "input_ids": ids,
+                    "labels": labels,
+                    "attention_mask": [1] * len(ids),
+                    "images": images,
+                    "videos": videos,
+                }
+            )
+        collator = MultimodalCollator(SFTDataCollator(tokenizer, model=model, pad_to_multiple_of=8), plugin, model)
+        batches = {f"single.{index}": [feature] for index, feature in enumerate(features)}
+        batches.update({f"pair.{pair}": features[2 * pair : 2 * pair + 2] for pair in range(len(features) // 2)})
+        for prefix, chosen in batches.items():
+            batch = collator([dict(feature) for feature in chosen])
+            head = f"{model_type}.{prefix}."
+            expected = {key[len(head) :]: value for key, value in tensors.items() if key.startswith(head)}
+            if prefix.startswith("pair."):  # left out of the golden: the rows' pixel tensors in order
+                for key, kind in (("pixel_values", "images"), ("pixel_values_videos", "videos")):
+                    sides = [int(prefix[5:]) * 2 + side for side in (0, 1)]
+                    rows = [tensors[f"{model_type}.single.{side}.{key}"] for side in sides if GEN.ROWS[side].get(kind)]
+                    if rows:
+                        expected[key] = torch.cat(rows)
+            second = metadata.get(f"{model_type}.json.{prefix}.second_per_grid_ts")
+            if second is not None:
+                expected["second_per_grid_ts"] = json.loads(second)
+            assert sorted(batch) == sorted(expected), (model_type, prefix, sorted(batch), sorted(expected))
+            for key, value in expected.items():
+                ours = batch[key]
+                if not isinstance(value, torch.Tensor):
+                    assert ours == value, (model_type, prefix, key)
+                elif value.is_floating_point():
+                    torch.testing.assert_close(ours, value, rtol=1e-5, atol=1e-5, msg=f"{model_type} {prefix} {key}")
+                else:
+                    assert torch.equal(ours, value), (model_type, prefix, key)
+            with torch.no_grad():
+                loss = model(**batch).loss.item()
+            assert abs(loss - tensors[f"{model_type}.loss.{prefix}"].item()) < 1e-5, (model_type, prefix)
+            checked.append(f"{model_type}.{prefix}")
+    return checked
+
+
+def main(folder: str) -> None:
+    print(json.dumps(check(Path(folder))))
+
+
+def pipeline(root: str) -> dict:
+    """LLaMA-Factory's mllm_video_demo shape beside the image demo through lathe's whole data pipeline (the model
+    folder's AutoProcessor, built with its video processor where torchvision imports), one collated batch of a
+    video row and an image row, and the tiny model's loss on it."""
+    import torch
+
+    from lathe.llm.config.train import parse_train_config
+    from lathe.llm.data.collator import SFTDataCollator
+    from lathe.llm.multimodal.collator import MultimodalCollator
+    from lathe.llm.workflows.setup import load_data
+    from tests.llm import multimodal_cases as cases
+
+    root = Path(root)
+    model, data = cases.make_model_folder(root / "model"), cases.make_data_folder(root / "data")
+    config = parse_train_config(cases.train_config(model, data, root / "out", dataset="mllm_video_demo,mllm_demo"))
+    tokenizer, _, datasets = load_data(config, stage="sft")
+    rows = [dict(row) for row in datasets["train_dataset"]]
+    net = cases.make_model(tokenizer)
+    batch = MultimodalCollator(SFTDataCollator(tokenizer, model=net), datasets["media"].plugin, net)(rows[:2])
+    with torch.no_grad():
+        loss = net(**batch).loss.item()
+    pads = int((batch["input_ids"] == tokenizer.convert_tokens_to_ids("<|video_pad|>")).sum())
+    return {"rows": len(rows), "videos": rows[0].get("videos"), "keys": sorted(batch), "loss": loss, "pads": pads}
