@@ -9,10 +9,9 @@ writes JSON.
 
 from __future__ import annotations
 
+import ctypes
 import json
 import sys
-
-import ctypes
 
 import llama_cpp as lib
 import numpy as np

@@ -163,11 +163,10 @@ def job_st_bi(root: str):
 
 
 def job_st_cross(root: str):
+    import torch
     from datasets import Dataset
     from sentence_transformers.cross_encoder import CrossEncoder, CrossEncoderTrainer, CrossEncoderTrainingArguments
     from sentence_transformers.cross_encoder.losses import BinaryCrossEntropyLoss
-
-    import torch
     from transformers import BertForSequenceClassification
 
     bert = bert_folder(root)

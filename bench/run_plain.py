@@ -18,11 +18,10 @@ import json  # noqa: E402
 import shutil  # noqa: E402
 from pathlib import Path  # noqa: E402
 
-import torch  # noqa: E402
-from safetensors.torch import save_file  # noqa: E402
-
 import jobs  # noqa: E402
 import measure  # noqa: E402
+import torch  # noqa: E402
+from safetensors.torch import save_file  # noqa: E402
 
 IMPORT_S = time.perf_counter() - _T0
 

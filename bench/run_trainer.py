@@ -37,10 +37,9 @@ else:
     from lathe import DataCollatorForLanguageModeling, Trainer, TrainerCallback, TrainingArguments
 TRAINER_IMPORT_S = time.perf_counter() - _T_IMPORT
 
-import torch  # noqa: E402
-
 import jobs  # noqa: E402
 import measure  # noqa: E402
+import torch  # noqa: E402
 
 IMPORT_S = time.perf_counter() - _T0
 

@@ -82,9 +82,9 @@ def train_command(
     from lathe.llm.config.sections import hub_from_environment
     from lathe.llm.config.train import parse_train_config
     from lathe.llm.config.values import RawConfig
-    from lathe.llm.launch.torchrun import launch_settings, planned_processes, ray_wanted, relaunch
     from lathe.llm.hub import resolve_config, resolve_raw_config
     from lathe.llm.launch.stopping import Interrupted, StopOnSignal, TrainingStopped
+    from lathe.llm.launch.torchrun import launch_settings, planned_processes, ray_wanted, relaunch
     from lathe.llm.workflows.plan import format_config, print_once
 
     def train() -> int:

@@ -259,9 +259,8 @@ def _copy_value_head(model_args, export_dir: str) -> None:
     (LLaMA-Factory's export with stage: rm does the same)."""
     import shutil
 
-    from lathe.llm.model.value_head import VALUE_HEAD_FILE
-
     from lathe.llm.hub import adapter_folders, model_folder
+    from lathe.llm.model.value_head import VALUE_HEAD_FILE
 
     source = (adapter_folders(model_args) or [model_folder(model_args)])[-1]
     path = os.path.join(source, VALUE_HEAD_FILE)

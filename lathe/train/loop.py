@@ -11,9 +11,9 @@ import torch
 
 from lathe.train import batching, resume, runtime, saving, seed, stepping
 from lathe.train.data import epochs as data
-from lathe.train.parallel import distributed, nodes
 from lathe.train.evaluation.outputs import TrainOutput
 from lathe.train.features import hp_search
+from lathe.train.parallel import distributed, nodes
 from lathe.train.run import TrainingRun
 from lathe.train.state import TrainerState
 

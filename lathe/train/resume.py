@@ -9,11 +9,10 @@ import json
 import logging
 import os
 
-
 from lathe.train.checkpoints import layout as ckpt
+from lathe.train.checkpoints import loading
 from lathe.train.checkpoints import weights as weights_io
 from lathe.train.parallel import fsdp
-from lathe.train.checkpoints import loading
 from lathe.train.saving import find_best_checkpoint, has_frozen_parameters, stateful_callbacks, zero_module
 from lathe.train.state import TrainerState
 

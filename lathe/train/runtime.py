@@ -11,7 +11,6 @@ import torch
 
 from lathe.utils import logging as lathe_logging
 
-
 NO_CONTEXT = contextlib.nullcontext()  # reusable: made once, not on every micro-batch
 
 

@@ -9,12 +9,12 @@ import os
 
 import torch
 
-from lathe.train.checkpoints import layout as ckpt
-from lathe.train.checkpoints import weights as weights_io
-from lathe.train.parallel import fsdp
-from lathe.train.checkpoints import rotation, snapshot
 from lathe.train import runtime
+from lathe.train.checkpoints import layout as ckpt
+from lathe.train.checkpoints import rotation, snapshot
+from lathe.train.checkpoints import weights as weights_io
 from lathe.train.evaluation.loop import is_better
+from lathe.train.parallel import fsdp
 from lathe.train.state import ExportableState, TrainerState
 
 

@@ -22,9 +22,9 @@ import contextlib
 
 import torch
 
-from lathe.train.parallel import distributed
 from lathe.train import runtime
 from lathe.train.optim import schedules
+from lathe.train.parallel import distributed
 
 
 class PlainBackend:

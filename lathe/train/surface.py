@@ -5,10 +5,10 @@ lathe's answers (no accelerate, no tensor/context/sequence parallelism, no XLA).
 
 from __future__ import annotations
 
-from lathe.train.features import hp_search, hub
-from lathe.train.data import loaders
 from lathe.train import modeling, queries, resume, runtime, saving
+from lathe.train.data import loaders
 from lathe.train.evaluation import results
+from lathe.train.features import hp_search, hub
 from lathe.train.optim.optimizers import get_optimizer_cls_and_kwargs
 
 

@@ -13,18 +13,18 @@ from collections.abc import Mapping
 import torch
 from torch import nn
 
-from lathe.train.loss import causal_lm
 from lathe.train import batching, loop, modeling, resume, runtime, saving, session, stepping
-from lathe.train.parallel import distributed
-from lathe.train.data import loaders
-from lathe.train.evaluation import predicting
-from lathe.train.optim import schedules
 from lathe.train.args.validation import check_output_dir, make_output_dir
-from lathe.train.data.collators import default_collator_for
-from lathe.train.checkpoints.commit import BackgroundCommitter
 from lathe.train.callbacks.flow import default_callback_handler
-from lathe.train.loss.smoothing import label_smoother_for
+from lathe.train.checkpoints.commit import BackgroundCommitter
+from lathe.train.data import loaders
+from lathe.train.data.collators import default_collator_for
+from lathe.train.evaluation import predicting
 from lathe.train.features.memory import TrainerMemoryTracker
+from lathe.train.loss import causal_lm
+from lathe.train.loss.smoothing import label_smoother_for
+from lathe.train.optim import schedules
+from lathe.train.parallel import distributed
 from lathe.train.seed import enable_full_determinism, set_seed
 from lathe.train.state import TrainerControl, TrainerState
 from lathe.train.surface import TrainerSurface

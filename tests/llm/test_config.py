@@ -2,7 +2,7 @@
 
 import pytest
 
-from lathe.llm.config.train import parse_train_config, parse_overrides
+from lathe.llm.config.train import parse_overrides, parse_train_config
 
 BASE = {"model_name_or_path": "some/folder", "dataset": "demo", "output_dir": "out"}
 

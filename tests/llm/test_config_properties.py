@@ -16,8 +16,8 @@ from lathe.llm.config.train import (  # noqa: E402
     FinetuningArguments,
     GeneratingArguments,
     ModelArguments,
-    training_arguments_class,
     parse_train_config,
+    training_arguments_class,
 )
 
 SECTIONS = (ModelArguments, DataArguments, FinetuningArguments, GeneratingArguments, training_arguments_class())

@@ -9,17 +9,15 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 import sys
 from pathlib import Path
-
-import shutil
 
 import pytest
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 import grpo_cases  # noqa: E402
-
 from test_grpo_stage import SHAREGPT_TAGS, config_file, write_project  # noqa: E402
 
 from tests.train.torchrun_helpers import torchrun_runs  # noqa: E402

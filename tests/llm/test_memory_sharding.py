@@ -11,7 +11,6 @@ import pytest
 
 from lathe.llm.memory.plan import Settings, estimate_memory
 from lathe.llm.memory.sharding import Sharding, sharding_of
-
 from tests.llm.test_memory_plan import _llama  # 3 layers, hidden 64, vocabulary 500
 
 transformers = pytest.importorskip("transformers")
@@ -94,7 +93,6 @@ def test_fsdp2_shards_the_reference_like_the_policy(tmp_path):
 
 def test_the_plan_of_a_sharded_run_is_printed(tiny_model_dir, tmp_path, capsys):
     from lathe.llm.workflows.stages import run_train
-
     from tests.llm.test_memory_plan import _run_config
 
     config = _run_config(tiny_model_dir, tmp_path, fsdp="full_shard auto_wrap")

@@ -15,9 +15,9 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("PIL")
 pytest.importorskip("safetensors")
 
-from tests.goldens import assert_close_to_golden  # noqa: E402
 from lathe.llm.multimodal import qwen2_vl  # noqa: E402
 from lathe.llm.multimodal.images import check_placeholders, open_image  # noqa: E402
+from tests.goldens import assert_close_to_golden  # noqa: E402
 
 GOLDEN_DIR = Path(__file__).parent / "golden"
 

@@ -14,7 +14,7 @@ import pytest
 pytest.importorskip("datasets")
 pytest.importorskip("transformers")
 
-from lathe.llm.data.pretrain import pretrain_blocks, preprocess_pretrain_dataset  # noqa: E402
+from lathe.llm.data.pretrain import preprocess_pretrain_dataset, pretrain_blocks  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 GOLDEN = os.path.join(HERE, "golden", "llamafactory_pretrain.json")

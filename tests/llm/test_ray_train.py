@@ -79,8 +79,8 @@ def test_ray_keys_without_use_ray_are_a_clear_error(monkeypatch, tiny_model_dir)
 
 
 def test_use_ray_refuses_force_torchrun_and_names_the_extra_when_ray_is_missing(monkeypatch):
-    from lathe.llm.launch.torchrun import ray_wanted
     from lathe.llm.launch.ray_settings import import_ray
+    from lathe.llm.launch.torchrun import ray_wanted
 
     for name in ("LOCAL_RANK", "TORCHELASTIC_RUN_ID"):
         monkeypatch.delenv(name, raising=False)

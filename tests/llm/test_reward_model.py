@@ -179,10 +179,10 @@ def test_last_token_scores_read_the_last_real_token():
 def test_the_reward_model_asks_its_lm_for_the_last_positions_logits_only(method):
     """The scores read hidden states only: the LM computes one position's logits instead of every position's
     (the memory plan counts that), and the scores are the very same floats as with every position's."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
     from lathe.llm.memory.plan import Settings, estimate_memory
     from lathe.llm.model.value_head import ValueHeadModel
-
-    from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)
     config = LlamaConfig(

@@ -25,8 +25,8 @@ from lathe.llm.templates import tool_calls as tool_formats
 from lathe.llm.templates import tools as tool_registry  # noqa: E402
 from tests.llm.chat_goldens import (  # noqa: E402
     ADD_TOOL,
-    GOLDEN_EFFICIENT_EOS,
     CALL,
+    GOLDEN_EFFICIENT_EOS,
     LLAMA3_DATE,
     SPECS,
     TOOL_TEXT,

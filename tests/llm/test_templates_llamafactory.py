@@ -17,8 +17,12 @@ import pytest
 pytest.importorskip("transformers")
 
 from lathe.llm.data.supervised import preprocess_supervised_dataset  # noqa: E402
-from lathe.llm.templates import TEMPLATES, get_template_and_fix_tokenizer, template_names  # noqa: E402
-from lathe.llm.templates import tool_calls  # noqa: E402
+from lathe.llm.templates import (  # noqa: E402
+    TEMPLATES,
+    get_template_and_fix_tokenizer,
+    template_names,
+    tool_calls,  # noqa: E402
+)
 from lathe.llm.templates.tools import TOOL_FORMATS, describe_tools, format_function_message  # noqa: E402
 
 GOLDEN_DIR = Path(__file__).parent / "golden"

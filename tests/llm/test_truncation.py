@@ -3,8 +3,8 @@ manifest (a cached run reports the same), in the log (loud when most trained tok
 printed plan; the tokenizer's misleading "indexing errors" warning is gone; pre-training cuts nothing."""
 
 import json
-import math
 import logging
+import math
 from types import SimpleNamespace
 
 import pytest

@@ -263,8 +263,9 @@ def test_evaluate_and_predict_from_the_form(client, root):
 
 def test_the_page_ships_in_the_package_and_fetches_nothing_from_outside():
     import re
-    import tomllib
     from pathlib import Path
+
+    import tomllib
 
     static = Path(__file__).parents[2] / "lathe" / "llm" / "webui" / "static"
     with open(Path(__file__).parents[2] / "pyproject.toml", "rb") as f:

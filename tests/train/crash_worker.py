@@ -41,9 +41,9 @@ import torch
 from torch import nn
 
 from lathe import Trainer, TrainerCallback, TrainingArguments
+from lathe.train.callbacks.flow import GracefulStopCallback
 from lathe.train.checkpoints import layout as ckpt
 from lathe.train.checkpoints import rotation
-from lathe.train.callbacks.flow import GracefulStopCallback
 
 # Where a child can kill itself mid-save. Each names a moment of checkpoint.atomic_checkpoint /
 # Trainer._save_checkpoint, so a test can hit exactly the windows random kills rarely find.

@@ -48,7 +48,8 @@ def run(output_dir: str, options: dict) -> dict:
     torch.manual_seed(0)
     trainer_class, arguments_class = Trainer, TrainingArguments
     if options.get("implementation") == "transformers":  # the same job on transformers' Trainer, for its numbers
-        from transformers import Trainer as trainer_class, TrainingArguments as arguments_class
+        from transformers import Trainer as trainer_class
+        from transformers import TrainingArguments as arguments_class
     args = arguments_class(
         output_dir=output_dir,
         per_device_train_batch_size=options["batch"],

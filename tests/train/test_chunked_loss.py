@@ -4,9 +4,8 @@ LoRA head, DDP and FSDP2; evaluation without logits; the path chosen and logged.
 
 from __future__ import annotations
 
-import math
-
 import logging
+import math
 
 import pytest
 import torch

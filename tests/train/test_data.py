@@ -16,6 +16,7 @@ from lathe.train.data.columns import (
     validate_first_item,
     validate_item,
 )
+from lathe.train.data.epochs import set_epoch, skip_batches
 from lathe.train.data.sampling import (
     DirectDataLoader,
     EpochSampler,
@@ -25,7 +26,6 @@ from lathe.train.data.sampling import (
     dataset_lengths,
     get_length_grouped_indices,
 )
-from lathe.train.data.epochs import set_epoch, skip_batches
 
 
 class CountingDataset(Dataset):

@@ -5,9 +5,8 @@ from_pretrained loads), eval metrics, and an exact resume from a checkpoint writ
 
 from __future__ import annotations
 
-import math
-
 import json
+import math
 import os
 import re
 

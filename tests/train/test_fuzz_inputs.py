@@ -24,8 +24,8 @@ from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 from lathe import HfArgumentParser, TrainingArguments  # noqa: E402
-from lathe.train.checkpoints import layout as ckpt  # noqa: E402
 from lathe.train.args.coercion import _checked_fields  # noqa: E402
+from lathe.train.checkpoints import layout as ckpt  # noqa: E402
 from tests.train import crash_worker  # noqa: E402
 
 FUZZ = settings(

@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from lathe import Trainer
-from tests.train.trainer_helpers import Regression, regression_items, training_args
 from tests.train.torchrun_helpers import REPOSITORY
+from tests.train.trainer_helpers import Regression, regression_items, training_args
 
 PATCHED = r"""
 import sys

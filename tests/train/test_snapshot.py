@@ -16,9 +16,8 @@ from torch import nn
 
 from lathe import Trainer, TrainingArguments
 from lathe.train.checkpoints import layout as ckpt
-from lathe.train.checkpoints import loading
+from lathe.train.checkpoints import loading, snapshot
 from lathe.train.checkpoints import weights as weights_io
-from lathe.train.checkpoints import snapshot
 from tests.train import crash_worker
 
 

@@ -17,9 +17,9 @@ from pathlib import Path
 from typing import Any, Literal
 
 from lathe.llm.config.grpo import GRPOArguments, check_grpo_options
+from lathe.llm.config.keys import SUPPORTED_FINETUNING_TYPES, SUPPORTED_STAGES
 from lathe.llm.config.launch import LAUNCH_KEYS, RAY_KEYS, check_ray_keys
 from lathe.llm.config.media import TowerArguments
-from lathe.llm.config.keys import SUPPORTED_FINETUNING_TYPES, SUPPORTED_STAGES
 from lathe.llm.config.methods import check_methods, check_quantized_training, target_modules
 from lathe.llm.config.optim import OptimizerMethodArguments, validate_methods
 from lathe.llm.config.preference import check_preference_arguments

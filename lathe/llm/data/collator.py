@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from typing import Any
+
 from lathe.train.data.labels import IGNORE_INDEX
 from lathe.train.data.padding import get_pad_token_id, get_padding_side, pad_rows, round_up
 

@@ -15,10 +15,10 @@ from typing import Any, Callable
 from lathe.llm.data import converters
 from lathe.llm.data.converters import (
     CANONICAL_COLUMNS,
+    CONVERTERS,
     EXAMPLES_SHOWN,
     MULTIMODAL,
     PROBLEM_COLUMN,
-    CONVERTERS,
     ConversionReport,
     RowProblem,
 )

@@ -22,9 +22,9 @@ import bisect
 import logging
 from collections import Counter, defaultdict
 
-from lathe.llm.data.supervised import report_skips, encode_supervised_examples
-from lathe.train.data.labels import IGNORE_INDEX
+from lathe.llm.data.supervised import encode_supervised_examples, report_skips
 from lathe.llm.data.truncation import row_columns
+from lathe.train.data.labels import IGNORE_INDEX
 
 logger = logging.getLogger("lathe.llm.data")
 

@@ -24,8 +24,8 @@ from lathe.llm.data.supervised import (
     media_columns,
     report_skips,
 )
-from lathe.train.data.labels import IGNORE_INDEX
 from lathe.llm.templates.tools import InvalidMessage
+from lathe.train.data.labels import IGNORE_INDEX
 
 logger = logging.getLogger("lathe.llm.data")
 

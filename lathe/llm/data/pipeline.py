@@ -22,8 +22,8 @@ import numpy as np
 
 from lathe.llm.data import cache, truncation
 from lathe.llm.data.converters import ConversionReport
-from lathe.llm.data.preview import trained_fraction
 from lathe.llm.data.loader import load_datasets, merge_datasets, split_validation
+from lathe.llm.data.preview import trained_fraction
 from lathe.llm.data.registry import DatasetAttr, get_dataset_list, resolve_data_files
 from lathe.llm.hub import resolve_hub_datasets
 

@@ -16,6 +16,7 @@ import contextlib
 import math
 from dataclasses import dataclass
 from typing import Any, Iterator
+
 from lathe.train.data.labels import IGNORE_INDEX
 
 # Per row: examples in it, examples cutoff_len shortened, tokens cut, label tokens before truncation,

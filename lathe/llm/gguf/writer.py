@@ -17,8 +17,12 @@ import shutil
 import subprocess
 from dataclasses import dataclass, field
 
-from lathe.llm.gguf.architectures import UnsupportedModel, converted_tensors, llama_cpp_architecture
-from lathe.llm.gguf.architectures import write_hyperparameters
+from lathe.llm.gguf.architectures import (
+    UnsupportedModel,
+    converted_tensors,
+    llama_cpp_architecture,
+    write_hyperparameters,
+)
 from lathe.llm.gguf.package import gguf_package
 from lathe.llm.gguf.vocab import write_tokenizer
 

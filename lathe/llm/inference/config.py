@@ -14,10 +14,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from lathe.llm.config.train import DataArguments, FinetuningArguments, GeneratingArguments, ModelArguments, field_hints
 from lathe.llm.config.keys import UNSUPPORTED_KEYS
 from lathe.llm.config.methods import check_quantized_training
 from lathe.llm.config.optim import OptimizerMethodArguments
+from lathe.llm.config.train import DataArguments, FinetuningArguments, GeneratingArguments, ModelArguments, field_hints
 from lathe.llm.config.values import RawConfig, build_sections, check_keys
 
 __all__ = ["ExportArguments", "InferConfig", "parse_infer_config"]

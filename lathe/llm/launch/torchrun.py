@@ -14,8 +14,8 @@ import logging
 import os
 import socket
 import subprocess
-import tempfile
 import sys
+import tempfile
 
 from lathe.llm.config.launch import LAUNCH_KEYS, use_ray
 

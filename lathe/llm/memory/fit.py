@@ -4,8 +4,8 @@ and what to change when it does not fit."""
 from __future__ import annotations
 
 from lathe.llm.memory.layers import has_lora
-from lathe.llm.memory.preference import PAIRED_STAGES, rows_per_forward
 from lathe.llm.memory.plan import BATCH_LIMIT, MIB, MemoryPlan, Settings, fill_batch_terms, model_shape
+from lathe.llm.memory.preference import PAIRED_STAGES, rows_per_forward
 
 __all__ = ["available_memory", "format_memory", "advice"]
 

@@ -7,6 +7,8 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 
+from lathe.llm.memory.layers import PROJECTIONS, LayerMethod, layer_index, layer_methods, lm_head_trains
+from lathe.llm.memory.precision import autocast_weight_copies
 from lathe.llm.memory.preference import (
     PREFERENCE_STAGES,
     lm_logits_bytes,
@@ -18,10 +20,8 @@ from lathe.llm.memory.preference import (
     unused_head_bytes,
     value_head_activations,
 )
-from lathe.llm.memory.layers import PROJECTIONS, lm_head_trains, layer_index, LayerMethod, layer_methods
-from lathe.llm.memory.precision import autocast_weight_copies
-from lathe.llm.memory.sizes import logits_bytes, packed_bytes, quantized_bytes
 from lathe.llm.memory.sharding import shard_plan
+from lathe.llm.memory.sizes import logits_bytes, packed_bytes, quantized_bytes
 
 __all__ = ["MemoryPlan", "Settings", "estimate_memory", "fill_batch_terms"]
 

@@ -7,8 +7,8 @@ import logging
 import os
 from typing import TYPE_CHECKING
 
-from lathe.llm.model.adapters import count_parameters, init_adapter
 from lathe.llm.hub import model_folder
+from lathe.llm.model.adapters import count_parameters, init_adapter
 from lathe.llm.model.quantization import configure_quantization, is_quantized, quantization_compute_dtype
 from lathe.llm.model.tokenizer_check import check_tokenizer_matches_file
 from lathe.llm.model.weights_check import check_has_tokenizer, check_loading_info, check_weight_files, mismatch_error

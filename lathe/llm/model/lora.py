@@ -49,9 +49,8 @@ def setup_peft(model, model_args: "ModelArguments", finetuning_args: "Finetuning
     create_new_adapter), or a new adapter when training without one to continue."""
     PeftModel = import_peft().PeftModel
 
-    from lathe.llm.model.quantization import is_quantized
-
     from lathe.llm.hub import adapter_folders
+    from lathe.llm.model.quantization import is_quantized
 
     adapters = adapter_folders(model_args)
     for adapter in adapters:

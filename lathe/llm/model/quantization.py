@@ -168,9 +168,8 @@ def dequantize(model, dtype):
     """The model with every bitsandbytes layer replaced by a plain nn.Linear holding its dequantized weight, in
     `dtype`: what the quantized base computed, in a form adapters can be merged into and saved. Each layer is
     checked against its own forward on random inputs (a wrong dequantization is an error, not a silent change)."""
-    import torch
-
     import bitsandbytes
+    import torch
 
     replaced = 0
     for name, module in list(model.named_modules()):

@@ -7,8 +7,8 @@ the image soft tokens). A batch without images gets the stand-in image, one with
 from __future__ import annotations
 
 from lathe.llm.multimodal.common import (
-    ModulePlugin,
     MediaSettings,
+    ModulePlugin,
     audio_processor_inputs,
     composite,
     image_processor_inputs,

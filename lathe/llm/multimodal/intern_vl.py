@@ -5,7 +5,7 @@ tiles in image order). Video is not supported yet (its processor needs torchvisi
 
 from __future__ import annotations
 
-from lathe.llm.multimodal.common import ModulePlugin, composite, MediaSettings, fit_images, placeholder_runs
+from lathe.llm.multimodal.common import MediaSettings, ModulePlugin, composite, fit_images, placeholder_runs
 from lathe.llm.multimodal.images import IMAGE_PLACEHOLDER
 
 IMAGE_TOKEN, AUDIO_TOKEN = "<image>", None

@@ -5,8 +5,8 @@ patches, plus its extra tokens (CLS), less one when the model drops CLS (vision_
 
 from __future__ import annotations
 
+from lathe.llm.multimodal.common import MediaSettings, ModulePlugin, composite, image_processor_inputs, placeholder_runs
 from lathe.llm.multimodal.images import IMAGE_PLACEHOLDER
-from lathe.llm.multimodal.common import ModulePlugin, composite, MediaSettings, image_processor_inputs, placeholder_runs
 
 IMAGE_TOKEN, AUDIO_TOKEN = "<image>", None
 COMPOSITES = {"llava": composite()}  # as LLaMA-Factory registers them

@@ -6,8 +6,8 @@ the unpadding LLaVA-NeXT does (LlavaNextProcessor's own count), less one with vi
 
 from __future__ import annotations
 
+from lathe.llm.multimodal.common import MediaSettings, ModulePlugin, composite, image_processor_inputs, placeholder_runs
 from lathe.llm.multimodal.images import IMAGE_PLACEHOLDER
-from lathe.llm.multimodal.common import ModulePlugin, composite, MediaSettings, image_processor_inputs, placeholder_runs
 
 IMAGE_TOKEN, AUDIO_TOKEN = "<image>", None
 COMPOSITES = {"llava_next": composite()}  # as LLaMA-Factory registers them

@@ -6,8 +6,8 @@ so the model's prefix attention covers the images only)."""
 
 from __future__ import annotations
 
+from lathe.llm.multimodal.common import MediaSettings, ModulePlugin, composite, image_processor_inputs, placeholder_runs
 from lathe.llm.multimodal.images import IMAGE_PLACEHOLDER
-from lathe.llm.multimodal.common import ModulePlugin, composite, MediaSettings, image_processor_inputs, placeholder_runs
 
 IMAGE_TOKEN, AUDIO_TOKEN = "<image>", None
 COMPOSITES = {"paligemma": composite()}  # as LLaMA-Factory registers them

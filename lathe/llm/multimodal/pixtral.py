@@ -8,7 +8,7 @@ attributes read here are the processor's, so without torchvision the run stops n
 
 from __future__ import annotations
 
-from lathe.llm.multimodal.common import ModulePlugin, composite, MediaSettings, image_processor_inputs, placeholder_runs
+from lathe.llm.multimodal.common import MediaSettings, ModulePlugin, composite, image_processor_inputs, placeholder_runs
 from lathe.llm.multimodal.images import IMAGE_PLACEHOLDER
 
 IMAGE_TOKEN, AUDIO_TOKEN = "[IMG]", None

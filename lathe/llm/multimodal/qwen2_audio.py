@@ -5,8 +5,8 @@ its pooling), `<|audio_eos|>`. The collator adds input_features and feature_atte
 
 from __future__ import annotations
 
+from lathe.llm.multimodal.common import MediaSettings, ModulePlugin, audio_processor_inputs, composite, placeholder_runs
 from lathe.llm.multimodal.images import AUDIO_PLACEHOLDER
-from lathe.llm.multimodal.common import ModulePlugin, composite, MediaSettings, audio_processor_inputs, placeholder_runs
 
 IMAGE_TOKEN, AUDIO_TOKEN = None, "<|AUDIO|>"
 COMPOSITES = {"qwen2_audio": composite(vision=("audio_tower",))}  # as LLaMA-Factory registers them

@@ -14,6 +14,7 @@ import math
 from dataclasses import dataclass
 
 from lathe.llm.multimodal.base import Composite, FamilyPlugin
+from lathe.llm.multimodal.common import media_cut_reason as count_cut_reason
 from lathe.llm.multimodal.images import (
     DEFAULT_IMAGE_MAX_PIXELS,
     DEFAULT_IMAGE_MIN_PIXELS,
@@ -23,7 +24,6 @@ from lathe.llm.multimodal.images import (
     media_cut_reason,
     open_image,
 )
-from lathe.llm.multimodal.common import media_cut_reason as count_cut_reason
 from lathe.llm.multimodal.video import check_torchvision, read_video
 
 VISION_START, VISION_END, IMAGE_TOKEN, VIDEO_TOKEN = (

@@ -11,8 +11,8 @@ import torch
 from lathe.llm.preference import losses
 from lathe.llm.preference.logprobs import forward_log_probs
 from lathe.llm.preference.trainer import PreferenceTrainer, all_reduce, no_grad_context, stack_means
-from lathe.train.parallel import distributed
 from lathe.train.callbacks.events import TrainerCallback
+from lathe.train.parallel import distributed
 from lathe.train.state import ExportableState
 
 

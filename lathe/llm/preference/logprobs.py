@@ -8,9 +8,9 @@ import torch
 import torch.nn.functional as F
 
 from lathe.llm.preference import losses
+from lathe.train.data.labels import IGNORE_INDEX
 from lathe.train.loss.causal_lm import HeadIntercept, active_path, unwrap
 from lathe.train.loss.chunked import chunked_token_log_probs, is_plain_linear
-from lathe.train.data.labels import IGNORE_INDEX
 
 
 class RowLogits:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+
 from lathe.train.data.labels import IGNORE_INDEX
 
 DPO_LOSSES = ("sigmoid", "hinge", "ipo", "orpo", "simpo")

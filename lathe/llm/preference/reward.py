@@ -10,8 +10,8 @@ import os
 import numpy as np
 import torch
 
-from lathe.llm.methods.optimizers import MethodOptimizerMixin
 from lathe.llm.methods.meter import TokenMeterMixin
+from lathe.llm.methods.optimizers import MethodOptimizerMixin
 from lathe.llm.preference.losses import pairwise_reward_loss
 from lathe.train.trainer import Trainer
 

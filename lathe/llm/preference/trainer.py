@@ -12,12 +12,12 @@ from collections import defaultdict
 
 import torch
 
-from lathe.llm.methods.optimizers import MethodOptimizerMixin
 from lathe.llm.methods.meter import TokenMeterMixin
+from lathe.llm.methods.optimizers import MethodOptimizerMixin
 from lathe.llm.model.frozen import disable_dropout, frozen
 from lathe.llm.preference.reference import reference_context, shard_reference_like_policy
-from lathe.train.parallel import distributed, fsdp
 from lathe.train import runtime
+from lathe.train.parallel import distributed, fsdp
 from lathe.train.trainer import Trainer
 
 

@@ -197,8 +197,9 @@ def list_datasets(root: str, dataset_dir: str) -> dict:
 
 def suggest_template(root: str, model: str) -> list[str]:
     """Templates whose rendering the tokenizer's own chat_template reproduces (lathe/llm/templates/check.py)."""
-    from lathe.llm.templates.check import matching_templates
     from transformers import AutoTokenizer
+
+    from lathe.llm.templates.check import matching_templates
 
     where = checked_model(root, model)
     if not os.path.isdir(where):

@@ -31,14 +31,13 @@ def reward_search_dirs(config) -> list[str]:
 def run(config, dry_run: bool = False, callbacks: list | None = None) -> dict:
     """Run stage grpo as configured; returns the training metrics ({} for a dry run)."""
     from lathe.llm.config.grpo import grpo_config
+    from lathe.llm.config.launch import use_ray
     from lathe.llm.data.prompts import get_prompt_dataset
     from lathe.llm.model.loader import load_model, load_tokenizer
     from lathe.llm.rl import GRPOTrainer
     from lathe.llm.templates import get_template_and_fix_tokenizer
     from lathe.llm.workflows.outputs import set_stop_tokens
     from lathe.train.seed import set_seed
-
-    from lathe.llm.config.launch import use_ray
 
     model_args, training_args, finetuning_args = config.model, config.training, config.finetuning
     if use_ray():  # before anything is loaded

@@ -7,17 +7,17 @@ reference model, on lathe's own DPOTrainer / KTOTrainer.
 
 from __future__ import annotations
 
-from lathe.llm.workflows.plan import make_plan, report_plan
-from lathe.train.data.labels import IGNORE_INDEX
 from lathe.llm.multimodal.saving import processor_callbacks
+from lathe.llm.workflows.plan import make_plan, report_plan
 from lathe.llm.workflows.setup import (
     checkpointing_for,
-    make_callbacks,
     load_data,
+    make_callbacks,
     resolve_resume_checkpoint,
     train_and_save,
     write_model_card,
 )
+from lathe.train.data.labels import IGNORE_INDEX
 
 # What LLaMA-Factory plots besides the loss, per stage.
 PLOTTED = {"dpo": ("loss", "rewards/accuracies"), "kto": ("loss", "rewards/chosen")}

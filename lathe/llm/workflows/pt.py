@@ -7,20 +7,20 @@ causal LM trained on every token.
 
 from __future__ import annotations
 
-from lathe.llm.methods.optimizers import MethodOptimizerMixin
 from lathe.llm.methods.meter import TokenMeterMixin
+from lathe.llm.methods.optimizers import MethodOptimizerMixin
 from lathe.llm.workflows.plan import make_plan, report_plan
 from lathe.llm.workflows.setup import (
     checkpointing_for,
     evaluate_and_save,
-    make_callbacks,
     load_data,
+    make_callbacks,
     resolve_resume_checkpoint,
     train_and_save,
     write_model_card,
 )
-from lathe.train.trainer import Trainer
 from lathe.train.data.labels import IGNORE_INDEX
+from lathe.train.trainer import Trainer
 
 
 class PretrainTrainer(TokenMeterMixin, MethodOptimizerMixin, Trainer):

@@ -11,8 +11,8 @@ from lathe.llm.workflows.plan import make_plan, report_plan
 from lathe.llm.workflows.setup import (
     checkpointing_for,
     evaluate_and_save,
-    make_callbacks,
     load_data,
+    make_callbacks,
     resolve_resume_checkpoint,
     train_and_save,
     write_model_card,

@@ -9,10 +9,10 @@ import os
 
 from lathe.llm.memory.fit import start_batch_from_plan
 from lathe.llm.methods.meter import summary_lines
+from lathe.llm.workflows.outputs import TrainerLogCallback, plot_loss, save_generation_config
 from lathe.llm.workflows.progress import use_postfix_bar
 from lathe.llm.workflows.rerun import check_same_model, warn_about_changed_keys
 from lathe.llm.workflows.run_config import write_run_config
-from lathe.llm.workflows.outputs import TrainerLogCallback, plot_loss, save_generation_config
 
 __all__ = [
     "resolve_resume_checkpoint",

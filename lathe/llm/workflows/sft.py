@@ -7,10 +7,11 @@ on assistant tokens only, and optionally generation on the held-out prompts.
 
 from __future__ import annotations
 
-from lathe.llm.methods.optimizers import MethodOptimizerMixin
+from lathe.llm.methods.losses import LossVariantsMixin, load_reference_model
 from lathe.llm.methods.meter import TokenMeterMixin
-from lathe.llm.workflows.plan import make_plan, report_plan
+from lathe.llm.methods.optimizers import MethodOptimizerMixin
 from lathe.llm.multimodal.saving import processor_callbacks
+from lathe.llm.workflows.plan import make_plan, report_plan
 from lathe.llm.workflows.setup import (
     checkpointing_for,
     evaluate_and_save,
@@ -20,7 +21,6 @@ from lathe.llm.workflows.setup import (
     train_and_save,
     write_model_card,
 )
-from lathe.llm.methods.losses import LossVariantsMixin, load_reference_model
 from lathe.train.data.labels import IGNORE_INDEX
 from lathe.train.seq2seq import Seq2SeqTrainer
 

@@ -21,8 +21,8 @@ from lathe.train.args.parser_types import (
     DataClassType,
     HfArg,
     json_object,
-    string_or_bool,
     make_choice_type_function,
+    string_or_bool,
     string_to_bool,
 )
 

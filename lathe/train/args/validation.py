@@ -6,11 +6,11 @@ import math
 import os
 from dataclasses import fields
 
-from lathe.train.args.deprecated import map_deprecated_names, warn_from_user_code, yaml_no
 from lathe.train.args.coercion import coerce_field_types
+from lathe.train.args.deprecated import map_deprecated_names, warn_from_user_code, yaml_no
+from lathe.train.args.enums import IntervalStrategy, OptimizerNames, SaveStrategy, SchedulerType, to_enum
 from lathe.train.args.integrations import check_integration_fields
 from lathe.train.callbacks.reporters import REPORTERS, available_reporters, with_kubeflow
-from lathe.train.args.enums import IntervalStrategy, OptimizerNames, SaveStrategy, SchedulerType, to_enum
 
 # Python logging levels by name; "passive" (-1) leaves the level the application set.
 LOG_LEVELS = {"debug": 10, "info": 20, "warning": 30, "error": 40, "critical": 50, "passive": -1}

@@ -4,7 +4,8 @@ resumable samplers of lathe.train.data.sampling, configured from TrainingArgumen
 
 from __future__ import annotations
 
-from lathe.train.data import columns, sampling as data
+from lathe.train.data import columns
+from lathe.train.data import sampling as data
 
 
 def signature_columns(model, label_names: list[str]) -> list[str]:

@@ -11,8 +11,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from lathe.train.data.labels import IGNORE_INDEX
 from lathe.train.data.collator_base import DataCollatorMixin, check_return_tensors
+from lathe.train.data.labels import IGNORE_INDEX
 from lathe.train.data.padding import as_list, pad_batch, stack_or_pad_sequences
 
 

@@ -9,13 +9,12 @@ from collections.abc import Mapping
 
 import torch
 
-from lathe.train import batching
+from lathe.train import batching, runtime
 from lathe.train.evaluation import loop as evaluation
+from lathe.train.evaluation.outputs import EvalLoopOutput, PredictionOutput
 from lathe.train.features import hp_search
-from lathe.train import runtime
 from lathe.train.optim import schedules
 from lathe.train.parallel import distributed
-from lathe.train.evaluation.outputs import EvalLoopOutput, PredictionOutput
 
 
 def evaluate(trainer, eval_dataset=None, ignore_keys=None, metric_key_prefix: str = "eval") -> dict[str, float]:

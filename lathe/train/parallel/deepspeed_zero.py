@@ -26,8 +26,6 @@ import json
 import logging
 import os
 
-from lathe.train.parallel.deepspeed_ops import announce_compiles
-from lathe.train.parallel.quiet_collectives import quiet_collectives
 from lathe.train.parallel.deepspeed_checkpoint import (  # noqa: F401 (the engine's checkpoint API, here too)
     full_state_dict,
     has_checkpoint,
@@ -36,6 +34,8 @@ from lathe.train.parallel.deepspeed_checkpoint import (  # noqa: F401 (the engin
     save,
     tag,
 )
+from lathe.train.parallel.deepspeed_ops import announce_compiles
+from lathe.train.parallel.quiet_collectives import quiet_collectives
 
 logger = logging.getLogger(__name__)
 

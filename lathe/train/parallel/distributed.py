@@ -197,9 +197,9 @@ def explain_lost_process(error: BaseException, args, step: int) -> Exception | N
     message = str(error)
     if not any(sign in message for sign in _LOST_PEER_SIGNS):
         return None
-    from lathe.train.checkpoints.layout import get_last_checkpoint
-
     import torch.distributed as dist
+
+    from lathe.train.checkpoints.layout import get_last_checkpoint
 
     last = get_last_checkpoint(args.output_dir) if os.path.isdir(args.output_dir) else None
     resume = (

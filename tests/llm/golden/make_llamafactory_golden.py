@@ -245,9 +245,10 @@ HEADER_TEMPLATE = (
 
 def save_tokenizers() -> None:
     sys.path.insert(0, str(HERE.parents[2]))
-    from tests.llm.conftest import WORD_SPECIAL_TOKENS, build_word_tokenizer
     from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, processors, trainers
     from transformers import PreTrainedTokenizerFast
+
+    from tests.llm.conftest import WORD_SPECIAL_TOKENS, build_word_tokenizer
 
     build_word_tokenizer().save_pretrained(TOKENIZERS / "word")
     backend = Tokenizer(models.BPE(unk_token="<unk>"))
