@@ -13,6 +13,8 @@ import sys
 import pytest
 import torch
 
+from tests.llm.runs import trained_lora_adapter
+
 transformers = pytest.importorskip("transformers")
 peft = pytest.importorskip("peft")
 
@@ -202,46 +204,17 @@ def test_export_command_reads_a_file(tiny_model_dir, tmp_path, write_yaml):
 
 @pytest.mark.slow
 def test_a_trained_lora_run_exports_to_the_model_it_trained(tiny_model_dir, tmp_path, monkeypatch):
-    from lathe.llm.commands import run_train
-    from lathe.llm.config.train import parse_train_config
-
     monkeypatch.setenv("HOME", str(tmp_path / "home"))  # the tokenization cache
-    data = tmp_path / "data"
-    data.mkdir()
-    rows = [{"instruction": f"What is {a} plus {b}?", "output": f"{a + b}"} for a in range(4) for b in range(4)]
-    (data / "add.json").write_text(json.dumps(rows))
-    (data / "dataset_info.json").write_text(json.dumps({"add": {"file_name": "add.json"}}))
-    run_dir = tmp_path / "run"
-    run_train(
-        parse_train_config(
-            {
-                "model_name_or_path": tiny_model_dir,
-                "stage": "sft",
-                "finetuning_type": "lora",
-                "dataset_dir": str(data),
-                "dataset": "add",
-                "template": "chatml",
-                "cutoff_len": 32,
-                "output_dir": str(run_dir),
-                "max_steps": 3,
-                "per_device_train_batch_size": 4,
-                "learning_rate": 5e-2,
-                "report_to": "none",
-                "disable_tqdm": True,
-                "save_strategy": "no",
-                "disable_gradient_checkpointing": True,
-            }
-        )
-    )
+    run_dir = trained_lora_adapter(tiny_model_dir, tmp_path)
     export_dir = tmp_path / "exported"
     export_model(
-        parse_infer_config(config_for(tiny_model_dir, export_dir, adapter_name_or_path=str(run_dir)), command="export")
+        parse_infer_config(config_for(tiny_model_dir, export_dir, adapter_name_or_path=run_dir), command="export")
     )
     tokenizer = transformers.AutoTokenizer.from_pretrained(str(export_dir))
     input_ids = torch.tensor(
         [chat_ids(tokenizer, [{"role": "user", "content": "What is 2 plus 3?"}], add_generation_prompt=True)]
     )
-    _, adapter_logits = reference_logits(tiny_model_dir, str(run_dir), input_ids)
+    _, adapter_logits = reference_logits(tiny_model_dir, run_dir, input_ids)
     with torch.no_grad():
         logits = transformers.AutoModelForCausalLM.from_pretrained(str(export_dir))(input_ids=input_ids).logits
     torch.testing.assert_close(logits, adapter_logits, atol=1e-4, rtol=1e-4)

@@ -8,6 +8,7 @@ import pytest
 from lathe.llm.config import parse_train_config
 from lathe.llm.data.registry import load_dataset_info
 from lathe.llm.strict_files import load_json, load_yaml
+from tests.llm.runs import lora_sft_config
 
 
 def test_duplicate_yaml_key_names_key_file_and_both_lines(tmp_path):
@@ -86,28 +87,6 @@ def private_cache(tmp_path_factory, monkeypatch):
     monkeypatch.setenv("HOME", str(tmp_path_factory.getbasetemp() / "home"))  # the tokenization cache
 
 
-def _config(model_dir, data_dir, output_dir, **extra):
-    values = {
-        "model_name_or_path": model_dir,
-        "stage": "sft",
-        "finetuning_type": "lora",
-        "dataset_dir": data_dir,
-        "dataset": "add",
-        "template": "chatml",
-        "cutoff_len": 64,
-        "output_dir": str(output_dir),
-        "per_device_train_batch_size": 4,
-        "learning_rate": 1.0e-3,
-        "max_steps": 2,
-        "logging_steps": 1,
-        "report_to": "none",
-        "disable_tqdm": True,
-        "seed": 7,
-    }
-    values.update(extra)
-    return values
-
-
 def _losses(output_dir):
     lines = [json.loads(line) for line in (output_dir / "trainer_log.jsonl").read_text().splitlines()]
     return [line["loss"] for line in lines if "loss" in line]
@@ -117,7 +96,7 @@ def _losses(output_dir):
 def test_saved_run_config_runs_as_it_is_and_reproduces_the_losses(tiny_model_dir, data_dir, tmp_path, write_yaml):
     from lathe.llm.commands import train_command
 
-    config = write_yaml(tmp_path / "train.yaml", _config(tiny_model_dir, data_dir, tmp_path / "first"))
+    config = write_yaml(tmp_path / "train.yaml", lora_sft_config(tiny_model_dir, data_dir, tmp_path / "first"))
     assert train_command(config, ["learning_rate=5e-3"]) == 0
     saved = tmp_path / "first" / "lathe_train_config.yaml"
     import yaml
@@ -136,7 +115,7 @@ def test_rerun_into_a_finished_run_rewrites_nothing_and_a_resume_names_changed_k
     from lathe.llm.commands import train_command
 
     output = tmp_path / "run"
-    config = write_yaml(tmp_path / "train.yaml", _config(tiny_model_dir, data_dir, output, save_steps=2))
+    config = write_yaml(tmp_path / "train.yaml", lora_sft_config(tiny_model_dir, data_dir, output, save_steps=2))
     assert train_command(config, []) == 0
     names = (
         "train_results.json",
@@ -172,7 +151,7 @@ def test_a_cutoff_that_leaves_rows_untrained_keeps_them_with_a_warning(
 
     from lathe.llm.commands import train_command
 
-    values = _config(tiny_model_dir, data_dir, tmp_path / "out", dataset="mixed", cutoff_len=16)
+    values = lora_sft_config(tiny_model_dir, data_dir, tmp_path / "out", dataset="mixed", cutoff_len=16)
     config = write_yaml(tmp_path / "train.yaml", values)
     with caplog.at_level(logging.WARNING, logger="lathe.llm.data"):
         assert train_command(config, [], dry_run=True) == 0

@@ -16,6 +16,8 @@ import numpy as np
 import pytest
 import torch
 
+from tests.llm.runs import trained_lora_adapter
+
 transformers = pytest.importorskip("transformers")
 gguf = pytest.importorskip("gguf")
 
@@ -436,39 +438,10 @@ def test_llama3_rope_scaling_is_written_as_rope_freqs(tiny_model_dir, tmp_path):
 
 @pytest.mark.slow
 def test_a_lora_run_of_lathe_train_exports_to_gguf(tiny_model_dir, tmp_path, monkeypatch):
-    from lathe.llm.commands import run_train
-    from lathe.llm.config.train import parse_train_config
-
     monkeypatch.setenv("HOME", str(tmp_path / "home"))  # the tokenization cache
-    data = tmp_path / "data"
-    data.mkdir()
-    rows = [{"instruction": f"What is {a} plus {b}?", "output": f"{a + b}"} for a in range(4) for b in range(4)]
-    (data / "add.json").write_text(json.dumps(rows))
-    (data / "dataset_info.json").write_text(json.dumps({"add": {"file_name": "add.json"}}))
-    run_dir = tmp_path / "run"
-    run_train(
-        parse_train_config(
-            {
-                "model_name_or_path": tiny_model_dir,
-                "stage": "sft",
-                "finetuning_type": "lora",
-                "dataset_dir": str(data),
-                "dataset": "add",
-                "template": "chatml",
-                "cutoff_len": 32,
-                "output_dir": str(run_dir),
-                "max_steps": 3,
-                "per_device_train_batch_size": 4,
-                "learning_rate": 5e-2,
-                "report_to": "none",
-                "disable_tqdm": True,
-                "save_strategy": "no",
-                "disable_gradient_checkpointing": True,
-            }
-        )
-    )
+    run_dir = trained_lora_adapter(tiny_model_dir, tmp_path)
     report = export(
-        tiny_model_dir, tmp_path / "out", finetuning_type="lora", adapter_name_or_path=str(run_dir), export_gguf="f32"
+        tiny_model_dir, tmp_path / "out", finetuning_type="lora", adapter_name_or_path=run_dir, export_gguf="f32"
     )
     merged, base = hf_state(tmp_path / "out"), hf_state(tiny_model_dir)
     tensors = {t.name: t for t in gguf.GGUFReader(report.gguf_files[0][0].path).tensors}

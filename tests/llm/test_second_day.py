@@ -8,6 +8,7 @@ import shutil
 import pytest
 
 from lathe.llm.path_typos import local_path_problem, one_edit_apart
+from tests.llm.runs import lora_sft_config
 
 
 @pytest.fixture(autouse=True)
@@ -29,28 +30,6 @@ def data_dir(tmp_path_factory):
         json.dumps({"add": {"file_name": "add.json"}, "long": {"file_name": "long.json"}})
     )
     return str(folder)
-
-
-def _config(model_dir, data_dir, output_dir, **extra):
-    values = {
-        "model_name_or_path": model_dir,
-        "stage": "sft",
-        "finetuning_type": "lora",
-        "dataset_dir": data_dir,
-        "dataset": "add",
-        "template": "chatml",
-        "cutoff_len": 64,
-        "output_dir": str(output_dir),
-        "per_device_train_batch_size": 4,
-        "learning_rate": 1.0e-3,
-        "max_steps": 2,
-        "logging_steps": 1,
-        "report_to": "none",
-        "disable_tqdm": True,
-        "seed": 7,
-    }
-    values.update(extra)
-    return values
 
 
 # ---- 2. A typo is a typo.
@@ -107,7 +86,7 @@ def test_a_path_typo_is_reported_as_a_missing_folder_not_a_hub_id(
     monkeypatch.chdir(tmp_path)
     shutil.copytree(tiny_model_dir, "models/tiny")
     os.makedirs("saves/lora/checkpoint-2")
-    values = _config("models/tiny", data_dir, tmp_path / "out", **{key: value})
+    values = lora_sft_config("models/tiny", data_dir, tmp_path / "out", **{key: value})
     config = write_yaml(tmp_path / "train.yaml", values)
     assert train_command(config, [], dry_run=True) == 2
     error = capsys.readouterr().err
@@ -121,7 +100,7 @@ def test_a_dataset_dir_typo_names_the_close_folder(tiny_model_dir, data_dir, tmp
 
     monkeypatch.chdir(tmp_path)
     shutil.copytree(data_dir, "data")
-    config = write_yaml(tmp_path / "train.yaml", _config(tiny_model_dir, "daat", tmp_path / "out"))
+    config = write_yaml(tmp_path / "train.yaml", lora_sft_config(tiny_model_dir, "daat", tmp_path / "out"))
     assert train_command(config, [], dry_run=True) == 2
     error = capsys.readouterr().err
     assert "dataset_dir 'daat' does not exist; did you mean 'data'?" in error
@@ -134,7 +113,8 @@ def test_a_cutoff_that_cuts_most_trained_tokens_stops_the_run(tiny_model_dir, da
     from lathe.llm.commands import train_command
 
     config = write_yaml(
-        tmp_path / "train.yaml", _config(tiny_model_dir, data_dir, tmp_path / "out", dataset="long", cutoff_len=24)
+        tmp_path / "train.yaml",
+        lora_sft_config(tiny_model_dir, data_dir, tmp_path / "out", dataset="long", cutoff_len=24),
     )
     assert train_command(config, [], dry_run=True) == 2
     error = capsys.readouterr().err
@@ -164,7 +144,7 @@ def test_a_resumed_runs_config_records_every_invocation_and_replays_the_story(
     from lathe.llm.workflows.run_config import read_invocations
 
     output = tmp_path / "run"
-    config = write_yaml(tmp_path / "train.yaml", _config(tiny_model_dir, data_dir, output, save_steps=2))
+    config = write_yaml(tmp_path / "train.yaml", lora_sft_config(tiny_model_dir, data_dir, output, save_steps=2))
     assert train_command(config, []) == 0
     assert train_command(config, ["max_steps=3", "learning_rate=2e-3"]) == 0  # resumes from checkpoint-2
     assert train_command(config, ["max_steps=4", "learning_rate=2e-3"]) == 0  # resumes from checkpoint-3
@@ -292,7 +272,7 @@ def test_on_a_terminal_the_bar_shows_the_latest_loss_and_elsewhere_the_dict_line
 ):
     from lathe.llm.commands import train_command
 
-    values = _config(tiny_model_dir, data_dir, tmp_path / "tty", max_steps=3, disable_tqdm=False)
+    values = lora_sft_config(tiny_model_dir, data_dir, tmp_path / "tty", max_steps=3, disable_tqdm=False)
     values["include_num_input_tokens_seen"] = True
     config = write_yaml(tmp_path / "train.yaml", values)
     terminal = _Terminal()
@@ -353,7 +333,7 @@ def test_the_configuration_dump_lists_what_the_user_set_as_written(
 ):
     from lathe.llm.commands import train_command
 
-    values = _config(tiny_model_dir, data_dir, tmp_path / "out", warmup_ratio=0.1)
+    values = lora_sft_config(tiny_model_dir, data_dir, tmp_path / "out", warmup_ratio=0.1)
     config = write_yaml(tmp_path / "train.yaml", values)
     assert train_command(config, ["lora_rank=4"], dry_run=True) == 0
     out = capsys.readouterr().out
@@ -401,7 +381,7 @@ def test_the_template_mismatch_warning_comes_once_per_run_with_its_fix(
     # chatml's chat_template (a comment makes it this test's own: the warning is once per process and text)
     tokenizer.chat_template = get_template("chatml").jinja_chat_template(tokenizer) + "{# " + str(tmp_path) + " #}"
     tokenizer.save_pretrained(model)
-    values = _config(str(model), data_dir, tmp_path / "out", template="qwen", max_steps=1)
+    values = lora_sft_config(str(model), data_dir, tmp_path / "out", template="qwen", max_steps=1)
     config = write_yaml(tmp_path / "train.yaml", values)
     with caplog.at_level("WARNING"):
         assert train_command(config, []) == 0  # the tokenizer is loaded for the data, the model and the save
