@@ -106,6 +106,26 @@ def translation_rows(rng, words, n):
     return rows
 
 
+def qa_rows(rng, words, n):
+    """SQuAD-shaped rows: the answer is the word after the question's word in the context."""
+    rows = []
+    for index in range(n):
+        context = sentence(rng, words, 6, 12).split()
+        at = rng.randrange(len(context) - 1)
+        answer = context[at + 1]
+        start = len(" ".join(context[: at + 1])) + 1
+        rows.append(
+            {
+                "id": f"q{index}",
+                "title": "t",
+                "context": " ".join(context),
+                "question": f"after {context[at]}",
+                "answers": {"text": [answer], "answer_start": [start]},
+            }
+        )
+    return rows
+
+
 def write_data(out, words):
     data = os.path.join(out, "data")
     makers = {
@@ -119,6 +139,11 @@ def write_data(out, words):
         rng = random.Random(task)
         for split, n in SIZES.items():
             write_jsonl(os.path.join(data, task, f"{split}.json"), maker(rng, words, n))
+    rng = random.Random("qa")
+    for split, n in SIZES.items():  # run_seq2seq_qa reads json files with field="data"
+        os.makedirs(os.path.join(data, "qa"), exist_ok=True)
+        with open(os.path.join(data, "qa", f"{split}.json"), "w", encoding="utf-8") as handle:
+            json.dump({"data": qa_rows(rng, words, n)}, handle, sort_keys=True)
     rng = random.Random("text")
     for split, n in SIZES.items():
         write_lines(os.path.join(data, "text", f"{split}.txt"), [sentence(rng, words, 6, 14) for _ in range(n * 2)])
@@ -193,6 +218,8 @@ def write_models(out, words):
         ViTConfig,
         ViTForImageClassification,
         ViTImageProcessor,
+        XLNetConfig,
+        XLNetLMHeadModel,
     )
 
     models = os.path.join(out, "models")
@@ -215,6 +242,21 @@ def write_models(out, words):
     BertForMaskedLM(
         BertConfig(vocab_size=len(vocab), max_position_embeddings=MODEL_MAX_LENGTH, **small)
     ).save_pretrained(folder)
+
+    folder = os.path.join(models, "xlnet")  # run_plm: the BERT-style tokenizer above, an XLNet LM
+    save_tokenizer(
+        tok,
+        folder,
+        ["input_ids", "token_type_ids", "attention_mask"],
+        unk_token="[UNK]",
+        pad_token="[PAD]",
+        cls_token="[CLS]",
+        sep_token="[SEP]",
+        mask_token="[MASK]",
+    )
+    torch.manual_seed(0)
+    config = XLNetConfig(vocab_size=len(vocab), d_model=32, n_layer=2, n_head=2, d_inner=64, pad_token_id=0)
+    XLNetLMHeadModel(config).save_pretrained(folder)
 
     folder = os.path.join(models, "gpt2")
     tok, vocab = wordpiece(words, ["<|endoftext|>", "<unk>"])

@@ -8,6 +8,10 @@ Both implementations get the same preparation, so whatever it changes cannot mak
     (PyPI's torchvision cannot load beside the CPU torch here; transformers itself still sees no torchvision);
   - what the v4.49 scripts import from transformers.utils and 5.x moved or dropped: `send_example_telemetry`
     (a no-op: no network), `is_offline_mode` (now huggingface_hub's), `check_min_version` (a no-op);
+  - `is_torch_tpu_available` (removed in 5; run_fim imports it): answers False;
+  - $EXAMPLE_SOURCE_FIXES (JSON [[old, new], ...], set by bench/example_scripts.py for the scripts whose v4.49 text
+    fails on any Trainer, e.g. run_plm's `processing_classtokenizer=`): each `old` is replaced in the script's text
+    before it runs, and must occur in it;
   - nltk's "punkt" sentence splitter (a download, run_summarization's post-processing): a stand-in that splits
     after ". ", "! " and "? " (the generated data has no such marks, so each text is one sentence either way).
 With `lathe`, bench/hf_trainer_swap.swap_in_lathe() replaces transformers' Trainer-side names (Trainer,
@@ -32,6 +36,8 @@ def prepare_transformers():
     transformers.utils.send_example_telemetry = lambda *args, **kwargs: None
     transformers.utils.check_min_version = lambda *args, **kwargs: None
     transformers.utils.is_offline_mode = huggingface_hub.is_offline_mode
+    if not hasattr(transformers, "is_torch_tpu_available"):
+        transformers.is_torch_tpu_available = lambda *args, **kwargs: False
 
 
 def prepare_nltk():
@@ -90,7 +96,18 @@ def main(argv):
     hand_torchvision_to(script)
     sys.path.insert(0, os.path.dirname(script))  # the qa scripts import their helpers from their own folder
     sys.argv = [script, *script_args]
-    runpy.run_path(script, run_name="__main__")
+    fixes = json.loads(os.environ.get("EXAMPLE_SOURCE_FIXES") or "[]")
+    if not fixes:
+        runpy.run_path(script, run_name="__main__")
+        return
+    with open(script, encoding="utf-8") as handle:
+        text = handle.read()
+    for old, new in fixes:
+        if old not in text:
+            raise SystemExit(f"example_shim: source fix {old!r} does not occur in {script}")
+        text = text.replace(old, new)
+    namespace = {"__name__": "__main__", "__file__": script, "__builtins__": __builtins__}
+    exec(compile(text, script, "exec"), namespace)
 
 
 if __name__ == "__main__":
