@@ -52,14 +52,19 @@ MANIFEST = {
     "translation/run_translation.py": "9c3a30fbdff844e2df5a9ef9cb2e8fe9b801dc9555cf4e199b7ea48f4c609611",
     "image-classification/run_image_classification.py": "f1ebf39b23da4a9d6f043b34db268c4e76697b0a450427e11047dc1d1cf21813",
     "language-modeling/run_plm.py": "5693cc6316d3e0fb9cb5d8426e12eeb45a15cc225a0169d4e87f489460e9d5e8",
-    "language-modeling/run_fim.py": None,
+    "language-modeling/run_fim.py": "8565906f1ea404039cc9601bd8c866501f210ab20c5671937662da1d1d2e15d0",
     "question-answering/run_seq2seq_qa.py": None,
 }
 # Typos in the v4.49.0 text that stop a script on ANY Trainer before it trains (recorded in docs/COMPATIBILITY.md):
 # bench/example_shim.py replaces each `old` by `new` in the script's text, the same for both Trainers.
 SOURCE_FIXES = {
     "plm": [["processing_classtokenizer=tokenizer", "processing_class=tokenizer"]],  # TypeError in Trainer()
-    "fim": [["torch.cuda.is_availble()", "torch.cuda.is_available()"]],  # AttributeError before the Trainer
+    "fim": [  # AttributeErrors before the Trainer is built: a typo, and the embedding module used as its weight
+        ["torch.cuda.is_availble()", "torch.cuda.is_available()"],
+        ["original_embeddings.mean(dim=0)", "original_embeddings.weight.mean(dim=0)"],
+        ["original_embeddings.size()[0]", "original_embeddings.weight.size()[0]"],
+        ["(original_embeddings - mean)", "(original_embeddings.weight - mean)"],
+    ],
 }
 
 COMMON = [

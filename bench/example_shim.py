@@ -36,6 +36,13 @@ def prepare_transformers():
     transformers.utils.send_example_telemetry = lambda *args, **kwargs: None
     transformers.utils.check_min_version = lambda *args, **kwargs: None
     transformers.utils.is_offline_mode = huggingface_hub.is_offline_mode
+    provide_removed_names()
+
+
+def provide_removed_names():
+    """Names the v4.49 scripts import from transformers' top level that 5.x removed (again after the swap, which
+    may leave another top-level module object in sys.modules)."""
+    transformers = sys.modules["transformers"]
     if not hasattr(transformers, "is_torch_tpu_available"):
         transformers.is_torch_tpu_available = lambda *args, **kwargs: False
 
@@ -90,6 +97,7 @@ def main(argv):
         from hf_trainer_swap import swap_in_lathe
 
         log = swap_in_lathe()
+        provide_removed_names()
         if os.environ.get("EXAMPLE_SWAPLOG"):
             with open(os.environ["EXAMPLE_SWAPLOG"], "w") as handle:
                 json.dump(log, handle, indent=1, sort_keys=True)

@@ -193,6 +193,21 @@ def test_help_renders_groups_help_text_and_percent_signs():
     assert options.index("other arguments") < options.index("deprecated arguments") < options.index("--old_name")
 
 
+def test_a_help_that_is_not_a_string_parses_as_in_transformers():
+    """run_fim.py (transformers' examples, v4.49) gives a field a tuple as help (a trailing comma): transformers hands
+    it to argparse unchanged, so parsing works and only --help fails; lathe used to fail at construction."""
+
+    @dataclass
+    class TupleHelp:
+        pad_to_multiple_of: bool = field(default=False, metadata={"help": ("Whether to pad. ", "A multiple of 8.")})
+
+    parser = HfArgumentParser(TupleHelp)
+    (parsed,) = parser.parse_args_into_dataclasses(["--pad_to_multiple_of", "true"], look_for_args_file=False)
+    assert parsed.pad_to_multiple_of is True
+    with pytest.raises(AttributeError):  # transformers' parser: the same AttributeError from argparse
+        parser.format_help()
+
+
 def test_remaining_strings_raise_or_come_back():
     parser = HfArgumentParser(Basic)
     with pytest.raises(ValueError, match=r"--learnig_rate.*\n.*did you mean '--learning_rate'"):

@@ -151,8 +151,10 @@ def _help_of(field: dataclasses.Field) -> str | None:
         replacement = field.metadata["deprecated"]
         note = f"[deprecated: use --{replacement}]" if isinstance(replacement, str) else "[deprecated]"
         text = f"{text} {note}" if text else note
-    # argparse %-formats help strings; a bare "%" (as in "10% of steps") would crash --help.
-    return re.sub(r"%(?!\()", "%%", text) if text else text
+    # argparse %-formats help strings; a bare "%" (as in "10% of steps") would crash --help. A help that is not a
+    # string (run_fim.py's is a tuple, from a trailing comma) goes to argparse as it is, as transformers passes it:
+    # parsing works, only --help fails on it.
+    return re.sub(r"%(?!\()", "%%", text) if isinstance(text, str) and text else text
 
 
 def _init_field_names(dtype: type) -> list[str]:
