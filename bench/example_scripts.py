@@ -53,7 +53,7 @@ MANIFEST = {
     "image-classification/run_image_classification.py": "f1ebf39b23da4a9d6f043b34db268c4e76697b0a450427e11047dc1d1cf21813",
     "language-modeling/run_plm.py": "5693cc6316d3e0fb9cb5d8426e12eeb45a15cc225a0169d4e87f489460e9d5e8",
     "language-modeling/run_fim.py": "8565906f1ea404039cc9601bd8c866501f210ab20c5671937662da1d1d2e15d0",
-    "question-answering/run_seq2seq_qa.py": None,
+    "question-answering/run_seq2seq_qa.py": "53b00d97692309ad86cf28b95038f687793690168cfcaad9625ba66b0593a91a",
 }
 # Typos in the v4.49.0 text that stop a script on ANY Trainer before it trains (recorded in docs/COMPATIBILITY.md):
 # bench/example_shim.py replaces each `old` by `new` in the script's text, the same for both Trainers.

@@ -8,7 +8,9 @@ Both implementations get the same preparation, so whatever it changes cannot mak
     (PyPI's torchvision cannot load beside the CPU torch here; transformers itself still sees no torchvision);
   - what the v4.49 scripts import from transformers.utils and 5.x moved or dropped: `send_example_telemetry`
     (a no-op: no network), `is_offline_mode` (now huggingface_hub's), `check_min_version` (a no-op);
-  - `is_torch_tpu_available` (removed in 5; run_fim imports it): answers False;
+  - `is_torch_tpu_available` (removed in 5; run_fim imports it): answers False; `use_legacy_prediction_loop`
+    and `tpu_metrics_debug` (TrainingArguments fields removed in 5; question-answering's trainer helpers read them): False, as a class
+    attribute of both argument classes;
   - $EXAMPLE_SOURCE_FIXES (JSON [[old, new], ...], set by bench/example_scripts.py for the scripts whose v4.49 text
     fails on any Trainer, e.g. run_plm's `processing_classtokenizer=`): each `old` is replaced in the script's text
     before it runs, and must occur in it;
@@ -45,6 +47,11 @@ def provide_removed_names():
     transformers = sys.modules["transformers"]
     if not hasattr(transformers, "is_torch_tpu_available"):
         transformers.is_torch_tpu_available = lambda *args, **kwargs: False
+    for name in ("TrainingArguments", "Seq2SeqTrainingArguments"):  # read by question-answering's trainer helpers
+        arguments = getattr(transformers, name)
+        for removed in ("use_legacy_prediction_loop", "tpu_metrics_debug"):
+            if not hasattr(arguments, removed):
+                setattr(arguments, removed, False)
 
 
 def prepare_nltk():

@@ -4,7 +4,7 @@
 folder first on sys.path for BOTH Trainers, so whatever it computes is the same on both sides. The metrics
 follow the outputs of evaluate's hub modules (same keys) and use the same libraries where those are installed:
 scikit-learn/scipy (accuracy, f1, matthews, pearson, spearman, mse; numpy fall-backs), `seqeval`,
-`rouge_score`, `sacrebleu`. One deliberate change: rouge is the plain mean of the F-measures, not evaluate's
+`rouge_score`, `sacrebleu`; squad's exact match and F1 follow its official script. One deliberate change: rouge is the plain mean of the F-measures, not evaluate's
 bootstrap "mid" value (that resamples with numpy's unseeded global RNG, so it is not reproducible run to run).
 """
 
@@ -114,6 +114,38 @@ def _sacrebleu(predictions, references, smooth_method="exp", smooth_value=None, 
     }
 
 
+def _squad_normalize(text):
+    """SQuAD's answer normalization: lower case, no punctuation, no articles, single spaces."""
+    import re
+    import string
+
+    text = "".join(ch for ch in text.lower() if ch not in set(string.punctuation))
+    return " ".join(re.sub(r"\b(a|an|the)\b", " ", text).split())
+
+
+def _squad_f1(prediction, truth):
+    from collections import Counter
+
+    predicted, expected = _squad_normalize(prediction).split(), _squad_normalize(truth).split()
+    common = sum((Counter(predicted) & Counter(expected)).values())
+    if common == 0:
+        return 0.0
+    precision, recall = common / len(predicted), common / len(expected)
+    return 2 * precision * recall / (precision + recall)
+
+
+def _squad(predictions, references, **_):
+    """evaluate's "squad": exact_match and f1 in percent, each the best over an example's reference answers."""
+    truths = {ref["id"]: ref["answers"]["text"] for ref in references}
+    exact = f1 = 0.0
+    for prediction in predictions:
+        answers = truths[prediction["id"]]
+        text = prediction["prediction_text"]
+        exact += max(float(_squad_normalize(text) == _squad_normalize(a)) for a in answers)
+        f1 += max(_squad_f1(text, a) for a in answers)
+    return {"exact_match": 100.0 * exact / len(predictions), "f1": 100.0 * f1 / len(predictions)}
+
+
 _METRICS = {
     "accuracy": _accuracy,
     "f1": _f1,
@@ -122,6 +154,7 @@ _METRICS = {
     "seqeval": _seqeval,
     "rouge": _rouge,
     "sacrebleu": _sacrebleu,
+    "squad": _squad,
 }
 
 
