@@ -92,6 +92,16 @@ def hand_torchvision_to(script):
     builtins.__import__ = script_import
 
 
+def apply_source_fixes(text, fixes, script):
+    """The script's text with every `old` of [[old, new], ...] replaced; an `old` that does not occur is an error
+    (another copy of the script: the fix would silently do nothing)."""
+    for old, new in fixes:
+        if old not in text:
+            raise SystemExit(f"example_shim: source fix {old!r} does not occur in {script}")
+        text = text.replace(old, new)
+    return text
+
+
 def main(argv):
     impl, script, script_args = argv[0], os.path.abspath(argv[1]), argv[2:]
     if impl not in ("hf", "lathe"):
@@ -116,11 +126,7 @@ def main(argv):
         runpy.run_path(script, run_name="__main__")
         return
     with open(script, encoding="utf-8") as handle:
-        text = handle.read()
-    for old, new in fixes:
-        if old not in text:
-            raise SystemExit(f"example_shim: source fix {old!r} does not occur in {script}")
-        text = text.replace(old, new)
+        text = apply_source_fixes(handle.read(), fixes, script)
     namespace = {"__name__": "__main__", "__file__": script, "__builtins__": __builtins__}
     exec(compile(text, script, "exec"), namespace)
 

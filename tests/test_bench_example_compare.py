@@ -151,3 +151,17 @@ def test_the_model_card_may_differ_by_lathe_s_framework_line_only(tmp_path):
     (tmp_path / "other" / "README.md").write_text(card.replace("5.23.0", "5.6.0") + "- lathe 0.1.0\n")
     assert compare.compare_runs(hf, lathe)["files"] is None
     assert "README.md: line 7" in compare.compare_runs(hf, other)["files"]
+
+
+def test_source_fixes_replace_every_occurrence_and_refuse_a_missing_text():
+    """bench/example_shim.py fixes the typos of a script's v4.49 text (run_plm, run_fim) the same way for both
+    Trainers; a fix whose text is not in the copy stops the run instead of running the script unfixed."""
+    shim_spec = importlib.util.spec_from_file_location("example_shim", ROOT / "bench" / "example_shim.py")
+    shim = importlib.util.module_from_spec(shim_spec)
+    shim_spec.loader.exec_module(shim)
+    text = "a = x.mean(dim=0)\n    b = (x.mean(dim=0) - 1)\nTrainer(processing_classtokenizer=tok)\n"
+    fixes = [["x.mean(", "x.weight.mean("], ["processing_classtokenizer=", "processing_class="]]
+    fixed = shim.apply_source_fixes(text, fixes, "run_x.py")
+    assert fixed == "a = x.weight.mean(dim=0)\n    b = (x.weight.mean(dim=0) - 1)\nTrainer(processing_class=tok)\n"
+    with pytest.raises(SystemExit, match="'is_availble' does not occur in run_x.py"):
+        shim.apply_source_fixes(text, [["is_availble", "is_available"]], "run_x.py")
