@@ -44,14 +44,15 @@ def prepare_transformers():
 def provide_removed_names():
     """Names the v4.49 scripts import from transformers' top level that 5.x removed (again after the swap, which
     may leave another top-level module object in sys.modules)."""
-    transformers = sys.modules["transformers"]
-    if not hasattr(transformers, "is_torch_tpu_available"):
-        transformers.is_torch_tpu_available = lambda *args, **kwargs: False
     for name in ("TrainingArguments", "Seq2SeqTrainingArguments"):  # read by question-answering's trainer helpers
-        arguments = getattr(transformers, name)
+        arguments = getattr(sys.modules["transformers"], name)
         for removed in ("use_legacy_prediction_loop", "tpu_metrics_debug"):
             if not hasattr(arguments, removed):
                 setattr(arguments, removed, False)
+    # After the lazy loads above: loading them can put another top-level module object in sys.modules.
+    transformers = sys.modules["transformers"]
+    if not hasattr(transformers, "is_torch_tpu_available"):
+        transformers.is_torch_tpu_available = lambda *args, **kwargs: False
 
 
 def prepare_nltk():
