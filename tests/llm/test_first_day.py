@@ -151,7 +151,10 @@ def test_a_cutoff_that_leaves_rows_untrained_keeps_them_with_a_warning(
 
     from lathe.llm.commands import train_command
 
-    values = lora_sft_config(tiny_model_dir, data_dir, tmp_path / "out", dataset="mixed", cutoff_len=16)
+    # max_dropped_rows_share 1.0: this cutoff also cuts most trained tokens, which stops a run unless opted out
+    values = lora_sft_config(
+        tiny_model_dir, data_dir, tmp_path / "out", dataset="mixed", cutoff_len=16, max_dropped_rows_share=1.0
+    )
     config = write_yaml(tmp_path / "train.yaml", values)
     with caplog.at_level(logging.WARNING, logger="lathe.llm.data"):
         assert train_command(config, [], dry_run=True) == 0

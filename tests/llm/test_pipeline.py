@@ -190,7 +190,9 @@ def test_get_dataset_equals_llamafactorys_token_for_token(case, tmp_path):
 
     golden = golden_pipeline()
     tokenizer = AutoTokenizer.from_pretrained(os.path.join(os.path.dirname(GOLDEN_PIPELINE), golden["tokenizer"]))
-    data_args = DataArguments(dataset_dir=DATA_DIR, template=golden["template"], packing=False, **golden["cases"][case])
+    # LLaMA-Factory's short cutoffs cut most trained tokens in some cases: lathe's guard is opted out to compare
+    options = {"packing": False, "max_dropped_rows_share": 1.0, **golden["cases"][case]}
+    data_args = DataArguments(dataset_dir=DATA_DIR, template=golden["template"], **options)
     template = get_template_and_fix_tokenizer(tokenizer, data_args)
     module = get_dataset(
         template,

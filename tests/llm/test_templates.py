@@ -375,6 +375,7 @@ def test_templates_and_tokenizer_fixes_equal_llamafactory(monkeypatch):
 
 def test_template_report_names_stop_tokens_and_flags_a_disagreeing_chat_template(word_tokenizer, caplog):
     from lathe.llm.templates.check import template_report
+    from lathe.llm.templates.resolve import forget_chat_template_warnings
 
     template = get_template_and_fix_tokenizer(word_tokenizer, data_args("chatml"))
     report = template_report(template, word_tokenizer)
@@ -385,6 +386,7 @@ def test_template_report_names_stop_tokens_and_flags_a_disagreeing_chat_template
     assert "renders the probe conversations exactly" in report and "WARNING" not in report
     # a model whose own chat_template (kept, as LLaMA-Factory keeps it, and saved) renders something else
     word_tokenizer.chat_template = "{% for m in messages %}{{ m['content'] }}{% endfor %}"
+    forget_chat_template_warnings()  # a new run (an earlier test may have warned about the same pair)
     with caplog.at_level(logging.WARNING, logger="lathe.llm.templates"):
         template = get_template_and_fix_tokenizer(word_tokenizer, data_args("qwen"))
     assert "renders conversations differently from template 'qwen'" in caplog.text

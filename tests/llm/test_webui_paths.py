@@ -21,6 +21,7 @@ from tests.llm.webui_fixtures import make_root, train_form  # noqa: E402
 # Keys whose name or help mentions a file, folder or path but that hold none (module names, flags).
 NOT_PATHS = {
     "trust_remote_code": "a flag",
+    "export_gguf": "GGUF type names (f16, q8_0, ...); the files go into export_dir, which is checked",
     "freeze_trainable_modules": "module names",
     "freeze_extra_modules": "module names",
     "lora_target": "module names",

@@ -56,7 +56,12 @@ def get_template_and_fix_tokenizer(tokenizer, data_args) -> Template:
     return template
 
 
-_WARNED: set[tuple[str, str]] = set()  # (template, chat_template) pairs already warned about in this process
+_WARNED: set[tuple[str, str]] = set()  # (template, chat_template) pairs already warned about in this run
+
+
+def forget_chat_template_warnings() -> None:
+    """A new run warns again: `run_train` calls this first (a process may run several: the web UI, tests)."""
+    _WARNED.clear()
 
 
 def _warn_if_chat_template_disagrees(template: Template, tokenizer) -> None:

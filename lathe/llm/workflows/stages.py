@@ -11,6 +11,9 @@ RECIPES = {"pt": "pt", "sft": "sft", "rm": "rm", "dpo": "preference", "kto": "pr
 
 def run_train(config, dry_run: bool = False, callbacks: list | None = None) -> dict:
     """Run the stage the config names (pt, sft, rm, dpo, kto or grpo); the metrics of what ran ({} for a dry run)."""
+    from lathe.llm.templates.resolve import forget_chat_template_warnings
+
+    forget_chat_template_warnings()  # the template-mismatch warning: once per run, not once per process
     stage = config.finetuning.stage
     if stage not in RECIPES:
         raise ValueError(f"stage {stage!r} has no recipe; lathe trains {', '.join(RECIPES)}.")
