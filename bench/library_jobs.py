@@ -242,22 +242,25 @@ def preference_data(count: int, seed: int):
     return Dataset.from_dict({"prompt": prompts, "chosen": chosen, "rejected": rejected})
 
 
+# The DPO and reward jobs' schedule: 4 steps of 2 pairs, evaluation and a checkpoint every 2, rows of 32 tokens.
+PAIR_JOB_STEPS = dict(
+    max_steps=4,
+    per_device_train_batch_size=2,
+    per_device_eval_batch_size=2,
+    eval_strategy="steps",
+    eval_steps=2,
+    save_strategy="steps",
+    save_steps=2,
+    max_length=32,
+)
+
+
 def job_dpo(root: str):
     from trl import DPOConfig, DPOTrainer
 
     llama = llama_folder(root)
     data = preference_data(16, 11)
-    args = DPOConfig(
-        **common_args(os.path.join(root, "out")),
-        max_steps=4,
-        per_device_train_batch_size=2,
-        per_device_eval_batch_size=2,
-        eval_strategy="steps",
-        eval_steps=2,
-        save_strategy="steps",
-        save_steps=2,
-        max_length=32,
-    )
+    args = DPOConfig(**common_args(os.path.join(root, "out")), **PAIR_JOB_STEPS)
     trainer = DPOTrainer(
         model=llama, args=args, train_dataset=data.select(range(12)), eval_dataset=data.select(range(12, 16))
     )
@@ -274,17 +277,7 @@ def job_reward(root: str):
     torch.manual_seed(0)
     AutoModelForSequenceClassification.from_pretrained(llama, num_labels=1).save_pretrained(llama)
     data = preference_data(16, 21)
-    args = RewardConfig(
-        **common_args(os.path.join(root, "out")),
-        max_steps=4,
-        per_device_train_batch_size=2,
-        per_device_eval_batch_size=2,
-        eval_strategy="steps",
-        eval_steps=2,
-        save_strategy="steps",
-        save_steps=2,
-        max_length=32,
-    )
+    args = RewardConfig(**common_args(os.path.join(root, "out")), **PAIR_JOB_STEPS)
     trainer = RewardTrainer(
         model=llama, args=args, train_dataset=data.select(range(12)), eval_dataset=data.select(range(12, 16))
     )
