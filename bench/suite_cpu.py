@@ -3,7 +3,15 @@ into a JSON file, to find what makes the suite slow even while other work loads 
 little with load; wall seconds change a lot). Children not waited for (Ray's daemons) are not counted.
 
     PYTHONPATH=bench python -m pytest -p suite_cpu -q          # writes suite_cpu.json (or $SUITE_CPU_OUT)
-    python bench/suite_cpu.py suite_cpu.json                    # the 40 costliest tests and files
+    PYTHONPATH=bench python -m pytest -p suite_cpu -q -n 2 --dist loadfile   # one file per xdist worker:
+                                                                # suite_cpu.gw0.json, suite_cpu.gw1.json
+    python bench/suite_cpu.py suite_cpu*.json                   # the 40 costliest tests and files
+    python bench/suite_cpu.py suite_cpu*.json --order tests/suite_order.txt   # rewrite the file order hint
+
+tests/suite_order.txt lists the test files costliest first: tests/conftest.py hands them to the xdist workers in
+that order (the README's command runs `-n auto --dist loadfile`), so the long files start first and the short ones
+fill the gaps at the end. It is a scheduling hint only: a stale or missing list changes the wall time, never what
+runs.
 """
 
 from __future__ import annotations
@@ -34,12 +42,33 @@ def pytest_runtest_protocol(item, nextitem):
 
 
 def pytest_sessionfinish(session, exitstatus):
-    with open(os.environ.get("SUITE_CPU_OUT", "suite_cpu.json"), "w") as handle:
+    path = os.environ.get("SUITE_CPU_OUT", "suite_cpu.json")
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    if worker:  # each xdist worker writes its own file (the controller ran no test)
+        path = path.removesuffix(".json") + f".{worker}.json"
+    elif not _rows:
+        return
+    with open(path, "w") as handle:
         json.dump(_rows, handle)
 
 
-def report(path: str, top: int = 40) -> None:
-    rows = json.load(open(path))
+def load(paths: list[str]) -> list:
+    return [row for path in paths for row in json.load(open(path))]
+
+
+def write_order(rows: list, path: str) -> None:
+    """The test files, costliest (CPU seconds) first: tests/conftest.py's scheduling hint for xdist."""
+    files: dict[str, float] = defaultdict(float)
+    for name, _, own, children in rows:
+        files[name.split("::")[0]] += own + children
+    lines = [f"{name}  # {seconds:.0f} CPU s" for name, seconds in sorted(files.items(), key=lambda item: -item[1])]
+    header = "# test files, costliest first (bench/suite_cpu.py --order): the order xdist workers get them in\n"
+    with open(path, "w") as handle:
+        handle.write(header + "\n".join(lines) + "\n")
+
+
+def report(paths: list[str], top: int = 40) -> None:
+    rows = load(paths)
     print(f"{len(rows)} tests: {sum(r[1] for r in rows):.0f} s wall, {sum(r[2] + r[3] for r in rows):.0f} CPU s")
     for name, wall, own, children in sorted(rows, key=lambda r: -(r[2] + r[3]))[:top]:
         print(f"{own + children:7.1f} CPU s ({children:6.1f} in children) {wall:7.1f} s wall  {name}")
@@ -51,4 +80,9 @@ def report(path: str, top: int = 40) -> None:
 
 
 if __name__ == "__main__":
-    report(sys.argv[1])
+    arguments = sys.argv[1:]
+    if "--order" in arguments:
+        at = arguments.index("--order")
+        order, arguments = arguments[at + 1], arguments[:at] + arguments[at + 2 :]
+        write_order(load(arguments), order)
+    report(arguments)

@@ -1,18 +1,51 @@
 """Shared test set-up: one torch thread (2 shared cores: spinning thread pools make runs erratic; another count
-with LATHE_TEST_THREADS, how bench/golden_drift.py measures what threads change), and quiet, deterministic
-defaults."""
+with LATHE_TEST_THREADS, how bench/golden_drift.py measures what threads change), quiet, deterministic
+defaults, and the files in tests/suite_order.txt's order (costliest first, so that the README's `-n auto --dist
+loadfile` starts the long files first and ends on short ones)."""
 
 import os
+import sys
+from pathlib import Path
 
 import pytest
 import torch
 
 torch.set_num_threads(int(os.environ.get("LATHE_TEST_THREADS", "1")))
+if "TORCH_EXTENSIONS_DIR" not in os.environ:
+    # DeepSpeed compiles its CPU ops once into torch's extensions folder under ~/.cache. Tests that give the
+    # processes they start a private HOME (a fresh tokenization cache) would compile them again, a minute or
+    # more each: point them all at the folder torch would use for the real HOME.
+    from torch.utils.cpp_extension import get_default_build_root
+
+    accelerator = (
+        f"rocm{torch.version.hip}" if torch.version.hip else f"cu{torch.version.cuda}" if torch.version.cuda else "cpu"
+    )
+    python = f"py{sys.version_info.major}{sys.version_info.minor}{getattr(sys, 'abiflags', '')}"
+    os.environ["TORCH_EXTENSIONS_DIR"] = os.path.join(
+        get_default_build_root(), f"{python}_{accelerator.replace('.', '')}"
+    )
+if "PYTEST_XDIST_WORKER" in os.environ:
+    # Under `-n N` the N workers share the cores: the processes a test starts (lathe train, torchrun ranks) get
+    # their share of threads, not every core each (torch's thread pools spin: oversubscribed, runs crawl).
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // workers)))
+
+
+ORDER = Path(__file__).with_name("suite_order.txt")
+
+
+def costliest_first(items: list) -> None:
+    """Reorder `items` in place: whole files, in tests/suite_order.txt's order, then the files it does not list
+    (new ones) in their collected order; the tests inside a file keep their order (module fixtures stay shared)."""
+    listed = [line.split("#")[0].strip() for line in ORDER.read_text().splitlines()] if ORDER.is_file() else []
+    rank = {name: at for at, name in enumerate(name for name in listed if name)}
+    items.sort(key=lambda item: rank.get(item.nodeid.split("::")[0], len(rank)))  # stable: the rest keep their order
 
 
 def pytest_collection_modifyitems(config, items):
     """Tests marked `hf` compare against transformers, `gpu` ones need a CUDA device: skip them cleanly
     where it is missing."""
+    costliest_first(items)
     if not torch.cuda.is_available():
         skip_gpu = pytest.mark.skip(reason="needs a CUDA device (tests/gpu; bench/gpu/run.py runs them on one)")
         for item in items:
@@ -34,3 +67,19 @@ def tmp_output(tmp_path):
 
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+def pytest_xdist_auto_num_workers(config):
+    """`-n auto` (the README's command): one worker per CPU this process may use, counting logical CPUs (a 2-vCPU
+    machine can report one physical core), and at most one per 4 GiB of available memory (a test that launches
+    two ranks holds about 2.5 GiB). PYTEST_XDIST_AUTO_NUM_WORKERS still decides when set."""
+    if os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS"):
+        return None  # xdist's own hook reads it
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    try:
+        import psutil
+
+        by_memory = psutil.virtual_memory().available // (4 << 30)
+    except ImportError:
+        by_memory = cpus
+    return max(1, min(cpus, by_memory))

@@ -39,14 +39,15 @@ def torchvision_paths() -> tuple[Path, Path]:
             if result.returncode:
                 pytest.skip(f"installing torchvision=={VERSION} failed: {result.stderr.strip()[-300:]}")
             root.mkdir(parents=True, exist_ok=True)
-            if target.exists():
-                import shutil
-
-                shutil.rmtree(target)
-            os.replace(work, target)
-            os.makedirs(work)  # TemporaryDirectory removes it again
+            try:  # one rename; another test process (an xdist worker) may have published it first: keep that one
+                os.rename(work, target)
+                os.makedirs(work)  # TemporaryDirectory removes it again
+            except OSError:
+                pass
     shim.mkdir(parents=True, exist_ok=True)
-    (shim / "sitecustomize.py").write_text(SITECUSTOMIZE)
+    staged = shim / f".sitecustomize.{os.getpid()}"  # written whole, then renamed: a concurrent reader never sees half
+    staged.write_text(SITECUSTOMIZE)
+    os.replace(staged, shim / "sitecustomize.py")
     return shim, target
 
 
