@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -177,21 +175,23 @@ def test_config_errors_name_the_key(tiny_model_dir, tmp_path):
 
 
 @pytest.mark.slow
-def test_lathe_export_command_line(tiny_model_dir, tmp_path, write_yaml):
+def test_lathe_export_command_line(tiny_model_dir, tmp_path, write_yaml, capfd):
+    """`lathe export CONFIG KEY=VALUE` through the command line's own main (in this process: a new Python costs
+    ~10 s of imports; `python -m lathe` itself is run by the quickstart and launch tests)."""
+    from lathe.cli import main
+
     adapter = make_adapter(tiny_model_dir, tmp_path / "adapter")
     config = write_yaml(
         tmp_path / "export.yaml", config_for(tiny_model_dir, tmp_path / "exported", adapter_name_or_path=adapter)
     )
-    result = subprocess.run(
-        [sys.executable, "-m", "lathe", "export", config, "export_size=1"], capture_output=True, text=True, timeout=300
-    )
-    assert result.returncode == 0, result.stderr[-2000:]
-    assert "Exported to" in result.stdout and "merge check" in result.stdout
+    capfd.readouterr()
+    assert main(["export", config, "export_size=1"]) == 0
+    out, err = capfd.readouterr()
+    assert "Exported to" in out and "merge check" in out, err[-2000:]
     assert (tmp_path / "exported" / "model.safetensors").is_file()
-    bad = subprocess.run(
-        [sys.executable, "-m", "lathe", "export", config, "export_dir="], capture_output=True, text=True, timeout=300
-    )
-    assert bad.returncode == 2 and "export_dir is required" in bad.stderr and "Traceback" not in bad.stderr
+    assert main(["export", config, "export_dir="]) == 2
+    _, err = capfd.readouterr()
+    assert "export_dir is required" in err and "Traceback" not in err
 
 
 def test_export_command_reads_a_file(tiny_model_dir, tmp_path, write_yaml):

@@ -4,8 +4,8 @@ use_llama_pro trains only the copies. The step losses against LLaMA-Factory are 
 
 from __future__ import annotations
 
-import subprocess
-import sys
+import contextlib
+import io
 
 import pytest
 import torch
@@ -27,18 +27,15 @@ def test_expanded_layer_ids_are_the_last_of_each_group():
 @pytest.fixture(scope="module")
 def expanded(tiny_model_dir, tmp_path_factory):
     """The 3-layer tiny Llama expanded by 3 (a copy after every block), through the command line."""
-    folder = tmp_path_factory.mktemp("expanded") / "model"
-    done = subprocess.run(
-        [sys.executable, "-m", "lathe", "expand", tiny_model_dir, str(folder), "--num_expand", "3"],
-        capture_output=True,
-        text=True,
-    )
-    assert done.returncode == 0, done.stderr
-    assert "from 3 to 6 layers" in done.stdout and "use_llama_pro: true" in done.stdout
+    from lathe.cli import main
+
+    folder, printed = tmp_path_factory.mktemp("expanded") / "model", io.StringIO()
+    with contextlib.redirect_stdout(printed):  # the command line's own main, in this process
+        assert main(["expand", tiny_model_dir, str(folder), "--num_expand", "3"]) == 0
+    assert "from 3 to 6 layers" in printed.getvalue() and "use_llama_pro: true" in printed.getvalue()
     return str(folder)
 
 
-@pytest.mark.slow  # `lathe expand` in a fresh process (imports transformers): ~10 s
 def test_copies_follow_llamafactory_layout_and_start_as_the_identity(tiny_model_dir, expanded):
     source = transformers.AutoModelForCausalLM.from_pretrained(tiny_model_dir)
     model = transformers.AutoModelForCausalLM.from_pretrained(expanded)

@@ -6,7 +6,6 @@ import os
 import random
 import shutil
 import subprocess
-import sys
 
 import pytest
 import torch
@@ -303,17 +302,29 @@ def test_predict_writes_generated_predictions(tiny_model_dir, data_dir, tmp_path
     assert "predict_exact_match" in json.loads((output / "predict_results.json").read_text())
 
 
-def _cli(*args, cwd=None, env_home=None):
-    env = {**os.environ, "HOME": env_home or os.environ["HOME"], "OMP_NUM_THREADS": "1"}
-    return subprocess.run(
-        [sys.executable, "-m", "lathe", *args], capture_output=True, text=True, cwd=cwd, env=env, timeout=300
-    )
+@pytest.fixture
+def cli(capfd):
+    """`lathe ARGS` run by the command line's own main in this process: its exit status and what reached the
+    terminal (file descriptors 1 and 2), as a finished process. A new Python per command cost 8-10 CPU seconds of
+    imports here; `python -m lathe` itself is run by the quickstart, launch and chat tests."""
+    from lathe.cli import main
+
+    def run(*args):
+        capfd.readouterr()
+        try:
+            code = main(list(args))
+        except SystemExit as stop:  # argparse's errors
+            code = stop.code
+        out, err = capfd.readouterr()
+        return subprocess.CompletedProcess(["lathe", *args], code, out, err)
+
+    return run
 
 
-def test_cli_dry_run_prints_config_and_plan(tiny_model_dir, data_dir, tmp_path, write_yaml):
+def test_cli_dry_run_prints_config_and_plan(tiny_model_dir, data_dir, tmp_path, write_yaml, cli):
     values = _values(tiny_model_dir, data_dir, tmp_path / "out", "sft", "lora")
     path = write_yaml(tmp_path / "config.yaml", values)
-    result = _cli("train", path, "lora_rank=4", "--dry_run")
+    result = cli("train", path, "lora_rank=4", "--dry_run")
     assert result.returncode == 0, result.stderr
     out = result.stdout
     # the keys set (a command-line override too); lora_alpha resolves to 2 x rank as in LLaMA-Factory: not listed
@@ -325,21 +336,21 @@ def test_cli_dry_run_prints_config_and_plan(tiny_model_dir, data_dir, tmp_path, 
     assert not (tmp_path / "out").exists()
 
 
-def test_cli_reports_config_errors_without_a_traceback(tmp_path, write_yaml):
+def test_cli_reports_config_errors_without_a_traceback(tmp_path, write_yaml, cli):
     path = write_yaml(tmp_path / "config.yaml", {"model_name_or_path": "m", "dataset": "d", "lora_rnak": 4})
-    result = _cli("train", path)
+    result = cli("train", path)
     assert result.returncode == 2
     assert "Unknown key 'lora_rnak'" in result.stderr and "did you mean 'lora_rank'" in result.stderr
     assert "Traceback" not in result.stderr
     path = write_yaml(tmp_path / "ppo.yaml", {"model_name_or_path": "m", "dataset": "d", "stage": "ppo"})
-    result = _cli("train", path)
+    result = cli("train", path)
     assert result.returncode == 2 and "stage 'ppo'" in result.stderr and "is not supported yet" in result.stderr
 
 
-def test_cli_data_preview_marks_trained_spans(tiny_model_dir, data_dir, tmp_path, write_yaml):
+def test_cli_data_preview_marks_trained_spans(tiny_model_dir, data_dir, tmp_path, write_yaml, cli):
     values = _values(tiny_model_dir, data_dir, tmp_path / "out", "sft", "lora")
     path = write_yaml(tmp_path / "config.yaml", values)
-    result = _cli("data", "preview", path, "-n", "2")
+    result = cli("data", "preview", path, "-n", "2")
     assert result.returncode == 0, result.stderr
     assert "[[" in result.stdout and "trained" in result.stdout
     assert result.stdout.count("--- example") == 2
