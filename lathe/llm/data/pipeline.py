@@ -320,6 +320,11 @@ def _media_options(plan: DataPlan, processor: Callable, dataset) -> dict[str, An
         )
     counts = {kind: sum(1 for row in dataset[CANONICAL_COLUMN[kind]] if row) for kind in kinds}
     plan.media.plugin.check_kinds(counts, f"dataset(s) {', '.join(a.name for a in plan.train_attrs + plan.eval_attrs)}")
+    if plan.packing and plan.stage == "sft" and not plan.media.plugin.packs:
+        raise ValueError(
+            f"packing / neat_packing with {', '.join(kinds)}: implemented for the qwen2_vl and qwen3_vl families "
+            f"only, not yet for lathe's {plan.media.plugin.name} family (set packing: false)"
+        )
     return {"media": plan.media, "media_kinds": kinds}
 
 

@@ -5,7 +5,8 @@
   (pixel_values: one row per 14x14 patch, image_grid_thw: (t, h, w) patches per image);
 - `<image>` becomes `<|vision_start|>` + `<|image_pad|>` x (t*h*w / merge_size^2) + `<|vision_end|>`;
 - the collator adds 3-D rotary positions (temporal, height, width; "mrope") and rope_deltas, computed by
-  the model's own get_rope_index.
+  the model's own get_rope_index (packed rows: per packed example, as LLaMA-Factory's neat packing; generation:
+  none, generate() computes them).
 """
 
 from __future__ import annotations
@@ -236,6 +237,7 @@ class Qwen2VLPlugin(FamilyPlugin):
 
     name = "qwen2_vl"
     kinds = ("image", "video")
+    packs = True
     composites = {"qwen2_vl": QWEN2_VL, "qwen2_5_vl": QWEN2_VL}
 
     @property
@@ -326,6 +328,12 @@ class Qwen2VLPlugin(FamilyPlugin):
         inputs.update(self.video_inputs(videos))
         self._check_tokens(batch["input_ids"], inputs.get("image_grid_thw"), IMAGE_TOKEN, "image")
         self._check_tokens(batch["input_ids"], inputs.get("video_grid_thw"), VIDEO_TOKEN, "video")
+        if model is None:  # generation: generate() computes the positions (LLaMA-Factory's collator has no model)
+            return inputs
+        if "position_ids" in batch:  # packed rows: positions per example, no rope_deltas (LLaMA-Factory's neat packing)
+            positions = self.packed_positions(model, batch["input_ids"], batch["position_ids"], inputs)
+            inputs["position_ids"] = torch.cat([positions[:1], positions], dim=0)
+            return inputs
         positions, rope_deltas = rope_positions(
             model,
             batch["input_ids"],
@@ -338,6 +346,46 @@ class Qwen2VLPlugin(FamilyPlugin):
         inputs["position_ids"] = torch.cat([positions[:1], positions], dim=0)
         inputs["rope_deltas"] = rope_deltas
         return inputs
+
+    def packed_positions(self, model, input_ids, example_positions, inputs: dict):
+        """mrope positions (3, batch, length) of packed rows: get_rope_index on each example alone (an example starts
+        where `example_positions` is 0; the collator's padding is one more), given the grids of the images and
+        videos in it, taken in order: LLaMA-Factory's neat packing (`_compute_rope_position_ids_with_packing`)."""
+        import torch
+
+        merge_length = self.image_processor.merge_size**2
+        token_ids = self.tokenizer.convert_tokens_to_ids([IMAGE_TOKEN, VIDEO_TOKEN])
+        queues = {
+            token: [int(item.prod()) // merge_length for item in grid] if grid is not None else []
+            for token, grid in zip(token_ids, (inputs.get("image_grid_thw"), inputs.get("video_grid_thw")))
+        }
+        taken = dict.fromkeys(token_ids, 0)
+        rows = []
+        for row in range(input_ids.shape[0]):
+            starts = torch.nonzero(example_positions[row] == 0).flatten().tolist() + [input_ids.shape[-1]]
+            pieces = []
+            for start, end in zip(starts[:-1], starts[1:]):
+                ids = input_ids[row : row + 1, start:end]
+                span = {}  # token -> (first, last) index into its grid of this example's items
+                for token in token_ids:
+                    first, tokens = taken[token], int((ids == token).sum())
+                    while tokens > 0:
+                        tokens -= queues[token][taken[token]]
+                        taken[token] += 1
+                    span[token] = (first, taken[token])
+                image, video = (span[token] for token in token_ids)
+                seconds = inputs.get("second_per_grid_ts")
+                positions, _ = rope_positions(
+                    model,
+                    ids,
+                    torch.ones_like(ids),
+                    inputs["image_grid_thw"][image[0] : image[1]] if image[1] > image[0] else None,
+                    inputs["video_grid_thw"][video[0] : video[1]] if video[1] > video[0] else None,
+                    seconds[video[0] : video[1]] if seconds is not None and video[1] > video[0] else None,
+                )
+                pieces.append(positions)
+            rows.append(torch.cat(pieces, dim=-1))
+        return torch.cat(rows, dim=1)
 
     def _check_tokens(self, input_ids, grid, token: str = IMAGE_TOKEN, kind: str = "image") -> None:
         """The rows' media tokens must be the media's (a file changed since the rows were tokenized and cached, or
