@@ -166,3 +166,27 @@ def test_a_family_that_does_not_pack_is_one_clear_error(assets):
     collator = MultimodalCollator(SFTDataCollator(tokenizer), LlavaPlugin(None, tokenizer), None)
     with pytest.raises(ValueError, match="lathe's llava family does not pack yet"):
         collator([{"input_ids": [1, 2], "attention_mask": [1, 1], "position_ids": [0, 1], "labels": [1, 2]}])
+
+
+@pytest.mark.slow
+def test_lathe_train_with_neat_packing_equals_llamafactory(golden, tmp_path):
+    """Three sft steps of `lathe train` with neat_packing on the mllm_demo rows: LLaMA-Factory's run_exp's losses
+    and grad norms (lathe given cutoff_len 119 where LLaMA-Factory is given 120: it packs into cutoff_len - 1)."""
+    import json
+
+    from lathe.llm.config.train import parse_train_config
+    from lathe.llm.workflows.stages import run_train
+    from tests.llm import multimodal_cases as cases
+    from tests.llm.golden.make_llamafactory_mm_packing import TRAIN_KEYS
+
+    _, metadata = golden
+    expected = json.loads(metadata["json.train"])
+    model, data = cases.make_model_folder(tmp_path / "model"), cases.make_data_folder(tmp_path / "data")
+    keys = {**TRAIN_KEYS, "cutoff_len": TRAIN_KEYS["cutoff_len"] - 1}
+    run_train(parse_train_config(cases.train_config(model, data, tmp_path / "out", **keys)))
+    history = json.loads((tmp_path / "out" / "trainer_state.json").read_text())["log_history"]
+    losses = [entry["loss"] for entry in history if "loss" in entry]
+    norms = [entry["grad_norm"] for entry in history if "loss" in entry]
+    # the tolerances of the other multimodal training goldens (test_multimodal_train.py)
+    assert_close_to_golden(losses, expected["loss"], "packed losses", rel=0, abs=1e-5)
+    assert_close_to_golden(norms, expected["grad_norm"], "packed grad norms", rel=1e-4)

@@ -18,7 +18,12 @@ batch of all packed rows per case:
 Writes tests/llm/golden/llamafactory_mm_packing.safetensors: `<case>.rows.<key>` (the processor's packed rows,
 key: input_ids, labels, attention_mask, position_ids; `<case>.rows.images`: how many images each row holds), the
 collated tensors `<case>.<key>`, `loss.<case>` (the tiny model's loss on the batch) and, in the metadata,
-`error.<case>` where LLaMA-Factory fails, `json.<case>.packing_params` and the versions.
+`error.<case>` where LLaMA-Factory fails, `json.<case>.packing_params` and the versions; `json.train`: three sft steps
+of LLaMA-Factory's own run_exp with neat_packing (TRAIN_KEYS) on make_llamafactory_qwen2vl_train.py's model folder
+and data: logged losses and grad norms.
+
+Run it with the Pillow of lathe's environment on PYTHONPATH (pip install --target a folder; `--stubs
+bench/lf_stubs:that/folder`): Pillow versions resample differently.
 """
 
 from __future__ import annotations
@@ -36,6 +41,8 @@ CUTOFF_LEN = 120  # LLaMA-Factory packs into 119 and pads to 120 (a multiple of 
 IMAGE_ROWS = [0, 1, 2, 0, 2]  # make_llamafactory_qwen2vl.ROWS by index: three rows with images, two again
 TEXT_ROWS = [3, 3]
 IMAGE_MAX_PIXELS = 84 * 56  # larger than make_llamafactory_qwen2vl's: images of 2 to 6 tokens, mrope rows that differ
+# `lathe train`'s case: the four mllm_demo rows packed into rows of 119 (LLaMA-Factory lowers cutoff_len by one)
+TRAIN_KEYS = {"neat_packing": True, "cutoff_len": 120, "per_device_train_batch_size": 1}
 CASES = {  # name: (neat_packing, rows, cutoff_len)
     "neat": (True, IMAGE_ROWS, CUTOFF_LEN),
     "plain": (False, IMAGE_ROWS, CUTOFF_LEN),
@@ -139,6 +146,37 @@ def run_llamafactory() -> tuple[dict, dict]:
     return tensors, metadata
 
 
+def run_llamafactory_training() -> dict:
+    """Three sft steps of LLaMA-Factory's run_exp with neat_packing on make_llamafactory_qwen2vl_train.py's folder,
+    data and processor (TRAIN_KEYS over multimodal_cases.train_config): logged losses and grad norms."""
+    import tempfile
+
+    sys.path[:0] = [str(HERE), str(HERE.parent), str(HERE.parents[2])]  # the data folder's video: tests.llm.media_files
+    import make_llamafactory_qwen2vl_train as train_gen
+    import multimodal_cases as cases
+    from llamafactory.train.tuner import run_exp
+    from transformers import AutoProcessor, Qwen2VLImageProcessor
+
+    def image_only(path, *args, **kwargs):
+        return train_gen._processor_class()(Qwen2VLImageProcessor.from_pretrained(path), None)
+
+    AutoProcessor.from_pretrained = staticmethod(image_only)
+    with tempfile.TemporaryDirectory() as root:
+        root = Path(root)
+        data = cases.make_data_folder(root / "data")
+        model = cases.make_model_folder(root / "model")
+        config = cases.train_config(model, data, root / "out", **TRAIN_KEYS)
+        for key in ("use_cpu", "dataloader_num_workers", "preprocessing_num_workers"):
+            config.pop(key)
+        config.update(bf16=False, fp16=False, plot_loss=False)
+        run_exp(config)
+        history = json.loads((root / "out" / "trainer_state.json").read_text())["log_history"]
+    return {
+        "loss": [entry["loss"] for entry in history if "loss" in entry],
+        "grad_norm": [entry["grad_norm"] for entry in history if "grad_norm" in entry],
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--python", default="bench/.venv-lf/bin/python", help="LLaMA-Factory's Python")
@@ -149,6 +187,7 @@ def main() -> None:
         from safetensors.torch import save_file
 
         tensors, metadata = run_llamafactory()
+        metadata["json.train"] = json.dumps(run_llamafactory_training())
         save_file(tensors, str(GOLDEN), metadata=metadata)
         return
     env = dict(
