@@ -311,7 +311,7 @@ def _media_options(plan: DataPlan, processor: Callable, dataset) -> dict[str, An
     import inspect
 
     if "media" not in inspect.signature(processor).parameters:
-        what = "packing" if plan.packing else ("generation (predict_with_generate)" if plan.generate else plan.stage)
+        what = f"stage {plan.stage}" + (" with packing" if plan.packing else "")
         raise ValueError(f"{what} with images, videos or audio is not supported yet: rows here hold {', '.join(kinds)}")
     if plan.media is None:
         raise ValueError(

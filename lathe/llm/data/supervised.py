@@ -195,16 +195,21 @@ def finish_media(media, opened: dict, input_ids: list[int], labels: list[int], p
         return input_ids, labels
     input_ids, labels, reason = media.finish(input_ids, labels, opened)
     if reason:
-        files = [
-            item if isinstance(item, str) else f"a {kind} held in the row"
-            for kind, items in (paths or {}).items()
-            for item in items or []
-        ]
-        if files and len(_named_cuts) < MEDIA_CUTS_NAMED:
-            _named_cuts.append(files[0])
-            logger.warning("left out the row with %s: %s (raise cutoff_len to keep it)", ", ".join(files), reason)
-        raise SkippedExample(reason)
+        leave_out_cut_row(reason, paths)
     return input_ids, labels
+
+
+def leave_out_cut_row(reason: str, paths: dict | None):
+    """Raise SkippedExample for a row whose media run cutoff_len cut, naming the first such rows' media files."""
+    files = [
+        item if isinstance(item, str) else f"a {kind} held in the row"
+        for kind, items in (paths or {}).items()
+        for item in items or []
+    ]
+    if files and len(_named_cuts) < MEDIA_CUTS_NAMED:
+        _named_cuts.append(files[0])
+        logger.warning("left out the row with %s: %s (raise cutoff_len to keep it)", ", ".join(files), reason)
+    raise SkippedExample(reason)
 
 
 def encode_supervised_examples(
@@ -312,8 +317,12 @@ def encode_unsupervised_example(prompt, response, system, tools, template, token
     return input_ids, labels
 
 
-def measure_unsupervised_example(prompt, response, system, tools, template, tokenizer, cutoff_len: int):
-    """`encode_unsupervised_example` and what cutoff_len cut from the prompt and the reference answer."""
+def measure_unsupervised_example(
+    prompt, response, system, tools, template, tokenizer, cutoff_len: int, media=None, opened: dict | None = None
+):
+    """`encode_unsupervised_example` and what cutoff_len cut from the prompt and the reference answer. With media
+    (`opened`: the row's regularized media, placeholders already expanded), the family's token changes (PaliGemma's
+    image prefix) come before the cut, as LLaMA-Factory's UnsupervisedDatasetProcessor makes them."""
     reference = response if len(response) == 1 else [{"role": "assistant", "content": ""}]
     try:
         input_ids, labels = template.encode_oneturn(tokenizer, prompt + reference, system, tools)
@@ -321,36 +330,53 @@ def measure_unsupervised_example(prompt, response, system, tools, template, toke
         raise SkippedExample(str(error)) from None
     if template.efficient_eos:
         labels = labels + [tokenizer.eos_token_id]
+    if opened:
+        input_ids, _ = media.plugin.process_token_ids(input_ids, None, opened)
     source_len, target_len = infer_seqlen(len(input_ids), len(labels), cutoff_len)
     cut = ExampleCut(len(input_ids) + len(labels), source_len + target_len, len(labels), target_len)
     return input_ids[:source_len], labels[:target_len], cut
 
 
 def preprocess_unsupervised_dataset(
-    examples: dict, template, tokenizer, data_args, skipped: Counter | None = None, measure: bool = False
+    examples: dict,
+    template,
+    tokenizer,
+    data_args,
+    skipped: Counter | None = None,
+    measure: bool = False,
+    media=None,
+    media_kinds: tuple = (),
 ):
     """A batched `datasets.map` function for evaluation rows that are generated from: input_ids,
     attention_mask and labels (the reference answer), with skips counted as for supervised rows;
-    `measure` as for supervised rows (the labels are the reference answers)."""
+    `measure` as for supervised rows (the labels are the reference answers); `media` and `media_kinds` as for
+    supervised rows (a prompt whose media run cutoff_len cuts is left out and named, as in training)."""
     model_inputs = {"input_ids": [], "attention_mask": [], "labels": []}
     cuts: list[ExampleCut] = []
+    paths: list[dict] = []
     batch_skipped = Counter()
     count = len(examples["_prompt"])
     systems = examples.get("_system") or [None] * count
     tools = examples.get("_tools") or [None] * count
     responses = examples.get("_response") or [[]] * count
-    for prompt, response, system, tool_text in zip(examples["_prompt"], responses, systems, tools):
+    for index, (prompt, response, system, tool_text) in enumerate(zip(examples["_prompt"], responses, systems, tools)):
         try:
             check_supervised_example(prompt, response or [], system, tool_text, need_response=False)
+            prompt, response, row_paths, opened = expand_media(media, examples, index, prompt, response or [])
             input_ids, labels, cut = measure_unsupervised_example(
-                prompt, response or [], system, tool_text, template, tokenizer, data_args.cutoff_len
+                prompt, response, system, tool_text, template, tokenizer, data_args.cutoff_len, media, opened
             )
+            reason = media.plugin.cut_reason(input_ids, opened) if opened else None
+            if reason:
+                leave_out_cut_row(reason, row_paths)
         except SkippedExample as skip:
             batch_skipped[skip.reason] += 1
             continue
         cuts.append(cut)
+        paths.append(row_paths)
         model_inputs["input_ids"].append(input_ids)
         model_inputs["attention_mask"].append([1] * len(input_ids))
         model_inputs["labels"].append(labels)
     report_skips("Unsupervised", batch_skipped, count, skipped)
+    model_inputs.update(media_columns(paths, media_kinds))
     return {**model_inputs, **row_columns([[cut] for cut in cuts])} if measure else model_inputs
