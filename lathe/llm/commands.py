@@ -144,11 +144,13 @@ def data_preview_command(
     dump: str | None = None,
 ) -> int:
     """`lathe data preview CONFIG`: the template, its stop tokens and whether the chat_template saved with the
-    model agrees with it; then a few tokenized examples with the trained spans marked. With `dump`, every
+    model agrees with it; then a few tokenized examples with the trained spans marked, and (sft) the rows cutoff_len
+    cuts through media and those it leaves with no trained token, row by row (row_notes.py). With `dump`, every
     example of the split and the training collator's tensors are written there (lathe/llm/data/dump.py)."""
     from lathe.llm.config.train import parse_train_config
     from lathe.llm.data.pipeline import get_dataset
     from lathe.llm.data.preview import preview_examples
+    from lathe.llm.data.row_notes import describe_row_notes
     from lathe.llm.model.loader import load_tokenizer
     from lathe.llm.templates import get_template_and_fix_tokenizer
     from lathe.llm.templates.check import template_report
@@ -181,6 +183,9 @@ def data_preview_command(
                 f"== {name} (stage {config.finetuning.stage}, template {config.data.template or 'from the tokenizer'})"
             )
             print(preview_examples(part, tokenizer, n=num_examples))
+            if config.finetuning.stage == "sft":  # the rows cutoff_len cut through media or left untrained
+                key = "train" if split == "train" else ("validation" if name == split else f"validation_{name}")
+                print(describe_row_notes((datasets.get("row_notes") or {}).get(key), name))
         if dump:
             from lathe.llm.data.dump import dump_examples
 

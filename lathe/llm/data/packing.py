@@ -107,14 +107,17 @@ def preprocess_packed_supervised_dataset(
     measure: bool = False,
     media=None,
     media_kinds: tuple = (),
+    notes: list | None = None,
 ) -> dict:
     """A batched `datasets.map` function: canonical columns -> packed rows (input_ids, attention_mask,
     position_ids, labels). Skipped examples are counted and logged as for unpacked rows; `measure` adds
     truncation.COLUMNS per packed row; `media` (a MediaEncoder) expands the rows' media as for unpacked rows, and
-    each packed row carries its examples' media columns (`media_kinds`) in order."""
+    each packed row carries its examples' media columns (`media_kinds`) in order; `notes` as for unpacked rows."""
     cuts: list = []
     paths: list[dict] = []
-    encoded, batch_skipped = encode_supervised_examples(examples, template, tokenizer, data_args, cuts, media, paths)
+    encoded, batch_skipped = encode_supervised_examples(
+        examples, template, tokenizer, data_args, cuts, media, paths, notes
+    )
     report_skips("Packed supervised", batch_skipped, len(examples["_prompt"]), skipped)
     return pack_examples(
         encoded,
