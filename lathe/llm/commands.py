@@ -149,8 +149,6 @@ def data_preview_command(
     example of the split and the training collator's tensors are written there (lathe/llm/data/dump.py)."""
     from lathe.llm.config.train import parse_train_config
     from lathe.llm.data.pipeline import get_dataset
-    from lathe.llm.data.preview import preview_examples
-    from lathe.llm.data.row_notes import describe_row_notes
     from lathe.llm.model.loader import load_tokenizer
     from lathe.llm.templates import get_template_and_fix_tokenizer
     from lathe.llm.templates.check import template_report
@@ -177,15 +175,7 @@ def data_preview_command(
         dataset = datasets["train_dataset"] if split == "train" else datasets["eval_dataset"]
         if dataset is None:
             raise ValueError(f"the config gives no {split} split (eval needs val_size or eval_dataset).")
-        parts = dataset.items() if isinstance(dataset, dict) else [(split, dataset)]
-        for name, part in parts:
-            print(
-                f"== {name} (stage {config.finetuning.stage}, template {config.data.template or 'from the tokenizer'})"
-            )
-            print(preview_examples(part, tokenizer, n=num_examples))
-            if config.finetuning.stage == "sft":  # the rows cutoff_len cut through media or left untrained
-                key = "train" if split == "train" else ("validation" if name == split else f"validation_{name}")
-                print(describe_row_notes((datasets.get("row_notes") or {}).get(key), name))
+        print_preview(config, datasets, dataset, split, tokenizer, num_examples)
         if dump:
             from lathe.llm.data.dump import dump_examples
 
@@ -199,6 +189,21 @@ def data_preview_command(
         return 0
 
     return _reported("data preview", traceback, preview)
+
+
+def print_preview(config, datasets: dict, dataset, split: str, tokenizer, num_examples: int) -> None:
+    """The preview of each part of a split (eval_on_each_dataset: one per dataset) and, for sft, the rows cutoff_len
+    cuts through media or leaves with no trained token (lathe/llm/data/row_notes.py)."""
+    from lathe.llm.data.preview import preview_examples
+    from lathe.llm.data.row_notes import describe_row_notes
+
+    parts = dataset.items() if isinstance(dataset, dict) else [(split, dataset)]
+    for name, part in parts:
+        print(f"== {name} (stage {config.finetuning.stage}, template {config.data.template or 'from the tokenizer'})")
+        print(preview_examples(part, tokenizer, n=num_examples))
+        if config.finetuning.stage == "sft":
+            key = "train" if split == "train" else ("validation" if name == split else f"validation_{name}")
+            print(describe_row_notes((datasets.get("row_notes") or {}).get(key), name))
 
 
 def export_command(config_path: str, overrides: list[str], traceback: bool = False) -> int:

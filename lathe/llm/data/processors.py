@@ -21,7 +21,7 @@ def select_processor(stage: str, packing: bool, generate: bool = False) -> Calla
 
         return preprocess_feedback_dataset
     if generate:
-        from lathe.llm.data.supervised import preprocess_unsupervised_dataset
+        from lathe.llm.data.unsupervised import preprocess_unsupervised_dataset
 
         return preprocess_unsupervised_dataset
     if packing:
