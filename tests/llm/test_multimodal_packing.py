@@ -190,3 +190,53 @@ def test_lathe_train_with_neat_packing_equals_llamafactory(golden, tmp_path):
     # the tolerances of the other multimodal training goldens (test_multimodal_train.py)
     assert_close_to_golden(losses, expected["loss"], "packed losses", rel=0, abs=1e-5)
     assert_close_to_golden(norms, expected["grad_norm"], "packed grad norms", rel=1e-4)
+
+
+def test_qwen3_vl_packed_row_trains_as_its_examples_one_by_one():
+    """Qwen3-VL (no LLaMA-Factory golden of its own): one packed row of three image rows gives each example the mrope
+    positions and the loss it has alone (the loss over all trained tokens: the token-weighted mean of theirs)."""
+    from lathe.llm.config.train import DataArguments
+    from lathe.llm.data.collator import SFTDataCollator
+    from lathe.llm.data.packing import preprocess_packed_supervised_dataset
+    from lathe.llm.data.supervised import preprocess_supervised_dataset
+    from lathe.llm.multimodal.base import MediaSettings
+    from lathe.llm.multimodal.collator import MultimodalCollator
+    from lathe.llm.multimodal.encode import MediaEncoder
+    from lathe.llm.templates import get_template_and_fix_tokenizer
+    from tests.llm import multimodal_cases as cases
+
+    gen = cases.generator()
+    tokenizer = gen.make_tokenizer()
+    template = get_template_and_fix_tokenizer(tokenizer, DataArguments(template="qwen3_vl_nothink"))
+    settings = MediaSettings(image_max_pixels=64 * 96, image_min_pixels=gen.IMAGE_MIN_PIXELS)
+    media = MediaEncoder(template, tokenizer, "unused", settings, processor=cases.make_image_processor("qwen3_vl"))
+    model = cases.make_model(tokenizer, "qwen3_vl")
+    model.config._attn_implementation = "eager"
+    rows = gen.ROWS[:3]
+    examples = {
+        "_prompt": [gen.messages_of(row)[:-1] for row in rows],
+        "_response": [gen.messages_of(row)[-1:] for row in rows],
+        "_system": [""] * 3,
+        "_tools": [""] * 3,
+        "_images": [[gen.make_image(name) for name in row["images"]] for row in rows],
+    }
+    data_args = DataArguments(template="qwen3_vl_nothink", cutoff_len=1024, packing=True, neat_packing=True)
+    options = dict(media=media, media_kinds=("image",))
+    packed = preprocess_packed_supervised_dataset(examples, template, tokenizer, data_args, **options)
+    alone = preprocess_supervised_dataset(examples, template, tokenizer, data_args, **options)
+    collator = MultimodalCollator(SFTDataCollator(tokenizer, model=model), media.plugin, model)
+    batch = collator([{key: packed[key][0] for key in packed}])
+    (order,) = packed["position_ids"]  # the packed row's examples: where positions restart
+    starts = [index for index, position in enumerate(order) if position == 0] + [len(order)]
+    with torch.no_grad():
+        packed_loss = float(model(**batch).loss)
+        losses, counts = [], []
+        for start, end in zip(starts[:-1], starts[1:]):
+            index = alone["input_ids"].index(packed["input_ids"][0][start:end])
+            single = collator([{key: alone[key][index] for key in alone}])
+            assert torch.equal(batch["position_ids"][..., start:end], single["position_ids"])
+            losses.append(float(model(**single).loss))
+            counts.append(sum(label != -100 for label in alone["labels"][index][1:]))
+    assert len(losses) == 3 and batch["image_grid_thw"].shape[0] == 4
+    expected = sum(loss * count for loss, count in zip(losses, counts)) / sum(counts)
+    assert packed_loss == pytest.approx(expected, rel=1e-5)
