@@ -160,11 +160,11 @@ def test_where_llamafactory_fails_lathe_trains(golden, assets):
 def test_a_family_that_does_not_pack_is_one_clear_error(assets):
     from lathe.llm.data.collator import SFTDataCollator
     from lathe.llm.multimodal.collator import MultimodalCollator
-    from lathe.llm.multimodal.llava import LlavaPlugin
+    from lathe.llm.multimodal.gemma3 import Gemma3Plugin
 
     tokenizer = assets[2]
-    collator = MultimodalCollator(SFTDataCollator(tokenizer), LlavaPlugin(None, tokenizer), None)
-    with pytest.raises(ValueError, match="lathe's llava family does not pack yet"):
+    collator = MultimodalCollator(SFTDataCollator(tokenizer), Gemma3Plugin(None, tokenizer), None)
+    with pytest.raises(ValueError, match="lathe.s gemma3 family does not pack yet"):
         collator([{"input_ids": [1, 2], "attention_mask": [1, 1], "position_ids": [0, 1], "labels": [1, 2]}])
 
 
@@ -192,51 +192,97 @@ def test_lathe_train_with_neat_packing_equals_llamafactory(golden, tmp_path):
     assert_close_to_golden(norms, expected["grad_norm"], "packed grad norms", rel=1e-4)
 
 
-def test_qwen3_vl_packed_row_trains_as_its_examples_one_by_one():
-    """Qwen3-VL (no LLaMA-Factory golden of its own): one packed row of three image rows gives each example the mrope
-    positions and the loss it has alone (the loss over all trained tokens: the token-weighted mean of theirs)."""
+def _packed_against_alone(tokenizer, template_name, processor, settings, model, rows, media_of, kinds):
+    """One neat-packed row of `rows` collated and scored, and each row alone: (packed loss, the token-weighted mean of
+    the rows' own losses, how many examples matched their positions)."""
     from lathe.llm.config.train import DataArguments
     from lathe.llm.data.collator import SFTDataCollator
     from lathe.llm.data.packing import preprocess_packed_supervised_dataset
     from lathe.llm.data.supervised import preprocess_supervised_dataset
-    from lathe.llm.multimodal.base import MediaSettings
     from lathe.llm.multimodal.collator import MultimodalCollator
     from lathe.llm.multimodal.encode import MediaEncoder
     from lathe.llm.templates import get_template_and_fix_tokenizer
-    from tests.llm import multimodal_cases as cases
 
-    gen = cases.generator()
-    tokenizer = gen.make_tokenizer()
-    template = get_template_and_fix_tokenizer(tokenizer, DataArguments(template="qwen3_vl_nothink"))
-    settings = MediaSettings(image_max_pixels=64 * 96, image_min_pixels=gen.IMAGE_MIN_PIXELS)
-    media = MediaEncoder(template, tokenizer, "unused", settings, processor=cases.make_image_processor("qwen3_vl"))
-    model = cases.make_model(tokenizer, "qwen3_vl")
+    template = get_template_and_fix_tokenizer(tokenizer, DataArguments(template=template_name))
+    media = MediaEncoder(template, tokenizer, "unused", settings, processor=processor)
     model.config._attn_implementation = "eager"
-    rows = gen.ROWS[:3]
     examples = {
-        "_prompt": [gen.messages_of(row)[:-1] for row in rows],
-        "_response": [gen.messages_of(row)[-1:] for row in rows],
-        "_system": [""] * 3,
-        "_tools": [""] * 3,
-        "_images": [[gen.make_image(name) for name in row["images"]] for row in rows],
+        "_prompt": [[{"role": r, "content": c} for r, c in row["messages"][:-1]] for row in rows],
+        "_response": [[{"role": r, "content": c} for r, c in row["messages"][-1:]] for row in rows],
+        "_system": [""] * len(rows),
+        "_tools": [""] * len(rows),
+        **{f"_{column}": [media_of(row).get(column) or None for row in rows] for column in kinds},
     }
-    data_args = DataArguments(template="qwen3_vl_nothink", cutoff_len=1024, packing=True, neat_packing=True)
-    options = dict(media=media, media_kinds=("image",))
+    data_args = DataArguments(template=template_name, cutoff_len=1024, packing=True, neat_packing=True)
+    options = dict(media=media, media_kinds=tuple(column[:-1] for column in kinds))
     packed = preprocess_packed_supervised_dataset(examples, template, tokenizer, data_args, **options)
     alone = preprocess_supervised_dataset(examples, template, tokenizer, data_args, **options)
     collator = MultimodalCollator(SFTDataCollator(tokenizer, model=model), media.plugin, model)
     batch = collator([{key: packed[key][0] for key in packed}])
     (order,) = packed["position_ids"]  # the packed row's examples: where positions restart
     starts = [index for index, position in enumerate(order) if position == 0] + [len(order)]
+    losses, counts, same_positions = [], [], 0
     with torch.no_grad():
         packed_loss = float(model(**batch).loss)
-        losses, counts = [], []
         for start, end in zip(starts[:-1], starts[1:]):
             index = alone["input_ids"].index(packed["input_ids"][0][start:end])
             single = collator([{key: alone[key][index] for key in alone}])
-            assert torch.equal(batch["position_ids"][..., start:end], single["position_ids"])
+            if "position_ids" in single:
+                assert torch.equal(batch["position_ids"][..., start:end], single["position_ids"])
+                same_positions += 1
             losses.append(float(model(**single).loss))
             counts.append(sum(label != -100 for label in alone["labels"][index][1:]))
-    assert len(losses) == 3 and batch["image_grid_thw"].shape[0] == 4
-    expected = sum(loss * count for loss, count in zip(losses, counts)) / sum(counts)
+    assert len(losses) == len(rows)
+    return packed_loss, sum(loss * count for loss, count in zip(losses, counts)) / sum(counts), same_positions
+
+
+def test_qwen3_vl_packed_row_trains_as_its_examples_one_by_one():
+    """Qwen3-VL (no LLaMA-Factory golden of its own): one packed row of three image rows gives each example the mrope
+    positions and the loss it has alone (the loss over all trained tokens: the token-weighted mean of theirs)."""
+    from lathe.llm.multimodal.base import MediaSettings
+    from tests.llm import multimodal_cases as cases
+
+    gen = cases.generator()
+    tokenizer = gen.make_tokenizer()
+    settings = MediaSettings(image_max_pixels=64 * 96, image_min_pixels=gen.IMAGE_MIN_PIXELS)
+    rows = [{**row, "messages": row["messages"]} for row in gen.ROWS[:3]]
+    packed_loss, expected, same_positions = _packed_against_alone(
+        tokenizer,
+        "qwen3_vl_nothink",
+        cases.make_image_processor("qwen3_vl"),
+        settings,
+        cases.make_model(tokenizer, "qwen3_vl"),
+        rows,
+        lambda row: {"images": [gen.make_image(name) for name in row["images"]]},
+        ("images",),
+    )
+    assert same_positions == 3 and packed_loss == pytest.approx(expected, rel=1e-5)
+
+
+@pytest.mark.parametrize("family", ["llava", "llava_next"])
+def test_family_packed_row_trains_as_its_examples_one_by_one(family):
+    """LLaVA and LLaVA-NeXT pack too (their tensors do not depend on where a row's tokens sit): a packed row of the
+    families golden's image rows gives the token-weighted mean of the rows' own losses. (Qwen2-Audio does not:
+    transformers' Qwen2AudioForConditionalGeneration selects its loss tokens with a 2-D attention mask, and a packed
+    batch's is 4-D.)"""
+    import importlib.util
+
+    from lathe.llm.multimodal.base import MediaSettings
+
+    spec = importlib.util.spec_from_file_location("make_families", GOLDEN_DIR / "make_llamafactory_families.py")
+    families = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(families)
+    tokenizer = families.make_tokenizer(family)
+    rows = [row for row in families.rows_of(family) if row.get("images") or row.get("audios")]
+    kinds = ("audios",) if families.FAMILIES[family][1] == "audio" else ("images",)
+    packed_loss, expected, _ = _packed_against_alone(
+        tokenizer,
+        families.FAMILIES[family][0],
+        families.make_processor(family, tokenizer),
+        MediaSettings(**families.settings_of(family)),
+        families.make_model(family, tokenizer),
+        rows,
+        lambda row: families.media_of(family, row),
+        kinds,
+    )
     assert packed_loss == pytest.approx(expected, rel=1e-5)

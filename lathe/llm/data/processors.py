@@ -61,8 +61,8 @@ def media_options(plan, processor: Callable, dataset) -> dict[str, Any]:
     plan.media.plugin.check_kinds(counts, f"dataset(s) {', '.join(a.name for a in plan.train_attrs + plan.eval_attrs)}")
     if plan.packing and plan.stage == "sft" and not plan.media.plugin.packs:
         raise ValueError(
-            f"packing / neat_packing with {', '.join(kinds)}: implemented for the qwen2_vl and qwen3_vl families "
-            f"only, not yet for lathe's {plan.media.plugin.name} family (set packing: false)"
+            f"packing / neat_packing with {', '.join(kinds)}: implemented for the qwen2_vl, qwen3_vl, llava and "
+            f"llava_next families, not yet for lathe's {plan.media.plugin.name} family (set packing: false)"
         )
     return {"media": plan.media, "media_kinds": kinds}
 
