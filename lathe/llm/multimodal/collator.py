@@ -95,7 +95,9 @@ class MultimodalCollator:
                 get_padding_side(self.tokenizer),
             )
         if "attention_mask" not in batch:  # rows stay apart by attention_mask; flattened packing has none
-            raise ValueError("multimodal rows need an attention_mask: packing is not supported with media yet")
+            raise ValueError(
+                "multimodal rows need an attention_mask: the flattened one-row form of packed rows has none"
+            )
         model = None if self.generating and not packed else self.model  # packed rows are training rows
         batch.update(self.plugin.batch_inputs(media_rows, batch, model, row_ids))
         return batch
