@@ -203,7 +203,8 @@ def print_preview(config, datasets: dict, dataset, split: str, tokenizer, num_ex
         print(preview_examples(part, tokenizer, n=num_examples))
         if config.finetuning.stage == "sft":
             key = "train" if split == "train" else ("validation" if name == split else f"validation_{name}")
-            print(describe_row_notes((datasets.get("row_notes") or {}).get(key), name))
+            media = any(column in part.column_names for column in ("images", "videos", "audios"))
+            print(describe_row_notes((datasets.get("row_notes") or {}).get(key), name, media))
 
 
 def export_command(config_path: str, overrides: list[str], traceback: bool = False) -> int:

@@ -37,3 +37,14 @@ def test_preview_lists_rows_cut_through_media_and_rows_kept_untrained(tmp_path, 
             "  row 1: kept with no trained token: cutoff_len=20 keeps 20 of its " in out
         )
         assert "tokens and none of its" in out and "row 2" not in out
+
+
+def test_the_list_leaves_out_the_media_line_for_text_splits_and_says_when_notes_are_missing():
+    from lathe.llm.data.row_notes import describe_row_notes
+
+    notes = [{"row": 4, "kept": True, "why": "kept with no trained token: ..."}]
+    assert describe_row_notes(notes, "train", media=False) == (
+        "Rows kept with no trained token (train): 1\n  row 4: kept with no trained token: ..."
+    )
+    assert "through media (train, left out): none" in describe_row_notes([], "train", media=True)
+    assert "not recorded (the data was tokenized by several workers" in describe_row_notes(None, "eval")

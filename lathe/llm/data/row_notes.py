@@ -46,8 +46,9 @@ def with_row_notes(function: Callable, notes: list) -> Callable:
     return mapped
 
 
-def describe_row_notes(notes: list[dict] | None, split: str) -> str:
-    """The preview's list: the rows left out for a cut media run, then the rows kept with no trained token."""
+def describe_row_notes(notes: list[dict] | None, split: str, media: bool = True) -> str:
+    """The preview's list: the rows left out for a cut media run (shown when the split has `media` or such rows),
+    then the rows kept with no trained token."""
     if notes is None:
         return (
             f"Rows cut through media / kept with no trained token ({split}): not recorded (the data was tokenized by "
@@ -56,6 +57,7 @@ def describe_row_notes(notes: list[dict] | None, split: str) -> str:
     left_out = [note for note in notes if not note["kept"]]
     untrained = [note for note in notes if note["kept"]]
     lines = [f"Rows cutoff_len cuts through media ({split}, left out): {len(left_out) or 'none'}"]
+    lines = lines if media or left_out else []
     lines += [f"  row {note['row']}: {note['why']}" for note in left_out]
     lines.append(f"Rows kept with no trained token ({split}): {len(untrained) or 'none'}")
     lines += [f"  row {note['row']}: {note['why']}" for note in untrained]
