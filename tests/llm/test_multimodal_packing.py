@@ -286,3 +286,26 @@ def test_family_packed_row_trains_as_its_examples_one_by_one(family):
         kinds,
     )
     assert packed_loss == pytest.approx(expected, rel=1e-5)
+
+
+def test_packing_media_rows_of_a_family_that_does_not_pack_stops_before_tokenizing(assets):
+    from types import SimpleNamespace
+
+    import datasets
+
+    from lathe.llm.data.packing import preprocess_packed_supervised_dataset
+    from lathe.llm.data.processors import media_options
+    from lathe.llm.multimodal.gemma3 import Gemma3Plugin
+
+    rows = datasets.Dataset.from_dict({"_prompt": [[]], "_images": [["cat.png"]]})
+    plan = SimpleNamespace(
+        stage="sft",
+        packing=True,
+        media=SimpleNamespace(plugin=Gemma3Plugin(None, assets[2])),
+        train_attrs=[SimpleNamespace(name="mllm_demo")],
+        eval_attrs=[],
+    )
+    with pytest.raises(ValueError, match="packing / neat_packing with image: .* not yet for lathe's gemma3 family"):
+        media_options(plan, preprocess_packed_supervised_dataset, rows)
+    plan.media = SimpleNamespace(plugin=assets[4].plugin)  # qwen2_vl packs
+    assert media_options(plan, preprocess_packed_supervised_dataset, rows)["media_kinds"] == ("image",)
