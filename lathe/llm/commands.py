@@ -144,11 +144,11 @@ def data_preview_command(
     dump: str | None = None,
 ) -> int:
     """`lathe data preview CONFIG`: the template, its stop tokens and whether the chat_template saved with the
-    model agrees with it; then a few tokenized examples with the trained spans marked. With `dump`, every
+    model agrees with it; then a few tokenized examples with the trained spans marked, and (sft) the rows cutoff_len
+    cuts through media and those it leaves with no trained token, row by row (row_notes.py). With `dump`, every
     example of the split and the training collator's tensors are written there (lathe/llm/data/dump.py)."""
     from lathe.llm.config.train import parse_train_config
     from lathe.llm.data.pipeline import get_dataset
-    from lathe.llm.data.preview import preview_examples
     from lathe.llm.model.loader import load_tokenizer
     from lathe.llm.templates import get_template_and_fix_tokenizer
     from lathe.llm.templates.check import template_report
@@ -175,12 +175,7 @@ def data_preview_command(
         dataset = datasets["train_dataset"] if split == "train" else datasets["eval_dataset"]
         if dataset is None:
             raise ValueError(f"the config gives no {split} split (eval needs val_size or eval_dataset).")
-        parts = dataset.items() if isinstance(dataset, dict) else [(split, dataset)]
-        for name, part in parts:
-            print(
-                f"== {name} (stage {config.finetuning.stage}, template {config.data.template or 'from the tokenizer'})"
-            )
-            print(preview_examples(part, tokenizer, n=num_examples))
+        print_preview(config, datasets, dataset, split, tokenizer, num_examples)
         if dump:
             from lathe.llm.data.dump import dump_examples
 
@@ -194,6 +189,22 @@ def data_preview_command(
         return 0
 
     return _reported("data preview", traceback, preview)
+
+
+def print_preview(config, datasets: dict, dataset, split: str, tokenizer, num_examples: int) -> None:
+    """The preview of each part of a split (eval_on_each_dataset: one per dataset) and, for sft, the rows cutoff_len
+    cuts through media or leaves with no trained token (lathe/llm/data/row_notes.py)."""
+    from lathe.llm.data.preview import preview_examples
+    from lathe.llm.data.row_notes import describe_row_notes
+
+    parts = dataset.items() if isinstance(dataset, dict) else [(split, dataset)]
+    for name, part in parts:
+        print(f"== {name} (stage {config.finetuning.stage}, template {config.data.template or 'from the tokenizer'})")
+        print(preview_examples(part, tokenizer, n=num_examples))
+        if config.finetuning.stage == "sft":
+            key = "train" if split == "train" else ("validation" if name == split else f"validation_{name}")
+            media = any(column in part.column_names for column in ("images", "videos", "audios"))
+            print(describe_row_notes((datasets.get("row_notes") or {}).get(key), name, media))
 
 
 def export_command(config_path: str, overrides: list[str], traceback: bool = False) -> int:

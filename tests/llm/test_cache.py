@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import pytest
 
 from lathe.llm.config.train import DataArguments
-from lathe.llm.data import cache, pipeline
+from lathe.llm.data import cache, pipeline, processors
 from lathe.llm.templates.registry import get_template
 
 DATA_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data")
@@ -53,7 +53,7 @@ def env(tmp_path, tiny_tokenizer_dir, monkeypatch):
     (data / "dataset_info.json").write_text(json.dumps(info))
     tokenizer_dir = tmp_path / "tokenizer"
     shutil.copytree(tiny_tokenizer_dir, tokenizer_dir)
-    monkeypatch.setattr(pipeline, "select_processor", lambda stage, packing, generate=False: stand_in_processor)
+    monkeypatch.setattr(processors, "select_processor", lambda stage, packing, generate=False: stand_in_processor)
     state = SimpleNamespace(
         data=data,
         tokenizer_dir=tokenizer_dir,
@@ -184,12 +184,12 @@ def test_overwrite_cache_forces_tokenizing_and_replaces_the_entry(env):
 
 
 def test_a_crash_mid_write_leaves_no_reusable_cache(env, monkeypatch):
-    monkeypatch.setattr(pipeline, "select_processor", lambda stage, packing, generate=False: failing_processor)
+    monkeypatch.setattr(processors, "select_processor", lambda stage, packing, generate=False: failing_processor)
     CALLS["batches"] = 0
     with pytest.raises(RuntimeError, match="simulated crash"):
         env.run(val_size=1, preprocessing_batch_size=1)  # train batch 1 is written, then the crash
     assert entries(env.cache_dir) == []  # no entry, and the staging folder is gone too
-    monkeypatch.setattr(pipeline, "select_processor", lambda stage, packing, generate=False: stand_in_processor)
+    monkeypatch.setattr(processors, "select_processor", lambda stage, packing, generate=False: stand_in_processor)
     assert env.run(val_size=1, preprocessing_batch_size=1)[1]
     assert not env.run(val_size=1, preprocessing_batch_size=1)[1]
 

@@ -20,8 +20,8 @@ from lathe.llm.data.supervised import (  # noqa: E402
     encode_supervised_example,
     infer_seqlen,
     preprocess_supervised_dataset,
-    preprocess_unsupervised_dataset,
 )
+from lathe.llm.data.unsupervised import preprocess_unsupervised_dataset  # noqa: E402
 from lathe.llm.templates import TEMPLATES, Template, get_template_and_fix_tokenizer  # noqa: E402
 from lathe.llm.templates import tool_calls as tool_formats  # noqa: E402
 from tests.llm.chat_goldens import GOLDEN_EFFICIENT_EOS, LLAMA3_DATE, SPECS, messages_of, spec_ids  # noqa: E402

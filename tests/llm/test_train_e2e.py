@@ -273,9 +273,6 @@ def test_finished_model_without_checkpoints_is_not_overwritten(tiny_model_dir, d
 
 def test_predict_writes_generated_predictions(tiny_model_dir, data_dir, tmp_path):
     _needs("sft")
-    supervised = pytest.importorskip("lathe.llm.data.supervised")
-    if not hasattr(supervised, "preprocess_unsupervised_dataset"):
-        pytest.skip("prompt-only evaluation rows have not landed yet")
     output = tmp_path / "out"
     metrics = _train(
         tiny_model_dir,

@@ -14,6 +14,9 @@ Differences from LLaMA-Factory, for packed loss == unpacked loss:
   first label is never predicted at all. (It only matters with train_on_prompt, or a template whose
   first token is trained.)
 - Rows are not padded to cutoff_len + 1 here and cutoff_len is not lowered by one: the collator pads.
+
+Rows with media (a multimodal template) pack the same way: each packed row lists its examples' images (videos,
+audios) in order, and the collator computes Qwen2-VL's mrope positions per example (docs/MULTIMODAL_TRAINING.md).
 """
 
 from __future__ import annotations
@@ -57,10 +60,17 @@ def greedy_knapsack(lengths: list[int], capacity: int) -> list[list[int]]:
 
 
 def pack_examples(
-    encoded: list[tuple[list[int], list[int]]], cutoff_len: int, neat_packing: bool = False, cuts: list | None = None
+    encoded: list[tuple[list[int], list[int]]],
+    cutoff_len: int,
+    neat_packing: bool = False,
+    cuts: list | None = None,
+    paths: list[dict] | None = None,
+    media_kinds: tuple = (),
 ) -> dict:
     """(input_ids, labels) pairs -> packed rows: input_ids, attention_mask, position_ids, labels; with
-    `cuts` (an ExampleCut per pair) also truncation.COLUMNS summed over each row's examples."""
+    `cuts` (an ExampleCut per pair) also truncation.COLUMNS summed over each row's examples; with `media_kinds`,
+    each row's media columns: its examples' items in the row's order (`paths`: each pair's media, kind -> items),
+    as LLaMA-Factory concatenates them."""
     rows = {"input_ids": [], "attention_mask": [], "position_ids": [], "labels": []}
     bins = greedy_knapsack([len(input_ids) for input_ids, _ in encoded], cutoff_len)
     for members in bins:
@@ -77,18 +87,43 @@ def pack_examples(
         rows["labels"].append(labels)
     if cuts is not None:
         rows.update(row_columns([[cuts[index] for index in members] for members in bins]))
+    if media_kinds:
+        from lathe.llm.multimodal.encode import output_columns
+
+        joined = [
+            {kind: [item for index in members for item in (paths[index].get(kind) or [])] for kind in media_kinds}
+            for members in bins
+        ]
+        rows.update(output_columns(joined, media_kinds))
     return rows
 
 
 def preprocess_packed_supervised_dataset(
-    examples: dict, template, tokenizer, data_args, skipped: Counter | None = None, measure: bool = False
+    examples: dict,
+    template,
+    tokenizer,
+    data_args,
+    skipped: Counter | None = None,
+    measure: bool = False,
+    media=None,
+    media_kinds: tuple = (),
+    notes: list | None = None,
 ) -> dict:
     """A batched `datasets.map` function: canonical columns -> packed rows (input_ids, attention_mask,
     position_ids, labels). Skipped examples are counted and logged as for unpacked rows; `measure` adds
-    truncation.COLUMNS per packed row."""
+    truncation.COLUMNS per packed row; `media` (a MediaEncoder) expands the rows' media as for unpacked rows, and
+    each packed row carries its examples' media columns (`media_kinds`) in order; `notes` as for unpacked rows."""
     cuts: list = []
-    encoded, batch_skipped = encode_supervised_examples(examples, template, tokenizer, data_args, cuts)
+    paths: list[dict] = []
+    encoded, batch_skipped = encode_supervised_examples(
+        examples, template, tokenizer, data_args, cuts, media, paths, notes
+    )
     report_skips("Packed supervised", batch_skipped, len(examples["_prompt"]), skipped)
     return pack_examples(
-        encoded, data_args.cutoff_len, getattr(data_args, "neat_packing", False), cuts if measure else None
+        encoded,
+        data_args.cutoff_len,
+        getattr(data_args, "neat_packing", False),
+        cuts if measure else None,
+        paths,
+        media_kinds,
     )

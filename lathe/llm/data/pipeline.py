@@ -20,7 +20,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from lathe.llm.data import cache, truncation
+from lathe.llm.data import cache, processors, truncation
 from lathe.llm.data.converters import ConversionReport
 from lathe.llm.data.loader import load_datasets, merge_datasets, split_validation
 from lathe.llm.data.preview import trained_fraction
@@ -125,7 +125,7 @@ class DataPlan:
         )
 
     def processor(self, is_eval: bool) -> Callable:
-        return select_processor(self.stage, self.packing, generate=is_eval and self.generate)
+        return processors.select_processor(self.stage, self.packing, generate=is_eval and self.generate)
 
     def key_parts(self) -> dict[str, Any]:
         processors = (
@@ -182,37 +182,6 @@ def _source_file(function: Callable) -> str | None:
         return None
 
 
-def select_processor(stage: str, packing: bool, generate: bool = False) -> Callable:
-    """The batched map function for a stage, with the uniform signature (examples, template, tokenizer, data_args)."""
-    if stage == "pt":
-        return _pretrain
-    if stage in ("rm", "dpo"):
-        from lathe.llm.data.pairwise import preprocess_pairwise_dataset
-
-        return preprocess_pairwise_dataset
-    if stage == "kto":
-        from lathe.llm.data.feedback import preprocess_feedback_dataset
-
-        return preprocess_feedback_dataset
-    if generate:
-        from lathe.llm.data.supervised import preprocess_unsupervised_dataset
-
-        return preprocess_unsupervised_dataset
-    if packing:
-        from lathe.llm.data.packing import preprocess_packed_supervised_dataset
-
-        return preprocess_packed_supervised_dataset
-    from lathe.llm.data.supervised import preprocess_supervised_dataset
-
-    return preprocess_supervised_dataset
-
-
-def _pretrain(examples, template, tokenizer, data_args):
-    from lathe.llm.data.pretrain import preprocess_pretrain_dataset
-
-    return preprocess_pretrain_dataset(examples, tokenizer, data_args)
-
-
 def build_and_cache(plan: DataPlan, root: str, key: str) -> tuple[dict[str, Any], dict[str, Any]]:
     """Load, convert, merge, split and tokenize into a staging folder, then publish it as the entry `key`;
     returns (splits, manifest)."""
@@ -237,9 +206,12 @@ def build_and_cache(plan: DataPlan, root: str, key: str) -> tuple[dict[str, Any]
     with cache.staging_folder(root, key) as staging:
         files, stats = {}, {}
         for name, dataset in raw.items():
-            processed = tokenize_split(plan, name, dataset, staging)
+            notes: list = []
+            processed, recorded = tokenize_split(plan, name, dataset, staging, notes)
             files[name] = [os.path.relpath(item["filename"], staging) for item in processed.cache_files]
             stats[name] = split_stats(processed, rows_before=len(dataset))
+            if recorded:
+                stats[name]["row_notes"] = notes
         manifest = {
             "key": key,
             "splits": files,
@@ -256,8 +228,11 @@ def build_and_cache(plan: DataPlan, root: str, key: str) -> tuple[dict[str, Any]
     return entry
 
 
-def tokenize_split(plan: DataPlan, name: str, dataset, staging: str):
-    """One split through the stage's processor, written as arrow files inside the staging folder."""
+def tokenize_split(plan: DataPlan, name: str, dataset, staging: str, notes: list | None = None):
+    """One split through the stage's processor, written as arrow files inside the staging folder; `notes` receives
+    the rows cut through media or left untrained (row_notes.py) where the processor notes them in this process.
+    Returns (the tokenized split, whether `notes` was filled)."""
+    recorded = False
     processor = plan.processor(is_eval=name != "train")
     map_kwargs = dict(
         batch_size=getattr(plan.data_args, "preprocessing_batch_size", 1000),
@@ -268,13 +243,15 @@ def tokenize_split(plan: DataPlan, name: str, dataset, staging: str):
         desc=f"Tokenizing the {name} split",
     )
     with truncation.quiet_length_warning(plan.tokenizer):  # lathe reports what cutoff_len cut instead
-        if processor is _pretrain:  # blocks are cut from the whole split's token stream, not batch by batch
+        if processor is processors.pretrain:  # blocks are cut from the whole split's token stream, not batch by batch
             from lathe.llm.data.pretrain import pretrain_blocks
 
             processed = pretrain_blocks(dataset, plan.tokenizer, _resolved_data_args(plan), map_kwargs)
         else:
-            options = {"measure": True} if _can_measure(processor) else {}  # sft: what cutoff_len cuts per row
-            options.update(_media_options(plan, processor, dataset))
+            options = (
+                {"measure": True} if processors.can_measure(processor) else {}
+            )  # sft: what cutoff_len cuts per row
+            options.update(processors.media_options(plan, processor, dataset))
             function = functools.partial(
                 processor,
                 template=plan.template,
@@ -282,6 +259,12 @@ def tokenize_split(plan: DataPlan, name: str, dataset, staging: str):
                 data_args=_resolved_data_args(plan),
                 **options,
             )
+            in_process = (map_kwargs["num_proc"] or 1) == 1
+            recorded = notes is not None and "notes" in processors.parameters(processor) and in_process
+            if recorded:
+                from lathe.llm.data.row_notes import with_row_notes
+
+                function, map_kwargs["with_indices"] = with_row_notes(function, notes), True
             from lathe.llm.multimodal.images import UndecodableMedia
             from lathe.llm.multimodal.media import name_row
 
@@ -297,36 +280,7 @@ def tokenize_split(plan: DataPlan, name: str, dataset, staging: str):
         )
     if not processed.cache_files or any(not item["filename"].startswith(staging) for item in processed.cache_files):
         processed = processed.flatten_indices(cache_file_name=os.path.join(staging, f"{name}-flat.arrow"))
-    return processed
-
-
-def _media_options(plan: DataPlan, processor: Callable, dataset) -> dict[str, Any]:
-    """The MediaEncoder and the media kinds the split's rows have, for a processor that takes them."""
-    from lathe.llm.multimodal.encode import media_kinds
-    from lathe.llm.multimodal.media import CANONICAL as CANONICAL_COLUMN
-
-    kinds = media_kinds(dataset)
-    if not kinds:
-        return {}
-    import inspect
-
-    if "media" not in inspect.signature(processor).parameters:
-        what = "packing" if plan.packing else ("generation (predict_with_generate)" if plan.generate else plan.stage)
-        raise ValueError(f"{what} with images, videos or audio is not supported yet: rows here hold {', '.join(kinds)}")
-    if plan.media is None:
-        raise ValueError(
-            f"the data has {', '.join(kinds)} rows but template {getattr(plan.template, 'name', None)!r} takes no "
-            "media: use the model family's multimodal template (e.g. qwen2_vl)"
-        )
-    counts = {kind: sum(1 for row in dataset[CANONICAL_COLUMN[kind]] if row) for kind in kinds}
-    plan.media.plugin.check_kinds(counts, f"dataset(s) {', '.join(a.name for a in plan.train_attrs + plan.eval_attrs)}")
-    return {"media": plan.media, "media_kinds": kinds}
-
-
-def _can_measure(processor: Callable) -> bool:
-    import inspect
-
-    return "measure" in inspect.signature(processor).parameters
+    return processed, recorded
 
 
 def _resolved_data_args(plan: DataPlan):
@@ -391,6 +345,7 @@ def dataset_module(splits: dict[str, Any], stats: dict[str, Any] | None = None) 
         }
         module["eval_dataset"] = named or None
     if stats is not None:
+        module["row_notes"] = {name: values.get("row_notes") for name, values in stats.items()}
         module["truncation"] = {
             name: values.get("truncation") and {**values["truncation"], "rows_before": values["rows_before"]}
             for name, values in stats.items()

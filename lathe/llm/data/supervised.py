@@ -30,6 +30,14 @@ class SkippedExample(ValueError):
         self.reason = reason
 
 
+class MediaCut(SkippedExample):
+    """A row whose media run cutoff_len cut; `files`: its media (paths, or what a row holds)."""
+
+    def __init__(self, reason: str, files: list[str]):
+        super().__init__(reason)
+        self.files = files
+
+
 def infer_seqlen(source_len: int, target_len: int, cutoff_len: int) -> tuple[int, int]:
     """How many prompt (source) and answer (target) tokens of one turn fit in `cutoff_len`.
 
@@ -195,24 +203,39 @@ def finish_media(media, opened: dict, input_ids: list[int], labels: list[int], p
         return input_ids, labels
     input_ids, labels, reason = media.finish(input_ids, labels, opened)
     if reason:
-        files = [
-            item if isinstance(item, str) else f"a {kind} held in the row"
-            for kind, items in (paths or {}).items()
-            for item in items or []
-        ]
-        if files and len(_named_cuts) < MEDIA_CUTS_NAMED:
-            _named_cuts.append(files[0])
-            logger.warning("left out the row with %s: %s (raise cutoff_len to keep it)", ", ".join(files), reason)
-        raise SkippedExample(reason)
+        leave_out_cut_row(reason, paths)
     return input_ids, labels
 
 
+def leave_out_cut_row(reason: str, paths: dict | None):
+    """Raise SkippedExample for a row whose media run cutoff_len cut, naming the first such rows' media files."""
+    files = [
+        item if isinstance(item, str) else f"a {kind} held in the row"
+        for kind, items in (paths or {}).items()
+        for item in items or []
+    ]
+    if files and len(_named_cuts) < MEDIA_CUTS_NAMED:
+        _named_cuts.append(files[0])
+        logger.warning("left out the row with %s: %s (raise cutoff_len to keep it)", ", ".join(files), reason)
+    raise MediaCut(reason, files)
+
+
 def encode_supervised_examples(
-    examples: dict, template, tokenizer, data_args, cuts: list | None = None, media=None, paths: list | None = None
+    examples: dict,
+    template,
+    tokenizer,
+    data_args,
+    cuts: list | None = None,
+    media=None,
+    paths: list | None = None,
+    notes: list | None = None,
 ):
     """A batch in the canonical columns (_prompt, _response, _system, _tools) -> the encoded
     (input_ids, labels) pairs of the examples kept, and a Counter of skip reasons for the others.
-    `cuts`, when given, receives an ExampleCut per kept example; `paths` each kept row's media paths."""
+    `cuts`, when given, receives an ExampleCut per kept example; `paths` each kept row's media paths; `notes` a
+    note (lathe.llm.data.row_notes) per row left out for a cut media run or kept with no trained token."""
+    from lathe.llm.data.row_notes import media_cut_why, untrained_why
+
     encoded, skipped, untrained = [], Counter(), 0
     cutoff_len = data_args.cutoff_len
     train_on_prompt = getattr(data_args, "train_on_prompt", False)
@@ -222,6 +245,7 @@ def encode_supervised_examples(
     tools = examples.get("_tools") or [None] * count
     rows = zip(examples["_prompt"], examples["_response"], systems, tools)
     for index, (prompt, response, system, tool_text) in enumerate(rows):
+        cut = None
         try:
             check_supervised_example(prompt, response, system, tool_text)
             prompt, response, row_paths, opened = expand_media(media, examples, index, prompt, response)
@@ -232,8 +256,15 @@ def encode_supervised_examples(
             input_ids, labels = finish_media(media, opened, input_ids, labels, row_paths)
         except SkippedExample as skip:
             skipped[skip.reason] += 1
+            if notes is not None and isinstance(skip, MediaCut):
+                notes.append(
+                    {"row": index, "kept": False, "why": media_cut_why(skip.reason, cut, cutoff_len, skip.files)}
+                )
             continue
-        untrained += all(label == IGNORE_INDEX for label in labels)
+        if all(label == IGNORE_INDEX for label in labels):
+            untrained += 1
+            if notes is not None:
+                notes.append({"row": index, "kept": True, "why": untrained_why(cut, cutoff_len)})
         encoded.append((input_ids, labels))
         if cuts is not None:
             cuts.append(cut)
@@ -274,16 +305,20 @@ def preprocess_supervised_dataset(
     measure: bool = False,
     media=None,
     media_kinds: tuple = (),
+    notes: list | None = None,
 ):
     """A batched `datasets.map` function: canonical columns -> input_ids, attention_mask, labels.
 
     Skipped examples are logged per batch with their reasons and, when `skipped` is given, added to it
     (in-process only: with several map workers, compare row counts before and after). `measure` adds
     truncation.COLUMNS: what cutoff_len cut from each row. `media` (a MediaEncoder) expands the rows' media;
-    `media_kinds` are the media columns the rows carry on (images, videos, audios: paths for the collator)."""
+    `media_kinds` are the media columns the rows carry on (images, videos, audios: paths for the collator); `notes`
+    receives the rows cut through media or left untrained (lathe.llm.data.row_notes)."""
     cuts: list[ExampleCut] = []
     paths: list[dict] = []
-    encoded, batch_skipped = encode_supervised_examples(examples, template, tokenizer, data_args, cuts, media, paths)
+    encoded, batch_skipped = encode_supervised_examples(
+        examples, template, tokenizer, data_args, cuts, media, paths, notes
+    )
     report_skips("Supervised", batch_skipped, len(examples["_prompt"]), skipped)
     rows = {
         "input_ids": [input_ids for input_ids, _ in encoded],
@@ -300,57 +335,3 @@ def media_columns(paths: list[dict], kinds: tuple) -> dict:
     from lathe.llm.multimodal.encode import output_columns
 
     return output_columns(paths, kinds)
-
-
-def encode_unsupervised_example(prompt, response, system, tools, template, tokenizer, cutoff_len: int):
-    """Prompt-only rows for generation (predict_with_generate): input_ids = the prompt (ending with the
-    assistant header), labels = the reference answer's ids (not masked: they are compared to the
-    generated text). Without exactly one response, the reference is an empty answer."""
-    input_ids, labels, _ = measure_unsupervised_example(
-        prompt, response, system, tools, template, tokenizer, cutoff_len
-    )
-    return input_ids, labels
-
-
-def measure_unsupervised_example(prompt, response, system, tools, template, tokenizer, cutoff_len: int):
-    """`encode_unsupervised_example` and what cutoff_len cut from the prompt and the reference answer."""
-    reference = response if len(response) == 1 else [{"role": "assistant", "content": ""}]
-    try:
-        input_ids, labels = template.encode_oneturn(tokenizer, prompt + reference, system, tools)
-    except InvalidMessage as error:
-        raise SkippedExample(str(error)) from None
-    if template.efficient_eos:
-        labels = labels + [tokenizer.eos_token_id]
-    source_len, target_len = infer_seqlen(len(input_ids), len(labels), cutoff_len)
-    cut = ExampleCut(len(input_ids) + len(labels), source_len + target_len, len(labels), target_len)
-    return input_ids[:source_len], labels[:target_len], cut
-
-
-def preprocess_unsupervised_dataset(
-    examples: dict, template, tokenizer, data_args, skipped: Counter | None = None, measure: bool = False
-):
-    """A batched `datasets.map` function for evaluation rows that are generated from: input_ids,
-    attention_mask and labels (the reference answer), with skips counted as for supervised rows;
-    `measure` as for supervised rows (the labels are the reference answers)."""
-    model_inputs = {"input_ids": [], "attention_mask": [], "labels": []}
-    cuts: list[ExampleCut] = []
-    batch_skipped = Counter()
-    count = len(examples["_prompt"])
-    systems = examples.get("_system") or [None] * count
-    tools = examples.get("_tools") or [None] * count
-    responses = examples.get("_response") or [[]] * count
-    for prompt, response, system, tool_text in zip(examples["_prompt"], responses, systems, tools):
-        try:
-            check_supervised_example(prompt, response or [], system, tool_text, need_response=False)
-            input_ids, labels, cut = measure_unsupervised_example(
-                prompt, response or [], system, tool_text, template, tokenizer, data_args.cutoff_len
-            )
-        except SkippedExample as skip:
-            batch_skipped[skip.reason] += 1
-            continue
-        cuts.append(cut)
-        model_inputs["input_ids"].append(input_ids)
-        model_inputs["attention_mask"].append([1] * len(input_ids))
-        model_inputs["labels"].append(labels)
-    report_skips("Unsupervised", batch_skipped, count, skipped)
-    return {**model_inputs, **row_columns([[cut] for cut in cuts])} if measure else model_inputs

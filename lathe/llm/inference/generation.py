@@ -85,7 +85,7 @@ class BatchGenerator:
         media = self._media(sequences, device, next(self.model.parameters()).dtype)
         position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
         if media:
-            from lathe.llm.multimodal.qwen2_vl import rope_index_function, rope_positions
+            from lathe.llm.multimodal.mrope import rope_index_function, rope_positions
 
             if rope_index_function(self.model) is not None:
                 # 3-D (mrope) positions, as training gives them; then each new token one further on every axis

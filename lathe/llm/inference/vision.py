@@ -170,7 +170,7 @@ def image_probe(config, model, tokenizer, template) -> dict | None:
     holding the probe image, encoded as served, with the 3-D positions training gives the family."""
     import torch
 
-    from lathe.llm.multimodal.qwen2_vl import rope_positions
+    from lathe.llm.multimodal.mrope import rope_positions
 
     encoder = load_image_encoder(config, model, template, tokenizer)
     if encoder.refusal is not None:

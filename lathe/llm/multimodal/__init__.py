@@ -22,7 +22,8 @@ that defines a `FamilyPlugin` subclass and is registered by one line in plugins.
 - media.py: the rows' media columns: paths joined to media_dir as LLaMA-Factory does, checked per row.
 - encode.py: MediaEncoder, the data pipeline's handle on the run's plugin (the processor loaded at the first row
   with media), and the tokenized rows' media columns.
-- qwen2_vl.py: the Qwen2-VL / Qwen2.5-VL family (images; mrope position ids from the model's get_rope_index).
+- qwen2_vl.py: the Qwen2-VL / Qwen2.5-VL family (images, videos); mrope.py: its mrope position ids from the model's
+  get_rope_index (padded batches; packed rows, one packed example at a time).
 - llava.py, llava_next.py, gemma3.py, gemma3n.py, paligemma.py, qwen2_audio.py, mllama.py, pixtral.py,
   intern_vl.py: the other families (placeholder expansion, PaliGemma's image prefix, their tensors), each a
   FamilyPlugin through common.py's ModulePlugin (the media settings, image processor / feature extractor calls).

@@ -80,7 +80,8 @@ class FamilyPlugin:
     - cut_reason(input_ids, media): why a row cut by cutoff_len cannot train (a media run cut), or None;
     - batch_inputs(media_rows, batch, model, row_ids): the tensors the model takes besides the text (pixel_values,
       grids, position ids, token_type_ids, ...) for a padded batch whose rows carried media_rows (one dict per row);
-      row_ids: each row's input_ids before padding (stand-in tokens included);
+      row_ids: each row's input_ids before padding (stand-in tokens included); packed rows (a family with `packs`)
+      come with the text collator's 2-D position_ids (0 where each example starts) and 4-D attention mask;
     - stand_in(): LLaMA-Factory's fake media, kind -> items: the collator gives each kind a batch lacks to its first
       row (a white image, silence), or None.
     """
@@ -94,6 +95,7 @@ class FamilyPlugin:
     composites: ClassVar[dict] = {}  # model_type -> Composite
     options: ClassVar[tuple[str, ...]] = ()  # family-only settings it honours: image_do_pan_and_scan, ...
     missing: ClassVar[dict] = {}  # kind -> why lathe's family takes none (appended to the error)
+    packs: ClassVar[bool] = False  # batch_inputs takes packed rows (position_ids restarting per example)
 
     def check_settings(self) -> None:
         """One line for a setting this family does not have (LLaMA-Factory ignores them silently)."""

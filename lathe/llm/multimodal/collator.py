@@ -21,13 +21,21 @@ COLUMNS = {"image": "images", "video": "videos", "audio": "audios"}
 
 
 class MultimodalCollator:
-    """`text_collator` (lathe's SFTDataCollator, or a preference collator) pads the text; `plugin` adds the rest."""
+    """`text_collator` (lathe's SFTDataCollator, or a preference collator) pads the text; `plugin` adds the rest.
 
-    def __init__(self, text_collator, plugin, model):
+    Packed rows (they carry position_ids, 0 where each example starts) keep the text collator's block-diagonal 4-D
+    mask: the flattened one-row form has no mask to hold the stand-in apart, and the vision tower's own attention
+    must not see packed boundaries. `generating`: rows to generate from (predict_with_generate); the model's
+    generate() computes its positions itself, as LLaMA-Factory's collator leaves them to it there (model=None)."""
+
+    def __init__(self, text_collator, plugin, model, generating: bool = False):
         self.text_collator = text_collator
         self.tokenizer = getattr(text_collator, "tokenizer", None) or plugin.tokenizer
         self.plugin = plugin
         self.model = model
+        self.generating = generating
+        if getattr(text_collator, "packed_attention", None) == "auto":
+            text_collator.packed_attention = "mask"
 
     def media_of(self, feature: dict) -> dict[str, list]:
         media = {}
@@ -63,6 +71,7 @@ class MultimodalCollator:
             ("input_ids", ids),
             ("attention_mask", [0] * len(ids)),
             ("labels", [IGNORE_INDEX] * len(ids)),
+            ("position_ids", list(range(len(ids)))),  # packed rows: the stand-in is an example of its own
         ):
             if key in first:
                 first[key] = list(first[key]) + value if right else value + list(first[key])
@@ -70,11 +79,14 @@ class MultimodalCollator:
 
     def __call__(self, features: list[Mapping[str, Any]]) -> dict[str, Any]:
         features = [dict(feature) for feature in features]
+        packed = "position_ids" in features[0]
+        if packed and not self.plugin.packs:
+            raise ValueError(f"packed rows with media: lathe's {self.plugin.name} family does not pack yet")
         media_rows = [self.media_of(feature) for feature in features]
         self.add_stand_in(features, media_rows)
         row_ids = [list(feature["input_ids"]) for feature in features]
         batch = self.text_collator(features)
-        if "attention_mask" in batch and "attention_mask" in features[0]:
+        if "attention_mask" in batch and "attention_mask" in features[0] and not packed:
             # the rows' own masks (the stand-in's tokens are 0), padded as the text collator padded
             batch["attention_mask"] = pad_rows(
                 [feature["attention_mask"] for feature in features],
@@ -83,8 +95,11 @@ class MultimodalCollator:
                 get_padding_side(self.tokenizer),
             )
         if "attention_mask" not in batch:  # rows stay apart by attention_mask; flattened packing has none
-            raise ValueError("multimodal rows need an attention_mask: packing is not supported with media yet")
-        batch.update(self.plugin.batch_inputs(media_rows, batch, self.model, row_ids))
+            raise ValueError(
+                "multimodal rows need an attention_mask: the flattened one-row form of packed rows has none"
+            )
+        model = None if self.generating and not packed else self.model  # packed rows are training rows
+        batch.update(self.plugin.batch_inputs(media_rows, batch, model, row_ids))
         return batch
 
 

@@ -5,7 +5,8 @@
   (pixel_values: one row per 14x14 patch, image_grid_thw: (t, h, w) patches per image);
 - `<image>` becomes `<|vision_start|>` + `<|image_pad|>` x (t*h*w / merge_size^2) + `<|vision_end|>`;
 - the collator adds 3-D rotary positions (temporal, height, width; "mrope") and rope_deltas, computed by
-  the model's own get_rope_index.
+  the model's own get_rope_index (packed rows: per packed example, as LLaMA-Factory's neat packing; generation:
+  none, generate() computes them).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from lathe.llm.multimodal.images import (
     media_cut_reason,
     open_image,
 )
+from lathe.llm.multimodal.mrope import packed_rope_positions, rope_positions
 from lathe.llm.multimodal.video import check_torchvision, read_video
 
 VISION_START, VISION_END, IMAGE_TOKEN, VIDEO_TOKEN = (
@@ -74,56 +76,6 @@ def expand_placeholders(messages: list[dict], image_grid_thw, merge_size: int) -
             used += 1
         expanded.append({**message, "content": content})
     return expanded
-
-
-def rope_index_function(model):
-    """The model's get_rope_index (on the model, or on its inner model since transformers 4.52; a PEFT
-    wrapper is looked through), or None for a model without mrope."""
-    if model is None:
-        return None
-    base = getattr(model, "base_model", None)
-    if base is not None and hasattr(base, "model") and type(model).__name__.startswith("Peft"):
-        model = base.model
-    if hasattr(model, "get_rope_index"):
-        return model.get_rope_index
-    inner = getattr(model, "model", None)
-    return getattr(inner, "get_rope_index", None)
-
-
-def rope_positions(model, input_ids, attention_mask, image_grid_thw=None, video_grid_thw=None, second_per_grid_ts=None):
-    """(position_ids of shape (3, batch, length), rope_deltas) for a padded batch, from the model's get_rope_index
-    (image tokens marked 1 and video tokens 2 in mm_token_type_ids, as transformers 5 asks; Qwen2.5-VL's video
-    frames spaced by second_per_grid_ts)."""
-    import inspect
-
-    import torch
-
-    if attention_mask.sum() == 0:  # a batch of padding only: plain positions on every axis
-        length = input_ids.shape[-1]
-        positions = torch.arange(length).view(1, 1, length).expand(3, *input_ids.shape).contiguous()
-        return positions, torch.zeros(input_ids.shape[0])
-    get_rope_index = rope_index_function(model)
-    if get_rope_index is None:
-        raise ValueError(f"{type(model).__name__} has no get_rope_index: it is not a Qwen2-VL family model")
-    kwargs = {
-        "input_ids": input_ids,
-        "image_grid_thw": image_grid_thw,
-        "video_grid_thw": video_grid_thw,
-        "attention_mask": (attention_mask >= 1).float(),
-    }
-    if second_per_grid_ts is not None:
-        kwargs["second_per_grid_ts"] = second_per_grid_ts
-    if "mm_token_type_ids" in inspect.signature(get_rope_index).parameters:
-        config = model.config
-        token_types = torch.zeros_like(input_ids)
-        for token_id, kind in (
-            (getattr(config, "image_token_id", None), 1),
-            (getattr(config, "video_token_id", None), 2),
-        ):
-            if token_id is not None:
-                token_types[input_ids == token_id] = kind
-        kwargs["mm_token_type_ids"] = token_types
-    return get_rope_index(**kwargs)
 
 
 # Parameter-name parts of the family's towers, as LLaMA-Factory registers the qwen2_vl composite model.
@@ -236,6 +188,7 @@ class Qwen2VLPlugin(FamilyPlugin):
 
     name = "qwen2_vl"
     kinds = ("image", "video")
+    packs = True
     composites = {"qwen2_vl": QWEN2_VL, "qwen2_5_vl": QWEN2_VL}
 
     @property
@@ -326,6 +279,16 @@ class Qwen2VLPlugin(FamilyPlugin):
         inputs.update(self.video_inputs(videos))
         self._check_tokens(batch["input_ids"], inputs.get("image_grid_thw"), IMAGE_TOKEN, "image")
         self._check_tokens(batch["input_ids"], inputs.get("video_grid_thw"), VIDEO_TOKEN, "video")
+        if model is None:  # generation: generate() computes the positions (LLaMA-Factory's collator has no model)
+            return inputs
+        if "position_ids" in batch:  # packed rows: positions per example, no rope_deltas (LLaMA-Factory's neat packing)
+            merge_length = self.image_processor.merge_size**2
+            token_ids = self.tokenizer.convert_tokens_to_ids([IMAGE_TOKEN, VIDEO_TOKEN])
+            positions = packed_rope_positions(
+                model, batch["input_ids"], batch["position_ids"], inputs, token_ids, merge_length
+            )
+            inputs["position_ids"] = torch.cat([positions[:1], positions], dim=0)
+            return inputs
         positions, rope_deltas = rope_positions(
             model,
             batch["input_ids"],

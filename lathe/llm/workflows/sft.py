@@ -64,18 +64,19 @@ def make_collator(config, tokenizer, model, media=None):
         label_pad_token_id=IGNORE_INDEX if data_args.ignore_pad_token_for_loss else tokenizer.pad_token_id,
         pad_to_multiple_of=8 if config.training.do_train else None,
     )
-    return multimodal_collator(collator, model, media)
+    return multimodal_collator(collator, model, media, generating=config.training.predict_with_generate)
 
 
-def multimodal_collator(collator, model, media):
-    """`collator` wrapped for a vision-language model run with a multimodal template; unchanged otherwise."""
+def multimodal_collator(collator, model, media, generating: bool = False):
+    """`collator` wrapped for a vision-language model run with a multimodal template; unchanged otherwise.
+    `generating` (predict_with_generate): no position ids from the collator, generate() makes them."""
     from lathe.llm.multimodal.towers import composite_of
 
     if media is None or composite_of(model) is None:
         return collator
     from lathe.llm.multimodal.collator import MultimodalCollator
 
-    return MultimodalCollator(collator, media.plugin, model)
+    return MultimodalCollator(collator, media.plugin, model, generating=generating)
 
 
 def run(config, dry_run: bool = False, callbacks: list | None = None) -> dict:
@@ -97,7 +98,7 @@ def run(config, dry_run: bool = False, callbacks: list | None = None) -> dict:
     set_seed(training_args.seed)  # new weights (LoRA, train_from_scratch) are drawn while loading
     model = load_model(tokenizer, model_args, finetuning_args, is_trainable=training_args.do_train, meta=dry_run)
     checkpointing_for(model, training_args)
-    if data_args.packing:
+    if data_args.packing and datasets.get("media") is None:  # media rows keep the 4-D mask (multimodal/collator.py)
         from lathe.llm.model.packed_attention import use_packed_attention
 
         use_packed_attention(model)  # sdpa per packed example instead of over a block-diagonal mask
