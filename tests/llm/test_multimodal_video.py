@@ -57,7 +57,7 @@ def test_video_rows_and_batches_equal_llamafactory(video_files):
     folder = str(next(iter(video_files.values())).parent)
     out = run_with_torchvision(f"from tests.llm.video_check import main; main({folder!r})").stdout
     checked = json.loads(out.strip().splitlines()[-1])
-    assert len(checked) == 12  # 2 model types x (4 rows alone + 2 pairs)
+    assert len(checked) == 18  # 3 model types x (4 rows alone + 2 pairs)
 
 
 def test_without_torchvision_a_video_row_names_it(video_files, monkeypatch):
@@ -75,11 +75,14 @@ def test_without_torchvision_a_video_row_names_it(video_files, monkeypatch):
         plugin.process_messages([{"role": "user", "content": "<video>hi"}], media)
 
 
-def test_qwen3_vl_video_is_refused_by_name():
-    from lathe.llm.multimodal.qwen2_vl import Qwen3VLPlugin
+def test_qwen3_vl_timestamps_are_each_temporal_patchs_mean_time():
+    """Qwen3VLProcessor's arithmetic as LLaMA-Factory calls it: indices in units of 1 / video_fps, an odd count
+    padded with the last, each pair of frames averaged (walk.mp4 at video_fps 2: frames 0, 3, ... 12 of 5 fps)."""
+    from lathe.llm.multimodal.qwen2_vl import frame_timestamps
 
-    with pytest.raises(ValueError, match="qwen3_vl family takes no video input: Qwen3-VL's timestamped"):
-        Qwen3VLPlugin(None, None).check_kinds({"video": 1}, "row 1")
+    assert frame_timestamps([0, 1.2, 2.4, 3.6, 4.8], 2.0, 2) == pytest.approx([0.3, 1.5, 2.4])
+    assert frame_timestamps([0, 2, 4, 6], 2.0, 2) == pytest.approx([0.5, 2.5])
+    assert frame_timestamps([0, 1, 2], 1.0, 4) == pytest.approx([1.0])
 
 
 @pytest.mark.slow

@@ -194,25 +194,38 @@ def expand_videos(messages: list[dict], video_grid_thw, merge_size: int) -> list
     return expanded
 
 
-def video_grid(video, video_processor, settings) -> list[int]:
+def video_grid(video, video_processor, settings, qwen3: bool = False) -> list[int]:
     """(t, h, w) patches of a video from its stream's frame size and sample count, as LLaMA-Factory's Qwen2VLPlugin
     counts a video's tokens (`_get_qwen_video_grid_metadata`): the frame size after the pixel budget, the
-    processor's smart_resize, an even number of frames grouped by temporal_patch_size."""
-    from transformers.models.qwen2_vl.image_processing_qwen2_vl import smart_resize
-
+    processor's smart_resize (Qwen3-VL's video smart_resize, which weighs the frame count, with `qwen3`), an even
+    number of frames grouped by temporal_patch_size."""
     width, height = regularized_size(video.width, video.height, settings.video_max_pixels, settings.video_min_pixels)
     frames = video.sample_count + video.sample_count % 2
     size = video_processor.size
     size = size if isinstance(size, dict) else vars(size)
-    patch, merge = video_processor.patch_size, video_processor.merge_size
-    resized_height, resized_width = smart_resize(
-        height=height,
-        width=width,
-        factor=patch * merge,
-        min_pixels=size.get("shortest_edge"),
-        max_pixels=size.get("longest_edge"),
-    )
-    return [math.ceil(frames / video_processor.temporal_patch_size), resized_height // patch, resized_width // patch]
+    patch, merge, temporal = video_processor.patch_size, video_processor.merge_size, video_processor.temporal_patch_size
+    limits = {"factor": patch * merge, "min_pixels": size.get("shortest_edge"), "max_pixels": size.get("longest_edge")}
+    if qwen3:
+        from transformers.models.qwen3_vl.video_processing_qwen3_vl import smart_resize as qwen3_resize
+
+        resized = qwen3_resize(num_frames=frames, height=height, width=width, temporal_factor=temporal, **limits)
+    else:
+        from transformers.models.qwen2_vl.image_processing_qwen2_vl import smart_resize
+
+        resized = smart_resize(height=height, width=width, **limits)
+    resized_height, resized_width = resized
+    return [math.ceil(frames / temporal), resized_height // patch, resized_width // patch]
+
+
+def frame_timestamps(frames_indices: list[float], video_fps: float, merge_size: int) -> list[float]:
+    """Seconds of each temporal patch of a Qwen3-VL video (Qwen3VLProcessor._calculate_timestamps, as LLaMA-Factory
+    calls it with the video processor's merge_size): the indices (in units of 1 / video_fps) padded to a multiple of
+    merge_size with the last one, turned into seconds, and each group's first and last averaged."""
+    indices = list(frames_indices)
+    if len(indices) % merge_size:
+        indices.extend(indices[-1] for _ in range(merge_size - len(indices) % merge_size))
+    seconds = [index / video_fps for index in indices]
+    return [(seconds[i] + seconds[i + merge_size - 1]) / 2 for i in range(0, len(seconds), merge_size)]
 
 
 def regularized_size(width: int, height: int, max_pixels: int, min_pixels: int) -> tuple[int, int]:
@@ -297,7 +310,7 @@ class Qwen2VLPlugin(FamilyPlugin):
             counts = {
                 IMAGE_TOKEN: sum(int(item.prod()) // merge_length for item in grid),
                 VIDEO_TOKEN: sum(int(item.prod()) // merge_length for item in videos),
-                VISION_END: len(grid) + len(videos),
+                VISION_END: len(grid) + sum(self._video_runs(item) for item in videos),
             }
             return count_cut_reason(input_ids, counts, self.tokenizer)
         if not len(grid):
@@ -305,6 +318,10 @@ class Qwen2VLPlugin(FamilyPlugin):
         start, end, pad = self.tokenizer.convert_tokens_to_ids([VISION_START, VISION_END, IMAGE_TOKEN])
         counts = [int(item.prod()) // merge_length for item in grid]
         return media_cut_reason(input_ids, start, end, pad, counts)
+
+    def _video_runs(self, grid) -> int:
+        """`<|vision_start|>` ... `<|vision_end|>` runs of one video: one (Qwen3-VL: one per temporal patch)."""
+        return 1
 
     def video_inputs(self, videos: list) -> dict:
         """pixel_values_videos and video_grid_thw of the regularized videos; second_per_grid_ts (temporal patch over
@@ -372,10 +389,76 @@ QWEN3_VL = Composite(
 
 @dataclass
 class Qwen3VLPlugin(Qwen2VLPlugin):
-    """LLaMA-Factory's Qwen3VLPlugin for images (Qwen3-VL, Qwen3.5/3.6 templates): Qwen2-VL's image tokens; its
-    vision tower adds position embeddings and deepstack mergers (frozen with freeze_vision_tower)."""
+    """LLaMA-Factory's Qwen3VLPlugin (Qwen3-VL, Qwen3.5/3.6 templates): Qwen2-VL's image tokens; each video a run per
+    temporal patch, `<t seconds>` + `<|vision_start|>` + `<|video_pad|>` x (h*w / merge_size^2) + `<|vision_end|>`
+    (t: the mean time of the patch's frames, one decimal); its vision tower adds position embeddings and deepstack
+    mergers (frozen with freeze_vision_tower).
+
+    LLaMA-Factory 0.9.5 reads a video's timestamps by the index of the message that holds it and gives every video
+    of a row the first one's frame count (a second video in a later message fails there, two different videos in
+    one message get the first's times); lathe times and counts each video by its own frames, which is the same
+    for a row's first video and what Qwen3VLProcessor writes."""
 
     name = "qwen3_vl"
-    kinds = ("image",)
-    missing = {"video": "Qwen3-VL's timestamped video tokens are not implemented in lathe yet (Qwen2-VL's are)"}
+    kinds = ("image", "video")
     composites = {"qwen3_vl": QWEN3_VL, "qwen3_vl_moe": QWEN3_VL}
+
+    def _video_grid(self, media: dict):
+        import torch
+
+        videos = media.get("video") or []
+        grids = [video_grid(video, self.video_processor, self.settings, qwen3=True) for video in videos]
+        return torch.tensor(grids, dtype=torch.long).reshape(-1, 3)
+
+    def _video_runs(self, grid) -> int:
+        return int(grid[0])
+
+    def process_messages(self, messages: list[dict], media: dict) -> list[dict]:
+        expanded = expand_placeholders(messages, self._grid(media), self.image_processor.merge_size)
+        videos = media.get("video") or []
+        if not videos:
+            return expanded
+        grids, merge = self._video_grid(media), self.video_processor.merge_size
+        runs = []
+        for video, grid in zip(videos, grids):
+            stamps = frame_timestamps(video.frames_indices, self.settings.video_fps, merge)
+            tokens = f"{VISION_START}{VIDEO_TOKEN * (int(grid[1:].prod()) // merge**2)}{VISION_END}"
+            runs.append("".join(f"<{stamps[frame]:.1f} seconds>{tokens}" for frame in range(int(grid[0]))))
+        used, out = 0, []
+        for message in expanded:
+            content = message["content"]
+            while VIDEO_PLACEHOLDER in content:
+                if used >= len(runs):
+                    raise ValueError(f"more {VIDEO_PLACEHOLDER} placeholders than videos ({len(runs)})")
+                content = content.replace(VIDEO_PLACEHOLDER, runs[used], 1)
+                used += 1
+            out.append({**message, "content": content})
+        return out
+
+    def video_metadata(self, videos: list) -> list[dict]:
+        """What LLaMA-Factory tells Qwen3VLVideoProcessor of each video (the frames are sampled already)."""
+        fps = self.settings.video_fps
+        return [
+            {"fps": fps, "duration": v.duration, "total_num_frames": len(v.frames), "frames_indices": v.frames_indices}
+            for v in videos
+        ]
+
+    def video_inputs(self, videos: list) -> dict:
+        """pixel_values_videos and video_grid_thw; the processor's video_metadata (not a model input) left out."""
+        if not videos:
+            return {}
+        inputs = dict(
+            self.video_processor(
+                videos=[video.frames for video in videos],
+                video_metadata=self.video_metadata(videos),
+                fps=self.settings.video_fps,
+                return_metadata=True,
+                do_sample_frames=False,  # LLaMA-Factory's frames, as sampled
+                return_tensors="pt",
+            )
+        )
+        inputs.pop("video_metadata", None)
+        if "second_per_grid_ts" in (getattr(self.processor, "model_input_names", None) or ()):
+            temporal = getattr(self.image_processor, "temporal_patch_size", 2)
+            inputs["second_per_grid_ts"] = [temporal / video.fps for video in videos]
+        return inputs

@@ -30,7 +30,8 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 GOLDEN = HERE / "llamafactory_video.safetensors"
-MODELS = ("qwen2_vl", "qwen2_5_vl")
+MODELS = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl")
+TEMPLATES = {"qwen2_vl": "qwen2_vl", "qwen2_5_vl": "qwen2_vl", "qwen3_vl": "qwen3_vl_nothink"}
 SETTINGS = {  # the processor keys LLaMA-Factory's patch_processor sets (small budgets: a small file)
     "image_max_pixels": 40 * 40,
     "image_min_pixels": 16 * 16,
@@ -39,6 +40,8 @@ SETTINGS = {  # the processor keys LLaMA-Factory's patch_processor sets (small b
     "video_fps": 2.0,
     "video_maxlen": 128,
 }
+# Qwen3-VL's video processor (transformers 5.6) refuses a frame side under its 32-pixel factor: larger frames
+SETTINGS_OF = {"qwen3_vl": {**SETTINGS, "video_max_pixels": 48 * 48}}
 CUTOFF_LEN = 1024
 ROWS = [
     {"messages": [("user", "<video>What happens?"), ("assistant", "The quick brown fox.")], "videos": ["walk.mp4"]},
@@ -53,6 +56,22 @@ ROWS = [
         "videos": ["spin.mp4", "walk.mp4"],
     },
 ]
+# Qwen3-VL: LLaMA-Factory 0.9.5's qwen3_vl plugin reads each video's timestamps by the index of the MESSAGE that holds
+# it (video_metadata[message index]) and gives every video the first video's frame count, so a row whose second
+# video sits in a later message fails there (IndexError) and two different videos in one message get the first's
+# timestamps; the rows here keep one video per row, in the first message, where it is right (lathe times each video
+# by its own frames: tests/llm/test_multimodal_video.py)
+QWEN3_ROWS = [
+    *ROWS[:3],
+    {
+        "messages": [("user", "<video>hello"), ("assistant", "four"), ("user", "And again?"), ("assistant", "two")],
+        "videos": ["spin.mp4"],
+    },
+]
+
+
+def rows_of(model_type: str) -> list[dict]:
+    return QWEN3_ROWS if model_type == "qwen3_vl" else ROWS
 
 
 def _module(name: str, path: Path):
@@ -67,6 +86,10 @@ def make_processor(model_type: str, tokenizer):
     of 14-pixel patches), as a model folder's AutoProcessor builds it where torchvision imports."""
     import transformers as tf
 
+    if model_type == "qwen3_vl":  # 16-pixel patches (the multimodal training tests' Qwen3-VL image processor)
+        images = _module("cases", HERE.parent / "multimodal_cases.py").make_image_processor("qwen3_vl")
+        size = {"shortest_edge": 32 * 32 * 2, "longest_edge": 32 * 32 * 2 * 16}
+        return tf.Qwen3VLProcessor(images, tokenizer, tf.Qwen3VLVideoProcessor(patch_size=16, size=size))
     images = _module("make_qwen2vl", HERE / "make_llamafactory_qwen2vl.py").make_image_processor()
     videos = tf.Qwen2VLVideoProcessor(min_pixels=28 * 28, max_pixels=28 * 28 * 16)
     if model_type == "qwen2_5_vl":
@@ -82,6 +105,8 @@ def make_model(model_type: str, tokenizer):
     gen = _module("make_qwen2vl", HERE / "make_llamafactory_qwen2vl.py")
     if model_type == "qwen2_vl":
         return gen.make_model(tokenizer)
+    if model_type == "qwen3_vl":  # the multimodal training tests' tiny Qwen3-VL (deepstack, interleaved mrope)
+        return _module("cases", HERE.parent / "multimodal_cases.py").make_model(tokenizer, "qwen3_vl")
     ids = dict(zip(gen.VISION_TOKENS, tokenizer.convert_tokens_to_ids(gen.VISION_TOKENS)))
     text = {
         "vocab_size": len(tokenizer),
@@ -123,28 +148,29 @@ def run_model(model_type: str, folder: Path, tensors: dict, metadata: dict) -> N
     from llamafactory.data.template import get_template_and_fix_tokenizer
     from llamafactory.hparams import DataArguments
 
+    rows = rows_of(model_type)
     tokenizer = _module("make_qwen2vl", HERE / "make_llamafactory_qwen2vl.py").make_tokenizer()
-    data_args = DataArguments(template="qwen2_vl", cutoff_len=CUTOFF_LEN)
+    data_args = DataArguments(template=TEMPLATES[model_type], cutoff_len=CUTOFF_LEN)
     template = get_template_and_fix_tokenizer(tokenizer, data_args)
     processor = make_processor(model_type, tokenizer)
-    for key, value in SETTINGS.items():  # LLaMA-Factory's patch_processor
+    for key, value in SETTINGS_OF.get(model_type, SETTINGS).items():  # LLaMA-Factory's patch_processor
         setattr(processor, key, value)
     metadata[f"{model_type}.processors"] = json.dumps(
         [type(processor.image_processor).__name__, type(processor.video_processor).__name__]
     )
-    for index, row in enumerate(ROWS):
+    for index, row in enumerate(rows):
         images, videos = row_media(row, folder)
         expanded = template.mm_plugin.process_messages(messages_of(row), images, videos, [], processor)
         metadata[f"{model_type}.messages.{index}"] = json.dumps(expanded)
-    media = [row_media(row, folder) for row in ROWS]
+    media = [row_media(row, folder) for row in rows]
     batch = {
-        "_prompt": [messages_of(row)[:-1] for row in ROWS],
-        "_response": [messages_of(row)[-1:] for row in ROWS],
-        "_system": [""] * len(ROWS),
-        "_tools": [""] * len(ROWS),
+        "_prompt": [messages_of(row)[:-1] for row in rows],
+        "_response": [messages_of(row)[-1:] for row in rows],
+        "_system": [""] * len(rows),
+        "_tools": [""] * len(rows),
         "_images": [images or None for images, _ in media],
         "_videos": [videos or None for _, videos in media],
-        "_audios": [None] * len(ROWS),
+        "_audios": [None] * len(rows),
     }
     encoder = SupervisedDatasetProcessor(
         template=template, tokenizer=tokenizer, processor=processor, data_args=data_args
@@ -155,7 +181,7 @@ def run_model(model_type: str, folder: Path, tensors: dict, metadata: dict) -> N
         template=template, processor=processor, model=model, tokenizer=tokenizer, pad_to_multiple_of=8
     )
     features = []
-    for index in range(len(ROWS)):
+    for index in range(len(rows)):
         feature = {key: encoded[key][index] for key in ("input_ids", "labels", "attention_mask")}
         for key, value in feature.items():
             tensors[f"{model_type}.example.{index}.{key}"] = torch.tensor(value, dtype=torch.int64)
@@ -175,10 +201,10 @@ def run_model(model_type: str, folder: Path, tensors: dict, metadata: dict) -> N
     # A pair's pixel tensors are its rows' in order: checked here and left out to keep the file small.
     for pair in range(len(features) // 2):
         for key, kind in (("pixel_values", "images"), ("pixel_values_videos", "videos")):
-            sides = [2 * pair + side for side in (0, 1) if ROWS[2 * pair + side].get(kind)]
+            sides = [2 * pair + side for side in (0, 1) if rows[2 * pair + side].get(kind)]
             if sides:
-                rows = [tensors[f"{model_type}.single.{side}.{key}"] for side in sides]
-                assert torch.equal(tensors.pop(f"{model_type}.pair.{pair}.{key}"), torch.cat(rows))
+                parts = [tensors[f"{model_type}.single.{side}.{key}"] for side in sides]
+                assert torch.equal(tensors.pop(f"{model_type}.pair.{pair}.{key}"), torch.cat(parts))
 
 
 def run_llamafactory(folder: Path) -> tuple[dict, dict]:
