@@ -115,7 +115,7 @@ def test_a_cutoff_through_an_image_leaves_the_row_out_counted_and_the_preview_sh
 def test_keys_the_family_lacks_and_video_rows_are_clear_errors(folders):
     from lathe.llm.multimodal.base import MediaSettings
     from lathe.llm.multimodal.plugins import get_plugin
-    from lathe.llm.multimodal.qwen2_vl import Qwen3VLPlugin
+    from lathe.llm.multimodal.qwen3_vl import Qwen3VLPlugin
     from lathe.llm.templates import TEMPLATES
 
     with pytest.raises(ValueError, match="image_do_pan_and_scan: the qwen2_vl family has no such option"):

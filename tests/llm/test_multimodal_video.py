@@ -57,7 +57,7 @@ def test_video_rows_and_batches_equal_llamafactory(video_files):
     folder = str(next(iter(video_files.values())).parent)
     out = run_with_torchvision(f"from tests.llm.video_check import main; main({folder!r})").stdout
     checked = json.loads(out.strip().splitlines()[-1])
-    assert len(checked) == 18  # 3 model types x (4 rows alone + 2 pairs)
+    assert len(checked) == 36  # 6 model types x (4 rows alone + 2 pairs)
 
 
 def test_without_torchvision_a_video_row_names_it(video_files, monkeypatch):
@@ -78,7 +78,7 @@ def test_without_torchvision_a_video_row_names_it(video_files, monkeypatch):
 def test_qwen3_vl_timestamps_are_each_temporal_patchs_mean_time():
     """Qwen3VLProcessor's arithmetic as LLaMA-Factory calls it: indices in units of 1 / video_fps, an odd count
     padded with the last, each pair of frames averaged (walk.mp4 at video_fps 2: frames 0, 3, ... 12 of 5 fps)."""
-    from lathe.llm.multimodal.qwen2_vl import frame_timestamps
+    from lathe.llm.multimodal.qwen3_vl import frame_timestamps
 
     assert frame_timestamps([0, 1.2, 2.4, 3.6, 4.8], 2.0, 2) == pytest.approx([0.3, 1.5, 2.4])
     assert frame_timestamps([0, 2, 4, 6], 2.0, 2) == pytest.approx([0.5, 2.5])
