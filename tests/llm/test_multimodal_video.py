@@ -99,3 +99,25 @@ def test_video_demo_data_goes_through_the_pipeline(tmp_path):
     assert out["rows"] == 5 and out["videos"][0].endswith("clip.mp4") and out["pads"] > 0
     assert {"pixel_values_videos", "video_grid_thw", "pixel_values", "position_ids"} <= set(out["keys"])
     assert math.isfinite(out["loss"])
+
+
+@pytest.mark.slow
+def test_lathe_trains_qwen3_vl_video_rows_as_llamafactory(tmp_path):
+    """Three steps of a video row and an image-and-video row on the tiny Qwen3-VL (full tuning with the vision tower
+    frozen, and LoRA) against LLaMA-Factory 0.9.5's run_exp (tests/llm/golden/llamafactory_video_train.json, made by
+    make_llamafactory_video_train.py): the same losses, grad norms and trainable-parameter counts."""
+    pytest.importorskip("transformers")
+    from pathlib import Path
+
+    from tests.goldens import assert_close_to_golden
+    from tests.llm.torchvision_recipe import run_with_torchvision
+
+    golden = json.loads((Path(__file__).parent / "golden" / "llamafactory_video_train.json").read_text())
+    code = f"import json; from tests.llm.video_check import train; print(json.dumps(train({str(tmp_path)!r})))"
+    results = json.loads(run_with_torchvision(code).stdout.strip().splitlines()[-1])
+    assert sorted(results) == sorted(name for name in golden if name != "versions")
+    for name, ours in results.items():
+        expected = golden[name]
+        assert (ours["trainable"], ours["total"]) == (expected["trainable"], expected["total"]), name
+        assert_close_to_golden(ours["loss"], expected["loss"], f"{name} losses", rel=0, abs=1e-5)
+        assert_close_to_golden(ours["grad_norm"], expected["grad_norm"], f"{name} norms", rel=1e-4)

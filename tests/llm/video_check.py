@@ -147,3 +147,36 @@ def pipeline(root: str) -> dict:
         loss = net(**batch).loss.item()
     pads = int((batch["input_ids"] == tokenizer.convert_tokens_to_ids("<|video_pad|>")).sum())
     return {"rows": len(rows), "videos": rows[0].get("videos"), "keys": sorted(batch), "loss": loss, "pads": pads}
+
+
+def train(root: str) -> dict:
+    """`lathe train` on make_llamafactory_video_train.py's folders and cases: per case the logged losses and grad
+    norms and the trainable and total parameter counts (what tests/llm/golden/llamafactory_video_train.json holds)."""
+    from lathe.llm.config.train import DataArguments, parse_train_config
+    from lathe.llm.templates import get_template_and_fix_tokenizer
+    from lathe.llm.workflows.stages import run_train
+    from lathe.train import TrainerCallback
+
+    gen = _module("make_video_train", HERE / "golden" / "make_llamafactory_video_train.py")
+
+    def fix_tokenizer(tokenizer, template):
+        get_template_and_fix_tokenizer(tokenizer, DataArguments(template=template))
+
+    class Count(TrainerCallback):
+        def on_train_begin(self, args, state, control, model=None, **kwargs):
+            seen = {id(p): p for p in model.parameters()}.values()
+            self.counts = [sum(p.numel() for p in seen if p.requires_grad), sum(p.numel() for p in seen)]
+
+    model, data = gen.write_folders(Path(root), fix_tokenizer)
+    results = {}
+    for name, keys in gen.CASES.items():
+        count, output = Count(), Path(root) / name
+        run_train(parse_train_config(gen.train_config(model, data, output, **keys)), callbacks=[count])
+        history = json.loads((output / "trainer_state.json").read_text())["log_history"]
+        results[name] = {
+            "loss": [entry["loss"] for entry in history if "loss" in entry],
+            "grad_norm": [entry["grad_norm"] for entry in history if "loss" in entry],
+            "trainable": count.counts[0],
+            "total": count.counts[1],
+        }
+    return results

@@ -1,0 +1,170 @@
+"""Regenerate LLaMA-Factory 0.9.5's three-step Qwen3-VL training runs on video rows that
+tests/llm/test_multimodal_video.py compares `lathe train` against.
+
+    python tests/llm/golden/make_llamafactory_video_train.py [--python bench/.venv-lf/bin/python]
+
+Runs this file in LLaMA-Factory's environment (`--worker`; lathe is not imported there) with torchvision through the
+test recipe (tests/llm/torchvision_recipe.py), as make_llamafactory_video.py does: the video golden's tiny Qwen3-VL
+(weights the same under transformers 5.6 and 5.23), its Qwen3VLProcessor (image and video processors) and tokenizer
+saved in a model folder (write_folders), two rows in a data folder (a video; an image and a video, files made with
+PyAV by tests/llm/media_files.py), trained by LLaMA-Factory's own `run_exp` with each case's keys (full tuning: the
+vision tower frozen, LLaMA-Factory's default; LoRA). Writes tests/llm/golden/llamafactory_video_train.json: per case the
+logged losses and grad norms, and the trainable and total parameter counts when training starts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+GOLDEN = HERE / "llamafactory_video_train.json"
+MODEL_TYPE = "qwen3_vl"
+LORA = {"finetuning_type": "lora", "lora_target": "all", "lora_rank": 4, "learning_rate": 0.05}
+CASES = {"qwen3_vl_video_full": {}, "qwen3_vl_video_lora": LORA}  # case -> keys over train_config
+
+
+def _module(name: str, path: Path):
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+VIDEO = _module("make_video", HERE / "make_llamafactory_video.py")
+
+
+def write_folders(root: Path, fix_tokenizer) -> tuple[Path, Path]:
+    """(model folder, data folder): the tiny Qwen3-VL, its processor and tokenizer; the video golden's first two
+    Qwen3-VL rows as dataset "rows" (videos made with PyAV, the image as PNG). fix_tokenizer(tokenizer, template) is
+    lathe's or LLaMA-Factory's template fix, run before the model is built (the vocabulary it sizes)."""
+    sys.path.insert(0, str(HERE.parents[2]))
+    from tests.llm.media_files import write_video_files
+
+    tokenizer = VIDEO.make_tokenizer(MODEL_TYPE)
+    fix_tokenizer(tokenizer, VIDEO.TEMPLATES[MODEL_TYPE])
+    processor = VIDEO.make_processor(MODEL_TYPE, tokenizer)
+    model, data = root / "model", root / "data"
+    VIDEO.make_model(MODEL_TYPE, tokenizer).save_pretrained(str(model))
+    processor.save_pretrained(str(model))
+    write_video_files(data)
+    rows = []
+    for row in VIDEO.rows_of(MODEL_TYPE)[:2]:
+        item = {"messages": [{"role": role, "content": content} for role, content in row["messages"]]}
+        for name in row.get("images", []):
+            _module("make_qwen2vl", HERE / "make_llamafactory_qwen2vl.py").make_image(name).save(data / f"{name}.png")
+            item.setdefault("images", []).append(f"{name}.png")
+        if row.get("videos"):
+            item["videos"] = list(row["videos"])
+        rows.append(item)
+    (data / "rows.json").write_text(json.dumps(rows))
+    tags = {"role_tag": "role", "content_tag": "content", "user_tag": "user", "assistant_tag": "assistant"}
+    columns = {"messages": "messages", "images": "images", "videos": "videos"}
+    info = {"rows": {"file_name": "rows.json", "formatting": "sharegpt", "columns": columns, "tags": tags}}
+    (data / "dataset_info.json").write_text(json.dumps(info))
+    return model, data
+
+
+def train_config(model: Path, data: Path, output: Path, **keys) -> dict:
+    """Three steps of one batch of both rows, on CPU, with the video golden's media settings."""
+    return {
+        "model_name_or_path": str(model),
+        "stage": "sft",
+        "do_train": True,
+        "finetuning_type": "full",
+        "dataset": "rows",
+        "dataset_dir": str(data),
+        "template": VIDEO.TEMPLATES[MODEL_TYPE],
+        "cutoff_len": VIDEO.CUTOFF_LEN,
+        **VIDEO.SETTINGS_OF[MODEL_TYPE],
+        "output_dir": str(output),
+        "overwrite_output_dir": True,
+        "per_device_train_batch_size": 2,
+        "gradient_accumulation_steps": 1,
+        "learning_rate": 1.0e-2,
+        "max_steps": 3,
+        "logging_steps": 1,
+        "save_strategy": "no",
+        "report_to": "none",
+        "seed": 42,
+        "use_cpu": True,
+        "preprocessing_num_workers": None,
+        "dataloader_num_workers": 0,
+        **keys,
+    }
+
+
+def run_llamafactory() -> dict:
+    import llamafactory
+    import transformers
+    from llamafactory.data.template import get_template_and_fix_tokenizer
+    from llamafactory.hparams import DataArguments
+    from llamafactory.train.tuner import run_exp
+    from transformers import TrainerCallback
+
+    def fix_tokenizer(tokenizer, template):
+        get_template_and_fix_tokenizer(tokenizer, DataArguments(template=template))
+
+    class Count(TrainerCallback):
+        counts = None
+
+        def on_train_begin(self, args, state, control, model=None, **kwargs):
+            seen = {id(p): p for p in model.parameters()}.values()
+            self.counts = [sum(p.numel() for p in seen if p.requires_grad), sum(p.numel() for p in seen)]
+
+    results = {"versions": {"transformers": transformers.__version__, "llamafactory": llamafactory.__version__}}
+    with tempfile.TemporaryDirectory() as root:
+        model, data = write_folders(Path(root), fix_tokenizer)
+        for name, keys in CASES.items():
+            config = train_config(model, data, Path(root) / name, **keys)
+            for key in ("use_cpu", "dataloader_num_workers", "preprocessing_num_workers"):
+                config.pop(key)
+            config.update(bf16=False, fp16=False, plot_loss=False)
+            count = Count()
+            run_exp(config, callbacks=[count])
+            with open(Path(root) / name / "trainer_state.json") as handle:
+                history = json.load(handle)["log_history"]
+            results[name] = {
+                "loss": [entry["loss"] for entry in history if "loss" in entry],
+                "grad_norm": [entry["grad_norm"] for entry in history if "grad_norm" in entry],
+                "trainable": count.counts[0],
+                "total": count.counts[1],
+            }
+    return results
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--python", default="bench/.venv-lf/bin/python", help="LLaMA-Factory's Python")
+    parser.add_argument("--stubs", default=str(HERE.parents[2] / "bench/lf_stubs"), help="the torchaudio stand-in")
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker:
+        GOLDEN.write_text(json.dumps(run_llamafactory(), indent=1) + "\n")
+        return
+    sys.path.insert(0, str(HERE.parents[2]))
+    from tests.llm.torchvision_recipe import torchvision_paths
+
+    shim, site = torchvision_paths()
+    env = dict(
+        os.environ,
+        HF_HUB_OFFLINE="1",
+        HF_DATASETS_OFFLINE="1",
+        PYTHONPATH=os.pathsep.join([str(shim), args.stubs, str(site)]),
+        OMP_NUM_THREADS="1",
+        TRANSFORMERS_VERBOSITY="error",
+        LLAMAFACTORY_VERBOSITY="WARNING",
+        DISABLE_VERSION_CHECK="1",
+    )
+    subprocess.run([args.python, __file__, "--worker"], check=True, env=env)
+    print(f"wrote {GOLDEN}")
+
+
+if __name__ == "__main__":
+    main()
