@@ -85,6 +85,63 @@ def test_qwen3_vl_timestamps_are_each_temporal_patchs_mean_time():
     assert frame_timestamps([0, 1, 2], 1.0, 4) == pytest.approx([1.0])
 
 
+def test_qwen3_vl_times_each_video_by_its_own_frames(video_files, monkeypatch):
+    """Two different videos in one message and in two messages: each run carries its own video's timestamps and
+    frame count (LLaMA-Factory 0.9.5 reads them by the message's index: the first video's times for both, or an
+    IndexError), as Qwen3VLProcessor writes them."""
+    from types import SimpleNamespace
+
+    import lathe.llm.multimodal.qwen2_vl as qwen2_vl
+    from lathe.llm.multimodal.base import MediaSettings
+    from lathe.llm.multimodal.qwen3_vl import Qwen3VLPlugin
+
+    monkeypatch.setattr(qwen2_vl, "check_torchvision", lambda what="": None)  # only the processors' sizes are read
+    size = {"shortest_edge": 32 * 32 * 2, "longest_edge": 32 * 32 * 2 * 16}
+    videos = SimpleNamespace(patch_size=16, merge_size=2, temporal_patch_size=2, size=size)
+    processor = SimpleNamespace(image_processor=SimpleNamespace(merge_size=2), video_processor=videos)
+    plugin = Qwen3VLPlugin(processor, None, MediaSettings(video_max_pixels=48 * 48))
+    media = {"video": plugin.regularize("video", [str(video_files[n]) for n in ("walk.mp4", "spin.mp4")], "row 1")}
+    run = "<|vision_start|>" + "<|video_pad|>" * 2 + "<|vision_end|>"  # 2 x 4 patches per frame, merged 2x2
+    walk = "".join(f"<{t} seconds>{run}" for t in ("0.3", "1.5", "2.4"))  # frames 0, 3, ... 12 at 5 fps
+    spin = "".join(f"<{t} seconds>{run}" for t in ("0.2", "1.4", "2.6"))  # frames 0, 4, 9, 13, 18, 23 at 8 fps
+    one = plugin.process_messages([{"role": "user", "content": "<video> and <video>"}], media)
+    assert one[0]["content"] == f"{walk} and {spin}"
+    two = [{"role": "user", "content": "<video>"}, {"role": "assistant", "content": "a"}]
+    two = plugin.process_messages([*two, {"role": "user", "content": "<video>"}], media)
+    assert (two[0]["content"], two[2]["content"]) == (walk, spin)
+
+
+@pytest.mark.parametrize("family", ["qwen3_vl", "llava_next_video", "video_llava"])
+def test_a_video_family_without_torchvision_names_it(video_files, monkeypatch, family):
+    """transformers' video processors are built on torchvision: without it a video row is one line naming it (the
+    image rows of these families need no torchvision)."""
+    import sys
+    from types import SimpleNamespace
+
+    from lathe.llm.multimodal.base import MediaSettings
+    from lathe.llm.multimodal.plugins import plugin_class
+
+    monkeypatch.setitem(sys.modules, "torchvision", None)
+    plugin = plugin_class(family)(SimpleNamespace(image_processor=SimpleNamespace(merge_size=2)), None, MediaSettings())
+    media = {"video": plugin.regularize("video", [str(video_files["walk.mp4"])], "row 2")}
+    with pytest.raises(ValueError, match=r"^a video row needs torchvision .*pip install torchvision"):
+        plugin.process_messages([{"role": "user", "content": "<video>hi"}], media)
+
+
+def test_intern_vl_refuses_a_video_before_an_image(video_files):
+    """LLaMA-Factory (and the model's order) puts a row's image tiles before its video frames: a `<video>` before an
+    `<image>` would give each the other's pixels, so the row is refused by name."""
+    from types import SimpleNamespace
+
+    from lathe.llm.multimodal.base import MediaSettings
+    from lathe.llm.multimodal.intern_vl import InternVLPlugin
+
+    plugin = InternVLPlugin(SimpleNamespace(image_seq_length=1), None, MediaSettings())
+    media = {"image": ["unused"], "video": plugin.regularize("video", [str(video_files["walk.mp4"])], "row 3")}
+    with pytest.raises(ValueError, match="intern_vl family takes a row's images before its videos"):
+        plugin.process_messages([{"role": "user", "content": "<video> then <image>"}], media)
+
+
 @pytest.mark.slow
 def test_video_demo_data_goes_through_the_pipeline(tmp_path):
     """The mllm_video_demo shape (a `<video>` row, a videos column) with the image demo: tokenized by lathe's
