@@ -79,3 +79,4 @@ class LlavaNextVideoPlugin(ModulePlugin):
     """LLaMA-Factory's LLaVA-NeXT-Video plugin: the functions above as the pipeline's FamilyPlugin steps."""
 
     name = "llava_next_video"
+    requires = ("torchvision", "transformers' LlavaNextVideoProcessor, whose video processor is built on it")

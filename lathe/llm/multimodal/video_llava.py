@@ -68,3 +68,4 @@ class VideoLlavaPlugin(ModulePlugin):
     """LLaMA-Factory's Video-LLaVA plugin: the functions above as the pipeline's FamilyPlugin steps."""
 
     name = "video_llava"
+    requires = ("torchvision", "transformers' VideoLlavaProcessor, whose video processor is built on it")
