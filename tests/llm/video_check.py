@@ -57,6 +57,10 @@ def check(folder: Path, models=None) -> list[str]:
         plugin = plugin_class(template.multimodal)(processor, tokenizer, settings)
         rows = GEN.rows_of(model_type)
         model = GEN.make_model(model_type, tokenizer)
+        parts = plugin.composite(model.config.model_type)  # the towers' name parts name this model's parameters
+        names = [name for name, _ in model.named_parameters()]
+        for key in parts.vision_keys + parts.projector_keys + parts.language_keys[:1]:
+            assert any(key in name for name in names), (model_type, key)
         features = []
         for index, row in enumerate(rows):
             images, videos = GEN.row_media(row, folder)
