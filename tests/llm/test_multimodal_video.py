@@ -85,6 +85,16 @@ def test_qwen3_vl_timestamps_are_each_temporal_patchs_mean_time():
     assert frame_timestamps([0, 1, 2], 1.0, 4) == pytest.approx([1.0])
 
 
+def test_qwen3_vl_is_served_as_qwen2_vl_for_images():
+    """Qwen3-VL's module (qwen3_vl.py) keeps the image functions `lathe chat` / `lathe api` serve it with."""
+    from lathe.llm.inference.vision import SERVING_FUNCTIONS
+    from lathe.llm.multimodal import qwen2_vl
+    from lathe.llm.multimodal.plugins import plugin_module
+
+    family = plugin_module("qwen3_vl")
+    assert all(getattr(family, name) is getattr(qwen2_vl, name) for name in SERVING_FUNCTIONS)
+
+
 def test_qwen3_vl_times_each_video_by_its_own_frames(video_files, monkeypatch):
     """Two different videos in one message and in two messages: each run carries its own video's timestamps and
     frame count (LLaMA-Factory 0.9.5 reads them by the message's index: the first video's times for both, or an

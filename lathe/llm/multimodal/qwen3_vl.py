@@ -19,6 +19,7 @@ from lathe.llm.multimodal.qwen2_vl import (
     VISION_START,
     Qwen2VLPlugin,
     expand_placeholders,
+    image_inputs,  # noqa: F401  (with expand_placeholders: the serving path's image functions, inference/vision.py)
     video_grid,
 )
 
