@@ -22,6 +22,15 @@ def _module(name, path):
 GEN = _module("make_video", HERE / "golden" / "make_llamafactory_video.py")
 
 
+MEDIA_TOKENS = {  # each family's vision tokens (the last of a row's media runs is one of them)
+    "qwen2_vl": ["<|image_pad|>", "<|video_pad|>", "<|vision_end|>"],
+    "qwen3_vl": ["<|image_pad|>", "<|video_pad|>", "<|vision_end|>"],
+    "llava_next_video": ["<image>", "<video>"],
+    "video_llava": ["<image>", "<video>"],
+    "intern_vl": ["<img>", "<IMG_CONTEXT>", "</img>"],
+}
+
+
 def golden():
     from safetensors import safe_open
 
@@ -57,6 +66,7 @@ def check(folder: Path, models=None) -> list[str]:
         plugin = plugin_class(template.multimodal)(processor, tokenizer, settings)
         rows = GEN.rows_of(model_type)
         model = GEN.make_model(model_type, tokenizer)
+        media_ids = set(tokenizer.convert_tokens_to_ids(MEDIA_TOKENS[template.multimodal]))
         parts = plugin.composite(model.config.model_type)  # the towers' name parts name this model's parameters
         names = [name for name, _ in model.named_parameters()]
         for key in parts.vision_keys + parts.projector_keys + parts.language_keys[:1]:
@@ -77,6 +87,10 @@ def check(folder: Path, models=None) -> list[str]:
             prefix = f"{model_type}.example.{index}"
             assert ids == tensors[f"{prefix}.input_ids"].tolist(), (model_type, index)
             assert labels == tensors[f"{prefix}.labels"].tolist(), (model_type, index)
+            if media:  # whole, the row trains; cut before its last media token, the cut is named
+                assert plugin.cut_reason(ids, media) is None, (model_type, index)
+                last = max(at for at, token in enumerate(ids) if token in media_ids)
+                assert plugin.cut_reason(ids[:last], media).startswith("cutoff_len cuts through"), (model_type, index)
             features.append(
                 {
                     "input_ids": ids,
