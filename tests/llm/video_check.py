@@ -188,11 +188,13 @@ def train(root: str) -> dict:
             seen = {id(p): p for p in model.parameters()}.values()
             self.counts = [sum(p.numel() for p in seen if p.requires_grad), sum(p.numel() for p in seen)]
 
-    model, data = gen.write_folders(Path(root), fix_tokenizer)
-    results = {}
-    for name, keys in gen.CASES.items():
+    results, folders = {}, {}
+    for name, (model_type, keys) in gen.CASES.items():
+        if model_type not in folders:
+            folders[model_type] = gen.write_folders(Path(root), model_type, fix_tokenizer)
         count, output = Count(), Path(root) / name
-        run_train(parse_train_config(gen.train_config(model, data, output, **keys)), callbacks=[count])
+        config = gen.train_config(model_type, *folders[model_type], output, **keys)
+        run_train(parse_train_config(config), callbacks=[count])
         history = json.loads((output / "trainer_state.json").read_text())["log_history"]
         results[name] = {
             "loss": [entry["loss"] for entry in history if "loss" in entry],

@@ -1,14 +1,13 @@
-"""Regenerate LLaMA-Factory 0.9.5's three-step Qwen3-VL training runs on video rows that
+"""Regenerate LLaMA-Factory 0.9.5's three-step training runs on video rows (Qwen3-VL, LLaVA-NeXT-Video) that
 tests/llm/test_multimodal_video.py compares `lathe train` against.
 
     python tests/llm/golden/make_llamafactory_video_train.py [--python bench/.venv-lf/bin/python]
 
 Runs this file in LLaMA-Factory's environment (`--worker`; lathe is not imported there) with torchvision through the
-test recipe (tests/llm/torchvision_recipe.py), as make_llamafactory_video.py does: the video golden's tiny Qwen3-VL
-(weights the same under transformers 5.6 and 5.23), its Qwen3VLProcessor (image and video processors) and tokenizer
-saved in a model folder (write_folders), two rows in a data folder (a video; an image and a video, files made with
-PyAV by tests/llm/media_files.py), trained by LLaMA-Factory's own `run_exp` with each case's keys (full tuning: the
-vision tower frozen, LLaMA-Factory's default; LoRA). Writes tests/llm/golden/llamafactory_video_train.json: per case the
+test recipe (tests/llm/torchvision_recipe.py), as make_llamafactory_video.py does: the video golden's tiny model,
+its processor (image and video processors) and tokenizer saved in a model folder (write_folders), two rows in a data
+folder (a video; an image and a video, files made with PyAV by tests/llm/media_files.py), trained by LLaMA-Factory's
+own `run_exp` with each case's keys (full tuning: the vision tower frozen, LLaMA-Factory's default; LoRA). Writes tests/llm/golden/llamafactory_video_train.json: per case the
 logged losses and grad norms, and the trainable and total parameter counts when training starts.
 """
 
@@ -25,9 +24,12 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 GOLDEN = HERE / "llamafactory_video_train.json"
-MODEL_TYPE = "qwen3_vl"
 LORA = {"finetuning_type": "lora", "lora_target": "all", "lora_rank": 4, "learning_rate": 0.05}
-CASES = {"qwen3_vl_video_full": {}, "qwen3_vl_video_lora": LORA}  # case -> keys over train_config
+CASES = {  # case -> (model type, keys over train_config)
+    "qwen3_vl_video_full": ("qwen3_vl", {}),
+    "qwen3_vl_video_lora": ("qwen3_vl", LORA),
+    "llava_next_video_full": ("llava_next_video", {}),
+}
 
 
 def _module(name: str, path: Path):
@@ -40,22 +42,27 @@ def _module(name: str, path: Path):
 VIDEO = _module("make_video", HERE / "make_llamafactory_video.py")
 
 
-def write_folders(root: Path, fix_tokenizer) -> tuple[Path, Path]:
-    """(model folder, data folder): the tiny Qwen3-VL, its processor and tokenizer; the video golden's first two
-    Qwen3-VL rows as dataset "rows" (videos made with PyAV, the image as PNG). fix_tokenizer(tokenizer, template) is
-    lathe's or LLaMA-Factory's template fix, run before the model is built (the vocabulary it sizes)."""
+def write_folders(root: Path, model_type: str, fix_tokenizer) -> tuple[Path, Path]:
+    """(model folder, data folder): the video golden's tiny model of `model_type`, its processor and tokenizer; its
+    first two rows as dataset "rows" (videos made with PyAV, the image as PNG). fix_tokenizer(tokenizer, template) is
+    lathe's or LLaMA-Factory's template fix, run before the model is built (the vocabulary it sizes). Weights that
+    transformers 5.6 and 5.23 draw differently from one seed (LLaVA-NeXT-Video's) are set by name as the families'
+    training golden sets them (make_llamafactory_families._same_weights); Qwen3-VL's are the same on both."""
     sys.path.insert(0, str(HERE.parents[2]))
     from tests.llm.media_files import write_video_files
 
-    tokenizer = VIDEO.make_tokenizer(MODEL_TYPE)
-    fix_tokenizer(tokenizer, VIDEO.TEMPLATES[MODEL_TYPE])
-    processor = VIDEO.make_processor(MODEL_TYPE, tokenizer)
-    model, data = root / "model", root / "data"
-    VIDEO.make_model(MODEL_TYPE, tokenizer).save_pretrained(str(model))
+    tokenizer = VIDEO.make_tokenizer(model_type)
+    fix_tokenizer(tokenizer, VIDEO.TEMPLATES[model_type])
+    processor = VIDEO.make_processor(model_type, tokenizer)
+    model, data = root / model_type / "model", root / model_type / "data"
+    weights = VIDEO.make_model(model_type, tokenizer)
+    if model_type != "qwen3_vl":
+        weights = _module("families", HERE / "make_llamafactory_families.py")._same_weights(weights)
+    weights.save_pretrained(str(model))
     processor.save_pretrained(str(model))
     write_video_files(data)
     rows = []
-    for row in VIDEO.rows_of(MODEL_TYPE)[:2]:
+    for row in VIDEO.rows_of(model_type)[:2]:
         item = {"messages": [{"role": role, "content": content} for role, content in row["messages"]]}
         for name in row.get("images", []):
             _module("make_qwen2vl", HERE / "make_llamafactory_qwen2vl.py").make_image(name).save(data / f"{name}.png")
@@ -71,7 +78,7 @@ def write_folders(root: Path, fix_tokenizer) -> tuple[Path, Path]:
     return model, data
 
 
-def train_config(model: Path, data: Path, output: Path, **keys) -> dict:
+def train_config(model_type: str, model: Path, data: Path, output: Path, **keys) -> dict:
     """Three steps of one batch of both rows, on CPU, with the video golden's media settings."""
     return {
         "model_name_or_path": str(model),
@@ -80,9 +87,9 @@ def train_config(model: Path, data: Path, output: Path, **keys) -> dict:
         "finetuning_type": "full",
         "dataset": "rows",
         "dataset_dir": str(data),
-        "template": VIDEO.TEMPLATES[MODEL_TYPE],
+        "template": VIDEO.TEMPLATES[model_type],
         "cutoff_len": VIDEO.CUTOFF_LEN,
-        **VIDEO.SETTINGS_OF[MODEL_TYPE],
+        **VIDEO.SETTINGS_OF[model_type],
         "output_dir": str(output),
         "overwrite_output_dir": True,
         "per_device_train_batch_size": 2,
@@ -98,6 +105,20 @@ def train_config(model: Path, data: Path, output: Path, **keys) -> dict:
         "dataloader_num_workers": 0,
         **keys,
     }
+
+
+def accept_images_none() -> None:
+    """LLaMA-Factory 0.9.5 calls LLaVA-NeXT-Video's video processor with images=None, which transformers 5 refuses
+    (make_llamafactory_video.accept_images_none): every video processor here drops that one argument."""
+    from transformers.video_processing_utils import BaseVideoProcessor
+
+    call = BaseVideoProcessor.__call__
+
+    def without_images(self, *args, images=None, **kwargs):
+        assert images is None
+        return call(self, *args, **kwargs)
+
+    BaseVideoProcessor.__call__ = without_images
 
 
 def run_llamafactory() -> dict:
@@ -119,10 +140,13 @@ def run_llamafactory() -> dict:
             self.counts = [sum(p.numel() for p in seen if p.requires_grad), sum(p.numel() for p in seen)]
 
     results = {"versions": {"transformers": transformers.__version__, "llamafactory": llamafactory.__version__}}
+    accept_images_none()
     with tempfile.TemporaryDirectory() as root:
-        model, data = write_folders(Path(root), fix_tokenizer)
-        for name, keys in CASES.items():
-            config = train_config(model, data, Path(root) / name, **keys)
+        folders = {}
+        for name, (model_type, keys) in CASES.items():
+            if model_type not in folders:
+                folders[model_type] = write_folders(Path(root), model_type, fix_tokenizer)
+            config = train_config(model_type, *folders[model_type], Path(root) / name, **keys)
             for key in ("use_cpu", "dataloader_num_workers", "preprocessing_num_workers"):
                 config.pop(key)
             config.update(bf16=False, fp16=False, plot_loss=False)
