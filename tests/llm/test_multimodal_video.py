@@ -1,9 +1,10 @@
-"""Video rows for Qwen2-VL and Qwen2.5-VL as LLaMA-Factory 0.9.5 encodes them (tests/llm/golden/
-llamafactory_video.safetensors, made by make_llamafactory_video.py): frames sampled with PyAV at video_fps, the
-expanded `<video>`, the encoded rows and every collated tensor (pixel_values_videos, video_grid_thw,
-second_per_grid_ts, mrope position_ids) for rows alone and in pairs, and the tiny model's loss. transformers' video
-processors need torchvision: the comparison runs in a subprocess with the torchvision test recipe
-(tests/llm/torchvision_recipe.py); without torchvision a video row is one line naming it."""
+"""Video rows as LLaMA-Factory 0.9.5 encodes them, for Qwen2-VL, Qwen2.5-VL, Qwen3-VL (timestamps), LLaVA-NeXT-Video,
+Video-LLaVA and InternVL (tests/llm/golden/llamafactory_video.safetensors, made by make_llamafactory_video.py): frames
+sampled with PyAV at video_fps, the expanded `<video>`, the encoded rows and every collated tensor (pixel_values_videos,
+video_grid_thw, second_per_grid_ts, mrope position_ids, ...) for rows alone and in pairs, and the tiny model's loss;
+and three training steps on video rows against LLaMA-Factory's run_exp (llamafactory_video_train.json).
+transformers' video processors need torchvision: those comparisons run in one subprocess with the torchvision test
+recipe (tests/llm/torchvision_recipe.py); without torchvision a video row is one line naming it."""
 
 import json
 
@@ -49,14 +50,21 @@ def test_golden_files_are_the_ones_made_here(video_files):
         )
 
 
-@pytest.mark.slow
-def test_video_rows_and_batches_equal_llamafactory(video_files):
+@pytest.fixture(scope="module")
+def torchvision_results(video_files, tmp_path_factory):
+    """video_check.torchvision_checks run once with the torchvision test recipe, for the three tests that read it."""
     pytest.importorskip("transformers")
     from tests.llm.torchvision_recipe import run_with_torchvision
 
-    folder = str(next(iter(video_files.values())).parent)
-    out = run_with_torchvision(f"from tests.llm.video_check import main; main({folder!r})").stdout
-    checked = json.loads(out.strip().splitlines()[-1])
+    folder, root = str(next(iter(video_files.values())).parent), str(tmp_path_factory.mktemp("torchvision"))
+    code = f"from tests.llm.video_check import torchvision_checks; torchvision_checks({folder!r}, {root!r})"
+    return json.loads(run_with_torchvision(code).stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.slow
+def test_video_rows_and_batches_equal_llamafactory(torchvision_results):
+    checked = torchvision_results["check"]
+    assert "error" not in checked, checked["error"] if isinstance(checked, dict) else ""
     assert len(checked) == 36  # 6 model types x (4 rows alone + 2 pairs)
 
 
@@ -153,36 +161,31 @@ def test_intern_vl_refuses_a_video_before_an_image(video_files):
 
 
 @pytest.mark.slow
-def test_video_demo_data_goes_through_the_pipeline(tmp_path):
+def test_video_demo_data_goes_through_the_pipeline(torchvision_results):
     """The mllm_video_demo shape (a `<video>` row, a videos column) with the image demo: tokenized by lathe's
     pipeline, collated with an image row, and read by the tiny model (a finite loss)."""
-    pytest.importorskip("transformers")
     import math
 
-    from tests.llm.torchvision_recipe import run_with_torchvision
-
-    code = f"import json; from tests.llm.video_check import pipeline; print(json.dumps(pipeline({str(tmp_path)!r})))"
-    out = json.loads(run_with_torchvision(code).stdout.strip().splitlines()[-1])
+    out = torchvision_results["pipeline"]
+    assert "error" not in out, out.get("error")
     assert out["rows"] == 5 and out["videos"][0].endswith("clip.mp4") and out["pads"] > 0
     assert {"pixel_values_videos", "video_grid_thw", "pixel_values", "position_ids"} <= set(out["keys"])
     assert math.isfinite(out["loss"])
 
 
 @pytest.mark.slow
-def test_lathe_trains_video_rows_as_llamafactory(tmp_path):
+def test_lathe_trains_video_rows_as_llamafactory(torchvision_results):
     """Three steps of a video row and an image-and-video row through `lathe train`'s whole pipeline: the tiny Qwen3-VL
     (full tuning with the vision tower frozen, and LoRA) and LLaVA-NeXT-Video (full) against LLaMA-Factory 0.9.5's
     run_exp (tests/llm/golden/llamafactory_video_train.json, made by make_llamafactory_video_train.py): the same
     losses, grad norms and trainable-parameter counts."""
-    pytest.importorskip("transformers")
     from pathlib import Path
 
     from tests.goldens import assert_close_to_golden
-    from tests.llm.torchvision_recipe import run_with_torchvision
 
     golden = json.loads((Path(__file__).parent / "golden" / "llamafactory_video_train.json").read_text())
-    code = f"import json; from tests.llm.video_check import train; print(json.dumps(train({str(tmp_path)!r})))"
-    results = json.loads(run_with_torchvision(code).stdout.strip().splitlines()[-1])
+    results = torchvision_results["train"]
+    assert "error" not in results, results.get("error")
     assert sorted(results) == sorted(name for name in golden if name != "versions")
     for name, ours in results.items():
         expected = golden[name]

@@ -145,6 +145,26 @@ def main(folder: str, models=None) -> None:
     print(json.dumps(check(Path(folder), models)))
 
 
+def torchvision_checks(folder: str, root: str) -> None:
+    """check(folder), train(root / "train") and pipeline(root / "pipeline") in one process (one start of torch,
+    transformers and torchvision for the three tests that read them): prints {"check": ..., "train": ...,
+    "pipeline": ...}, each its result or the traceback that stopped it."""
+    import traceback
+
+    parts = {
+        "check": lambda: check(Path(folder)),
+        "train": lambda: train(str(Path(root) / "train")),
+        "pipeline": lambda: pipeline(str(Path(root) / "pipeline")),
+    }
+    out = {}
+    for part, run in parts.items():
+        try:
+            out[part] = run()
+        except Exception:  # noqa: BLE001 (reported to the test that reads this part)
+            out[part] = {"error": traceback.format_exc()}
+    print(json.dumps(out))
+
+
 def pipeline(root: str) -> dict:
     """LLaMA-Factory's mllm_video_demo shape beside the image demo through lathe's whole data pipeline (the model
     folder's AutoProcessor, built with its video processor where torchvision imports), one collated batch of a
