@@ -176,7 +176,8 @@ def test_video_demo_data_goes_through_the_pipeline(torchvision_results):
 @pytest.mark.slow
 def test_lathe_trains_video_rows_as_llamafactory(torchvision_results):
     """Three steps of a video row and an image-and-video row through `lathe train`'s whole pipeline: the tiny Qwen3-VL
-    (full tuning with the vision tower frozen, and LoRA) and LLaVA-NeXT-Video (full) against LLaMA-Factory 0.9.5's
+    (full tuning with the vision tower frozen, and LoRA), LLaVA-NeXT-Video (full) and Video-LLaVA (full, the towers
+    open) against LLaMA-Factory 0.9.5's
     run_exp (tests/llm/golden/llamafactory_video_train.json, made by make_llamafactory_video_train.py): the same
     losses, grad norms and trainable-parameter counts."""
     from pathlib import Path

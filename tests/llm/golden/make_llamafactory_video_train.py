@@ -29,6 +29,9 @@ CASES = {  # case -> (model type, keys over train_config)
     "qwen3_vl_video_full": ("qwen3_vl", {}),
     "qwen3_vl_video_lora": ("qwen3_vl", LORA),
     "llava_next_video_full": ("llava_next_video", {}),
+    # the towers open: LLaMA-Factory's video_llava key (`vision_tower`) names no parameter, so its default freezes
+    # nothing there, where lathe freezes image_tower and video_tower (docs/MULTIMODAL_FAMILIES.md)
+    "video_llava_open_towers": ("video_llava", {"freeze_vision_tower": False}),
 }
 
 
