@@ -1,19 +1,21 @@
-"""Regenerate LLaMA-Factory's encoding of video rows (Qwen2-VL and Qwen2.5-VL) that tests/llm/test_multimodal_video.py
-compares lathe against.
+"""Regenerate LLaMA-Factory's encoding of video rows (Qwen2-VL, Qwen2.5-VL, Qwen3-VL, LLaVA-NeXT-Video, Video-LLaVA,
+InternVL) that tests/llm/test_multimodal_video.py compares lathe against.
 
     python tests/llm/golden/make_llamafactory_video.py [--python bench/.venv-lf/bin/python]
 
 The videos are made with PyAV's MPEG-4 encoder (tests/llm/media_files.py). Runs this same file in LLaMA-Factory
 0.9.5's environment (`--worker`, where lathe is not imported) with the torchaudio stand-in of bench/lf_stubs and
 torchvision through the test recipe (tests/llm/torchvision_recipe.py: PyPI's torchvision 0.28.0 in a folder, its
-compiled-ops registration skipped), so transformers' Qwen2VLVideoProcessor and the torchvision image backend load,
-as on a user's machine. For each model type the rows below go through LLaMA-Factory's qwen2_vl plugin and
-template (`process_messages`, then `SupervisedDatasetProcessor`) with the committed BPE tokenizer plus the vision
+compiled-ops registration skipped), so transformers' video processors and the torchvision image backends load, as on
+a user's machine. For each model type (MODELS) its rows (rows_of) go through LLaMA-Factory's plugin and template
+(`process_messages`, then `SupervisedDatasetProcessor`) with the committed BPE tokenizer plus the family's vision
 tokens, and through MultiModalDataCollatorForSeq2Seq (pad_to_multiple_of=8) with a tiny random model (mrope
-positions with second_per_grid_ts for Qwen2.5-VL) whose loss on each batch is recorded. Writes
+positions for the Qwen families) whose loss on each batch is recorded, with the sum of its weights (another
+transformers may draw others from the seed). LLaMA-Factory's `video_processor(images=None, ...)` call, which
+transformers 5 refuses, is bridged for LLaVA-NeXT-Video and Video-LLaVA (accept_images_none). Writes
 tests/llm/golden/llamafactory_video.safetensors: `<model>.example.<i>.*`, `<model>.single.<i>.*`,
-`<model>.pair.<b>.*` (less the pixel tensors: its rows' in order), `<model>.loss.<batch>`, and the expanded
-messages, file hashes and versions in the metadata.
+`<model>.pair.<b>.*` (less the pixel tensors that are their rows' joined: `<model>.derived`), `<model>.loss.<batch>`,
+and the expanded messages, non-tensor values, file hashes and versions in the metadata.
 """
 
 from __future__ import annotations
