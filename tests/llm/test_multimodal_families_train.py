@@ -90,7 +90,14 @@ def test_paligemma_image_prefix_counts_against_cutoff_len(tmp_path):
 
 
 @pytest.mark.parametrize(
-    "family, package", [("pixtral", "torchvision"), ("intern_vl", "torchvision"), ("gemma3n", "timm")]
+    "family, package",
+    [
+        ("pixtral", "torchvision"),
+        ("intern_vl", "torchvision"),
+        ("llava_next_video", "torchvision"),
+        ("video_llava", "torchvision"),
+        ("gemma3n", "timm"),
+    ],
 )
 def test_a_family_whose_processor_needs_a_missing_package_names_it(family, package):
     from types import SimpleNamespace

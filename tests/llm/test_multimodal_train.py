@@ -114,17 +114,17 @@ def test_a_cutoff_through_an_image_leaves_the_row_out_counted_and_the_preview_sh
 
 def test_keys_the_family_lacks_and_video_rows_are_clear_errors(folders):
     from lathe.llm.multimodal.base import MediaSettings
-    from lathe.llm.multimodal.plugins import get_plugin
-    from lathe.llm.multimodal.qwen2_vl import Qwen3VLPlugin
+    from lathe.llm.multimodal.plugins import get_plugin, plugin_class
+    from lathe.llm.multimodal.qwen3_vl import Qwen3VLPlugin
     from lathe.llm.templates import TEMPLATES
 
     with pytest.raises(ValueError, match="image_do_pan_and_scan: the qwen2_vl family has no such option"):
         get_plugin(TEMPLATES["qwen2_vl"], None, None, MediaSettings(image_do_pan_and_scan=True))
     with pytest.raises(ValueError, match=r"crop_to_patches: the qwen2_vl family has no such option"):
         get_plugin(TEMPLATES["qwen2_vl"], None, None, MediaSettings(crop_to_patches=True))
-    plugin = Qwen3VLPlugin(None, None)
-    with pytest.raises(ValueError, match=r"data.json row 2: 1 video\(s\) given, but lathe's qwen3_vl family takes"):
-        plugin.check_kinds({"image": 1, "video": 1}, "data.json row 2")
+    Qwen3VLPlugin(None, None).check_kinds({"image": 1, "video": 1}, "data.json row 2")  # Qwen3-VL takes both
+    with pytest.raises(ValueError, match=r"data.json row 2: 1 video\(s\) given, but lathe's llava family takes"):
+        plugin_class("llava")(None, None).check_kinds({"image": 1, "video": 1}, "data.json row 2")
     if importlib.util.find_spec("torchvision") is None:  # a user's machine has it: the video row then trains
         with pytest.raises(ValueError, match=r"^a video row needs torchvision .*pip install torchvision"):
             _load(folders, dataset="mllm_video_demo")

@@ -22,6 +22,15 @@ def _module(name, path):
 GEN = _module("make_video", HERE / "golden" / "make_llamafactory_video.py")
 
 
+MEDIA_TOKENS = {  # each family's vision tokens (the last of a row's media runs is one of them)
+    "qwen2_vl": ["<|image_pad|>", "<|video_pad|>", "<|vision_end|>"],
+    "qwen3_vl": ["<|image_pad|>", "<|video_pad|>", "<|vision_end|>"],
+    "llava_next_video": ["<image>", "<video>"],
+    "video_llava": ["<image>", "<video>"],
+    "intern_vl": ["<img>", "<IMG_CONTEXT>", "</img>"],
+}
+
+
 def golden():
     from safetensors import safe_open
 
@@ -29,7 +38,7 @@ def golden():
         return {key: handle.get_tensor(key) for key in handle.keys()}, handle.metadata()
 
 
-def check(folder: Path) -> list[str]:
+def check(folder: Path, models=None) -> list[str]:
     import torch
 
     from lathe.llm.config.train import DataArguments
@@ -37,24 +46,33 @@ def check(folder: Path) -> list[str]:
     from lathe.llm.data.supervised import encode_supervised_example
     from lathe.llm.multimodal.base import MediaSettings
     from lathe.llm.multimodal.collator import MultimodalCollator
-    from lathe.llm.multimodal.qwen2_vl import Qwen2VLPlugin
+    from lathe.llm.multimodal.encode import EXPANDED
+    from lathe.llm.multimodal.plugins import plugin_class
     from lathe.llm.templates import get_template_and_fix_tokenizer
+    from tests.goldens import assert_close_to_golden
 
     tensors, metadata = golden()
     assert json.loads(metadata["versions"])["llamafactory"] == "0.9.5"
     checked = []
-    for model_type in GEN.MODELS:
-        tokenizer = _module("make_qwen2vl", HERE / "golden" / "make_llamafactory_qwen2vl.py").make_tokenizer()
-        template = get_template_and_fix_tokenizer(tokenizer, DataArguments(template="qwen2_vl"))
+    for model_type in models or GEN.MODELS:
+        tokenizer = GEN.make_tokenizer(model_type)
+        template = get_template_and_fix_tokenizer(tokenizer, DataArguments(template=GEN.TEMPLATES[model_type]))
         processor = GEN.make_processor(model_type, tokenizer)
         assert json.loads(metadata[f"{model_type}.processors"]) == [
             type(processor.image_processor).__name__,
-            type(processor.video_processor).__name__,
+            type(getattr(processor, "video_processor", None)).__name__,
         ]
-        plugin = Qwen2VLPlugin(processor, tokenizer, MediaSettings(**GEN.SETTINGS))
+        settings = MediaSettings(**GEN.SETTINGS_OF.get(model_type, GEN.SETTINGS))
+        plugin = plugin_class(template.multimodal)(processor, tokenizer, settings)
+        rows = GEN.rows_of(model_type)
         model = GEN.make_model(model_type, tokenizer)
+        media_ids = set(tokenizer.convert_tokens_to_ids(MEDIA_TOKENS[template.multimodal]))
+        parts = plugin.composite(model.config.model_type)  # the towers' name parts name this model's parameters
+        names = [name for name, _ in model.named_parameters()]
+        for key in parts.vision_keys + parts.projector_keys + parts.language_keys[:1]:
+            assert any(key in name for name in names), (model_type, key)
         features = []
-        for index, row in enumerate(GEN.ROWS):
+        for index, row in enumerate(rows):
             images, videos = GEN.row_media(row, folder)
             media = {}
             if images:
@@ -64,10 +82,15 @@ def check(folder: Path) -> list[str]:
             messages = plugin.process_messages(GEN.messages_of(row), media)
             expected = json.loads(metadata[f"{model_type}.messages.{index}"])
             assert messages == expected, (model_type, index)
+            messages = [{**message, EXPANDED: True} for message in messages]  # as the pipeline marks them
             ids, labels = encode_supervised_example(messages[:-1], messages[-1:], "", "", template, tokenizer, 1024)
             prefix = f"{model_type}.example.{index}"
             assert ids == tensors[f"{prefix}.input_ids"].tolist(), (model_type, index)
             assert labels == tensors[f"{prefix}.labels"].tolist(), (model_type, index)
+            if media:  # whole, the row trains; cut before its last media token, the cut is named
+                assert plugin.cut_reason(ids, media) is None, (model_type, index)
+                last = max(at for at, token in enumerate(ids) if token in media_ids)
+                assert plugin.cut_reason(ids[:last], media).startswith("cutoff_len cuts through"), (model_type, index)
             features.append(
                 {
                     "input_ids": ids,
@@ -84,33 +107,62 @@ def check(folder: Path) -> list[str]:
             batch = collator([dict(feature) for feature in chosen])
             head = f"{model_type}.{prefix}."
             expected = {key[len(head) :]: value for key, value in tensors.items() if key.startswith(head)}
-            if prefix.startswith("pair."):  # left out of the golden: the rows' pixel tensors in order
-                for key, kind in (("pixel_values", "images"), ("pixel_values_videos", "videos")):
-                    sides = [int(prefix[5:]) * 2 + side for side in (0, 1)]
-                    rows = [tensors[f"{model_type}.single.{side}.{key}"] for side in sides if GEN.ROWS[side].get(kind)]
-                    if rows:
-                        expected[key] = torch.cat(rows)
+            for name, sides in json.loads(metadata[f"{model_type}.derived"]).items():
+                if name.startswith(prefix + "."):  # left out of the golden: the rows' pixel tensors in order
+                    key = name[len(prefix) + 1 :]
+                    expected[key] = torch.cat([tensors[f"{model_type}.single.{side}.{key}"] for side in sides])
             second = metadata.get(f"{model_type}.json.{prefix}.second_per_grid_ts")
             if second is not None:
                 expected["second_per_grid_ts"] = json.loads(second)
+            metadata_json = metadata.get(f"{model_type}.json.{prefix}.video_metadata")
+            if metadata_json is not None:  # Qwen3-VL's processor metadata: no model input, left out of lathe's batch
+                videos = [plugin.regularize("video", feature["videos"]) for feature in chosen if feature["videos"]]
+                for item in plugin.video_metadata([video for row in videos for video in row]):
+                    described = f"total_num_frames={item['total_num_frames']}, fps={item['fps']}"
+                    assert described in metadata_json and f"duration={item['duration']}" in metadata_json, prefix
             assert sorted(batch) == sorted(expected), (model_type, prefix, sorted(batch), sorted(expected))
             for key, value in expected.items():
                 ours = batch[key]
                 if not isinstance(value, torch.Tensor):
                     assert ours == value, (model_type, prefix, key)
                 elif value.is_floating_point():
-                    torch.testing.assert_close(ours, value, rtol=1e-5, atol=1e-5, msg=f"{model_type} {prefix} {key}")
+                    # pixels to 1e-5 absolute, as the families' goldens, and the golden tolerance's relative part
+                    assert ours.shape == value.shape and ours.dtype == value.dtype, (model_type, prefix, key)
+                    assert_close_to_golden(ours, value, f"video golden {model_type} {prefix} {key}", abs=1e-5)
                 else:
                     assert torch.equal(ours, value), (model_type, prefix, key)
             with torch.no_grad():
                 loss = model(**batch).loss.item()
-            assert abs(loss - tensors[f"{model_type}.loss.{prefix}"].item()) < 1e-5, (model_type, prefix)
+                # LLaMA-Factory's loss where this transformers draws its weights; else its batch on this model
+                same = abs(GEN.weights_sum(model) - float(metadata[f"{model_type}.weights"])) < 1e-6
+                reference = tensors[f"{model_type}.loss.{prefix}"].item() if same else model(**expected).loss.item()
+            assert_close_to_golden(loss, reference, f"video golden {model_type} {prefix} loss (same weights: {same})")
             checked.append(f"{model_type}.{prefix}")
     return checked
 
 
-def main(folder: str) -> None:
-    print(json.dumps(check(Path(folder))))
+def main(folder: str, models=None) -> None:
+    print(json.dumps(check(Path(folder), models)))
+
+
+def torchvision_checks(folder: str, root: str) -> None:
+    """check(folder), train(root / "train") and pipeline(root / "pipeline") in one process (one start of torch,
+    transformers and torchvision for the three tests that read them): prints {"check": ..., "train": ...,
+    "pipeline": ...}, each its result or the traceback that stopped it."""
+    import traceback
+
+    parts = {
+        "check": lambda: check(Path(folder)),
+        "train": lambda: train(str(Path(root) / "train")),
+        "pipeline": lambda: pipeline(str(Path(root) / "pipeline")),
+    }
+    out = {}
+    for part, run in parts.items():
+        try:
+            out[part] = run()
+        except Exception:  # noqa: BLE001 (reported to the test that reads this part)
+            out[part] = {"error": traceback.format_exc()}
+    print(json.dumps(out))
 
 
 def pipeline(root: str) -> dict:
@@ -136,3 +188,38 @@ def pipeline(root: str) -> dict:
         loss = net(**batch).loss.item()
     pads = int((batch["input_ids"] == tokenizer.convert_tokens_to_ids("<|video_pad|>")).sum())
     return {"rows": len(rows), "videos": rows[0].get("videos"), "keys": sorted(batch), "loss": loss, "pads": pads}
+
+
+def train(root: str) -> dict:
+    """`lathe train` on make_llamafactory_video_train.py's folders and cases: per case the logged losses and grad
+    norms and the trainable and total parameter counts (what tests/llm/golden/llamafactory_video_train.json holds)."""
+    from lathe.llm.config.train import DataArguments, parse_train_config
+    from lathe.llm.templates import get_template_and_fix_tokenizer
+    from lathe.llm.workflows.stages import run_train
+    from lathe.train import TrainerCallback
+
+    gen = _module("make_video_train", HERE / "golden" / "make_llamafactory_video_train.py")
+
+    def fix_tokenizer(tokenizer, template):
+        get_template_and_fix_tokenizer(tokenizer, DataArguments(template=template))
+
+    class Count(TrainerCallback):
+        def on_train_begin(self, args, state, control, model=None, **kwargs):
+            seen = {id(p): p for p in model.parameters()}.values()
+            self.counts = [sum(p.numel() for p in seen if p.requires_grad), sum(p.numel() for p in seen)]
+
+    results, folders = {}, {}
+    for name, (model_type, keys) in gen.CASES.items():
+        if model_type not in folders:
+            folders[model_type] = gen.write_folders(Path(root), model_type, fix_tokenizer)
+        count, output = Count(), Path(root) / name
+        config = gen.train_config(model_type, *folders[model_type], output, **keys)
+        run_train(parse_train_config(config), callbacks=[count])
+        history = json.loads((output / "trainer_state.json").read_text())["log_history"]
+        results[name] = {
+            "loss": [entry["loss"] for entry in history if "loss" in entry],
+            "grad_norm": [entry["grad_norm"] for entry in history if "loss" in entry],
+            "trainable": count.counts[0],
+            "total": count.counts[1],
+        }
+    return results

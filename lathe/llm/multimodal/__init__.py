@@ -23,10 +23,13 @@ that defines a `FamilyPlugin` subclass and is registered by one line in plugins.
 - encode.py: MediaEncoder, the data pipeline's handle on the run's plugin (the processor loaded at the first row
   with media), and the tokenized rows' media columns.
 - qwen2_vl.py: the Qwen2-VL / Qwen2.5-VL family (images, videos); mrope.py: its mrope position ids from the model's
-  get_rope_index (padded batches; packed rows, one packed example at a time).
-- llava.py, llava_next.py, gemma3.py, gemma3n.py, paligemma.py, qwen2_audio.py, mllama.py, pixtral.py,
-  intern_vl.py: the other families (placeholder expansion, PaliGemma's image prefix, their tensors), each a
-  FamilyPlugin through common.py's ModulePlugin (the media settings, image processor / feature extractor calls).
+  get_rope_index (padded batches; packed rows, one packed example at a time); qwen3_vl.py: Qwen3-VL on top of it
+  (videos as timestamped runs per temporal patch).
+- video.py: videos read with PyAV as LLaMA-Factory samples them (video_fps, video_maxlen), their timing.
+- llava.py, llava_next.py, llava_next_video.py, video_llava.py, gemma3.py, gemma3n.py, paligemma.py, qwen2_audio.py,
+  mllama.py, pixtral.py, intern_vl.py: the other families (placeholder expansion, PaliGemma's image prefix, their
+  tensors), each a FamilyPlugin through common.py's ModulePlugin (the media settings, image processor / video
+  processor / feature extractor calls).
 - collator.py: the collator for any family: the text collator's padding, then the plugin's tensors.
 - towers.py: freeze_vision_tower / freeze_multi_modal_projector / freeze_language_model, LoRA targets.
 - plugins.py: the registry; a family not implemented yet is a clear error, never trained as text.

@@ -2,13 +2,16 @@
 audio feature extractor calls, and ModulePlugin, the FamilyPlugin (base.py) over a family module of this shape.
 
 A family module (llava.py, gemma3.py, ...) gives, and ends with a ModulePlugin subclass that names the family:
-- IMAGE_TOKEN / AUDIO_TOKEN: the template's media token (None for a kind the family does not take);
+- IMAGE_TOKEN / AUDIO_TOKEN (and VIDEO_TOKEN where the family takes video): the template's media token (None for a
+  kind the family does not take);
 - COMPOSITES: model_type -> composite(...): the towers' parameter-name parts;
 - media_tokens(processor): the tokens of an expanded medium, which cutoff_len must leave whole (media_cut_reason);
 - process_messages(messages, images, audios, processor, settings): `<image>` / `<audio>` expanded;
 - prefix_ids(images, tokenizer, processor): token ids put before the encoded conversation ([] but PaliGemma's);
 - media_inputs(images, audios, counts, batch_ids, processor, settings): the collator's media tensors, with
   per-row `token_type_ids` lists (padded here) where the family has them.
+A family with VIDEO_TOKEN gets its videos too (`videos=`: video.Video objects, frames sampled with PyAV and fitted into
+video_min_pixels..video_max_pixels) in process_messages and media_inputs.
 `processor` is the model's transformers processor (AutoProcessor), read for the same attributes LLaMA-Factory
 reads; `settings` is the run's MediaSettings (base.py). Images reach these functions as opened (the pixel budget is
 applied inside, once, from the original image, as LLaMA-Factory regularizes for each call).
@@ -23,6 +26,7 @@ from typing import ClassVar
 from lathe.llm.multimodal.audio import waveform
 from lathe.llm.multimodal.base import PLACEHOLDERS, Composite, FamilyPlugin, MediaSettings
 from lathe.llm.multimodal.images import check_placeholders, fit_pixels, open_image
+from lathe.llm.multimodal.video import check_torchvision, read_video
 from lathe.train.data.labels import IGNORE_INDEX
 from lathe.train.data.padding import get_padding_side, pad_rows
 
@@ -91,6 +95,19 @@ def audio_processor_inputs(audios: list, processor, settings: MediaSettings) -> 
     return inputs
 
 
+def video_processor_of(processor):
+    """The processor's video processor (transformers builds video processors on torchvision): one line naming
+    torchvision where it does not import, or naming the processor where it has none."""
+    check_torchvision("a video row")
+    video_processor = getattr(processor, "video_processor", None)
+    if video_processor is None:
+        raise ValueError(
+            f"the model's processor ({type(processor).__name__}) has no video processor: load the model folder's "
+            "processor with torchvision installed (processor_config.json / video_preprocessor_config.json)"
+        )
+    return video_processor
+
+
 def placeholder_runs(messages: list[dict], placeholder: str, replacement) -> list[dict]:
     """The messages with the k-th `placeholder` (over all messages, in order) replaced by replacement(k)."""
     expanded, used = [], 0
@@ -128,9 +145,8 @@ class ModulePlugin(FamilyPlugin):
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
         module = sys.modules[cls.__module__]
-        cls.kinds = tuple(
-            kind for kind, token in (("image", module.IMAGE_TOKEN), ("audio", module.AUDIO_TOKEN)) if token is not None
-        )
+        tokens = (("image", module.IMAGE_TOKEN), ("video", getattr(module, "VIDEO_TOKEN", None)))
+        cls.kinds = tuple(kind for kind, token in (*tokens, ("audio", module.AUDIO_TOKEN)) if token is not None)
         cls.composites = module.COMPOSITES
 
     requires: ClassVar[tuple[str, str] | None] = None  # (package, what needs it): checked when the run's plugin is made
@@ -151,10 +167,27 @@ class ModulePlugin(FamilyPlugin):
     def _args(self, media: dict) -> tuple[list, list]:
         return list(media.get("image") or []), list(media.get("audio") or [])
 
+    def _videos(self, media_rows: list[dict]) -> dict:
+        """{"videos": the rows' videos in order} for a family that takes video, else {} (its functions take none)."""
+        if "video" not in self.kinds:
+            return {}
+        return {"videos": [video for row in media_rows for video in row.get("video") or []]}
+
     def regularize(self, kind: str, items: list, where: str = "") -> list:
-        """Images opened (the family's calls fit them into the pixel budget), audio read as waveforms."""
+        """Images opened (the family's calls fit them into the pixel budget), audio read as waveforms, videos' frames
+        sampled and fitted into the video pixel budget (LLaMA-Factory's BasePlugin._regularize_videos)."""
         if kind == "image":
             return [open_image(item, None, where) for item in items]
+        if kind == "video" and "video" in self.kinds:
+            s, videos = self.settings, []
+            for item in items:
+                try:
+                    video = read_video(item, s.video_fps, s.video_maxlen)
+                except (OSError, ValueError) as error:
+                    raise ValueError(f"{where}: {error}") from None
+                video.frames = [fit_pixels(frame, s.video_max_pixels, s.video_min_pixels) for frame in video.frames]
+                videos.append(video)
+            return videos
         if kind == "audio":
             try:
                 return [waveform(item, self.settings.audio_sampling_rate) for item in items]
@@ -165,7 +198,8 @@ class ModulePlugin(FamilyPlugin):
     def process_messages(self, messages: list[dict], media: dict) -> list[dict]:
         counts = {kind: len(items) for kind, items in media.items()}
         check_placeholders(messages, counts, "a row")
-        return self.family.process_messages(messages, *self._args(media), self.processor, self.settings)
+        videos = self._videos([media])
+        return self.family.process_messages(messages, *self._args(media), self.processor, self.settings, **videos)
 
     def prefix_length(self, media: dict) -> int:
         return len(self.family.prefix_ids(self._args(media)[0], self.tokenizer, self.processor))
@@ -177,7 +211,7 @@ class ModulePlugin(FamilyPlugin):
         return prefix + list(input_ids), None if labels is None else [IGNORE_INDEX] * len(prefix) + list(labels)
 
     def cut_reason(self, input_ids: list[int], media: dict) -> str | None:
-        placeholders = "".join(PLACEHOLDERS[kind] * len(items) for kind, items in media.items())
+        placeholders = "".join(PLACEHOLDERS[kind] * len(media.get(kind) or []) for kind in PLACEHOLDERS)
         expanded = self.process_messages([{"role": "user", "content": placeholders}], media)
         counts = media_token_counts(expanded, self.family.media_tokens(self.processor))
         return media_cut_reason(input_ids, counts, self.tokenizer)
@@ -189,10 +223,11 @@ class ModulePlugin(FamilyPlugin):
 
         images = [item for row in media_rows for item in row.get("image") or []]
         audios = [item for row in media_rows for item in row.get("audio") or []]
-        counts = {kind: [len(row.get(kind) or []) for row in media_rows] for kind in ("image", "audio")}
+        counts = {kind: [len(row.get(kind) or []) for row in media_rows] for kind in ("image", "video", "audio")}
         if row_ids is None:
             raise ValueError(f"the {self.name} family needs each row's unpadded input_ids (MultimodalCollator)")
-        inputs = self.family.media_inputs(images, audios, counts, row_ids, self.processor, self.settings)
+        videos = self._videos(media_rows)
+        inputs = self.family.media_inputs(images, audios, counts, row_ids, self.processor, self.settings, **videos)
         length, side = batch["input_ids"].shape[-1], get_padding_side(self.tokenizer)
         if inputs.get("token_type_ids") is not None:
             inputs["token_type_ids"] = pad_rows(inputs["token_type_ids"], 0, length, side)

@@ -6,9 +6,11 @@ from __future__ import annotations
 
 FAMILIES = {
     "qwen2_vl": "lathe.llm.multimodal.qwen2_vl:Qwen2VLPlugin",
-    "qwen3_vl": "lathe.llm.multimodal.qwen2_vl:Qwen3VLPlugin",
+    "qwen3_vl": "lathe.llm.multimodal.qwen3_vl:Qwen3VLPlugin",
     "llava": "lathe.llm.multimodal.llava:LlavaPlugin",
     "llava_next": "lathe.llm.multimodal.llava_next:LlavaNextPlugin",
+    "llava_next_video": "lathe.llm.multimodal.llava_next_video:LlavaNextVideoPlugin",
+    "video_llava": "lathe.llm.multimodal.video_llava:VideoLlavaPlugin",
     "gemma3": "lathe.llm.multimodal.gemma3:Gemma3Plugin",
     "gemma3n": "lathe.llm.multimodal.gemma3n:Gemma3nPlugin",
     "paligemma": "lathe.llm.multimodal.paligemma:PaliGemmaPlugin",

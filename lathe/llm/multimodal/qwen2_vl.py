@@ -1,9 +1,12 @@
-"""The Qwen2-VL family (qwen2_vl template: Qwen2-VL, Qwen2.5-VL) as LLaMA-Factory 0.9.5 encodes images.
+"""The Qwen2-VL family (qwen2_vl template: Qwen2-VL, Qwen2.5-VL) as LLaMA-Factory 0.9.5 encodes images and videos
+(Qwen3-VL's videos: qwen3_vl.py).
 
 - each image is fitted into image_min_pixels..image_max_pixels, then made at least 28 pixels a side and at
   most 200:1 (the vision tower's patches need it), and goes through the model's image processor
   (pixel_values: one row per 14x14 patch, image_grid_thw: (t, h, w) patches per image);
 - `<image>` becomes `<|vision_start|>` + `<|image_pad|>` x (t*h*w / merge_size^2) + `<|vision_end|>`;
+- `<video>` likewise with `<|video_pad|>`, its frames sampled by video.py (an odd count repeats the last), the grid
+  counted from the stream's size without decoding (LLaMA-Factory's `_get_qwen_video_grid_metadata`);
 - the collator adds 3-D rotary positions (temporal, height, width; "mrope") and rope_deltas, computed by
   the model's own get_rope_index (packed rows: per packed example, as LLaMA-Factory's neat packing; generation:
   none, generate() computes them).
@@ -146,25 +149,27 @@ def expand_videos(messages: list[dict], video_grid_thw, merge_size: int) -> list
     return expanded
 
 
-def video_grid(video, video_processor, settings) -> list[int]:
+def video_grid(video, video_processor, settings, qwen3: bool = False) -> list[int]:
     """(t, h, w) patches of a video from its stream's frame size and sample count, as LLaMA-Factory's Qwen2VLPlugin
     counts a video's tokens (`_get_qwen_video_grid_metadata`): the frame size after the pixel budget, the
-    processor's smart_resize, an even number of frames grouped by temporal_patch_size."""
-    from transformers.models.qwen2_vl.image_processing_qwen2_vl import smart_resize
-
+    processor's smart_resize (Qwen3-VL's video smart_resize, which weighs the frame count, with `qwen3`), an even
+    number of frames grouped by temporal_patch_size."""
     width, height = regularized_size(video.width, video.height, settings.video_max_pixels, settings.video_min_pixels)
     frames = video.sample_count + video.sample_count % 2
     size = video_processor.size
     size = size if isinstance(size, dict) else vars(size)
-    patch, merge = video_processor.patch_size, video_processor.merge_size
-    resized_height, resized_width = smart_resize(
-        height=height,
-        width=width,
-        factor=patch * merge,
-        min_pixels=size.get("shortest_edge"),
-        max_pixels=size.get("longest_edge"),
-    )
-    return [math.ceil(frames / video_processor.temporal_patch_size), resized_height // patch, resized_width // patch]
+    patch, merge, temporal = video_processor.patch_size, video_processor.merge_size, video_processor.temporal_patch_size
+    limits = {"factor": patch * merge, "min_pixels": size.get("shortest_edge"), "max_pixels": size.get("longest_edge")}
+    if qwen3:
+        from transformers.models.qwen3_vl.video_processing_qwen3_vl import smart_resize as qwen3_resize
+
+        resized = qwen3_resize(num_frames=frames, height=height, width=width, temporal_factor=temporal, **limits)
+    else:
+        from transformers.models.qwen2_vl.image_processing_qwen2_vl import smart_resize
+
+        resized = smart_resize(height=height, width=width, **limits)
+    resized_height, resized_width = resized
+    return [math.ceil(frames / temporal), resized_height // patch, resized_width // patch]
 
 
 def regularized_size(width: int, height: int, max_pixels: int, min_pixels: int) -> tuple[int, int]:
@@ -250,7 +255,7 @@ class Qwen2VLPlugin(FamilyPlugin):
             counts = {
                 IMAGE_TOKEN: sum(int(item.prod()) // merge_length for item in grid),
                 VIDEO_TOKEN: sum(int(item.prod()) // merge_length for item in videos),
-                VISION_END: len(grid) + len(videos),
+                VISION_END: len(grid) + sum(self._video_runs(item) for item in videos),
             }
             return count_cut_reason(input_ids, counts, self.tokenizer)
         if not len(grid):
@@ -258,6 +263,10 @@ class Qwen2VLPlugin(FamilyPlugin):
         start, end, pad = self.tokenizer.convert_tokens_to_ids([VISION_START, VISION_END, IMAGE_TOKEN])
         counts = [int(item.prod()) // merge_length for item in grid]
         return media_cut_reason(input_ids, start, end, pad, counts)
+
+    def _video_runs(self, grid) -> int:
+        """`<|vision_start|>` ... `<|vision_end|>` runs of one video: one (Qwen3-VL: one per temporal patch)."""
+        return 1
 
     def video_inputs(self, videos: list) -> dict:
         """pixel_values_videos and video_grid_thw of the regularized videos; second_per_grid_ts (temporal patch over
@@ -323,22 +332,3 @@ class Qwen2VLPlugin(FamilyPlugin):
 
     def _budget(self) -> tuple[int, int]:
         return self.settings.image_max_pixels, self.settings.image_min_pixels
-
-
-QWEN3_VL = Composite(
-    ("visual.pos_embed", "visual.patch_embed", "visual.blocks", "visual.deepstack_merger_list"),
-    PROJECTOR_KEYS,
-    LANGUAGE_MODEL_KEYS,
-    LORA_CONFLICT_KEYS,
-)
-
-
-@dataclass
-class Qwen3VLPlugin(Qwen2VLPlugin):
-    """LLaMA-Factory's Qwen3VLPlugin for images (Qwen3-VL, Qwen3.5/3.6 templates): Qwen2-VL's image tokens; its
-    vision tower adds position embeddings and deepstack mergers (frozen with freeze_vision_tower)."""
-
-    name = "qwen3_vl"
-    kinds = ("image",)
-    missing = {"video": "Qwen3-VL's timestamped video tokens are not implemented in lathe yet (Qwen2-VL's are)"}
-    composites = {"qwen3_vl": QWEN3_VL, "qwen3_vl_moe": QWEN3_VL}
