@@ -15,17 +15,27 @@ def generate_and_score(trainer, rows, mode: str) -> dict:
     args, tokenizer, device = trainer.args, trainer._tokenizer, trainer.args.device
     row_ids = [index for index, _ in rows]
     inputs = [row for _, row in rows]
-    if "prompt" not in inputs[0]:
+    calling = trainer.tool_calling
+    if "prompt" not in inputs[0] and (calling is None or calling.environments is None):
         raise ValueError(f"GRPO: dataset row {row_ids[0]} has no 'prompt' column (columns: {', '.join(inputs[0])}).")
-    prompts = [row["prompt"] for row in inputs]
-    env_masks = None
+    # With environments a row may carry no prompt: reset() writes it (TRL's empty user message).
+    prompts = [row.get("prompt", [{"role": "user", "content": ""}]) for row in inputs]
+    env_masks, completions, extras = None, None, {"trainer_state": trainer.state}
     if trainer.rollout_func is not None:  # the user's rollouts replace tokenizing and sampling (TRL's rollout_func)
         prompt_ids_list, completion_ids_list, env_masks = _rollouts(trainer, prompts, inputs)
+    elif calling is not None:  # tools and environments: multi-turn rollouts (lathe.llm.rl.tools)
+        from lathe.llm.rl.tools import rollouts_with_tools
+
+        prompts, prompt_ids_list, completion_ids_list, env_masks, completions, more = rollouts_with_tools(
+            trainer, inputs, prompts, row_ids
+        )
+        extras.update(more)
     else:
         prompt_ids_list, completion_ids_list = _sample(trainer, inputs, prompts)
-    texts = tokenizer.batch_decode(completion_ids_list, skip_special_tokens=True)
-    conversational = generation.is_conversation(prompts[0])
-    completions = [[{"role": "assistant", "content": text}] for text in texts] if conversational else texts
+    if completions is None:
+        texts = tokenizer.batch_decode(completion_ids_list, skip_special_tokens=True)
+        conversational = generation.is_conversation(prompts[0])
+        completions = [[{"role": "assistant", "content": text}] for text in texts] if conversational else texts
 
     metrics = trainer._metrics[mode]
     truncated = _log_lengths(trainer, metrics, prompt_ids_list, completion_ids_list, mode, env_masks)
@@ -59,7 +69,7 @@ def generate_and_score(trainer, rows, mode: str) -> dict:
         prompts,
         completions,
         completion_ids_list,
-        {"trainer_state": trainer.state},
+        extras,
         row_ids,
         (prompt_ids_list, tokenizer.pad_token_id),
     )

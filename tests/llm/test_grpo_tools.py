@@ -1,0 +1,87 @@
+"""lathe's GRPO tool calling against TRL 1.16's (goldens from `bench/grpo_goldens.py --tools`): a tiny model
+that calls `add` in Qwen2.5's format, with a standalone tool, a stateful environment owning its reward, and a
+dict of two environments picked per row. The same completion tokens (the tool results included), tool masks,
+rewards and advantages at every generation, and the same logged numbers (tools/* included) at every step."""
+
+from __future__ import annotations
+
+import functools
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+import grpo_tool_cases  # noqa: E402
+
+from tests.goldens import assert_close_to_golden  # noqa: E402
+
+GOLDEN = json.loads((HERE / "golden" / "trl_grpo_tools.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    return grpo_tool_cases.copy_model(tmp_path_factory.mktemp("grpo_tool_model"))
+
+
+def run_lathe_tool_case(name: str, model_dir: str, output_dir: str) -> dict:
+    from lathe.llm.rl import GRPOConfig, GRPOTrainer
+
+    settings = {**grpo_tool_cases.BASE, **grpo_tool_cases.CASES[name]}
+    tools = [grpo_tool_cases.add] if settings.pop("tools", False) else None
+    kind = settings.pop("environment", None)
+    generations, rewards = [], {}
+    functions = []
+    for function in grpo_tool_cases.REWARDS:
+
+        @functools.wraps(function)
+        def call(*args, _function=function, **kwargs):
+            values = _function(*args, **kwargs)
+            rewards.setdefault(_function.__name__, []).append(list(values))
+            return values
+
+        functions.append(call)
+
+    class Recording(GRPOTrainer):
+        def _generate_and_score(self, rows, mode):
+            output = super()._generate_and_score(rows, mode)
+            mask = output["completion_mask"].bool()
+            ids = [row[m].tolist() for row, m in zip(output["completion_ids"], mask)]
+            tool_mask = [row[m].tolist() for row, m in zip(output["tool_mask"], mask)]
+            generations.append(
+                {"completion_ids": ids, "tool_mask": tool_mask, "advantages": output["advantages"].tolist()}
+            )
+            return output
+
+    trainer = Recording(
+        model=model_dir,
+        reward_funcs=functions,
+        args=GRPOConfig(output_dir=output_dir, **settings),
+        train_dataset=grpo_tool_cases.dataset(kind),
+        tools=tools,
+        environment_factory=grpo_tool_cases.environment_factory(kind) if kind else None,
+    )
+    trainer.train()
+    for index, generation in enumerate(generations):
+        generation["rewards"] = {key: values[index] for key, values in rewards.items()}
+    return grpo_tool_cases.record(trainer, generations)
+
+
+@pytest.mark.parametrize("case", sorted(GOLDEN["cases"]))
+def test_grpo_tools_match_trl(case, model_dir, tmp_path):
+    torch.set_num_threads(1)
+    expected = GOLDEN["cases"][case]
+    got = run_lathe_tool_case(case, model_dir, str(tmp_path))
+    assert len(got["generations"]) == len(expected["generations"])
+    for step, (mine, theirs) in enumerate(zip(got["generations"], expected["generations"])):
+        assert mine["completion_ids"] == theirs["completion_ids"], f"generation {step}: completion tokens differ"
+        assert mine["tool_mask"] == theirs["tool_mask"], f"generation {step}: tool masks differ"
+        assert mine["rewards"] == theirs["rewards"], f"generation {step}"
+        assert_close_to_golden(mine["advantages"], theirs["advantages"], f"{case} advantages, {step}", rel=1e-5)
+    assert len(got["logs"]) == len(expected["logs"])
+    for step, (mine, theirs) in enumerate(zip(got["logs"], expected["logs"]), start=1):
+        assert set(mine) == set(theirs), f"step {step}: logged keys differ: {set(mine) ^ set(theirs)}"
+        assert_close_to_golden(mine, theirs, f"{case} logs, step {step}", rel=1e-4)
