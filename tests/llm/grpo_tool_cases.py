@@ -25,7 +25,7 @@ BASE = {
     "num_generations": 4,
     "max_completion_length": 48,
     "max_steps": 2,
-    "learning_rate": 5e-2,
+    "learning_rate": 1e-2,
     "lr_scheduler_type": "constant",
     "logging_steps": 1,
     "save_strategy": "no",

@@ -323,7 +323,7 @@ def test_every_golden_variant_as_config_keys_gives_the_library_cases_grpo_config
     config = parse_train_config(path)
     ours = grpo_config(config.training, config.finetuning)
     theirs = GRPOConfig(output_dir=str(tmp_path / "out"), **settings)
-    names = {f.name for f in dataclasses.fields(GRPOArguments)} - {"reward_funcs", "rollout_func"} | set(settings)
+    names = {f.name for f in dataclasses.fields(GRPOArguments)} - {"reward_funcs", "rollout_func", "tools", "environment_factory"} | set(settings)
     assert {n: getattr(ours, n) for n in names} == {n: getattr(theirs, n) for n in names}
     assert config.finetuning.rollout_func == rollout.get("rollout_func")  # handed to GRPOTrainer(rollout_func=...)
     if lora:  # the adapter the library case passes as peft_config
