@@ -90,3 +90,43 @@ def test_grpo_tools_match_trl(case, model_dir, tmp_path):
     for step, (mine, theirs) in enumerate(zip(got["logs"], expected["logs"]), start=1):
         assert set(mine) == set(theirs), f"step {step}: logged keys differ: {set(mine) ^ set(theirs)}"
         assert_close_to_golden(mine, theirs, f"{case} logs, step {step}", rel=TOLERANCE.get(case, 1e-4))
+
+
+def test_lathes_qwen_template_renders_the_tools_and_results_as_the_chat_template_does():
+    """`template: qwen` (lathe's template, its tool_format) gives the prompt and tool-result tokens that TRL's
+    rendering (the model's Qwen2.5 chat template) gives, so the golden numbers hold for either."""
+    from types import SimpleNamespace
+
+    from transformers import AutoTokenizer
+
+    from lathe.llm.rl.tools import ChatTemplateRendering, TemplateRendering
+    from lathe.llm.templates import get_template_and_fix_tokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(grpo_tool_cases.MODEL))
+    chat = ChatTemplateRendering(tokenizer)
+    lathes = TemplateRendering(get_template_and_fix_tokenizer(tokenizer, SimpleNamespace(template="qwen")), tokenizer)
+    prompt = [{"role": "user", "content": "add 3 and 4"}]
+    assert lathes.prompt_ids(prompt, [grpo_tool_cases.add]) == chat.prompt_ids(prompt, [grpo_tool_cases.add])
+    assert lathes.prompt_ids(prompt, []) == chat.prompt_ids(prompt, [])
+    results = [{"role": "tool", "name": "add", "content": "7"}]
+    assert lathes.suffix_ids(results) == chat.suffix_ids(results)
+    assert "<tool_response>\n7\n</tool_response>" in tokenizer.decode(chat.suffix_ids(results))
+
+
+def test_a_tool_call_is_parsed_run_and_a_failure_is_the_models_to_read():
+    from transformers import AutoTokenizer
+
+    from lathe.llm.rl.tools import call_tools, parse_completion
+
+    tokenizer = AutoTokenizer.from_pretrained(str(grpo_tool_cases.MODEL))
+    text = '<tool_call>\n{"name": "add", "arguments": {"a": 3, "b": 4}}\n</tool_call><|im_end|>'
+    message = parse_completion(tokenizer, tokenizer(text, add_special_tokens=False)["input_ids"], "qwen")
+    call = {"type": "function", "function": {"name": "add", "arguments": {"a": 3, "b": 4}}}
+    assert message == {"role": "assistant", "content": "", "tool_calls": [call]}
+    broken = parse_completion(tokenizer, tokenizer('<tool_call>\n{"name": "add"', add_special_tokens=False)["input_ids"], "qwen")
+    assert "tool_calls" not in broken and broken["content"].startswith('\n{"name"')
+    unknown = {"type": "function", "function": {"name": "mul", "arguments": {}}}
+    wrong = {"type": "function", "function": {"name": "add", "arguments": {"c": 1}}}
+    results, failures = call_tools([call, unknown, wrong], {"add": grpo_tool_cases.add})
+    assert results[0] == ("add", 7) and results[1] == ("mul", {"error": "Tool mul not found."})
+    assert "unexpected keyword argument 'c'" in results[2][1]["error"] and failures == 2

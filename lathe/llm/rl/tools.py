@@ -106,6 +106,18 @@ class ChatTemplateRendering:
         return [{"role": "user", "content": "dummy"}, {"role": "assistant", "content": "", "tool_calls": [call]}]
 
     def _check_prefix_preserving(self) -> None:
+        """The chat template renders a tool call and a tool result (TRL's supports_tool_calling), and renders the
+        earlier turns the same once a tool result follows (TRL's is_chat_template_prefix_preserving)."""
+        exchange = self._dummy_exchange("tool_name_sentinel")
+        exchange[1]["tool_calls"][0]["function"]["arguments"] = {"argument_sentinel": "value_sentinel"}
+        text = self.tokenizer.apply_chat_template(
+            [*exchange, {"role": "tool", "name": "tool_name_sentinel", "content": "content_sentinel"}], tokenize=False
+        )
+        if not all(s in text for s in ("tool_name_sentinel", "argument_sentinel", "value_sentinel", "content_sentinel")):
+            raise ValueError(
+                "tools: the tokenizer's chat template does not render tool calls and tool results; set `template:` "
+                "(a lathe template with a tool_format)."
+            )
         exchange = self._dummy_exchange("dummy")
         before = self._render(exchange, False)
         after = self._render([*exchange, {"role": "tool", "name": "dummy", "content": "dummy"}], True)
