@@ -123,7 +123,9 @@ def test_a_tool_call_is_parsed_run_and_a_failure_is_the_models_to_read():
     message = parse_completion(tokenizer, tokenizer(text, add_special_tokens=False)["input_ids"], "qwen")
     call = {"type": "function", "function": {"name": "add", "arguments": {"a": 3, "b": 4}}}
     assert message == {"role": "assistant", "content": "", "tool_calls": [call]}
-    broken = parse_completion(tokenizer, tokenizer('<tool_call>\n{"name": "add"', add_special_tokens=False)["input_ids"], "qwen")
+    broken = parse_completion(
+        tokenizer, tokenizer('<tool_call>\n{"name": "add"', add_special_tokens=False)["input_ids"], "qwen"
+    )
     assert "tool_calls" not in broken and broken["content"].startswith('\n{"name"')
     unknown = {"type": "function", "function": {"name": "mul", "arguments": {}}}
     wrong = {"type": "function", "function": {"name": "add", "arguments": {"c": 1}}}

@@ -113,7 +113,9 @@ class ChatTemplateRendering:
         text = self.tokenizer.apply_chat_template(
             [*exchange, {"role": "tool", "name": "tool_name_sentinel", "content": "content_sentinel"}], tokenize=False
         )
-        if not all(s in text for s in ("tool_name_sentinel", "argument_sentinel", "value_sentinel", "content_sentinel")):
+        if not all(
+            s in text for s in ("tool_name_sentinel", "argument_sentinel", "value_sentinel", "content_sentinel")
+        ):
             raise ValueError(
                 "tools: the tokenizer's chat template does not render tool calls and tool results; set `template:` "
                 "(a lathe template with a tool_format)."

@@ -17,6 +17,7 @@ from torch.utils.data import DataLoader, Dataset
 from lathe.llm.rl import generation, losses, rewards
 from lathe.llm.rl.config import GRPOConfig
 from lathe.llm.rl.sampler import RepeatedPromptSampler
+from lathe.llm.rl.tools import setup_tool_calling
 from lathe.train.data.sampling import ResumableBatchSampler
 from lathe.train.trainer import Trainer
 
@@ -58,6 +59,19 @@ def _prepare_policy(model, processing_class, args):
 
         disable_dropout(model)
     return model, tokenizer
+
+
+def _policy_and_reference(model, args, peft_config):
+    """The policy (with its LoRA adapter when peft_config) and the reference: none at beta 0; the policy with its
+    adapter off under LoRA (no copy, so None here); else a frozen copy."""
+    if peft_config is not None:
+        from peft import get_peft_model
+
+        model = get_peft_model(model, peft_config)
+    reference = None
+    if args.beta != 0.0 and not hasattr(model, "disable_adapter"):
+        reference = copy.deepcopy(model).eval().requires_grad_(False)
+    return model, reference
 
 
 def _check_parallelism(args) -> None:
@@ -114,14 +128,7 @@ class GRPOTrainer(Trainer):
         set_seed(args.seed)  # before the model: a LoRA adapter's initial weights are drawn from it
         model, tokenizer = _prepare_policy(model, processing_class, args)
         processing_class = processing_class if processing_class is not None else tokenizer
-        # The reference: none at beta 0; the policy with its adapter off under LoRA (no copy); else a frozen copy.
-        self.ref_model = None
-        if peft_config is not None:
-            from peft import get_peft_model
-
-            model = get_peft_model(model, peft_config)
-        if args.beta != 0.0 and not hasattr(model, "disable_adapter"):
-            self.ref_model = copy.deepcopy(model).eval().requires_grad_(False)
+        model, self.ref_model = _policy_and_reference(model, args, peft_config)
         # An environment_factory may be the only reward source (its get_reward, added with the tools below).
         owns_reward = environment_factory is not None
         self._set_reward_functions(reward_funcs, args, reward_processing_classes, reward_search_dirs, owns_reward)
@@ -140,16 +147,11 @@ class GRPOTrainer(Trainer):
         set_seed(args.seed + args.process_index)
         if self.ref_model is not None:
             self.ref_model.to(self.args.device)
-        for function in self.reward_funcs:
-            if isinstance(function, torch.nn.Module):
-                function.to(self.args.device)
         self._tokenizer = tokenizer
         self.rollout_func = rollout_func
         if isinstance(rollout_func, str):  # `module:function`, as reward functions are named
             self.rollout_func = rewards.resolve_reward_function(rollout_func, reward_search_dirs)
         # TRL's tools / environment_factory (lathe.llm.rl.tools): a lathe `template` or the chat template renders.
-        from lathe.llm.rl.tools import setup_tool_calling
-
         self.tool_calling = setup_tool_calling(
             self, tools, environment_factory, tool_format, template, reward_search_dirs
         )
@@ -177,6 +179,9 @@ class GRPOTrainer(Trainer):
         if len(weights) != len(self.reward_funcs):
             raise ValueError(f"reward_weights has {len(weights)} values for {len(self.reward_funcs)} reward functions.")
         self.reward_weights = torch.tensor(weights, dtype=torch.float32)
+        for function in self.reward_funcs:
+            if isinstance(function, torch.nn.Module):
+                function.to(args.device)
 
     def _reward_tokenizers(self, given):
         from transformers import AutoTokenizer
