@@ -248,7 +248,10 @@ def main() -> None:
     table = grpo_tool_cases.CASES if options.tools else grpo_cases.CASES
     cases = options.case or list(table)
     if options.worker:
-        tools_worker(cases, options.rebuild_tool_model) if options.tools else worker(cases)
+        if options.tools:
+            tools_worker(cases, options.rebuild_tool_model)
+        else:
+            worker(cases)
         return
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "PYTHONPATH": ""}
     flags = ["--tools"] * options.tools + ["--rebuild-tool-model"] * options.rebuild_tool_model
