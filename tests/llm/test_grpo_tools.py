@@ -151,3 +151,43 @@ def test_the_calculator_example_learns_to_call_the_tool_with_the_questions_numbe
     assert len(rewards) == 2 and rewards[1] > rewards[0] + 0.03, rewards
     assert all(entry["tools/call_frequency"] > 0.5 for entry in logged)
     assert (tmp_path / "out" / "training_reward.png").is_file()
+
+
+def test_environments_are_pooled_reset_with_their_row_and_misuse_is_one_error():
+    from lathe.llm.rl.environments import Environments
+
+    class NoReset:
+        def add(self, a: int, b: int) -> int:
+            """Add.
+
+            Args:
+                a: a.
+                b: b.
+            """
+            return a + b
+
+    with pytest.raises(ValueError, match="NoReset has no `reset` method"):
+        Environments(NoReset, [])
+    environments = Environments({"adder": grpo_tool_cases.Adder, "counter": grpo_tool_cases.Counter}, [])
+    assert [f.__name__ for f in environments.reward_functions] == ["Adder"]  # only Adder owns a reward
+    rows = [{"prompt": [{"role": "user", "content": "q"}], "target": 7, "environment": e} for e in ("adder", "counter")]
+    names = environments.names_of(rows * 2, [0, 1, 2, 3])
+    instances = environments.instances_for(names)
+    assert len(environments.pool["adder"]) == 2 and instances[0] is not instances[2]  # one instance per rollout
+    prompts = environments.reset(instances, [r["prompt"] for r in rows * 2], rows * 2)
+    assert (
+        instances[0].target == 7 and prompts[1][-1]["content"] == "q (count calls)" and prompts[0] == rows[0]["prompt"]
+    )
+    assert rows[1]["prompt"][-1]["content"] == "q"  # the row is left as it is
+    with pytest.raises(ValueError, match="dataset row 5: environment='maze' is not among"):
+        environments.names_of([{"environment": "maze"}], [5])
+
+
+def test_a_tool_without_type_hints_and_docstring_is_one_error_naming_it():
+    from lathe.llm.rl.tools import tool_schemas
+
+    def undocumented(a, b):
+        return a + b
+
+    with pytest.raises(ValueError, match="'undocumented' cannot be described as a JSON schema"):
+        tool_schemas([undocumented])
