@@ -116,7 +116,7 @@ def test_lathes_qwen_template_renders_the_tools_and_results_as_the_chat_template
 def test_a_tool_call_is_parsed_run_and_a_failure_is_the_models_to_read():
     from transformers import AutoTokenizer
 
-    from lathe.llm.rl.tools import call_tools, parse_completion
+    from lathe.llm.rl.tool_parsing import call_tools, parse_completion
 
     tokenizer = AutoTokenizer.from_pretrained(str(grpo_tool_cases.MODEL))
     text = '<tool_call>\n{"name": "add", "arguments": {"a": 3, "b": 4}}\n</tool_call><|im_end|>'
@@ -127,6 +127,9 @@ def test_a_tool_call_is_parsed_run_and_a_failure_is_the_models_to_read():
         tokenizer, tokenizer('<tool_call>\n{"name": "add"', add_special_tokens=False)["input_ids"], "qwen"
     )
     assert "tool_calls" not in broken and broken["content"].startswith('\n{"name"')
+    quoted = '<tool_call>\n{"name": "add", "arguments": {"a": "3", "b": "4.0"}}\n</tool_call>'
+    ids = tokenizer(quoted, add_special_tokens=False)["input_ids"]
+    assert parse_completion(tokenizer, ids, "qwen", [grpo_tool_cases.add])["tool_calls"] == [call]  # cast as TRL
     unknown = {"type": "function", "function": {"name": "mul", "arguments": {}}}
     wrong = {"type": "function", "function": {"name": "add", "arguments": {"c": 1}}}
     results, failures = call_tools([call, unknown, wrong], {"add": grpo_tool_cases.add})
@@ -184,7 +187,7 @@ def test_environments_are_pooled_reset_with_their_row_and_misuse_is_one_error():
 
 
 def test_a_tool_without_type_hints_and_docstring_is_one_error_naming_it():
-    from lathe.llm.rl.tools import tool_schemas
+    from lathe.llm.rl.tool_parsing import tool_schemas
 
     def undocumented(a, b):
         return a + b

@@ -13,36 +13,10 @@ template path the one its tool-call markers name (or `tool_format`)."""
 
 from __future__ import annotations
 
-import asyncio
-import inspect
 import json
 
 from lathe.llm.rl import generation
-
-# Tool-call markers of chat templates -> the lathe tool format that reads those calls (first match wins).
-CHAT_TEMPLATE_MARKERS = (
-    ("<function=", "qwen3_5"),
-    ("<tool_call>", "qwen"),
-    ("[TOOL_CALLS]", "mistral"),
-    ("<|tool_call>", "gemma4"),
-)
-
-
-def tool_schemas(tools) -> list[dict]:
-    """The JSON schemas transformers builds from each tool's signature and docstring (get_json_schema)."""
-    from transformers.utils import get_json_schema
-
-    schemas = []
-    for tool in tools:
-        try:
-            schemas.append(get_json_schema(tool))
-        except Exception as error:  # transformers' DocstringParsingException / TypeHintParsingException
-            name = getattr(tool, "__name__", repr(tool))
-            raise ValueError(
-                f"tools: {name!r} cannot be described as a JSON schema ({error}); give it type hints and a "
-                "Google-style docstring with an Args section."
-            ) from None
-    return schemas
+from lathe.llm.rl.tool_parsing import call_tools, guess_tool_format, parse_completion, tool_schemas
 
 
 def resolve_tools(specs, search_dirs=()) -> list:
@@ -55,19 +29,6 @@ def resolve_tools(specs, search_dirs=()) -> list:
             raise ValueError(f"tools: {spec!r} is not 'module:function' (e.g. 'tools:add').")
         tools.append(spec if callable(spec) else resolve_reward_function(spec, search_dirs))
     return tools
-
-
-def guess_tool_format(tokenizer) -> str:
-    chat_template = getattr(tokenizer, "chat_template", None)
-    if not isinstance(chat_template, str):
-        raise ValueError("tools: the tokenizer has no chat template to render tools with; set `template:`.")
-    for marker, name in CHAT_TEMPLATE_MARKERS:
-        if marker in chat_template:
-            return name
-    raise ValueError(
-        "tools: cannot tell from the tokenizer's chat template how the model writes tool calls; set tool_format "
-        "(one of lathe's tool formats, e.g. qwen) or `template:`."
-    )
 
 
 class ChatTemplateRendering:
@@ -174,56 +135,6 @@ class TemplateRendering:
         return tail + observation
 
 
-def parse_completion(tokenizer, ids, tool_format: str) -> dict:
-    """An assistant message from generated ids: its tool calls ({"type": "function", "function": {"name",
-    "arguments"}}) and the text before them, or its text when it calls nothing (or a call does not parse)."""
-    from lathe.llm.templates.tools import get_tool_format
-
-    text = tokenizer.decode(ids, skip_special_tokens=False)
-    eos = tokenizer.eos_token or ""
-    while eos and text.endswith(eos):
-        text = text[: -len(eos)]
-    calls = get_tool_format(tool_format).extract_calls(text)
-    if isinstance(calls, str) or not calls:
-        return {"role": "assistant", "content": tokenizer.decode(ids, skip_special_tokens=True)}
-    tool_calls = []
-    for call in calls:
-        try:
-            arguments = json.loads(call.arguments)
-        except json.JSONDecodeError:
-            return {"role": "assistant", "content": tokenizer.decode(ids, skip_special_tokens=True)}
-        if not isinstance(call.name, str) or not isinstance(arguments, dict):
-            return {"role": "assistant", "content": tokenizer.decode(ids, skip_special_tokens=True)}
-        tool_calls.append({"type": "function", "function": {"name": call.name, "arguments": arguments}})
-    return {"role": "assistant", "content": "", "tool_calls": tool_calls}
-
-
-def call_tools(tool_calls, tools_by_name) -> tuple[list[tuple[str, object]], int]:
-    """Each call's (name, result), a failing call's result {"error": message}; and how many failed."""
-    results, failures = [], 0
-    for call in tool_calls:
-        if call.get("type") != "function":
-            failures += 1
-            results.append((call.get("name", "unknown"), {"error": f"Unsupported tool call type: {call.get('type')}"}))
-            continue
-        name, arguments = call["function"]["name"], call["function"]["arguments"]
-        try:
-            if name not in tools_by_name:
-                raise ValueError(f"Tool {name} not found.")
-            result = tools_by_name[name](**arguments)
-            if inspect.isawaitable(result):
-                result = asyncio.run(_awaited(result))
-            results.append((name, result))
-        except Exception as error:  # the model's call failed: the model reads the error, training goes on
-            failures += 1
-            results.append((name, {"error": str(error)}))
-    return results, failures
-
-
-async def _awaited(result):
-    return await result
-
-
 def tool_call_loop(trainer, rendering, prompt_ids, completion_ids, completions, tools_by_row):
     """TRL's loop: while completions call tools (at most max_tool_calling_iterations rounds), run the calls,
     append their results and sample once more from prompt + completion + results. Returns the tool masks (0 on
@@ -271,7 +182,7 @@ def tool_call_loop(trainer, rendering, prompt_ids, completion_ids, completions, 
             tool_mask[i] += [0] * (len(extended[i]) - len(prompt_ids[i]) - len(completion_ids[i])) + [1] * len(new)
             completion_ids[i] = extended[i][len(prompt_ids[i]) :] + new
             if new:
-                message = parse_completion(tokenizer, new, rendering.tool_format)
+                message = parse_completion(tokenizer, new, rendering.tool_format, list(tools_by_row[i].values()))
                 completions[i].append(message)
                 if message.get("tool_calls"):
                     calls[i] = message["tool_calls"]
@@ -370,7 +281,10 @@ def rollouts_with_tools(trainer, inputs, prompts, row_ids):
     if not calling.tools:  # environments without tool methods: plain answers
         texts = tokenizer.batch_decode(completion_ids, skip_special_tokens=True)
         return prompts, prompt_ids, completion_ids, None, [[{"role": "assistant", "content": t}] for t in texts], extras
-    completions = [[parse_completion(tokenizer, ids, calling.rendering.tool_format)] for ids in completion_ids]
+    completions = [
+        [parse_completion(tokenizer, ids, calling.rendering.tool_format, tools)]
+        for ids, tools in zip(completion_ids, offered)
+    ]
     tool_mask, completions, completion_ids, calls, failures = tool_call_loop(
         trainer, calling.rendering, prompt_ids, completion_ids, completions, callable_by_row
     )
