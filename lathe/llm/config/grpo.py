@@ -145,7 +145,12 @@ class GRPOArguments:
         self.reward_funcs = split_commas(self.reward_funcs) or []
         self.tools = split_commas(self.tools) or []
         if isinstance(self.environment_factory, str) and self.environment_factory.lstrip().startswith("{"):
-            self.environment_factory = json.loads(self.environment_factory)  # a mapping given on the command line
+            try:  # a mapping given on the command line
+                self.environment_factory = json.loads(self.environment_factory)
+            except json.JSONDecodeError as error:
+                raise ValueError(f"environment_factory: not a JSON mapping ({error.msg}).") from None
+        if isinstance(self.environment_factory, dict) and not self.environment_factory:
+            raise ValueError("environment_factory: an empty mapping names no environment.")
         factories = self.environment_factory
         names = list(factories.values()) if isinstance(factories, dict) else [factories] if factories else []
         for key, values in (("tools", self.tools), ("environment_factory", names)):
