@@ -11,7 +11,10 @@ Run from the repository root with any Python: it re-runs itself in TRL's environ
 lathe is not imported. Writes tests/llm/golden/trl_grpo.json with the versions that produced it; with
 `--processes 2`, the cases of grpo_cases.MULTIPROCESS_CASES run by TRL on 2 CPU processes (torchrun, gloo;
 accelerate picks the processes up from torchrun's environment) into trl_grpo_2proc.json, each process's
-generations recorded.
+generations recorded. With `--tools`, the tool-calling cases of grpo_tool_cases.py (TRL's `tools`,
+`environment_factory` and `max_tool_calling_iterations` over the committed tiny model that calls `add`) into
+trl_grpo_tools.json; `--rebuild-tool-model` first re-teaches that model (minutes of CPU) with TRL's copy of
+Qwen2.5's chat template.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 GOLDEN = ROOT / "tests" / "llm" / "golden" / "trl_grpo.json"
+TOOLS_GOLDEN = ROOT / "tests" / "llm" / "golden" / "trl_grpo_tools.json"
 MULTIPROCESS_GOLDEN = ROOT / "tests" / "llm" / "golden" / "trl_grpo_2proc.json"
 sys.path.insert(0, str(ROOT / "tests" / "llm"))
 
@@ -80,6 +84,63 @@ def run_trl_case(name: str, model_dir: str, table: dict | None = None, output_di
     for index, generation in enumerate(generations):
         generation["rewards"] = {key: values[index] for key, values in rewards.items()}
     return grpo_cases.record(trainer, generations)
+
+
+def run_trl_tool_case(name: str, model_dir: str) -> dict:
+    """A case of grpo_tool_cases.CASES under TRL: the completions' tokens (tool results included), their tool
+    masks, rewards and advantages at every generation, and every step's log."""
+    import grpo_tool_cases
+    from trl import GRPOConfig, GRPOTrainer
+
+    settings = {**grpo_tool_cases.BASE, **grpo_tool_cases.CASES[name]}
+    tools = [grpo_tool_cases.add] if settings.pop("tools", False) else None
+    kind = settings.pop("environment", None)
+    factory = grpo_tool_cases.environment_factory(kind) if kind else None
+    generations, rewards = [], {}
+
+    class Recording(GRPOTrainer):
+        def _generate_and_score_completions(self, inputs):
+            output = super()._generate_and_score_completions(inputs)
+            mask = output["completion_mask"].bool()
+            ids = [row[m].tolist() for row, m in zip(output["completion_ids"], mask)]
+            tool_mask = [row[m].tolist() for row, m in zip(output["tool_mask"], mask)]
+            generations.append(
+                {"completion_ids": ids, "tool_mask": tool_mask, "advantages": output["advantages"].tolist()}
+            )
+            return output
+
+    with tempfile.TemporaryDirectory() as out:
+        trainer = Recording(
+            model=model_dir,
+            reward_funcs=recording(grpo_tool_cases.REWARDS, rewards),
+            args=GRPOConfig(output_dir=out, **settings),
+            train_dataset=grpo_tool_cases.dataset(kind),
+            tools=tools,
+            environment_factory=factory,
+        )
+        trainer.train()
+    for index, generation in enumerate(generations):
+        generation["rewards"] = {key: values[index] for key, values in rewards.items()}
+    return grpo_tool_cases.record(trainer, generations)
+
+
+def tools_worker(cases: list[str], rebuild: bool) -> None:
+    import grpo_tool_cases
+    import torch
+    import transformers
+    import trl
+
+    torch.set_num_threads(1)
+    if rebuild:
+        template = Path(trl.__file__).parent / "chat_templates" / "qwen2_5.jinja"
+        grpo_tool_cases.build_tool_model(grpo_tool_cases.MODEL, template.read_text())
+    results = {}
+    with tempfile.TemporaryDirectory() as model_dir:
+        grpo_tool_cases.copy_model(model_dir)
+        for name in cases:
+            results[name] = run_trl_tool_case(name, model_dir)
+    versions = {"trl": trl.__version__, "transformers": transformers.__version__, "torch": torch.__version__}
+    print("GOLDEN-JSON " + json.dumps({"versions": versions, "cases": results}))
 
 
 def worker(cases: list[str]) -> None:
@@ -169,6 +230,8 @@ def main() -> None:
     parser.add_argument("--python", default=str(ROOT / "bench" / ".cache" / "trl-venv" / "bin" / "python"))
     parser.add_argument("--case", action="append", help="only these cases (default: all); merged into the file")
     parser.add_argument("--processes", type=int, default=1, choices=(1, 2), help="2: the multi-process cases")
+    parser.add_argument("--tools", action="store_true", help="the tool-calling cases (grpo_tool_cases.py)")
+    parser.add_argument("--rebuild-tool-model", action="store_true", help="re-teach the committed tool model")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--model-dir", help=argparse.SUPPRESS)
     options = parser.parse_args()
@@ -180,21 +243,29 @@ def main() -> None:
     if options.processes == 2:
         run_multiprocess(options.python, options.case or list(grpo_cases.MULTIPROCESS_CASES))
         return
-    cases = options.case or list(grpo_cases.CASES)
+    import grpo_tool_cases
+
+    table = grpo_tool_cases.CASES if options.tools else grpo_cases.CASES
+    cases = options.case or list(table)
     if options.worker:
-        worker(cases)
+        if options.tools:
+            tools_worker(cases, options.rebuild_tool_model)
+        else:
+            worker(cases)
         return
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "PYTHONPATH": ""}
-    command = [options.python, __file__, "--worker", *sum((["--case", c] for c in cases), [])]
+    flags = ["--tools"] * options.tools + ["--rebuild-tool-model"] * options.rebuild_tool_model
+    command = [options.python, __file__, "--worker", *flags, *sum((["--case", c] for c in cases), [])]
     done = subprocess.run(command, env=env, capture_output=True, text=True, cwd=tempfile.gettempdir())
     line = next((x for x in done.stdout.splitlines() if x.startswith("GOLDEN-JSON ")), None)
     if done.returncode != 0 or line is None:
         sys.exit(f"the TRL worker failed ({done.returncode}):\n{done.stderr[-4000:]}")
     fresh = json.loads(line[len("GOLDEN-JSON ") :])
-    old = json.loads(GOLDEN.read_text()) if GOLDEN.exists() else {"cases": {}}
+    golden = TOOLS_GOLDEN if options.tools else GOLDEN
+    old = json.loads(golden.read_text()) if golden.exists() else {"cases": {}}
     old["cases"].update(fresh["cases"])
-    GOLDEN.write_text(json.dumps({"versions": fresh["versions"], "cases": old["cases"]}, indent=1) + "\n")
-    print(f"wrote {GOLDEN} ({', '.join(cases)})")
+    golden.write_text(json.dumps({"versions": fresh["versions"], "cases": old["cases"]}, indent=1) + "\n")
+    print(f"wrote {golden} ({', '.join(cases)})")
 
 
 if __name__ == "__main__":

@@ -128,7 +128,7 @@ MAY_IMPORT: dict[str, dict[str, set[str]]] = {
         "workflows": {"config", "data", "memory", "methods", "model", "multimodal", "preference", "rl", "templates"},
         "preference": {"methods", "model"},
         "methods": {"model"},
-        "rl": {"model"},
+        "rl": {"model", "templates"},
         "data": {"hub", "multimodal", "path_typos", "strict_files", "templates"},
         "memory": {"multimodal"},
         "model": {"config", "hub", "multimodal"},

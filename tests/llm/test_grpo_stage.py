@@ -157,7 +157,11 @@ def test_alpaca_rows_hand_their_other_columns_to_the_rewards_and_a_raise_names_t
         ({"enable_liger_kernel": True}, "enable_liger_kernel is not read by stage grpo"),
         ({"importance_sampling_level": "tokens"}, "importance_sampling_level must be one of token, sequence"),
         ({"use_vllm": True}, "use_vllm .*TRL GRPOConfig key that lathe's stage grpo does not implement yet"),
-        ({"tools": ["m:f"], "num_generations": 3}, "tools .*TRL GRPOConfig key .*does not implement yet"),
+        ({"tools": "add"}, "tools: 'add' is not 'module:name'"),
+        ({"environment_factory": {"maze": "envs"}}, "environment_factory: 'envs' is not 'module:name'"),
+        ({"max_tool_calling_iterations": -1}, "max_tool_calling_iterations must be >= 0"),
+        # An environment owning its reward may be the only reward source (the next error is reached).
+        ({"reward_funcs": None, "environment_factory": "envs:Maze", "num_generations": 3}, r"divisible by .*\(3\)"),
         # TRL's default of a key lathe does not implement changes nothing: accepted (the next error is reached).
         ({"use_vllm": False, "num_generations": 3}, r"must be divisible by num_generations \(3\)"),
     ],
@@ -323,7 +327,8 @@ def test_every_golden_variant_as_config_keys_gives_the_library_cases_grpo_config
     config = parse_train_config(path)
     ours = grpo_config(config.training, config.finetuning)
     theirs = GRPOConfig(output_dir=str(tmp_path / "out"), **settings)
-    names = {f.name for f in dataclasses.fields(GRPOArguments)} - {"reward_funcs", "rollout_func"} | set(settings)
+    trainer_arguments = {"reward_funcs", "rollout_func", "tools", "environment_factory"}
+    names = {f.name for f in dataclasses.fields(GRPOArguments)} - trainer_arguments | set(settings)
     assert {n: getattr(ours, n) for n in names} == {n: getattr(theirs, n) for n in names}
     assert config.finetuning.rollout_func == rollout.get("rollout_func")  # handed to GRPOTrainer(rollout_func=...)
     if lora:  # the adapter the library case passes as peft_config

@@ -9,6 +9,7 @@ do_sample, num_beams, ...) are errors there, never silently dropped."""
 
 from __future__ import annotations
 
+import json
 import warnings
 from dataclasses import dataclass, field, fields
 
@@ -51,6 +52,23 @@ class GRPOArguments:
             "grpo: 'module:function' (TRL's rollout_func(prompts, trainer) -> prompt_ids, completion_ids, logprobs, "
             "[env_mask], columns for the rewards) instead of sampling; imported as reward functions are."
         ),
+    )
+    tools: str | list[str] | None = field(
+        default=None,
+        metadata=_help(
+            "grpo: tool functions the model may call, comma separated 'module:function' (imported as reward functions "
+            "are); their JSON schemas come from their signatures and docstrings (TRL's tools)."
+        ),
+    )
+    environment_factory: str | dict | None = field(
+        default=None,
+        metadata=_help(
+            "grpo: 'module:Class' of an environment (reset(**row), tool methods, optional get_reward()), or a mapping "
+            "{name: 'module:Class'} picked per row by its `environment` column (TRL's environment_factory)."
+        ),
+    )
+    max_tool_calling_iterations: int | None = field(
+        default=None, metadata=_help("grpo: most rounds of tool calls per completion (None: no limit).")
     )
     reward_weights: str | list[float] | None = field(
         default=None, metadata=_help("grpo: one weight per reward function (default: all 1.0).")
@@ -124,9 +142,28 @@ class GRPOArguments:
         self._check_grpo_values()
 
     def _check_rewards(self) -> None:
-        self.reward_funcs = split_commas(self.reward_funcs)
-        if not self.reward_funcs:
-            raise ValueError("reward_funcs is required for stage grpo: 'module:function' names or model folders.")
+        self.reward_funcs = split_commas(self.reward_funcs) or []
+        self.tools = split_commas(self.tools) or []
+        if isinstance(self.environment_factory, str) and self.environment_factory.lstrip().startswith("{"):
+            try:  # a mapping given on the command line
+                self.environment_factory = json.loads(self.environment_factory)
+            except json.JSONDecodeError as error:
+                raise ValueError(f"environment_factory: not a JSON mapping ({error.msg}).") from None
+        if isinstance(self.environment_factory, dict) and not self.environment_factory:
+            raise ValueError("environment_factory: an empty mapping names no environment.")
+        factories = self.environment_factory
+        names = list(factories.values()) if isinstance(factories, dict) else [factories] if factories else []
+        for key, values in (("tools", self.tools), ("environment_factory", names)):
+            for value in values:
+                if not isinstance(value, str) or ":" not in value:
+                    raise ValueError(f"{key}: {value!r} is not 'module:name' (e.g. 'calculator:add').")
+        if not self.reward_funcs and not factories:
+            raise ValueError(
+                "reward_funcs is required for stage grpo: 'module:function' names or model folders (or an "
+                "environment_factory whose environment has get_reward())."
+            )
+        if self.max_tool_calling_iterations is not None and self.max_tool_calling_iterations < 0:
+            raise ValueError(f"max_tool_calling_iterations must be >= 0; got {self.max_tool_calling_iterations}.")
         if self.reward_weights is not None:
             weights = split_commas(self.reward_weights)
             try:
@@ -201,7 +238,8 @@ def grpo_config(training, finetuning):
         {
             f.name: getattr(finetuning, f.name)
             for f in fields(GRPOArguments)
-            if f.name not in ("reward_funcs", "rollout_func")  # the trainer's arguments, as in TRL
+            # the trainer's arguments, as in TRL
+            if f.name not in ("reward_funcs", "rollout_func", "tools", "environment_factory")
         }
     )
     values.pop("overwrite_output_dir", None)  # read by the recipe (resume or not), not by transformers 5's arguments

@@ -8,6 +8,9 @@ functions, and train on group-normalised advantages.
 - generation.py: prompt rendering, sampling through the model's `generate` and completion masks.
 - reward_models.py: `stage: rm` output folders (a causal LM and its value head) as reward functions.
 - scoring.py: one generation batch: sample, score, log-probs, advantages.
+- tools.py: TRL's tools: prompts rendered with the tools, the tool-calling loop, results appended (masked).
+- tool_parsing.py: tool schemas, tool calls parsed from generated text (typed by the schemas) and run.
+- environments.py: TRL's environment_factory: per-rollout instances, reset(**row), their tools and rewards.
 - resume.py: what a checkpoint carries for an exact resume (the buffered generation, the step counter).
 - trainer.py: GRPOTrainer on lathe.train.Trainer, with TRL's logged metrics.
 

@@ -58,6 +58,7 @@ class GRPOConfig(TrainingArguments):
     mask_truncated_completions: bool = False
     use_bias_correction_kl: bool = True
     log_completions: bool = False
+    max_tool_calling_iterations: int | None = None  # None: sample again while the model calls tools
     # the reward functions, by name (`module:function` or a reward-model folder); GRPOTrainer's reward_funcs wins
     reward_funcs: list[str] | None = field(default=None)
 
@@ -114,6 +115,8 @@ class GRPOConfig(TrainingArguments):
             )
         if self.num_iterations < 1:
             raise ValueError(f"num_iterations must be at least 1; got {self.num_iterations}.")
+        if self.max_tool_calling_iterations is not None and self.max_tool_calling_iterations < 0:
+            raise ValueError(f"max_tool_calling_iterations must be >= 0; got {self.max_tool_calling_iterations}.")
 
     @property
     def epsilon_low(self) -> float:

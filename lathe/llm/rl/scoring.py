@@ -15,17 +15,9 @@ def generate_and_score(trainer, rows, mode: str) -> dict:
     args, tokenizer, device = trainer.args, trainer._tokenizer, trainer.args.device
     row_ids = [index for index, _ in rows]
     inputs = [row for _, row in rows]
-    if "prompt" not in inputs[0]:
-        raise ValueError(f"GRPO: dataset row {row_ids[0]} has no 'prompt' column (columns: {', '.join(inputs[0])}).")
-    prompts = [row["prompt"] for row in inputs]
-    env_masks = None
-    if trainer.rollout_func is not None:  # the user's rollouts replace tokenizing and sampling (TRL's rollout_func)
-        prompt_ids_list, completion_ids_list, env_masks = _rollouts(trainer, prompts, inputs)
-    else:
-        prompt_ids_list, completion_ids_list = _sample(trainer, inputs, prompts)
-    texts = tokenizer.batch_decode(completion_ids_list, skip_special_tokens=True)
-    conversational = generation.is_conversation(prompts[0])
-    completions = [[{"role": "assistant", "content": text}] for text in texts] if conversational else texts
+    prompts, prompt_ids_list, completion_ids_list, env_masks, completions, extras = _completions(
+        trainer, inputs, row_ids
+    )
 
     metrics = trainer._metrics[mode]
     truncated = _log_lengths(trainer, metrics, prompt_ids_list, completion_ids_list, mode, env_masks)
@@ -59,7 +51,7 @@ def generate_and_score(trainer, rows, mode: str) -> dict:
         prompts,
         completions,
         completion_ids_list,
-        {"trainer_state": trainer.state},
+        {"trainer_state": trainer.state, **extras},
         row_ids,
         (prompt_ids_list, tokenizer.pad_token_id),
     )
@@ -97,6 +89,30 @@ def generate_and_score(trainer, rows, mode: str) -> dict:
     if ref_logps is not None:
         output["ref_per_token_logps"] = ref_logps
     return output
+
+
+def _completions(trainer, inputs, row_ids):
+    """The prompts (as the reward functions see them), prompt and completion ids, the masks of tokens the model
+    did not write (None: all its own), the completions (text, or messages for conversations) and extra reward
+    arguments: from rollout_func, from rollouts with tools or environments (lathe.llm.rl.tools), or sampled."""
+    calling = trainer.tool_calling
+    if "prompt" not in inputs[0] and (calling is None or calling.environments is None):
+        raise ValueError(f"GRPO: dataset row {row_ids[0]} has no 'prompt' column (columns: {', '.join(inputs[0])}).")
+    # With environments a row may carry no prompt: reset() writes it (TRL's empty user message).
+    prompts = [row.get("prompt", [{"role": "user", "content": ""}]) for row in inputs]
+    if calling is not None and trainer.rollout_func is None:
+        from lathe.llm.rl.tools import rollouts_with_tools
+
+        return rollouts_with_tools(trainer, inputs, prompts, row_ids)
+    env_masks = None
+    if trainer.rollout_func is not None:  # the user's rollouts replace tokenizing and sampling (TRL's rollout_func)
+        prompt_ids_list, completion_ids_list, env_masks = _rollouts(trainer, prompts, inputs)
+    else:
+        prompt_ids_list, completion_ids_list = _sample(trainer, inputs, prompts)
+    texts = trainer._tokenizer.batch_decode(completion_ids_list, skip_special_tokens=True)
+    conversational = generation.is_conversation(prompts[0])
+    completions = [[{"role": "assistant", "content": text}] for text in texts] if conversational else texts
+    return prompts, prompt_ids_list, completion_ids_list, env_masks, completions, {}
 
 
 def _sample(trainer, inputs, prompts):

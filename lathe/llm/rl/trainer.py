@@ -17,6 +17,7 @@ from torch.utils.data import DataLoader, Dataset
 from lathe.llm.rl import generation, losses, rewards
 from lathe.llm.rl.config import GRPOConfig
 from lathe.llm.rl.sampler import RepeatedPromptSampler
+from lathe.llm.rl.tools import setup_tool_calling
 from lathe.train.data.sampling import ResumableBatchSampler
 from lathe.train.trainer import Trainer
 
@@ -60,6 +61,19 @@ def _prepare_policy(model, processing_class, args):
     return model, tokenizer
 
 
+def _policy_and_reference(model, args, peft_config):
+    """The policy (with its LoRA adapter when peft_config) and the reference: none at beta 0; the policy with its
+    adapter off under LoRA (no copy, so None here); else a frozen copy."""
+    if peft_config is not None:
+        from peft import get_peft_model
+
+        model = get_peft_model(model, peft_config)
+    reference = None
+    if args.beta != 0.0 and not hasattr(model, "disable_adapter"):
+        reference = copy.deepcopy(model).eval().requires_grad_(False)
+    return model, reference
+
+
 def _check_parallelism(args) -> None:
     """GRPO runs on N processes under DDP (torchrun); DeepSpeed and FSDP are not wired into its sampling yet."""
     if args.deepspeed:
@@ -79,8 +93,12 @@ def _check_parallelism(args) -> None:
 
 class GRPOTrainer(Trainer):
     """GRPOTrainer(model, reward_funcs, args=GRPOConfig(...), train_dataset=..., processing_class=...,
-    peft_config=None, rollout_func=None). `model`: a model or a folder; `reward_funcs`: callables, `module:function` names or
-    reward-model folders (one or a list); the dataset has a `prompt` column (text or a conversation)."""
+    peft_config=None, rollout_func=None, tools=None, environment_factory=None). `model`: a model or a folder;
+    `reward_funcs`: callables, `module:function` names or reward-model folders (one or a list); the dataset has a
+    `prompt` column (text or a conversation). `tools` (callables or `module:function` names) and
+    `environment_factory` (a class, `module:Class`, or a dict of them) are TRL's (lathe.llm.rl.tools,
+    environments); lathe's own: `tool_format` (how tool calls are read back when the chat template renders) and
+    `template` (a lathe Template that renders prompts and tool results instead of the chat template)."""
 
     loss_is_scaled_for_ga = True  # each loss_type divides for accumulation itself
 
@@ -98,6 +116,10 @@ class GRPOTrainer(Trainer):
         peft_config=None,
         reward_search_dirs=(),
         rollout_func=None,
+        tools=None,
+        environment_factory=None,
+        tool_format=None,
+        template=None,
     ):
         from lathe.train.seed import set_seed
 
@@ -106,15 +128,10 @@ class GRPOTrainer(Trainer):
         set_seed(args.seed)  # before the model: a LoRA adapter's initial weights are drawn from it
         model, tokenizer = _prepare_policy(model, processing_class, args)
         processing_class = processing_class if processing_class is not None else tokenizer
-        # The reference: none at beta 0; the policy with its adapter off under LoRA (no copy); else a frozen copy.
-        self.ref_model = None
-        if peft_config is not None:
-            from peft import get_peft_model
-
-            model = get_peft_model(model, peft_config)
-        if args.beta != 0.0 and not hasattr(model, "disable_adapter"):
-            self.ref_model = copy.deepcopy(model).eval().requires_grad_(False)
-        self._set_reward_functions(reward_funcs, args, reward_processing_classes, reward_search_dirs)
+        model, self.ref_model = _policy_and_reference(model, args, peft_config)
+        # An environment_factory may be the only reward source (its get_reward, added with the tools below).
+        owns_reward = environment_factory is not None
+        self._set_reward_functions(reward_funcs, args, reward_processing_classes, reward_search_dirs, owns_reward)
         super().__init__(
             model=model,
             args=args,
@@ -130,13 +147,14 @@ class GRPOTrainer(Trainer):
         set_seed(args.seed + args.process_index)
         if self.ref_model is not None:
             self.ref_model.to(self.args.device)
-        for function in self.reward_funcs:
-            if isinstance(function, torch.nn.Module):
-                function.to(self.args.device)
         self._tokenizer = tokenizer
         self.rollout_func = rollout_func
         if isinstance(rollout_func, str):  # `module:function`, as reward functions are named
             self.rollout_func = rewards.resolve_reward_function(rollout_func, reward_search_dirs)
+        # TRL's tools / environment_factory (lathe.llm.rl.tools): a lathe `template` or the chat template renders.
+        self.tool_calling = setup_tool_calling(
+            self, tools, environment_factory, tool_format, template, reward_search_dirs
+        )
         self.eos_token_ids = generation.eos_ids_of(model, tokenizer)
         self.generation_config = generation.generation_config(args, tokenizer, self.eos_token_ids)
         self._step = 0
@@ -144,12 +162,15 @@ class GRPOTrainer(Trainer):
         self._metrics = {"train": defaultdict(list), "eval": defaultdict(list)}
         self._step_time = 0.0
 
-    def _set_reward_functions(self, reward_funcs, args, reward_processing_classes, reward_search_dirs) -> None:
+    def _set_reward_functions(
+        self, reward_funcs, args, reward_processing_classes, reward_search_dirs, owns_reward=False
+    ) -> None:
         """The reward functions (callables, `module:function` names, reward-model folders), their names,
         tokenizers and weights."""
         reward_funcs = args.reward_funcs if reward_funcs is None else reward_funcs
-        if reward_funcs is None:
+        if reward_funcs is None and not owns_reward:
             raise ValueError("GRPOTrainer needs reward_funcs (callables, 'module:function' names or model folders).")
+        reward_funcs = [] if reward_funcs is None else reward_funcs
         reward_funcs = reward_funcs if isinstance(reward_funcs, (list, tuple)) else [reward_funcs]
         self.reward_funcs = [rewards.resolve_reward_function(f, reward_search_dirs) for f in reward_funcs]
         self.reward_func_names = [rewards.reward_function_name(f) for f in self.reward_funcs]
@@ -158,6 +179,9 @@ class GRPOTrainer(Trainer):
         if len(weights) != len(self.reward_funcs):
             raise ValueError(f"reward_weights has {len(weights)} values for {len(self.reward_funcs)} reward functions.")
         self.reward_weights = torch.tensor(weights, dtype=torch.float32)
+        for function in self.reward_funcs:
+            if isinstance(function, torch.nn.Module):
+                function.to(args.device)
 
     def _reward_tokenizers(self, given):
         from transformers import AutoTokenizer

@@ -70,6 +70,11 @@ def run(config, dry_run: bool = False, callbacks: list | None = None) -> dict:
         callbacks=make_callbacks(config) + list(callbacks or []),
         reward_search_dirs=reward_search_dirs(config),
         rollout_func=finetuning_args.rollout_func,
+        # Tools: rendered by the template when the config names one, else by the tokenizer's chat template (TRL's).
+        tools=finetuning_args.tools,
+        environment_factory=finetuning_args.environment_factory,
+        tool_format=config.data.tool_format,
+        template=template if config.data.template is not None else None,
     )
     metrics = train_and_save(trainer, config, plan, resume_from, None, train_keys=PLOTTED)
     write_model_card(trainer, config)
