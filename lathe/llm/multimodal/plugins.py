@@ -16,6 +16,7 @@ FAMILIES = {
     "mllama": "lathe.llm.multimodal.mllama:MllamaPlugin",
     "pixtral": "lathe.llm.multimodal.pixtral:PixtralPlugin",
     "intern_vl": "lathe.llm.multimodal.intern_vl:InternVLPlugin",
+    "glm4v": "lathe.llm.multimodal.glm4v:Glm4vPlugin",
 }
 IMPLEMENTED = {name: target.split(":")[0] for name, target in FAMILIES.items()}
 

@@ -1,0 +1,103 @@
+"""The families with 3-D rotary positions beside Qwen2-VL (GLM-4.1V; Qwen2.5-Omni / Qwen3-Omni with images and
+audio), token for token and tensor for tensor against LLaMA-Factory 0.9.5
+(tests/llm/golden/llamafactory_mrope_families.safetensors, made by make_llamafactory_mrope_families.py): the
+expanded messages, the encoded rows, and every tensor the collator returns for each row alone and for pairs
+(pixel_values, image_grid_thw, input_features, feature_attention_mask, the position_ids and rope_deltas of the
+family's tiny model's get_rope_index), stand-in image and audio included; the tiny model takes lathe's batches
+with the loss it has on LLaMA-Factory's."""
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("PIL")
+pytest.importorskip("safetensors")
+
+from tests.goldens import assert_close_to_golden  # noqa: E402
+
+GOLDEN_DIR = Path(__file__).parent / "golden"
+FEATURES_ABS = 1e-3  # log-mel features: another CPU's FFT (see test_multimodal_families.py)
+
+
+def _generator():
+    spec = importlib.util.spec_from_file_location("make_mrope", GOLDEN_DIR / "make_llamafactory_mrope_families.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+GEN = _generator()
+
+
+@pytest.fixture(scope="module")
+def golden():
+    from safetensors import safe_open
+
+    with safe_open(str(GOLDEN_DIR / "llamafactory_mrope_families.safetensors"), "pt") as f:
+        return {key: f.get_tensor(key) for key in f.keys()}, f.metadata()
+
+
+def _setup(family):
+    from lathe.llm.config.train import DataArguments
+    from lathe.llm.multimodal.common import MediaSettings
+    from lathe.llm.multimodal.plugins import plugin_class
+    from lathe.llm.templates import get_template_and_fix_tokenizer
+
+    tokenizer = GEN.make_tokenizer(family)
+    processor = GEN.make_processor(family, tokenizer)
+    template = get_template_and_fix_tokenizer(tokenizer, DataArguments(template=GEN.FAMILIES[family][0]))
+    plugin = plugin_class(template.multimodal)(processor, tokenizer, MediaSettings(**GEN.settings_of(family)))
+    return tokenizer, processor, template, plugin
+
+
+@pytest.mark.parametrize("family", list(GEN.FAMILIES))
+def test_family_encodes_and_collates_as_llamafactory(family, golden):
+    from lathe.llm.data.collator import SFTDataCollator
+    from lathe.llm.data.supervised import encode_supervised_example
+    from lathe.llm.multimodal.collator import MultimodalCollator
+    from lathe.llm.multimodal.encode import EXPANDED
+
+    tensors, metadata = golden
+    assert json.loads(metadata["versions"])["llamafactory"] == "0.9.5"
+    tokenizer, processor, template, plugin = _setup(family)
+    media_ids = set(tokenizer.convert_tokens_to_ids(GEN.TOKENS[family]))
+    features = []
+    for index, row in enumerate(GEN.rows_of(family)):
+        given = GEN.media_of(family, row)
+        given = {key: items for key, items in given.items() if items}  # the rows' media: the collator opens them
+        media = {kind[:-1]: plugin.regularize(kind[:-1], items, f"row {index}") for kind, items in given.items()}
+        messages = plugin.process_messages(GEN.messages_of(row), media)
+        assert messages == json.loads(metadata[f"{family}.messages.{index}"]), index
+        messages = [{**message, EXPANDED: True} for message in messages]
+        ids, labels = encode_supervised_example(
+            messages[:-1], messages[-1:], "", "", template, tokenizer, GEN.CUTOFF_LEN
+        )
+        assert ids == tensors[f"{family}.example.{index}.input_ids"].tolist(), index
+        assert labels == tensors[f"{family}.example.{index}.labels"].tolist(), index
+        assert plugin.cut_reason(ids, media) is None
+        if media:  # a cutoff through the last media token is named
+            last = max(position for position, token in enumerate(ids) if token in media_ids)
+            assert plugin.cut_reason(ids[:last], media).startswith("cutoff_len cuts through the media")
+        features.append({"input_ids": ids, "labels": labels, "attention_mask": [1] * len(ids)})
+        features[-1].update(given)
+
+    model = GEN.make_model(family, tokenizer)
+    collator = MultimodalCollator(SFTDataCollator(tokenizer, pad_to_multiple_of=8), plugin, model)
+    batches = {f"single.{index}": [feature] for index, feature in enumerate(features)}
+    batches.update({f"pair.{pair}": features[2 * pair : 2 * pair + 2] for pair in range(len(features) // 2)})
+    for prefix, chosen in batches.items():
+        batch = collator([dict(feature) for feature in chosen])
+        head = f"{family}.{prefix}."
+        expected = {key[len(head) :]: value for key, value in tensors.items() if key.startswith(head)}
+        assert sorted(batch) == sorted(expected), prefix
+        for key, value in expected.items():
+            assert batch[key].shape == value.shape and batch[key].dtype == value.dtype, (prefix, key)
+            tolerance = FEATURES_ABS if key == "input_features" else 1e-5
+            assert_close_to_golden(batch[key], value, f"{family} {key}, {prefix}", abs=tolerance)
+        if model is not None and prefix in ("single.0", "pair.0"):
+            with torch.no_grad():
+                loss, reference = model(**batch).loss, model(**expected).loss
+            assert torch.isfinite(loss) and loss.item() == pytest.approx(reference.item(), abs=1e-6), prefix
