@@ -17,6 +17,8 @@ FAMILIES = {
     "pixtral": "lathe.llm.multimodal.pixtral:PixtralPlugin",
     "intern_vl": "lathe.llm.multimodal.intern_vl:InternVLPlugin",
     "glm4v": "lathe.llm.multimodal.glm4v:Glm4vPlugin",
+    "qwen2_omni": "lathe.llm.multimodal.qwen2_omni:Qwen2OmniPlugin",
+    "qwen3_omni": "lathe.llm.multimodal.qwen2_omni:Qwen3OmniPlugin",
 }
 IMPLEMENTED = {name: target.split(":")[0] for name, target in FAMILIES.items()}
 

@@ -152,8 +152,25 @@ def make_model(family: str, tokenizer):
             audio_end_token_id=ids("<|audio_eos|>"),
         )
         model_class = tf.Qwen2_5OmniThinkerForConditionalGeneration
+    elif family == "qwen3_omni":
+        text.update(rope_parameters={"rope_type": "default", "mrope_section": [2, 1, 1]}, num_experts=2)
+        text.update(num_experts_per_tok=1, moe_intermediate_size=16)
+        audio = {"num_mel_bins": 16, "encoder_layers": 1, "encoder_attention_heads": 2, "encoder_ffn_dim": 32}
+        audio.update(d_model=16, output_dim=16, max_source_positions=50, n_window=50, downsample_hidden_size=8)
+        vision.update(num_position_embeddings=16, deepstack_visual_indexes=[0])
+        config = tf.Qwen3OmniMoeThinkerConfig(
+            text_config=tf.Qwen3OmniMoeTextConfig(**text),
+            vision_config=tf.Qwen3OmniMoeVisionEncoderConfig(**vision),
+            audio_config=tf.Qwen3OmniMoeAudioEncoderConfig(**audio),
+            image_token_id=ids("<|image_pad|>"),
+            video_token_id=ids("<|video_pad|>"),
+            audio_token_id=ids("<|audio_pad|>"),
+            vision_start_token_id=ids("<|vision_start|>"),
+            audio_start_token_id=ids("<|audio_start|>"),
+        )
+        model_class = tf.Qwen3OmniMoeThinkerForConditionalGeneration
     else:
-        return None
+        raise ValueError(family)
     torch.manual_seed(0)
     return model_class(config).eval()
 
