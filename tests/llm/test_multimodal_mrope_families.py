@@ -101,3 +101,49 @@ def test_family_encodes_and_collates_as_llamafactory(family, golden):
             with torch.no_grad():
                 loss, reference = model(**batch).loss, model(**expected).loss
             assert torch.isfinite(loss) and loss.item() == pytest.approx(reference.item(), abs=1e-6), prefix
+
+
+def _train_generator():
+    spec = importlib.util.spec_from_file_location(
+        "make_mrope_train", GOLDEN_DIR / "make_llamafactory_mrope_families_train.py"
+    )
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+TRAIN = _train_generator()
+
+
+@pytest.mark.parametrize("name", list(TRAIN.CASES))
+def test_lathe_train_three_steps_equal_llamafactory(name, tmp_path):
+    """`lathe train`, three steps of one batch of the family's two image rows (full tuning with the vision tower and
+    projector frozen, LoRA on every linear layer): LLaMA-Factory's losses, grad norms and parameter counts
+    (tests/llm/golden/llamafactory_mrope_families_train.json). The folder holds the image processor alone (no
+    torchvision here, so no Glm4vProcessor): lathe loads it, as LLaMA-Factory's run was given it."""
+    from lathe.llm.config.train import DataArguments, parse_train_config
+    from lathe.llm.templates import get_template_and_fix_tokenizer
+    from lathe.llm.workflows.stages import run_train
+    from lathe.train import TrainerCallback
+
+    golden = json.loads((GOLDEN_DIR / "llamafactory_mrope_families_train.json").read_text())
+    family, keys = TRAIN.CASES[name]
+    fix = lambda tokenizer, template: get_template_and_fix_tokenizer(tokenizer, DataArguments(template=template))  # noqa: E731
+    model, data = TRAIN.write_folders(tmp_path, family, fix)
+
+    class Count(TrainerCallback):
+        def on_train_begin(self, args, state, control, model=None, **kwargs):
+            seen = {id(p): p for p in model.parameters()}.values()
+            self.counts = (sum(p.numel() for p in seen if p.requires_grad), sum(p.numel() for p in seen))
+
+    count = Count()
+    config = TRAIN.TRAIN.train_config(GEN, family, model, data, tmp_path / "out", **keys)
+    run_train(parse_train_config(config), callbacks=[count])
+    history = json.loads((tmp_path / "out" / "trainer_state.json").read_text())["log_history"]
+    expected = golden[name]
+    assert count.counts == (expected["trainable"], expected["total"])
+    assert_close_to_golden(
+        [e["loss"] for e in history if "loss" in e], expected["loss"], f"{name} losses", rel=0, abs=1e-5
+    )
+    norms = [e["grad_norm"] for e in history if "loss" in e]
+    assert_close_to_golden(norms, expected["grad_norm"], f"{name} norms", rel=1e-4)
