@@ -19,6 +19,8 @@ FAMILIES = {
     "glm4v": "lathe.llm.multimodal.glm4v:Glm4vPlugin",
     "qwen2_omni": "lathe.llm.multimodal.qwen2_omni:Qwen2OmniPlugin",
     "qwen3_omni": "lathe.llm.multimodal.qwen2_omni:Qwen3OmniPlugin",
+    "kimi_vl": "lathe.llm.multimodal.kimi_vl:KimiVLPlugin",
+    "llama4": "lathe.llm.multimodal.llama4:Llama4Plugin",
 }
 IMPLEMENTED = {name: target.split(":")[0] for name, target in FAMILIES.items()}
 
