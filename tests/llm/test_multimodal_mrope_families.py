@@ -40,6 +40,19 @@ def golden():
         return {key: f.get_tensor(key) for key in f.keys()}, f.metadata()
 
 
+@pytest.fixture(scope="module")
+def video_folder(golden, tmp_path_factory):
+    """The golden's MPEG-4 videos (tests/llm/media_files.py), byte for byte the files LLaMA-Factory read."""
+    import hashlib
+
+    from tests.llm.media_files import write_video_files
+
+    folder = tmp_path_factory.mktemp("videos")
+    for name, path in write_video_files(folder).items():
+        assert hashlib.sha256(path.read_bytes()).hexdigest() == golden[1][f"sha256.{name}"], name
+    return folder
+
+
 def _setup(family):
     from lathe.llm.config.train import DataArguments
     from lathe.llm.multimodal.common import MediaSettings
@@ -54,7 +67,7 @@ def _setup(family):
 
 
 @pytest.mark.parametrize("family", list(GEN.FAMILIES))
-def test_family_encodes_and_collates_as_llamafactory(family, golden):
+def test_family_encodes_and_collates_as_llamafactory(family, golden, video_folder):
     from lathe.llm.data.collator import SFTDataCollator
     from lathe.llm.data.supervised import encode_supervised_example
     from lathe.llm.multimodal.collator import MultimodalCollator
@@ -63,10 +76,10 @@ def test_family_encodes_and_collates_as_llamafactory(family, golden):
     tensors, metadata = golden
     assert json.loads(metadata["versions"])["llamafactory"] == "0.9.5"
     tokenizer, processor, template, plugin = _setup(family)
-    media_ids = set(tokenizer.convert_tokens_to_ids(GEN.TOKENS[family]))
+    media_ids = set(tokenizer.convert_tokens_to_ids(GEN.tokens_of(family)))
     features = []
     for index, row in enumerate(GEN.rows_of(family)):
-        given = GEN.media_of(family, row)
+        given = GEN.media_of(family, row, video_folder)
         given = {key: items for key, items in given.items() if items}  # the rows' media: the collator opens them
         media = {kind[:-1]: plugin.regularize(kind[:-1], items, f"row {index}") for kind, items in given.items()}
         messages = plugin.process_messages(GEN.messages_of(row), media)

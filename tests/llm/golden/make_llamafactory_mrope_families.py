@@ -30,7 +30,26 @@ FAMILIES = {  # golden name: (template, media kinds)
     "glm4v": ("glm4v", "image"),
     "qwen2_omni": ("qwen2_omni", "image+audio"),
     "qwen3_omni": ("qwen3_omni_nothink", "image+audio"),
+    # videos with their own audio interleaved (use_audio_in_video), and the same rows with the two apart
+    "qwen2_omni_video": ("qwen2_omni", "image+audio+video"),
+    "qwen2_omni_video_apart": ("qwen2_omni", "image+audio+video"),
 }
+VIDEO_SETTINGS = {"video_max_pixels": 32 * 32, "video_min_pixels": 16 * 16, "video_fps": 2.0, "video_maxlen": 128}
+VIDEO_ROWS = [  # each video followed by its audio; the image-less, video-less row gets both stand-ins
+    {
+        "messages": [("user", "<video><audio>What happens?"), ("assistant", "The quick brown fox.")],
+        "videos": ["walk.mp4"],
+        "audios": ["short"],
+    },
+    {
+        "messages": [("user", "<image>Is this in <video><audio> ?"), ("assistant", "Two plus two is four.")],
+        "images": ["wide"],
+        "videos": ["spin.mp4"],
+        "audios": ["long"],
+    },
+    {"messages": [("user", "What is two plus two?"), ("assistant", "four")]},
+    {"messages": [("user", "<audio>hello"), ("assistant", "four")], "audios": ["tone"]},
+]
 OMNI_ROWS = [  # an image and an audio in one row, audio alone, neither (both stand-ins), two images
     {
         "messages": [("user", "<image>What is <audio> ?"), ("assistant", "The quick brown fox.")],
@@ -66,29 +85,87 @@ make_image, make_audio, messages_of, CUTOFF_LEN = BASE.make_image, BASE.make_aud
 
 
 def settings_of(family: str) -> dict:
-    return {
+    settings = {
         "image_max_pixels": BASE.IMAGE_MAX_PIXELS,
         "image_min_pixels": BASE.IMAGE_MIN_PIXELS,
         "audio_sampling_rate": BASE.SAMPLING_RATE,
     }
+    if family.startswith("qwen2_omni_video"):
+        settings.update(VIDEO_SETTINGS, use_audio_in_video=family == "qwen2_omni_video")
+    return settings
 
 
 def rows_of(family: str) -> list[dict]:
+    if family.startswith("qwen2_omni_video"):
+        return VIDEO_ROWS
     return BASE.ROWS if family == "glm4v" else OMNI_ROWS
 
 
-def media_of(family: str, row: dict) -> dict:
+def media_of(family: str, row: dict, video_folder: Path | None = None) -> dict:
+    """The row's media as LLaMA-Factory takes them: images and audio as objects, videos as file paths in
+    video_folder (media_files.write_video_files)."""
     media = {"images": [make_image(name) for name in row.get("images", [])]}
-    if FAMILIES[family][1] == "image+audio":
+    if "audio" in FAMILIES[family][1]:
         media["audios"] = [make_audio(name) for name in row.get("audios", [])]
+    if "video" in FAMILIES[family][1]:
+        media["videos"] = [str(Path(video_folder) / name) for name in row.get("videos", [])]
     return media
+
+
+def media_files():
+    spec = importlib.util.spec_from_file_location("media_files", HERE.parent / "media_files.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+class OmniStandInVideoProcessor:
+    """A deterministic stand-in for Qwen2VLVideoProcessor (which needs torchvision, not loadable here): each video's
+    frames (an even count) resized to multiples of 28 pixels, cut into 2-frame x 14x14 patches (one row of
+    3 * 2 * 14 * 14 values each), with video_grid_thw (frame pairs, patch rows, patch columns)."""
+
+    patch_size, merge_size, temporal_patch_size = 14, 2, 2
+
+    def __call__(self, videos, return_tensors="pt", **kwargs):
+        import numpy as np
+        import torch
+
+        rows, grids = [], []
+        for frames in videos:
+            width, height = (max(28, 28 * round(side / 28)) for side in frames[0].size)
+            array = np.stack([np.asarray(frame.convert("RGB").resize((width, height))) for frame in frames])
+            pixels = torch.from_numpy(array.astype("float32") / 255.0).permute(0, 3, 1, 2)
+            t, h, w = len(frames) // 2, height // 14, width // 14
+            patches = pixels.reshape(t, 2, 3, h, 14, w, 14).permute(0, 3, 5, 2, 1, 4, 6).reshape(t * h * w, -1)
+            rows.append(patches)
+            grids.append([t, h, w])
+        return {"pixel_values_videos": torch.cat(rows), "video_grid_thw": torch.tensor(grids)}
+
+
+class OmniStandInProcessor:
+    """The attributes LLaMA-Factory's Qwen2OmniPlugin reads (the Omni processors need torchvision to be built):
+    the real image processor and feature extractor, the stand-in video processor, and transformers' own
+    Qwen2_5OmniProcessor.get_chunked_index for use_audio_in_video."""
+
+    def __init__(self, **parts):
+        self.__dict__.update(parts)
+
+    def get_chunked_index(self, token_indices, tokens_per_chunk):
+        from transformers import Qwen2_5OmniProcessor
+
+        return Qwen2_5OmniProcessor.get_chunked_index(self, token_indices, tokens_per_chunk)
+
+
+def tokens_of(family: str) -> list[str]:
+    """The family's special tokens (the video variants: Qwen2.5-Omni's)."""
+    return TOKENS["qwen2_omni" if family.startswith("qwen2_omni") else family]
 
 
 def make_tokenizer(family: str):
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(str(BASE.TOKENIZER))
-    tokenizer.add_special_tokens({"additional_special_tokens": TOKENS[family]})
+    tokenizer.add_special_tokens({"additional_special_tokens": tokens_of(family)})
     return tokenizer
 
 
@@ -108,6 +185,8 @@ def make_processor(family: str, tokenizer):
     parts = {"image_processor": images, "feature_extractor": features, "tokenizer": tokenizer}
     if family == "qwen3_omni":
         return type("Qwen3OmniMoeProcessor", (SimpleNamespace,), {})(**parts)
+    if family.startswith("qwen2_omni_video"):
+        return OmniStandInProcessor(**parts, video_processor=OmniStandInVideoProcessor())
     return SimpleNamespace(**parts)
 
 
@@ -136,7 +215,7 @@ def make_model(family: str, tokenizer):
             image_end_token_id=ids("<|end_of_image|>"),
         )
         model_class = tf.Glm4vForConditionalGeneration
-    elif family == "qwen2_omni":
+    elif family.startswith("qwen2_omni"):
         text["rope_parameters"] = {"rope_type": "default", "mrope_section": [2, 1, 1]}
         audio = {"num_mel_bins": 16, "encoder_layers": 1, "encoder_attention_heads": 2, "encoder_ffn_dim": 32}
         audio.update(d_model=16, output_dim=16, max_source_positions=50, n_window=50)
@@ -175,7 +254,7 @@ def make_model(family: str, tokenizer):
     return model_class(config).eval()
 
 
-def run_family(family: str, tensors: dict, metadata: dict) -> None:
+def run_family(family: str, tensors: dict, metadata: dict, video_folder: Path | None = None) -> None:
     import torch
     from llamafactory.data.collator import MultiModalDataCollatorForSeq2Seq
     from llamafactory.data.processor.supervised import SupervisedDatasetProcessor
@@ -190,9 +269,9 @@ def run_family(family: str, tensors: dict, metadata: dict) -> None:
         setattr(processor, key, value)
     rows = rows_of(family)
     for index, row in enumerate(rows):
-        media = media_of(family, row)
+        media = media_of(family, row, video_folder)
         expanded = template.mm_plugin.process_messages(
-            messages_of(row), media.get("images", []), [], media.get("audios", []), processor
+            messages_of(row), media.get("images", []), media.get("videos", []), media.get("audios", []), processor
         )
         metadata[f"{family}.messages.{index}"] = json.dumps(expanded)
     batch = {
@@ -200,9 +279,9 @@ def run_family(family: str, tensors: dict, metadata: dict) -> None:
         "_response": [messages_of(row)[-1:] for row in rows],
         "_system": [""] * len(rows),
         "_tools": [""] * len(rows),
-        "_images": [media_of(family, row).get("images") or None for row in rows],
-        "_videos": [None] * len(rows),
-        "_audios": [media_of(family, row).get("audios") or None for row in rows],
+        "_images": [media_of(family, row, video_folder).get("images") or None for row in rows],
+        "_videos": [media_of(family, row, video_folder).get("videos") or None for row in rows],
+        "_audios": [media_of(family, row, video_folder).get("audios") or None for row in rows],
     }
     encoder = SupervisedDatasetProcessor(
         template=template, tokenizer=tokenizer, processor=processor, data_args=data_args
@@ -217,7 +296,7 @@ def run_family(family: str, tensors: dict, metadata: dict) -> None:
         feature = {key: encoded[key][index] for key in ("input_ids", "labels", "attention_mask")}
         for key, value in feature.items():
             tensors[f"{family}.example.{index}.{key}"] = torch.tensor(value, dtype=torch.int64)
-        feature.update({key: value for key, value in media_of(family, row).items() if value})
+        feature.update({key: value for key, value in media_of(family, row, video_folder).items() if value})
         features.append(feature)
 
     def collate(prefix, chosen):
@@ -251,14 +330,21 @@ def main() -> None:
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
+        import tempfile
+
         import llamafactory
         import PIL
         import transformers
         from safetensors.torch import save_file
 
         tensors, metadata = {}, {}
-        for family in args.families.split(","):
-            run_family(family, tensors, metadata)
+        with tempfile.TemporaryDirectory() as folder:
+            import hashlib
+
+            for name, path in media_files().write_video_files(Path(folder)).items():
+                metadata[f"sha256.{name}"] = hashlib.sha256(path.read_bytes()).hexdigest()
+            for family in args.families.split(","):
+                run_family(family, tensors, metadata, Path(folder))
         versions = {"llamafactory": llamafactory.__version__, "transformers": transformers.__version__}
         metadata["versions"] = json.dumps({**versions, "pillow": PIL.__version__})
         save_file(tensors, str(GOLDEN), metadata=metadata)
