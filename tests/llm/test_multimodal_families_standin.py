@@ -1,5 +1,5 @@
-"""Kimi-VL and Llama 4, whose processors cannot be built here (Kimi-VL's is remote code; Llama4ImageProcessor needs
-torchvision), against LLaMA-Factory 0.9.5 on the same processor stand-ins
+"""Kimi-VL, Llama 4 and LFM2-VL, whose processors cannot be built here (Kimi-VL's is remote code; Llama4ImageProcessor
+and Lfm2VlImageProcessor need torchvision), against LLaMA-Factory 0.9.5 on the same processor stand-ins
 (tests/llm/golden/llamafactory_families_standin.safetensors, made by make_llamafactory_families_standin.py): the
 expanded messages, the encoded rows and every collator tensor for each row alone and for pairs (the stand-in white
 image in an image-less batch included); and the one-line errors a run without the real processor stops with."""
@@ -93,7 +93,8 @@ def test_family_encodes_and_collates_as_llamafactory(family, golden):
 
 
 def test_a_run_without_the_real_processor_names_what_is_missing(tmp_path):
-    """Kimi-VL: the folder's own processor needs trust_remote_code; Llama 4: Llama4Processor needs torchvision;
+    """Kimi-VL: the folder's own processor needs trust_remote_code; Llama 4 and LFM2-VL: their processors need
+    torchvision;
     MiniCPM-V (and the other families lathe lacks): one line naming the family, never trained as text."""
     from types import SimpleNamespace
 
@@ -106,6 +107,9 @@ def test_a_run_without_the_real_processor_names_what_is_missing(tmp_path):
     kimi, _ = _plugin("kimi_vl", SimpleNamespace(image_processor=object()))
     with pytest.raises(ValueError, match="kimi_vl family needs the model's own processor .* trust_remote_code: true"):
         kimi.process_messages(messages, image)
+    lfm2, _ = _plugin("lfm2_vl", SimpleNamespace())
+    with pytest.raises(ValueError, match="lfm2_vl family needs the model's Lfm2VlProcessor.*pip install torchvision"):
+        lfm2.process_messages(messages, image)
     llama4, _ = _plugin("llama4", SimpleNamespace(image_processor=object()))
     with pytest.raises(ValueError, match="lacks patch_size, downsample_ratio.*pip install torchvision"):
         llama4.process_messages(messages, image)

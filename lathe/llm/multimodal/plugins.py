@@ -21,6 +21,7 @@ FAMILIES = {
     "qwen3_omni": "lathe.llm.multimodal.qwen2_omni:Qwen3OmniPlugin",
     "kimi_vl": "lathe.llm.multimodal.kimi_vl:KimiVLPlugin",
     "llama4": "lathe.llm.multimodal.llama4:Llama4Plugin",
+    "lfm2_vl": "lathe.llm.multimodal.lfm2_vl:Lfm2VlPlugin",
 }
 IMPLEMENTED = {name: target.split(":")[0] for name, target in FAMILIES.items()}
 

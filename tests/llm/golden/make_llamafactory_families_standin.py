@@ -1,12 +1,13 @@
 """Regenerate LLaMA-Factory's encoding of image rows for the families whose processor cannot be built here: Kimi-VL
-(its processor is remote code in the model repository) and Llama 4 (transformers' Llama4ImageProcessor needs
-torchvision, which does not load beside the CPU torch here). tests/llm/test_multimodal_families_standin.py compares
+(its processor is remote code in the model repository), Llama 4 and LFM2-VL (transformers' Llama4ImageProcessor and
+Lfm2VlImageProcessor need torchvision, which does not load beside the CPU torch here). tests/llm/test_multimodal_families_standin.py compares
 lathe against it.
 
     python tests/llm/golden/make_llamafactory_families_standin.py [--python bench/.venv-lf/bin/python]
 
 Both sides get the same processor STAND-INS defined below (deterministic image processors with the outputs and
-attributes the plugins read: Kimi-VL's image_grid_hws and merge_kernel_size, Llama 4's tiles, aspect_ratios, patch_size,
+attributes the plugins read: Kimi-VL's image_grid_hws and merge_kernel_size, LFM2-VL's spatial_shapes and
+downsample_factor, Llama 4's tiles, aspect_ratios, patch_size,
 downsample_ratio and transformers' own Llama4Processor._prompt_split_image), so what is compared is LLaMA-Factory's
 token and collator path, not the real processors' pixels. Runs in LLaMA-Factory 0.9.5's environment (`--worker`) as
 make_llamafactory_families.py does (its rows, images and tokenizer); writes
@@ -25,11 +26,12 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 GOLDEN = HERE / "llamafactory_families_standin.safetensors"
-FAMILIES = {"kimi_vl": ("kimi_vl", "image"), "llama4": ("llama4", "image")}
+FAMILIES = {"kimi_vl": ("kimi_vl", "image"), "llama4": ("llama4", "image"), "lfm2_vl": ("lfm2_vl", "image")}
 TOKENS = {
     "kimi_vl": ["<|media_start|>", "<|media_content|>", "<|media_end|>", "<|media_pad|>"],
     "llama4": ["<|image_start|>", "<|image_end|>", "<|image|>", "<|patch|>", "<|tile_x_separator|>"]
     + ["<|tile_y_separator|>"],
+    "lfm2_vl": ["<image>"],
 }
 TILE, PATCH = 28, 14
 
@@ -96,6 +98,29 @@ class Llama4StandInImageProcessor:
         return {"pixel_values": torch.stack(tiles), "aspect_ratios": torch.tensor(ratios)}
 
 
+class Lfm2VlStandInImageProcessor:
+    """LFM2-VL's image processor's outputs: 16-pixel patches, (rows, columns) per image in spatial_shapes (even, for
+    the 2x downsample), pixel_values (images, most patches, 3 * 16 * 16) padded with zeros and pixel_attention_mask."""
+
+    downsample_factor = 2
+
+    def __call__(self, images, return_tensors="pt", **kwargs):
+        import torch
+
+        rows, shapes = [], []
+        for image in images:
+            height, width = 2 * math.ceil(image.height / 32), 2 * math.ceil(image.width / 32)
+            pixels = _pixels(image, width * 16, height * 16)
+            rows.append(pixels.reshape(3, height, 16, width, 16).permute(1, 3, 0, 2, 4).reshape(height * width, -1))
+            shapes.append([height, width])
+        most = max(len(row) for row in rows)
+        values = torch.zeros(len(rows), most, rows[0].shape[1])
+        mask = torch.zeros(len(rows), most, dtype=torch.long)
+        for index, row in enumerate(rows):
+            values[index, : len(row)], mask[index, : len(row)] = row, 1
+        return {"pixel_values": values, "spatial_shapes": torch.tensor(shapes), "pixel_attention_mask": mask}
+
+
 class Llama4StandInProcessor:
     """Llama4Processor's attributes the plugins read (patch_size, downsample_ratio for pixel_shuffle_ratio 0.5) and
     its own _prompt_split_image, beside the stand-in image processor."""
@@ -128,6 +153,8 @@ def make_processor(family: str, tokenizer):
 
     if family == "kimi_vl":
         return SimpleNamespace(image_processor=KimiVLStandInImageProcessor(), tokenizer=tokenizer)
+    if family == "lfm2_vl":
+        return SimpleNamespace(image_processor=Lfm2VlStandInImageProcessor(), tokenizer=tokenizer)
     return Llama4StandInProcessor(tokenizer)
 
 
