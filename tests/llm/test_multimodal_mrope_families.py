@@ -160,3 +160,21 @@ def test_lathe_train_three_steps_equal_llamafactory(name, tmp_path):
     )
     norms = [e["grad_norm"] for e in history if "loss" in e]
     assert_close_to_golden(norms, expected["grad_norm"], f"{name} norms", rel=1e-4)
+
+
+def test_an_omni_folder_loads_as_llamafactory_loads_it_and_trains_its_thinker():
+    """A Qwen2.5-Omni / Qwen3-Omni folder (thinker and talker) is built with AutoModelForTextToWaveform, and the
+    thinker alone trains and is saved (LLaMA-Factory's loader); a thinker's own config is an image-text model."""
+    from types import SimpleNamespace
+
+    import transformers as tf
+
+    from lathe.llm.model.loader import auto_model_class, thinker_of
+
+    assert auto_model_class(tf.Qwen2_5OmniConfig()) is tf.AutoModelForTextToWaveform
+    assert auto_model_class(tf.Qwen3OmniMoeConfig()) is tf.AutoModelForTextToWaveform
+    omni = SimpleNamespace(config=SimpleNamespace(model_type="qwen2_5_omni"), thinker="the thinker")
+    assert thinker_of(omni) == "the thinker"
+    thinker = SimpleNamespace(config=SimpleNamespace(model_type="qwen2_5_omni_thinker"))
+    assert thinker_of(thinker) is thinker
+    assert auto_model_class(tf.Qwen2_5OmniThinkerConfig()) is tf.AutoModelForImageTextToText
