@@ -44,6 +44,12 @@ QWEN3_OMNI = Composite(
 )
 
 
+def processor_names(processor) -> tuple[str, str]:
+    """The processor's class name and, for the parts lathe loads without torchvision (encode.ProcessorParts), the
+    folder's processor_class."""
+    return type(processor).__name__, getattr(processor, "processor_class", "") or ""
+
+
 def audio_token_counts(feature_lengths, qwen3: bool) -> list[int]:
     """Encoder output frames for each audio's mel frame count (LLaMA-Factory's arithmetic for the two models)."""
     counts = []
@@ -100,7 +106,7 @@ class Qwen2OmniPlugin(Qwen2VLPlugin):
         if not audios:
             return []
         mask = audio_processor_inputs(audios, self.processor, self.settings)["feature_attention_mask"]
-        return audio_token_counts(mask.sum(-1).tolist(), type(self.processor).__name__ == QWEN3_PROCESSOR)
+        return audio_token_counts(mask.sum(-1).tolist(), QWEN3_PROCESSOR in processor_names(self.processor))
 
     @property
     def omni_video_processor(self):

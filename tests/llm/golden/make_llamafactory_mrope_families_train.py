@@ -1,15 +1,16 @@
-"""Regenerate LLaMA-Factory 0.9.5's three-step training runs of GLM-4.1V (glm4v) that
+"""Regenerate LLaMA-Factory 0.9.5's three-step training runs of GLM-4.1V (glm4v) and Qwen2.5-Omni's thinker that
 tests/llm/test_multimodal_mrope_families.py compares `lathe train` against.
 
     python tests/llm/golden/make_llamafactory_mrope_families_train.py [--python bench/.venv-lf/bin/python]
 
 Runs this file in LLaMA-Factory's environment (`--worker`; lathe is not imported there): the family's tiny model
-(make_llamafactory_mrope_families.make_model, every weight set by make_llamafactory_families' seeded-by-name rule so
-transformers 5.6 and 5.23 train the same model), its PIL image processor, tokenizer and first two image rows saved by
-write_folders, trained by LLaMA-Factory's own `run_exp` with CASES' keys over
-make_llamafactory_families_train.train_config. transformers builds Glm4vProcessor only with torchvision (which does
-not load beside the CPU torch here), so AutoProcessor gives LLaMA-Factory an object with the folder's image
-processor (lathe loads the image processor alone then). Writes tests/llm/golden/llamafactory_mrope_families_train.json.
+(make_llamafactory_mrope_families.make_model, every weight set by a seeded-by-name rule, same_weights, so
+transformers 5.6 and 5.23 train the same model), its PIL image processor (and Whisper feature extractor, in one
+preprocessor_config.json as the Omni repositories ship it), tokenizer and first two rows (images as PNG, audio as
+32-bit PCM WAV, read by make_llamafactory_families_train's torchaudio stand-in) saved by write_folders, trained by LLaMA-Factory's own `run_exp` with CASES' keys over
+make_llamafactory_families_train.train_config. transformers builds Glm4vProcessor and the Omni processors only with
+torchvision (which does not load beside the CPU torch here), so AutoProcessor gives LLaMA-Factory an object with the
+folder's image processor and feature extractor (lathe loads those parts itself then). Writes tests/llm/golden/llamafactory_mrope_families_train.json.
 """
 
 from __future__ import annotations
@@ -25,7 +26,12 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 GOLDEN = HERE / "llamafactory_mrope_families_train.json"
 LORA = {"finetuning_type": "lora", "lora_target": "all", "lora_rank": 4, "learning_rate": 0.05}
-CASES = {"glm4v_full": ("glm4v", {}), "glm4v_lora": ("glm4v", LORA)}
+CASES = {
+    "glm4v_full": ("glm4v", {}),
+    "glm4v_lora": ("glm4v", LORA),
+    "qwen2_omni_full": ("qwen2_omni", {}),
+    "qwen2_omni_lora": ("qwen2_omni", LORA),
+}
 
 
 def _module(name: str, file: str):
@@ -39,6 +45,28 @@ GEN = _module("make_mrope", "make_llamafactory_mrope_families.py")
 TRAIN = _module("make_families_train", "make_llamafactory_families_train.py")
 
 
+def same_weights(model):
+    """make_llamafactory_families' rule (every parameter from a generator seeded by its name, biases 0, norm weights
+    1), the name also without "language_model": transformers 5.23 nests the Omni thinker's text model under
+    `model.language_model`, 5.6 has it as `model`."""
+    import zlib
+
+    import torch
+
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            key = ".".join(part for part in name.split(".") if part not in ("model", "language_model"))
+            key = key[key.index("lm_head") :] if "lm_head" in key else key
+            if name.endswith("bias"):
+                parameter.zero_()
+            elif "norm" in name.rsplit(".", 2)[-2]:
+                parameter.fill_(1.0)
+            else:
+                generator = torch.Generator().manual_seed(zlib.crc32(key.encode()))
+                parameter.copy_(torch.randn(parameter.shape, generator=generator) * 0.1)
+    return model
+
+
 def write_folders(root: Path, family: str, fix_tokenizer) -> tuple[Path, Path]:
     """(model folder, data folder with the sharegpt dataset "rows"): the tiny model, image processor and tokenizer,
     and the family's first two rows with their images as PNG. fix_tokenizer(tokenizer, template) is lathe's or
@@ -46,10 +74,16 @@ def write_folders(root: Path, family: str, fix_tokenizer) -> tuple[Path, Path]:
     tokenizer = GEN.make_tokenizer(family)
     processor = GEN.make_processor(family, tokenizer)
     fix_tokenizer(tokenizer, GEN.FAMILIES[family][0])
-    model = GEN.BASE._same_weights(GEN.make_model(family, tokenizer))
+    model = same_weights(GEN.make_model(family, tokenizer))
     folder, data = root / "model", root / "data"
     model.save_pretrained(str(folder))
     processor.image_processor.save_pretrained(str(folder))
+    extractor = getattr(processor, "feature_extractor", None)
+    if extractor is not None:  # one preprocessor_config.json with both parts, as the Omni repositories ship it
+        path = folder / "preprocessor_config.json"
+        config = json.loads(path.read_text())
+        config.update({key: value for key, value in extractor.to_dict().items() if key not in config})
+        path.write_text(json.dumps({**config, "processor_class": "Qwen2_5OmniProcessor"}, indent=1))
     tokenizer.save_pretrained(str(folder))
     data.mkdir(parents=True)
     rows = []
@@ -58,31 +92,44 @@ def write_folders(root: Path, family: str, fix_tokenizer) -> tuple[Path, Path]:
         for name in row.get("images", []):
             GEN.make_image(name).save(data / f"{name}.png")
             item.setdefault("images", []).append(f"{name}.png")
+        for name in row.get("audios", []):
+            GEN.BASE.write_wav(data / f"{name}.wav", GEN.make_audio(name))
+            item.setdefault("audios", []).append(f"{name}.wav")
         rows.append(item)
     (data / "rows.json").write_text(json.dumps(rows))
     tags = {"role_tag": "role", "content_tag": "content", "user_tag": "user", "assistant_tag": "assistant"}
-    info = {"file_name": "rows.json", "formatting": "sharegpt", "columns": {"messages": "messages", "images": "images"}}
+    columns = {"messages": "messages", "images": "images"}
+    if extractor is not None:
+        columns["audios"] = "audios"
+    info = {"file_name": "rows.json", "formatting": "sharegpt", "columns": columns}
     (data / "dataset_info.json").write_text(json.dumps({"rows": {**info, "tags": tags}}))
     return folder, data
 
 
-def _image_processor_only() -> None:
-    """AutoProcessor gives LLaMA-Factory the folder's image processor inside an object whose class name holds
-    "Processor" (LLaMA-Factory keeps only such) and that has the image_processor its plugin reads."""
-    from transformers import AutoProcessor, Glm4vImageProcessorPil
+def _processor_parts() -> None:
+    """AutoProcessor gives LLaMA-Factory the folder's image processor (and the Omni folders' feature extractor)
+    inside an object whose class name holds "Processor" (LLaMA-Factory keeps only such) with the attributes its
+    plugins read."""
+    from transformers import AutoProcessor, Glm4vImageProcessorPil, Qwen2VLImageProcessorPil, WhisperFeatureExtractor
 
-    class Glm4vImageOnlyProcessor:
-        def __init__(self, image_processor):
-            self.image_processor = image_processor
+    class PartsProcessor:
+        def __init__(self, **parts):
+            self.__dict__.update(parts)
 
         def save_pretrained(self, path, **kwargs):
             self.image_processor.save_pretrained(path)
 
-    def image_only(path, *args, **kwargs):
-        # AutoImageProcessor of transformers 5.6 asks for torchvision here: the PIL class itself
-        return Glm4vImageOnlyProcessor(Glm4vImageProcessorPil.from_pretrained(path))
+    def parts(path, *args, **kwargs):
+        # AutoImageProcessor of transformers 5.6 asks for torchvision here: the PIL classes themselves
+        config = json.loads((Path(path) / "preprocessor_config.json").read_text())
+        if "feature_extractor_type" not in config:
+            return PartsProcessor(image_processor=Glm4vImageProcessorPil.from_pretrained(path))
+        image_processor = Qwen2VLImageProcessorPil.from_pretrained(path)
+        return PartsProcessor(
+            image_processor=image_processor, feature_extractor=WhisperFeatureExtractor.from_pretrained(path)
+        )
 
-    AutoProcessor.from_pretrained = staticmethod(image_only)
+    AutoProcessor.from_pretrained = staticmethod(parts)
 
 
 def run_llamafactory(names: list[str]) -> dict:
@@ -93,7 +140,8 @@ def run_llamafactory(names: list[str]) -> dict:
     from llamafactory.train.tuner import run_exp
     from transformers import TrainerCallback
 
-    _image_processor_only()
+    _processor_parts()
+    TRAIN._wav_reader()
 
     def fix_tokenizer(tokenizer, template):
         get_template_and_fix_tokenizer(tokenizer, DataArguments(template=template))
