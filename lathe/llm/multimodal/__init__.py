@@ -23,9 +23,12 @@ that defines a `FamilyPlugin` subclass and is registered by one line in plugins.
 - encode.py: MediaEncoder, the data pipeline's handle on the run's plugin (the processor loaded at the first row
   with media), and the tokenized rows' media columns.
 - qwen2_vl.py: the Qwen2-VL / Qwen2.5-VL family (images; mrope position ids from the model's get_rope_index).
+- glm4v.py (GLM-4.1V) and qwen2_omni.py (Qwen2.5-Omni / Qwen3-Omni: images, audio, videos, use_audio_in_video):
+  Qwen2VLPlugin's subclasses with their own tokens and the model's mrope positions.
 - llava.py, llava_next.py, gemma3.py, gemma3n.py, paligemma.py, qwen2_audio.py, mllama.py, pixtral.py,
-  intern_vl.py: the other families (placeholder expansion, PaliGemma's image prefix, their tensors), each a
-  FamilyPlugin through common.py's ModulePlugin (the media settings, image processor / feature extractor calls).
+  intern_vl.py, kimi_vl.py, llama4.py, lfm2_vl.py: the other families (placeholder expansion, PaliGemma's image
+  prefix, their tensors), each a FamilyPlugin through common.py's ModulePlugin (the media settings, image processor /
+  feature extractor calls).
 - collator.py: the collator for any family: the text collator's padding, then the plugin's tensors.
 - towers.py: freeze_vision_tower / freeze_multi_modal_projector / freeze_language_model, LoRA targets.
 - plugins.py: the registry; a family not implemented yet is a clear error, never trained as text.
