@@ -22,6 +22,7 @@ FAMILIES = {
     "kimi_vl": "lathe.llm.multimodal.kimi_vl:KimiVLPlugin",
     "llama4": "lathe.llm.multimodal.llama4:Llama4Plugin",
     "lfm2_vl": "lathe.llm.multimodal.lfm2_vl:Lfm2VlPlugin",
+    "ernie_vl": "lathe.llm.multimodal.ernie_vl:ErnieVLPlugin",
 }
 IMPLEMENTED = {name: target.split(":")[0] for name, target in FAMILIES.items()}
 

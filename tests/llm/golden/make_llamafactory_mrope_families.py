@@ -30,6 +30,7 @@ FAMILIES = {  # golden name: (template, media kinds)
     "glm4v": ("glm4v", "image"),
     "qwen2_omni": ("qwen2_omni", "image+audio"),
     "qwen3_omni": ("qwen3_omni_nothink", "image+audio"),
+    "ernie_vl": ("ernie_vl", "image"),
     # videos with their own audio interleaved (use_audio_in_video), and the same rows with the two apart
     "qwen2_omni_video": ("qwen2_omni", "image+audio+video"),
     "qwen2_omni_video_apart": ("qwen2_omni", "image+audio+video"),
@@ -65,6 +66,8 @@ OMNI_ROWS = [  # an image and an audio in one row, audio alone, neither (both st
     },
 ]
 TOKENS = {
+    "ernie_vl": ["<|IMAGE_PLACEHOLDER|>", "<|IMAGE_START|>", "<|IMAGE_END|>", "<|VIDEO_PLACEHOLDER|>"]
+    + ["<|VIDEO_START|>", "<|VIDEO_END|>"],
     "glm4v": ["<|image|>", "<|begin_of_image|>", "<|end_of_image|>", "<|video|>"],
     "qwen2_omni": ["<|IMAGE|>", "<|VIDEO|>", "<|AUDIO|>", "<|vision_bos|>", "<|vision_eos|>"]
     + ["<|audio_bos|>", "<|audio_eos|>"],
@@ -98,7 +101,7 @@ def settings_of(family: str) -> dict:
 def rows_of(family: str) -> list[dict]:
     if family.startswith("qwen2_omni_video"):
         return VIDEO_ROWS
-    return BASE.ROWS if family == "glm4v" else OMNI_ROWS
+    return BASE.ROWS if family in ("glm4v", "ernie_vl") else OMNI_ROWS
 
 
 def media_of(family: str, row: dict, video_folder: Path | None = None) -> dict:
@@ -180,6 +183,9 @@ def make_processor(family: str, tokenizer):
     kwargs = {"patch_size": 14, "merge_size": 2, "temporal_patch_size": 2, "size": size}
     if family == "glm4v":
         return SimpleNamespace(image_processor=tf.Glm4vImageProcessorPil(**kwargs), tokenizer=tokenizer)
+    if family == "ernie_vl":
+        images = tf.Ernie4_5_VLMoeImageProcessorPil(patch_size=14, merge_size=2, size=size)
+        return SimpleNamespace(image_processor=images, tokenizer=tokenizer)
     images = tf.Qwen2VLImageProcessorPil(**kwargs)
     features = tf.WhisperFeatureExtractor(feature_size=16, chunk_length=1, sampling_rate=BASE.SAMPLING_RATE)
     parts = {"image_processor": images, "feature_extractor": features, "tokenizer": tokenizer}
@@ -215,6 +221,22 @@ def make_model(family: str, tokenizer):
             image_end_token_id=ids("<|end_of_image|>"),
         )
         model_class = tf.Glm4vForConditionalGeneration
+    elif family == "ernie_vl":
+        text.update(moe_intermediate_size=[16, 16], moe_k=1, moe_num_experts=2, moe_num_shared_experts=0)
+        text.update(mlp_layer_types=["dense"], rope_parameters={"rope_type": "default", "mrope_section": [1, 1, 2]})
+        ernie_vision = {"depth": 1, "hidden_size": 16, "intermediate_size": 32, "num_heads": 2}
+        ernie_vision.update(patch_size=14, spatial_merge_size=2, temporal_merge_size=2)
+        config = tf.Ernie4_5_VLMoeConfig(
+            text_config=tf.Ernie4_5_VLMoeTextConfig(**text),
+            vision_config=tf.Ernie4_5_VLMoeVisionConfig(**ernie_vision),
+            image_token_id=ids("<|IMAGE_PLACEHOLDER|>"),
+            image_start_token_id=ids("<|IMAGE_START|>"),
+            image_end_token_id=ids("<|IMAGE_END|>"),
+            video_token_id=ids("<|VIDEO_PLACEHOLDER|>"),
+            video_start_token_id=ids("<|VIDEO_START|>"),
+            video_end_token_id=ids("<|VIDEO_END|>"),
+        )
+        model_class = tf.Ernie4_5_VLMoeForConditionalGeneration
     elif family.startswith("qwen2_omni"):
         text["rope_parameters"] = {"rope_type": "default", "mrope_section": [2, 1, 1]}
         audio = {"num_mel_bins": 16, "encoder_layers": 1, "encoder_attention_heads": 2, "encoder_ffn_dim": 32}
