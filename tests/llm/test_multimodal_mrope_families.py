@@ -182,3 +182,25 @@ def test_an_omni_folder_loads_as_llamafactory_loads_it_and_trains_its_thinker():
     thinker = SimpleNamespace(config=SimpleNamespace(model_type="qwen2_5_omni_thinker"))
     assert thinker_of(thinker) is thinker
     assert auto_model_class(tf.Qwen2_5OmniThinkerConfig()) is tf.AutoModelForImageTextToText
+
+
+def test_use_audio_in_video_rows_that_do_not_pair_a_video_with_its_audio_are_named(video_folder):
+    """As LLaMA-Factory: a `<video>` with no `<audio>` after it, or unequal video and audio counts, is one line;
+    use_audio_in_video on a family without it too; a GLM-4.1V video row names what is missing."""
+    from lathe.llm.multimodal.common import MediaSettings
+    from lathe.llm.multimodal.plugins import plugin_class
+
+    _, _, _, plugin = _setup("qwen2_omni_video")
+    video = plugin.regularize("video", [str(video_folder / "walk.mp4")], "row 0")
+    audio = plugin.regularize("audio", [GEN.make_audio("short")], "row 0")
+    with pytest.raises(ValueError, match="use_audio_in_video: each <video> must be followed by an <audio>"):
+        plugin.process_messages([{"role": "user", "content": "<audio><video>"}], {"video": video, "audio": audio})
+    with pytest.raises(ValueError, match=r"use_audio_in_video: 1 video\(s\) but 2 audio\(s\)"):
+        plugin.process_messages(
+            [{"role": "user", "content": "<video><audio><audio>"}], {"video": video, "audio": audio * 2}
+        )
+    glm = plugin_class("glm4v")(None, None, MediaSettings(use_audio_in_video=True))
+    with pytest.raises(ValueError, match="use_audio_in_video: the glm4v family has no such option"):
+        glm.check_settings()
+    with pytest.raises(ValueError, match="lathe's glm4v family takes no video input: GLM-4.1V's per-frame video"):
+        glm.check_kinds({"video": 1}, "row 3")
