@@ -86,6 +86,10 @@ def test_family_encodes_and_collates_as_llamafactory(family, golden):
         batch = collator([dict(feature) for feature in chosen])
         head = f"{family}.{prefix}."
         expected = {key[len(head) :]: value for key, value in tensors.items() if key.startswith(head)}
+        for name, rows in json.loads(metadata[f"{family}.derived"]).items():
+            if name.startswith(head):  # left out of the file: the pair's rows' single tensors joined
+                key = name[len(head) :]
+                expected[key] = torch.cat([tensors[f"{family}.single.{row}.{key}"] for row in rows])
         assert sorted(batch) == sorted(expected), prefix
         for key, value in expected.items():
             assert batch[key].shape == value.shape and batch[key].dtype == value.dtype, (prefix, key)

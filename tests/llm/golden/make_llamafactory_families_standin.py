@@ -202,6 +202,15 @@ def run_family(family: str, tensors: dict, metadata: dict) -> None:
     for prefix, chosen in batches.items():
         for key, value in collator([dict(feature) for feature in chosen]).items():
             tensors[f"{family}.{prefix}.{key}"] = value.detach().contiguous().clone()
+    # A pair's pixel_values that are its rows' single ones joined are left out (a smaller file): the test joins them.
+    derived = {}
+    for pair in range(len(features) // 2):
+        name, rows = f"{family}.pair.{pair}.pixel_values", [2 * pair, 2 * pair + 1]
+        parts = [tensors[f"{family}.single.{row}.pixel_values"] for row in rows]
+        if len({part.shape[1:] for part in parts}) == 1 and torch.equal(torch.cat(parts), tensors[name]):
+            del tensors[name]
+            derived[name] = rows
+    metadata[f"{family}.derived"] = json.dumps(derived)
 
 
 def main() -> None:
