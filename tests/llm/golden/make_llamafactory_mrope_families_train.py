@@ -26,11 +26,14 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 GOLDEN = HERE / "llamafactory_mrope_families_train.json"
 LORA = {"finetuning_type": "lora", "lora_target": "all", "lora_rank": 4, "learning_rate": 0.05}
+QWEN3_OMNI = "Qwen3OmniMoeProcessor"  # the class name LLaMA-Factory counts Qwen3-Omni's audio tokens by
 CASES = {
     "glm4v_full": ("glm4v", {}),
     "glm4v_lora": ("glm4v", LORA),
     "qwen2_omni_full": ("qwen2_omni", {}),
     "qwen2_omni_lora": ("qwen2_omni", LORA),
+    "qwen3_omni_full": ("qwen3_omni", {}),
+    "qwen3_omni_lora": ("qwen3_omni", LORA),
 }
 
 
@@ -83,7 +86,8 @@ def write_folders(root: Path, family: str, fix_tokenizer) -> tuple[Path, Path]:
         path = folder / "preprocessor_config.json"
         config = json.loads(path.read_text())
         config.update({key: value for key, value in extractor.to_dict().items() if key not in config})
-        path.write_text(json.dumps({**config, "processor_class": "Qwen2_5OmniProcessor"}, indent=1))
+        named = QWEN3_OMNI if family == "qwen3_omni" else "Qwen2_5OmniProcessor"
+        path.write_text(json.dumps({**config, "processor_class": named}, indent=1))
     tokenizer.save_pretrained(str(folder))
     data.mkdir(parents=True)
     rows = []
@@ -125,9 +129,9 @@ def _processor_parts() -> None:
         if "feature_extractor_type" not in config:
             return PartsProcessor(image_processor=Glm4vImageProcessorPil.from_pretrained(path))
         image_processor = Qwen2VLImageProcessorPil.from_pretrained(path)
-        return PartsProcessor(
-            image_processor=image_processor, feature_extractor=WhisperFeatureExtractor.from_pretrained(path)
-        )
+        extractor = WhisperFeatureExtractor.from_pretrained(path)
+        named = type(config["processor_class"], (PartsProcessor,), {})  # the folder's processor class name
+        return named(image_processor=image_processor, feature_extractor=extractor)
 
     AutoProcessor.from_pretrained = staticmethod(parts)
 
