@@ -120,13 +120,17 @@ def _plugin_encoder(config, template, tokenizer) -> ImageEncoder:
         **{key: _config_value(config, key, value) for key, value in vars(defaults).items()}  # as training read them
     )
     try:
-        processor = load_processor(model_folder(config.model), _config_value(config, "use_fast_tokenizer", True))
+        use_fast, trust = (_config_value(config, key, default) for key, default in FOLDER_KEYS)
+        processor = load_processor(model_folder(config.model), use_fast, trust)
         plugin = get_plugin(template, processor, tokenizer, settings)
     except ValueError as error:
         return ImageEncoder(refusal=f"{config.model.model_name_or_path}: it takes no images here: {error}")
     if "image" not in plugin.kinds:
         return ImageEncoder(refusal=f"template {template.name!r}: the {plugin.name} family takes no images.")
     return ImageEncoder(refusal=None, plugin=plugin, image_processor=getattr(processor, "image_processor", None))
+
+
+FOLDER_KEYS = (("use_fast_tokenizer", True), ("trust_remote_code", False))  # how the model folder's processor loads
 
 
 def _config_value(config, key: str, default):

@@ -161,9 +161,9 @@ def _instantiate(model_args: "ModelArguments", is_trainable: bool, meta: bool):
         if meta:
             # The unquantized modules: parameter counts equal the quantized model's (see parameter_count).
             with torch.device("meta"):
-                return model_class.from_config(_without_quantization(config), **kwargs)
+                return thinker_of(model_class.from_config(_without_quantization(config), **kwargs))
         if model_args.train_from_scratch:
-            return model_class.from_config(config, **kwargs)
+            return thinker_of(model_class.from_config(config, **kwargs))
         low_cpu_mem_usage = model_args.low_cpu_mem_usage or "device_map" in quantized  # a device map needs it
         check_weight_files(folder)
         model, info = model_class.from_pretrained(
@@ -176,7 +176,7 @@ def _instantiate(model_args: "ModelArguments", is_trainable: bool, meta: bool):
             **kwargs,
         )
         check_loading_info(info, folder)
-        return model
+        return thinker_of(model)
     except RuntimeError as error:
         named = mismatch_error(error, folder)
         if named is None:
@@ -195,14 +195,31 @@ def auto_model_class(config):
     """The transformers auto class that builds `config`'s generating model: AutoModelForImageTextToText for a
     vision-language config (LLaMA-Factory's loader checks that mapping first), AutoModelForSeq2SeqLM for an
     audio-text one (Qwen2-Audio: LLaMA-Factory's next check; lathe takes it for configs with an audio tower only),
-    else AutoModelForCausalLM."""
-    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText, AutoModelForSeq2SeqLM
+    AutoModelForTextToWaveform for the Qwen Omni models (LLaMA-Factory's third check), else AutoModelForCausalLM."""
+    from transformers import (
+        AutoModelForCausalLM,
+        AutoModelForImageTextToText,
+        AutoModelForSeq2SeqLM,
+        AutoModelForTextToWaveform,
+    )
 
     if type(config) in AutoModelForImageTextToText._model_mapping:
         return AutoModelForImageTextToText
     if getattr(config, "audio_config", None) is not None and type(config) in AutoModelForSeq2SeqLM._model_mapping:
         return AutoModelForSeq2SeqLM
+    if getattr(config, "model_type", None) in OMNI_MODEL_TYPES:
+        return AutoModelForTextToWaveform
     return AutoModelForCausalLM
+
+
+OMNI_MODEL_TYPES = ("qwen2_5_omni", "qwen3_omni_moe")  # a thinker (text, image, audio in) and a talker (speech out)
+
+
+def thinker_of(model):
+    """The part that trains: a Qwen Omni model's thinker (LLaMA-Factory trains and saves it alone), else the model."""
+    if getattr(getattr(model, "config", None), "model_type", None) in OMNI_MODEL_TYPES:
+        return model.thinker
+    return model
 
 
 def attention_implementation(flash_attn: str, model_type: str | None) -> str | None:

@@ -25,11 +25,13 @@ that defines a `FamilyPlugin` subclass and is registered by one line in plugins.
 - qwen2_vl.py: the Qwen2-VL / Qwen2.5-VL family (images, videos); mrope.py: its mrope position ids from the model's
   get_rope_index (padded batches; packed rows, one packed example at a time); qwen3_vl.py: Qwen3-VL on top of it
   (videos as timestamped runs per temporal patch).
+- glm4v.py (GLM-4.1V) and qwen2_omni.py (Qwen2.5-Omni / Qwen3-Omni: images, audio, videos, use_audio_in_video):
+  Qwen2VLPlugin's subclasses with their own tokens and the model's mrope positions.
 - video.py: videos read with PyAV as LLaMA-Factory samples them (video_fps, video_maxlen), their timing.
 - llava.py, llava_next.py, llava_next_video.py, video_llava.py, gemma3.py, gemma3n.py, paligemma.py, qwen2_audio.py,
-  mllama.py, pixtral.py, intern_vl.py: the other families (placeholder expansion, PaliGemma's image prefix, their
-  tensors), each a FamilyPlugin through common.py's ModulePlugin (the media settings, image processor / video
-  processor / feature extractor calls).
+  mllama.py, pixtral.py, intern_vl.py, kimi_vl.py, llama4.py, lfm2_vl.py: the other families (placeholder
+  expansion, PaliGemma's image prefix, their tensors), each a FamilyPlugin through common.py's ModulePlugin (the
+  media settings, image processor / video processor / feature extractor calls).
 - collator.py: the collator for any family: the text collator's padding, then the plugin's tensors.
 - towers.py: freeze_vision_tower / freeze_multi_modal_projector / freeze_language_model, LoRA targets.
 - plugins.py: the registry; a family not implemented yet is a clear error, never trained as text.

@@ -15,16 +15,18 @@ EXPANDED = "media_expanded"  # the key on a message whose placeholders the famil
 PROCESSOR_FILES = ("preprocessor_config.json", "processor_config.json", "video_preprocessor_config.json")
 
 
-def load_processor(path: str, use_fast: bool = True):
+def load_processor(path: str, use_fast: bool = True, trust_remote_code: bool = False):
     """The model folder's processor, loaded as LLaMA-Factory loads it (`AutoProcessor.from_pretrained(path,
     use_fast=use_fast_tokenizer)`): with torchvision importable, transformers picks its torchvision image backend,
     without it the PIL one (pixel values differ slightly; lathe's equal LLaMA-Factory's in both). A processor that
     cannot be built without torchvision (Qwen2-VL's video processor) leaves the folder's image processor alone
-    to serve image rows; a video row then names torchvision (check_video_processor)."""
+    to serve image rows (with the feature extractor, where the folder has one: the Omni models' audio); a video row
+    then names torchvision (check_video_processor). A processor that is the model
+    folder's own code (Kimi-VL's, MiniCPM-V's) runs only with trust_remote_code, as the model does."""
     from transformers import AutoImageProcessor, AutoProcessor
 
     try:
-        processor = AutoProcessor.from_pretrained(path, use_fast=use_fast)
+        processor = AutoProcessor.from_pretrained(path, use_fast=use_fast, trust_remote_code=trust_remote_code)
         if "Processor" in type(processor).__name__:  # not the tokenizer AutoProcessor falls back to
             return processor
     except ImportError:
@@ -32,18 +34,70 @@ def load_processor(path: str, use_fast: bool = True):
     except (OSError, ValueError) as error:
         raise ValueError(f"{path}: no processor for images/videos/audio could be loaded ({error})") from None
     try:
-        return AutoImageProcessor.from_pretrained(path, use_fast=use_fast)
+        image_processor = AutoImageProcessor.from_pretrained(
+            path, use_fast=use_fast, trust_remote_code=trust_remote_code
+        )
     except (OSError, ValueError) as error:
         raise ValueError(f"{path}: no image processor (preprocessor_config.json) could be loaded ({error})") from None
+    return with_feature_extractor(path, image_processor)
+
+
+class ProcessorParts:
+    """The image processor and feature extractor of a processor transformers could not build (the Qwen Omni
+    processors need torchvision for their video processor): the attributes the family plugins read, and the
+    folder's `processor_class` name."""
+
+    def __init__(self, processor_class: str, **parts):
+        self.processor_class = processor_class
+        self.__dict__.update(parts)
+
+    def save_pretrained(self, path: str, **kwargs) -> None:
+        """One preprocessor_config.json with both parts and the processor_class, as the folder had it."""
+        import json
+
+        self.image_processor.save_pretrained(path)
+        config_file = os.path.join(path, "preprocessor_config.json")
+        with open(config_file) as handle:
+            config = json.load(handle)
+        extractor = {key: value for key, value in self.feature_extractor.to_dict().items() if key not in config}
+        with open(config_file, "w") as handle:
+            json.dump({**config, **extractor, "processor_class": self.processor_class}, handle, indent=2)
+
+
+def with_feature_extractor(path: str, image_processor):
+    """The image processor alone, or with the feature extractor its preprocessor_config.json also describes (an Omni
+    model's one file holds both) as ProcessorParts."""
+    import json
+
+    from transformers import AutoFeatureExtractor
+
+    config_file = os.path.join(path, "preprocessor_config.json")
+    config = {}
+    if os.path.isfile(config_file):
+        with open(config_file) as handle:
+            config = json.load(handle)
+    if "feature_extractor_type" not in config:
+        return image_processor
+    extractor = AutoFeatureExtractor.from_pretrained(path)
+    parts = {"image_processor": image_processor, "feature_extractor": extractor}
+    return ProcessorParts(config.get("processor_class", ""), **parts)
 
 
 class MediaEncoder:
     """The data pipeline's handle on the run's multimodal family (lathe.llm.multimodal.base.FamilyPlugin)."""
 
     def __init__(
-        self, template, tokenizer, model_path: str, settings: MediaSettings | None = None, processor=None, use_fast=True
+        self,
+        template,
+        tokenizer,
+        model_path: str,
+        settings: MediaSettings | None = None,
+        processor=None,
+        use_fast=True,
+        trust_remote_code=False,
     ):
         self.template, self.tokenizer, self.model_path, self.use_fast = template, tokenizer, model_path, use_fast
+        self.trust_remote_code = trust_remote_code
         self.settings = settings or MediaSettings()
         self._processor, self._plugin = processor, None
 
@@ -54,12 +108,13 @@ class MediaEncoder:
         from lathe.llm.hub import model_folder  # a hub id: its local snapshot, as the tokenizer was read
 
         use_fast = getattr(model_args, "use_fast_tokenizer", True)
-        return cls(template, tokenizer, model_folder(model_args), MediaSettings.from_args(model_args), None, use_fast)
+        settings, trust = MediaSettings.from_args(model_args), getattr(model_args, "trust_remote_code", False)
+        return cls(template, tokenizer, model_folder(model_args), settings, None, use_fast, trust)
 
     @property
     def processor(self):
         if self._processor is None:
-            self._processor = load_processor(self.model_path, self.use_fast)
+            self._processor = load_processor(self.model_path, self.use_fast, self.trust_remote_code)
         return self._processor
 
     @property

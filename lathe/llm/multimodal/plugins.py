@@ -18,6 +18,13 @@ FAMILIES = {
     "mllama": "lathe.llm.multimodal.mllama:MllamaPlugin",
     "pixtral": "lathe.llm.multimodal.pixtral:PixtralPlugin",
     "intern_vl": "lathe.llm.multimodal.intern_vl:InternVLPlugin",
+    "glm4v": "lathe.llm.multimodal.glm4v:Glm4vPlugin",
+    "qwen2_omni": "lathe.llm.multimodal.qwen2_omni:Qwen2OmniPlugin",
+    "qwen3_omni": "lathe.llm.multimodal.qwen2_omni:Qwen3OmniPlugin",
+    "kimi_vl": "lathe.llm.multimodal.kimi_vl:KimiVLPlugin",
+    "llama4": "lathe.llm.multimodal.llama4:Llama4Plugin",
+    "lfm2_vl": "lathe.llm.multimodal.lfm2_vl:Lfm2VlPlugin",
+    "ernie_vl": "lathe.llm.multimodal.ernie_vl:ErnieVLPlugin",
 }
 IMPLEMENTED = {name: target.split(":")[0] for name, target in FAMILIES.items()}
 

@@ -31,8 +31,9 @@ TEMPLATES = [
         "qwen2_audio", default_system=HELPFUL, stop_words=("<|im_end|>",), replace_eos=True, multimodal="qwen2_audio"
     ),
     chatml("qwen2_omni", default_system=HELPFUL, multimodal="qwen2_omni", **_QWEN),
-    chatml("qwen3_omni", reasoning=True, multimodal="qwen2_omni", **_QWEN),
-    chatml("qwen3_omni_nothink", multimodal="qwen2_omni", **_QWEN),
+    # LLaMA-Factory's qwen2_omni plugin with other tokens (<|image_pad|>, <|audio_start|>, ...): lathe's qwen3_omni
+    chatml("qwen3_omni", reasoning=True, multimodal="qwen3_omni", **_QWEN),
+    chatml("qwen3_omni_nothink", multimodal="qwen3_omni", **_QWEN),
     chatml("keye_vl", reasoning=True, multimodal="qwen2_vl", **_QWEN),
     chatml("mimo", default_system=HELPFUL, reasoning=True, **_QWEN),
     chatml(

@@ -1,0 +1,250 @@
+"""Regenerate LLaMA-Factory's encoding of image rows for the families whose processor cannot be built here: Kimi-VL
+(its processor is remote code in the model repository), Llama 4 and LFM2-VL (transformers' Llama4ImageProcessor and
+Lfm2VlImageProcessor need torchvision, which does not load beside the CPU torch here). tests/llm/test_multimodal_families_standin.py compares
+lathe against it.
+
+    python tests/llm/golden/make_llamafactory_families_standin.py [--python bench/.venv-lf/bin/python]
+
+Both sides get the same processor STAND-INS defined below (deterministic image processors with the outputs and
+attributes the plugins read: Kimi-VL's image_grid_hws and merge_kernel_size, LFM2-VL's spatial_shapes and
+downsample_factor, Llama 4's tiles, aspect_ratios, patch_size,
+downsample_ratio and transformers' own Llama4Processor._prompt_split_image), so what is compared is LLaMA-Factory's
+token and collator path, not the real processors' pixels. Runs in LLaMA-Factory 0.9.5's environment (`--worker`) as
+make_llamafactory_families.py does (its rows, images and tokenizer); writes
+tests/llm/golden/llamafactory_families_standin.safetensors (the layout of llamafactory_families.safetensors).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import math
+import os
+import subprocess
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+GOLDEN = HERE / "llamafactory_families_standin.safetensors"
+FAMILIES = {"kimi_vl": ("kimi_vl", "image"), "llama4": ("llama4", "image"), "lfm2_vl": ("lfm2_vl", "image")}
+TOKENS = {
+    "kimi_vl": ["<|media_start|>", "<|media_content|>", "<|media_end|>", "<|media_pad|>"],
+    "llama4": ["<|image_start|>", "<|image_end|>", "<|image|>", "<|patch|>", "<|tile_x_separator|>"]
+    + ["<|tile_y_separator|>"],
+    "lfm2_vl": ["<image>"],
+}
+TILE, PATCH = 28, 14
+
+
+def _families_generator():
+    spec = importlib.util.spec_from_file_location("make_families", HERE / "make_llamafactory_families.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+BASE = _families_generator()
+make_image, messages_of, CUTOFF_LEN, ROWS = BASE.make_image, BASE.messages_of, BASE.CUTOFF_LEN, BASE.ROWS
+
+
+def _pixels(image, width: int, height: int):
+    """The image resized to width x height, as a float tensor (3, height, width) in [0, 1]."""
+    import numpy as np
+    import torch
+
+    array = np.asarray(image.convert("RGB").resize((width, height)), dtype="float32") / 255.0
+    return torch.from_numpy(array.copy()).permute(2, 0, 1)
+
+
+class KimiVLStandInImageProcessor:
+    """Kimi-VL's image processor's outputs: 14-pixel patches, (rows, columns) per image in image_grid_hws (each
+    side an even number of patches, so the 2x2 merge kernel divides them), pixel_values one row per patch."""
+
+    merge_kernel_size = (2, 2)
+    patch_size = PATCH
+
+    def __call__(self, images, return_tensors="pt", **kwargs):
+        import torch
+
+        rows, grids = [], []
+        for image in images:
+            height, width = 2 * math.ceil(image.height / TILE), 2 * math.ceil(image.width / TILE)
+            pixels = _pixels(image, width * PATCH, height * PATCH)
+            patches = pixels.reshape(3, height, PATCH, width, PATCH).permute(1, 3, 0, 2, 4).reshape(height * width, -1)
+            rows.append(patches)
+            grids.append([height, width])
+        return {"pixel_values": torch.cat(rows), "image_grid_hws": torch.tensor(grids)}
+
+
+class Llama4StandInImageProcessor:
+    """Llama 4's image processor's outputs: up to 2x2 tiles of 28x28 pixels per image (plus a 28x28 global tile for
+    a tiled image) in pixel_values (tiles, 3, 28, 28), and aspect_ratios (tile rows, tile columns) per image."""
+
+    def __call__(self, images, return_tensors="pt", **kwargs):
+        import torch
+
+        tiles, ratios = [], []
+        for image in images:
+            rows, columns = min(2, math.ceil(image.height / TILE)), min(2, math.ceil(image.width / TILE))
+            pixels = _pixels(image, columns * TILE, rows * TILE)
+            tiles += [
+                pixels[:, r * TILE : (r + 1) * TILE, c * TILE : (c + 1) * TILE]
+                for r in range(rows)
+                for c in range(columns)
+            ]
+            if rows * columns > 1:
+                tiles.append(_pixels(image, TILE, TILE))
+            ratios.append([rows, columns])
+        return {"pixel_values": torch.stack(tiles), "aspect_ratios": torch.tensor(ratios)}
+
+
+class Lfm2VlStandInImageProcessor:
+    """LFM2-VL's image processor's outputs: 16-pixel patches, (rows, columns) per image in spatial_shapes (even, for
+    the 2x downsample), pixel_values (images, most patches, 3 * 16 * 16) padded with zeros and pixel_attention_mask."""
+
+    downsample_factor = 2
+
+    def __call__(self, images, return_tensors="pt", **kwargs):
+        import torch
+
+        rows, shapes = [], []
+        for image in images:
+            height, width = 2 * math.ceil(image.height / 32), 2 * math.ceil(image.width / 32)
+            pixels = _pixels(image, width * 16, height * 16)
+            rows.append(pixels.reshape(3, height, 16, width, 16).permute(1, 3, 0, 2, 4).reshape(height * width, -1))
+            shapes.append([height, width])
+        most = max(len(row) for row in rows)
+        values = torch.zeros(len(rows), most, rows[0].shape[1])
+        mask = torch.zeros(len(rows), most, dtype=torch.long)
+        for index, row in enumerate(rows):
+            values[index, : len(row)], mask[index, : len(row)] = row, 1
+        return {"pixel_values": values, "spatial_shapes": torch.tensor(shapes), "pixel_attention_mask": mask}
+
+
+class Llama4StandInProcessor:
+    """Llama4Processor's attributes the plugins read (patch_size, downsample_ratio for pixel_shuffle_ratio 0.5) and
+    its own _prompt_split_image, beside the stand-in image processor."""
+
+    patch_size, downsample_ratio = PATCH, 4
+
+    def __init__(self, tokenizer):
+        self.image_processor, self.tokenizer = Llama4StandInImageProcessor(), tokenizer
+
+    def _prompt_split_image(self, aspect_ratio, num_patches_per_chunk):
+        from transformers import Llama4Processor
+
+        return Llama4Processor._prompt_split_image(self, aspect_ratio, num_patches_per_chunk)
+
+
+def settings_of(family: str) -> dict:
+    return {"image_max_pixels": BASE.IMAGE_MAX_PIXELS, "image_min_pixels": BASE.IMAGE_MIN_PIXELS}
+
+
+def make_tokenizer(family: str):
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(BASE.TOKENIZER))
+    tokenizer.add_special_tokens({"additional_special_tokens": TOKENS[family]})
+    return tokenizer
+
+
+def make_processor(family: str, tokenizer):
+    from types import SimpleNamespace
+
+    if family == "kimi_vl":
+        return SimpleNamespace(image_processor=KimiVLStandInImageProcessor(), tokenizer=tokenizer)
+    if family == "lfm2_vl":
+        return SimpleNamespace(image_processor=Lfm2VlStandInImageProcessor(), tokenizer=tokenizer)
+    return Llama4StandInProcessor(tokenizer)
+
+
+def run_family(family: str, tensors: dict, metadata: dict) -> None:
+    import torch
+    from llamafactory.data.collator import MultiModalDataCollatorForSeq2Seq
+    from llamafactory.data.processor.supervised import SupervisedDatasetProcessor
+    from llamafactory.data.template import get_template_and_fix_tokenizer
+    from llamafactory.hparams import DataArguments
+
+    tokenizer = make_tokenizer(family)
+    processor = make_processor(family, tokenizer)
+    data_args = DataArguments(template=FAMILIES[family][0], cutoff_len=CUTOFF_LEN)
+    template = get_template_and_fix_tokenizer(tokenizer, data_args)
+    for key, value in settings_of(family).items():
+        setattr(processor, key, value)
+    images = [[make_image(name) for name in row["images"]] for row in ROWS]
+    for index, row in enumerate(ROWS):
+        expanded = template.mm_plugin.process_messages(messages_of(row), images[index], [], [], processor)
+        metadata[f"{family}.messages.{index}"] = json.dumps(expanded)
+    batch = {
+        "_prompt": [messages_of(row)[:-1] for row in ROWS],
+        "_response": [messages_of(row)[-1:] for row in ROWS],
+        "_system": [""] * len(ROWS),
+        "_tools": [""] * len(ROWS),
+        "_images": [items or None for items in images],
+        "_videos": [None] * len(ROWS),
+        "_audios": [None] * len(ROWS),
+    }
+    encoder = SupervisedDatasetProcessor(
+        template=template, tokenizer=tokenizer, processor=processor, data_args=data_args
+    )
+    encoded = encoder.preprocess_dataset(batch)
+    collator = MultiModalDataCollatorForSeq2Seq(
+        template=template, processor=processor, model=None, tokenizer=tokenizer, pad_to_multiple_of=8
+    )
+    features = []
+    for index in range(len(ROWS)):
+        feature = {key: encoded[key][index] for key in ("input_ids", "labels", "attention_mask")}
+        for key, value in feature.items():
+            tensors[f"{family}.example.{index}.{key}"] = torch.tensor(value, dtype=torch.int64)
+        features.append({**feature, **({"images": images[index]} if images[index] else {})})
+    batches = {f"single.{index}": [feature] for index, feature in enumerate(features)}
+    batches.update({f"pair.{pair}": features[2 * pair : 2 * pair + 2] for pair in range(len(features) // 2)})
+    for prefix, chosen in batches.items():
+        for key, value in collator([dict(feature) for feature in chosen]).items():
+            tensors[f"{family}.{prefix}.{key}"] = value.detach().contiguous().clone()
+    # A pair's pixel_values that are its rows' single ones joined are left out (a smaller file): the test joins them.
+    derived = {}
+    for pair in range(len(features) // 2):
+        name, rows = f"{family}.pair.{pair}.pixel_values", [2 * pair, 2 * pair + 1]
+        parts = [tensors[f"{family}.single.{row}.pixel_values"] for row in rows]
+        if len({part.shape[1:] for part in parts}) == 1 and torch.equal(torch.cat(parts), tensors[name]):
+            del tensors[name]
+            derived[name] = rows
+    metadata[f"{family}.derived"] = json.dumps(derived)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--python", default="bench/.venv-lf/bin/python", help="LLaMA-Factory's Python")
+    parser.add_argument("--stubs", default="bench/lf_stubs", help="the torchaudio stand-in")
+    parser.add_argument(
+        "--pillow", default="bench/.cache/pillow12", help="Pillow 12.3 (see make_llamafactory_mrope_families.py)"
+    )
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker:
+        import llamafactory
+        import PIL
+        import transformers
+        from safetensors.torch import save_file
+
+        tensors, metadata = {}, {}
+        for family in FAMILIES:
+            run_family(family, tensors, metadata)
+        versions = {"llamafactory": llamafactory.__version__, "transformers": transformers.__version__}
+        metadata["versions"] = json.dumps({**versions, "pillow": PIL.__version__})
+        save_file(tensors, str(GOLDEN), metadata=metadata)
+        return
+    env = dict(
+        os.environ,
+        HF_HUB_OFFLINE="1",
+        PYTHONPATH=os.pathsep.join(os.path.abspath(path) for path in (args.pillow, args.stubs) if os.path.isdir(path)),
+        TRANSFORMERS_VERBOSITY="error",
+        LLAMAFACTORY_VERBOSITY="ERROR",
+    )
+    subprocess.run([args.python, __file__, "--worker"], check=True, env=env)
+    print(f"wrote {GOLDEN} ({GOLDEN.stat().st_size} bytes)")
+
+
+if __name__ == "__main__":
+    main()

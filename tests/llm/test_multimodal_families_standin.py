@@ -1,0 +1,124 @@
+"""Kimi-VL, Llama 4 and LFM2-VL, whose processors cannot be built here (Kimi-VL's is remote code; Llama4ImageProcessor
+and Lfm2VlImageProcessor need torchvision), against LLaMA-Factory 0.9.5 on the same processor stand-ins
+(tests/llm/golden/llamafactory_families_standin.safetensors, made by make_llamafactory_families_standin.py): the
+expanded messages, the encoded rows and every collator tensor for each row alone and for pairs (the stand-in white
+image in an image-less batch included); and the one-line errors a run without the real processor stops with."""
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("PIL")
+pytest.importorskip("safetensors")
+
+from tests.goldens import assert_close_to_golden  # noqa: E402
+
+GOLDEN_DIR = Path(__file__).parent / "golden"
+
+
+def _generator():
+    spec = importlib.util.spec_from_file_location("make_standin", GOLDEN_DIR / "make_llamafactory_families_standin.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+GEN = _generator()
+
+
+@pytest.fixture(scope="module")
+def golden():
+    from safetensors import safe_open
+
+    with safe_open(str(GOLDEN_DIR / "llamafactory_families_standin.safetensors"), "pt") as f:
+        return {key: f.get_tensor(key) for key in f.keys()}, f.metadata()
+
+
+def _plugin(family, processor=None):
+    from lathe.llm.multimodal.common import MediaSettings
+    from lathe.llm.multimodal.plugins import plugin_class
+
+    tokenizer = GEN.make_tokenizer(family)
+    processor = GEN.make_processor(family, tokenizer) if processor is None else processor
+    return plugin_class(family)(processor, tokenizer, MediaSettings(**GEN.settings_of(family))), tokenizer
+
+
+@pytest.mark.parametrize("family", list(GEN.FAMILIES))
+def test_family_encodes_and_collates_as_llamafactory(family, golden):
+    from lathe.llm.config.train import DataArguments
+    from lathe.llm.data.collator import SFTDataCollator
+    from lathe.llm.data.supervised import encode_supervised_example
+    from lathe.llm.multimodal.collator import MultimodalCollator
+    from lathe.llm.multimodal.encode import EXPANDED
+    from lathe.llm.templates import get_template_and_fix_tokenizer
+
+    tensors, metadata = golden
+    assert json.loads(metadata["versions"])["llamafactory"] == "0.9.5"
+    plugin, tokenizer = _plugin(family)
+    template = get_template_and_fix_tokenizer(tokenizer, DataArguments(template=GEN.FAMILIES[family][0]))
+    assert template.multimodal == family
+    media_ids = set(tokenizer.convert_tokens_to_ids(list(plugin.family.media_tokens(plugin.processor))))
+    features = []
+    for index, row in enumerate(GEN.ROWS):
+        images = [GEN.make_image(name) for name in row["images"]]
+        media = {"image": plugin.regularize("image", images, "row")} if images else {}
+        messages = plugin.process_messages(GEN.messages_of(row), media)
+        assert messages == json.loads(metadata[f"{family}.messages.{index}"]), index
+        messages = [{**message, EXPANDED: True} for message in messages]
+        ids, labels = encode_supervised_example(
+            messages[:-1], messages[-1:], "", "", template, tokenizer, GEN.CUTOFF_LEN
+        )
+        assert ids == tensors[f"{family}.example.{index}.input_ids"].tolist(), index
+        assert labels == tensors[f"{family}.example.{index}.labels"].tolist(), index
+        assert plugin.cut_reason(ids, media) is None
+        if media:
+            last = max(position for position, token in enumerate(ids) if token in media_ids)
+            assert plugin.cut_reason(ids[:last], media).startswith("cutoff_len cuts through the media")
+        features.append({"input_ids": ids, "labels": labels, "attention_mask": [1] * len(ids)})
+        features[-1].update({"images": images} if images else {})
+    collator = MultimodalCollator(SFTDataCollator(tokenizer, pad_to_multiple_of=8), plugin, None)
+    batches = {f"single.{index}": [feature] for index, feature in enumerate(features)}
+    batches.update({f"pair.{pair}": features[2 * pair : 2 * pair + 2] for pair in range(len(features) // 2)})
+    for prefix, chosen in batches.items():
+        batch = collator([dict(feature) for feature in chosen])
+        head = f"{family}.{prefix}."
+        expected = {key[len(head) :]: value for key, value in tensors.items() if key.startswith(head)}
+        for name, rows in json.loads(metadata[f"{family}.derived"]).items():
+            if name.startswith(head):  # left out of the file: the pair's rows' single tensors joined
+                key = name[len(head) :]
+                expected[key] = torch.cat([tensors[f"{family}.single.{row}.{key}"] for row in rows])
+        assert sorted(batch) == sorted(expected), prefix
+        for key, value in expected.items():
+            assert batch[key].shape == value.shape and batch[key].dtype == value.dtype, (prefix, key)
+            assert_close_to_golden(batch[key], value, f"{family} {key}, {prefix}", abs=1e-5)
+
+
+def test_a_run_without_the_real_processor_names_what_is_missing(tmp_path):
+    """Kimi-VL: the folder's own processor needs trust_remote_code; Llama 4 and LFM2-VL: their processors need
+    torchvision;
+    MiniCPM-V (and the other families lathe lacks): one line naming the family, never trained as text."""
+    from types import SimpleNamespace
+
+    from PIL import Image
+
+    from lathe.llm.multimodal.plugins import get_plugin, plugin_module
+
+    image = {"image": [Image.new("RGB", (28, 28))]}
+    messages = [{"role": "user", "content": "<image>hi"}]
+    kimi, _ = _plugin("kimi_vl", SimpleNamespace(image_processor=object()))
+    with pytest.raises(ValueError, match="kimi_vl family needs the model's own processor .* trust_remote_code: true"):
+        kimi.process_messages(messages, image)
+    lfm2, _ = _plugin("lfm2_vl", SimpleNamespace())
+    with pytest.raises(ValueError, match="lfm2_vl family needs the model's Lfm2VlProcessor.*pip install torchvision"):
+        lfm2.process_messages(messages, image)
+    llama4, _ = _plugin("llama4", SimpleNamespace(image_processor=object()))
+    with pytest.raises(ValueError, match="lacks patch_size, downsample_ratio.*pip install torchvision"):
+        llama4.process_messages(messages, image)
+    if importlib.util.find_spec("torchvision") is None:
+        with pytest.raises(ValueError, match="the llama4 family needs torchvision"):
+            get_plugin(SimpleNamespace(name="llama4", multimodal="llama4"), object(), object())
+    with pytest.raises(ValueError, match=r"template 'minicpm_o' \(multimodal family 'minicpm_v'\): image, video"):
+        plugin_module("minicpm_v", "minicpm_o")
