@@ -235,3 +235,20 @@ def record(trainer, generations) -> dict:
         for entry in trainer.state.log_history
     ]
     return {"logs": logs, "generations": generations}
+
+
+# RLOO (TRL's RLOOTrainer; bench/rloo_goldens.py, tests/llm/test_rloo.py): the KL penalty in the reward (beta > 0),
+# several updates per generation with accumulation, the batch-normalised advantages and the reward clip, LoRA.
+RLOO_CASES = {
+    "rloo_beta": {"beta": 0.1},
+    "rloo_iter2_ga2_normalize_clip": {
+        "beta": 0.0,
+        "num_iterations": 2,
+        "gradient_accumulation_steps": 2,
+        "per_device_train_batch_size": 4,
+        "normalize_advantages": True,
+        "reward_clip_range": [-1.4, -0.7],
+        "epsilon": 0.05,
+    },
+    "rloo_lora_beta": {"lora": {"r": 4, "lora_alpha": 8, "target_modules": ["q_proj", "v_proj"]}, "num_iterations": 2},
+}

@@ -10,6 +10,7 @@ functions, and train on group-normalised advantages.
 - scoring.py: one generation batch: sample, score, log-probs, advantages.
 - resume.py: what a checkpoint carries for an exact resume (the buffered generation, the step counter).
 - trainer.py: GRPOTrainer on lathe.train.Trainer, with TRL's logged metrics.
+- rloo.py: RLOOConfig and RLOOTrainer (TRL's RLOO: leave-one-out baseline, KL in the reward, sequence ratio).
 
 `stage: grpo` in `lathe train` is lathe.llm.workflows.grpo (its keys: lathe.llm.config.grpo; its prompts:
 lathe.llm.data.prompts; its memory plan: lathe.llm.memory.grpo).
@@ -19,6 +20,7 @@ fixed seed samples the same tokens as TRL on the CPU.
 """
 
 from lathe.llm.rl.config import GRPOConfig
+from lathe.llm.rl.rloo import RLOOConfig, RLOOTrainer
 from lathe.llm.rl.trainer import GRPOTrainer
 
-__all__ = ["GRPOConfig", "GRPOTrainer"]
+__all__ = ["GRPOConfig", "GRPOTrainer", "RLOOConfig", "RLOOTrainer"]

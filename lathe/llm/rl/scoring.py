@@ -65,13 +65,7 @@ def generate_and_score(trainer, rows, mode: str) -> dict:
     )
     # Gathered: the groups of num_generations may span processes; each process keeps its rows' advantages.
     rewards_per_func = ranks.gather(rewards_per_func)
-    advantages, _, is_std_zero = losses.advantages_of(
-        rewards_per_func,
-        trainer.reward_weights,
-        args.num_generations,
-        args.scale_rewards,
-        args.multi_objective_aggregation,
-    )
+    advantages, is_std_zero = trainer.compute_advantages(rewards_per_func, old_logps, ref_logps, loss_mask, mode)
     local = ranks.local_slice(args.process_index, len(prompts))
     _log_rewards(trainer, metrics, rewards_per_func, is_std_zero)
     advantages = advantages[local]
@@ -183,7 +177,7 @@ def _old_and_reference_logps(trainer, input_ids, attention_mask, keep: int, mode
     old_logps = ref_logps = None
     with torch.no_grad():
         generate_every = args.steps_per_generation * args.num_iterations
-        if args.gradient_accumulation_steps % generate_every != 0:
+        if args.gradient_accumulation_steps % generate_every != 0 or trainer.always_old_logps:
             old_logps = _chunked_logps(trainer.model, input_ids, attention_mask, keep, args, mode)
         if args.beta != 0.0:
             if trainer.ref_model is not None:

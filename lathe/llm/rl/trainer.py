@@ -83,6 +83,7 @@ class GRPOTrainer(Trainer):
     reward-model folders (one or a list); the dataset has a `prompt` column (text or a conversation)."""
 
     loss_is_scaled_for_ga = True  # each loss_type divides for accumulation itself
+    always_old_logps = False  # the old policy's log-probs only when a generation serves several updates
 
     def __init__(
         self,
@@ -264,6 +265,19 @@ class GRPOTrainer(Trainer):
         from lathe.llm.rl.scoring import generate_and_score
 
         return generate_and_score(self, rows, mode)
+
+    def compute_advantages(self, rewards_per_func, old_logps, ref_logps, mask, mode):
+        """(the whole generation batch's advantages, is_std_zero per group) from every process's rewards: GRPO's
+        group normalisation (RLOOTrainer: the leave-one-out baseline)."""
+        args = self.args
+        advantages, _, is_std_zero = losses.advantages_of(
+            rewards_per_func,
+            self.reward_weights,
+            args.num_generations,
+            args.scale_rewards,
+            args.multi_objective_aggregation,
+        )
+        return advantages, is_std_zero
 
     # ----- the loss -----
 
