@@ -32,6 +32,7 @@ def run_trl_case(name: str, model_dir: str) -> dict:
 
     settings = {**grpo_cases.BASE, **grpo_cases.RLOO_CASES[name]}
     lora = settings.pop("lora", None)
+    conversational = settings.pop("conversational", False)
     if "reward_clip_range" in settings:
         settings["reward_clip_range"] = tuple(settings["reward_clip_range"])
     generations, rewards = [], {}
@@ -49,7 +50,8 @@ def run_trl_case(name: str, model_dir: str) -> dict:
             model=model_dir,
             reward_funcs=recording(grpo_cases.REWARDS, rewards),
             args=RLOOConfig(output_dir=out, **settings),
-            train_dataset=grpo_cases.dataset(),
+            train_dataset=grpo_cases.dataset(conversational),
+            processing_class=grpo_cases.tokenizer(conversational),
             peft_config=LoraConfig(**lora) if lora else None,
         )
         trainer.train()

@@ -237,10 +237,11 @@ def record(trainer, generations) -> dict:
     return {"logs": logs, "generations": generations}
 
 
-# RLOO (TRL's RLOOTrainer; bench/rloo_goldens.py, tests/llm/test_rloo.py): the KL penalty in the reward (beta > 0),
+# RLOO (TRL's RLOOTrainer; bench/rloo_goldens.py, tests/llm/test_rloo.py; rloo_beta also through `lathe train` in
+# test_grpo_stage.py, hence conversational): the KL penalty in the reward (beta > 0),
 # several updates per generation with accumulation, the batch-normalised advantages and the reward clip, LoRA.
 RLOO_CASES = {
-    "rloo_beta": {"beta": 0.1},
+    "rloo_beta": {"beta": 0.1, "conversational": True},
     "rloo_iter2_ga2_normalize_clip": {
         "beta": 0.0,
         "num_iterations": 2,

@@ -151,7 +151,7 @@ def test_alpaca_rows_hand_their_other_columns_to_the_rewards_and_a_raise_names_t
         ({"reward_funcs": None}, "reward_funcs is required for stage grpo"),
         (
             {"stage": "sft", "beta": 0.1, "reward_funcs": None, "num_generations": None},
-            "beta only applies to stage grpo",
+            "beta only applies to stages grpo and rloo",
         ),
         ({"val_size": 0.2}, "stage grpo .*trains only"),
         ({"enable_liger_kernel": True}, "enable_liger_kernel is not read by stage grpo"),
@@ -306,7 +306,7 @@ def test_every_golden_variant_as_config_keys_gives_the_library_cases_grpo_config
     """The golden variants' numbers are the library class's (test_grpo_golden.py, 1e-4 of TRL's); `lathe train`
     runs that class with the GRPOConfig its keys build (the conversational case is run whole above). So each
     variant's keys, written in a config, build the case's GRPOConfig: every GRPO key and every training value set."""
-    from lathe.llm.config.grpo import GRPOArguments, grpo_config
+    from lathe.llm.config.grpo import RLOO_ONLY, GRPOArguments, grpo_config
     from lathe.llm.rl.config import GRPOConfig
 
     settings = {**grpo_cases.BASE, **grpo_cases.CASES[case]}
@@ -323,7 +323,8 @@ def test_every_golden_variant_as_config_keys_gives_the_library_cases_grpo_config
     config = parse_train_config(path)
     ours = grpo_config(config.training, config.finetuning)
     theirs = GRPOConfig(output_dir=str(tmp_path / "out"), **settings)
-    names = {f.name for f in dataclasses.fields(GRPOArguments)} - {"reward_funcs", "rollout_func"} | set(settings)
+    names = {f.name for f in dataclasses.fields(GRPOArguments)} - {"reward_funcs", "rollout_func", *RLOO_ONLY}
+    names |= set(settings)
     assert {n: getattr(ours, n) for n in names} == {n: getattr(theirs, n) for n in names}
     assert config.finetuning.rollout_func == rollout.get("rollout_func")  # handed to GRPOTrainer(rollout_func=...)
     if lora:  # the adapter the library case passes as peft_config
@@ -341,3 +342,57 @@ def test_stage_grpo_under_ray_is_one_error_before_loading(model_dir, tmp_path, m
     monkeypatch.setenv("USE_RAY", "1")
     with pytest.raises(ValueError, match=r"stage grpo under Ray \(USE_RAY=1\) is not supported yet.*NPROC_PER_NODE"):
         run_grpo(config)
+
+
+RLOO_GOLDEN = json.loads((HERE / "golden" / "trl_rloo.json").read_text())
+
+
+def test_stage_rloo_logs_trls_numbers_and_its_keys_build_the_library_cases_rloo_config(model_dir, tmp_path):
+    """`stage: rloo` runs RLOOTrainer: case rloo_beta whole (TRL's RLOOTrainer numbers); the other RLOO cases'
+    keys build the library case's RLOOConfig (whose numbers tests/llm/test_rloo.py compares with TRL's); RLOO's
+    defaults are TRL's RLOOConfig's, and the keys of the other stage are errors naming them."""
+    from lathe.llm.config.grpo import GRPO_ONLY, GRPOArguments, grpo_config
+    from lathe.llm.rl import RLOOConfig
+
+    rows = [
+        {"prompt": [{"role": "user", "content": p}], "target": t}
+        for p, t in zip(grpo_cases.PROMPTS, grpo_cases.TARGETS)
+    ]
+    entry = {"formatting": "sharegpt", "columns": {"messages": "prompt"}, "tags": SHAREGPT_TAGS}
+    write_project(tmp_path, rows, entry, (HERE / "grpo_cases.py").read_text())
+    rewards = "my_rewards:vowel_share, my_rewards:length_target"
+    for case, settings in grpo_cases.RLOO_CASES.items():
+        settings = {**grpo_cases.BASE, **settings}
+        lora = settings.pop("lora", None)
+        settings.pop("conversational", None)
+        keys = {k: v for k, v in settings.items() if k not in ("bf16", "gradient_checkpointing", "use_cpu")}
+        if "reward_clip_range" in keys:
+            keys["reward_clip_range"] = ",".join(str(v) for v in keys["reward_clip_range"])
+        config = parse_train_config(
+            config_file(tmp_path, model_dir, stage="rloo", reward_funcs=rewards, **keys, **(LORA_KEYS if lora else {}))
+        )
+        ours = grpo_config(config.training, config.finetuning)
+        theirs = RLOOConfig(output_dir=str(tmp_path / "out"), **settings)
+        names = {f.name for f in dataclasses.fields(GRPOArguments)} - {"reward_funcs", *GRPO_ONLY} | set(settings)
+        assert isinstance(ours, RLOOConfig)
+        assert {n: getattr(ours, n) for n in names} == {n: getattr(theirs, n) for n in names}, case
+    keys = {k: v for k, v in grpo_cases.RLOO_CASES["rloo_beta"].items() if k != "conversational"}
+    logs = run(config_file(tmp_path, model_dir, stage="rloo", reward_funcs=rewards, **keys))
+    expected = RLOO_GOLDEN["cases"]["rloo_beta"]["logs"]
+    assert len(logs) == len(expected)
+    timings = ("step_time", "train_runtime", "train_samples_per_second", "train_steps_per_second")
+    for step, (mine, theirs) in enumerate(zip(logs, expected), start=1):
+        theirs = {key: value for key, value in theirs.items() if key not in timings}
+        assert_close_to_golden({k: mine[k] for k in theirs}, theirs, f"stage rloo, step {step}", rel=1e-4, abs=1e-6)
+    base = {
+        "model_name_or_path": model_dir,
+        "dataset": "rows",
+        "output_dir": str(tmp_path / "o"),
+        "reward_funcs": "r:f",
+    }
+    config = parse_train_config({**base, "stage": "rloo", "per_device_train_batch_size": 2})
+    assert (config.finetuning.num_generations, config.finetuning.beta) == (2, 0.05)
+    with pytest.raises(ValueError, match="loss_type is a key of stage grpo; stage rloo"):
+        parse_train_config({**base, "stage": "rloo", "loss_type": "grpo", "per_device_train_batch_size": 2})
+    with pytest.raises(ValueError, match="normalize_advantages is a key of stage rloo; stage grpo"):
+        parse_train_config({**base, "stage": "grpo", "normalize_advantages": True, "per_device_train_batch_size": 8})

@@ -157,7 +157,7 @@ TRL_GRPO_NOT_IMPLEMENTED: dict[str, object] = {
     "use_transformers_paged": False,
 }
 
-SUPPORTED_STAGES = ("pt", "sft", "rm", "dpo", "kto", "grpo")
+SUPPORTED_STAGES = ("pt", "sft", "rm", "dpo", "kto", "grpo", "rloo")
 SUPPORTED_FINETUNING_TYPES = ("full", "freeze", "lora", "oft")
 
 

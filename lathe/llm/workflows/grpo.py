@@ -1,5 +1,6 @@
-"""The online RL recipe (stage grpo): TRL's GRPO on lathe's GRPOTrainer (lathe.llm.rl), with the prompts of
-registered datasets rendered by the template and reward functions named in the config.
+"""The online RL recipe (stages grpo and rloo): TRL's GRPO on lathe's GRPOTrainer, or TRL's RLOO on its
+RLOOTrainer (lathe.llm.rl), with the prompts of registered datasets rendered by the template and reward functions
+named in the config.
 
     config -> tokenizer, template -> prompts (+ the rows' other columns) -> model (full/freeze/lora)
            -> reference (none at beta 0; the policy with adapters off under LoRA; else a frozen copy)
@@ -29,12 +30,12 @@ def reward_search_dirs(config) -> list[str]:
 
 
 def run(config, dry_run: bool = False, callbacks: list | None = None) -> dict:
-    """Run stage grpo as configured; returns the training metrics ({} for a dry run)."""
+    """Run stage grpo (or rloo) as configured; returns the training metrics ({} for a dry run)."""
     from lathe.llm.config.grpo import grpo_config
     from lathe.llm.config.launch import use_ray
     from lathe.llm.data.prompts import get_prompt_dataset
     from lathe.llm.model.loader import load_model, load_tokenizer
-    from lathe.llm.rl import GRPOTrainer
+    from lathe.llm.rl import GRPOTrainer, RLOOTrainer
     from lathe.llm.templates import get_template_and_fix_tokenizer
     from lathe.llm.workflows.outputs import set_stop_tokens
     from lathe.train.seed import set_seed
@@ -61,7 +62,10 @@ def run(config, dry_run: bool = False, callbacks: list | None = None) -> dict:
         return {}
 
     set_stop_tokens(model, tokenizer, template)
-    trainer = GRPOTrainer(
+    trainer_class, extra = GRPOTrainer, {"rollout_func": finetuning_args.rollout_func}
+    if finetuning_args.stage == "rloo":
+        trainer_class, extra = RLOOTrainer, {}
+    trainer = trainer_class(
         model=model,
         reward_funcs=list(finetuning_args.reward_funcs),
         args=args,
@@ -69,7 +73,7 @@ def run(config, dry_run: bool = False, callbacks: list | None = None) -> dict:
         processing_class=tokenizer,
         callbacks=make_callbacks(config) + list(callbacks or []),
         reward_search_dirs=reward_search_dirs(config),
-        rollout_func=finetuning_args.rollout_func,
+        **extra,
     )
     metrics = train_and_save(trainer, config, plan, resume_from, None, train_keys=PLOTTED)
     write_model_card(trainer, config)
