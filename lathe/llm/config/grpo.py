@@ -131,6 +131,9 @@ class GRPOArguments:
     generation_kwargs: dict | None = field(
         default=None, metadata=_help("grpo: more GenerationConfig settings for sampling; they win over the others.")
     )
+    disable_dropout: bool = field(
+        default=False, metadata=_help("grpo/rloo: dropout off in the policy (and the reference), as TRL's key.")
+    )
     num_iterations: int = field(default=1, metadata=_help("grpo: updates per generation batch (mu)."))
     loss_type: str = field(
         default="dapo", metadata=_help("grpo: grpo, bnpo, dr_grpo, dapo, cispo, sapo, luspo or vespo (TRL's).")
