@@ -128,6 +128,13 @@ class GRPOArguments:
         default=True, metadata=_help("grpo: weight the per-token KL by the importance ratio.")
     )
     min_p: float | None = field(default=None, metadata=_help("grpo: min-p sampling (None: off)."))
+    rollout_engine: str = field(
+        default="generate",
+        metadata=_help(
+            "grpo/rloo: 'generate' (transformers' generate, TRL's draws) or 'lathe' (lathe's batched decoding loop "
+            "that drops finished rows: faster, the same distribution, not the same tokens; docs/GRPO.md)."
+        ),
+    )
     generation_kwargs: dict | None = field(
         default=None, metadata=_help("grpo: more GenerationConfig settings for sampling; they win over the others.")
     )

@@ -10,6 +10,7 @@ LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo", "luspo", "vesp
 SCALE_REWARDS = ("group", "batch", "none")
 IMPORTANCE_SAMPLING_LEVELS = ("token", "sequence")
 AGGREGATIONS = ("sum_then_normalize", "normalize_then_sum")
+ROLLOUT_ENGINES = ("generate", "lathe")
 
 
 @dataclass
@@ -36,6 +37,7 @@ class GRPOConfig(TrainingArguments):
     min_p: float | None = None
     repetition_penalty: float = 1.0
     generation_kwargs: dict | None = None
+    rollout_engine: str = "generate"  # lathe's own: "lathe" (rollouts.py, opt-in); TRL's draws: "generate"
     chat_template_kwargs: dict | None = None
     # the objective
     beta: float = 0.0
@@ -66,22 +68,13 @@ class GRPOConfig(TrainingArguments):
         super().__post_init__()
         # TRL's CLI accepts booleans for scale_rewards: True is "group", False "none".
         self.scale_rewards = {True: "group", False: "none"}.get(self.scale_rewards, self.scale_rewards)
-        if self.scale_rewards not in SCALE_REWARDS:
-            raise ValueError(f"scale_rewards must be one of {', '.join(SCALE_REWARDS)}; got {self.scale_rewards!r}.")
-        if self.loss_type not in LOSS_TYPES:
-            raise ValueError(f"loss_type must be one of {', '.join(LOSS_TYPES)}; got {self.loss_type!r}.")
-        if self.multi_objective_aggregation not in AGGREGATIONS:
-            raise ValueError(
-                f"multi_objective_aggregation must be one of {', '.join(AGGREGATIONS)}; got "
-                f"{self.multi_objective_aggregation!r}."
-            )
-        if self.importance_sampling_level not in IMPORTANCE_SAMPLING_LEVELS:
-            raise ValueError(
-                f"importance_sampling_level must be one of {', '.join(IMPORTANCE_SAMPLING_LEVELS)}; got "
-                f"{self.importance_sampling_level!r}."
-            )
+        self._check_choices()
         if not 0.0 <= self.top_entropy_quantile <= 1.0:
             raise ValueError(f"top_entropy_quantile must be in [0, 1]; got {self.top_entropy_quantile}.")
+        if self.rollout_engine == "lathe":
+            from lathe.llm.rl.rollouts import check_generation_kwargs
+
+            check_generation_kwargs(self.generation_kwargs)
         if self.auto_find_batch_size:
             raise ValueError(
                 "auto_find_batch_size is not supported by GRPO: a smaller batch would split the groups of "
@@ -114,6 +107,18 @@ class GRPOConfig(TrainingArguments):
             )
         if self.num_iterations < 1:
             raise ValueError(f"num_iterations must be at least 1; got {self.num_iterations}.")
+
+    def _check_choices(self) -> None:
+        """Each key with a fixed set of values holds one of them."""
+        for key, choices in (
+            ("scale_rewards", SCALE_REWARDS),
+            ("loss_type", LOSS_TYPES),
+            ("multi_objective_aggregation", AGGREGATIONS),
+            ("importance_sampling_level", IMPORTANCE_SAMPLING_LEVELS),
+            ("rollout_engine", ROLLOUT_ENGINES),
+        ):
+            if getattr(self, key) not in choices:
+                raise ValueError(f"{key} must be one of {', '.join(choices)}; got {getattr(self, key)!r}.")
 
     @property
     def epsilon_low(self) -> float:

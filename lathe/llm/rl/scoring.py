@@ -103,6 +103,19 @@ def _sample(trainer, inputs, prompts):
         prompt_ids_list = generation.tokenize_prompts(
             tokenizer, prompts, args.chat_template_kwargs, args.max_prompt_length
         )
+    if args.rollout_engine == "lathe":  # opt-in: lathe's decoding loop, finished rows dropped (rollouts.py)
+        from lathe.llm.rl.rollouts import sample_dropping_finished
+
+        with generation.checkpointing_off(trainer.model, args.gradient_checkpointing_kwargs):
+            completion_ids_list = sample_dropping_finished(
+                trainer.model,
+                prompt_ids_list,
+                trainer.generation_config,
+                tokenizer.pad_token_id,
+                trainer.eos_token_ids,
+                args.device,
+            )
+        return prompt_ids_list, completion_ids_list
     completion_ids_list = generation.sample(
         trainer.model,
         prompt_ids_list,
