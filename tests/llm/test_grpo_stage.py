@@ -332,18 +332,6 @@ def test_every_golden_variant_as_config_keys_gives_the_library_cases_grpo_config
         assert config.finetuning.lora_target == lora["target_modules"]
 
 
-def test_stage_grpo_under_ray_is_one_error_before_loading(model_dir, tmp_path, monkeypatch):
-    from lathe.llm.workflows.grpo import run as run_grpo
-
-    write_project(
-        tmp_path, [{"instruction": "add", "output": "1"}], {}, "def f(completions, **kw):\n    return [0.0]\n"
-    )
-    config = parse_train_config(config_file(tmp_path, model_dir, reward_funcs="my_rewards:f"))
-    monkeypatch.setenv("USE_RAY", "1")
-    with pytest.raises(ValueError, match=r"stage grpo under Ray \(USE_RAY=1\) is not supported yet.*NPROC_PER_NODE"):
-        run_grpo(config)
-
-
 RLOO_GOLDEN = json.loads((HERE / "golden" / "trl_rloo.json").read_text())
 
 
@@ -396,3 +384,39 @@ def test_stage_rloo_logs_trls_numbers_and_its_keys_build_the_library_cases_rloo_
         parse_train_config({**base, "stage": "rloo", "loss_type": "grpo", "per_device_train_batch_size": 2})
     with pytest.raises(ValueError, match="normalize_advantages is a key of stage rloo; stage grpo"):
         parse_train_config({**base, "stage": "grpo", "normalize_advantages": True, "per_device_train_batch_size": 8})
+
+
+def test_the_plan_of_two_zero3_processes_counts_the_weights_gathered_for_sampling(tmp_path, capsys):
+    """Under ZeRO-3 on 2 processes (a dry run planned before the launch) each process holds half the weights,
+    and sampling gathers the other half on top (ds3_gather_for_generation, TRL's default) or block by block."""
+    import re
+    import shutil
+
+    from transformers import LlamaConfig
+
+    from lathe.llm.workflows.stages import run_train
+
+    folder = tmp_path / "big"
+    shutil.copytree(grpo_cases.TOKENIZER.parent / "bpe_chatml", folder)
+    shape = dict(hidden_size=1024, intermediate_size=2816, num_hidden_layers=8, num_attention_heads=8)
+    LlamaConfig(vocab_size=512, num_key_value_heads=8, max_position_embeddings=8192, **shape).save_pretrained(folder)
+    rows = [{"prompt": [{"role": "user", "content": "count to five:"}]}] * 8
+    entry = {"formatting": "sharegpt", "columns": {"messages": "prompt"}, "tags": SHAREGPT_TAGS}
+    write_project(tmp_path, rows, entry, "")
+    zero3 = {"zero_optimization": {"stage": 3}, "train_micro_batch_size_per_gpu": "auto"}
+    keys = {"num_generations": 8, "max_completion_length": 1024, "max_steps": 2, "reward_funcs": "x:y"}
+    outputs = {}
+    for gather in (True, False):
+        path = config_file(tmp_path, str(folder), finetuning_type="full", deepspeed=zero3, **keys)
+        config = parse_train_config(path)
+        config.finetuning.ds3_gather_for_generation = gather
+        config.processes = 2
+        run_train(config, True)
+        outputs[gather] = capsys.readouterr().out
+    weights = float(re.search(r"weights ([\d,.]+) MiB", outputs[True]).group(1).replace(",", ""))
+    held = re.search(r"sampling gathers ([\d,.]+) MiB of weights whole .*\(every weight", outputs[True])
+    assert held and float(held.group(1).replace(",", "")) == pytest.approx(weights, abs=0.1)  # the other half
+    assert "DeepSpeed ZeRO stage 3 over 2 processes" in outputs[True]
+    gathered = float(re.search(r"gathered while computing ([\d,.]+) MiB", outputs[False]).group(1).replace(",", ""))
+    assert re.search(rf"sampling gathers {gathered:,.1f} MiB of weights whole .*\(block by block\)", outputs[False])
+    assert gathered < weights

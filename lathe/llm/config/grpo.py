@@ -128,6 +128,10 @@ class GRPOArguments:
         default=True, metadata=_help("grpo: weight the per-token KL by the importance ratio.")
     )
     min_p: float | None = field(default=None, metadata=_help("grpo: min-p sampling (None: off)."))
+    ds3_gather_for_generation: bool = field(
+        default=True,
+        metadata=_help("grpo/rloo, DeepSpeed ZeRO-3: gather the weights whole for sampling (false: layer by layer)."),
+    )
     rollout_engine: str = field(
         default="generate",
         metadata=_help(

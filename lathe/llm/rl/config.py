@@ -37,6 +37,7 @@ class GRPOConfig(TrainingArguments):
     min_p: float | None = None
     repetition_penalty: float = 1.0
     generation_kwargs: dict | None = None
+    ds3_gather_for_generation: bool = True
     rollout_engine: str = "generate"  # lathe's own: "lathe" (rollouts.py, opt-in); TRL's draws: "generate"
     chat_template_kwargs: dict | None = None
     # the objective

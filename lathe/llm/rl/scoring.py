@@ -106,7 +106,7 @@ def _sample(trainer, inputs, prompts):
     if args.rollout_engine == "lathe":  # opt-in: lathe's decoding loop, finished rows dropped (rollouts.py)
         from lathe.llm.rl.rollouts import sample_dropping_finished
 
-        with generation.checkpointing_off(trainer.model, args.gradient_checkpointing_kwargs):
+        with generation.checkpointing_off(trainer.model, args.gradient_checkpointing_kwargs), _whole_weights(trainer):
             completion_ids_list = sample_dropping_finished(
                 trainer.model,
                 prompt_ids_list,
@@ -116,16 +116,32 @@ def _sample(trainer, inputs, prompts):
                 args.device,
             )
         return prompt_ids_list, completion_ids_list
-    completion_ids_list = generation.sample(
-        trainer.model,
-        prompt_ids_list,
-        trainer.generation_config,
-        tokenizer.pad_token_id,
-        trainer.eos_token_ids,
-        args.device,
-        args.gradient_checkpointing_kwargs,
-    )
+    with _whole_weights(trainer):
+        completion_ids_list = generation.sample(
+            trainer.model,
+            prompt_ids_list,
+            trainer.generation_config,
+            tokenizer.pad_token_id,
+            trainer.eos_token_ids,
+            args.device,
+            args.gradient_checkpointing_kwargs,
+        )
     return prompt_ids_list, completion_ids_list
+
+
+def _whole_weights(trainer):
+    """Under DeepSpeed ZeRO-3 with ds3_gather_for_generation (TRL's default): every weight gathered whole for the
+    whole sampling, as TRL's unwrap_model_for_generation does, rather than layer by layer at every token (what
+    the partitioned model does by itself, ds3_gather_for_generation false; the same tokens, slower). FSDP2's
+    sharded modules gather their weights in their own forward hooks, so sampling needs nothing there."""
+    import contextlib
+
+    from lathe.train.parallel import deepspeed_zero
+
+    engine = getattr(trainer, "_zero_engine", None)
+    if trainer.args.ds3_gather_for_generation and deepspeed_zero.partitions_weights(engine):
+        return deepspeed_zero.gathered_parameters(trainer.model)
+    return contextlib.nullcontext()
 
 
 REQUIRED_ROLLOUT_KEYS = ("prompt_ids", "completion_ids", "logprobs")

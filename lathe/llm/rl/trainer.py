@@ -60,23 +60,6 @@ def _prepare_policy(model, processing_class, args):
     return model, tokenizer
 
 
-def _check_parallelism(args) -> None:
-    """GRPO runs on N processes under DDP (torchrun); DeepSpeed and FSDP are not wired into its sampling yet."""
-    if args.deepspeed:
-        raise ValueError(
-            "GRPO under DeepSpeed (deepspeed: ...) is not supported yet: sampling from ZeRO-partitioned weights "
-            "(TRL's ds3_gather_for_generation) and the partitioned reference model are missing. Run it on N "
-            "processes with plain DDP (torchrun / NPROC_PER_NODE=N without a deepspeed key)."
-        )
-    from lathe.train.parallel.fsdp import settings_from_args
-
-    if settings_from_args(args) is not None:
-        raise ValueError(
-            "GRPO under FSDP (fsdp / fsdp_config) is not supported yet: sampling from sharded weights (gathering "
-            "them for generate) is missing. Run it on N processes with plain DDP (torchrun / NPROC_PER_NODE=N)."
-        )
-
-
 class GRPOTrainer(Trainer):
     """GRPOTrainer(model, reward_funcs, args=GRPOConfig(...), train_dataset=..., processing_class=...,
     peft_config=None, rollout_func=None). `model`: a model or a folder; `reward_funcs`: callables, `module:function` names or
@@ -103,7 +86,6 @@ class GRPOTrainer(Trainer):
         from lathe.train.seed import set_seed
 
         args = args if args is not None else GRPOConfig(output_dir="grpo_output")
-        _check_parallelism(args)
         set_seed(args.seed)  # before the model: a LoRA adapter's initial weights are drawn from it
         model, tokenizer = _prepare_policy(model, processing_class, args)
         processing_class = processing_class if processing_class is not None else tokenizer

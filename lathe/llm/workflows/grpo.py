@@ -32,7 +32,6 @@ def reward_search_dirs(config) -> list[str]:
 def run(config, dry_run: bool = False, callbacks: list | None = None) -> dict:
     """Run stage grpo (or rloo) as configured; returns the training metrics ({} for a dry run)."""
     from lathe.llm.config.grpo import grpo_config
-    from lathe.llm.config.launch import use_ray
     from lathe.llm.data.prompts import get_prompt_dataset
     from lathe.llm.model.loader import load_model, load_tokenizer
     from lathe.llm.rl import GRPOTrainer, RLOOTrainer
@@ -41,11 +40,6 @@ def run(config, dry_run: bool = False, callbacks: list | None = None) -> dict:
     from lathe.train.seed import set_seed
 
     model_args, training_args, finetuning_args = config.model, config.training, config.finetuning
-    if use_ray():  # before anything is loaded
-        raise ValueError(
-            "stage grpo under Ray (USE_RAY=1) is not supported yet (its ranks' sampling and gathered rewards are "
-            "tested under torchrun only): run it with NPROC_PER_NODE=N (torchrun) instead."
-        )
     resume_from = resolve_resume_checkpoint(config)
     tokenizer = load_tokenizer(config.model)
     template = get_template_and_fix_tokenizer(tokenizer, config.data)
@@ -113,6 +107,8 @@ def plan_grpo(plan, config, args, train, model) -> None:
         chunk=None,  # GRPO's log-probs come from full-vocabulary logits
         reference_copy=args.beta != 0.0 and config.finetuning.finetuning_type not in ("lora", "oft"),
     )
+    if settings.sharding is not None:  # GRPO's reference copy is whole on every process (not sharded as dpo's)
+        settings = dataclasses.replace(settings, sharding=dataclasses.replace(settings.sharding, reference=False))
     available = available_memory(config.training.device)
     # Each of the N processes samples per_device_train_batch_size x steps_per_generation rows of the generation
     # batch. A generation_batch_size set in the config is shared by the N processes the run will have (the plan
@@ -121,7 +117,13 @@ def plan_grpo(plan, config, args, train, model) -> None:
     if config.finetuning.generation_batch_size is not None:
         steps_per_generation = max(1, args.generation_batch_size // (args.per_device_train_batch_size * processes))
     plan.memory = estimate_grpo_memory(
-        model, settings, available, steps_per_generation, prompt_len, args.max_completion_length
+        model,
+        settings,
+        available,
+        steps_per_generation,
+        prompt_len,
+        args.max_completion_length,
+        args.ds3_gather_for_generation,
     )
     if plan.memory is not None and not plan.memory.fits:
         plan.memory_advice = advice(plan.memory, model, settings)
