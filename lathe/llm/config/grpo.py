@@ -263,7 +263,7 @@ def check_grpo_options(data, training, finetuning, generating, where: str) -> No
 def grpo_config(training, finetuning):
     """lathe.llm.rl.GRPOConfig (stage rloo: RLOOConfig): the training section's values (LLaMA-Factory's training
     defaults, e.g. learning_rate 5e-5, not TRL's 1e-6) and the stage's keys."""
-    from lathe.llm.rl import GRPOConfig, RLOOConfig
+    from lathe.llm.rl.config import GRPOConfig, RLOOConfig
     from lathe.train.args.training_args import TrainingArguments
 
     rloo = finetuning.stage == "rloo"

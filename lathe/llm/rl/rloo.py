@@ -6,58 +6,11 @@ summed first-order log-ratio old - reference); and the loss is PPO's clipped sur
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
-
 import torch
 
 from lathe.llm.rl import generation, losses, ranks
-from lathe.llm.rl.config import GRPOConfig
+from lathe.llm.rl.config import RLOOConfig
 from lathe.llm.rl.trainer import GRPOTrainer
-
-# GRPOConfig keys TRL's RLOOConfig does not have: RLOO does not read them, so a value other than the default is
-# refused (naming the key) rather than dropped.
-GRPO_ONLY_KEYS = (
-    "delta",
-    "importance_sampling_level",
-    "top_entropy_quantile",
-    "sapo_temperature_neg",
-    "sapo_temperature_pos",
-    "vespo_k_pos",
-    "vespo_lambda_pos",
-    "vespo_k_neg",
-    "vespo_lambda_neg",
-    "scale_rewards",
-    "multi_objective_aggregation",
-    "loss_type",
-    "use_bias_correction_kl",
-)
-
-
-@dataclass
-class RLOOConfig(GRPOConfig):
-    """GRPOConfig's sampling and batching settings with TRL's RLOOConfig defaults (num_generations 2, beta 0.05)
-    plus normalize_advantages (the batch's advantages to mean 0, std 1) and reward_clip_range ((low, high) clamp
-    of the summed reward before the KL penalty)."""
-
-    num_generations: int = 2
-    beta: float = 0.05
-    normalize_advantages: bool = False
-    reward_clip_range: tuple[float, float] | None = None
-
-    def __post_init__(self):
-        defaults = {f.name: f.default for f in fields(GRPOConfig)}
-        for key in GRPO_ONLY_KEYS:
-            value = getattr(self, key)
-            if value != defaults[key] and not (key == "scale_rewards" and value is True):
-                raise ValueError(f"{key} is a GRPO setting that RLOO (TRL's RLOOConfig) does not have; got {value!r}.")
-        if self.reward_clip_range is not None:
-            low_high = list(self.reward_clip_range)
-            if len(low_high) != 2 or low_high[0] > low_high[1]:
-                raise ValueError(
-                    f"reward_clip_range must be (low, high) with low <= high; got {self.reward_clip_range}."
-                )
-            self.reward_clip_range = (float(low_high[0]), float(low_high[1]))
-        super().__post_init__()
 
 
 def leave_one_out_advantages(rewards: torch.Tensor, num_generations: int, normalize: bool):
