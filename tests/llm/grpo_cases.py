@@ -253,3 +253,16 @@ RLOO_CASES = {
     },
     "rloo_lora_beta": {"lora": {"r": 4, "lora_alpha": 8, "target_modules": ["q_proj", "v_proj"]}, "num_iterations": 2},
 }
+
+# RLOO on 2 processes (bench/rloo_goldens.py --processes 2, tests/llm/test_grpo_multiprocess.py): the KL penalty
+# and the leave-one-out baselines over the gathered rewards, 3 rows per process and step (a group spans them).
+RLOO_MULTIPROCESS_CASES = {
+    "rloo_2proc": {
+        "beta": 0.1,
+        "per_device_train_batch_size": 3,
+        "gradient_accumulation_steps": 2,
+        "num_generations": 4,
+        "num_iterations": 2,
+        "max_steps": 4,
+    },
+}

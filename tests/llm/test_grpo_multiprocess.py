@@ -27,6 +27,7 @@ from tests.train.torchrun_helpers import torchrun_runs  # noqa: E402
 pytestmark = pytest.mark.slow
 
 GOLDEN = json.loads((HERE / "golden" / "trl_grpo_2proc.json").read_text())
+RLOO_GOLDEN = json.loads((HERE / "golden" / "trl_rloo_2proc.json").read_text())
 WORKER = HERE / "grpo_multiprocess_worker.py"
 # Relative tolerance of the logged numbers. LoRA cases and the first step of every case agree to ~1e-7; in the
 # full-model cases the weights after the first update differ from TRL's by ~1e-5 relative (the step-2 entropy and
@@ -73,6 +74,8 @@ def results(tmp_path_factory):
     rewards = "my_rewards:vowel_share, my_rewards:length_target"
     path = config_file(project, str(stage_model), beta=0.1, reward_funcs=rewards, per_device_train_batch_size=4)
     runs["stage"] = {"stage_config": path}
+    for name in RLOO_GOLDEN["cases"]:  # RLOOTrainer on 2 processes (bench/rloo_goldens.py --processes 2)
+        runs[name] = {"case": name, "model_dir": model_dir, "trainer": "rloo"}
     # The full-model beta 0.1 case under FSDP2 and DeepSpeed ZeRO-2 / ZeRO-3 (last: it leaves its global config
     # behind in the process), in the same processes: test_sharded_runs_log_the_ddp_runs_numbers.
     for name, keys in SHARDED.items():
@@ -90,9 +93,10 @@ def close(a, b, rel=1e-4, abs_=1e-6) -> bool:
     return math.isclose(a, b, rel_tol=rel, abs_tol=abs_)
 
 
-@pytest.mark.parametrize("case", sorted(grpo_cases.MULTIPROCESS_CASES))
+@pytest.mark.parametrize("case", [*sorted(grpo_cases.MULTIPROCESS_CASES), *sorted(grpo_cases.RLOO_MULTIPROCESS_CASES)])
 def test_two_processes_match_trl_on_two_processes(case, results):
-    expected, got = GOLDEN["cases"][case], results[case]
+    """GRPOTrainer's cases and RLOOTrainer's (rloo_2proc: TRL's RLOOTrainer launched on 2 processes)."""
+    expected, got = {**GOLDEN["cases"], **RLOO_GOLDEN["cases"]}[case], results[case]
     assert len(got["generations"]) == len(expected["generations"]) == 2  # one list per process
     for rank, (mine_all, theirs_all) in enumerate(zip(got["generations"], expected["generations"])):
         assert len(mine_all) == len(theirs_all)
