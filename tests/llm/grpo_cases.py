@@ -235,3 +235,34 @@ def record(trainer, generations) -> dict:
         for entry in trainer.state.log_history
     ]
     return {"logs": logs, "generations": generations}
+
+
+# RLOO (TRL's RLOOTrainer; bench/rloo_goldens.py, tests/llm/test_rloo.py; rloo_beta also through `lathe train` in
+# test_grpo_stage.py, hence conversational): the KL penalty in the reward (beta > 0),
+# several updates per generation with accumulation, the batch-normalised advantages and the reward clip, LoRA.
+RLOO_CASES = {
+    "rloo_beta": {"beta": 0.1, "conversational": True},
+    "rloo_iter2_ga2_normalize_clip": {
+        "beta": 0.0,
+        "num_iterations": 2,
+        "gradient_accumulation_steps": 2,
+        "per_device_train_batch_size": 4,
+        "normalize_advantages": True,
+        "reward_clip_range": [-1.4, -0.7],
+        "epsilon": 0.05,
+    },
+    "rloo_lora_beta": {"lora": {"r": 4, "lora_alpha": 8, "target_modules": ["q_proj", "v_proj"]}, "num_iterations": 2},
+}
+
+# RLOO on 2 processes (bench/rloo_goldens.py --processes 2, tests/llm/test_grpo_multiprocess.py): the KL penalty
+# and the leave-one-out baselines over the gathered rewards, 3 rows per process and step (a group spans them).
+RLOO_MULTIPROCESS_CASES = {
+    "rloo_2proc": {
+        "beta": 0.1,
+        "per_device_train_batch_size": 3,
+        "gradient_accumulation_steps": 2,
+        "num_generations": 4,
+        "num_iterations": 2,
+        "max_steps": 4,
+    },
+}

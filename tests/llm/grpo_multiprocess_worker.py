@@ -1,5 +1,6 @@
 """Run under torchrun by tests/llm/test_grpo_multiprocess.py: each run trains one case of
-grpo_cases.MULTIPROCESS_CASES with lathe's GRPOTrainer on every process and returns, from rank 0, the logs and
+grpo_cases.MULTIPROCESS_CASES with lathe's GRPOTrainer (or of RLOO_MULTIPROCESS_CASES with its RLOOTrainer) on every
+process and returns, from rank 0, the logs and
 every process's generations (sampled tokens, rewards, advantages), as bench/grpo_goldens.py records TRL's."""
 
 from __future__ import annotations
@@ -24,9 +25,11 @@ def run(output_dir: str, options: dict) -> dict:
     if "stage_config" in options:  # `lathe train` of a stage grpo config, in these processes
         return run_stage(options["stage_config"])
     overrides = options.get("overrides", {})
-    result = run_lathe_case(
-        options["case"], options["model_dir"], output_dir, grpo_cases.MULTIPROCESS_CASES, **overrides
-    )
+    if options.get("trainer") == "rloo":  # RLOOTrainer on a case of grpo_cases.RLOO_MULTIPROCESS_CASES
+        table, overrides = grpo_cases.RLOO_MULTIPROCESS_CASES, {**overrides, "trainer": "rloo"}
+    else:
+        table = grpo_cases.MULTIPROCESS_CASES
+    result = run_lathe_case(options["case"], options["model_dir"], output_dir, table, **overrides)
     result["generations"] = gather_objects(result["generations"])
     import torch.distributed as dist
 

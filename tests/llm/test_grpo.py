@@ -118,13 +118,3 @@ def test_a_reward_model_folder_scores_prompt_and_completion(tmp_path):
     logged = trainer.state.log_history[0]
     assert logged["reward"] == logged["rewards/my_scorer/mean"]
     assert logged["rewards/my_scorer/std"] > 0  # the model's scores differ between completions
-
-
-@pytest.mark.parametrize(
-    ("keys", "named"),
-    [({"fsdp": "full_shard"}, "GRPO under FSDP"), ({"deepspeed": {"zero_optimization": {"stage": 2}}}, "DeepSpeed")],
-)
-def test_deepspeed_and_fsdp_are_one_error_naming_what_is_missing(tmp_path, keys, named):
-    args = GRPOConfig(output_dir=str(tmp_path), use_cpu=True, per_device_train_batch_size=8, **keys)
-    with pytest.raises(ValueError, match=rf"{named}.*not supported yet.*plain DDP"):
-        GRPOTrainer(model=None, reward_funcs=grpo_cases.REWARDS, args=args)

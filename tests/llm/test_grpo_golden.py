@@ -32,11 +32,17 @@ def model_dir(tmp_path_factory):
     return str(folder)
 
 
-def run_lathe_case(name: str, model_dir: str, output_dir: str, table: dict | None = None, **overrides) -> dict:
-    """Case `name` of `table` (grpo_cases.CASES by default) trained by lathe; `overrides` win over the case."""
+def run_lathe_case(
+    name: str, model_dir: str, output_dir: str, table: dict | None = None, trainer: str = "grpo", **overrides
+) -> dict:
+    """Case `name` of `table` (grpo_cases.CASES by default) trained by lathe's GRPOTrainer (trainer "rloo":
+    RLOOTrainer); `overrides` win over the case."""
     from peft import LoraConfig
 
-    from lathe.llm.rl import GRPOConfig, GRPOTrainer
+    from lathe.llm.rl import GRPOConfig, GRPOTrainer, RLOOConfig, RLOOTrainer
+
+    if trainer == "rloo":
+        GRPOConfig, GRPOTrainer = RLOOConfig, RLOOTrainer  # noqa: N806
 
     settings = {**grpo_cases.BASE, **(table if table is not None else grpo_cases.CASES)[name], **overrides}
     resume = settings.pop("resume_from_checkpoint", None)

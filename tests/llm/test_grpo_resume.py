@@ -1,4 +1,4 @@
-"""GRPO resumes exactly: a run stopped inside one generation's span of steps (num_iterations 2) or at an
+"""GRPO (and RLOO) resume exactly: a run stopped inside one generation's span of steps (num_iterations 2) or at an
 epoch's end, and resumed from that checkpoint, logs the uninterrupted run's numbers (the buffered completions,
 the step counter, the sampling RNG and the prompt order of a later epoch all come back)."""
 
@@ -57,3 +57,28 @@ def test_a_resumed_run_logs_the_uninterrupted_numbers(tmp_path):
                 assert math.isclose(values[key], value, rel_tol=1e-6, abs_tol=1e-9), (
                     f"resumed at {stopped}, step {step} {key}: {values[key]} vs {value}"
                 )
+
+
+def test_rloo_resumed_inside_a_generation_logs_the_uninterrupted_numbers(tmp_path):
+    """RLOOTrainer keeps GRPO's buffer: its old log-probs (always computed) and leave-one-out advantages too."""
+    from lathe.llm.rl import RLOOConfig, RLOOTrainer
+
+    torch.set_num_threads(1)
+    model_dir = tmp_path / "model"
+    grpo_cases.build_model(model_dir)
+
+    def run(folder: str, resume: str | None = None) -> dict:
+        settings = {**grpo_cases.BASE, "max_steps": 3, "num_iterations": 2, "save_strategy": "steps"}
+        args = RLOOConfig(output_dir=folder, save_steps=1, **settings)
+        trainer = RLOOTrainer(
+            model=str(model_dir), reward_funcs=grpo_cases.REWARDS, args=args, train_dataset=grpo_cases.dataset()
+        )
+        trainer.train(resume_from_checkpoint=resume)
+        return logged(trainer)
+
+    expected = run(str(tmp_path / "whole"))
+    got = run(str(tmp_path / "resumed"), str(tmp_path / "whole" / "checkpoint-1"))
+    assert sorted(expected) == [1, 2, 3] and sorted(step for step in got if step > 1) == [2, 3]
+    for step in (2, 3):
+        for key, value in expected[step].items():
+            assert math.isclose(got[step][key], value, rel_tol=1e-6, abs_tol=1e-9), f"step {step} {key}"

@@ -151,7 +151,7 @@ def test_alpaca_rows_hand_their_other_columns_to_the_rewards_and_a_raise_names_t
         ({"reward_funcs": None}, "reward_funcs is required for stage grpo"),
         (
             {"stage": "sft", "beta": 0.1, "reward_funcs": None, "num_generations": None},
-            "beta only applies to stage grpo",
+            "beta only applies to stages grpo and rloo",
         ),
         ({"val_size": 0.2}, "stage grpo .*trains only"),
         ({"enable_liger_kernel": True}, "enable_liger_kernel is not read by stage grpo"),
@@ -160,6 +160,9 @@ def test_alpaca_rows_hand_their_other_columns_to_the_rewards_and_a_raise_names_t
         ({"tools": "add"}, "tools: 'add' is not 'module:name'"),
         ({"environment_factory": {"maze": "envs"}}, "environment_factory: 'envs' is not 'module:name'"),
         ({"max_tool_calling_iterations": -1}, "max_tool_calling_iterations must be >= 0"),
+        # TRL's RLOOTrainer takes no tools or environments: stage rloo names the key.
+        ({"stage": "rloo", "tools": "calculator:add"}, "tools is a key of stage grpo; stage rloo"),
+        ({"stage": "rloo", "environment_factory": "envs:Maze"}, "environment_factory is a key of stage grpo"),
         # An environment owning its reward may be the only reward source (the next error is reached).
         ({"reward_funcs": None, "environment_factory": "envs:Maze", "num_generations": 3}, r"divisible by .*\(3\)"),
         # TRL's default of a key lathe does not implement changes nothing: accepted (the next error is reached).
@@ -310,7 +313,7 @@ def test_every_golden_variant_as_config_keys_gives_the_library_cases_grpo_config
     """The golden variants' numbers are the library class's (test_grpo_golden.py, 1e-4 of TRL's); `lathe train`
     runs that class with the GRPOConfig its keys build (the conversational case is run whole above). So each
     variant's keys, written in a config, build the case's GRPOConfig: every GRPO key and every training value set."""
-    from lathe.llm.config.grpo import GRPOArguments, grpo_config
+    from lathe.llm.config.grpo import RLOO_ONLY, GRPOArguments, grpo_config
     from lathe.llm.rl.config import GRPOConfig
 
     settings = {**grpo_cases.BASE, **grpo_cases.CASES[case]}
@@ -328,7 +331,8 @@ def test_every_golden_variant_as_config_keys_gives_the_library_cases_grpo_config
     ours = grpo_config(config.training, config.finetuning)
     theirs = GRPOConfig(output_dir=str(tmp_path / "out"), **settings)
     trainer_arguments = {"reward_funcs", "rollout_func", "tools", "environment_factory"}
-    names = {f.name for f in dataclasses.fields(GRPOArguments)} - trainer_arguments | set(settings)
+    names = {f.name for f in dataclasses.fields(GRPOArguments)} - trainer_arguments - set(RLOO_ONLY)
+    names |= set(settings)
     assert {n: getattr(ours, n) for n in names} == {n: getattr(theirs, n) for n in names}
     assert config.finetuning.rollout_func == rollout.get("rollout_func")  # handed to GRPOTrainer(rollout_func=...)
     if lora:  # the adapter the library case passes as peft_config
@@ -336,13 +340,91 @@ def test_every_golden_variant_as_config_keys_gives_the_library_cases_grpo_config
         assert config.finetuning.lora_target == lora["target_modules"]
 
 
-def test_stage_grpo_under_ray_is_one_error_before_loading(model_dir, tmp_path, monkeypatch):
-    from lathe.llm.workflows.grpo import run as run_grpo
+RLOO_GOLDEN = json.loads((HERE / "golden" / "trl_rloo.json").read_text())
 
-    write_project(
-        tmp_path, [{"instruction": "add", "output": "1"}], {}, "def f(completions, **kw):\n    return [0.0]\n"
-    )
-    config = parse_train_config(config_file(tmp_path, model_dir, reward_funcs="my_rewards:f"))
-    monkeypatch.setenv("USE_RAY", "1")
-    with pytest.raises(ValueError, match=r"stage grpo under Ray \(USE_RAY=1\) is not supported yet.*NPROC_PER_NODE"):
-        run_grpo(config)
+
+def test_stage_rloo_logs_trls_numbers_and_its_keys_build_the_library_cases_rloo_config(model_dir, tmp_path):
+    """`stage: rloo` runs RLOOTrainer: case rloo_beta whole (TRL's RLOOTrainer numbers); the other RLOO cases'
+    keys build the library case's RLOOConfig (whose numbers tests/llm/test_rloo.py compares with TRL's); RLOO's
+    defaults are TRL's RLOOConfig's, and the keys of the other stage are errors naming them."""
+    from lathe.llm.config.grpo import GRPO_ONLY, GRPOArguments, grpo_config
+    from lathe.llm.rl import RLOOConfig
+
+    rows = [
+        {"prompt": [{"role": "user", "content": p}], "target": t}
+        for p, t in zip(grpo_cases.PROMPTS, grpo_cases.TARGETS)
+    ]
+    entry = {"formatting": "sharegpt", "columns": {"messages": "prompt"}, "tags": SHAREGPT_TAGS}
+    write_project(tmp_path, rows, entry, (HERE / "grpo_cases.py").read_text())
+    rewards = "my_rewards:vowel_share, my_rewards:length_target"
+    for case, settings in grpo_cases.RLOO_CASES.items():
+        settings = {**grpo_cases.BASE, **settings}
+        lora = settings.pop("lora", None)
+        settings.pop("conversational", None)
+        keys = {k: v for k, v in settings.items() if k not in ("bf16", "gradient_checkpointing", "use_cpu")}
+        if "reward_clip_range" in keys:
+            keys["reward_clip_range"] = ",".join(str(v) for v in keys["reward_clip_range"])
+        config = parse_train_config(
+            config_file(tmp_path, model_dir, stage="rloo", reward_funcs=rewards, **keys, **(LORA_KEYS if lora else {}))
+        )
+        ours = grpo_config(config.training, config.finetuning)
+        theirs = RLOOConfig(output_dir=str(tmp_path / "out"), **settings)
+        names = {f.name for f in dataclasses.fields(GRPOArguments)} - {"reward_funcs", *GRPO_ONLY} | set(settings)
+        assert isinstance(ours, RLOOConfig)
+        assert {n: getattr(ours, n) for n in names} == {n: getattr(theirs, n) for n in names}, case
+    keys = {k: v for k, v in grpo_cases.RLOO_CASES["rloo_beta"].items() if k != "conversational"}
+    logs = run(config_file(tmp_path, model_dir, stage="rloo", reward_funcs=rewards, **keys))
+    expected = RLOO_GOLDEN["cases"]["rloo_beta"]["logs"]
+    assert len(logs) == len(expected)
+    timings = ("step_time", "train_runtime", "train_samples_per_second", "train_steps_per_second")
+    for step, (mine, theirs) in enumerate(zip(logs, expected), start=1):
+        theirs = {key: value for key, value in theirs.items() if key not in timings}
+        assert_close_to_golden({k: mine[k] for k in theirs}, theirs, f"stage rloo, step {step}", rel=1e-4, abs=1e-6)
+    base = {
+        "model_name_or_path": model_dir,
+        "dataset": "rows",
+        "output_dir": str(tmp_path / "o"),
+        "reward_funcs": "r:f",
+    }
+    config = parse_train_config({**base, "stage": "rloo", "per_device_train_batch_size": 2})
+    assert (config.finetuning.num_generations, config.finetuning.beta) == (2, 0.05)
+    with pytest.raises(ValueError, match="loss_type is a key of stage grpo; stage rloo"):
+        parse_train_config({**base, "stage": "rloo", "loss_type": "grpo", "per_device_train_batch_size": 2})
+    with pytest.raises(ValueError, match="normalize_advantages is a key of stage rloo; stage grpo"):
+        parse_train_config({**base, "stage": "grpo", "normalize_advantages": True, "per_device_train_batch_size": 8})
+
+
+def test_the_plan_of_two_zero3_processes_counts_the_weights_gathered_for_sampling(tmp_path, capsys):
+    """Under ZeRO-3 on 2 processes (a dry run planned before the launch) each process holds half the weights,
+    and sampling gathers the other half on top (ds3_gather_for_generation, TRL's default) or block by block."""
+    import re
+    import shutil
+
+    from transformers import LlamaConfig
+
+    from lathe.llm.workflows.stages import run_train
+
+    folder = tmp_path / "big"
+    shutil.copytree(grpo_cases.TOKENIZER.parent / "bpe_chatml", folder)
+    shape = dict(hidden_size=1024, intermediate_size=2816, num_hidden_layers=8, num_attention_heads=8)
+    LlamaConfig(vocab_size=512, num_key_value_heads=8, max_position_embeddings=8192, **shape).save_pretrained(folder)
+    rows = [{"prompt": [{"role": "user", "content": "count to five:"}]}] * 8
+    entry = {"formatting": "sharegpt", "columns": {"messages": "prompt"}, "tags": SHAREGPT_TAGS}
+    write_project(tmp_path, rows, entry, "")
+    zero3 = {"zero_optimization": {"stage": 3}, "train_micro_batch_size_per_gpu": "auto"}
+    keys = {"num_generations": 8, "max_completion_length": 1024, "max_steps": 2, "reward_funcs": "x:y"}
+    outputs = {}
+    for gather in (True, False):
+        path = config_file(tmp_path, str(folder), finetuning_type="full", deepspeed=zero3, **keys)
+        config = parse_train_config(path)
+        config.finetuning.ds3_gather_for_generation = gather
+        config.processes = 2
+        run_train(config, True)
+        outputs[gather] = capsys.readouterr().out
+    weights = float(re.search(r"weights ([\d,.]+) MiB", outputs[True]).group(1).replace(",", ""))
+    held = re.search(r"sampling gathers ([\d,.]+) MiB of weights whole .*\(every weight", outputs[True])
+    assert held and float(held.group(1).replace(",", "")) == pytest.approx(weights, abs=0.1)  # the other half
+    assert "DeepSpeed ZeRO stage 3 over 2 processes" in outputs[True]
+    gathered = float(re.search(r"gathered while computing ([\d,.]+) MiB", outputs[False]).group(1).replace(",", ""))
+    assert re.search(rf"sampling gathers {gathered:,.1f} MiB of weights whole .*\(block by block\)", outputs[False])
+    assert gathered < weights

@@ -1,6 +1,8 @@
-"""The `stage: grpo` keys of `lathe train`: TRL 1.16 GRPOConfig's names and defaults (FinetuningArguments
-inherits them, as LLaMA-Factory keeps its ppo_* / pref_* keys there), their checks, and the GRPOConfig a run
-trains with (the training section plus these keys).
+"""The `stage: grpo` (and `stage: rloo`) keys of `lathe train`: TRL 1.16 GRPOConfig's names and defaults
+(FinetuningArguments inherits them, as LLaMA-Factory keeps its ppo_* / pref_* keys there), their checks, and the
+GRPOConfig (RLOOConfig) a run trains with (the training section plus these keys). Stage rloo reads TRL's
+RLOOConfig keys: GRPO's sampling and batching keys with RLOO's defaults (num_generations 2, beta 0.05), plus
+normalize_advantages and reward_clip_range; the GRPO-only keys (loss_type, delta, ...) are errors there.
 
 Four names are also LLaMA-Factory generating keys: temperature, top_p, top_k and repetition_penalty. Under
 `stage: grpo` they are GRPO's sampling settings with TRL's defaults (1.0, 1.0, 0, 1.0), not LLaMA-Factory's
@@ -29,6 +31,28 @@ GENERATING_NOT_READ = {
     "length_penalty": 1.0,
     "skip_special_tokens": True,
 }
+# Keys of only one of the two stages (TRL's RLOOConfig lacks the first, GRPOConfig the second).
+GRPO_ONLY = (  # TRL's RLOOTrainer / RLOOConfig have none of these
+    "rollout_func",
+    "tools",
+    "environment_factory",
+    "max_tool_calling_iterations",
+    "delta",
+    "importance_sampling_level",
+    "top_entropy_quantile",
+    "sapo_temperature_neg",
+    "sapo_temperature_pos",
+    "vespo_k_pos",
+    "vespo_lambda_pos",
+    "vespo_k_neg",
+    "vespo_lambda_neg",
+    "scale_rewards",
+    "multi_objective_aggregation",
+    "loss_type",
+    "use_bias_correction_kl",
+)
+RLOO_ONLY = ("normalize_advantages", "reward_clip_range")
+STAGE_DEFAULTS = {"grpo": {"num_generations": 8, "beta": 0.0}, "rloo": {"num_generations": 2, "beta": 0.05}}
 
 
 def _help(text: str) -> dict:
@@ -73,7 +97,9 @@ class GRPOArguments:
     reward_weights: str | list[float] | None = field(
         default=None, metadata=_help("grpo: one weight per reward function (default: all 1.0).")
     )
-    num_generations: int = field(default=8, metadata=_help("grpo: completions sampled per prompt (a group)."))
+    num_generations: int | None = field(
+        default=None, metadata=_help("grpo/rloo: completions sampled per prompt (a group; default grpo 8, rloo 2).")
+    )
     max_prompt_length: int | None = field(
         default=None, metadata=_help("grpo: keep the last this many prompt tokens (None: the whole prompt).")
     )
@@ -89,7 +115,16 @@ class GRPOArguments:
     top_p: float = field(default=1.0, metadata=_help("grpo: nucleus sampling mass (TRL's default, 1.0)."))
     top_k: int = field(default=0, metadata=_help("grpo: sample among the k most likely tokens (0: all)."))
     repetition_penalty: float = field(default=1.0, metadata=_help("grpo: repetition penalty (1.0: none)."))
-    beta: float = field(default=0.0, metadata=_help("grpo: KL weight; 0 loads and runs no reference model."))
+    beta: float | None = field(
+        default=None,
+        metadata=_help("grpo/rloo: KL weight (default grpo 0.0, rloo 0.05); 0 loads and runs no reference model."),
+    )
+    normalize_advantages: bool = field(
+        default=False, metadata=_help("rloo: the batch's advantages to mean 0 and std 1.")
+    )
+    reward_clip_range: str | list[float] | None = field(
+        default=None, metadata=_help("rloo: 'low,high': the summed reward clamped before the KL penalty.")
+    )
     epsilon: float = field(default=0.2, metadata=_help("grpo: lower clipping bound of the ratio (1 - epsilon)."))
     epsilon_high: float | None = field(
         default=None, metadata=_help("grpo: upper clipping bound (1 + epsilon_high; default epsilon).")
@@ -114,8 +149,22 @@ class GRPOArguments:
         default=True, metadata=_help("grpo: weight the per-token KL by the importance ratio.")
     )
     min_p: float | None = field(default=None, metadata=_help("grpo: min-p sampling (None: off)."))
+    ds3_gather_for_generation: bool = field(
+        default=True,
+        metadata=_help("grpo/rloo, DeepSpeed ZeRO-3: gather the weights whole for sampling (false: layer by layer)."),
+    )
+    rollout_engine: str = field(
+        default="generate",
+        metadata=_help(
+            "grpo/rloo: 'generate' (transformers' generate, TRL's draws) or 'lathe' (lathe's batched decoding loop "
+            "that drops finished rows: faster, the same distribution, not the same tokens; docs/GRPO.md)."
+        ),
+    )
     generation_kwargs: dict | None = field(
         default=None, metadata=_help("grpo: more GenerationConfig settings for sampling; they win over the others.")
+    )
+    disable_dropout: bool = field(
+        default=False, metadata=_help("grpo/rloo: dropout off in the policy (and the reference), as TRL's key.")
     )
     num_iterations: int = field(default=1, metadata=_help("grpo: updates per generation batch (mu)."))
     loss_type: str = field(
@@ -133,13 +182,37 @@ class GRPOArguments:
     )
 
     def check_grpo_keys(self) -> None:
-        if self.stage != "grpo":
+        if self.stage not in ("grpo", "rloo"):
             for f in fields(GRPOArguments):
                 if f.name not in SHARED_WITH_GENERATING and getattr(self, f.name) != f.default:
-                    raise ValueError(f"{f.name} only applies to stage grpo (this config's stage is {self.stage}).")
+                    raise ValueError(
+                        f"{f.name} only applies to stages grpo and rloo (this config's stage is {self.stage})."
+                    )
             return
+        only, other = (RLOO_ONLY, GRPO_ONLY) if self.stage == "grpo" else (GRPO_ONLY, RLOO_ONLY)
+        defaults = {f.name: f.default for f in fields(GRPOArguments)}
+        for key in only:
+            if getattr(self, key) != defaults[key] and not (key == "scale_rewards" and getattr(self, key) is True):
+                raise ValueError(
+                    f"{key} is a key of stage {'rloo' if self.stage == 'grpo' else 'grpo'}; stage {self.stage} "
+                    f"(TRL's {'GRPOConfig' if self.stage == 'grpo' else 'RLOOConfig'}) does not read it."
+                )
+        stage_defaults = STAGE_DEFAULTS[self.stage]
+        self.num_generations = (
+            stage_defaults["num_generations"] if self.num_generations is None else self.num_generations
+        )
+        self.beta = stage_defaults["beta"] if self.beta is None else self.beta
         self._check_rewards()
         self._check_grpo_values()
+        if self.stage == "rloo" and self.reward_clip_range is not None:
+            values = split_commas(self.reward_clip_range)
+            try:
+                low, high = (float(v) for v in values)
+            except (TypeError, ValueError):
+                raise ValueError(f"reward_clip_range must be two numbers 'low,high'; got {values!r}.") from None
+            if low > high:
+                raise ValueError(f"reward_clip_range must be 'low,high' with low <= high; got {values!r}.")
+            self.reward_clip_range = [low, high]
 
     def _check_rewards(self) -> None:
         self.reward_funcs = split_commas(self.reward_funcs) or []
@@ -159,7 +232,7 @@ class GRPOArguments:
                     raise ValueError(f"{key}: {value!r} is not 'module:name' (e.g. 'calculator:add').")
         if not self.reward_funcs and not factories:
             raise ValueError(
-                "reward_funcs is required for stage grpo: 'module:function' names or model folders (or an "
+                f"reward_funcs is required for stage {self.stage}: 'module:function' names or model folders (or an "
                 "environment_factory whose environment has get_reward())."
             )
         if self.max_tool_calling_iterations is not None and self.max_tool_calling_iterations < 0:
@@ -193,7 +266,7 @@ class GRPOArguments:
                 raise ValueError(f"{key} must be a positive integer; got {getattr(self, key)}.")
         if self.temperature <= 0 or not 0 < self.top_p <= 1 or self.top_k < 0 or self.repetition_penalty <= 0:
             raise ValueError(
-                "stage grpo samples: temperature and repetition_penalty must be > 0, top_p in (0, 1], top_k >= 0 "
+                f"stage {self.stage} samples: temperature and repetition_penalty must be > 0, top_p in (0, 1], top_k >= 0 "
                 f"(got {self.temperature}, {self.repetition_penalty}, {self.top_p}, {self.top_k})."
             )
         if self.epsilon < 0 or (self.epsilon_high is not None and self.epsilon_high < 0) or self.beta < 0:
@@ -203,21 +276,21 @@ class GRPOArguments:
 def check_grpo_options(data, training, finetuning, generating, where: str) -> None:
     """What stage grpo does not read, refused; the GRPOConfig built once, so its rules (divisibility of the
     batches by num_generations, ...) stop the run here, naming the keys."""
-    if finetuning.stage != "grpo":
+    if finetuning.stage not in ("grpo", "rloo"):
         return
     for key, default in GENERATING_NOT_READ.items():
         if generating is not None and getattr(generating, key) != default:
             hint = " (use max_completion_length)" if key in ("max_new_tokens", "max_length") else ""
-            raise ValueError(f"{key}{where} is a generating key that stage grpo does not read{hint}.")
+            raise ValueError(f"{key}{where} is a generating key that stage {finetuning.stage} does not read{hint}.")
     if data.cutoff_len != 2048:
         raise ValueError(
-            f"cutoff_len{where} is not read by stage grpo: use max_prompt_length and max_completion_length."
+            f"cutoff_len{where} is not read by stage {finetuning.stage}: use max_prompt_length and max_completion_length."
         )
     if training.use_liger_kernel:  # GRPO's log-probs are its own, not the causal-LM loss Liger fuses
-        raise ValueError(f"enable_liger_kernel{where} is not read by stage grpo.")
+        raise ValueError(f"enable_liger_kernel{where} is not read by stage {finetuning.stage}.")
     if data.eval_dataset or data.val_size > 1e-6 or training.do_eval or training.do_predict:
         raise ValueError(
-            f"stage grpo{where} trains only: evaluation (eval_dataset, val_size, do_eval) is not supported yet."
+            f"stage {finetuning.stage}{where} trains only: evaluation (eval_dataset, val_size, do_eval) is not supported yet."
         )
     try:
         grpo_config(training, finetuning)
@@ -226,10 +299,13 @@ def check_grpo_options(data, training, finetuning, generating, where: str) -> No
 
 
 def grpo_config(training, finetuning):
-    """lathe.llm.rl.GRPOConfig: the training section's values (LLaMA-Factory's training defaults, e.g.
-    learning_rate 5e-5, not TRL's 1e-6) and the GRPO keys."""
-    from lathe.llm.rl.config import GRPOConfig
+    """lathe.llm.rl.GRPOConfig (stage rloo: RLOOConfig): the training section's values (LLaMA-Factory's training
+    defaults, e.g. learning_rate 5e-5, not TRL's 1e-6) and the stage's keys."""
+    from lathe.llm.rl.config import GRPOConfig, RLOOConfig
     from lathe.train.args.training_args import TrainingArguments
+
+    rloo = finetuning.stage == "rloo"
+    left_out = ("reward_funcs", "rollout_func", "tools", "environment_factory", *(GRPO_ONLY if rloo else RLOO_ONLY))
 
     values = {
         f.name: getattr(training, f.name) for f in fields(TrainingArguments) if f.init and hasattr(training, f.name)
@@ -238,8 +314,8 @@ def grpo_config(training, finetuning):
         {
             f.name: getattr(finetuning, f.name)
             for f in fields(GRPOArguments)
-            # the trainer's arguments, as in TRL
-            if f.name not in ("reward_funcs", "rollout_func", "tools", "environment_factory")
+            if f.name
+            not in left_out  # reward_funcs, rollout_func, tools, environment_factory: the trainer's arguments, as in TRL
         }
     )
     values.pop("overwrite_output_dir", None)  # read by the recipe (resume or not), not by transformers 5's arguments
@@ -247,4 +323,4 @@ def grpo_config(training, finetuning):
     values.update(remove_unused_columns=False, chunked_cross_entropy="no")
     with warnings.catch_warnings():  # gradient_checkpointing* are copied with their new names' values: no news
         warnings.filterwarnings("ignore", message=".*gradient_checkpointing", category=FutureWarning)
-        return GRPOConfig(**values, reward_funcs=list(finetuning.reward_funcs))
+        return (RLOOConfig if rloo else GRPOConfig)(**values, reward_funcs=list(finetuning.reward_funcs))

@@ -112,7 +112,6 @@ TRL_GRPO_NOT_IMPLEMENTED: dict[str, object] = {
     "router_aux_loss_coef": None,
     "cast_lm_head_to_fp32": False,
     "num_generations_eval": None,
-    "ds3_gather_for_generation": True,
     "pad_to_multiple_of": "auto",
     "cache_implementation": None,
     "chat_template_kwargs": None,
@@ -154,7 +153,7 @@ TRL_GRPO_NOT_IMPLEMENTED: dict[str, object] = {
     "use_transformers_paged": False,
 }
 
-SUPPORTED_STAGES = ("pt", "sft", "rm", "dpo", "kto", "grpo")
+SUPPORTED_STAGES = ("pt", "sft", "rm", "dpo", "kto", "grpo", "rloo")
 SUPPORTED_FINETUNING_TYPES = ("full", "freeze", "lora", "oft")
 
 

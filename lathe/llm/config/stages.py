@@ -31,7 +31,7 @@ def check_stage_options(data, training, finetuning, where: str) -> None:
             raise ValueError(f"train_on_prompt and mask_history{where} only apply to stage sft.")
     if finetuning.stage == "sft" and training.do_predict and not training.predict_with_generate:
         raise ValueError(f"do_predict{where} writes generated_predictions.jsonl and needs predict_with_generate: true.")
-    if finetuning.stage in ("rm", "dpo", "kto", "grpo") and data.packing:
+    if finetuning.stage in ("rm", "dpo", "kto", "grpo", "rloo") and data.packing:
         raise ValueError(
             f"packing{where} applies to stages pt and sft; stage {finetuning.stage} keeps one example per row."
         )

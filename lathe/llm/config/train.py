@@ -46,9 +46,11 @@ class FinetuningArguments(OptimizerMethodArguments, GRPOArguments, TowerArgument
 
     _argument_group_name = "finetuning"
 
-    stage: Literal["pt", "sft", "rm", "ppo", "dpo", "kto", "grpo"] = field(
+    stage: Literal["pt", "sft", "rm", "ppo", "dpo", "kto", "grpo", "rloo"] = field(
         default="sft",
-        metadata=_help("Training stage: pt (pre-training), sft, rm (reward model), dpo, kto, grpo (online RL)."),
+        metadata=_help(
+            "Training stage: pt (pre-training), sft, rm (reward model), dpo, kto, grpo or rloo (online RL)."
+        ),
     )
     finetuning_type: Literal["lora", "oft", "freeze", "full"] = field(
         default="lora", metadata=_help("full, freeze, lora or oft.")

@@ -1,4 +1,4 @@
-"""Online reinforcement learning (GRPO, as TRL's GRPOTrainer): sample completions, score them with reward
+"""Online reinforcement learning (GRPO and RLOO, as TRL's GRPOTrainer and RLOOTrainer): sample completions, score them with reward
 functions, and train on group-normalised advantages.
 
 - config.py: GRPOConfig, TRL's GRPO settings (names and defaults) on lathe's TrainingArguments.
@@ -13,8 +13,10 @@ functions, and train on group-normalised advantages.
 - environments.py: TRL's environment_factory: per-rollout instances, reset(**row), their tools and rewards.
 - resume.py: what a checkpoint carries for an exact resume (the buffered generation, the step counter).
 - trainer.py: GRPOTrainer on lathe.train.Trainer, with TRL's logged metrics.
+- rollouts.py: the opt-in rollout engine (rollout_engine "lathe"): batched KV-cache sampling that drops ended rows.
+- rloo.py: RLOOConfig and RLOOTrainer (TRL's RLOO: leave-one-out baseline, KL in the reward, sequence ratio).
 
-`stage: grpo` in `lathe train` is lathe.llm.workflows.grpo (its keys: lathe.llm.config.grpo; its prompts:
+`stage: grpo` (and `stage: rloo`) in `lathe train` is lathe.llm.workflows.grpo (its keys: lathe.llm.config.grpo; its prompts:
 lathe.llm.data.prompts; its memory plan: lathe.llm.memory.grpo).
 
 Sampling reproduces TRL's `model.generate` call (same GenerationConfig, same global-RNG draw order), so a
@@ -22,6 +24,7 @@ fixed seed samples the same tokens as TRL on the CPU.
 """
 
 from lathe.llm.rl.config import GRPOConfig
+from lathe.llm.rl.rloo import RLOOConfig, RLOOTrainer
 from lathe.llm.rl.trainer import GRPOTrainer
 
-__all__ = ["GRPOConfig", "GRPOTrainer"]
+__all__ = ["GRPOConfig", "GRPOTrainer", "RLOOConfig", "RLOOTrainer"]

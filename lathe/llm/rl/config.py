@@ -1,8 +1,9 @@
-"""GRPOConfig: TRL's GRPO settings (names and defaults of trl 1.16's GRPOConfig) on lathe's TrainingArguments."""
+"""GRPOConfig: TRL's GRPO settings (names and defaults of trl 1.16's GRPOConfig) on lathe's TrainingArguments; and
+RLOOConfig, TRL's RLOOConfig (GRPO's sampling and batching settings, RLOO's defaults and its two keys)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 from lathe.train.args.training_args import TrainingArguments
 
@@ -10,6 +11,7 @@ LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo", "luspo", "vesp
 SCALE_REWARDS = ("group", "batch", "none")
 IMPORTANCE_SAMPLING_LEVELS = ("token", "sequence")
 AGGREGATIONS = ("sum_then_normalize", "normalize_then_sum")
+ROLLOUT_ENGINES = ("generate", "lathe")
 
 
 @dataclass
@@ -36,6 +38,8 @@ class GRPOConfig(TrainingArguments):
     min_p: float | None = None
     repetition_penalty: float = 1.0
     generation_kwargs: dict | None = None
+    ds3_gather_for_generation: bool = True
+    rollout_engine: str = "generate"  # lathe's own: "lathe" (rollouts.py, opt-in); TRL's draws: "generate"
     chat_template_kwargs: dict | None = None
     # the objective
     beta: float = 0.0
@@ -67,22 +71,13 @@ class GRPOConfig(TrainingArguments):
         super().__post_init__()
         # TRL's CLI accepts booleans for scale_rewards: True is "group", False "none".
         self.scale_rewards = {True: "group", False: "none"}.get(self.scale_rewards, self.scale_rewards)
-        if self.scale_rewards not in SCALE_REWARDS:
-            raise ValueError(f"scale_rewards must be one of {', '.join(SCALE_REWARDS)}; got {self.scale_rewards!r}.")
-        if self.loss_type not in LOSS_TYPES:
-            raise ValueError(f"loss_type must be one of {', '.join(LOSS_TYPES)}; got {self.loss_type!r}.")
-        if self.multi_objective_aggregation not in AGGREGATIONS:
-            raise ValueError(
-                f"multi_objective_aggregation must be one of {', '.join(AGGREGATIONS)}; got "
-                f"{self.multi_objective_aggregation!r}."
-            )
-        if self.importance_sampling_level not in IMPORTANCE_SAMPLING_LEVELS:
-            raise ValueError(
-                f"importance_sampling_level must be one of {', '.join(IMPORTANCE_SAMPLING_LEVELS)}; got "
-                f"{self.importance_sampling_level!r}."
-            )
+        self._check_choices()
         if not 0.0 <= self.top_entropy_quantile <= 1.0:
             raise ValueError(f"top_entropy_quantile must be in [0, 1]; got {self.top_entropy_quantile}.")
+        if self.rollout_engine == "lathe":
+            from lathe.llm.rl.rollouts import check_generation_kwargs
+
+            check_generation_kwargs(self.generation_kwargs)
         if self.auto_find_batch_size:
             raise ValueError(
                 "auto_find_batch_size is not supported by GRPO: a smaller batch would split the groups of "
@@ -118,6 +113,64 @@ class GRPOConfig(TrainingArguments):
         if self.max_tool_calling_iterations is not None and self.max_tool_calling_iterations < 0:
             raise ValueError(f"max_tool_calling_iterations must be >= 0; got {self.max_tool_calling_iterations}.")
 
+    def _check_choices(self) -> None:
+        """Each key with a fixed set of values holds one of them."""
+        for key, choices in (
+            ("scale_rewards", SCALE_REWARDS),
+            ("loss_type", LOSS_TYPES),
+            ("multi_objective_aggregation", AGGREGATIONS),
+            ("importance_sampling_level", IMPORTANCE_SAMPLING_LEVELS),
+            ("rollout_engine", ROLLOUT_ENGINES),
+        ):
+            if getattr(self, key) not in choices:
+                raise ValueError(f"{key} must be one of {', '.join(choices)}; got {getattr(self, key)!r}.")
+
     @property
     def epsilon_low(self) -> float:
         return self.epsilon
+
+
+# GRPOConfig keys TRL's RLOOConfig does not have: RLOO does not read them, so a value other than the default is
+# refused (naming the key) rather than dropped.
+GRPO_ONLY_KEYS = (
+    "delta",
+    "importance_sampling_level",
+    "top_entropy_quantile",
+    "sapo_temperature_neg",
+    "sapo_temperature_pos",
+    "vespo_k_pos",
+    "vespo_lambda_pos",
+    "vespo_k_neg",
+    "vespo_lambda_neg",
+    "scale_rewards",
+    "multi_objective_aggregation",
+    "loss_type",
+    "use_bias_correction_kl",
+)
+
+
+@dataclass
+class RLOOConfig(GRPOConfig):
+    """GRPOConfig's sampling and batching settings with TRL's RLOOConfig defaults (num_generations 2, beta 0.05)
+    plus normalize_advantages (the batch's advantages to mean 0, std 1) and reward_clip_range ((low, high) clamp
+    of the summed reward before the KL penalty)."""
+
+    num_generations: int = 2
+    beta: float = 0.05
+    normalize_advantages: bool = False
+    reward_clip_range: tuple[float, float] | None = None
+
+    def __post_init__(self):
+        defaults = {f.name: f.default for f in fields(GRPOConfig)}
+        for key in GRPO_ONLY_KEYS:
+            value = getattr(self, key)
+            if value != defaults[key] and not (key == "scale_rewards" and value is True):
+                raise ValueError(f"{key} is a GRPO setting that RLOO (TRL's RLOOConfig) does not have; got {value!r}.")
+        if self.reward_clip_range is not None:
+            low_high = list(self.reward_clip_range)
+            if len(low_high) != 2 or low_high[0] > low_high[1]:
+                raise ValueError(
+                    f"reward_clip_range must be (low, high) with low <= high; got {self.reward_clip_range}."
+                )
+            self.reward_clip_range = (float(low_high[0]), float(low_high[1]))
+        super().__post_init__()

@@ -5,6 +5,8 @@ completion ends at its first end-of-sequence token (kept); what follows is dropp
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 
 
@@ -69,22 +71,27 @@ def pad(rows: list[torch.Tensor], value, side: str) -> torch.Tensor:
     return out
 
 
-def sample(model, prompt_ids, config, pad_id: int, eos_ids: list[int], device, checkpointing_kwargs=None):
-    rows = [torch.tensor(ids) for ids in prompt_ids]
-    input_ids = pad(rows, pad_id, "left").to(device)
-    attention_mask = pad([torch.ones_like(r) for r in rows], 0, "left").to(device)
-    # Activation checkpointing switches the KV cache off: it is off while sampling, as TRL does.
+@contextlib.contextmanager
+def checkpointing_off(model, checkpointing_kwargs=None):
+    """Activation checkpointing switches the KV cache off: it is off while sampling, as TRL does."""
     checkpointing = bool(getattr(model, "is_activation_checkpointing", False))
     if checkpointing:
         model.activation_checkpointing_disable()
     try:
-        with torch.no_grad():
-            output = model.generate(input_ids=input_ids, attention_mask=attention_mask, generation_config=config)
+        yield
     finally:
         if checkpointing:
             from lathe.train.runtime import enable_gradient_checkpointing
 
             enable_gradient_checkpointing(model, checkpointing_kwargs)  # as the Trainer enabled it
+
+
+def sample(model, prompt_ids, config, pad_id: int, eos_ids: list[int], device, checkpointing_kwargs=None):
+    rows = [torch.tensor(ids) for ids in prompt_ids]
+    input_ids = pad(rows, pad_id, "left").to(device)
+    attention_mask = pad([torch.ones_like(r) for r in rows], 0, "left").to(device)
+    with checkpointing_off(model, checkpointing_kwargs), torch.no_grad():
+        output = model.generate(input_ids=input_ids, attention_mask=attention_mask, generation_config=config)
     completions = output[:, input_ids.size(1) :].cpu()
     is_eos = torch.isin(completions, torch.tensor(eos_ids))
     ends = torch.full((completions.size(0),), completions.size(1), dtype=torch.long)

@@ -57,13 +57,7 @@ def generate_and_score(trainer, rows, mode: str) -> dict:
     )
     # Gathered: the groups of num_generations may span processes; each process keeps its rows' advantages.
     rewards_per_func = ranks.gather(rewards_per_func)
-    advantages, _, is_std_zero = losses.advantages_of(
-        rewards_per_func,
-        trainer.reward_weights,
-        args.num_generations,
-        args.scale_rewards,
-        args.multi_objective_aggregation,
-    )
+    advantages, is_std_zero = trainer.compute_advantages(rewards_per_func, old_logps, ref_logps, loss_mask, mode)
     local = ranks.local_slice(args.process_index, len(prompts))
     _log_rewards(trainer, metrics, rewards_per_func, is_std_zero)
     advantages = advantages[local]
@@ -125,16 +119,45 @@ def _sample(trainer, inputs, prompts):
         prompt_ids_list = generation.tokenize_prompts(
             tokenizer, prompts, args.chat_template_kwargs, args.max_prompt_length
         )
-    completion_ids_list = generation.sample(
-        trainer.model,
-        prompt_ids_list,
-        trainer.generation_config,
-        tokenizer.pad_token_id,
-        trainer.eos_token_ids,
-        args.device,
-        args.gradient_checkpointing_kwargs,
-    )
+    if args.rollout_engine == "lathe":  # opt-in: lathe's decoding loop, finished rows dropped (rollouts.py)
+        from lathe.llm.rl.rollouts import sample_dropping_finished
+
+        with generation.checkpointing_off(trainer.model, args.gradient_checkpointing_kwargs), _whole_weights(trainer):
+            completion_ids_list = sample_dropping_finished(
+                trainer.model,
+                prompt_ids_list,
+                trainer.generation_config,
+                tokenizer.pad_token_id,
+                trainer.eos_token_ids,
+                args.device,
+            )
+        return prompt_ids_list, completion_ids_list
+    with _whole_weights(trainer):
+        completion_ids_list = generation.sample(
+            trainer.model,
+            prompt_ids_list,
+            trainer.generation_config,
+            tokenizer.pad_token_id,
+            trainer.eos_token_ids,
+            args.device,
+            args.gradient_checkpointing_kwargs,
+        )
     return prompt_ids_list, completion_ids_list
+
+
+def _whole_weights(trainer):
+    """Under DeepSpeed ZeRO-3 with ds3_gather_for_generation (TRL's default): every weight gathered whole for the
+    whole sampling, as TRL's unwrap_model_for_generation does, rather than layer by layer at every token (what
+    the partitioned model does by itself, ds3_gather_for_generation false; the same tokens, slower). FSDP2's
+    sharded modules gather their weights in their own forward hooks, so sampling needs nothing there."""
+    import contextlib
+
+    from lathe.train.parallel import deepspeed_zero
+
+    engine = getattr(trainer, "_zero_engine", None)
+    if trainer.args.ds3_gather_for_generation and deepspeed_zero.partitions_weights(engine):
+        return deepspeed_zero.gathered_parameters(trainer.model)
+    return contextlib.nullcontext()
 
 
 REQUIRED_ROLLOUT_KEYS = ("prompt_ids", "completion_ids", "logprobs")
@@ -199,7 +222,7 @@ def _old_and_reference_logps(trainer, input_ids, attention_mask, keep: int, mode
     old_logps = ref_logps = None
     with torch.no_grad():
         generate_every = args.steps_per_generation * args.num_iterations
-        if args.gradient_accumulation_steps % generate_every != 0:
+        if args.gradient_accumulation_steps % generate_every != 0 or trainer.always_old_logps:
             old_logps = _chunked_logps(trainer.model, input_ids, attention_mask, keep, args, mode)
         if args.beta != 0.0:
             if trainer.ref_model is not None:

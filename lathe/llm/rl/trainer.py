@@ -74,23 +74,6 @@ def _policy_and_reference(model, args, peft_config):
     return model, reference
 
 
-def _check_parallelism(args) -> None:
-    """GRPO runs on N processes under DDP (torchrun); DeepSpeed and FSDP are not wired into its sampling yet."""
-    if args.deepspeed:
-        raise ValueError(
-            "GRPO under DeepSpeed (deepspeed: ...) is not supported yet: sampling from ZeRO-partitioned weights "
-            "(TRL's ds3_gather_for_generation) and the partitioned reference model are missing. Run it on N "
-            "processes with plain DDP (torchrun / NPROC_PER_NODE=N without a deepspeed key)."
-        )
-    from lathe.train.parallel.fsdp import settings_from_args
-
-    if settings_from_args(args) is not None:
-        raise ValueError(
-            "GRPO under FSDP (fsdp / fsdp_config) is not supported yet: sampling from sharded weights (gathering "
-            "them for generate) is missing. Run it on N processes with plain DDP (torchrun / NPROC_PER_NODE=N)."
-        )
-
-
 class GRPOTrainer(Trainer):
     """GRPOTrainer(model, reward_funcs, args=GRPOConfig(...), train_dataset=..., processing_class=...,
     peft_config=None, rollout_func=None, tools=None, environment_factory=None). `model`: a model or a folder;
@@ -101,6 +84,7 @@ class GRPOTrainer(Trainer):
     `template` (a lathe Template that renders prompts and tool results instead of the chat template)."""
 
     loss_is_scaled_for_ga = True  # each loss_type divides for accumulation itself
+    always_old_logps = False  # the old policy's log-probs only when a generation serves several updates
 
     def __init__(
         self,
@@ -124,7 +108,6 @@ class GRPOTrainer(Trainer):
         from lathe.train.seed import set_seed
 
         args = args if args is not None else GRPOConfig(output_dir="grpo_output")
-        _check_parallelism(args)
         set_seed(args.seed)  # before the model: a LoRA adapter's initial weights are drawn from it
         model, tokenizer = _prepare_policy(model, processing_class, args)
         processing_class = processing_class if processing_class is not None else tokenizer
@@ -288,6 +271,19 @@ class GRPOTrainer(Trainer):
         from lathe.llm.rl.scoring import generate_and_score
 
         return generate_and_score(self, rows, mode)
+
+    def compute_advantages(self, rewards_per_func, old_logps, ref_logps, mask, mode):
+        """(the whole generation batch's advantages, is_std_zero per group) from every process's rewards: GRPO's
+        group normalisation (RLOOTrainer: the leave-one-out baseline)."""
+        args = self.args
+        advantages, _, is_std_zero = losses.advantages_of(
+            rewards_per_func,
+            self.reward_weights,
+            args.num_generations,
+            args.scale_rewards,
+            args.multi_objective_aggregation,
+        )
+        return advantages, is_std_zero
 
     # ----- the loss -----
 

@@ -1,5 +1,6 @@
-"""The online RL recipe (stage grpo): TRL's GRPO on lathe's GRPOTrainer (lathe.llm.rl), with the prompts of
-registered datasets rendered by the template and reward functions named in the config.
+"""The online RL recipe (stages grpo and rloo): TRL's GRPO on lathe's GRPOTrainer, or TRL's RLOO on its
+RLOOTrainer (lathe.llm.rl), with the prompts of registered datasets rendered by the template and reward functions
+named in the config.
 
     config -> tokenizer, template -> prompts (+ the rows' other columns) -> model (full/freeze/lora)
            -> reference (none at beta 0; the policy with adapters off under LoRA; else a frozen copy)
@@ -29,22 +30,16 @@ def reward_search_dirs(config) -> list[str]:
 
 
 def run(config, dry_run: bool = False, callbacks: list | None = None) -> dict:
-    """Run stage grpo as configured; returns the training metrics ({} for a dry run)."""
+    """Run stage grpo (or rloo) as configured; returns the training metrics ({} for a dry run)."""
     from lathe.llm.config.grpo import grpo_config
-    from lathe.llm.config.launch import use_ray
     from lathe.llm.data.prompts import get_prompt_dataset
     from lathe.llm.model.loader import load_model, load_tokenizer
-    from lathe.llm.rl import GRPOTrainer
+    from lathe.llm.rl import GRPOTrainer, RLOOTrainer
     from lathe.llm.templates import get_template_and_fix_tokenizer
     from lathe.llm.workflows.outputs import set_stop_tokens
     from lathe.train.seed import set_seed
 
     model_args, training_args, finetuning_args = config.model, config.training, config.finetuning
-    if use_ray():  # before anything is loaded
-        raise ValueError(
-            "stage grpo under Ray (USE_RAY=1) is not supported yet (its ranks' sampling and gathered rewards are "
-            "tested under torchrun only): run it with NPROC_PER_NODE=N (torchrun) instead."
-        )
     resume_from = resolve_resume_checkpoint(config)
     tokenizer = load_tokenizer(config.model)
     template = get_template_and_fix_tokenizer(tokenizer, config.data)
@@ -61,7 +56,20 @@ def run(config, dry_run: bool = False, callbacks: list | None = None) -> dict:
         return {}
 
     set_stop_tokens(model, tokenizer, template)
-    trainer = GRPOTrainer(
+    trainer_class, extra = (
+        GRPOTrainer,
+        {
+            "rollout_func": finetuning_args.rollout_func,
+            # Tools: rendered by the template when the config names one, else by the tokenizer's chat template (TRL's).
+            "tools": finetuning_args.tools,
+            "environment_factory": finetuning_args.environment_factory,
+            "tool_format": config.data.tool_format,
+            "template": template if config.data.template is not None else None,
+        },
+    )
+    if finetuning_args.stage == "rloo":  # TRL's RLOOTrainer has no rollout_func, tools or environments
+        trainer_class, extra = RLOOTrainer, {}
+    trainer = trainer_class(
         model=model,
         reward_funcs=list(finetuning_args.reward_funcs),
         args=args,
@@ -69,12 +77,7 @@ def run(config, dry_run: bool = False, callbacks: list | None = None) -> dict:
         processing_class=tokenizer,
         callbacks=make_callbacks(config) + list(callbacks or []),
         reward_search_dirs=reward_search_dirs(config),
-        rollout_func=finetuning_args.rollout_func,
-        # Tools: rendered by the template when the config names one, else by the tokenizer's chat template (TRL's).
-        tools=finetuning_args.tools,
-        environment_factory=finetuning_args.environment_factory,
-        tool_format=config.data.tool_format,
-        template=template if config.data.template is not None else None,
+        **extra,
     )
     metrics = train_and_save(trainer, config, plan, resume_from, None, train_keys=PLOTTED)
     write_model_card(trainer, config)
@@ -114,6 +117,8 @@ def plan_grpo(plan, config, args, train, model) -> None:
         chunk=None,  # GRPO's log-probs come from full-vocabulary logits
         reference_copy=args.beta != 0.0 and config.finetuning.finetuning_type not in ("lora", "oft"),
     )
+    if settings.sharding is not None:  # GRPO's reference copy is whole on every process (not sharded as dpo's)
+        settings = dataclasses.replace(settings, sharding=dataclasses.replace(settings.sharding, reference=False))
     available = available_memory(config.training.device)
     # Each of the N processes samples per_device_train_batch_size x steps_per_generation rows of the generation
     # batch. A generation_batch_size set in the config is shared by the N processes the run will have (the plan
@@ -122,7 +127,13 @@ def plan_grpo(plan, config, args, train, model) -> None:
     if config.finetuning.generation_batch_size is not None:
         steps_per_generation = max(1, args.generation_batch_size // (args.per_device_train_batch_size * processes))
     plan.memory = estimate_grpo_memory(
-        model, settings, available, steps_per_generation, prompt_len, args.max_completion_length
+        model,
+        settings,
+        available,
+        steps_per_generation,
+        prompt_len,
+        args.max_completion_length,
+        args.ds3_gather_for_generation,
     )
     if plan.memory is not None and not plan.memory.fits:
         plan.memory_advice = advice(plan.memory, model, settings)

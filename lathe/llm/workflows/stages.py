@@ -6,7 +6,15 @@ from __future__ import annotations
 from importlib import import_module
 
 # stage -> module of lathe.llm.workflows (imported only when that stage runs: each pulls in transformers).
-RECIPES = {"pt": "pt", "sft": "sft", "rm": "rm", "dpo": "preference", "kto": "preference", "grpo": "grpo"}
+RECIPES = {
+    "pt": "pt",
+    "sft": "sft",
+    "rm": "rm",
+    "dpo": "preference",
+    "kto": "preference",
+    "grpo": "grpo",
+    "rloo": "grpo",
+}
 
 
 def run_train(config, dry_run: bool = False, callbacks: list | None = None) -> dict:
