@@ -322,8 +322,12 @@ def test_no_merge_conflict_markers_in_tracked_files():
 def test_every_lathe_import_names_a_module_that_exists():
     # Old paths still import for users (lathe/_moved.py), but lathe, its tests and benchmarks use the new ones.
     stale = []
-    # bench/.cache holds the peers' virtual environments (git-ignored): not lathe's code.
-    bench = [path for path in (ROOT / "bench").rglob("*.py") if ".cache" not in path.relative_to(ROOT).parts]
+    # bench/.cache, bench/.venv-* and bench/lf_stubs hold the peers' environments (git-ignored): not lathe's code.
+    bench = [
+        path
+        for path in (ROOT / "bench").rglob("*.py")
+        if not any(part.startswith(".") or part == "lf_stubs" for part in path.relative_to(ROOT).parts)
+    ]
     sources = [*PACKAGE.rglob("*.py"), *(ROOT / "tests").rglob("*.py"), *bench]
     sources += list((ROOT / "examples").rglob("*.py"))
     for path in sources:

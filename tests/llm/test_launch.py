@@ -120,7 +120,7 @@ def launch_quickstart(output_dir, *overrides, home=None):
         env["HOME"] = str(home)
     command = [sys.executable, "-m", "lathe", "train", "examples/quickstart.yaml", f"output_dir={output_dir}"]
     result = subprocess.run(
-        [*command, *overrides], cwd=REPOSITORY, env=env, capture_output=True, text=True, timeout=400
+        [*command, *overrides], cwd=REPOSITORY, env=env, capture_output=True, text=True, timeout=900
     )
     assert result.returncode == 0, result.stderr[-3000:]
     return result

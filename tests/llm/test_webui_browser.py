@@ -83,6 +83,17 @@ def _wait(condition, timeout: float = 180.0):
     raise AssertionError("timed out waiting in the browser")
 
 
+def _click(driver, selector: str) -> None:
+    """Click the element `selector` names in the runs table: the table is redrawn every 2 s, so an element found
+    just before a redraw is stale when clicked; find it again until the click lands."""
+
+    def click():
+        driver.find_element("css selector", selector).click()
+        return True
+
+    _wait(click)
+
+
 def _fill(driver, element_id: str, text: str) -> None:
     element = driver.find_element("id", element_id)
     element.clear()
@@ -130,7 +141,7 @@ def test_train_watch_stop_resume_chat_export_in_a_browser(browser, server):  # b
     first = _wait(lambda: _points(driver) >= 2 and _points(driver))
     _wait(lambda: _points(driver) > first)
     _shoot(driver, "watch")
-    driver.find_element("css selector", 'tr[data-run="saves/b1"] .stop').click()
+    _click(driver, 'tr[data-run="saves/b1"] .stop')
     _wait(lambda: _status(driver, "saves/b1") == "stopped")
     with open(os.path.join(root, "configs", "saves_b1.yaml")) as f:
         assert "max_steps: 4000" in f.read()
@@ -139,10 +150,10 @@ def test_train_watch_stop_resume_chat_export_in_a_browser(browser, server):  # b
         for name in os.listdir(os.path.join(root, "saves", "b1"))
         if name.startswith("checkpoint-")
     )
-    _wait(lambda: driver.find_element("css selector", 'tr[data-run="saves/b1"] .resume')).click()
+    _click(driver, 'tr[data-run="saves/b1"] .resume')
     _wait(lambda: _status(driver, "saves/b1") == "running")
     _wait(lambda: _points(driver) > stopped_at + 1)
-    driver.find_element("css selector", 'tr[data-run="saves/b1"] .stop').click()
+    _click(driver, 'tr[data-run="saves/b1"] .stop')
     _wait(lambda: _status(driver, "saves/b1") == "stopped")
     checkpoint = "saves/b1/" + max(
         (name for name in os.listdir(os.path.join(root, "saves", "b1")) if name.startswith("checkpoint-")),
