@@ -15,14 +15,19 @@ pytest.importorskip("deepspeed", reason="the deepspeed extra is not installed")
 def one_process_afterwards():
     """DeepSpeed in this process starts a process group and sets RANK, WORLD_SIZE, ...: undo both once this
     module is done (DeepSpeed keeps the group for its next engine), or later tests, and transformers' Trainer
-    in them, would believe they run distributed."""
+    in them, would believe they run distributed. ZeRO-3's Init also replaces torch.nn.functional.linear for the
+    rest of the process ("This will persist unless manually reset"): its autograd function saves other tensors
+    than F.linear under autocast, which a memory test run later in this process measures."""
     import os
 
     import torch.distributed as dist
+    import torch.nn.functional
 
     environment = dict(os.environ)
     was_initialized = dist.is_available() and dist.is_initialized()
+    linear = torch.nn.functional.linear
     yield
+    torch.nn.functional.linear = linear
     if dist.is_available() and dist.is_initialized() and not was_initialized:
         dist.destroy_process_group()
     os.environ.clear()
