@@ -8,7 +8,7 @@ little with load; wall seconds change a lot). Children not waited for (Ray's dae
     python bench/suite_cpu.py suite_cpu*.json                   # the 40 costliest tests and files
     python bench/suite_cpu.py suite_cpu*.json --order tests/suite_order.txt   # rewrite the file order hint
 
-tests/suite_order.txt lists the test files costliest first: tests/conftest.py hands them to the xdist workers in
+tests/suite_order.txt lists the test files longest first: tests/conftest.py hands them to the xdist workers in
 that order (the README's command runs `-n auto --dist loadfile`), so the long files start first and the short ones
 fill the gaps at the end. It is a scheduling hint only: a stale or missing list changes the wall time, never what
 runs.
@@ -57,12 +57,14 @@ def load(paths: list[str]) -> list:
 
 
 def write_order(rows: list, path: str) -> None:
-    """The test files, costliest (CPU seconds) first: tests/conftest.py's scheduling hint for xdist."""
+    """The test files, longest first: tests/conftest.py's scheduling hint for xdist. A file's length is the seconds
+    a worker is busy with it, wall or CPU, whichever is more per test (Ray's workers, not children of the test,
+    use CPU the test's own count misses; a test waiting on a timeout uses wall and no CPU)."""
     files: dict[str, float] = defaultdict(float)
-    for name, _, own, children in rows:
-        files[name.split("::")[0]] += own + children
-    lines = [f"{name}  # {seconds:.0f} CPU s" for name, seconds in sorted(files.items(), key=lambda item: -item[1])]
-    header = "# test files, costliest first (bench/suite_cpu.py --order): the order xdist workers get them in\n"
+    for name, wall, own, children in rows:
+        files[name.split("::")[0]] += max(wall, own + children)
+    lines = [f"{name}  # {seconds:.0f} s" for name, seconds in sorted(files.items(), key=lambda item: -item[1])]
+    header = "# test files, longest first (bench/suite_cpu.py --order): the order xdist workers get them in\n"
     with open(path, "w") as handle:
         handle.write(header + "\n".join(lines) + "\n")
 

@@ -1,6 +1,6 @@
 """Shared test set-up: one torch thread (2 shared cores: spinning thread pools make runs erratic; another count
 with LATHE_TEST_THREADS, how bench/golden_drift.py measures what threads change), quiet, deterministic
-defaults, and the files in tests/suite_order.txt's order (costliest first, so that the README's `-n auto --dist
+defaults, and the files in tests/suite_order.txt's order (longest first, so that the README's `-n auto --dist
 loadfile` starts the long files first and ends on short ones)."""
 
 import os
@@ -34,7 +34,7 @@ if "PYTEST_XDIST_WORKER" in os.environ:
 ORDER = Path(__file__).with_name("suite_order.txt")
 
 
-def costliest_first(items: list) -> None:
+def longest_first(items: list) -> None:
     """Reorder `items` in place: whole files, in tests/suite_order.txt's order, then the files it does not list
     (new ones) in their collected order; the tests inside a file keep their order (module fixtures stay shared)."""
     listed = [line.split("#")[0].strip() for line in ORDER.read_text().splitlines()] if ORDER.is_file() else []
@@ -45,7 +45,7 @@ def costliest_first(items: list) -> None:
 def pytest_collection_modifyitems(config, items):
     """Tests marked `hf` compare against transformers, `gpu` ones need a CUDA device: skip them cleanly
     where it is missing."""
-    costliest_first(items)
+    longest_first(items)
     if not torch.cuda.is_available():
         skip_gpu = pytest.mark.skip(reason="needs a CUDA device (tests/gpu; bench/gpu/run.py runs them on one)")
         for item in items:

@@ -44,6 +44,36 @@ HAS_DEEPSPEED = importlib.util.find_spec("deepspeed") is not None  # the deepspe
 SKIPPED = ("train_runtime", "train_samples_per_second", "train_steps_per_second", "train_loss", "total_flos")
 
 
+def stage_config(tmp: Path, model_dir: str) -> str:
+    """A `lathe train` (stage grpo) config of the conversational case's rows from a registered dataset, rendered
+    by the ChatML template, run on 2 processes here and on 2 Ray Train workers in test_ray_train.py; its output
+    folder is tmp / "stage" / "out"."""
+    project = tmp / "stage"
+    project.mkdir()
+    rows = [
+        {"prompt": [{"role": "user", "content": p}], "target": t}
+        for p, t in zip(grpo_cases.PROMPTS, grpo_cases.TARGETS)
+    ]
+    entry = {"formatting": "sharegpt", "columns": {"messages": "prompt"}, "tags": SHAREGPT_TAGS}
+    write_project(project, rows, entry, (HERE / "grpo_cases.py").read_text())
+    stage_model = shutil.copytree(model_dir, tmp / "stage_model")
+    for item in (grpo_cases.TOKENIZER.parent / "bpe_chatml").iterdir():  # the ChatML chat template
+        shutil.copy(item, stage_model / item.name)
+    rewards = "my_rewards:vowel_share, my_rewards:length_target"
+    return config_file(project, str(stage_model), beta=0.1, reward_funcs=rewards, per_device_train_batch_size=4)
+
+
+def assert_stage_logs_trls_numbers(logs: list[dict]) -> None:
+    """The stage config's logged numbers on 2 processes equal TRL's 2-process run of the conversational case."""
+    expected = GOLDEN["cases"]["conversational"]["logs"]
+    assert len(logs) == len(expected)
+    for step, (mine, theirs) in enumerate(zip(logs, expected), start=1):
+        for key, value in theirs.items():
+            if key in SKIPPED or key == "step_time":
+                continue
+            assert close(mine[key], value, 1e-4), f"step {step} {key}: lathe train {mine[key]}, TRL {value}"
+
+
 @pytest.fixture(scope="module")
 def results(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("grpo_2proc")
@@ -59,21 +89,7 @@ def results(tmp_path_factory):
         "model_dir": model_dir,
         "overrides": {**saving, "resume_from_checkpoint": checkpoint},
     }
-    # `lathe train` (stage grpo) of the conversational case's rows from a registered dataset.
-    project = tmp / "stage"
-    project.mkdir()
-    rows = [
-        {"prompt": [{"role": "user", "content": p}], "target": t}
-        for p, t in zip(grpo_cases.PROMPTS, grpo_cases.TARGETS)
-    ]
-    entry = {"formatting": "sharegpt", "columns": {"messages": "prompt"}, "tags": SHAREGPT_TAGS}
-    write_project(project, rows, entry, (HERE / "grpo_cases.py").read_text())
-    stage_model = shutil.copytree(model_dir, tmp / "stage_model")
-    for item in (grpo_cases.TOKENIZER.parent / "bpe_chatml").iterdir():  # the ChatML chat template
-        shutil.copy(item, stage_model / item.name)
-    rewards = "my_rewards:vowel_share, my_rewards:length_target"
-    path = config_file(project, str(stage_model), beta=0.1, reward_funcs=rewards, per_device_train_batch_size=4)
-    runs["stage"] = {"stage_config": path}
+    runs["stage"] = {"stage_config": stage_config(tmp, model_dir)}
     for name in RLOO_GOLDEN["cases"]:  # RLOOTrainer on 2 processes (bench/rloo_goldens.py --processes 2)
         runs[name] = {"case": name, "model_dir": model_dir, "trainer": "rloo"}
     # The full-model beta 0.1 case under FSDP2 and DeepSpeed ZeRO-2 / ZeRO-3 (last: it leaves its global config
@@ -136,14 +152,7 @@ def test_resumed_on_two_processes_logs_the_uninterrupted_numbers(results):
 def test_stage_grpo_under_two_processes_logs_trls_numbers(results):
     """`lathe train` on 2 processes (a stage grpo config, the prompts rendered by the ChatML template) logs
     what TRL logs on 2 processes for the same conversations."""
-    expected = GOLDEN["cases"]["conversational"]["logs"]
-    logs = results["stage"]["logs"]
-    assert len(logs) == len(expected)
-    for step, (mine, theirs) in enumerate(zip(logs, expected), start=1):
-        for key, value in theirs.items():
-            if key in SKIPPED or key == "step_time":
-                continue
-            assert close(mine[key], value, 1e-4), f"step {step} {key}: lathe train {mine[key]}, TRL {value}"
+    assert_stage_logs_trls_numbers(results["stage"]["logs"])
 
 
 @pytest.mark.parametrize("name", sorted(SHARDED))

@@ -239,3 +239,25 @@ def test_checkpoints_reach_ray_storage_and_resume_exactly(ray_run, tmp_path, mon
     train_one_process(tmp_path / "resumed", f"resume_from_checkpoint={stored[0]}")
     assert losses(tmp_path / "resumed")[-1] == pytest.approx(losses(ray_run / "out")[-1], abs=1e-6)
     assert_same_weights(weights(tmp_path / "resumed/model.safetensors"), weights(ray_run / "out/model.safetensors"))
+
+
+@pytest.mark.slow
+def test_stage_grpo_on_two_ray_workers_logs_trls_two_process_numbers(local_ray, tmp_path):
+    """USE_RAY=1 `lathe train` of a stage grpo config on 2 Ray Train workers: each worker is one process of the
+    group, so the run logs what TRL 1.16 logs on 2 processes (bench/grpo_goldens.py --processes 2), as the
+    torchrun launch of the same config does (tests/llm/test_grpo_multiprocess.py)."""
+    from lathe.llm.launch.ray_train import run_with_ray
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import grpo_cases
+    from test_grpo_multiprocess import assert_stage_logs_trls_numbers, stage_config
+
+    model_dir = str(tmp_path / "model")
+    grpo_cases.build_model(model_dir)
+    path = stage_config(tmp_path, model_dir)
+    overrides = ["ray_num_workers=2", f"ray_storage_path={tmp_path / 'storage'}", "ray_run_name=grpo"]
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("USE_RAY", "1")
+        assert run_with_ray(RawConfig(path, overrides), path, overrides) == 0
+    state = json.loads((tmp_path / "stage" / "out" / "trainer_state.json").read_text())
+    assert_stage_logs_trls_numbers(state["log_history"])
