@@ -124,6 +124,30 @@ def test_reward_code_comes_from_the_root_only(client, spec):
     assert reply.status_code == 403 and "reward_funcs" in reply.json()["error"], reply.text
 
 
+@pytest.mark.parametrize(
+    "key, value",
+    [
+        ("tools", "os:system"),
+        ("tools", ["rewards:f", "subprocess:getoutput"]),
+        ("rollout_func", "outside.rewards:f"),
+        ("environment_factory", "os:PathLike"),
+        ("environment_factory", {"ok": "rewards:f", "evil": "shutil:rmtree"}),
+    ],
+)
+def test_a_runs_other_code_comes_from_the_root_only(client, root, key, value):
+    """GRPO's tools, rollout_func and environment_factory name code `lathe train` imports, like reward_funcs: the
+    page accepts .py modules under its root only (a module under the root passes, next to a refused one)."""
+    open(os.path.join(root, "rewards.py"), "w").write("def f(completions, **kwargs):\n    return [0.0]\n")
+    form = train_form()
+    form["extra"] += f"{key}: {json.dumps(value)}\n"
+    reply = client.post("/api/config", json=form)
+    assert reply.status_code == 403 and key in reply.json()["error"], reply.text
+    assert "not a .py file under the web page's root" in reply.json()["error"], reply.text
+    form = train_form()
+    form["extra"] += f"{key}: {json.dumps(['rewards:f'] if key == 'tools' else 'rewards:f')}\n"
+    assert client.post("/api/config", json=form).status_code == 200
+
+
 @pytest.mark.parametrize("file_name", ["../../outside/secret.json", "/etc/passwd", "../link/secret.json"])
 def test_dataset_files_stay_under_the_root(client, root, file_name):
     info = json.dumps({"evil": {"file_name": file_name}}).encode()

@@ -8,6 +8,7 @@ names."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 
@@ -70,27 +71,48 @@ def _items(value) -> list:
     return [item.strip() for item in value.split(",") if item.strip()] if isinstance(value, str) else list(value)
 
 
-def checked_reward(root: str, spec, search_dirs: tuple[str, ...]) -> str:
+def checked_reward(root: str, spec, search_dirs: tuple[str, ...], key: str = "reward_funcs") -> str:
     """A reward function the page may name: a model folder under root, or `module:function` whose module is
     a .py file under root (in one of `search_dirs`, where `lathe train` looks first): never a module found
-    elsewhere on sys.path."""
+    elsewhere on sys.path. The same for the other code a GRPO config names (`key`: rollout_func, tools,
+    environment_factory), which are `module:name` only."""
     if not isinstance(spec, str) or not spec.strip():
-        raise PathError(f"reward_funcs: expected 'module:function' or a model folder, got {spec!r}.")
+        raise PathError(f"{key}: expected 'module:name'{' or a model folder' * (key == 'reward_funcs')}, got {spec!r}.")
     module, colon, function = spec.strip().partition(":")
-    if not colon:
+    if not colon and key == "reward_funcs":
         return inside(root, spec, "reward_funcs")
-    if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*", module) or not function.isidentifier():
-        raise PathError(f"reward_funcs: {spec!r} is not 'module:function'.")
+    valid_module = re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*", module)
+    if not colon or not valid_module or not function.isidentifier():
+        raise PathError(f"{key}: {spec!r} is not 'module:name'.")
     relative_file = os.path.join(*module.split(".")) + ".py"
     for folder in search_dirs:
         candidate = os.path.join(folder, relative_file)
         if os.path.isfile(candidate):
-            inside(root, candidate, "reward_funcs")  # a link to a file outside is refused
+            inside(root, candidate, key)  # a link to a file outside is refused
             return spec.strip()
     raise PathError(
-        f"reward_funcs: module {module!r} is not a .py file under the web page's root (the page runs reward "
+        f"{key}: module {module!r} is not a .py file under the web page's root (the page runs a run's own "
         f"code from the root only; looked for {relative_file} in {', '.join(search_dirs)})."
     )
+
+
+# Keys naming code a run imports (module:name), checked as reward_funcs' modules are: .py files under the root.
+CODE_KEYS = ("rollout_func", "tools", "environment_factory")
+
+
+def _checked_code(root: str, key: str, value, dirs: tuple[str, ...]):
+    if key == "environment_factory":
+        if isinstance(value, str) and value.lstrip().startswith("{"):
+            try:
+                value = json.loads(value)
+            except json.JSONDecodeError as error:
+                raise PathError(f"environment_factory: not a JSON mapping ({error.msg}).") from None
+        if isinstance(value, dict):
+            return {name: checked_reward(root, spec, dirs, key) for name, spec in value.items()}
+        return checked_reward(root, value, dirs, key)
+    if key == "tools":
+        return [checked_reward(root, item, dirs, key) for item in _items(value)]
+    return checked_reward(root, value, dirs, key)
 
 
 def check_config_paths(root: str, values: dict, search_dirs: tuple[str, ...] = ()) -> dict:
@@ -100,7 +122,12 @@ def check_config_paths(root: str, values: dict, search_dirs: tuple[str, ...] = (
     `search_dirs` (default: the root)."""
     checked = dict(values)
     for key, value in values.items():
-        if value is None or value == "" or not is_path_key(key) or isinstance(value, bool):
+        if value is None or value == "" or isinstance(value, bool):
+            continue
+        if key in CODE_KEYS:
+            checked[key] = _checked_code(root, key, value, search_dirs or (root,))
+            continue
+        if not is_path_key(key):
             continue
         if key in MODEL_KEYS:
             checked[key] = checked_model(root, str(value), key)
