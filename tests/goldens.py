@@ -169,3 +169,21 @@ def assert_same_files(written, committed, what: str) -> None:
         else:
             same = (written / name).read_bytes() == (committed / name).read_bytes()
         assert same, f"{what}: {name} differs"
+
+
+def load_generator(path, name: str):
+    """A golden's generator script (tests/llm/golden/make_*.py) imported as module `name`: tests reuse its cases."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def safetensors_golden(path) -> tuple[dict, dict]:
+    """({name: tensor}, metadata) of a safetensors golden."""
+    from safetensors import safe_open
+
+    with safe_open(str(path), "pt") as f:
+        return {key: f.get_tensor(key) for key in f.keys()}, f.metadata()

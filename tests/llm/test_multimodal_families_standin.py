@@ -14,27 +14,17 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("PIL")
 pytest.importorskip("safetensors")
 
-from tests.goldens import assert_close_to_golden  # noqa: E402
+from tests.goldens import assert_close_to_golden, load_generator, safetensors_golden  # noqa: E402
 
 GOLDEN_DIR = Path(__file__).parent / "golden"
 
 
-def _generator():
-    spec = importlib.util.spec_from_file_location("make_standin", GOLDEN_DIR / "make_llamafactory_families_standin.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-GEN = _generator()
+GEN = load_generator(GOLDEN_DIR / "make_llamafactory_families_standin.py", "make_standin")
 
 
 @pytest.fixture(scope="module")
 def golden():
-    from safetensors import safe_open
-
-    with safe_open(str(GOLDEN_DIR / "llamafactory_families_standin.safetensors"), "pt") as f:
-        return {key: f.get_tensor(key) for key in f.keys()}, f.metadata()
+    return safetensors_golden(GOLDEN_DIR / "llamafactory_families_standin.safetensors")
 
 
 def _plugin(family, processor=None):

@@ -16,28 +16,18 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("PIL")
 pytest.importorskip("safetensors")
 
-from tests.goldens import assert_close_to_golden  # noqa: E402
+from tests.goldens import assert_close_to_golden, load_generator, safetensors_golden  # noqa: E402
 
 GOLDEN_DIR = Path(__file__).parent / "golden"
 FEATURES_ABS = 1e-3  # log-mel features: another CPU's FFT (see test_multimodal_families.py)
 
 
-def _generator():
-    spec = importlib.util.spec_from_file_location("make_mrope", GOLDEN_DIR / "make_llamafactory_mrope_families.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-GEN = _generator()
+GEN = load_generator(GOLDEN_DIR / "make_llamafactory_mrope_families.py", "make_mrope")
 
 
 @pytest.fixture(scope="module")
 def golden():
-    from safetensors import safe_open
-
-    with safe_open(str(GOLDEN_DIR / "llamafactory_mrope_families.safetensors"), "pt") as f:
-        return {key: f.get_tensor(key) for key in f.keys()}, f.metadata()
+    return safetensors_golden(GOLDEN_DIR / "llamafactory_mrope_families.safetensors")
 
 
 @pytest.fixture(scope="module")
