@@ -3,27 +3,24 @@ batch: equal losses and final weights; evaluation metrics equal one process's.""
 
 from __future__ import annotations
 
-import json
+import importlib.util
 
 import pytest
 import torch
 
 from tests.train import ddp_worker
-from tests.train.torchrun_helpers import REPOSITORY, launch, torchrun_runs
+from tests.train.torchrun_helpers import REPOSITORY, torchrun_runs
 
 pytestmark = pytest.mark.slow
 
 
-def torchrun(tmp_path, options: dict) -> dict:
-    completed = launch(tmp_path, "ranks", options, worker=REPOSITORY / "tests" / "train" / "ddp_worker.py")
-    assert completed.returncode == 0, completed.stderr[-3000:]
-    return json.loads((tmp_path / "ranks.json").read_text())
-
-
 @pytest.fixture(scope="module")
 def lathe_ranks(tmp_path_factory):
-    """lathe's 2-rank runs of this module, in one torchrun launch."""
+    """The 2-rank runs of this module, in one torchrun launch: lathe's, then transformers' Trainer's (when it is
+    installed) in the same processes."""
     runs = {f"accumulation{steps}": {"batch": 2, "accumulation": steps} for steps in (1, 2)}
+    if importlib.util.find_spec("transformers") is not None:
+        runs["transformers"] = {"batch": 2, "implementation": "transformers"}
     return torchrun_runs(
         tmp_path_factory.mktemp("ranks"), runs, worker=REPOSITORY / "tests" / "train" / "ddp_worker.py"
     )
@@ -49,13 +46,12 @@ def test_two_ranks_train_like_one_with_twice_the_batch(tmp_path, lathe_ranks, ac
 
 
 @pytest.mark.hf
-def test_two_ranks_evaluate_as_transformers_two_ranks(tmp_path, lathe_ranks):
+def test_two_ranks_evaluate_as_transformers_two_ranks(lathe_ranks):
     """eval_loss under 2 ranks is transformers' (not one process's): its last step pads rank 0's short batch
     with the first samples (accelerate), each rank's loss is divided by the items of both ranks' batches and
     scaled by the world size, and the gathered repeats are trimmed to the dataset."""
     pytest.importorskip("transformers")
-    ours = lathe_ranks["accumulation1"]
-    theirs = torchrun(tmp_path / "transformers", {"batch": 2, "implementation": "transformers"})
+    ours, theirs = lathe_ranks["accumulation1"], lathe_ranks["transformers"]
     assert ours["losses"] == pytest.approx(theirs["losses"], abs=1e-6)
     for key in ("eval_loss", "eval_accuracy", "eval_rows"):
         assert ours["metrics"][key] == pytest.approx(theirs["metrics"][key], rel=1e-6), key
