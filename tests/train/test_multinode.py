@@ -61,24 +61,33 @@ def assert_same_weights(ours: dict, theirs: dict) -> None:
         torch.testing.assert_close(torch.tensor(ours[name]), torch.tensor(weights), atol=1e-6, rtol=0)
 
 
-def test_two_nodes_train_like_one_process_with_the_whole_batch(tmp_path):
-    single = ddp_worker.run(str(tmp_path / "single"), {"batch": 4})
-    nodes = run_nodes(tmp_path, "nodes", {"batch": 2})
+@pytest.fixture(scope="module")
+def shared(tmp_path_factory):
+    """One two-node job for the two tests below (a launch costs each process seconds of imports): batch 2 per
+    node, a checkpoint every 4 steps, and a record of the files each process wrote."""
+    folder = tmp_path_factory.mktemp("nodes")
+    return folder, run_nodes(folder, "shared", {"batch": 2, "save_steps": 4, "record": str(folder)})
+
+
+def test_two_nodes_train_like_one_process_with_the_whole_batch(tmp_path, shared):
+    single = ddp_worker.run(str(tmp_path / "single"), {"batch": 4, "save_steps": 4})
+    nodes = shared[1]
     assert nodes["world_size"] == 2
     assert nodes["losses"] == pytest.approx(single["losses"], abs=1e-6)
     assert_same_weights(nodes["weights"], single["weights"])
 
 
-def test_one_writer_in_a_shared_output_dir(tmp_path):
+def test_one_writer_in_a_shared_output_dir(shared):
     """save_on_each_node=False (the default): only the job's rank 0 writes, never node 1's local rank 0."""
-    run_nodes(tmp_path, "shared", {"batch": 2, "epochs": 1, "save_steps": 4, "record": str(tmp_path)})
-    written = [set(json.loads((tmp_path / f"writes-{rank}.json").read_text())) for rank in (0, 1)]
-    assert {f"checkpoint-{step}" for step in (4, 8)} <= written[0]
+    folder, _ = shared
+    written = [set(json.loads((folder / f"writes-{rank}.json").read_text())) for rank in (0, 1)]
+    steps = (4, 8, 12, 16)  # 2 epochs of 8 steps
+    assert {f"checkpoint-{step}" for step in steps} <= written[0]
     checkpoint = {"model.safetensors", "optimizer.pt", "scheduler.pt", "trainer_state.json", "rng_state_0.pth"}
     assert checkpoint <= {os.path.basename(path) for path in written[0]}, written[0]
     # node 1 writes only its own RNG state, under its global rank's name, into rank 0's staging folder
     assert {os.path.basename(path) for path in written[1]} == {"rng_state_1.pth"}, written[1]
-    assert sorted(os.listdir(tmp_path / "shared")) == ["checkpoint-4", "checkpoint-8"]
+    assert sorted(os.listdir(folder / "shared")) == sorted(f"checkpoint-{step}" for step in steps)
 
 
 def test_save_on_each_node_on_a_shared_output_dir_is_a_clear_error(tmp_path):
