@@ -266,3 +266,28 @@ RLOO_MULTIPROCESS_CASES = {
         "max_steps": 4,
     },
 }
+
+
+def assert_matches_trl(case: str, got: dict, expected: dict, log_rel: float, log_abs: float | None = None,
+                       advantage_abs: float | None = None, exact: tuple[str, ...] = ()) -> None:  # fmt: skip
+    """One run's record (`record`) against TRL's: per generation the sampled tokens, the `exact` keys and the
+    rewards identical (sampling is exact), the advantages within 1e-5 relative (`advantage_abs` absolute); per
+    logged step the same keys, each value within `log_rel` relative (`log_abs` absolute; None: the goldens'
+    default)."""
+    from tests.goldens import GOLDEN_ABS, assert_close_to_golden
+
+    advantage_abs = GOLDEN_ABS if advantage_abs is None else advantage_abs
+    log_abs = GOLDEN_ABS if log_abs is None else log_abs
+
+    assert len(got["generations"]) == len(expected["generations"])
+    for step, (mine, theirs) in enumerate(zip(got["generations"], expected["generations"])):
+        assert mine["completion_ids"] == theirs["completion_ids"], f"generation {step}: sampled tokens differ"
+        for key in exact:
+            assert mine[key] == theirs[key], f"generation {step}: {key} differs"
+        assert mine["rewards"] == theirs["rewards"], f"generation {step}"
+        where = f"{case} advantages, {step}"
+        assert_close_to_golden(mine["advantages"], theirs["advantages"], where, rel=1e-5, abs=advantage_abs)
+    assert len(got["logs"]) == len(expected["logs"])
+    for step, (mine, theirs) in enumerate(zip(got["logs"], expected["logs"]), start=1):
+        assert set(mine) == set(theirs), f"step {step}: logged keys differ: {set(mine) ^ set(theirs)}"
+        assert_close_to_golden(mine, theirs, f"{case} logs, step {step}", rel=log_rel, abs=log_abs)

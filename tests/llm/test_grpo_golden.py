@@ -17,8 +17,6 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 import grpo_cases  # noqa: E402
 
-from tests.goldens import assert_close_to_golden  # noqa: E402
-
 GOLDEN = json.loads((HERE / "golden" / "trl_grpo.json").read_text())
 # Relative tolerance of the logged numbers. mask_truncated_completions: step 1 matches to 1e-7, but from
 # step 2 the numbers drift apart by up to 2e-4 (not explained yet; the sampled tokens stay identical).
@@ -91,13 +89,4 @@ def test_grpo_matches_trl(case, model_dir, tmp_path):
     torch.set_num_threads(1)
     expected = GOLDEN["cases"][case]
     got = run_lathe_case(case, model_dir, str(tmp_path))
-    assert len(got["generations"]) == len(expected["generations"])
-    for step, (mine, theirs) in enumerate(zip(got["generations"], expected["generations"])):
-        # Sampling is exact: the same tokens, hence exactly the same rewards.
-        assert mine["completion_ids"] == theirs["completion_ids"], f"generation {step}: sampled tokens differ"
-        assert mine["rewards"] == theirs["rewards"], f"generation {step}"
-        assert_close_to_golden(mine["advantages"], theirs["advantages"], f"{case} advantages, {step}", rel=1e-5)
-    assert len(got["logs"]) == len(expected["logs"])
-    for step, (mine, theirs) in enumerate(zip(got["logs"], expected["logs"]), start=1):
-        assert set(mine) == set(theirs), f"step {step}: logged keys differ: {set(mine) ^ set(theirs)}"
-        assert_close_to_golden(mine, theirs, f"{case} logs, step {step}", rel=TOLERANCE.get(case, 1e-4))
+    grpo_cases.assert_matches_trl(case, got, expected, log_rel=TOLERANCE.get(case, 1e-4))

@@ -15,9 +15,8 @@ import torch
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
+import grpo_cases  # noqa: E402
 import grpo_tool_cases  # noqa: E402
-
-from tests.goldens import assert_close_to_golden  # noqa: E402
 
 GOLDEN = json.loads((HERE / "golden" / "trl_grpo_tools.json").read_text())
 # Relative tolerance of the logged numbers. `tools`: step 1 agrees to 1e-6 and step 2's tokens, masks, rewards,
@@ -80,16 +79,7 @@ def test_grpo_tools_match_trl(case, model_dir, tmp_path):
     torch.set_num_threads(1)
     expected = GOLDEN["cases"][case]
     got = run_lathe_tool_case(case, model_dir, str(tmp_path))
-    assert len(got["generations"]) == len(expected["generations"])
-    for step, (mine, theirs) in enumerate(zip(got["generations"], expected["generations"])):
-        assert mine["completion_ids"] == theirs["completion_ids"], f"generation {step}: completion tokens differ"
-        assert mine["tool_mask"] == theirs["tool_mask"], f"generation {step}: tool masks differ"
-        assert mine["rewards"] == theirs["rewards"], f"generation {step}"
-        assert_close_to_golden(mine["advantages"], theirs["advantages"], f"{case} advantages, {step}", rel=1e-5)
-    assert len(got["logs"]) == len(expected["logs"])
-    for step, (mine, theirs) in enumerate(zip(got["logs"], expected["logs"]), start=1):
-        assert set(mine) == set(theirs), f"step {step}: logged keys differ: {set(mine) ^ set(theirs)}"
-        assert_close_to_golden(mine, theirs, f"{case} logs, step {step}", rel=TOLERANCE.get(case, 1e-4))
+    grpo_cases.assert_matches_trl(case, got, expected, log_rel=TOLERANCE.get(case, 1e-4), exact=("tool_mask",))
 
 
 def test_lathes_qwen_template_renders_the_tools_and_results_as_the_chat_template_does():

@@ -17,8 +17,6 @@ sys.path.insert(0, str(HERE))
 import grpo_cases  # noqa: E402
 from test_grpo_golden import run_lathe_case  # noqa: E402
 
-from tests.goldens import assert_close_to_golden  # noqa: E402
-
 GOLDEN = json.loads((HERE / "golden" / "trl_rloo.json").read_text())
 
 
@@ -34,18 +32,8 @@ def test_rloo_matches_trl(case, model_dir, tmp_path):
     torch.set_num_threads(1)
     expected = GOLDEN["cases"][case]
     got = run_lathe_case(case, model_dir, str(tmp_path), grpo_cases.RLOO_CASES, trainer="rloo")
-    assert len(got["generations"]) == len(expected["generations"])
-    for step, (mine, theirs) in enumerate(zip(got["generations"], expected["generations"])):
-        assert mine["completion_ids"] == theirs["completion_ids"], f"generation {step}: sampled tokens differ"
-        assert mine["rewards"] == theirs["rewards"], f"generation {step}"
-        # abs 1e-5: with beta > 0 an advantage is a difference of O(1) rewards less summed KL terms (float32).
-        assert_close_to_golden(
-            mine["advantages"], theirs["advantages"], f"{case} advantages, {step}", rel=1e-5, abs=1e-5
-        )
-    assert len(got["logs"]) == len(expected["logs"])
-    for step, (mine, theirs) in enumerate(zip(got["logs"], expected["logs"]), start=1):
-        assert set(mine) == set(theirs), f"step {step}: logged keys differ: {set(mine) ^ set(theirs)}"
-        assert_close_to_golden(mine, theirs, f"{case} logs, step {step}", rel=1e-4, abs=1e-6)
+    # advantages abs 1e-5: with beta > 0 an advantage is a difference of O(1) rewards less summed KL terms (float32).
+    grpo_cases.assert_matches_trl(case, got, expected, log_rel=1e-4, log_abs=1e-6, advantage_abs=1e-5)
 
 
 def test_rloo_refuses_grpo_only_keys_and_bad_clip_range():
