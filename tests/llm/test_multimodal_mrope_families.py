@@ -43,14 +43,14 @@ def video_folder(golden, tmp_path_factory):
     return folder
 
 
-def _setup(family):
+def _setup(family, make_processor=None):
     from lathe.llm.config.train import DataArguments
     from lathe.llm.multimodal.common import MediaSettings
     from lathe.llm.multimodal.plugins import plugin_class
     from lathe.llm.templates import get_template_and_fix_tokenizer
 
     tokenizer = GEN.make_tokenizer(family)
-    processor = GEN.make_processor(family, tokenizer)
+    processor = (make_processor or GEN.make_processor)(family, tokenizer)
     template = get_template_and_fix_tokenizer(tokenizer, DataArguments(template=GEN.FAMILIES[family][0]))
     plugin = plugin_class(template.multimodal)(processor, tokenizer, MediaSettings(**GEN.settings_of(family)))
     return tokenizer, processor, template, plugin
@@ -58,6 +58,12 @@ def _setup(family):
 
 @pytest.mark.parametrize("family", list(GEN.FAMILIES))
 def test_family_encodes_and_collates_as_llamafactory(family, golden, video_folder):
+    check_family(family, golden, video_folder)
+
+
+def check_family(family, golden, video_folder, make_processor=None) -> int:
+    """The family's rows against the golden (messages, ids, labels, the cutoff check), then every batch of a row
+    alone and of a pair, tensor for tensor, and the tiny model's loss; returns the number of batches checked."""
     from lathe.llm.data.collator import SFTDataCollator
     from lathe.llm.data.supervised import encode_supervised_example
     from lathe.llm.multimodal.collator import MultimodalCollator
@@ -65,7 +71,7 @@ def test_family_encodes_and_collates_as_llamafactory(family, golden, video_folde
 
     tensors, metadata = golden
     assert json.loads(metadata["versions"])["llamafactory"] == "0.9.5"
-    tokenizer, processor, template, plugin = _setup(family)
+    tokenizer, processor, template, plugin = _setup(family, make_processor)
     media_ids = set(tokenizer.convert_tokens_to_ids(GEN.tokens_of(family)))
     features = []
     for index, row in enumerate(GEN.rows_of(family)):
@@ -108,6 +114,41 @@ def test_family_encodes_and_collates_as_llamafactory(family, golden, video_folde
             with torch.no_grad():
                 loss, reference = model(**batch).loss, model(**expected).loss
             assert torch.isfinite(loss) and loss.item() == pytest.approx(reference.item(), abs=1e-6), prefix
+    return len(batches)
+
+
+OMNI_VIDEO = load_generator(GOLDEN_DIR / "make_llamafactory_omni_video.py", "make_omni_video")
+
+
+def check_omni_video_with_the_real_processor(folder: str) -> None:
+    """Run under the torchvision test recipe: the Qwen2.5-Omni video families with transformers' own
+    Qwen2_5OmniProcessor (Qwen2VLImageProcessor, Qwen2VLVideoProcessor) against LLaMA-Factory's encoding with it
+    (llamafactory_omni_video.safetensors); prints {family: batches checked} as JSON."""
+    import hashlib
+
+    golden = safetensors_golden(GOLDEN_DIR / "llamafactory_omni_video.safetensors")
+    for path in Path(folder).iterdir():
+        assert hashlib.sha256(path.read_bytes()).hexdigest() == golden[1][f"sha256.{path.name}"], path.name
+    make_processor = lambda family, tokenizer: OMNI_VIDEO.make_processor(GEN, tokenizer)  # noqa: E731
+    _, processor, _, _ = _setup(OMNI_VIDEO.FAMILIES[0], make_processor)
+    parts = [type(part).__name__ for part in (processor, processor.image_processor, processor.video_processor)]
+    assert parts == ["Qwen2_5OmniProcessor", "Qwen2VLImageProcessor", "Qwen2VLVideoProcessor"], parts
+    checked = {family: check_family(family, golden, Path(folder), make_processor) for family in OMNI_VIDEO.FAMILIES}
+    print(json.dumps(checked))
+
+
+def test_omni_video_rows_with_the_real_processor_equal_llamafactory(video_folder):
+    """The stand-in video processor above checks LLaMA-Factory's token and position path; here transformers' own
+    Omni processor (torchvision, through the test recipe) gives LLaMA-Factory's pixel values too, with
+    use_audio_in_video and without (make_llamafactory_omni_video.py)."""
+    from tests.llm.torchvision_recipe import run_with_torchvision
+
+    code = (
+        "from tests.llm.test_multimodal_mrope_families import check_omni_video_with_the_real_processor as check; "
+        f"check({str(video_folder)!r})"
+    )
+    result = run_with_torchvision(code)
+    assert json.loads(result.stdout.strip().splitlines()[-1]) == {family: 6 for family in OMNI_VIDEO.FAMILIES}
 
 
 def _train_generator():
