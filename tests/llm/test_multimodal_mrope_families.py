@@ -253,6 +253,8 @@ def test_lathe_train_three_steps_equal_llamafactory(name, tmp_path, monkeypatch)
     history = json.loads((tmp_path / "out" / "trainer_state.json").read_text())["log_history"]
     expected = golden[name]
     assert count.counts == (expected["trainable"], expected["total"])
+    if "lora" not in name:  # the saved model's config: no KV cache, in the text_config too
+        assert TRAIN.saved_use_cache(tmp_path / "out") == expected["saved_use_cache"]
     assert_close_to_golden(
         [e["loss"] for e in history if "loss" in e], expected["loss"], f"{name} losses", rel=0, abs=1e-5
     )

@@ -151,7 +151,10 @@ def _instantiate(model_args: "ModelArguments", is_trainable: bool, meta: bool):
     model_class = auto_model_class(config)
     dtype = weights_dtype(model_args, is_trainable, config)
     attention = attention_implementation(model_args.flash_attn, getattr(config, "model_type", None))
-    config.use_cache = model_args.use_kv_cache and not is_trainable  # a cache only costs memory in training
+    # a cache only costs memory in training; a multimodal model's text_config too (saved so, as LLaMA-Factory saves it)
+    for part in (config, getattr(config, "text_config", None)):
+        if part is not None:
+            part.use_cache = model_args.use_kv_cache and not is_trainable
     configure_moe(config, model_args.moe_aux_loss_coef, is_trainable)  # read when the model is built
     kwargs = {"dtype": dtype, "trust_remote_code": model_args.trust_remote_code}
     if attention is not None:

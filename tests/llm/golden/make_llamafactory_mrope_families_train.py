@@ -142,6 +142,12 @@ def _processor_parts() -> None:
     AutoProcessor.from_pretrained = staticmethod(parts)
 
 
+def saved_use_cache(output: Path) -> list:
+    """use_cache of the saved config.json and of its text_config (None where there is none)."""
+    saved = json.loads((output / "config.json").read_text())
+    return [saved.get("use_cache"), saved.get("text_config", {}).get("use_cache")]
+
+
 def run_llamafactory(names: list[str]) -> dict:
     import llamafactory
     import transformers
@@ -183,6 +189,8 @@ def run_llamafactory(names: list[str]) -> dict:
                 "trainable": count.counts[0],
                 "total": count.counts[1],
             }
+            if keys.get("finetuning_type") != "lora":  # a LoRA run saves the adapter alone
+                results[name]["saved_use_cache"] = saved_use_cache(root / name / "out")
     return results
 
 
