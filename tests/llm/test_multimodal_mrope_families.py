@@ -4,7 +4,9 @@ audio), token for token and tensor for tensor against LLaMA-Factory 0.9.5
 expanded messages, the encoded rows, and every tensor the collator returns for each row alone and for pairs
 (pixel_values, image_grid_thw, input_features, feature_attention_mask, the position_ids and rope_deltas of the
 family's tiny model's get_rope_index), stand-in image and audio included; the tiny model takes lathe's batches
-with the loss it has on LLaMA-Factory's."""
+with the loss it has on LLaMA-Factory's. The Qwen2.5-Omni video rows again with transformers' real Omni processor
+(torchvision test recipe; llamafactory_omni_video.safetensors), and three `lathe train` steps per family against
+LLaMA-Factory's run_exp (llamafactory_mrope_families_train.json; Qwen3-Omni's audio attention: ONE_AUDIO_WINDOW)."""
 
 import importlib.util
 import json
