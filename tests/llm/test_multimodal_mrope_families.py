@@ -4,7 +4,9 @@ audio), token for token and tensor for tensor against LLaMA-Factory 0.9.5
 expanded messages, the encoded rows, and every tensor the collator returns for each row alone and for pairs
 (pixel_values, image_grid_thw, input_features, feature_attention_mask, the position_ids and rope_deltas of the
 family's tiny model's get_rope_index), stand-in image and audio included; the tiny model takes lathe's batches
-with the loss it has on LLaMA-Factory's."""
+with the loss it has on LLaMA-Factory's. The Qwen2.5-Omni video rows again with transformers' real Omni processor
+(torchvision test recipe; llamafactory_omni_video.safetensors), and three `lathe train` steps per family against
+LLaMA-Factory's run_exp (llamafactory_mrope_families_train.json; Qwen3-Omni's audio attention: ONE_AUDIO_WINDOW)."""
 
 import importlib.util
 import json
@@ -43,14 +45,14 @@ def video_folder(golden, tmp_path_factory):
     return folder
 
 
-def _setup(family):
+def _setup(family, make_processor=None):
     from lathe.llm.config.train import DataArguments
     from lathe.llm.multimodal.common import MediaSettings
     from lathe.llm.multimodal.plugins import plugin_class
     from lathe.llm.templates import get_template_and_fix_tokenizer
 
     tokenizer = GEN.make_tokenizer(family)
-    processor = GEN.make_processor(family, tokenizer)
+    processor = (make_processor or GEN.make_processor)(family, tokenizer)
     template = get_template_and_fix_tokenizer(tokenizer, DataArguments(template=GEN.FAMILIES[family][0]))
     plugin = plugin_class(template.multimodal)(processor, tokenizer, MediaSettings(**GEN.settings_of(family)))
     return tokenizer, processor, template, plugin
@@ -58,6 +60,12 @@ def _setup(family):
 
 @pytest.mark.parametrize("family", list(GEN.FAMILIES))
 def test_family_encodes_and_collates_as_llamafactory(family, golden, video_folder):
+    check_family(family, golden, video_folder)
+
+
+def check_family(family, golden, video_folder, make_processor=None) -> int:
+    """The family's rows against the golden (messages, ids, labels, the cutoff check), then every batch of a row
+    alone and of a pair, tensor for tensor, and the tiny model's loss; returns the number of batches checked."""
     from lathe.llm.data.collator import SFTDataCollator
     from lathe.llm.data.supervised import encode_supervised_example
     from lathe.llm.multimodal.collator import MultimodalCollator
@@ -65,7 +73,7 @@ def test_family_encodes_and_collates_as_llamafactory(family, golden, video_folde
 
     tensors, metadata = golden
     assert json.loads(metadata["versions"])["llamafactory"] == "0.9.5"
-    tokenizer, processor, template, plugin = _setup(family)
+    tokenizer, processor, template, plugin = _setup(family, make_processor)
     media_ids = set(tokenizer.convert_tokens_to_ids(GEN.tokens_of(family)))
     features = []
     for index, row in enumerate(GEN.rows_of(family)):
@@ -108,6 +116,41 @@ def test_family_encodes_and_collates_as_llamafactory(family, golden, video_folde
             with torch.no_grad():
                 loss, reference = model(**batch).loss, model(**expected).loss
             assert torch.isfinite(loss) and loss.item() == pytest.approx(reference.item(), abs=1e-6), prefix
+    return len(batches)
+
+
+OMNI_VIDEO = load_generator(GOLDEN_DIR / "make_llamafactory_omni_video.py", "make_omni_video")
+
+
+def check_omni_video_with_the_real_processor(folder: str) -> None:
+    """Run under the torchvision test recipe: the Qwen2.5-Omni video families with transformers' own
+    Qwen2_5OmniProcessor (Qwen2VLImageProcessor, Qwen2VLVideoProcessor) against LLaMA-Factory's encoding with it
+    (llamafactory_omni_video.safetensors); prints {family: batches checked} as JSON."""
+    import hashlib
+
+    golden = safetensors_golden(GOLDEN_DIR / "llamafactory_omni_video.safetensors")
+    for path in Path(folder).iterdir():
+        assert hashlib.sha256(path.read_bytes()).hexdigest() == golden[1][f"sha256.{path.name}"], path.name
+    make_processor = lambda family, tokenizer: OMNI_VIDEO.make_processor(GEN, tokenizer)  # noqa: E731
+    _, processor, _, _ = _setup(OMNI_VIDEO.FAMILIES[0], make_processor)
+    parts = [type(part).__name__ for part in (processor, processor.image_processor, processor.video_processor)]
+    assert parts == ["Qwen2_5OmniProcessor", "Qwen2VLImageProcessor", "Qwen2VLVideoProcessor"], parts
+    checked = {family: check_family(family, golden, Path(folder), make_processor) for family in OMNI_VIDEO.FAMILIES}
+    print(json.dumps(checked))
+
+
+def test_omni_video_rows_with_the_real_processor_equal_llamafactory(video_folder):
+    """The stand-in video processor above checks LLaMA-Factory's token and position path; here transformers' own
+    Omni processor (torchvision, through the test recipe) gives LLaMA-Factory's pixel values too, with
+    use_audio_in_video and without (make_llamafactory_omni_video.py)."""
+    from tests.llm.torchvision_recipe import run_with_torchvision
+
+    code = (
+        "from tests.llm.test_multimodal_mrope_families import check_omni_video_with_the_real_processor as check; "
+        f"check({str(video_folder)!r})"
+    )
+    result = run_with_torchvision(code)
+    assert json.loads(result.stdout.strip().splitlines()[-1]) == {family: 6 for family in OMNI_VIDEO.FAMILIES}
 
 
 def _train_generator():
@@ -122,19 +165,73 @@ def _train_generator():
 TRAIN = _train_generator()
 
 
-# Qwen3-Omni's thinker: the counts are equal, its forward on the golden batches is the same in transformers 5.6 and
-# 5.23, yet the first logged loss is 1e-3 off LLaMA-Factory's; not found before the deadline (docs/MULTIMODAL_FAMILIES.md).
-QWEN3_OMNI_GAP = pytest.mark.xfail(strict=True, reason="Qwen3-Omni's losses are 1e-3 off LLaMA-Factory's (not found)")
+# LLaMA-Factory's runs are transformers 5.6's, lathe's 5.23's, and their Qwen3-Omni audio encoders differ: 5.6 passes
+# the per-clip attention windows (cu_seqlens) to the attention function, which on sdpa / eager (every CPU run) ignores
+# them, so each audio token attends to every audio token of the batch; 5.23 attends within each clip's window. With
+# two clips in a batch (qwen3_omni_full / _lora) the first loss is 1e-3 apart. Those cases give 5.23 one window over
+# the batch's audio tokens (ONE_AUDIO_WINDOW), 5.6's attention, to check the rest of the path; qwen3_omni_one_clip_full,
+# one clip in its batch, needs nothing (docs/MULTIMODAL_FAMILIES.md, "Qwen3-Omni training").
+ONE_AUDIO_WINDOW = ("qwen3_omni_full", "qwen3_omni_lora")
 
 
-@pytest.mark.parametrize(
-    "name", [pytest.param(name, marks=QWEN3_OMNI_GAP) if "qwen3" in name else name for name in TRAIN.CASES]
-)
-def test_lathe_train_three_steps_equal_llamafactory(name, tmp_path):
-    """`lathe train`, three steps of one batch of the family's two image rows (full tuning with the vision tower and
-    projector frozen, LoRA on every linear layer): LLaMA-Factory's losses, grad norms and parameter counts
-    (tests/llm/golden/llamafactory_mrope_families_train.json). The folder holds the image processor alone (no
-    torchvision here, so no Glm4vProcessor): lathe loads it, as LLaMA-Factory's run was given it."""
+def attend_over_all_audio(monkeypatch) -> list:
+    """transformers 5.6's Qwen3-Omni audio attention on 5.23: the windows helper gives one window spanning the
+    batch's audio tokens. Returns the list of windows 5.23 would have used, one entry per audio encoder call."""
+    import transformers
+    from packaging.version import Version
+    from transformers.models.qwen3_omni_moe import modeling_qwen3_omni_moe as omni
+
+    windows = []
+    if Version(transformers.__version__) <= Version("5.6.0"):
+        return windows  # the same attention as LLaMA-Factory's run already
+    windowed = omni.get_audio_cu_seqlens
+
+    def one_window(*args, **kwargs):
+        boundaries = windowed(*args, **kwargs)
+        windows.append(boundaries.tolist())
+        return torch.stack([boundaries[0], boundaries[-1]])
+
+    monkeypatch.setattr(omni, "get_audio_cu_seqlens", one_window)  # raises if a later transformers renames it
+    return windows
+
+
+def test_qwen3_omni_gap_is_the_audio_attention_window(golden, monkeypatch):
+    """The tiny Qwen3-Omni thinker (the training golden's weights) on LLaMA-Factory's collated batch of the training
+    case's two rows: with 5.23's per-clip audio windows its loss is 1e-3 off LLaMA-Factory's first logged loss, with
+    one window over both clips (5.6's attention) it is that loss."""
+    from lathe.llm.config.train import DataArguments
+    from lathe.llm.templates import get_template_and_fix_tokenizer
+
+    tensors, metadata = golden
+    train_golden = json.loads((GOLDEN_DIR / "llamafactory_mrope_families_train.json").read_text())
+    expected = train_golden["qwen3_omni_full"]["loss"][0]
+    tokenizer = GEN.make_tokenizer("qwen3_omni")
+    get_template_and_fix_tokenizer(tokenizer, DataArguments(template=GEN.FAMILIES["qwen3_omni"][0]))
+    model = TRAIN.same_weights(GEN.make_model("qwen3_omni", tokenizer))
+    head = "qwen3_omni.pair.0."  # rows 0 and 1, the training case's rows
+    batch = {key[len(head) :]: value for key, value in tensors.items() if key.startswith(head)}
+    for name, rows in json.loads(metadata["qwen3_omni.derived"]).items():
+        if name.startswith(head):
+            batch[name[len(head) :]] = torch.cat(
+                [tensors[f"qwen3_omni.single.{row}.{name[len(head) :]}"] for row in rows]
+            )
+    with torch.no_grad():
+        per_clip = model(**batch).loss.item()
+        windows = attend_over_all_audio(monkeypatch)
+        one_window = model(**batch).loss.item()
+    if windows:  # transformers after 5.6: two clips of 3 and 7 audio tokens, a window each
+        assert windows == [[0, 3, 10]]
+        assert abs(per_clip - expected) > 5e-4, (per_clip, expected)
+    assert_close_to_golden(one_window, expected, "the thinker's loss with one audio window", rel=0, abs=1e-5)
+
+
+@pytest.mark.parametrize("name", list(TRAIN.CASES))
+def test_lathe_train_three_steps_equal_llamafactory(name, tmp_path, monkeypatch):
+    """`lathe train`, three steps of one batch of the family's two rows (image rows; the Omni thinkers' image-and-audio
+    and audio rows, or TRAIN.ROWS) (full tuning with the towers and projectors frozen, LoRA on every linear layer):
+    LLaMA-Factory's losses, grad norms and parameter counts (tests/llm/golden/llamafactory_mrope_families_train.json).
+    The folder holds the image processor (and feature extractor) alone (no torchvision here, so no Glm4vProcessor):
+    lathe loads them, as LLaMA-Factory's run was given them."""
     from lathe.llm.config.train import DataArguments, parse_train_config
     from lathe.llm.templates import get_template_and_fix_tokenizer
     from lathe.llm.workflows.stages import run_train
@@ -143,7 +240,9 @@ def test_lathe_train_three_steps_equal_llamafactory(name, tmp_path):
     golden = json.loads((GOLDEN_DIR / "llamafactory_mrope_families_train.json").read_text())
     family, keys = TRAIN.CASES[name]
     fix = lambda tokenizer, template: get_template_and_fix_tokenizer(tokenizer, DataArguments(template=template))  # noqa: E731
-    model, data = TRAIN.write_folders(tmp_path, family, fix)
+    model, data = TRAIN.write_folders(tmp_path, family, fix, TRAIN.ROWS.get(name, (0, 1)))
+    if name in ONE_AUDIO_WINDOW:
+        attend_over_all_audio(monkeypatch)
 
     class Count(TrainerCallback):
         def on_train_begin(self, args, state, control, model=None, **kwargs):
@@ -156,6 +255,8 @@ def test_lathe_train_three_steps_equal_llamafactory(name, tmp_path):
     history = json.loads((tmp_path / "out" / "trainer_state.json").read_text())["log_history"]
     expected = golden[name]
     assert count.counts == (expected["trainable"], expected["total"])
+    if "lora" not in name:  # the saved model's config: no KV cache, in the text_config too
+        assert TRAIN.saved_use_cache(tmp_path / "out") == expected["saved_use_cache"]
     assert_close_to_golden(
         [e["loss"] for e in history if "loss" in e], expected["loss"], f"{name} losses", rel=0, abs=1e-5
     )

@@ -19,12 +19,11 @@ UNSUPPORTED_BY_FEATURE: dict[str, dict[str, object]] = {
         "new_special_tokens_config": None,
         "init_special_tokens": "noise_init",
     },
-    "model patches (RoPE scaling, S^2-Attn, unsloth, MoE aux loss)": {
+    "model patches (RoPE scaling, S^2-Attn, unsloth)": {
         "rope_scaling": None,
         "shift_attn": False,
         "use_unsloth": False,
         "use_unsloth_gc": False,
-        "moe_aux_loss_coef": None,
     },
     "inference engines other than transformers (vLLM, SGLang, KTransformers)": {
         "infer_backend": "huggingface",

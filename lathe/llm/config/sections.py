@@ -110,6 +110,13 @@ class ModelArguments(ProcessorArguments):
     use_kv_cache: bool = field(
         default=True, metadata=help_text("Use the KV cache when generating (it is always off while training).")
     )
+    moe_aux_loss_coef: float | None = field(
+        default=None,
+        metadata=help_text(
+            "Add the MoE router's load-balancing loss times this to the training loss, for the families "
+            "LLaMA-Factory turns it on for (lathe.llm.model.moe)."
+        ),
+    )
     infer_dtype: Literal["auto", "float16", "bfloat16", "float32"] = field(
         default="auto",
         metadata=help_text("Weights dtype when not training (auto: the checkpoint's dtype, float32 on CPU)."),

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 
 from lathe.llm.hub import model_folder
 from lathe.llm.model.adapters import count_parameters, init_adapter
+from lathe.llm.model.moe import configure_moe
 from lathe.llm.model.quantization import configure_quantization, is_quantized, quantization_compute_dtype
 from lathe.llm.model.tokenizer_check import check_tokenizer_matches_file
 from lathe.llm.model.weights_check import check_has_tokenizer, check_loading_info, check_weight_files, mismatch_error
@@ -150,7 +151,11 @@ def _instantiate(model_args: "ModelArguments", is_trainable: bool, meta: bool):
     model_class = auto_model_class(config)
     dtype = weights_dtype(model_args, is_trainable, config)
     attention = attention_implementation(model_args.flash_attn, getattr(config, "model_type", None))
-    config.use_cache = model_args.use_kv_cache and not is_trainable  # a cache only costs memory in training
+    # a cache only costs memory in training; a multimodal model's text_config too (saved so, as LLaMA-Factory saves it)
+    for part in (config, getattr(config, "text_config", None)):
+        if part is not None:
+            part.use_cache = model_args.use_kv_cache and not is_trainable
+    configure_moe(config, model_args.moe_aux_loss_coef, is_trainable)  # read when the model is built
     kwargs = {"dtype": dtype, "trust_remote_code": model_args.trust_remote_code}
     if attention is not None:
         kwargs["attn_implementation"] = attention

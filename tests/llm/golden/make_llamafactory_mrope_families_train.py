@@ -6,7 +6,7 @@ tests/llm/test_multimodal_mrope_families.py compares `lathe train` against.
 Runs this file in LLaMA-Factory's environment (`--worker`; lathe is not imported there): the family's tiny model
 (make_llamafactory_mrope_families.make_model, every weight set by a seeded-by-name rule, same_weights, so
 transformers 5.6 and 5.23 train the same model), its PIL image processor (and Whisper feature extractor, in one
-preprocessor_config.json as the Omni repositories ship it), tokenizer and first two rows (images as PNG, audio as
+preprocessor_config.json as the Omni repositories ship it), tokenizer and two rows (ROWS) (images as PNG, audio as
 32-bit PCM WAV, read by make_llamafactory_families_train's torchaudio stand-in) saved by write_folders, trained by LLaMA-Factory's own `run_exp` with CASES' keys over
 make_llamafactory_families_train.train_config. transformers builds Glm4vProcessor and the Omni processors only with
 torchvision (which does not load beside the CPU torch here), so AutoProcessor gives LLaMA-Factory an object with the
@@ -34,7 +34,13 @@ CASES = {
     "qwen2_omni_lora": ("qwen2_omni", LORA),
     "qwen3_omni_full": ("qwen3_omni", {}),
     "qwen3_omni_lora": ("qwen3_omni", LORA),
+    "qwen3_omni_one_clip_full": ("qwen3_omni", {}),
 }
+# The rows of each case's batch (the family's first two unless named): an image-and-audio row and a two-image row,
+# so the batch holds one audio clip. transformers 5.6 (this run's) encodes the Qwen3-Omni audio of a whole batch in one
+# attention window on sdpa/eager, 5.23 (lathe's) in one window per clip: with one clip both agree
+# (docs/MULTIMODAL_FAMILIES.md, "Qwen3-Omni training").
+ROWS = {"qwen3_omni_one_clip_full": (0, 3)}
 
 
 def _module(name: str, file: str):
@@ -70,9 +76,9 @@ def same_weights(model):
     return model
 
 
-def write_folders(root: Path, family: str, fix_tokenizer) -> tuple[Path, Path]:
+def write_folders(root: Path, family: str, fix_tokenizer, rows: tuple[int, ...] = (0, 1)) -> tuple[Path, Path]:
     """(model folder, data folder with the sharegpt dataset "rows"): the tiny model, image processor and tokenizer,
-    and the family's first two rows with their images as PNG. fix_tokenizer(tokenizer, template) is lathe's or
+    and the family's rows of those indices (ROWS) with their images as PNG. fix_tokenizer(tokenizer, template) is lathe's or
     LLaMA-Factory's template fix, run before the model is built (its vocabulary holds the template's tokens)."""
     tokenizer = GEN.make_tokenizer(family)
     processor = GEN.make_processor(family, tokenizer)
@@ -90,8 +96,8 @@ def write_folders(root: Path, family: str, fix_tokenizer) -> tuple[Path, Path]:
         path.write_text(json.dumps({**config, "processor_class": named}, indent=1))
     tokenizer.save_pretrained(str(folder))
     data.mkdir(parents=True)
-    rows = []
-    for row in GEN.rows_of(family)[:2]:
+    items = []
+    for row in (GEN.rows_of(family)[index] for index in rows):
         item = {"messages": [{"role": role, "content": content} for role, content in row["messages"]]}
         for name in row.get("images", []):
             GEN.make_image(name).save(data / f"{name}.png")
@@ -99,8 +105,8 @@ def write_folders(root: Path, family: str, fix_tokenizer) -> tuple[Path, Path]:
         for name in row.get("audios", []):
             GEN.BASE.write_wav(data / f"{name}.wav", GEN.make_audio(name))
             item.setdefault("audios", []).append(f"{name}.wav")
-        rows.append(item)
-    (data / "rows.json").write_text(json.dumps(rows))
+        items.append(item)
+    (data / "rows.json").write_text(json.dumps(items))
     tags = {"role_tag": "role", "content_tag": "content", "user_tag": "user", "assistant_tag": "assistant"}
     columns = {"messages": "messages", "images": "images"}
     if extractor is not None:
@@ -136,6 +142,12 @@ def _processor_parts() -> None:
     AutoProcessor.from_pretrained = staticmethod(parts)
 
 
+def saved_use_cache(output: Path) -> list:
+    """use_cache of the saved config.json and of its text_config (None where there is none)."""
+    saved = json.loads((output / "config.json").read_text())
+    return [saved.get("use_cache"), saved.get("text_config", {}).get("use_cache")]
+
+
 def run_llamafactory(names: list[str]) -> dict:
     import llamafactory
     import transformers
@@ -162,7 +174,7 @@ def run_llamafactory(names: list[str]) -> dict:
         root = Path(root)
         for name in names:
             family, keys = CASES[name]
-            model, data = write_folders(root / name, family, fix_tokenizer)
+            model, data = write_folders(root / name, family, fix_tokenizer, ROWS.get(name, (0, 1)))
             config = TRAIN.train_config(GEN, family, model, data, root / name / "out", **keys)
             for key in ("use_cpu", "dataloader_num_workers", "preprocessing_num_workers"):
                 config.pop(key)
@@ -177,6 +189,8 @@ def run_llamafactory(names: list[str]) -> dict:
                 "trainable": count.counts[0],
                 "total": count.counts[1],
             }
+            if keys.get("finetuning_type") != "lora":  # a LoRA run saves the adapter alone
+                results[name]["saved_use_cache"] = saved_use_cache(root / name / "out")
     return results
 
 
