@@ -1,0 +1,189 @@
+"""A stand-in for MiniCPM-V / MiniCPM-o's remote code (openbmb's tokenization_minicpmv_fast.py and
+processing_minicpmo.py, which live in the model repositories and cannot be had here), written for the tests: copied
+into a tiny model folder as `processing_minicpm_standin.py` and loaded by both lathe and LLaMA-Factory with
+`trust_remote_code: true` (tokenizer_config.json / preprocessor_config.json name its classes in `auto_map`).
+
+It is deterministic and small, and exposes the interface LLaMA-Factory 0.9.5's MiniCPMVPlugin calls, with the
+openbmb shapes:
+- the tokenizer's im_start_id / im_end_id / slice_start_id / slice_end_id / audio_start_id / audio_end_id /
+  spk_start_id / spk_end_id (the ids of the tokens that bound image, slice, audio and speaker runs);
+- the image processor's max_slice_nums, use_image_id, get_sliced_grid, get_slice_image_placeholder (`<image_id>k
+  </image_id>` + `<image>` + unk x image_feature_size + `</image>`, then a `<slice>...</slice>` per slice, rows
+  joined by newlines) and its call, which takes images nested per row and returns pixel_values (per row, per
+  slice: (3, patch, h * w / patch) float32), image_sizes (per row, per image: tensor([width, height])) and
+  tgt_sizes (per row: (slices, 2) patch rows and columns);
+- the processor's audio_feature_extract(audios per row, chunk_input=True, sampling_rate): padded features
+  (audios, 4, frames), each row's frame counts, and each audio's placeholder (`<|audio_start|>` + unk per token +
+  `<|audio_end|>` per chunk of CHUNK_TOKENS).
+The slicing rule and the "features" are its own (a grid near the image's aspect ratio; four statistics per 160
+samples): what the tests compare is how the plugin uses them, not openbmb's numbers.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+
+import numpy as np
+import torch
+from transformers import PreTrainedTokenizerFast
+
+HOP, FEATURES, FRAMES_PER_TOKEN, CHUNK_TOKENS = 160, 4, 4, 8
+
+
+class MiniCPMStandInTokenizer(PreTrainedTokenizerFast):
+    """The tokenizer with the id properties MiniCPM-V's tokenizer adds (the tokens are special tokens of its file)."""
+
+    im_start, im_end, slice_start, slice_end = "<image>", "</image>", "<slice>", "</slice>"
+    audio_start, audio_end, spk_start, spk_end = "<|audio_start|>", "<|audio_end|>", "<|spk_bos|>", "<|spk_eos|>"
+
+    def _id(self, token: str) -> int:
+        return self.convert_tokens_to_ids(token)
+
+    im_start_id = property(lambda self: self._id(self.im_start))
+    im_end_id = property(lambda self: self._id(self.im_end))
+    slice_start_id = property(lambda self: self._id(self.slice_start))
+    slice_end_id = property(lambda self: self._id(self.slice_end))
+    audio_start_id = property(lambda self: self._id(self.audio_start))
+    audio_end_id = property(lambda self: self._id(self.audio_end))
+    spk_start_id = property(lambda self: self._id(self.spk_start))
+    spk_end_id = property(lambda self: self._id(self.spk_end))
+
+
+class MiniCPMStandInImageProcessor:
+    """Slices an image into a grid of at most max_slice_nums parts besides its whole (source) view."""
+
+    def __init__(self, max_slice_nums=3, scale_resolution=28, patch_size=14, image_feature_size=4, use_image_id=True):
+        self.max_slice_nums, self.scale_resolution, self.patch_size = max_slice_nums, scale_resolution, patch_size
+        self.image_feature_size, self.use_image_id = image_feature_size, use_image_id
+
+    def get_sliced_grid(self, image_size, max_slice_nums, never_split=False):
+        """(columns, rows) of the slices, or None for an image that stays whole: as many slices as the image has
+        scale_resolution squares (at most max_slice_nums), in the grid nearest its aspect ratio."""
+        width, height = (int(side) for side in image_size)
+        multiple = min(math.ceil(width * height / self.scale_resolution**2), max_slice_nums)
+        if multiple <= 1 or never_split:
+            return None
+        grids = [(columns, multiple // columns) for columns in range(1, multiple + 1) if multiple % columns == 0]
+        return min(grids, key=lambda grid: abs(math.log(grid[0] / grid[1]) - math.log(width / height)))
+
+    def get_slice_image_placeholder(self, image_size, image_idx=0, max_slice_nums=None, use_image_id=None):
+        max_slice_nums = self.max_slice_nums if max_slice_nums is None else int(max_slice_nums)
+        use_image_id = self.use_image_id if use_image_id is None else bool(use_image_id)
+        placeholder = "<image>" + "<unk>" * self.image_feature_size + "</image>"
+        if use_image_id:
+            placeholder = f"<image_id>{image_idx}</image_id>" + placeholder
+        grid = self.get_sliced_grid(image_size, max_slice_nums)
+        if grid is None:
+            return placeholder
+        columns, rows = grid
+        part = "<slice>" + "<unk>" * self.image_feature_size + "</slice>"
+        return placeholder + "\n".join(part * columns for _ in range(rows))
+
+    def _pixels(self, image, width: int, height: int):
+        """The image sampled at width x height (nearest pixel: no resampling library involved), (3, h, w) in
+        [0, 1], minus 0.5."""
+        array = np.asarray(image.convert("RGB"), dtype=np.float32) / 255.0
+        rows = (np.arange(height) * image.height) // height
+        columns = (np.arange(width) * image.width) // width
+        return np.ascontiguousarray(array[rows][:, columns].transpose(2, 0, 1)) - 0.5
+
+    def _views(self, image, max_slice_nums):
+        """The source view (each side a multiple of patch_size) and the slices of the grid, row by row."""
+        patch = self.patch_size
+        side = max(round(math.sqrt(image.width * image.height) / patch), 1)
+        scale = side * patch / math.sqrt(image.width * image.height)
+        width = max(round(image.width * scale / patch), 1) * patch
+        height = max(round(image.height * scale / patch), 1) * patch
+        views = [self._pixels(image, width, height)]
+        grid = self.get_sliced_grid(image.size, max_slice_nums)
+        if grid is not None:
+            columns, rows = grid
+            refined = self._pixels(image, columns * patch * 2, rows * patch)
+            views += [
+                refined[:, r * patch : (r + 1) * patch, c * patch * 2 : (c + 1) * patch * 2]
+                for r in range(rows)
+                for c in range(columns)
+            ]
+        return views
+
+    def __call__(self, images, do_pad=True, max_slice_nums=None, return_tensors=None, **kwargs):
+        max_slice_nums = self.max_slice_nums if max_slice_nums is None else max_slice_nums
+        rows = [images] if images and not isinstance(images[0], list) else images
+        pixel_values, image_sizes, tgt_sizes = [], [], []
+        for row in rows:
+            values, sizes, targets = [], [], []
+            for image in row:
+                for view in self._views(image, max_slice_nums):
+                    # (3, patch, h * w / patch): patches side by side, as MiniCPM-V's reshape_by_patch lays them
+                    channels, height, width = view.shape
+                    patches = view.reshape(channels, height // self.patch_size, self.patch_size, width)
+                    values.append(
+                        torch.from_numpy(np.ascontiguousarray(patches.transpose(0, 2, 1, 3))).reshape(
+                            channels, self.patch_size, -1
+                        )
+                    )
+                    targets.append([height // self.patch_size, width // self.patch_size])
+                sizes.append(torch.tensor(image.size))
+            pixel_values.append(values)
+            image_sizes.append(sizes)
+            tgt_sizes.append(torch.tensor(targets) if targets else [])
+        return {"pixel_values": pixel_values, "image_sizes": image_sizes, "tgt_sizes": tgt_sizes}
+
+
+class MiniCPMStandInFeatureExtractor:
+    """MiniCPM-o's feature extractor's place (openbmb's is Whisper's): (FEATURES, frames) per waveform, one frame per
+    hop_length samples (the last one zero-padded)."""
+
+    hop_length = HOP
+
+    def __call__(self, audio, sampling_rate=16000, **kwargs):
+        frames = math.ceil(len(audio) / HOP)
+        padded = np.zeros(frames * HOP, dtype=np.float32)
+        padded[: len(audio)] = audio
+        windows = padded.reshape(frames, HOP)
+        stats = [windows.mean(1), np.abs(windows).mean(1), windows.max(1), windows.min(1)]
+        return torch.from_numpy(np.stack(stats).astype(np.float32))
+
+
+class MiniCPMStandInProcessor:
+    """The processor: the image processor, the tokenizer, the feature extractor and MiniCPM-o's
+    audio_feature_extract."""
+
+    def __init__(self, image_processor, tokenizer):
+        self.image_processor, self.tokenizer = image_processor, tokenizer
+        self.feature_extractor = MiniCPMStandInFeatureExtractor()
+
+    @classmethod
+    def register_for_auto_class(cls, auto_class="AutoProcessor"):
+        """What transformers calls on a remote-code class it loads (ProcessorMixin records the auto class)."""
+        cls._auto_class = auto_class
+
+    @classmethod
+    def from_pretrained(cls, path, **kwargs):
+        with open(os.path.join(path, "preprocessor_config.json")) as handle:
+            config = json.load(handle)
+        settings = {key: config[key] for key in ("max_slice_nums", "scale_resolution", "patch_size", "use_image_id")}
+        return cls(MiniCPMStandInImageProcessor(**settings), MiniCPMStandInTokenizer.from_pretrained(path))
+
+    def get_audio_placeholder(self, samples: int) -> str:
+        tokens = math.ceil(math.ceil(samples / self.feature_extractor.hop_length) / FRAMES_PER_TOKEN)
+        chunks = [min(CHUNK_TOKENS, tokens - start) for start in range(0, tokens, CHUNK_TOKENS)]
+        return "".join("<|audio_start|>" + "<unk>" * count + "<|audio_end|>" for count in chunks)
+
+    def audio_feature_extract(self, audios, chunk_input=False, sampling_rate=16000, **kwargs):
+        rows = [audios] if len(audios) and isinstance(audios[0], np.ndarray) else audios
+        placeholders = [[self.get_audio_placeholder(len(audio)) for audio in row] for row in rows]
+        features, lengths = [], []
+        for row in rows:
+            row_features = [self.feature_extractor(audio, sampling_rate) for audio in row]
+            features += row_features
+            lengths.append(torch.tensor([item.shape[1] for item in row_features]) if row_features else [])
+        if not features:
+            return [], lengths, placeholders
+        most = max(item.shape[1] for item in features)
+        padded = torch.zeros(len(features), FEATURES, most)
+        for index, item in enumerate(features):
+            padded[index, :, : item.shape[1]] = item
+        return padded, lengths, placeholders
