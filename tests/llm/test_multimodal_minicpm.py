@@ -1,0 +1,117 @@
+"""MiniCPM-V (minicpm_v) and MiniCPM-o (minicpm_o), whose processor and tokenizer are remote code in the openbmb
+repositories, against LLaMA-Factory 0.9.5 on the same stand-in remote code (tests/llm/golden/minicpm_remote_code.py,
+loaded from a tiny model folder with trust_remote_code; golden llamafactory_minicpm.safetensors, made by
+make_llamafactory_minicpm.py): the expanded messages, the encoded rows and the collator's whole output (the model's
+`data` dict: pixel_values, image_sizes, tgt_sizes, image_bound, audio features, lengths and bounds, positions) for
+each row alone and for pairs, the stand-in image and silence included; and the one-line errors of a run without the
+model's own code."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("PIL")
+pytest.importorskip("safetensors")
+
+from tests.goldens import assert_close_to_golden, load_generator, safetensors_golden  # noqa: E402
+
+GOLDEN_DIR = Path(__file__).parent / "golden"
+GEN = load_generator(GOLDEN_DIR / "make_llamafactory_minicpm.py", "make_minicpm")
+
+
+@pytest.fixture(scope="module")
+def golden():
+    return safetensors_golden(GOLDEN_DIR / "llamafactory_minicpm.safetensors")
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory):
+    return GEN.write_folder(tmp_path_factory.mktemp("minicpm"))
+
+
+def _arguments(folder, trust: bool):
+    from lathe.llm.config.train import ModelArguments
+
+    settings = GEN.settings_of("minicpm_v")
+    return ModelArguments(model_name_or_path=folder, trust_remote_code=trust, **settings)
+
+
+@pytest.mark.parametrize("family", list(GEN.FAMILIES))
+def test_family_encodes_and_collates_as_llamafactory(family, golden, folder):
+    from lathe.llm.config.train import DataArguments
+    from lathe.llm.data.collator import SFTDataCollator
+    from lathe.llm.data.supervised import encode_supervised_example
+    from lathe.llm.model.loader import load_tokenizer
+    from lathe.llm.multimodal.collator import MultimodalCollator
+    from lathe.llm.multimodal.encode import EXPANDED, MediaEncoder
+    from lathe.llm.templates import get_template_and_fix_tokenizer
+
+    tensors, metadata = golden
+    assert json.loads(metadata["versions"])["llamafactory"] == "0.9.5"
+    model_args = _arguments(folder, trust=True)
+    tokenizer = load_tokenizer(model_args)  # the folder's own tokenizer class (trust_remote_code)
+    template = get_template_and_fix_tokenizer(tokenizer, DataArguments(template=GEN.FAMILIES[family]))
+    assert template.multimodal == family
+    plugin = MediaEncoder.for_run(template, tokenizer, model_args).plugin  # the folder's processor, as a run loads it
+    end_ids = set(tokenizer.convert_tokens_to_ids(list(plugin.family.media_tokens(plugin.processor))))
+    features = []
+    for index, row in enumerate(GEN.rows_of(family)):
+        raw = GEN.media_of(row)
+        media = {kind[:-1]: plugin.regularize(kind[:-1], items, "row") for kind, items in raw.items()}
+        messages = plugin.process_messages(GEN.messages_of(row), media)
+        assert messages == json.loads(metadata[f"{family}.messages.{index}"]), index
+        messages = [{**message, EXPANDED: True} for message in messages]
+        ids, labels = encode_supervised_example(
+            messages[:-1], messages[-1:], "", "", template, tokenizer, GEN.CUTOFF_LEN
+        )
+        assert ids == tensors[f"{family}.example.{index}.input_ids"].tolist(), index
+        assert labels == tensors[f"{family}.example.{index}.labels"].tolist(), index
+        assert plugin.cut_reason(ids, media) is None
+        if media:
+            last = max(position for position, token in enumerate(ids) if token in end_ids)
+            assert plugin.cut_reason(ids[:last], media).startswith("cutoff_len cuts through the media")
+        features.append({"input_ids": ids, "labels": labels, "attention_mask": [1] * len(ids), **raw})
+    collator = MultimodalCollator(SFTDataCollator(tokenizer, pad_to_multiple_of=8), plugin, None)
+    batches = {f"single.{index}": [feature] for index, feature in enumerate(features)}
+    batches.update({f"pair.{pair}": features[2 * pair : 2 * pair + 2] for pair in range(len(features) // 2)})
+    for prefix, chosen in batches.items():
+        mine = {}
+        structure = GEN.flatten(collator([dict(feature) for feature in chosen]), f"{family}.{prefix}", mine)
+        assert structure == json.loads(metadata[f"{family}.{prefix}.structure"]), prefix
+        for key, value in mine.items():
+            expected = tensors[key]
+            assert value.shape == expected.shape and value.dtype == expected.dtype, key
+            assert_close_to_golden(value, expected, key, abs=1e-5)
+
+
+def test_a_run_without_the_model_code_is_one_line(folder, tmp_path):
+    """The folder's tokenizer and processor without trust_remote_code, a processor that is not MiniCPM-V's, a
+    config.json of MiniCPM-V without its model code (transformers has no minicpmv): one line naming the key or the
+    files; video rows: one line naming the family."""
+    import shutil
+    from types import SimpleNamespace
+
+    from PIL import Image
+
+    from lathe.llm.model.loader import load_config, load_tokenizer
+    from lathe.llm.multimodal.encode import load_processor
+    from lathe.llm.multimodal.plugins import plugin_class
+
+    key = "the .* is the model folder's own code .*: set trust_remote_code: true to run it$"
+    with pytest.raises(ValueError, match=key.replace(".*", "tokenizer", 1)):
+        load_tokenizer(_arguments(folder, trust=False))
+    with pytest.raises(ValueError, match=key.replace(".*", "processor", 1)):
+        load_processor(folder, trust_remote_code=False)
+    no_code = shutil.copytree(folder, tmp_path / "no_code")
+    (no_code / "config.json").write_text(json.dumps({"model_type": "minicpmv", "architectures": ["MiniCPMV"]}))
+    with pytest.raises(ValueError, match="model_type 'minicpmv' is not in transformers .* modeling_minicpmv.py"):
+        load_config(_arguments(str(no_code), trust=True))
+    plugin = plugin_class("minicpm_o")(SimpleNamespace(image_processor=object()), SimpleNamespace())
+    messages = [{"role": "user", "content": "<image><audio>hi"}]
+    media = {"image": [Image.new("RGB", (28, 28))], "audio": [torch.zeros(160).numpy()]}
+    with pytest.raises(ValueError, match=r"minicpm_v family needs the model's own .*lack image_processor\.get_slice"):
+        plugin.process_messages(messages, media)
+    with pytest.raises(ValueError, match="1 video.* minicpm_v family takes no video input: MiniCPM-V's video"):
+        plugin_class("minicpm_v")(None, None).check_kinds({"video": 1}, "a row")
