@@ -115,3 +115,56 @@ def test_a_run_without_the_model_code_is_one_line(folder, tmp_path):
         plugin.process_messages(messages, media)
     with pytest.raises(ValueError, match="1 video.* minicpm_v family takes no video input: MiniCPM-V's video"):
         plugin_class("minicpm_v")(None, None).check_kinds({"video": 1}, "a row")
+
+
+def test_serving_refuses_images_with_the_reason(folder):
+    """lathe chat / api: MiniCPM-V's model takes the `data` dict and generates with its own code."""
+    from types import SimpleNamespace
+
+    from lathe.llm.inference.vision import _plugin_encoder
+    from lathe.llm.templates import TEMPLATES
+
+    config = SimpleNamespace(model=_arguments(folder, trust=True), data=SimpleNamespace())
+    tokenizer = SimpleNamespace()
+    encoder = _plugin_encoder(config, TEMPLATES["minicpm_v"], tokenizer)
+    assert "minicpm_v family's model takes its batch in its own form" in encoder.refusal
+
+
+@pytest.mark.parametrize("trust", [False, True])
+def test_lathe_train_without_the_model_code_stops_with_one_line(folder, tmp_path, trust):
+    """`lathe train` on a MiniCPM-V folder whose config.json names no model code (transformers has no minicpmv):
+    without trust_remote_code the folder's tokenizer stops it naming the key; with it, the model names the files."""
+    import shutil
+
+    from lathe.llm.config.train import parse_train_config
+    from lathe.llm.workflows.stages import run_train
+
+    model = shutil.copytree(folder, tmp_path / "model")
+    (model / "config.json").write_text(json.dumps({"model_type": "minicpmv", "architectures": ["MiniCPMV"]}))
+    data = tmp_path / "data"
+    data.mkdir()
+    GEN.make_image("wide").save(data / "wide.png")
+    rows = [{"messages": [{"role": "user", "content": "<image>What?"}, {"role": "assistant", "content": "A fox."}]}]
+    (data / "rows.json").write_text(json.dumps([{**rows[0], "images": ["wide.png"]}]))
+    columns = {"messages": "messages", "images": "images"}
+    tags = {"role_tag": "role", "content_tag": "content", "user_tag": "user", "assistant_tag": "assistant"}
+    (data / "dataset_info.json").write_text(
+        json.dumps({"rows": {"file_name": "rows.json", "formatting": "sharegpt"} | {"columns": columns, "tags": tags}})
+    )
+    config = {
+        "model_name_or_path": str(model),
+        "trust_remote_code": trust,
+        "stage": "sft",
+        "do_train": True,
+        "finetuning_type": "full",
+        "dataset": "rows",
+        "dataset_dir": str(data),
+        "template": "minicpm_v",
+        "output_dir": str(tmp_path / "out"),
+        "max_steps": 1,
+        "report_to": "none",
+        "use_cpu": True,
+    }
+    why = "model_type 'minicpmv' is not in transformers" if trust else "own code .*: set trust_remote_code: true"
+    with pytest.raises(ValueError, match=why):
+        run_train(parse_train_config(config))
