@@ -39,9 +39,10 @@ def _arguments(folder, trust: bool):
 
 
 @pytest.mark.parametrize("family", list(GEN.FAMILIES))
-def test_family_encodes_and_collates_as_llamafactory(family, golden, folder):
+def test_family_encodes_and_collates_as_llamafactory(family, golden, folder, tmp_path):
     from lathe.llm.config.train import DataArguments
     from lathe.llm.data.collator import SFTDataCollator
+    from lathe.llm.data.dump import dump_examples
     from lathe.llm.data.supervised import encode_supervised_example
     from lathe.llm.model.loader import load_tokenizer
     from lathe.llm.multimodal.collator import MultimodalCollator
@@ -84,6 +85,13 @@ def test_family_encodes_and_collates_as_llamafactory(family, golden, folder):
             expected = tensors[key]
             assert value.shape == expected.shape and value.dtype == expected.dtype, key
             assert_close_to_golden(value, expected, key, abs=1e-5)
+    # `lathe data preview --dump` writes the nested batch one tensor per path (the golden's names)
+    dump_examples([dict(feature) for feature in features], collator, str(tmp_path / "dump.safetensors"))
+    dumped = safetensors_golden(tmp_path / "dump.safetensors")[0]
+    golden_keys = {key[len(family) + 1 :] for key in tensors if key.startswith(f"{family}.")}
+    assert set(dumped) == golden_keys
+    for key, value in dumped.items():
+        assert_close_to_golden(value, tensors[f"{family}.{key}"], f"dumped {key}", abs=1e-5)
 
 
 def test_a_run_without_the_model_code_is_one_line(folder, tmp_path):
