@@ -125,6 +125,20 @@ def test_a_run_without_the_model_code_is_one_line(folder, tmp_path):
         plugin_class("minicpm_v")(None, None).check_kinds({"video": 1}, "a row")
 
 
+def test_freezing_uses_llamafactory_parts_of_minicpm():
+    """freeze_vision_tower / freeze_multi_modal_projector freeze MiniCPM-V's vpm / resampler (and MiniCPM-o's audio
+    parts), as LLaMA-Factory registers minicpmv and minicpmo; a MiniCPM model is found by its model_type."""
+    from types import SimpleNamespace
+
+    from lathe.llm.multimodal.towers import composite_of
+
+    minicpm_o = composite_of(SimpleNamespace(config=SimpleNamespace(model_type="minicpmo")))
+    assert minicpm_o.frozen_keys() == {"vpm", "apm", "audio_avg_pooler", "audio_projection_layer", "tts", "resampler"}
+    assert minicpm_o.lora_conflict_keys == ("audio_projection_layer",)
+    minicpm_v = composite_of(SimpleNamespace(config=SimpleNamespace(model_type="minicpmv")))
+    assert minicpm_v.frozen_keys(vision=False, language=True) == {"resampler", "llm"}
+
+
 def test_serving_refuses_images_with_the_reason(folder):
     """lathe chat / api: MiniCPM-V's model takes the `data` dict and generates with its own code."""
     from types import SimpleNamespace

@@ -25,9 +25,17 @@ IMAGE_TOKEN, AUDIO_TOKEN = "<image>", None  # MiniCPM-o's plugin class below add
 IMAGE_BOUNDS = (("im_start_id", "slice_start_id"), ("im_end_id", "slice_end_id"))
 AUDIO_BOUNDS = {"audio_bounds": ("audio_start_id", "audio_end_id"), "spk_bounds": ("spk_start_id", "spk_end_id")}
 ENDS = ("</image>", "</slice>", "<|audio_end|>")  # a run cut before its end token is a cut medium
-# LLaMA-Factory registers no composite model for minicpmv / minicpmo: the default parts (its freeze_* keys match
-# MiniCPM-V's own module names only where they share them).
-COMPOSITES = {"minicpmv": composite(), "minicpmo": composite()}
+# LLaMA-Factory's registrations (MiniCPM-V's own module names: vpm the vision tower, resampler the projector, llm the
+# language model; MiniCPM-o's audio tower, pooler, projection and TTS count as towers)
+COMPOSITES = {
+    "minicpmv": composite(vision=("vpm",), projector=("resampler",), language=("llm",)),
+    "minicpmo": composite(
+        vision=("vpm", "apm", "audio_avg_pooler", "audio_projection_layer", "tts"),
+        projector=("resampler",),
+        language=("llm",),
+        lora_conflict=("audio_projection_layer",),
+    ),
+}
 
 
 def check_processor(processor, tokenizer, audio: bool) -> None:
