@@ -24,6 +24,19 @@ from lathe.llm.multimodal.images import AUDIO_PLACEHOLDER, IMAGE_PLACEHOLDER
 IMAGE_TOKEN, AUDIO_TOKEN = "<image>", None  # MiniCPM-o's plugin class below adds audio
 IMAGE_BOUNDS = (("im_start_id", "slice_start_id"), ("im_end_id", "slice_end_id"))
 AUDIO_BOUNDS = {"audio_bounds": ("audio_start_id", "audio_end_id"), "spk_bounds": ("spk_start_id", "spk_end_id")}
+# The tokens behind MiniCPM-V's tokenizer properties (openbmb's tokenization_minicpmv_fast.py). transformers 5 loads
+# a minicpmv folder's tokenizer without its remote class (MODELS_WITH_INCORRECT_HUB_TOKENIZER_CLASS), so the
+# properties are missing there (LLaMA-Factory 0.9.5 then fails in its collator); lathe reads the tokens' ids.
+BOUND_TOKENS = {
+    "im_start_id": "<image>",
+    "im_end_id": "</image>",
+    "slice_start_id": "<slice>",
+    "slice_end_id": "</slice>",
+    "audio_start_id": "<|audio_start|>",
+    "audio_end_id": "<|audio_end|>",
+    "spk_start_id": "<|spk_bos|>",
+    "spk_end_id": "<|spk_eos|>",
+}
 ENDS = ("</image>", "</slice>", "<|audio_end|>")  # a run cut before its end token is a cut medium
 # LLaMA-Factory's registrations (MiniCPM-V's own module names: vpm the vision tower, resampler the projector, llm the
 # language model; MiniCPM-o's audio tower, pooler, projection and TTS count as towers)
@@ -38,6 +51,16 @@ COMPOSITES = {
 }
 
 
+def token_id(tokenizer, name: str) -> int | None:
+    """The id MiniCPM-V's tokenizer property `name` gives, or that of its token (None: the tokenizer lacks it)."""
+    if hasattr(tokenizer, name):
+        return getattr(tokenizer, name)
+    if not hasattr(tokenizer, "convert_tokens_to_ids"):
+        return None
+    found = tokenizer.convert_tokens_to_ids(BOUND_TOKENS[name])
+    return None if found is None or found == getattr(tokenizer, "unk_token_id", None) else found
+
+
 def check_processor(processor, tokenizer, audio: bool) -> None:
     """One line naming what the model's own code would give and this processor / tokenizer lacks."""
     image_processor = getattr(processor, "image_processor", None)
@@ -50,7 +73,7 @@ def check_processor(processor, tokenizer, audio: bool) -> None:
     if audio:
         missing += [] if hasattr(processor, "audio_feature_extract") else ["audio_feature_extract"]
         names += [name for pair in AUDIO_BOUNDS.values() for name in pair]
-    missing += [f"tokenizer.{name}" for name in names if not hasattr(tokenizer, name)]
+    missing += [f"tokenizer.{name} ({BOUND_TOKENS[name]})" for name in names if token_id(tokenizer, name) is None]
     if missing:
         raise ValueError(
             f"the minicpm_v family needs the model's own processor and tokenizer (MiniCPM-V's code in the model "
@@ -118,12 +141,12 @@ def media_inputs(images, audios, counts, batch_ids, processor, tokenizer, settin
     """The model's `data` entries besides the padded text, for a batch of `shape` (rows, length)."""
     import torch
 
-    starts, ends = ({getattr(tokenizer, name) for name in names} for names in IMAGE_BOUNDS)
+    starts, ends = ({token_id(tokenizer, name) for name in names} for names in IMAGE_BOUNDS)
     inputs = image_processor_call(grouped(images, counts["image"]), processor, settings) if images else {}
     inputs["image_bound"] = [bounds(ids, starts, ends) for ids in batch_ids]
     if audios:
         for key, (start, end) in AUDIO_BOUNDS.items():
-            start_id, end_id = getattr(tokenizer, start), getattr(tokenizer, end)
+            start_id, end_id = token_id(tokenizer, start), token_id(tokenizer, end)
             inputs[key] = [bounds(ids, {start_id}, {end_id}) for ids in batch_ids]
         features, lengths, _ = processor.audio_feature_extract(
             grouped(audios, counts["audio"]), chunk_input=True, sampling_rate=settings.audio_sampling_rate

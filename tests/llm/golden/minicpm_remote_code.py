@@ -16,7 +16,9 @@ openbmb shapes:
   (audios, 4, frames), each row's frame counts, and each audio's placeholder (`<|audio_start|>` + unk per token +
   `<|audio_end|>` per chunk of CHUNK_TOKENS).
 The slicing rule and the "features" are its own (a grid near the image's aspect ratio; four statistics per 160
-samples): what the tests compare is how the plugin uses them, not openbmb's numbers.
+samples): what the tests compare is how the plugin uses them, not openbmb's numbers. MiniCPMStandInModel is a tiny
+model with MiniCPM-V's forward contract (one `data` dict, image runs at image_bound) and module names (vpm,
+resampler, llm), for the three-step training comparison.
 """
 
 from __future__ import annotations
@@ -24,12 +26,14 @@ from __future__ import annotations
 import json
 import math
 import os
+import shutil
 
 import numpy as np
 import torch
-from transformers import PreTrainedTokenizerFast
+from transformers import GenerationMixin, PretrainedConfig, PreTrainedModel, PreTrainedTokenizerFast
 
 HOP, FEATURES, FRAMES_PER_TOKEN, CHUNK_TOKENS = 160, 4, 4, 8
+SETTINGS = ("max_slice_nums", "scale_resolution", "patch_size", "use_image_id")  # preprocessor_config.json's keys
 
 
 class MiniCPMStandInTokenizer(PreTrainedTokenizerFast):
@@ -164,8 +168,19 @@ class MiniCPMStandInProcessor:
     def from_pretrained(cls, path, **kwargs):
         with open(os.path.join(path, "preprocessor_config.json")) as handle:
             config = json.load(handle)
-        settings = {key: config[key] for key in ("max_slice_nums", "scale_resolution", "patch_size", "use_image_id")}
+        settings = {key: config[key] for key in SETTINGS}
         return cls(MiniCPMStandInImageProcessor(**settings), MiniCPMStandInTokenizer.from_pretrained(path))
+
+    def save_pretrained(self, path, **kwargs):
+        """preprocessor_config.json (the settings, auto_map naming this class) and this code file, as a model
+        folder holds them (the trainers save the processor with each checkpoint)."""
+        os.makedirs(path, exist_ok=True)
+        module = os.path.splitext(os.path.basename(__file__))[0]
+        config = {key: getattr(self.image_processor, key) for key in SETTINGS}
+        config["auto_map"] = {"AutoProcessor": f"{module}.{type(self).__name__}"}
+        with open(os.path.join(path, "preprocessor_config.json"), "w") as handle:
+            json.dump({**config, "processor_class": type(self).__name__}, handle, indent=2)
+        shutil.copyfile(__file__, os.path.join(path, os.path.basename(__file__)))
 
     def get_audio_placeholder(self, samples: int) -> str:
         tokens = math.ceil(math.ceil(samples / self.feature_extractor.hop_length) / FRAMES_PER_TOKEN)
@@ -187,3 +202,84 @@ class MiniCPMStandInProcessor:
         for index, item in enumerate(features):
             padded[index, :, : item.shape[1]] = item
         return padded, lengths, placeholders
+
+
+def _init_config(self, vocab_size=600, hidden_size=16, patch_size=14, query_num=4, **kwargs):
+    self.vocab_size, self.hidden_size, self.patch_size, self.query_num = vocab_size, hidden_size, patch_size, query_num
+    PretrainedConfig.__init__(self, **kwargs)
+
+
+class MiniCPMStandInConfig(PretrainedConfig):
+    """A tiny model in MiniCPM-V's shape (model_type minicpmv: LLaMA-Factory's composite parts vpm, resampler, llm)."""
+
+    model_type = "minicpmv"
+    __init__ = _init_config
+
+
+class MiniCPMOStandInConfig(PretrainedConfig):
+    """The same model typed minicpmo (MiniCPM-o's type: transformers 5 loads its tokenizer's remote class, which it
+    skips for minicpmv). Its own class, not a subclass: transformers 5 rebuilds a config subclass's fields."""
+
+    model_type = "minicpmo"
+    __init__ = _init_config
+
+
+class MiniCPMStandInLanguageModel(torch.nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.embed_tokens = torch.nn.Embedding(config.vocab_size, config.hidden_size)
+        self.mlp = torch.nn.Linear(config.hidden_size, config.hidden_size)
+        self.lm_head = torch.nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+
+
+class MiniCPMStandInModel(PreTrainedModel, GenerationMixin):
+    """MiniCPM-V's forward contract: one `data` dict (the collator's), each image or slice run between image_bound's
+    positions replaced by query_num resampled vision features (vpm: a linear map of each patch column, averaged;
+    resampler: to query_num embeddings); a causal LM head (no attention: each position sees its own embedding and
+    the running mean of those before it), the mean cross-entropy of the shifted labels."""
+
+    config_class = MiniCPMStandInConfig
+
+    def __init__(self, config):
+        super().__init__(config)
+        width = 3 * config.patch_size
+        self.vpm = torch.nn.Linear(width, config.hidden_size)
+        self.resampler = torch.nn.Linear(config.hidden_size, config.query_num * config.hidden_size)
+        self.llm = MiniCPMStandInLanguageModel(config)
+        self.post_init()
+
+    def _init_weights(self, module):
+        """The weights are set from the folder (or by the test): nothing to draw here."""
+
+    def get_input_embeddings(self):  # as MiniCPM-V's: the language model's
+        return self.llm.embed_tokens
+
+    def set_input_embeddings(self, value):
+        self.llm.embed_tokens = value
+
+    def vision_features(self, pixels):
+        columns = pixels.reshape(-1, pixels.shape[-1]).T  # (columns, 3 * patch)
+        pooled = self.vpm(columns).mean(0)
+        return self.resampler(pooled).reshape(self.config.query_num, self.config.hidden_size)
+
+    def forward(self, data, **kwargs):
+        from transformers.modeling_outputs import CausalLMOutput
+
+        embeds = self.llm.embed_tokens(data["input_ids"]).clone()
+        for row, (slices, bounds) in enumerate(zip(data["pixel_values"], data["image_bound"])):
+            for pixels, (start, end) in zip(slices, bounds.tolist()):
+                embeds[row, start:end] = self.vision_features(pixels.to(embeds.dtype))
+        steps = torch.arange(1, embeds.shape[1] + 1, device=embeds.device).view(1, -1, 1)
+        hidden = torch.tanh(self.llm.mlp(embeds + embeds.cumsum(1) / steps))
+        logits = self.llm.lm_head(hidden)
+        labels = data["labels"]
+        loss = torch.nn.functional.cross_entropy(
+            logits[:, :-1].reshape(-1, logits.shape[-1]), labels[:, 1:].reshape(-1), ignore_index=-100
+        )
+        return CausalLMOutput(loss=loss, logits=logits)
+
+
+class MiniCPMOStandInModel(MiniCPMStandInModel):
+    """The model of MiniCPMOStandInConfig (transformers checks a model's config_class against its config)."""
+
+    config_class = MiniCPMOStandInConfig
