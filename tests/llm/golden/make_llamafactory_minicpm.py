@@ -10,7 +10,10 @@ and collator path (slice placeholders, `<image_id>` numbering, image_bound, tgt_
 not openbmb's pixels. Runs in LLaMA-Factory's environment (`--worker`, transformers 5.6, Pillow 12.3 first on the
 path as make_llamafactory_mrope_families.py explains); writes tests/llm/golden/llamafactory_minicpm.safetensors: per
 family the expanded messages and each structure (metadata), each row's input_ids / labels, and every tensor of the
-collator's output for each row alone and for pairs, under flat names (flatten).
+collator's output for each row alone and for pairs, under flat names (flatten). Then LLaMA-Factory's own run_exp
+trains the stand-in model (the same code file: MiniCPM-V's `data` forward contract, vpm / resampler / llm) for three
+sft steps on two image rows, typed minicpmo and minicpmv (TRAIN_CASES): tests/llm/golden/llamafactory_minicpm_train.json
+(losses, grad norms, counts, or the error).
 """
 
 from __future__ import annotations
