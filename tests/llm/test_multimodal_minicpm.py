@@ -195,12 +195,13 @@ def test_lathe_train_without_the_model_code_stops_with_one_line(folder, tmp_path
 TRAIN_GOLDEN = json.loads((GOLDEN_DIR / "llamafactory_minicpm_train.json").read_text())
 
 
-@pytest.mark.parametrize("model_type", ["minicpmo", "minicpmv"])
-def test_lathe_train_three_steps_equal_llamafactory(model_type, tmp_path):
-    """Three sft steps of the stand-in MiniCPM-V model (its own code, trust_remote_code; vpm and resampler frozen)
-    on two image rows: LLaMA-Factory's run_exp losses (1e-5), grad norms (1e-4 relative) and counts. Typed
-    minicpmv, transformers 5 loads the folder's tokenizer without its remote class and LLaMA-Factory 0.9.5 fails in
-    its collator (recorded); lathe reads the tokens' ids and trains the same numbers as the minicpmo-typed run."""
+@pytest.mark.parametrize("case", list(GEN.TRAIN_CASES))
+def test_lathe_train_three_steps_equal_llamafactory(case, tmp_path):
+    """Three sft steps of the stand-in MiniCPM-V model (its own code, trust_remote_code; the towers and resampler
+    frozen) on two rows: LLaMA-Factory's run_exp losses (1e-5), grad norms (1e-4 relative) and counts; MiniCPM-o's
+    audio case through audio_bounds. Typed minicpmv, transformers 5 loads the folder's tokenizer without its remote
+    class and LLaMA-Factory 0.9.5 fails in its collator (recorded); lathe reads the tokens' ids and trains the
+    minicpmo-typed run's numbers (apm trains there: minicpmv's registration freezes vpm alone)."""
     from lathe.llm.config.train import DataArguments, parse_train_config
     from lathe.llm.templates import get_template_and_fix_tokenizer
     from lathe.llm.workflows.stages import run_train
@@ -214,18 +215,17 @@ def test_lathe_train_three_steps_equal_llamafactory(model_type, tmp_path):
             seen = {id(p): p for p in model.parameters()}.values()
             self.counts = (sum(p.numel() for p in seen if p.requires_grad), sum(p.numel() for p in seen))
 
-    if model_type == "minicpmv":
-        assert TRAIN_GOLDEN["minicpmv_typed"] == {
-            "error": "AttributeError: TokenizersBackend has no attribute im_start_id"
-        }
-    expected = TRAIN_GOLDEN["minicpmo_typed"]
-    model, data = GEN.write_train_folders(tmp_path, fix_tokenizer, model_type)
+    expected, unfrozen = TRAIN_GOLDEN[case], 0
+    if case == "minicpmv_typed":
+        assert expected == {"error": "AttributeError: TokenizersBackend has no attribute im_start_id"}
+        expected, unfrozen = TRAIN_GOLDEN["minicpmo_typed"], 16 * 16 + 16  # apm: Linear(4 features x 4 frames, 16)
+    model, data = GEN.write_train_folders(tmp_path, fix_tokenizer, case)
     keys = {"use_cpu": True, "dataloader_num_workers": 0, "preprocessing_num_workers": None}
     count = Count()
-    run_train(parse_train_config(GEN.train_config(model, data, tmp_path / "out", **keys)), callbacks=[count])
+    run_train(parse_train_config(GEN.train_config(model, data, tmp_path / "out", case, **keys)), callbacks=[count])
     history = json.loads((tmp_path / "out" / "trainer_state.json").read_text())["log_history"]
-    assert count.counts == (expected["trainable"], expected["total"])
+    assert count.counts == (expected["trainable"] + unfrozen, expected["total"])
     losses = [entry["loss"] for entry in history if "loss" in entry]
-    assert_close_to_golden(losses, expected["loss"], f"{model_type} losses", rel=0, abs=1e-5)
+    assert_close_to_golden(losses, expected["loss"], f"{case} losses", rel=0, abs=1e-5)
     norms = [entry["grad_norm"] for entry in history if "loss" in entry]
-    assert_close_to_golden(norms, expected["grad_norm"], f"{model_type} norms", rel=1e-4)
+    assert_close_to_golden(norms, expected["grad_norm"], f"{case} norms", rel=1e-4)

@@ -37,7 +37,10 @@ TOKENS += ["<|audio_start|>", "<|audio_end|>", "<|spk_bos|>", "<|spk_eos|>"]
 IMAGE_SETTINGS = {"max_slice_nums": 3, "scale_resolution": 28, "patch_size": 14, "use_image_id": True}
 # training case -> the stand-in model's type: transformers 5 skips a minicpmv folder's remote tokenizer class
 # (LLaMA-Factory 0.9.5 then fails in its collator; recorded), and loads a minicpmo one's
-TRAIN_CASES = {"minicpmo_typed": "minicpmo", "minicpmv_typed": "minicpmv"}
+# (MiniCPM-o's audio case: the minicpm_o template on its image + audio and audio rows)
+# (minicpmv last: after transformers 5.6 skips its remote tokenizer class, saving a plain tokenizer in the same
+# process fails)
+TRAIN_CASES = {"minicpmo_typed": "minicpmo", "minicpmo_audio": "minicpmo", "minicpmv_typed": "minicpmv"}
 TRAIN_GOLDEN = HERE / "llamafactory_minicpm_train.json"
 
 
@@ -87,7 +90,7 @@ def media_of(row: dict) -> dict:
     return {key: items for key, items in media.items() if items}
 
 
-def write_folder(folder, fix_tokenizer=None, model_type: str = "minicpmv") -> str:
+def write_folder(folder, fix_tokenizer=None, model_type: str = "minicpmv", template: str = "minicpm_v") -> str:
     """A model folder with the stand-in remote code: the test tokenizer plus MiniCPM's tokens, its class named in
     tokenizer_config.json's auto_map, and preprocessor_config.json naming the processor in auto_map. With
     fix_tokenizer(tokenizer, template) (lathe's or LLaMA-Factory's template fix, run first so the vocabulary holds
@@ -99,7 +102,7 @@ def write_folder(folder, fix_tokenizer=None, model_type: str = "minicpmv") -> st
     tokenizer = AutoTokenizer.from_pretrained(str(BASE.TOKENIZER))
     tokenizer.add_special_tokens({"additional_special_tokens": TOKENS})
     if fix_tokenizer is not None:
-        fix_tokenizer(tokenizer, "minicpm_v")
+        fix_tokenizer(tokenizer, template)
     tokenizer.save_pretrained(folder)
     shutil.copyfile(REMOTE_CODE, os.path.join(folder, f"{MODULE}.py"))
     config_file = os.path.join(folder, "tokenizer_config.json")
@@ -141,28 +144,32 @@ def _write_model(folder: str, vocab_size: int, model_type: str) -> None:
     model.save_pretrained(folder)
 
 
-def write_train_folders(root: Path, fix_tokenizer, model_type: str) -> tuple[Path, Path]:
-    """(model folder, data folder): the stand-in model's folder and the first two image rows as the sharegpt
-    dataset "rows" (PNG files)."""
+def write_train_folders(root: Path, fix_tokenizer, case: str) -> tuple[Path, Path]:
+    """(model folder, data folder): the stand-in model's folder (TRAIN_CASES' type) and the first two rows of the
+    case's family as the sharegpt dataset "rows" (PNG and 32-bit PCM WAV files)."""
     model, data = root / "model", root / "data"
-    write_folder(model, fix_tokenizer, model_type)
+    template = "minicpm_o" if case.endswith("audio") else "minicpm_v"
+    write_folder(model, fix_tokenizer, TRAIN_CASES[case], template)
     data.mkdir(parents=True)
     rows = []
-    for row in BASE.ROWS[:2]:
-        item = {"messages": messages_of(row), "images": []}
+    for row in (AUDIO_ROWS if template == "minicpm_o" else BASE.ROWS)[:2]:
+        item = {"messages": messages_of(row), "images": [], "audios": []}
         for name in row["images"]:
             make_image(name).save(data / f"{name}.png")
             item["images"].append(f"{name}.png")
+        for name in row.get("audios", []):
+            BASE.write_wav(data / f"{name}.wav", make_audio(name))
+            item["audios"].append(f"{name}.wav")
         rows.append(item)
     (data / "rows.json").write_text(json.dumps(rows))
     tags = {"role_tag": "role", "content_tag": "content", "user_tag": "user", "assistant_tag": "assistant"}
-    columns = {"messages": "messages", "images": "images"}
+    columns = {"messages": "messages", "images": "images", "audios": "audios"}
     info = {"file_name": "rows.json", "formatting": "sharegpt", "columns": columns, "tags": tags}
     (data / "dataset_info.json").write_text(json.dumps({"rows": info}))
     return model, data
 
 
-def train_config(model: Path, data: Path, output: Path, **keys) -> dict:
+def train_config(model: Path, data: Path, output: Path, case: str, **keys) -> dict:
     """Three sft steps of one batch of both rows, on CPU, full tuning (vpm and resampler frozen: LLaMA-Factory's
     defaults for minicpmv), with the model's own code."""
     return {
@@ -173,7 +180,7 @@ def train_config(model: Path, data: Path, output: Path, **keys) -> dict:
         "finetuning_type": "full",
         "dataset": "rows",
         "dataset_dir": str(data),
-        "template": "minicpm_v",
+        "template": "minicpm_o" if case.endswith("audio") else "minicpm_v",
         "cutoff_len": CUTOFF_LEN,
         **settings_of("minicpm_v"),
         "output_dir": str(output),
@@ -187,6 +194,27 @@ def train_config(model: Path, data: Path, output: Path, **keys) -> dict:
         "seed": 42,
         **keys,
     }
+
+
+def wav_reader() -> None:
+    """LLaMA-Factory's plugins read audio files with torchaudio.load, and no CPU torchaudio exists here (the stubs'
+    stand-in raises): its mm_plugin module gets a `load` reading the 32-bit PCM WAV files written here as torchaudio
+    does ((channels, samples) float32, divided by 2**31; the files are at audio_sampling_rate: no resampling)."""
+    import wave
+    from types import SimpleNamespace
+
+    import numpy as np
+    import torch
+    from llamafactory.data import mm_plugin
+
+    def load(path):
+        with wave.open(str(path), "rb") as handle:
+            frames = np.frombuffer(handle.readframes(handle.getnframes()), dtype="<i4")
+            rate, channels = handle.getframerate(), handle.getnchannels()
+        samples = (frames.astype("float32") / 2**31).reshape(-1, channels).T
+        return torch.from_numpy(np.ascontiguousarray(samples)), rate
+
+    mm_plugin.torchaudio = SimpleNamespace(load=load)
 
 
 def run_training() -> dict:
@@ -208,10 +236,11 @@ def run_training() -> dict:
         get_template_and_fix_tokenizer(tokenizer, DataArguments(template=template))
 
     results = {}
-    for case, model_type in TRAIN_CASES.items():
+    wav_reader()
+    for case in TRAIN_CASES:
         with tempfile.TemporaryDirectory() as root:
-            model, data = write_train_folders(Path(root), fix_tokenizer, model_type)
-            config = train_config(model, data, Path(root) / "out", bf16=False, fp16=False, plot_loss=False)
+            model, data = write_train_folders(Path(root), fix_tokenizer, case)
+            config = train_config(model, data, Path(root) / "out", case, bf16=False, fp16=False, plot_loss=False)
             count = Count()
             try:
                 run_exp(config, callbacks=[count])

@@ -235,7 +235,8 @@ class MiniCPMStandInLanguageModel(torch.nn.Module):
 class MiniCPMStandInModel(PreTrainedModel, GenerationMixin):
     """MiniCPM-V's forward contract: one `data` dict (the collator's), each image or slice run between image_bound's
     positions replaced by query_num resampled vision features (vpm: a linear map of each patch column, averaged;
-    resampler: to query_num embeddings); a causal LM head (no attention: each position sees its own embedding and
+    resampler: to query_num embeddings), MiniCPM-o's audio runs (audio_bounds) by apm's tokens of the row's audio
+    features (audio_feature_lens frames each); a causal LM head (no attention: each position sees its own embedding and
     the running mean of those before it), the mean cross-entropy of the shifted labels."""
 
     config_class = MiniCPMStandInConfig
@@ -244,6 +245,7 @@ class MiniCPMStandInModel(PreTrainedModel, GenerationMixin):
         super().__init__(config)
         width = 3 * config.patch_size
         self.vpm = torch.nn.Linear(width, config.hidden_size)
+        self.apm = torch.nn.Linear(FEATURES * FRAMES_PER_TOKEN, config.hidden_size)
         self.resampler = torch.nn.Linear(config.hidden_size, config.query_num * config.hidden_size)
         self.llm = MiniCPMStandInLanguageModel(config)
         self.post_init()
@@ -262,6 +264,13 @@ class MiniCPMStandInModel(PreTrainedModel, GenerationMixin):
         pooled = self.vpm(columns).mean(0)
         return self.resampler(pooled).reshape(self.config.query_num, self.config.hidden_size)
 
+    def audio_tokens(self, features, frames: int):
+        """One embedding per FRAMES_PER_TOKEN frames of one audio's (FEATURES, frames) features (apm)."""
+        tokens = math.ceil(frames / FRAMES_PER_TOKEN)
+        padded = torch.zeros(FEATURES, tokens * FRAMES_PER_TOKEN, dtype=features.dtype, device=features.device)
+        padded[:, :frames] = features[:, :frames]
+        return self.apm(padded.T.reshape(tokens, -1))
+
     def forward(self, data, **kwargs):
         from transformers.modeling_outputs import CausalLMOutput
 
@@ -269,6 +278,17 @@ class MiniCPMStandInModel(PreTrainedModel, GenerationMixin):
         for row, (slices, bounds) in enumerate(zip(data["pixel_values"], data["image_bound"])):
             for pixels, (start, end) in zip(slices, bounds.tolist()):
                 embeds[row, start:end] = self.vision_features(pixels.to(embeds.dtype))
+        if "audio_bounds" in data:  # MiniCPM-o: each row's audios' tokens fill its audio runs in order
+            audio = 0
+            for row, (lengths, bounds) in enumerate(zip(data["audio_feature_lens"], data["audio_bounds"])):
+                features = data["audio_features"].to(embeds.dtype)
+                tokens = [self.audio_tokens(features[audio + k], int(n)) for k, n in enumerate(lengths.tolist())]
+                audio += len(tokens)
+                if tokens:
+                    flat, used = torch.cat(tokens), 0
+                    for start, end in bounds.tolist():
+                        embeds[row, start:end] = flat[used : used + end - start]
+                        used += end - start
         steps = torch.arange(1, embeds.shape[1] + 1, device=embeds.device).view(1, -1, 1)
         hidden = torch.tanh(self.llm.mlp(embeds + embeds.cumsum(1) / steps))
         logits = self.llm.lm_head(hidden)
