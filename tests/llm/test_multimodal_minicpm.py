@@ -119,7 +119,10 @@ def test_a_run_without_the_model_code_is_one_line(folder, tmp_path):
     plugin = plugin_class("minicpm_o")(SimpleNamespace(image_processor=object()), SimpleNamespace())
     messages = [{"role": "user", "content": "<image><audio>hi"}]
     media = {"image": [Image.new("RGB", (28, 28))], "audio": [torch.zeros(160).numpy()]}
-    with pytest.raises(ValueError, match=r"minicpm_v family needs the model's own .*lack image_processor\.get_slice"):
+    with pytest.raises(
+        ValueError,
+        match=r"minicpm_o family needs the model's own .*lack image_processor\.get_slice.*, audio_feature_extract, ",
+    ):
         plugin.process_messages(messages, media)
     with pytest.raises(ValueError, match="1 video.* minicpm_v family takes no video input: MiniCPM-V's video"):
         plugin_class("minicpm_v")(None, None).check_kinds({"video": 1}, "a row")

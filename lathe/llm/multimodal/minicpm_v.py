@@ -61,7 +61,7 @@ def token_id(tokenizer, name: str) -> int | None:
     return None if found is None or found == getattr(tokenizer, "unk_token_id", None) else found
 
 
-def check_processor(processor, tokenizer, audio: bool) -> None:
+def check_processor(processor, tokenizer, audio: bool, family: str = "minicpm_v") -> None:
     """One line naming what the model's own code would give and this processor / tokenizer lacks."""
     image_processor = getattr(processor, "image_processor", None)
     missing = [
@@ -76,7 +76,7 @@ def check_processor(processor, tokenizer, audio: bool) -> None:
     missing += [f"tokenizer.{name} ({BOUND_TOKENS[name]})" for name in names if token_id(tokenizer, name) is None]
     if missing:
         raise ValueError(
-            f"the minicpm_v family needs the model's own processor and tokenizer (MiniCPM-V's code in the model "
+            f"the {family} family needs the model's own processor and tokenizer (MiniCPM-V's code in the model "
             f"folder); {type(processor).__name__} / {type(tokenizer).__name__} lack {', '.join(missing)}: set "
             "trust_remote_code: true to load them"
         )
@@ -166,7 +166,7 @@ class MiniCPMVPlugin(ModulePlugin):
     missing = {"video": "MiniCPM-V's video frames (sliced as images) are not encoded by lathe yet"}
 
     def check_processor(self, audio: bool) -> None:
-        check_processor(self.processor, self.tokenizer, audio)
+        check_processor(self.processor, self.tokenizer, audio, self.name)
 
     def process_messages(self, messages: list[dict], media: dict) -> list[dict]:
         self.check_processor(bool(media.get("audio")))
