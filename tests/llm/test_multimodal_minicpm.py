@@ -3,8 +3,10 @@ repositories, against LLaMA-Factory 0.9.5 on the same stand-in remote code (test
 loaded from a tiny model folder with trust_remote_code; golden llamafactory_minicpm.safetensors, made by
 make_llamafactory_minicpm.py): the expanded messages, the encoded rows and the collator's whole output (the model's
 `data` dict: pixel_values, image_sizes, tgt_sizes, image_bound, audio features, lengths and bounds, positions) for
-each row alone and for pairs, the stand-in image and silence included; and the one-line errors of a run without the
-model's own code."""
+each row alone and for pairs, the stand-in image and silence included (and `lathe data preview --dump`'s file of
+them); three `lathe train` steps of the stand-in model against LLaMA-Factory's run_exp
+(llamafactory_minicpm_train.json); the composite parts; and the one-line errors of a run without the model's own
+code."""
 
 import json
 from pathlib import Path
