@@ -89,7 +89,7 @@ def test_family_encodes_and_collates_as_llamafactory(family, golden):
 def test_a_run_without_the_real_processor_names_what_is_missing(tmp_path):
     """Kimi-VL: the folder's own processor needs trust_remote_code; Llama 4 and LFM2-VL: their processors need
     torchvision;
-    MiniCPM-V (and the other families lathe lacks): one line naming the family, never trained as text."""
+    YouTu-VL (and the other families lathe lacks): one line naming the family, never trained as text."""
     from types import SimpleNamespace
 
     from PIL import Image
@@ -110,5 +110,5 @@ def test_a_run_without_the_real_processor_names_what_is_missing(tmp_path):
     if importlib.util.find_spec("torchvision") is None:
         with pytest.raises(ValueError, match="the llama4 family needs torchvision"):
             get_plugin(SimpleNamespace(name="llama4", multimodal="llama4"), object(), object())
-    with pytest.raises(ValueError, match=r"template 'minicpm_o' \(multimodal family 'minicpm_v'\): image, video"):
-        plugin_module("minicpm_v", "minicpm_o")
+    with pytest.raises(ValueError, match=r"template 'youtu_vl' \(multimodal family 'youtu_vl'\): image, video"):
+        plugin_module("youtu_vl", "youtu_vl")

@@ -159,9 +159,9 @@ def test_row_checks_name_the_row(tmp_path):
     assert open_image("a.png", str(tmp_path)).size == (5, 4)  # relative to media_dir
     assert plugin_module("qwen2_vl") is qwen2_vl
     with pytest.raises(
-        ValueError, match=r"template 'minicpm_v' \(multimodal family 'minicpm_v'\): image, video and audio"
+        ValueError, match=r"template 'youtu_vl' \(multimodal family 'youtu_vl'\): image, video and audio"
     ):
-        plugin_module("minicpm_v", "minicpm_v")
+        plugin_module("youtu_vl", "youtu_vl")
 
 
 def test_three_sft_steps_train_the_language_model_only(assets, tmp_path):

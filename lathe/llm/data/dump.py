@@ -6,27 +6,50 @@ Keys (tensors):
 - `example.<i>.<column>` for input_ids, labels, attention_mask (int64; dataset order, after cutoff),
 - `single.<i>.<key>`: every tensor the collator returns for example i alone,
 - `pair.<b>.<key>`: the same for the pair of examples [2b, 2b+1] (a last odd example has no pair).
-In `__metadata__` (strings): a non-tensor value the collator returns as JSON under `json.<single|pair>.<n>.<key>`,
-and a collator error as its message under `error.<single|pair>.<n>`.
+A collator that nests its tensors (MiniCPM-V's `data` dict of per-row lists) gives a key per tensor, its path joined
+by dots (`single.0.data.pixel_values.0.1`). In `__metadata__` (strings): any other value the collator returns as
+JSON under `json.<single|pair>.<n>.<key>` (an empty list included), and a collator error as its message under
+`error.<single|pair>.<n>`.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from typing import Any
 
 EXAMPLE_COLUMNS = ("input_ids", "labels", "attention_mask")
 
 
 def _add_batch(tensors: dict, metadata: dict, prefix: str, batch: dict[str, Any]) -> None:
+    for key, value in batch.items():
+        _add_value(tensors, metadata, f"{prefix}.{key}", value)
+
+
+def _holds_tensors(value) -> bool:
     import torch
 
-    for key, value in batch.items():
-        if isinstance(value, torch.Tensor):
-            # safetensors refuses tensors that share memory or are not contiguous
-            tensors[f"{prefix}.{key}"] = value.detach().to("cpu").contiguous().clone()
-        else:
-            metadata[f"json.{prefix}.{key}"] = json.dumps(value, default=str)
+    if isinstance(value, torch.Tensor):
+        return True
+    if isinstance(value, Mapping):
+        return any(_holds_tensors(item) for item in value.values())
+    return isinstance(value, (list, tuple)) and any(_holds_tensors(item) for item in value)
+
+
+def _add_value(tensors: dict, metadata: dict, name: str, value) -> None:
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        # safetensors refuses tensors that share memory or are not contiguous
+        tensors[name] = value.detach().to("cpu").contiguous().clone()
+    elif isinstance(value, Mapping) and _holds_tensors(value):
+        for key, item in value.items():
+            _add_value(tensors, metadata, f"{name}.{key}", item)
+    elif isinstance(value, (list, tuple)) and _holds_tensors(value):
+        for index, item in enumerate(value):
+            _add_value(tensors, metadata, f"{name}.{index}", item)
+    else:
+        metadata[f"json.{name}"] = json.dumps(value, default=str)
 
 
 def _collate(collator, features: list[dict], tensors: dict, metadata: dict, prefix: str) -> None:

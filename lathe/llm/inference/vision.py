@@ -109,7 +109,7 @@ def _plugin_encoder(config, template, tokenizer) -> ImageEncoder:
     """The encoder of a family served through its training FamilyPlugin, with the model folder's processor and
     the run's media keys; the family's own refusal (no image input, a missing package) otherwise."""
     from lathe.llm.hub import model_folder
-    from lathe.llm.multimodal.base import MediaSettings
+    from lathe.llm.multimodal.base import FamilyPlugin, MediaSettings
     from lathe.llm.multimodal.encode import load_processor
     from lathe.llm.multimodal.plugins import get_plugin
 
@@ -125,6 +125,11 @@ def _plugin_encoder(config, template, tokenizer) -> ImageEncoder:
         plugin = get_plugin(template, processor, tokenizer, settings)
     except ValueError as error:
         return ImageEncoder(refusal=f"{config.model.model_name_or_path}: it takes no images here: {error}")
+    if type(plugin).finish_batch is not FamilyPlugin.finish_batch:  # the decoder passes batch_inputs as they are
+        return ImageEncoder(
+            refusal=f"template {template.name!r}: the {plugin.name} family's model takes its batch in its own form "
+            "(MiniCPM-V's `data` dict) and generates with its own code; lathe's decoder sends it no images."
+        )
     if "image" not in plugin.kinds:
         return ImageEncoder(refusal=f"template {template.name!r}: the {plugin.name} family takes no images.")
     return ImageEncoder(refusal=None, plugin=plugin, image_processor=getattr(processor, "image_processor", None))

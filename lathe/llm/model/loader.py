@@ -13,6 +13,7 @@ from lathe.llm.model.moe import configure_moe
 from lathe.llm.model.quantization import configure_quantization, is_quantized, quantization_compute_dtype
 from lathe.llm.model.tokenizer_check import check_tokenizer_matches_file
 from lathe.llm.model.weights_check import check_has_tokenizer, check_loading_info, check_weight_files, mismatch_error
+from lathe.llm.remote_code import remote_code_error
 
 if TYPE_CHECKING:
     from lathe.llm.config.train import FinetuningArguments, ModelArguments
@@ -65,6 +66,9 @@ def load_tokenizer(model_args: "ModelArguments"):
             local_files_only=True,
         )
     except (OSError, ValueError) as error:
+        named = remote_code_error(error, folder, "tokenizer")
+        if named is not None:
+            raise named from None
         raise OSError(f"Could not load a tokenizer from {folder} (model_name_or_path): {error}") from error
     check_tokenizer_matches_file(tokenizer, folder)  # before tokens are added: the folder's tokenizer as it is
 
@@ -80,9 +84,14 @@ def load_tokenizer(model_args: "ModelArguments"):
 def load_config(model_args: "ModelArguments"):
     from transformers import AutoConfig
 
-    return AutoConfig.from_pretrained(
-        _model_folder(model_args), trust_remote_code=model_args.trust_remote_code, local_files_only=True
-    )
+    folder = _model_folder(model_args)
+    try:
+        return AutoConfig.from_pretrained(folder, trust_remote_code=model_args.trust_remote_code, local_files_only=True)
+    except ValueError as error:
+        named = remote_code_error(error, folder, "model")
+        if named is None:
+            raise
+        raise named from None
 
 
 def weights_dtype(model_args: "ModelArguments", is_trainable: bool, config=None):

@@ -31,7 +31,8 @@ that defines a `FamilyPlugin` subclass and is registered by one line in plugins.
 - llava.py, llava_next.py, llava_next_video.py, video_llava.py, gemma3.py, gemma3n.py, paligemma.py, qwen2_audio.py,
   mllama.py, pixtral.py, intern_vl.py, kimi_vl.py, llama4.py, lfm2_vl.py: the other families (placeholder
   expansion, PaliGemma's image prefix, their tensors), each a FamilyPlugin through common.py's ModulePlugin (the
-  media settings, image processor / video processor / feature extractor calls).
+  media settings, image processor / video processor / feature extractor calls); minicpm_v.py: MiniCPM-V / MiniCPM-o
+  on the model folder's own processor (trust_remote_code), their batch nested in the `data` dict the model takes.
 - collator.py: the collator for any family: the text collator's padding, then the plugin's tensors.
 - towers.py: freeze_vision_tower / freeze_multi_modal_projector / freeze_language_model, LoRA targets.
 - plugins.py: the registry; a family not implemented yet is a clear error, never trained as text.

@@ -83,7 +83,9 @@ class FamilyPlugin:
       row_ids: each row's input_ids before padding (stand-in tokens included); packed rows (a family with `packs`)
       come with the text collator's 2-D position_ids (0 where each example starts) and 4-D attention mask;
     - stand_in(): LLaMA-Factory's fake media, kind -> items: the collator gives each kind a batch lacks to its first
-      row (a white image, silence), or None.
+      row (a white image, silence), or None;
+    - finish_batch(batch): the collated batch in the form the family's model takes (MiniCPM-V's one `data` dict);
+      default unchanged.
     """
 
     processor: Any
@@ -138,3 +140,6 @@ class FamilyPlugin:
 
     def stand_in(self) -> dict[str, list] | None:
         return None
+
+    def finish_batch(self, batch: dict) -> dict:
+        return batch

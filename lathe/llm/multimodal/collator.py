@@ -100,7 +100,7 @@ class MultimodalCollator:
             )
         model = None if self.generating and not packed else self.model  # packed rows are training rows
         batch.update(self.plugin.batch_inputs(media_rows, batch, model, row_ids))
-        return batch
+        return self.plugin.finish_batch(batch)
 
 
 def Qwen2VLCollator(text_collator, image_processor, model, max_pixels=None, min_pixels=None):  # noqa: N802

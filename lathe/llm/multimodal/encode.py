@@ -32,6 +32,11 @@ def load_processor(path: str, use_fast: bool = True, trust_remote_code: bool = F
     except ImportError:
         pass
     except (OSError, ValueError) as error:
+        from lathe.llm.remote_code import remote_code_error
+
+        named = remote_code_error(error, path, "processor")
+        if named is not None:
+            raise named from None
         raise ValueError(f"{path}: no processor for images/videos/audio could be loaded ({error})") from None
     try:
         image_processor = AutoImageProcessor.from_pretrained(

@@ -25,6 +25,8 @@ FAMILIES = {
     "llama4": "lathe.llm.multimodal.llama4:Llama4Plugin",
     "lfm2_vl": "lathe.llm.multimodal.lfm2_vl:Lfm2VlPlugin",
     "ernie_vl": "lathe.llm.multimodal.ernie_vl:ErnieVLPlugin",
+    "minicpm_v": "lathe.llm.multimodal.minicpm_v:MiniCPMVPlugin",
+    "minicpm_o": "lathe.llm.multimodal.minicpm_v:MiniCPMOPlugin",  # LLaMA-Factory's minicpm_v plugin with <audio>
 }
 IMPLEMENTED = {name: target.split(":")[0] for name, target in FAMILIES.items()}
 

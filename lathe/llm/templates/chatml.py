@@ -110,7 +110,7 @@ TEMPLATES = [
     chatml(
         "minicpm_o",
         stop_words=_END,
-        multimodal="minicpm_v",
+        multimodal="minicpm_o",  # LLaMA-Factory's minicpm_v plugin with audio_token: lathe's minicpm_o family
         default_system=("You are a helpful assistant. You can accept audio and text input and output voice and text."),
     ),
     chatml("llava_next_yi", stop_words=_END, multimodal="llava_next"),
