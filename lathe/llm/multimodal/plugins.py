@@ -13,6 +13,8 @@ FAMILIES = {
     "video_llava": "lathe.llm.multimodal.video_llava:VideoLlavaPlugin",
     "gemma3": "lathe.llm.multimodal.gemma3:Gemma3Plugin",
     "gemma3n": "lathe.llm.multimodal.gemma3n:Gemma3nPlugin",
+    "gemma4": "lathe.llm.multimodal.gemma4:Gemma4Plugin",
+    "gemma4n": "lathe.llm.multimodal.gemma4n:Gemma4nPlugin",
     "paligemma": "lathe.llm.multimodal.paligemma:PaliGemmaPlugin",
     "qwen2_audio": "lathe.llm.multimodal.qwen2_audio:Qwen2AudioPlugin",
     "mllama": "lathe.llm.multimodal.mllama:MllamaPlugin",
