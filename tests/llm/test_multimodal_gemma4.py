@@ -169,3 +169,53 @@ def test_gemma4_video_rows_equal_llamafactory(video_folder):
     )
     checked = json.loads(run_with_torchvision(code).stdout.strip().splitlines()[-1])
     assert checked == list(VIDEO_BATCHES.values())
+
+
+def _train_generator():
+    spec = importlib.util.spec_from_file_location(
+        "make_gemma4_train", HERE / "golden" / "make_llamafactory_gemma4_train.py"
+    )
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+TRAIN = _train_generator()
+TRAIN_GOLDEN = json.loads((HERE / "golden" / "llamafactory_gemma4_train.json").read_text())
+
+
+def _lathe_train(name: str, root: Path) -> tuple[tuple[int, int], list[dict]]:
+    """`lathe train` of case `name` on its folder (written here, transformers 5.23, no torchvision: lathe loads the
+    processor's parts from the nested processor_config.json): (trainable, total) counts and the log history."""
+    from lathe.llm.config.train import DataArguments, parse_train_config
+    from lathe.llm.templates import get_template_and_fix_tokenizer
+    from lathe.llm.workflows.stages import run_train
+    from lathe.train import TrainerCallback
+
+    def fix_tokenizer(tokenizer, template):
+        get_template_and_fix_tokenizer(tokenizer, DataArguments(template=template))
+
+    model, data = TRAIN.write_folders(root, TRAIN.CASES[name][0], fix_tokenizer)
+
+    class Count(TrainerCallback):
+        def on_train_begin(self, args, state, control, model=None, **kwargs):
+            seen = {id(p): p for p in model.parameters()}.values()
+            self.counts = (sum(p.numel() for p in seen if p.requires_grad), sum(p.numel() for p in seen))
+
+    count = Count()
+    run_train(parse_train_config(TRAIN.train_config(name, model, data, root / "out")), callbacks=[count])
+    return count.counts, json.loads((root / "out" / "trainer_state.json").read_text())["log_history"]
+
+
+@pytest.mark.parametrize("name", [name for name in TRAIN.CASES if "error" not in TRAIN_GOLDEN[name]])
+def test_lathe_trains_gemma4_as_llamafactory(name, tmp_path):
+    """Three steps of one batch of two image rows: full (towers frozen), LoRA, the vision tower open."""
+    from tests.goldens import assert_close_to_golden
+
+    counts, history = _lathe_train(name, tmp_path)
+    expected = TRAIN_GOLDEN[name]
+    assert counts == (expected["trainable"], expected["total"])
+    losses = [entry["loss"] for entry in history if "loss" in entry]
+    assert_close_to_golden(losses, expected["loss"], f"{name} losses", rel=0, abs=1e-5)
+    norms = [entry["grad_norm"] for entry in history if "loss" in entry]
+    assert_close_to_golden(norms, expected["grad_norm"], f"{name} norms", rel=1e-4)
