@@ -27,6 +27,7 @@ FAMILIES = {
     "llama4": "lathe.llm.multimodal.llama4:Llama4Plugin",
     "lfm2_vl": "lathe.llm.multimodal.lfm2_vl:Lfm2VlPlugin",
     "ernie_vl": "lathe.llm.multimodal.ernie_vl:ErnieVLPlugin",
+    "youtu_vl": "lathe.llm.multimodal.youtu_vl:YoutuVLPlugin",
 }
 IMPLEMENTED = {name: target.split(":")[0] for name, target in FAMILIES.items()}
 
