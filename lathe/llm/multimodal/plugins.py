@@ -28,6 +28,7 @@ FAMILIES = {
     "lfm2_vl": "lathe.llm.multimodal.lfm2_vl:Lfm2VlPlugin",
     "ernie_vl": "lathe.llm.multimodal.ernie_vl:ErnieVLPlugin",
     "youtu_vl": "lathe.llm.multimodal.youtu_vl:YoutuVLPlugin",
+    "minicpm_v_4_6": "lathe.llm.multimodal.minicpm_v_4_6:MiniCPMV46Plugin",
 }
 IMPLEMENTED = {name: target.split(":")[0] for name, target in FAMILIES.items()}
 
