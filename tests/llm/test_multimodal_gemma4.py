@@ -219,3 +219,35 @@ def test_lathe_trains_gemma4_as_llamafactory(name, tmp_path):
     assert_close_to_golden(losses, expected["loss"], f"{name} losses", rel=0, abs=1e-5)
     norms = [entry["grad_norm"] for entry in history if "loss" in entry]
     assert_close_to_golden(norms, expected["grad_norm"], f"{name} norms", rel=1e-4)
+
+
+def test_gemma4n_counts_an_audio_files_tokens_from_its_waveform(tmp_path):
+    """LLaMA-Factory 0.9.5 counts a row's audio tokens from the value in its audios column: for a file, the length of
+    the path string (0 tokens here, and its model then stops: the golden's gemma4n_audio_full error). lathe counts
+    the decoded waveform, with the processor parts it loads from the folder without torchvision (the feature
+    extractor and audio_seq_length nested in processor_config.json); the gemma4 template takes no audio."""
+    from lathe.llm.config.train import DataArguments
+    from lathe.llm.multimodal.common import MediaSettings
+    from lathe.llm.multimodal.encode import load_processor
+    from lathe.llm.multimodal.gemma4 import audio_token_count
+    from lathe.llm.multimodal.plugins import get_plugin
+    from lathe.llm.templates import get_template_and_fix_tokenizer
+
+    assert TRAIN_GOLDEN["gemma4n_audio_full"]["error"].startswith("ValueError: Audio features and audio tokens do not")
+    TRAIN.write_processor(tmp_path)
+    TRAIN.FAMILIES.write_wav(tmp_path / "long.wav", TRAIN.FAMILIES.make_audio("long"))
+    tokenizer = GEN.make_tokenizer()
+    tokenizer.save_pretrained(str(tmp_path))
+    processor = load_processor(str(tmp_path))
+    assert processor.audio_seq_length == 20 and type(processor.feature_extractor).__name__.startswith("Gemma4Audio")
+    template = get_template_and_fix_tokenizer(tokenizer, DataArguments(template="gemma4n"))
+    plugin = get_plugin(template, processor, tokenizer, MediaSettings())
+    audio = plugin.regularize("audio", [str(tmp_path / "long.wav")], "row 0")
+    content = plugin.process_messages([{"role": "user", "content": "<audio>hi"}], {"audio": audio})[0]["content"]
+    count = audio_token_count(8000, processor.feature_extractor, 20)  # 8000 samples: 50 mel frames, 13 tokens
+    assert count == 13 and content == "<|audio>" + "<|audio|>" * count + "<audio|>hi"
+    gemma4 = get_plugin(
+        get_template_and_fix_tokenizer(tokenizer, DataArguments(template="gemma4")), processor, tokenizer
+    )
+    with pytest.raises(ValueError, match="lathe's gemma4 family takes no audio input: the gemma4 template takes none"):
+        gemma4.check_kinds({"audio": 1}, "row 0")
