@@ -204,6 +204,9 @@ def _lathe_train(name: str, root: Path) -> tuple[tuple[int, int], list[dict]]:
 
     count = Count()
     run_train(parse_train_config(TRAIN.train_config(name, model, data, root / "out")), callbacks=[count])
+    # the processor saved with the output as the folder had it (its parts nested in processor_config.json)
+    saved = json.loads((root / "out" / "processor_config.json").read_text())
+    assert saved == json.loads((model / "processor_config.json").read_text())
     return count.counts, json.loads((root / "out" / "trainer_state.json").read_text())["log_history"]
 
 
