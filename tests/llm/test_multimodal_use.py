@@ -303,7 +303,8 @@ def test_text_only_models_refuse_images_with_a_400(tiny_model_dir, vl_dir, gen):
     vl_model = SimpleNamespace(config=SimpleNamespace(vision_config={}))
     encoder = load_image_encoder(config, vl_model, SimpleNamespace(name="qwen", multimodal=""))
     assert encoder.refusal.startswith("template 'qwen' is a text template: serve ")
-    encoder = load_image_encoder(config, vl_model, SimpleNamespace(name="youtu_vl", multimodal="youtu_vl"))
+    # a family lathe does not have (every LLaMA-Factory plugin has one now: a name no plugin has)
+    encoder = load_image_encoder(config, vl_model, SimpleNamespace(name="custom", multimodal="custom_vl"))
     assert "image, video and audio input is not supported yet" in encoder.refusal
     # a family served through its training plugin whose processor needs a missing package: that package named
     if importlib.util.find_spec("torchvision") is None:

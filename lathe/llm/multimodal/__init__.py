@@ -28,8 +28,9 @@ that defines a `FamilyPlugin` subclass and is registered by one line in plugins.
 - glm4v.py (GLM-4.1V) and qwen2_omni.py (Qwen2.5-Omni / Qwen3-Omni: images, audio, videos, use_audio_in_video):
   Qwen2VLPlugin's subclasses with their own tokens and the model's mrope positions.
 - video.py: videos read with PyAV as LLaMA-Factory samples them (video_fps, video_maxlen), their timing.
-- llava.py, llava_next.py, llava_next_video.py, video_llava.py, gemma3.py, gemma3n.py, paligemma.py, qwen2_audio.py,
-  mllama.py, pixtral.py, intern_vl.py, kimi_vl.py, llama4.py, lfm2_vl.py: the other families (placeholder
+- llava.py, llava_next.py, llava_next_video.py, video_llava.py, gemma3.py, gemma3n.py, gemma4.py (gemma4n.py: its
+  template with audio), paligemma.py, qwen2_audio.py, mllama.py, pixtral.py, intern_vl.py, kimi_vl.py, llama4.py,
+  lfm2_vl.py, youtu_vl.py, minicpm_v_4_6.py: the other families (placeholder
   expansion, PaliGemma's image prefix, their tensors), each a FamilyPlugin through common.py's ModulePlugin (the
   media settings, image processor / video processor / feature extractor calls); minicpm_v.py: MiniCPM-V / MiniCPM-o
   on the model folder's own processor (trust_remote_code), their batch nested in the `data` dict the model takes.

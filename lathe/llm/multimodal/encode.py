@@ -48,18 +48,24 @@ def load_processor(path: str, use_fast: bool = True, trust_remote_code: bool = F
 
 
 class ProcessorParts:
-    """The image processor and feature extractor of a processor transformers could not build (the Qwen Omni
-    processors need torchvision for their video processor): the attributes the family plugins read, and the
-    folder's `processor_class` name."""
+    """The image processor and feature extractor of a processor transformers could not build (the Qwen Omni and
+    Gemma 4 processors need torchvision for their video processor): the attributes the family plugins read (the
+    processor's own settings too: Gemma 4's audio_seq_length), and the folder's `processor_class` name."""
 
-    def __init__(self, processor_class: str, **parts):
+    def __init__(self, processor_class: str, nested: dict | None = None, **parts):
         self.processor_class = processor_class
+        self.nested = nested  # the folder's processor_config.json, where the parts are nested in it
         self.__dict__.update(parts)
 
     def save_pretrained(self, path: str, **kwargs) -> None:
-        """One preprocessor_config.json with both parts and the processor_class, as the folder had it."""
+        """The files as the folder had them: its processor_config.json with every part nested (transformers 5's
+        layout), or one preprocessor_config.json with both parts and the processor_class (the Omni repositories')."""
         import json
 
+        if self.nested is not None:
+            with open(os.path.join(path, "processor_config.json"), "w") as handle:
+                json.dump(self.nested, handle, indent=2)
+            return
         self.image_processor.save_pretrained(path)
         config_file = os.path.join(path, "preprocessor_config.json")
         with open(config_file) as handle:
@@ -69,23 +75,34 @@ class ProcessorParts:
             json.dump({**config, **extractor, "processor_class": self.processor_class}, handle, indent=2)
 
 
-def with_feature_extractor(path: str, image_processor):
-    """The image processor alone, or with the feature extractor its preprocessor_config.json also describes (an Omni
-    model's one file holds both) as ProcessorParts."""
+def _json_file(path: str) -> dict:
     import json
 
+    if not os.path.isfile(path):
+        return {}
+    with open(path) as handle:
+        return json.load(handle)
+
+
+def with_feature_extractor(path: str, image_processor):
+    """The image processor alone, or with the feature extractor the folder also describes as ProcessorParts: in
+    preprocessor_config.json (an Omni model's one file holds both) or nested in processor_config.json (transformers
+    5's layout, Gemma 4's), whose plain settings (audio_seq_length, ...) the parts carry too."""
     from transformers import AutoFeatureExtractor
 
-    config_file = os.path.join(path, "preprocessor_config.json")
-    config = {}
-    if os.path.isfile(config_file):
-        with open(config_file) as handle:
-            config = json.load(handle)
-    if "feature_extractor_type" not in config:
-        return image_processor
-    extractor = AutoFeatureExtractor.from_pretrained(path)
-    parts = {"image_processor": image_processor, "feature_extractor": extractor}
-    return ProcessorParts(config.get("processor_class", ""), **parts)
+    config = _json_file(os.path.join(path, "preprocessor_config.json"))
+    nested = _json_file(os.path.join(path, "processor_config.json"))
+    if "feature_extractor_type" in config:
+        extractor = AutoFeatureExtractor.from_pretrained(path)
+        parts = {"image_processor": image_processor, "feature_extractor": extractor}
+        return ProcessorParts(config.get("processor_class", ""), **parts)
+    if isinstance(nested.get("feature_extractor"), dict):
+        settings = {key: value for key, value in nested.items() if not isinstance(value, (dict, list))}
+        settings.pop("processor_class", None)
+        extractor = AutoFeatureExtractor.from_pretrained(path)
+        parts = {**settings, "image_processor": image_processor, "feature_extractor": extractor}
+        return ProcessorParts(nested.get("processor_class", ""), nested, **parts)
+    return image_processor
 
 
 class MediaEncoder:

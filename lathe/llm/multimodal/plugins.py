@@ -13,6 +13,8 @@ FAMILIES = {
     "video_llava": "lathe.llm.multimodal.video_llava:VideoLlavaPlugin",
     "gemma3": "lathe.llm.multimodal.gemma3:Gemma3Plugin",
     "gemma3n": "lathe.llm.multimodal.gemma3n:Gemma3nPlugin",
+    "gemma4": "lathe.llm.multimodal.gemma4:Gemma4Plugin",
+    "gemma4n": "lathe.llm.multimodal.gemma4n:Gemma4nPlugin",
     "paligemma": "lathe.llm.multimodal.paligemma:PaliGemmaPlugin",
     "qwen2_audio": "lathe.llm.multimodal.qwen2_audio:Qwen2AudioPlugin",
     "mllama": "lathe.llm.multimodal.mllama:MllamaPlugin",
@@ -27,6 +29,8 @@ FAMILIES = {
     "ernie_vl": "lathe.llm.multimodal.ernie_vl:ErnieVLPlugin",
     "minicpm_v": "lathe.llm.multimodal.minicpm_v:MiniCPMVPlugin",
     "minicpm_o": "lathe.llm.multimodal.minicpm_v:MiniCPMOPlugin",  # LLaMA-Factory's minicpm_v plugin with <audio>
+    "youtu_vl": "lathe.llm.multimodal.youtu_vl:YoutuVLPlugin",
+    "minicpm_v_4_6": "lathe.llm.multimodal.minicpm_v_4_6:MiniCPMV46Plugin",
 }
 IMPLEMENTED = {name: target.split(":")[0] for name, target in FAMILIES.items()}
 

@@ -35,7 +35,8 @@ TEMPLATES = [
     Template(name="gemma3", stop_words=("<end_of_turn>",), replace_eos=True, multimodal="gemma3", **_TURNS),
     Template(name="gemma3n", stop_words=("<end_of_turn>",), replace_eos=True, multimodal="gemma3n", **_TURNS),
     Template(name="gemma4", **_GEMMA4),
-    Template(name="gemma4n", **_GEMMA4),
+    # LLaMA-Factory's gemma4 plugin with an audio token: lathe's gemma4n family (the same plugin, audio too)
+    Template(name="gemma4n", **{**_GEMMA4, "multimodal": "gemma4n"}),
     Template(
         name="paligemma", user=("{{content}}\n",), prefix=(BOS,), system_in_first_user=True, multimodal="paligemma"
     ),
