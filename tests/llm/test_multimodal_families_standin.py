@@ -1,8 +1,9 @@
-"""Kimi-VL, Llama 4 and LFM2-VL, whose processors cannot be built here (Kimi-VL's is remote code; Llama4ImageProcessor
-and Lfm2VlImageProcessor need torchvision), against LLaMA-Factory 0.9.5 on the same processor stand-ins
-(tests/llm/golden/llamafactory_families_standin.safetensors, made by make_llamafactory_families_standin.py): the
-expanded messages, the encoded rows and every collator tensor for each row alone and for pairs (the stand-in white
-image in an image-less batch included); and the one-line errors a run without the real processor stops with."""
+"""Kimi-VL, whose processor cannot be built here (remote code in the model repository), against LLaMA-Factory 0.9.5 on
+the same processor stand-in (tests/llm/golden/llamafactory_families_standin.safetensors, made by
+make_llamafactory_families_standin.py): the expanded messages, the encoded rows and every collator tensor for each row
+alone and for pairs (the stand-in white image in an image-less batch included); and the one-line errors a run without
+the real processor stops with (Kimi-VL, and Llama 4 / LFM2-VL without torchvision; their real processors:
+test_multimodal_torchvision_families.py)."""
 
 import importlib.util
 import json
@@ -31,7 +32,7 @@ def _plugin(family, processor=None):
     from lathe.llm.multimodal.common import MediaSettings
     from lathe.llm.multimodal.plugins import plugin_class
 
-    tokenizer = GEN.make_tokenizer(family)
+    tokenizer = GEN.make_tokenizer(family) if family in GEN.TOKENS else None  # the errors below need none
     processor = GEN.make_processor(family, tokenizer) if processor is None else processor
     return plugin_class(family)(processor, tokenizer, MediaSettings(**GEN.settings_of(family))), tokenizer
 

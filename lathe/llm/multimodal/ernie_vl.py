@@ -27,6 +27,7 @@ class ErnieVLPlugin(Qwen2VLPlugin):
     kinds = ("image",)
     missing = {"video": "ERNIE-4.5-VL's video tokens are not implemented in lathe yet (images are)"}
     composites = {}  # LLaMA-Factory registers none: the model trains whole
+    whole_model_types = ("ernie4_5_vl_moe",)
 
     def regularize(self, kind: str, items: list, where: str = "") -> list:
         return FamilyPlugin.regularize(self, kind, items, where)  # the pixel budget only

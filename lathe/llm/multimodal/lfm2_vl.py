@@ -12,6 +12,7 @@ from lathe.llm.multimodal.images import IMAGE_PLACEHOLDER
 
 IMAGE_TOKEN, AUDIO_TOKEN = "<image>", None
 COMPOSITES: dict = {}  # LLaMA-Factory registers none for lfm2_vl: no part is frozen (its freeze_* keys do nothing)
+WHOLE_MODEL_TYPES = ("lfm2_vl",)  # a vision-language model all the same (towers.is_vision_language)
 
 
 def check_processor(processor) -> None:
