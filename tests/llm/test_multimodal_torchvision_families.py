@@ -63,3 +63,28 @@ def test_lathe_trains_as_llamafactory(results, golden):
         assert (run["trainable"], run["total"]) == (expected["trainable"], expected["total"]), name
         assert_close_to_golden(run["loss"], expected["loss"], f"{name} losses", rel=0, abs=1e-5)
         assert_close_to_golden(run["grad_norm"], expected["grad_norm"], f"{name} norms", rel=1e-4)
+
+
+@pytest.mark.parametrize("family", ["glm4v", "ernie_vl"])
+def test_video_rows_of_glm4v_and_ernie_vl_are_refused(golden, family):
+    """LLaMA-Factory 0.9.5 fails on every GLM-4.1V and ERNIE-4.5-VL video row with transformers 5 (recorded by the
+    golden's generator with the real video processors: the images=None call; GLM's VideoMetadata key; ERNIE's
+    token count twice what the model reads, so its positions do not fit): lathe refuses such a row in one line
+    naming the family and why, instead of training it as something else."""
+    from types import SimpleNamespace
+
+    from lathe.llm.multimodal.base import MediaSettings
+    from lathe.llm.multimodal.plugins import plugin_class
+
+    _, metadata = golden
+    assert "unexpected keyword argument 'images'" in metadata[f"{family}.video_error"]
+    after_bridge = {"glm4v": "VideoMetadata.__init__() got an unexpected keyword argument 'total_frames'"}
+    after_bridge["ernie_vl"] = "shape mismatch"  # the collator's get_rope_index on LLaMA-Factory's token count
+    assert after_bridge[family] in metadata[f"{family}.error"]
+    plugin = plugin_class(family)(SimpleNamespace(image_processor=None), None, MediaSettings())
+    with pytest.raises(
+        ValueError,
+        match=rf"^row 2: 1 video\(s\) given, but lathe's {family} family takes no video.*"
+        "LLaMA-Factory 0.9.5 fails",
+    ):
+        plugin.check_kinds({"video": 1}, "row 2")

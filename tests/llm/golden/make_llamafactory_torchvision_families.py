@@ -1,6 +1,7 @@
 """Regenerate LLaMA-Factory 0.9.5's encodings and three-step trainings of the families whose transformers processors
-need torchvision: Llama 4 and LFM2-VL images (Llama4Processor, Lfm2VlProcessor), GLM-4.1V and ERNIE-4.5-VL videos
-(Glm4vVideoProcessor, Ernie4_5_VLMoeVideoProcessor). tests/llm/test_multimodal_torchvision_families.py compares lathe.
+need torchvision: Llama 4 and LFM2-VL images (Llama4Processor, Lfm2VlProcessor); and record how it fails on GLM-4.1V
+and ERNIE-4.5-VL video rows (Glm4vVideoProcessor, Ernie4_5_VLMoeVideoProcessor). tests/llm/test_multimodal_torchvision_families.py
+compares lathe.
 
     python tests/llm/golden/make_llamafactory_torchvision_families.py [--python bench/.venv-lf/bin/python]
 
@@ -10,12 +11,12 @@ through the test recipe (tests/llm/torchvision_recipe.py), the torchaudio stand-
 transformers classes at tiny sizes (make_processor), the models tiny (one layer, hidden 16) with every weight set by a
 generator seeded by its name (make_llamafactory_families._same_weights), so both sides hold one model. Per model type:
 its rows (rows_of) through LLaMA-Factory's plugin and template (`process_messages`, `SupervisedDatasetProcessor`) and
-MultiModalDataCollatorForSeq2Seq (pad_to_multiple_of=8, with the model: mrope positions for GLM-4.1V / ERNIE) for
-each row alone and for pairs, the model's loss on each batch; then LLaMA-Factory's `run_exp` for three steps of one
-batch of the first two rows (CASES). Writes llamafactory_torchvision_families.safetensors (`<model>.example.<i>.*`,
-`<model>.single.<i>.*`, `<model>.pair.<b>.*` (less the pixel tensors that are their rows' joined: `<model>.derived`),
-`<model>.loss.<batch>`; messages, versions and the training results as
-JSON in the metadata), or a model type's error where LLaMA-Factory stops.
+MultiModalDataCollatorForSeq2Seq (pad_to_multiple_of=8, with the model) for each row alone and for pairs, the model's
+loss on each batch; then LLaMA-Factory's `run_exp` for three steps of one batch of the first two rows (CASES). Writes
+llamafactory_torchvision_families.safetensors (`<model>.example.<i>.*`, `<model>.single.<i>.*`, `<model>.pair.<b>.*`
+(less the pixel tensors that are their rows' joined: `<model>.derived`), `<model>.loss.<batch>`; messages, versions
+and the training results as JSON in the metadata). Where LLaMA-Factory stops, the error instead: `<model>.video_error`
+(its first video row as it is), `<model>.error` (after the video processor's images=None argument is dropped).
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 GOLDEN = HERE / "llamafactory_torchvision_families.safetensors"
-TEMPLATES = {"llama4": "llama4", "lfm2_vl": "lfm2_vl"}
+TEMPLATES = {"llama4": "llama4", "lfm2_vl": "lfm2_vl", "glm4v": "glm4v", "ernie_vl": "ernie_vl"}
 MODELS = tuple(TEMPLATES)
 TOKENS = {  # the family's special tokens added to the committed BPE tokenizer
     "llama4": ["<|image_start|>", "<|image_end|>", "<|image|>", "<|patch|>", "<|tile_x_separator|>"]
@@ -53,6 +54,9 @@ SETTINGS = {  # the processor keys LLaMA-Factory's patch_processor sets
     "video_maxlen": 4,
 }
 CUTOFF_LEN = 1024
+# ERNIE-4.5-VL's video processor draws each frame's time on it with the checkpoint's font file (Roboto-Regular.ttf,
+# beside the weights; none offline here): a system font in its place, the same file on both sides
+FONT = "/usr/share/fonts/truetype/liberation/LiberationSans-Regular.ttf"
 LORA = {"finetuning_type": "lora", "lora_target": "all", "lora_rank": 4, "learning_rate": 0.05}
 CASES = {  # case -> (model type, keys over train_config); full tuning keeps LLaMA-Factory's default frozen tower
     "llama4_full": ("llama4", {}),
@@ -83,6 +87,10 @@ def rows_of(model_type: str) -> list[dict]:
 def make_tokenizer(model_type: str):
     from transformers import AutoTokenizer
 
+    if model_type == "ernie_vl":  # Ernie4_5_VLMoeProcessor reads its tokens by name from the tokenizer
+        kinds = ("image_start", "image_end", "image", "video_start", "video_end", "video")
+        named = {f"{kind}_token": token for kind, token in zip(kinds, TOKENS[model_type])}
+        return AutoTokenizer.from_pretrained(str(FAMILIES.TOKENIZER), extra_special_tokens=named)
     tokenizer = AutoTokenizer.from_pretrained(str(FAMILIES.TOKENIZER))
     tokenizer.add_special_tokens({"additional_special_tokens": TOKENS[model_type]})
     return tokenizer
@@ -107,7 +115,7 @@ def make_processor(model_type: str, tokenizer):
         videos = tf.Glm4vVideoProcessor(size={"shortest_edge": 28 * 28, "longest_edge": 28 * 28 * 8})
         return tf.Glm4vProcessor(images, tokenizer, videos)
     images = tf.Ernie4_5_VLMoeImageProcessor(size=budget)
-    videos = tf.Ernie4_5_VLMoeVideoProcessor(size={"shortest_edge": 28 * 28, "longest_edge": 28 * 28 * 8})
+    videos = tf.Ernie4_5_VLMoeVideoProcessor(size={"shortest_edge": 28 * 28, "longest_edge": 28 * 28 * 8}, font=FONT)
     return tf.Ernie4_5_VLMoeProcessor(images, tokenizer, videos)
 
 
@@ -184,14 +192,15 @@ def row_media(row: dict, folder: Path) -> tuple[list, list]:
 
 
 def bridge_video_processor(model_type: str, processor, rows: list, folder: Path, template, metadata: dict) -> None:
-    """LLaMA-Factory 0.9.5 calls the video processor with images=None, which transformers 5's video processors refuse
-    (make_llamafactory_video.accept_images_none): the error its first video row stops with is recorded
-    (`<model>.error`), then that one argument is dropped (`<model>.bridged`) and the rest of its encoding is kept."""
+    """LLaMA-Factory 0.9.5 calls the video processor with images=None, which transformers 5's video processors may
+    refuse (make_llamafactory_video.accept_images_none): the error its first video row stops with is recorded
+    (`<model>.video_error`), then that one argument is dropped (`<model>.bridged`) and the rest of its encoding is
+    tried (where it still fails: `<model>.error`)."""
     row = next(row for row in rows if row.get("videos"))
     try:
         template.mm_plugin.process_messages(messages_of(row), *row_media(row, folder), [], processor)
     except Exception as error:  # noqa: BLE001 (recorded for the docs and the test)
-        metadata[f"{model_type}.error"] = f"{type(error).__name__}: {error}"
+        metadata[f"{model_type}.video_error"] = f"{type(error).__name__}: {error}"
         VIDEO.accept_images_none(processor.video_processor)
         metadata[f"{model_type}.bridged"] = "video_processor(images=None) dropped"
 
