@@ -113,3 +113,25 @@ def test_a_run_without_the_real_processor_names_what_is_missing(tmp_path):
             get_plugin(SimpleNamespace(name="llama4", multimodal="llama4"), object(), object())
     with pytest.raises(ValueError, match=r"template 'minicpm_o' \(multimodal family 'minicpm_v'\): image, video"):
         plugin_module("minicpm_v", "minicpm_o")
+
+
+def test_families_without_a_composite_are_vision_language_models():
+    """LLaMA-Factory registers no composite model for LFM2-VL and ERNIE-4.5-VL (they train whole), yet their batches
+    need the media tensors and their runs the processor: lathe used to collate LFM2-VL rows as text (no
+    pixel_values) and save no processor."""
+    from types import SimpleNamespace
+
+    from lathe.llm.multimodal.saving import processor_callbacks
+    from lathe.llm.multimodal.towers import composite_of, is_vision_language
+    from lathe.llm.workflows.sft import multimodal_collator
+
+    def model(model_type):
+        return SimpleNamespace(config=SimpleNamespace(model_type=model_type))
+
+    media = SimpleNamespace(plugin=SimpleNamespace(tokenizer=None), processor=object())
+    for model_type in ("lfm2_vl", "ernie4_5_vl_moe"):
+        assert composite_of(model(model_type)) is None and is_vision_language(model(model_type))
+        assert type(multimodal_collator(object(), model(model_type), media)).__name__ == "MultimodalCollator"
+        assert len(processor_callbacks(media, model(model_type))) == 1
+    text = object()
+    assert not is_vision_language(model("llama")) and multimodal_collator(text, model("llama"), media) is text

@@ -108,7 +108,9 @@ class MultimodalCollator:
 
             dtype = getattr(torch, self.compute_dtype)
             for key, value in batch.items():
-                if isinstance(value, torch.Tensor) and value.is_floating_point():
+                # the media tensors; a packed 4-D attention_mask stays as the text collator built it for the model
+                # (LLaMA-Factory builds its own in the compute dtype: cast, it is the same tensor)
+                if key != "attention_mask" and isinstance(value, torch.Tensor) and value.is_floating_point():
                     batch[key] = value.to(dtype)
         return batch
 
