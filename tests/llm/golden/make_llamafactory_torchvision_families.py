@@ -292,7 +292,9 @@ def write_folders(root: Path, model_type: str, fix_tokenizer) -> tuple[Path, Pat
     model, data = root / model_type / "model", root / model_type / "data"
     make_model_of(model_type, tokenizer).save_pretrained(str(model))
     processor.save_pretrained(str(model))
-    write_video_files(data)
+    data.mkdir(parents=True, exist_ok=True)
+    if any(row.get("videos") for row in rows_of(model_type)[:2]):
+        write_video_files(data)
     rows = []
     for row in rows_of(model_type)[:2]:
         item = {"messages": [{"role": role, "content": content} for role, content in row["messages"]]}
