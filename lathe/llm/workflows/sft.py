@@ -64,8 +64,9 @@ def make_collator(config, tokenizer, model, media=None):
         label_pad_token_id=IGNORE_INDEX if data_args.ignore_pad_token_for_loss else tokenizer.pad_token_id,
         pad_to_multiple_of=8 if config.training.do_train else None,
     )
-    # LLaMA-Factory's sft collator casts every floating tensor to the compute dtype (float32 without bf16 / fp16):
-    # Llama 4's image processor gives bfloat16 pixel_values, which a float32 vision tower refuses
+    # LLaMA-Factory's sft collator casts every floating tensor to its compute dtype; lathe's is the dtype its frozen
+    # weights load in (float32 without bf16 / fp16: model.loader.weights_dtype). Llama 4's image processor gives
+    # bfloat16 pixel_values, which a float32 vision tower refuses
     compute_dtype = config.model.compute_dtype or "float32"
     generating = config.training.predict_with_generate
     return multimodal_collator(collator, model, media, generating=generating, compute_dtype=compute_dtype)
