@@ -135,3 +135,19 @@ def test_families_without_a_composite_are_vision_language_models():
         assert len(processor_callbacks(media, model(model_type))) == 1
     text = object()
     assert not is_vision_language(model("llama")) and multimodal_collator(text, model("llama"), media) is text
+
+
+def test_lfm2_vl_refuses_an_image_split_into_tiles():
+    """Lfm2VlImageProcessor gives one spatial shape per tile of an image over its token budget; LLaMA-Factory 0.9.5
+    counts the k-th shape for the k-th image (the model then fails on the extra features): one line with the fix."""
+    from types import SimpleNamespace
+
+    from PIL import Image
+
+    def split(images, return_tensors="pt"):  # the first image in 3 tiles and a thumbnail, as the processor splits
+        return {"spatial_shapes": torch.tensor([[4, 4]] * (len(images) + 3))}
+
+    plugin, _ = _plugin("lfm2_vl", SimpleNamespace(image_processor=split))
+    images = {"image": [Image.new("RGB", (28, 28)), Image.new("RGB", (28, 28))]}
+    with pytest.raises(ValueError, match=r"split an image into tiles \(5 tiles for 2 images\).*image_max_pixels"):
+        plugin.process_messages([{"role": "user", "content": "<image><image>hi"}], images)
