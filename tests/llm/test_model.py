@@ -173,6 +173,20 @@ def test_lora_all_targets_every_linear_but_the_head(tiny_model_dir):
     assert not any("lm_head" in n for n, _ in model.named_parameters() if "lora_" in n)
 
 
+def test_lora_all_leaves_out_linear_subclasses_named_otherwise(tiny_model_dir):
+    """LLaMA-Factory picks `all`'s layers by class name: an nn.Linear subclass such as Llama 4's Llama4Router (its
+    forward returns (scores, logits), which a LoRA wrapper cannot add to) is no target."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    class Llama4Router(torch.nn.Linear):
+        pass
+
+    base = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    base.model.layers[0].mlp.router = Llama4Router(4, 2)
+    assert "router" not in find_all_linear_modules(base) and "q_proj" in find_all_linear_modules(base)
+
+
 def test_lora_target_list_options_and_bad_name(tiny_model_dir):
     _, model = _load(
         tiny_model_dir,

@@ -1,8 +1,9 @@
-"""Kimi-VL, Llama 4 and LFM2-VL, whose processors cannot be built here (Kimi-VL's is remote code; Llama4ImageProcessor
-and Lfm2VlImageProcessor need torchvision), against LLaMA-Factory 0.9.5 on the same processor stand-ins
-(tests/llm/golden/llamafactory_families_standin.safetensors, made by make_llamafactory_families_standin.py): the
-expanded messages, the encoded rows and every collator tensor for each row alone and for pairs (the stand-in white
-image in an image-less batch included); and the one-line errors a run without the real processor stops with."""
+"""Kimi-VL, whose processor cannot be built here (remote code in the model repository), against LLaMA-Factory 0.9.5 on
+the same processor stand-in (tests/llm/golden/llamafactory_families_standin.safetensors, made by
+make_llamafactory_families_standin.py): the expanded messages, the encoded rows and every collator tensor for each row
+alone and for pairs (the stand-in white image in an image-less batch included); and the one-line errors a run without
+the real processor stops with (Kimi-VL, and Llama 4 / LFM2-VL without torchvision; their real processors:
+test_multimodal_torchvision_families.py)."""
 
 import importlib.util
 import json
@@ -31,7 +32,7 @@ def _plugin(family, processor=None):
     from lathe.llm.multimodal.common import MediaSettings
     from lathe.llm.multimodal.plugins import plugin_class
 
-    tokenizer = GEN.make_tokenizer(family)
+    tokenizer = GEN.make_tokenizer(family) if family in GEN.TOKENS else None  # the errors below need none
     processor = GEN.make_processor(family, tokenizer) if processor is None else processor
     return plugin_class(family)(processor, tokenizer, MediaSettings(**GEN.settings_of(family))), tokenizer
 
@@ -113,3 +114,41 @@ def test_a_run_without_the_real_processor_names_what_is_missing(tmp_path):
     # every plugin of LLaMA-Factory 0.9.5's table is a family now: a name from a later release is one line
     with pytest.raises(ValueError, match=r"template 'next_vl' \(multimodal family 'next_vl'\): image, video"):
         plugin_module("next_vl", "next_vl")
+
+
+def test_families_without_a_composite_are_vision_language_models():
+    """LLaMA-Factory registers no composite model for LFM2-VL and ERNIE-4.5-VL (they train whole), yet their batches
+    need the media tensors and their runs the processor: lathe used to collate LFM2-VL rows as text (no
+    pixel_values) and save no processor."""
+    from types import SimpleNamespace
+
+    from lathe.llm.multimodal.saving import processor_callbacks
+    from lathe.llm.multimodal.towers import composite_of, is_vision_language
+    from lathe.llm.workflows.sft import multimodal_collator
+
+    def model(model_type):
+        return SimpleNamespace(config=SimpleNamespace(model_type=model_type))
+
+    media = SimpleNamespace(plugin=SimpleNamespace(tokenizer=None), processor=object())
+    for model_type in ("lfm2_vl", "ernie4_5_vl_moe"):
+        assert composite_of(model(model_type)) is None and is_vision_language(model(model_type))
+        assert type(multimodal_collator(object(), model(model_type), media)).__name__ == "MultimodalCollator"
+        assert len(processor_callbacks(media, model(model_type))) == 1
+    text = object()
+    assert not is_vision_language(model("llama")) and multimodal_collator(text, model("llama"), media) is text
+
+
+def test_lfm2_vl_refuses_an_image_split_into_tiles():
+    """Lfm2VlImageProcessor gives one spatial shape per tile of an image over its token budget; LLaMA-Factory 0.9.5
+    counts the k-th shape for the k-th image (the model then fails on the extra features): one line with the fix."""
+    from types import SimpleNamespace
+
+    from PIL import Image
+
+    def split(images, return_tensors="pt"):  # the first image in 3 tiles and a thumbnail, as the processor splits
+        return {"spatial_shapes": torch.tensor([[4, 4]] * (len(images) + 3))}
+
+    plugin, _ = _plugin("lfm2_vl", SimpleNamespace(image_processor=split))
+    images = {"image": [Image.new("RGB", (28, 28)), Image.new("RGB", (28, 28))]}
+    with pytest.raises(ValueError, match=r"split an image into tiles \(5 tiles for 2 images\).*image_max_pixels"):
+        plugin.process_messages([{"role": "user", "content": "<image><image>hi"}], images)

@@ -31,14 +31,16 @@ MEDIA_TOKENS = {  # each family's vision tokens (the last of a row's media runs 
 }
 
 
-def golden():
+def golden(path: Path = HERE / "golden" / "llamafactory_video.safetensors"):
     from safetensors import safe_open
 
-    with safe_open(str(HERE / "golden" / "llamafactory_video.safetensors"), "pt") as handle:
+    with safe_open(str(path), "pt") as handle:
         return {key: handle.get_tensor(key) for key in handle.keys()}, handle.metadata()
 
 
-def check(folder: Path, models=None) -> list[str]:
+def check(folder: Path, models=None, gen=GEN, media_tokens=None) -> list[str]:
+    """`gen`: the golden's generator module (its GOLDEN file, make_* functions, rows and settings); media_tokens:
+    each family's vision tokens (MEDIA_TOKENS)."""
     import torch
 
     from lathe.llm.config.train import DataArguments
@@ -51,35 +53,37 @@ def check(folder: Path, models=None) -> list[str]:
     from lathe.llm.templates import get_template_and_fix_tokenizer
     from tests.goldens import assert_close_to_golden
 
-    tensors, metadata = golden()
+    float_inputs = getattr(gen, "as_float32", dict)  # the golden's model is float32 (Llama 4's pixels are bfloat16)
+    tensors, metadata = golden(gen.GOLDEN)
     assert json.loads(metadata["versions"])["llamafactory"] == "0.9.5"
-    checked = []
-    for model_type in models or GEN.MODELS:
-        tokenizer = GEN.make_tokenizer(model_type)
-        template = get_template_and_fix_tokenizer(tokenizer, DataArguments(template=GEN.TEMPLATES[model_type]))
-        processor = GEN.make_processor(model_type, tokenizer)
+    checked, media_tokens = [], media_tokens or MEDIA_TOKENS
+    for model_type in models or gen.MODELS:
+        tokenizer = gen.make_tokenizer(model_type)
+        template = get_template_and_fix_tokenizer(tokenizer, DataArguments(template=gen.TEMPLATES[model_type]))
+        processor = gen.make_processor(model_type, tokenizer)
         assert json.loads(metadata[f"{model_type}.processors"]) == [
             type(processor.image_processor).__name__,
             type(getattr(processor, "video_processor", None)).__name__,
         ]
-        settings = MediaSettings(**GEN.SETTINGS_OF.get(model_type, GEN.SETTINGS))
+        settings = MediaSettings(**gen.SETTINGS_OF.get(model_type, gen.SETTINGS))
         plugin = plugin_class(template.multimodal)(processor, tokenizer, settings)
-        rows = GEN.rows_of(model_type)
-        model = GEN.make_model(model_type, tokenizer)
-        media_ids = set(tokenizer.convert_tokens_to_ids(MEDIA_TOKENS[template.multimodal]))
+        rows = gen.rows_of(model_type)
+        model = gen.make_model(model_type, tokenizer)
+        media_ids = set(tokenizer.convert_tokens_to_ids(media_tokens[template.multimodal]))
         parts = plugin.composite(model.config.model_type)  # the towers' name parts name this model's parameters
         names = [name for name, _ in model.named_parameters()]
-        for key in parts.vision_keys + parts.projector_keys + parts.language_keys[:1]:
+        keys = [] if parts is None else parts.vision_keys + parts.projector_keys + parts.language_keys[:1]
+        for key in keys:
             assert any(key in name for name in names), (model_type, key)
         features = []
         for index, row in enumerate(rows):
-            images, videos = GEN.row_media(row, folder)
+            images, videos = gen.row_media(row, folder)
             media = {}
             if images:
                 media["image"] = plugin.regularize("image", images)
             if videos:
                 media["video"] = plugin.regularize("video", videos)
-            messages = plugin.process_messages(GEN.messages_of(row), media)
+            messages = plugin.process_messages(gen.messages_of(row), media)
             expected = json.loads(metadata[f"{model_type}.messages.{index}"])
             assert messages == expected, (model_type, index)
             messages = [{**message, EXPANDED: True} for message in messages]  # as the pipeline marks them
@@ -107,7 +111,7 @@ def check(folder: Path, models=None) -> list[str]:
             batch = collator([dict(feature) for feature in chosen])
             head = f"{model_type}.{prefix}."
             expected = {key[len(head) :]: value for key, value in tensors.items() if key.startswith(head)}
-            for name, sides in json.loads(metadata[f"{model_type}.derived"]).items():
+            for name, sides in json.loads(metadata.get(f"{model_type}.derived", "{}")).items():
                 if name.startswith(prefix + "."):  # left out of the golden: the rows' pixel tensors in order
                     key = name[len(prefix) + 1 :]
                     expected[key] = torch.cat([tensors[f"{model_type}.single.{side}.{key}"] for side in sides])
@@ -132,10 +136,14 @@ def check(folder: Path, models=None) -> list[str]:
                 else:
                     assert torch.equal(ours, value), (model_type, prefix, key)
             with torch.no_grad():
-                loss = model(**batch).loss.item()
+                loss = model(**float_inputs(batch)).loss.item()
                 # LLaMA-Factory's loss where this transformers draws its weights; else its batch on this model
-                same = abs(GEN.weights_sum(model) - float(metadata[f"{model_type}.weights"])) < 1e-6
-                reference = tensors[f"{model_type}.loss.{prefix}"].item() if same else model(**expected).loss.item()
+                same = abs(gen.weights_sum(model) - float(metadata[f"{model_type}.weights"])) < 1e-6
+                reference = (
+                    tensors[f"{model_type}.loss.{prefix}"].item()
+                    if same
+                    else model(**float_inputs(expected)).loss.item()
+                )
             assert_close_to_golden(loss, reference, f"video golden {model_type} {prefix} loss (same weights: {same})")
             checked.append(f"{model_type}.{prefix}")
     return checked
@@ -190,7 +198,7 @@ def pipeline(root: str) -> dict:
     return {"rows": len(rows), "videos": rows[0].get("videos"), "keys": sorted(batch), "loss": loss, "pads": pads}
 
 
-def train(root: str) -> dict:
+def train(root: str, gen=None) -> dict:
     """`lathe train` on make_llamafactory_video_train.py's folders and cases: per case the logged losses and grad
     norms and the trainable and total parameter counts (what tests/llm/golden/llamafactory_video_train.json holds)."""
     from lathe.llm.config.train import DataArguments, parse_train_config
@@ -198,7 +206,7 @@ def train(root: str) -> dict:
     from lathe.llm.workflows.stages import run_train
     from lathe.train import TrainerCallback
 
-    gen = _module("make_video_train", HERE / "golden" / "make_llamafactory_video_train.py")
+    gen = gen or _module("make_video_train", HERE / "golden" / "make_llamafactory_video_train.py")
 
     def fix_tokenizer(tokenizer, template):
         get_template_and_fix_tokenizer(tokenizer, DataArguments(template=template))

@@ -30,16 +30,15 @@ def find_layer_stack(model) -> tuple[str, int]:
 def find_all_linear_modules(model) -> list[str]:
     """Short names of every linear layer except the output head (lora_target / oft_target: all); quantized
     linear layers (bitsandbytes Linear4bit, ...) count too."""
-    import torch
-
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
     names = set()
     for name, module in model.named_modules():
         short = name.split(".")[-1]
         if module is head or short in OUTPUT_HEAD_NAMES:
             continue
-        is_linear = isinstance(module, torch.nn.Linear) or "Linear" in type(module).__name__
-        if is_linear and "Embedding" not in type(module).__name__:
+        # by class name, as LLaMA-Factory matches: an nn.Linear subclass named otherwise is not a plain linear
+        # layer (Llama 4's Llama4Router returns (scores, logits), which a LoRA wrapper cannot add to)
+        if "Linear" in type(module).__name__ and "Embedding" not in type(module).__name__:
             names.add(short)
     if not names:
         raise ValueError(f"target all: found no linear layers in {type(model).__name__}.")

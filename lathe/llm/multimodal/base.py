@@ -95,6 +95,9 @@ class FamilyPlugin:
     name: ClassVar[str] = ""
     kinds: ClassVar[tuple[str, ...]] = ("image",)  # what the family encodes; other kinds are a clear error
     composites: ClassVar[dict] = {}  # model_type -> Composite
+    # the family's model types LLaMA-Factory registers no composite for (they train whole, freeze_* do nothing):
+    # still vision-language models, whose batches take the media tensors
+    whole_model_types: ClassVar[tuple[str, ...]] = ()
     options: ClassVar[tuple[str, ...]] = ()  # family-only settings it honours: image_do_pan_and_scan, ...
     missing: ClassVar[dict] = {}  # kind -> why lathe's family takes none (appended to the error)
     packs: ClassVar[bool] = False  # batch_inputs takes packed rows (position_ids restarting per example)

@@ -26,9 +26,12 @@ class MultimodalCollator:
     Packed rows (they carry position_ids, 0 where each example starts) keep the text collator's block-diagonal 4-D
     mask: the flattened one-row form has no mask to hold the stand-in apart, and the vision tower's own attention
     must not see packed boundaries. `generating`: rows to generate from (predict_with_generate); the model's
-    generate() computes its positions itself, as LLaMA-Factory's collator leaves them to it there (model=None)."""
+    generate() computes its positions itself, as LLaMA-Factory's collator leaves them to it there (model=None).
+    `compute_dtype` (a torch dtype name): every floating tensor of the batch is cast to it, as LLaMA-Factory's sft
+    collator casts them (its preference collators do not)."""
 
-    def __init__(self, text_collator, plugin, model, generating: bool = False):
+    def __init__(self, text_collator, plugin, model, generating: bool = False, compute_dtype: str | None = None):
+        self.compute_dtype = compute_dtype
         self.text_collator = text_collator
         self.tokenizer = getattr(text_collator, "tokenizer", None) or plugin.tokenizer
         self.plugin = plugin
@@ -100,7 +103,18 @@ class MultimodalCollator:
             )
         model = None if self.generating and not packed else self.model  # packed rows are training rows
         batch.update(self.plugin.batch_inputs(media_rows, batch, model, row_ids))
-        return self.plugin.finish_batch(batch)
+        batch = self.plugin.finish_batch(batch)  # a family's last word (MiniCPM-V nests it in `data`)
+        # as LLaMA-Factory's sft collator: the batch's top-level floating tensors in the compute dtype
+        if self.compute_dtype is not None:
+            import torch
+
+            dtype = getattr(torch, self.compute_dtype)
+            for key, value in batch.items():
+                # the media tensors; a packed 4-D attention_mask stays as the text collator built it for the model
+                # (LLaMA-Factory builds its own in the compute dtype: cast, it is the same tensor)
+                if key != "attention_mask" and isinstance(value, torch.Tensor) and value.is_floating_point():
+                    batch[key] = value.to(dtype)
+        return batch
 
 
 def Qwen2VLCollator(text_collator, image_processor, model, max_pixels=None, min_pixels=None):  # noqa: N802

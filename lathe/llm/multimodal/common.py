@@ -148,6 +148,7 @@ class ModulePlugin(FamilyPlugin):
         tokens = (("image", module.IMAGE_TOKEN), ("video", getattr(module, "VIDEO_TOKEN", None)))
         cls.kinds = tuple(kind for kind, token in (*tokens, ("audio", module.AUDIO_TOKEN)) if token is not None)
         cls.composites = module.COMPOSITES
+        cls.whole_model_types = getattr(module, "WHOLE_MODEL_TYPES", ())
 
     requires: ClassVar[tuple[str, str] | None] = None  # (package, what needs it): checked when the run's plugin is made
 

@@ -5,7 +5,10 @@ merge_size^2) + `<|IMAGE_END|>`. The collator adds pixel_values, image_grid_thw 
 (its get_rope_index, image tokens marked in mm_token_type_ids), as LLaMA-Factory's collator does for any model with
 get_rope_index. LLaMA-Factory registers no composite model for it: no part is frozen (its freeze_* keys do nothing).
 
-Videos (`Video k:<|VIDEO_START|>...`) are not implemented here: a video row stops with one line."""
+Videos are refused with one line: LLaMA-Factory 0.9.5's ErnieVLPlugin writes `Video k:<|VIDEO_START|>` + a placeholder
+per t*h*w / merge_size^2 patches + `<|VIDEO_END|>`, twice what the model reads (it also merges frames in time:
+temporal_merge_size), and fails in the collator's get_rope_index on every video row (after its images=None video
+processor call, which transformers 5 refuses) (docs/MULTIMODAL_FAMILIES.md, "GLM-4.1V and ERNIE-4.5-VL videos")."""
 
 from __future__ import annotations
 
@@ -25,8 +28,12 @@ class ErnieVLPlugin(Qwen2VLPlugin):
 
     name = "ernie_vl"
     kinds = ("image",)
-    missing = {"video": "ERNIE-4.5-VL's video tokens are not implemented in lathe yet (images are)"}
+    missing = {
+        "video": "ERNIE-4.5-VL's video tokens are not implemented in lathe (images are); LLaMA-Factory 0.9.5 fails "
+        "on them too (its video token count is twice what the model reads: the positions do not fit)"
+    }
     composites = {}  # LLaMA-Factory registers none: the model trains whole
+    whole_model_types = ("ernie4_5_vl_moe",)
 
     def regularize(self, kind: str, items: list, where: str = "") -> list:
         return FamilyPlugin.regularize(self, kind, items, where)  # the pixel budget only

@@ -3,8 +3,10 @@ images: Qwen2-VL's image preparation (pixel budget, 28-pixel sides, 200:1) and g
 `<|begin_of_image|>` + `<|image|>` x (t*h*w / merge_size^2) + `<|end_of_image|>`; the collator adds pixel_values,
 image_grid_thw and the model's 3-D rotary positions (its get_rope_index, image tokens marked in mm_token_type_ids).
 
-Videos (LLaMA-Factory: one `<|begin_of_image|>` run per frame with its timestamp, from transformers' Glm4vVideoProcessor)
-are not implemented here: a video row stops with one line."""
+Videos are refused with one line: LLaMA-Factory 0.9.5's GLM4VPlugin (one `<|begin_of_image|>` run per frame, each
+followed by its timestamp from Glm4vVideoProcessor) fails on every video row with transformers 5 (it calls the video
+processor with images=None and metadata keyed `total_frames`; transformers 5's processor returns no timestamps), so
+there is no LLaMA-Factory behaviour to match (docs/MULTIMODAL_FAMILIES.md, "GLM-4.1V and ERNIE-4.5-VL videos")."""
 
 from __future__ import annotations
 
@@ -31,7 +33,9 @@ class Glm4vPlugin(Qwen2VLPlugin):
     name = "glm4v"
     kinds = ("image",)
     missing = {
-        "video": "GLM-4.1V's per-frame video tokens with timestamps are not implemented in lathe yet (images are)"
+        "video": "GLM-4.1V's per-frame video runs with timestamps are not implemented in lathe (images are); "
+        "LLaMA-Factory 0.9.5 fails on them too with transformers 5 (TypeError: its video processor call passes "
+        "images=None and VideoMetadata total_frames)"
     }
     composites = {"glm4v": GLM4V, "glm4v_moe": GLM4V, "glm_ocr": GLM4V}
 

@@ -12,6 +12,7 @@ from lathe.llm.multimodal.images import IMAGE_PLACEHOLDER
 
 IMAGE_TOKEN, AUDIO_TOKEN = "<image>", None
 COMPOSITES: dict = {}  # LLaMA-Factory registers none for lfm2_vl: no part is frozen (its freeze_* keys do nothing)
+WHOLE_MODEL_TYPES = ("lfm2_vl",)  # a vision-language model all the same (towers.is_vision_language)
 
 
 def check_processor(processor) -> None:
@@ -28,6 +29,16 @@ def process_messages(messages, images, audios, processor, settings: MediaSetting
     if not images:
         return [dict(message) for message in messages]
     shapes = image_processor_inputs(images, processor, settings)["spatial_shapes"].tolist()
+    if len(shapes) != len(images):
+        # Lfm2VlImageProcessor splits an image over its token budget into tiles (and a thumbnail): one shape each.
+        # LLaMA-Factory 0.9.5 still reads the k-th shape for the k-th image, so its counts miss the tiles and the
+        # model stops on features that outnumber the tokens; refuse here, where the fix can be named
+        raise ValueError(
+            f"the lfm2_vl image processor split an image into tiles ({len(shapes)} tiles for {len(images)} images): "
+            "LLaMA-Factory 0.9.5 counts one tile's tokens per image, which the model cannot read. Lower "
+            "image_max_pixels so each image stays under the processor's max_image_tokens, or set "
+            "do_image_splitting: false in the model's preprocessor_config.json"
+        )
     factor = getattr(processor.image_processor, "downsample_factor", 2)
     return placeholder_runs(
         messages, IMAGE_PLACEHOLDER, lambda k: IMAGE_TOKEN * (shapes[k][0] * shapes[k][1] // factor**2)

@@ -23,8 +23,8 @@ class SaveProcessorCallback(TrainerCallback):
 
 def processor_callbacks(media, model) -> list:
     """[SaveProcessorCallback] for a vision-language model trained with a multimodal template, else []."""
-    from lathe.llm.multimodal.towers import composite_of
+    from lathe.llm.multimodal.towers import is_vision_language
 
-    if media is None or composite_of(model) is None:
+    if media is None or not is_vision_language(model):
         return []
     return [SaveProcessorCallback(media.processor)]

@@ -25,6 +25,17 @@ def composite_of(model) -> Composite | None:
     return None
 
 
+def is_vision_language(model) -> bool:
+    """A model of a registered family: one with a Composite, or one LLaMA-Factory trains whole (LFM2-VL, ERNIE-4.5-VL:
+    no composite, yet their batches need the media tensors and their runs save the processor)."""
+    from lathe.llm.multimodal import plugins
+
+    if composite_of(model) is not None:
+        return True
+    model_type = getattr(getattr(model, "config", None), "model_type", None)
+    return any(model_type in plugins.plugin_class(name).whole_model_types for name in plugins.FAMILIES)
+
+
 def forbidden_keys(composite: Composite, args) -> set[str]:
     return composite.frozen_keys(
         args.freeze_vision_tower, args.freeze_multi_modal_projector, args.freeze_language_model
@@ -64,8 +75,6 @@ def all_linear_forbidden(composite: Composite, args) -> set[str]:
 def patch_targets(model, args, targets: list[str], all_linear: bool) -> list[str]:
     """LLaMA-Factory's patch_target_modules: the full names of the modules whose name holds a target and no
     forbidden part nor conflicting key. A text model keeps `targets`."""
-    import torch
-
     composite = composite_of(model)
     if composite is None:
         return targets
@@ -76,7 +85,7 @@ def patch_targets(model, args, targets: list[str], all_linear: bool) -> list[str
                 name.split(".")[-1]
                 for name, module in model.named_modules()
                 if not any(key in name for key in skip)
-                and (isinstance(module, torch.nn.Linear) or "Linear" in type(module).__name__)
+                and "Linear" in type(module).__name__  # by class name (layers.find_all_linear_modules says why)
                 and "Embedding" not in type(module).__name__
             }
         )

@@ -64,19 +64,25 @@ def make_collator(config, tokenizer, model, media=None):
         label_pad_token_id=IGNORE_INDEX if data_args.ignore_pad_token_for_loss else tokenizer.pad_token_id,
         pad_to_multiple_of=8 if config.training.do_train else None,
     )
-    return multimodal_collator(collator, model, media, generating=config.training.predict_with_generate)
+    # LLaMA-Factory's sft collator casts every floating tensor to its compute dtype; lathe's is the dtype its frozen
+    # weights load in (float32 without bf16 / fp16: model.loader.weights_dtype). Llama 4's image processor gives
+    # bfloat16 pixel_values, which a float32 vision tower refuses
+    compute_dtype = config.model.compute_dtype or "float32"
+    generating = config.training.predict_with_generate
+    return multimodal_collator(collator, model, media, generating=generating, compute_dtype=compute_dtype)
 
 
-def multimodal_collator(collator, model, media, generating: bool = False):
+def multimodal_collator(collator, model, media, generating: bool = False, compute_dtype: str | None = None):
     """`collator` wrapped for a vision-language model run with a multimodal template; unchanged otherwise.
-    `generating` (predict_with_generate): no position ids from the collator, generate() makes them."""
-    from lathe.llm.multimodal.towers import composite_of
+    `generating` (predict_with_generate): no position ids from the collator, generate() makes them;
+    `compute_dtype`: the dtype the batch's floating tensors are cast to (None: left as the processor made them)."""
+    from lathe.llm.multimodal.towers import is_vision_language
 
-    if media is None or composite_of(model) is None:
+    if media is None or not is_vision_language(model):
         return collator
     from lathe.llm.multimodal.collator import MultimodalCollator
 
-    return MultimodalCollator(collator, media.plugin, model, generating=generating)
+    return MultimodalCollator(collator, media.plugin, model, generating=generating, compute_dtype=compute_dtype)
 
 
 def run(config, dry_run: bool = False, callbacks: list | None = None) -> dict:

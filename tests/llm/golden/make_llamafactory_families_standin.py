@@ -1,15 +1,13 @@
-"""Regenerate LLaMA-Factory's encoding of image rows for the families whose processor cannot be built here: Kimi-VL
-(its processor is remote code in the model repository), Llama 4 and LFM2-VL (transformers' Llama4ImageProcessor and
-Lfm2VlImageProcessor need torchvision, which does not load beside the CPU torch here). tests/llm/test_multimodal_families_standin.py compares
-lathe against it.
+"""Regenerate LLaMA-Factory's encoding of image rows for Kimi-VL, whose processor cannot be built here (it is remote
+code in the model repository). tests/llm/test_multimodal_families_standin.py compares lathe against it. (Llama 4 and
+LFM2-VL, whose processors need torchvision, run their real processors through the torchvision test recipe:
+make_llamafactory_torchvision_families.py.)
 
     python tests/llm/golden/make_llamafactory_families_standin.py [--python bench/.venv-lf/bin/python]
 
-Both sides get the same processor STAND-INS defined below (deterministic image processors with the outputs and
-attributes the plugins read: Kimi-VL's image_grid_hws and merge_kernel_size, LFM2-VL's spatial_shapes and
-downsample_factor, Llama 4's tiles, aspect_ratios, patch_size,
-downsample_ratio and transformers' own Llama4Processor._prompt_split_image), so what is compared is LLaMA-Factory's
-token and collator path, not the real processors' pixels. Runs in LLaMA-Factory 0.9.5's environment (`--worker`) as
+Both sides get the same processor STAND-IN defined below (a deterministic image processor with the outputs and
+attributes the plugin reads: image_grid_hws and merge_kernel_size), so what is compared is LLaMA-Factory's token and
+collator path, not the real processor's pixels. Runs in LLaMA-Factory 0.9.5's environment (`--worker`) as
 make_llamafactory_families.py does (its rows, images and tokenizer); writes
 tests/llm/golden/llamafactory_families_standin.safetensors (the layout of llamafactory_families.safetensors).
 """
@@ -26,14 +24,9 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 GOLDEN = HERE / "llamafactory_families_standin.safetensors"
-FAMILIES = {"kimi_vl": ("kimi_vl", "image"), "llama4": ("llama4", "image"), "lfm2_vl": ("lfm2_vl", "image")}
-TOKENS = {
-    "kimi_vl": ["<|media_start|>", "<|media_content|>", "<|media_end|>", "<|media_pad|>"],
-    "llama4": ["<|image_start|>", "<|image_end|>", "<|image|>", "<|patch|>", "<|tile_x_separator|>"]
-    + ["<|tile_y_separator|>"],
-    "lfm2_vl": ["<image>"],
-}
-TILE, PATCH = 28, 14
+FAMILIES = {"kimi_vl": ("kimi_vl", "image")}
+TOKENS = {"kimi_vl": ["<|media_start|>", "<|media_content|>", "<|media_end|>", "<|media_pad|>"]}
+TILE, PATCH = 28, 14  # Kimi-VL's stand-in: 14-pixel patches, sides rounded up to 2 patches
 
 
 def _families_generator():
@@ -76,66 +69,6 @@ class KimiVLStandInImageProcessor:
         return {"pixel_values": torch.cat(rows), "image_grid_hws": torch.tensor(grids)}
 
 
-class Llama4StandInImageProcessor:
-    """Llama 4's image processor's outputs: up to 2x2 tiles of 28x28 pixels per image (plus a 28x28 global tile for
-    a tiled image) in pixel_values (tiles, 3, 28, 28), and aspect_ratios (tile rows, tile columns) per image."""
-
-    def __call__(self, images, return_tensors="pt", **kwargs):
-        import torch
-
-        tiles, ratios = [], []
-        for image in images:
-            rows, columns = min(2, math.ceil(image.height / TILE)), min(2, math.ceil(image.width / TILE))
-            pixels = _pixels(image, columns * TILE, rows * TILE)
-            tiles += [
-                pixels[:, r * TILE : (r + 1) * TILE, c * TILE : (c + 1) * TILE]
-                for r in range(rows)
-                for c in range(columns)
-            ]
-            if rows * columns > 1:
-                tiles.append(_pixels(image, TILE, TILE))
-            ratios.append([rows, columns])
-        return {"pixel_values": torch.stack(tiles), "aspect_ratios": torch.tensor(ratios)}
-
-
-class Lfm2VlStandInImageProcessor:
-    """LFM2-VL's image processor's outputs: 16-pixel patches, (rows, columns) per image in spatial_shapes (even, for
-    the 2x downsample), pixel_values (images, most patches, 3 * 16 * 16) padded with zeros and pixel_attention_mask."""
-
-    downsample_factor = 2
-
-    def __call__(self, images, return_tensors="pt", **kwargs):
-        import torch
-
-        rows, shapes = [], []
-        for image in images:
-            height, width = 2 * math.ceil(image.height / 32), 2 * math.ceil(image.width / 32)
-            pixels = _pixels(image, width * 16, height * 16)
-            rows.append(pixels.reshape(3, height, 16, width, 16).permute(1, 3, 0, 2, 4).reshape(height * width, -1))
-            shapes.append([height, width])
-        most = max(len(row) for row in rows)
-        values = torch.zeros(len(rows), most, rows[0].shape[1])
-        mask = torch.zeros(len(rows), most, dtype=torch.long)
-        for index, row in enumerate(rows):
-            values[index, : len(row)], mask[index, : len(row)] = row, 1
-        return {"pixel_values": values, "spatial_shapes": torch.tensor(shapes), "pixel_attention_mask": mask}
-
-
-class Llama4StandInProcessor:
-    """Llama4Processor's attributes the plugins read (patch_size, downsample_ratio for pixel_shuffle_ratio 0.5) and
-    its own _prompt_split_image, beside the stand-in image processor."""
-
-    patch_size, downsample_ratio = PATCH, 4
-
-    def __init__(self, tokenizer):
-        self.image_processor, self.tokenizer = Llama4StandInImageProcessor(), tokenizer
-
-    def _prompt_split_image(self, aspect_ratio, num_patches_per_chunk):
-        from transformers import Llama4Processor
-
-        return Llama4Processor._prompt_split_image(self, aspect_ratio, num_patches_per_chunk)
-
-
 def settings_of(family: str) -> dict:
     return {"image_max_pixels": BASE.IMAGE_MAX_PIXELS, "image_min_pixels": BASE.IMAGE_MIN_PIXELS}
 
@@ -153,9 +86,7 @@ def make_processor(family: str, tokenizer):
 
     if family == "kimi_vl":
         return SimpleNamespace(image_processor=KimiVLStandInImageProcessor(), tokenizer=tokenizer)
-    if family == "lfm2_vl":
-        return SimpleNamespace(image_processor=Lfm2VlStandInImageProcessor(), tokenizer=tokenizer)
-    return Llama4StandInProcessor(tokenizer)
+    raise ValueError(f"{family}: no stand-in (Llama 4 and LFM2-VL: make_llamafactory_torchvision_families.py)")
 
 
 def run_family(family: str, tensors: dict, metadata: dict) -> None:
