@@ -82,6 +82,11 @@ class Qwen2OmniPlugin(Qwen2VLPlugin):
 
     name = "qwen2_omni"
     kinds = ("image", "video", "audio")
+    packs = False
+    no_packing = (
+        "the thinker's positions count each example's audio and video together, not split per packed example yet "
+        "(LLaMA-Factory 0.9.5 refuses it too: Omni models are not supported for packed sequences for now)"
+    )
     options = ("use_audio_in_video",)
     composites = {"qwen2_5_omni_thinker": QWEN2_5_OMNI, "qwen3_omni_moe_thinker": QWEN3_OMNI}
     tokens = {
