@@ -113,7 +113,7 @@ def test_chat_and_api_send_images_as_training_encodes_them_and_decode_as_generat
     engine = _engine(_folder(family, root), family)
     assert engine.image_refusal() is None
     image = GEN.make_image("wide")
-    prompt_ids, media = engine.chat_inputs(_message("x"), read_image=lambda part, where: image)
+    prompt_ids, media = engine.chat_inputs(_message("x"), read_media=lambda part, where: image)
     expected = _own_generate(engine, prompt_ids, media)
     assert expected  # the tiny model answers something before a stop token
     # the training pipeline on the same conversation: the prompt is the row up to its answer, the tensors its
@@ -164,7 +164,7 @@ def test_chat_attaches_an_image_for_llama_3_2_vision(root, tmp_path):
     engine = _engine(_folder("mllama", root), "mllama")
     GEN.make_image("square").save(tmp_path / "cat.png")  # one tile of two: the mask matters
     prompt_ids, media = engine.chat_inputs(
-        _message("x"), read_image=lambda part, where: GEN.make_image("square").convert("RGB")
+        _message("x"), read_media=lambda part, where: GEN.make_image("square").convert("RGB")
     )
     answer = engine.tokenizer.decode(_own_generate(engine, prompt_ids, media), skip_special_tokens=True)
     lines, out = iter([f"/image {tmp_path / 'cat.png'}", QUESTION, "exit"]), []

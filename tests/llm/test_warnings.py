@@ -83,7 +83,7 @@ class WarningEngine:
     def image_refusal(self):
         return "This model takes no images."
 
-    def chat_inputs(self, messages, read_image=None):
+    def chat_inputs(self, messages, read_media=None):
         return [0], {}
 
     def check_length(self, prompt_ids, params):
