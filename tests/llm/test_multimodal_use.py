@@ -175,7 +175,7 @@ def test_chat_attaches_images_with_the_image_command(gen, engine, tmp_path):
     finally:
         engine.generate = real
     text = "".join(out)
-    assert "`/image PATH` attaches an image" in text and "missing.png' not found" in text
+    assert "`/image PATH`, `/video PATH` attach a file" in text and "missing.png' not found" in text
     assert "cat.png attached, 200x150" in text
     image_token = engine.model.config.image_token_id
     (first_ids, first_media), (second_ids, second_media) = sent

@@ -161,6 +161,22 @@ def test_intern_vl_refuses_a_video_before_an_image(video_files):
 
 
 @pytest.mark.slow
+def test_video_is_served_as_training_encodes_it(torchvision_results):
+    """The tiny Qwen2-VL served with a video_url part (tests/llm/video_serving_check.py, in the torchvision
+    subprocess) gets the training pipeline's prompt and tensors for the same video (pixel_values_videos,
+    video_grid_thw: LLaMA-Factory's frame sampling, 5 frames of walk.mp4 at video_fps 2, the last repeated), and
+    greedy tokens equal the model's own generate, alone and beside a text row; lathe api (a media_dir file and a data
+    URL), lathe chat's /video and the web chat answer the same. Refusals: test_multimodal_use.py."""
+    facts = torchvision_results["serving"]
+    assert "error" not in facts, facts.get("error")
+    assert facts["media_keys"] == ["pixel_values_videos", "video_grid_thw"]
+    assert facts["same_prompt"] and facts["same_tensors"], facts
+    assert facts["grid"] == [[3, 2, 2]] and facts["video_tokens"] == 3  # 6 frames / 2, 28x28 frames merged 2x2
+    for key in ("greedy_equal", "batched_equal", "api_equal", "chat_equal", "web_equal"):
+        assert facts[key] is True, (key, facts)
+
+
+@pytest.mark.slow
 def test_video_demo_data_goes_through_the_pipeline(torchvision_results):
     """The mllm_video_demo shape (a `<video>` row, a videos column) with the image demo: tokenized by lathe's
     pipeline, collated with an image row, and read by the tiny model (a finite loss)."""

@@ -146,15 +146,16 @@ def main(folder: str, models=None) -> None:
 
 
 def torchvision_checks(folder: str, root: str) -> None:
-    """check(folder), train(root / "train") and pipeline(root / "pipeline") in one process (one start of torch,
-    transformers and torchvision for the three tests that read them): prints {"check": ..., "train": ...,
-    "pipeline": ...}, each its result or the traceback that stopped it."""
+    """check(folder), train(root / "train"), pipeline(root / "pipeline") and serving(folder, root / "serving") in one
+    process (one start of torch, transformers and torchvision for the four tests that read them): prints {"check":
+    ..., "train": ..., "pipeline": ..., "serving": ...}, each its result or the traceback that stopped it."""
     import traceback
 
     parts = {
         "check": lambda: check(Path(folder)),
         "train": lambda: train(str(Path(root) / "train")),
         "pipeline": lambda: pipeline(str(Path(root) / "pipeline")),
+        "serving": lambda: serving(folder, str(Path(root) / "serving")),
     }
     out = {}
     for part, run in parts.items():
@@ -163,6 +164,13 @@ def torchvision_checks(folder: str, root: str) -> None:
         except Exception:  # noqa: BLE001 (reported to the test that reads this part)
             out[part] = {"error": traceback.format_exc()}
     print(json.dumps(out))
+
+
+def serving(folder: str, root: str) -> dict:
+    """A video served by lathe api / lathe chat / the web chat (video_serving_check.py)."""
+    from tests.llm.video_serving_check import serving_checks
+
+    return serving_checks(folder, root)
 
 
 def pipeline(root: str) -> dict:
