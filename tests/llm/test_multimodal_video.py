@@ -177,6 +177,16 @@ def test_video_is_served_as_training_encodes_it(torchvision_results):
 
 
 @pytest.mark.slow
+def test_packed_video_rows_train_as_each_row_alone(torchvision_results):
+    """neat_packing with Qwen2.5-VL video rows (a video; an image and a video; two videos in two turns): each
+    example gets the mrope positions it has alone (its videos' grids and second_per_grid_ts), and the packed loss is
+    the token-weighted mean of the rows' own (video_check.packing)."""
+    result = torchvision_results["packing"]
+    assert "error" not in result, result.get("error")
+    assert result["same_positions"] == 3 and result["packed"] == pytest.approx(result["alone"], rel=1e-5)
+
+
+@pytest.mark.slow
 def test_video_demo_data_goes_through_the_pipeline(torchvision_results):
     """The mllm_video_demo shape (a `<video>` row, a videos column) with the image demo: tokenized by lathe's
     pipeline, collated with an image row, and read by the tiny model (a finite loss)."""

@@ -146,9 +146,10 @@ def main(folder: str, models=None) -> None:
 
 
 def torchvision_checks(folder: str, root: str) -> None:
-    """check(folder), train(root / "train"), pipeline(root / "pipeline") and serving(folder, root / "serving") in one
-    process (one start of torch, transformers and torchvision for the four tests that read them): prints {"check":
-    ..., "train": ..., "pipeline": ..., "serving": ...}, each its result or the traceback that stopped it."""
+    """check(folder), train(root / "train"), pipeline(root / "pipeline"), serving(folder, root / "serving") and
+    packing(folder) in one process (one start of torch, transformers and torchvision for the tests that read them):
+    prints {"check": ..., "train": ..., "pipeline": ..., "serving": ..., "packing": ...}, each its result or the
+    traceback that stopped it."""
     import traceback
 
     parts = {
@@ -156,6 +157,7 @@ def torchvision_checks(folder: str, root: str) -> None:
         "train": lambda: train(str(Path(root) / "train")),
         "pipeline": lambda: pipeline(str(Path(root) / "pipeline")),
         "serving": lambda: serving(folder, str(Path(root) / "serving")),
+        "packing": lambda: packing(folder),
     }
     out = {}
     for part, run in parts.items():
@@ -164,6 +166,33 @@ def torchvision_checks(folder: str, root: str) -> None:
         except Exception:  # noqa: BLE001 (reported to the test that reads this part)
             out[part] = {"error": traceback.format_exc()}
     print(json.dumps(out))
+
+
+def packing(folder: str) -> dict:
+    """Qwen2.5-VL's video rows (a video; an image and a video; two videos in two turns) neat-packed into one row
+    against each row alone (test_multimodal_packing._packed_against_alone): the packed loss, the token-weighted mean of the rows'
+    own, and how many examples got their own mrope positions (second_per_grid_ts sliced per example)."""
+    from lathe.llm.multimodal.base import MediaSettings
+    from tests.llm.test_multimodal_packing import _packed_against_alone
+
+    model_type = "qwen2_5_vl"
+    tokenizer = GEN.make_tokenizer(model_type)
+
+    def media_of(row):
+        images, videos = GEN.row_media(row, Path(folder))
+        return {"images": images, "videos": videos}
+
+    packed, alone, same_positions = _packed_against_alone(
+        tokenizer,
+        GEN.TEMPLATES[model_type],
+        GEN.make_processor(model_type, tokenizer),
+        MediaSettings(**GEN.SETTINGS),
+        GEN.make_model(model_type, tokenizer),
+        [GEN.ROWS[index] for index in (0, 1, 3)],  # (a text row alone gets the stand-in image: not its packed tokens)
+        media_of,
+        ("images", "videos"),
+    )
+    return {"packed": packed, "alone": alone, "same_positions": same_positions}
 
 
 def serving(folder: str, root: str) -> dict:
