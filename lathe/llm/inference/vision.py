@@ -151,7 +151,10 @@ def load_image_encoder(config, model, template, tokenizer=None) -> ImageEncoder:
         image_processor = load_image_processor(config.model)
     except OSError as error:
         return ImageEncoder(refusal=f"{name} has no image processor, so it takes no images here: {error}")
-    media_plugin, media_refusal = _media_plugin(config, template, tokenizer)
+    try:
+        media_plugin, media_refusal = _media_plugin(config, template, tokenizer)
+    except Exception as error:  # noqa: BLE001 (videos are refused in one line; the images above still serve)
+        media_plugin, media_refusal = None, f"{name}: it takes no videos here: {type(error).__name__}: {error}"
     return ImageEncoder(
         family,
         image_processor,
