@@ -28,7 +28,7 @@ from lathe.llm.multimodal.images import (
     media_cut_reason,
     open_image,
 )
-from lathe.llm.multimodal.mrope import packed_rope_positions, rope_positions
+from lathe.llm.multimodal.mrope import packed_rope_positions, rope_positions, sliced
 from lathe.llm.multimodal.video import check_torchvision, read_video
 
 VISION_START, VISION_END, IMAGE_TOKEN, VIDEO_TOKEN = (
@@ -298,12 +298,23 @@ class Qwen2VLPlugin(FamilyPlugin):
         import torch
 
         if "position_ids" in batch:
-            merge_length = self.image_processor.merge_size**2
-            token_ids = [self.tokenizer.convert_tokens_to_ids(image_token)]
-            token_ids.append(-1 if video_token is None else self.tokenizer.convert_tokens_to_ids(video_token))
-            positions = packed_rope_positions(
-                model, batch["input_ids"], batch["position_ids"], inputs, token_ids, merge_length
+            image, video = (
+                -1 if token is None else self.tokenizer.convert_tokens_to_ids(token)
+                for token in (image_token, video_token)
             )
+            queues = self.token_queues(inputs, {image: "image_grid_thw", video: "video_grid_thw"})
+            seconds = inputs.get("second_per_grid_ts")
+
+            def rope(ids, spans):
+                image_grid, video_grid = (
+                    sliced(inputs.get(key), spans[token])
+                    for token, key in ((image, "image_grid_thw"), (video, "video_grid_thw"))
+                )
+                return rope_positions(
+                    model, ids, torch.ones_like(ids), image_grid, video_grid, sliced(seconds, spans[video])
+                )[0]
+
+            positions = packed_rope_positions(batch["input_ids"], batch["position_ids"], queues, rope)
             return {"position_ids": torch.cat([positions[:1], positions], dim=0)}
         positions, rope_deltas = rope_positions(
             model,
@@ -314,6 +325,14 @@ class Qwen2VLPlugin(FamilyPlugin):
             inputs.get("second_per_grid_ts"),
         )
         return {"position_ids": torch.cat([positions[:1], positions], dim=0), "rope_deltas": rope_deltas}
+
+    def token_queues(self, inputs: dict, grids: dict) -> dict:
+        """token id -> the vision tokens of each image / video of the batch (grids: token id -> its grid's key)."""
+        merge_length, queues = self.image_processor.merge_size**2, {}
+        for token, key in grids.items():
+            grid = inputs.get(key)
+            queues[token] = [] if grid is None else [int(item.prod()) // merge_length for item in grid]
+        return queues
 
     def _check_tokens(self, input_ids, grid, token: str = IMAGE_TOKEN, kind: str = "image") -> None:
         """The rows' media tokens must be the media's (a file changed since the rows were tokenized and cached, or
