@@ -352,7 +352,7 @@ def test_family_neat_packing_equals_llamafactory(golden, family, monkeypatch):
     """Every family LLaMA-Factory packs: the packed rows (ids, labels, segment ids, positions) and the collated batch
     (media tensors, token types, mllama's cross_attention_mask, GLM-4.1V's / ERNIE's mrope positions per example)
     equal LLaMA-Factory 0.9.5's neat packing; where LLaMA-Factory fails (Qwen2-Audio's and Gemma 3's forward on the
-    4-D mask, Omni packing refused), lathe stops in one line naming the family."""
+    4-D mask), lathe stops in one line naming the family; Omni packing, which LLaMA-Factory refuses, lathe trains."""
     tensors, metadata = golden
     name = f"family.{family}"
     packed, collator, model = _family_packed(family, monkeypatch)
@@ -362,8 +362,15 @@ def test_family_neat_packing_equals_llamafactory(golden, family, monkeypatch):
             assert packed[key][index] == tensors[f"{name}.rows.{key}"][index, : len(ids)].tolist(), (key, index)
     features = [{key: packed[key][index] for key in packed} for index in range(len(packed["input_ids"]))]
     error = metadata.get(f"error.{name}", "")
-    if family in ("qwen2_audio", "qwen2_omni", "gemma3"):
-        assert error.startswith(("IndexError: too many indices", "RuntimeError: Omni models are not supported"))
+    if (
+        family == "qwen2_omni"
+    ):  # LLaMA-Factory refuses; lathe packs (test_omni_packed_row_trains_as_its_examples_one_by_one)
+        assert error == "RuntimeError: Omni models are not supported for packed sequences for now."
+        batch = collator(features)
+        assert batch["position_ids"].shape == (4, *batch["input_ids"].shape) and "rope_deltas" not in batch
+        return
+    if family in ("qwen2_audio", "gemma3"):
+        assert error.startswith("IndexError: too many indices")
         with pytest.raises(ValueError, match=f"packed rows with media: lathe's {family} family does not pack: .*LLaMA"):
             collator(features)
         return
@@ -393,3 +400,28 @@ def test_family_neat_packing_equals_llamafactory(golden, family, monkeypatch):
     with torch.no_grad():
         loss = model(**batch).loss
     assert torch.isfinite(tensors[f"loss.{name}"]) and torch.isfinite(loss)
+
+
+def test_omni_packed_row_trains_as_its_examples_one_by_one():
+    """Qwen2.5-Omni's thinker (LLaMA-Factory 0.9.5 refuses Omni packing): one packed row of image-and-audio rows gives
+    each example the thinker's positions it has alone (its image grids and audio lengths) and the loss it has alone
+    (the token-weighted mean). Rows with both kinds: a row alone without one gets that kind's stand-in."""
+    from lathe.llm.multimodal.base import MediaSettings
+    from tests.goldens import load_generator
+
+    gen = load_generator(GOLDEN_DIR / "make_llamafactory_mrope_families.py", "make_mrope_families")
+    first = gen.OMNI_ROWS[0]
+    second = {"messages": [("user", "Hear <audio> and see <image> ."), ("assistant", "four")]}
+    rows = [first, {**second, "images": ["small"], "audios": ["long"]}]
+    tokenizer = gen.make_tokenizer("qwen2_omni")
+    packed_loss, expected, same_positions = _packed_against_alone(
+        tokenizer,
+        gen.FAMILIES["qwen2_omni"][0],
+        gen.make_processor("qwen2_omni", tokenizer),
+        MediaSettings(**gen.settings_of("qwen2_omni")),
+        gen.make_model("qwen2_omni", tokenizer),
+        rows,
+        lambda row: gen.media_of("qwen2_omni", row),
+        ("images", "audios"),
+    )
+    assert same_positions == 2 and packed_loss == pytest.approx(expected, rel=1e-5)
