@@ -1,7 +1,8 @@
 """Regenerate LLaMA-Factory's packed Qwen2-VL image rows that tests/llm/test_multimodal_packing.py compares lathe
 against.
 
-    python tests/llm/golden/make_llamafactory_mm_packing.py [--python bench/.venv-lf/bin/python]
+    python tests/llm/golden/make_llamafactory_mm_packing.py [--python bench/.venv-lf/bin/python] [--families]
+    (the families' cases were made with --stubs /work/main/bench/lf_stubs and --pillow bench/.cache/pillow12)
 
 Runs this same file in LLaMA-Factory's environment (`--worker`, where lathe is not imported). The image rows of
 make_llamafactory_qwen2vl.py (its images, tokenizer, image processor and tiny random Qwen2-VL; a larger pixel budget) go through
