@@ -178,12 +178,16 @@ def test_video_is_served_as_training_encodes_it(torchvision_results):
 
 @pytest.mark.slow
 def test_packed_video_rows_train_as_each_row_alone(torchvision_results):
-    """neat_packing with Qwen2.5-VL video rows (a video; an image and a video; two videos in two turns): each
-    example gets the mrope positions it has alone (its videos' grids and second_per_grid_ts), and the packed loss is
-    the token-weighted mean of the rows' own (video_check.packing)."""
-    result = torchvision_results["packing"]
-    assert "error" not in result, result.get("error")
-    assert result["same_positions"] == 3 and result["packed"] == pytest.approx(result["alone"], rel=1e-5)
+    """neat_packing with video rows (a video; an image and a video; two videos in two turns) in one packed row, for
+    Qwen2.5-VL, LLaVA-NeXT-Video and Video-LLaVA: the packed loss is the token-weighted mean of the rows' own, and
+    each Qwen2.5-VL example gets the mrope positions it has alone (its grids and second_per_grid_ts)
+    (video_check.packing)."""
+    results = torchvision_results["packing"]
+    assert "error" not in results, results.get("error")
+    assert sorted(results) == ["llava_next_video", "qwen2_5_vl", "video_llava"]
+    for model_type, result in results.items():
+        assert result["packed"] == pytest.approx(result["alone"], rel=1e-5), model_type
+    assert results["qwen2_5_vl"]["same_positions"] == 3
 
 
 @pytest.mark.slow

@@ -169,30 +169,34 @@ def torchvision_checks(folder: str, root: str) -> None:
 
 
 def packing(folder: str) -> dict:
-    """Qwen2.5-VL's video rows (a video; an image and a video; two videos in two turns) neat-packed into one row
-    against each row alone (test_multimodal_packing._packed_against_alone): the packed loss, the token-weighted mean of the rows'
-    own, and how many examples got their own mrope positions (second_per_grid_ts sliced per example)."""
+    """Video rows (a video; an image and a video; two videos in two turns) neat-packed into one row against each row
+    alone (test_multimodal_packing._packed_against_alone), per model type: the packed loss, the token-weighted mean
+    of the rows' own, and how many examples got their own mrope positions (Qwen2.5-VL: second_per_grid_ts sliced per
+    example; the LLaVA video families have none)."""
     from lathe.llm.multimodal.base import MediaSettings
     from tests.llm.test_multimodal_packing import _packed_against_alone
-
-    model_type = "qwen2_5_vl"
-    tokenizer = GEN.make_tokenizer(model_type)
 
     def media_of(row):
         images, videos = GEN.row_media(row, Path(folder))
         return {"images": images, "videos": videos}
 
-    packed, alone, same_positions = _packed_against_alone(
-        tokenizer,
-        GEN.TEMPLATES[model_type],
-        GEN.make_processor(model_type, tokenizer),
-        MediaSettings(**GEN.SETTINGS),
-        GEN.make_model(model_type, tokenizer),
-        [GEN.ROWS[index] for index in (0, 1, 3)],  # (a text row alone gets the stand-in image: not its packed tokens)
-        media_of,
-        ("images", "videos"),
-    )
-    return {"packed": packed, "alone": alone, "same_positions": same_positions}
+    results = {}
+    for model_type in ("qwen2_5_vl", "llava_next_video", "video_llava"):
+        tokenizer = GEN.make_tokenizer(model_type)
+        packed, alone, same_positions = _packed_against_alone(
+            tokenizer,
+            GEN.TEMPLATES[model_type],
+            GEN.make_processor(model_type, tokenizer),
+            MediaSettings(**GEN.SETTINGS_OF.get(model_type, GEN.SETTINGS)),
+            GEN.make_model(model_type, tokenizer),
+            [
+                GEN.ROWS[index] for index in (0, 1, 3)
+            ],  # (a text row alone gets the stand-in image: not its packed tokens)
+            media_of,
+            ("images", "videos"),
+        )
+        results[model_type] = {"packed": packed, "alone": alone, "same_positions": same_positions}
+    return results
 
 
 def serving(folder: str, root: str) -> dict:
