@@ -117,8 +117,8 @@ def test_scripted_chat_session_keeps_history_and_clears_it(engine):
     lines = iter(["What is two plus two?", "And three?", "clear", "hi", "exit"])
     out, prompts = [], []
     real = engine.chat_inputs
-    engine.chat_inputs = lambda messages, tools=None, read_image=None: (
-        prompts.append(list(messages)) or real(messages, tools, read_image)
+    engine.chat_inputs = lambda messages, tools=None, read_media=None: (
+        prompts.append(list(messages)) or real(messages, tools, read_media)
     )
     try:
         assert chat_loop(engine, read=lambda _prompt: next(lines), write=out.append) == 0

@@ -113,7 +113,7 @@ def test_chat_and_api_send_images_as_training_encodes_them_and_decode_as_generat
     engine = _engine(_folder(family, root), family)
     assert engine.image_refusal() is None
     image = GEN.make_image("wide")
-    prompt_ids, media = engine.chat_inputs(_message("x"), read_image=lambda part, where: image)
+    prompt_ids, media = engine.chat_inputs(_message("x"), read_media=lambda part, where: image)
     expected = _own_generate(engine, prompt_ids, media)
     assert expected  # the tiny model answers something before a stop token
     # the training pipeline on the same conversation: the prompt is the row up to its answer, the tensors its
@@ -164,7 +164,7 @@ def test_chat_attaches_an_image_for_llama_3_2_vision(root, tmp_path):
     engine = _engine(_folder("mllama", root), "mllama")
     GEN.make_image("square").save(tmp_path / "cat.png")  # one tile of two: the mask matters
     prompt_ids, media = engine.chat_inputs(
-        _message("x"), read_image=lambda part, where: GEN.make_image("square").convert("RGB")
+        _message("x"), read_media=lambda part, where: GEN.make_image("square").convert("RGB")
     )
     answer = engine.tokenizer.decode(_own_generate(engine, prompt_ids, media), skip_special_tokens=True)
     lines, out = iter([f"/image {tmp_path / 'cat.png'}", QUESTION, "exit"]), []
@@ -235,3 +235,52 @@ def test_export_of_a_lora_merged_model_reloads_with_the_same_logits(family, root
             assert torch.allclose(exported(**probe).logits, expected, atol=1e-5), model_class.__name__
         with reference.disable_adapter():  # the adapter moved them
             assert not torch.allclose(reference(**probe).logits, expected, atol=1e-3)
+
+
+def test_audio_is_served_as_training_encodes_it(root, tmp_path):
+    """Qwen2-Audio with an audio_url part (LLaMA-Factory's protocol type): the served prompt and input_features are
+    the training pipeline's for the same file (read with PyAV, resampled to audio_sampling_rate), greedy tokens equal
+    the model's own generate, and lathe api answers the same; lathe chat's /audio attaches the file."""
+    pytest.importorskip("fastapi")
+    pytest.importorskip("av")
+    from fastapi.testclient import TestClient
+
+    from lathe.llm.data.collator import SFTDataCollator
+    from lathe.llm.data.supervised import encode_supervised_example
+    from lathe.llm.inference.api import create_app
+    from lathe.llm.inference.chat import chat_loop
+    from lathe.llm.inference.image_urls import ImageRules
+    from lathe.llm.inference.requests import media_reader
+    from lathe.llm.multimodal.collator import MultimodalCollator
+    from lathe.llm.multimodal.encode import EXPANDED
+    from tests.llm.media_files import AUDIO_FILES, write_audio
+
+    path = write_audio(tmp_path / "stereo.wav", *AUDIO_FILES["stereo.wav"])  # 8 kHz stereo: averaged, resampled
+    engine = _engine(_folder("qwen2_audio", root), "qwen2_audio")
+    url = "data:audio/wav;base64," + base64.b64encode(path.read_bytes()).decode()
+    message = [
+        {"role": "user", "content": [{"type": "audio_url", "audio_url": {"url": url}}, {"type": "text", "text": "?"}]}
+    ]
+    prompt_ids, media = engine.chat_inputs(message, read_media=media_reader(ImageRules()))
+    plugin = engine.image_encoder.plugin
+    audio = {"audio": plugin.regularize("audio", [str(path)], "a row")}
+    turns = [{"role": "user", "content": "<audio>?"}, {"role": "assistant", "content": "ok"}]
+    expanded = [{**turn, EXPANDED: True} for turn in plugin.process_messages(turns, audio)]
+    ids, labels = encode_supervised_example(expanded[:1], expanded[1:], "", "", engine.template, engine.tokenizer, 4096)
+    assert prompt_ids == ids[: next(index for index, label in enumerate(labels) if label != -100)]
+    row = {"input_ids": ids, "labels": labels, "attention_mask": [1] * len(ids), "audios": [str(path)]}
+    batch = MultimodalCollator(SFTDataCollator(engine.tokenizer), plugin, engine.model)([row])
+    assert sorted(media) == ["feature_attention_mask", "input_features"]
+    assert all(torch.equal(media[key], batch[key]) for key in media)
+    expected = _own_generate(engine, prompt_ids, media)
+    assert expected and engine.generate(prompt_ids, engine.default_params(), media=media).generated == expected
+    response = TestClient(create_app(engine, "audio"), base_url="http://localhost").post(
+        "/v1/chat/completions", json={"messages": message, "max_tokens": 5}
+    )
+    answer = engine.tokenizer.decode(expected, skip_special_tokens=True)
+    assert response.status_code == 200 and response.json()["choices"][0]["message"]["content"] == answer
+    out, lines = [], iter([f"/image {path}", f"/audio {path}", "exit"])
+    chat_loop(engine, read=lambda _prompt: next(lines), write=out.append)
+    text = "".join(out)
+    assert "`/audio PATH` attach a file" in text and "the qwen2_audio family takes no images" in text
+    assert f"audio {path} attached" in text

@@ -2,8 +2,8 @@
 (tests/llm/golden/llamafactory_mm_packing.safetensors, made by make_llamafactory_mm_packing.py): the packed rows
 (ids, labels, segment masks, positions, each row's images), and the collated batch: pixel values, grids, mrope
 positions computed per packed example, the block-diagonal mask and the tiny model's loss. Plus where LLaMA-Factory
-fails and lathe does not (a cutoff_len the collator pads past; packed rows without images), and a family that does
-not pack yet."""
+fails and lathe does not (a cutoff_len the collator pads past; packed rows without images). Every other family
+LLaMA-Factory packs, neat-packed (`family.*` in the same golden), and the ones that stop in one line."""
 
 from pathlib import Path
 
@@ -157,17 +157,6 @@ def test_where_llamafactory_fails_lathe_trains(golden, assets):
     assert len(stand_in) and not allowed[: int(stand_in[0]) - 1][:, stand_in].any()
 
 
-def test_a_family_that_does_not_pack_is_one_clear_error(assets):
-    from lathe.llm.data.collator import SFTDataCollator
-    from lathe.llm.multimodal.collator import MultimodalCollator
-    from lathe.llm.multimodal.gemma3 import Gemma3Plugin
-
-    tokenizer = assets[2]
-    collator = MultimodalCollator(SFTDataCollator(tokenizer), Gemma3Plugin(None, tokenizer), None)
-    with pytest.raises(ValueError, match="lathe.s gemma3 family does not pack yet"):
-        collator([{"input_ids": [1, 2], "attention_mask": [1, 1], "position_ids": [0, 1], "labels": [1, 2]}])
-
-
 @pytest.mark.slow
 def test_lathe_train_with_neat_packing_equals_llamafactory(golden, tmp_path):
     """Three sft steps of `lathe train` with neat_packing on the mllm_demo rows: LLaMA-Factory's run_exp's losses
@@ -305,7 +294,134 @@ def test_packing_media_rows_of_a_family_that_does_not_pack_stops_before_tokenizi
         train_attrs=[SimpleNamespace(name="mllm_demo")],
         eval_attrs=[],
     )
-    with pytest.raises(ValueError, match="packing / neat_packing with image: .* not yet for lathe's gemma3 family"):
+    with pytest.raises(
+        ValueError, match="packing / neat_packing with image: lathe's gemma3 family does not pack: .*4-D"
+    ):
         media_options(plan, preprocess_packed_supervised_dataset, rows)
     plan.media = SimpleNamespace(plugin=assets[4].plugin)  # qwen2_vl packs
     assert media_options(plan, preprocess_packed_supervised_dataset, rows)["media_kinds"] == ("image",)
+
+
+FAMILY_GOLDEN_KEYS = ("input_ids", "labels", "attention_mask", "position_ids")
+
+
+def _family_packed(family, monkeypatch):
+    """lathe's neat-packed rows of `family`'s golden rows (FAMILY_CUTOFF_LEN - 1: LLaMA-Factory packs into one less),
+    and its collator over them with the family's tiny model where one runs here."""
+    from lathe.llm.config.train import DataArguments
+    from lathe.llm.data.collator import SFTDataCollator
+    from lathe.llm.data.packing import preprocess_packed_supervised_dataset
+    from lathe.llm.multimodal.base import MediaSettings
+    from lathe.llm.multimodal.collator import MultimodalCollator
+    from lathe.llm.multimodal.encode import MediaEncoder
+    from lathe.llm.multimodal.plugins import plugin_class
+    from lathe.llm.templates import get_template_and_fix_tokenizer
+    from tests.llm.golden import make_llamafactory_mm_packing as packing_gen
+
+    # the processors' stand-ins (no torchvision / timm here) are what the golden gave LLaMA-Factory
+    monkeypatch.setattr(plugin_class(family), "requires", None, raising=False)
+    module, template_name, rows, media_of = packing_gen.family_source(family)
+    tokenizer = module.make_tokenizer(family)
+    processor = module.make_processor(family, tokenizer)
+    cutoff_len = packing_gen.FAMILY_CUTOFF_LEN - 1
+    data_args = DataArguments(template=template_name, cutoff_len=cutoff_len, packing=True, neat_packing=True)
+    template = get_template_and_fix_tokenizer(tokenizer, data_args)
+    media = MediaEncoder(
+        template, tokenizer, "unused", MediaSettings(**module.settings_of(family)), processor=processor
+    )
+    examples = packing_gen.family_examples(module, rows, media_of)
+    kinds = tuple(kind for kind in ("image", "audio") if any(examples[f"_{kind}s"]))
+    packed = preprocess_packed_supervised_dataset(
+        examples, template, tokenizer, data_args, media=media, media_kinds=kinds
+    )
+    model = module.make_model(family, tokenizer) if family in packing_gen.RUNNABLE else None
+    if model is not None:
+        model.config._attn_implementation = "eager"
+    collator = MultimodalCollator(SFTDataCollator(tokenizer, model=model, pad_to_multiple_of=8), media.plugin, model)
+    return packed, collator, model
+
+
+def _families():
+    from tests.llm.golden import make_llamafactory_mm_packing as packing_gen
+
+    return list(packing_gen.FAMILY_SOURCES)
+
+
+@pytest.mark.parametrize("family", _families())
+def test_family_neat_packing_equals_llamafactory(golden, family, monkeypatch):
+    """Every family LLaMA-Factory packs: the packed rows (ids, labels, segment ids, positions) and the collated batch
+    (media tensors, token types, mllama's cross_attention_mask, GLM-4.1V's / ERNIE's mrope positions per example)
+    equal LLaMA-Factory 0.9.5's neat packing; where LLaMA-Factory fails (Qwen2-Audio's and Gemma 3's forward on the
+    4-D mask), lathe stops in one line naming the family; Omni packing, which LLaMA-Factory refuses, lathe trains."""
+    tensors, metadata = golden
+    name = f"family.{family}"
+    packed, collator, model = _family_packed(family, monkeypatch)
+    assert len(packed["input_ids"]) == len(tensors[f"{name}.rows.input_ids"])
+    for index, ids in enumerate(packed["input_ids"]):
+        for key in FAMILY_GOLDEN_KEYS:
+            assert packed[key][index] == tensors[f"{name}.rows.{key}"][index, : len(ids)].tolist(), (key, index)
+    features = [{key: packed[key][index] for key in packed} for index in range(len(packed["input_ids"]))]
+    error = metadata.get(f"error.{name}", "")
+    if (
+        family == "qwen2_omni"
+    ):  # LLaMA-Factory refuses; lathe packs (test_omni_packed_row_trains_as_its_examples_one_by_one)
+        assert error == "RuntimeError: Omni models are not supported for packed sequences for now."
+        batch = collator(features)
+        assert batch["position_ids"].shape == (4, *batch["input_ids"].shape) and "rope_deltas" not in batch
+        return
+    if family in ("qwen2_audio", "gemma3"):
+        assert error.startswith("IndexError: too many indices")
+        with pytest.raises(ValueError, match=f"packed rows with media: lathe's {family} family does not pack: .*LLaMA"):
+            collator(features)
+        return
+    batch = collator(features)
+    length = batch["input_ids"].shape[-1]
+    expected = {key[len(name) + 1 :]: value for key, value in tensors.items() if key.startswith(f"{name}.")}
+    expected = {key: value for key, value in expected.items() if not key.startswith("rows.")}
+    tensor_keys = [key for key, value in batch.items() if isinstance(value, torch.Tensor) and key != "attention_mask"]
+    assert sorted(expected) == sorted(tensor_keys)  # (Gemma 3n's feature_attention_mask is None on both sides)
+    for key, value in expected.items():
+        mine = batch[key]
+        if key in FAMILY_GOLDEN_KEYS or key in ("token_type_ids", "cross_attention_mask"):
+            # LLaMA-Factory pads every packed row to cutoff_len, lathe to the longest (a multiple of 8): the rest is
+            # padding (checked for the labels)
+            axis = 1 if key == "cross_attention_mask" else -1
+            value = value.narrow(axis, 0, length)
+        if key in ("position_ids", "cross_attention_mask"):  # where the rows hold tokens (padding: masked out)
+            real = tensors[f"{name}.rows.attention_mask"][:, :length] != 0
+            mine, value = (mine[..., real], value[..., real]) if key == "position_ids" else (mine[real], value[real])
+        if value.is_floating_point():
+            assert_close_to_golden(mine, value, f"{family} {key}", rel=1e-5, abs=1e-5)
+        else:
+            assert torch.equal(mine, value), key
+    assert set(tensors[f"{name}.labels"][:, length:].flatten().tolist()) <= {-100}
+    if model is None:
+        return
+    with torch.no_grad():
+        loss = model(**batch).loss
+    assert torch.isfinite(tensors[f"loss.{name}"]) and torch.isfinite(loss)
+
+
+def test_omni_packed_row_trains_as_its_examples_one_by_one():
+    """Qwen2.5-Omni's thinker (LLaMA-Factory 0.9.5 refuses Omni packing): one packed row of image-and-audio rows gives
+    each example the thinker's positions it has alone (its image grids and audio lengths) and the loss it has alone
+    (the token-weighted mean). Rows with both kinds: a row alone without one gets that kind's stand-in."""
+    from lathe.llm.multimodal.base import MediaSettings
+    from tests.goldens import load_generator
+
+    gen = load_generator(GOLDEN_DIR / "make_llamafactory_mrope_families.py", "make_mrope_families")
+    first = gen.OMNI_ROWS[0]
+    second = {"messages": [("user", "Hear <audio> and see <image> ."), ("assistant", "four")]}
+    rows = [first, {**second, "images": ["small"], "audios": ["long"]}]
+    tokenizer = gen.make_tokenizer("qwen2_omni")
+    packed_loss, expected, same_positions = _packed_against_alone(
+        tokenizer,
+        gen.FAMILIES["qwen2_omni"][0],
+        gen.make_processor("qwen2_omni", tokenizer),
+        MediaSettings(**gen.settings_of("qwen2_omni")),
+        gen.make_model("qwen2_omni", tokenizer),
+        rows,
+        lambda row: gen.media_of("qwen2_omni", row),
+        ("images", "audios"),
+    )
+    assert same_positions == 2 and packed_loss == pytest.approx(expected, rel=1e-5)

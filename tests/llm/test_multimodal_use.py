@@ -117,7 +117,7 @@ def test_images_are_encoded_as_training_encodes_them_and_decode_as_the_models_ge
 
     images = {name: gen.make_image(name) for name in ("large", "wide")}
     requests = {
-        name: engine.chat_inputs(_image_message(name), read_image=lambda part, where: images[part["image_url"]["url"]])
+        name: engine.chat_inputs(_image_message(name), read_media=lambda part, where: images[part["image_url"]["url"]])
         for name in images
     }
     # the training path on the same conversation: same prompt tokens, same pixel tensors
@@ -175,7 +175,7 @@ def test_chat_attaches_images_with_the_image_command(gen, engine, tmp_path):
     finally:
         engine.generate = real
     text = "".join(out)
-    assert "`/image PATH` attaches an image" in text and "missing.png' not found" in text
+    assert "`/image PATH`, `/video PATH` attach a file" in text and "missing.png' not found" in text
     assert "cat.png attached, 200x150" in text
     image_token = engine.model.config.image_token_id
     (first_ids, first_media), (second_ids, second_media) = sent
@@ -183,7 +183,7 @@ def test_chat_attaches_images_with_the_image_command(gen, engine, tmp_path):
     assert tokens > 0 and second_ids.count(image_token) == tokens  # the image stays in the conversation
     assert torch.equal(first_media["pixel_values"], second_media["pixel_values"])
     expected, _ = engine.chat_inputs(
-        _image_message("cat"), read_image=lambda part, where: gen.make_image("large").convert("RGB")
+        _image_message("cat"), read_media=lambda part, where: gen.make_image("large").convert("RGB")
     )
     assert first_ids == expected
 
@@ -225,7 +225,7 @@ def test_api_reads_data_urls_and_files_under_the_media_folder_only(gen, engine, 
     served, no_files, root, outside = api
     png = base64.b64encode(_png(gen.make_image("large"))).decode()
     prompt_ids, media = engine.chat_inputs(
-        _image_message("x"), read_image=lambda part, where: gen.make_image("large").convert("RGB")
+        _image_message("x"), read_media=lambda part, where: gen.make_image("large").convert("RGB")
     )
     answer = engine.tokenizer.decode(_own_generate(engine, prompt_ids, media, 4), skip_special_tokens=True)
     for url in (
@@ -397,10 +397,85 @@ def test_webui_chat_takes_an_image(gen, vl_dir, tmp_path):
     with client.stream("POST", "/api/chat", json={"messages": messages, "max_new_tokens": 5, "temperature": 0}) as r:
         answer = "".join(r.iter_text())
     engine = client.app.state.chat.engine
-    prompt_ids, media = engine.chat_inputs(messages, read_image=ChatSession.read_image)
+    prompt_ids, media = engine.chat_inputs(messages, read_media=ChatSession.media_reader())
     assert media and engine.model.config.image_token_id in prompt_ids
     expected = engine.generate(prompt_ids, engine.default_params(max_new_tokens=5, temperature=0), media=media)
     assert answer == expected.text and answer
     path = [{"type": "image_url", "image_url": {"url": str(tmp_path / "x.png")}}, {"type": "text", "text": "hi"}]
     refused = client.post("/api/chat", json={"messages": [{"role": "user", "content": path}]})
     assert refused.status_code == 400 and "reads no local files" in refused.json()["error"]
+
+
+def _video_message(url: str, kind: str = "video_url", text: str = "What happens?") -> list[dict]:
+    return [{"role": "user", "content": [{"type": kind, kind: {"url": url}}, {"type": "text", "text": text}]}]
+
+
+def test_api_reads_video_and_audio_parts_under_the_same_rules_as_images(api, tmp_path_factory):
+    """video_url / audio_url parts (LLaMA-Factory's api/protocol.py): files under --media_dir only, data URLs,
+    remote URLs refused, every failure a 400 naming the part; a readable video reaches the family's plugin, which
+    here (no torchvision: transformers' video processor needs it) names torchvision. The videos' tokens and
+    tensors with torchvision: test_video_is_served_as_training_encodes_it."""
+    from tests.llm.media_files import write_video
+
+    served, no_files, root, outside = api
+    write_video(root / "walk.mp4", 64, 48, 13, 5)
+    write_video(outside / "secret.mp4", 64, 48, 13, 5)
+    (root / "broken.mp4").write_bytes(b"\x00\x00\x00 ftypisom not really a video")
+    huge = tmp_path_factory.mktemp("huge") / "huge.mp4"
+    write_video(huge, 320, 240, 2, 5)  # frames over the fixture's 250x250 pixel bound
+    (root / "huge.mp4").write_bytes(huge.read_bytes())
+    refused = {
+        (served, os.path.relpath(outside / "secret.mp4", root)): "outside the server's media folder",
+        (served, f"file://{outside / 'secret.mp4'}"): "outside the server's media folder",
+        (served, "clips/missing.mp4"): "no file 'clips/missing.mp4' in the server's media folder",
+        (served, "broken.mp4"): "'broken.mp4' is not a readable video",
+        (served, "huge.mp4"): "the video's frames are 320x240 pixels; at most 62500",
+        (served, "https://example.com/cat.mp4"): "is a remote URL; this server reads no network",
+        (served, "data:video/mp4;base64,@@@"): "base64 is not valid",
+        (served, "data:image/png;base64,aGk="): "data:video/<type>;base64",
+        (no_files, "walk.mp4"): "this server reads no local files",
+    }
+    for (client, url), message in refused.items():
+        status, body = _post(client, _video_message(url))
+        assert status == 400 and message in body["error"]["message"], (url, body)
+        assert body["error"]["param"] == "messages[0].content[0].video_url", url
+    data = base64.b64encode((root / "walk.mp4").read_bytes()).decode()
+    status, body = _post(served, _video_message(f"data:audio/wav;base64,{data}", "audio_url"))
+    assert status == 400 and "the qwen2_vl family takes no audio input" in body["error"]["message"]
+    assert body["error"]["param"] == "messages[0].content[0]"
+    status, body = _post(served, [{"role": "user", "content": [{"type": "video_url", "video_url": {}}]}])
+    assert status == 400 and '"video_url": {"url": ...}' in body["error"]["message"]
+    five = [{"type": "video_url", "video_url": {"url": "walk.mp4"}}] * 5
+    status, body = _post(served, [{"role": "user", "content": five}])
+    assert status == 400 and "at most 4 videos per request" in body["error"]["message"]
+    if importlib.util.find_spec("torchvision") is None:
+        for url in ("walk.mp4", f"data:video/mp4;base64,{data}"):
+            status, body = _post(served, _video_message(url))
+            assert status == 400 and "needs torchvision" in body["error"]["message"], body
+
+
+def test_chat_attaches_videos_with_the_video_command(engine, tmp_path):
+    from lathe.llm.inference.chat import chat_loop
+    from tests.llm.media_files import write_video
+
+    write_video(tmp_path / "walk.mp4", 64, 48, 13, 5)
+    (tmp_path / "broken.mp4").write_text("not a video")
+    lines = iter(
+        [
+            f"/video {tmp_path / 'missing.mp4'}",
+            f"/video {tmp_path / 'broken.mp4'}",
+            f"/audio {tmp_path / 'walk.mp4'}",
+            f"/video {tmp_path / 'walk.mp4'}",
+            "What happens?",
+            "exit",
+        ]
+    )
+    out = []
+    assert chat_loop(engine, read=lambda _prompt: next(lines), write=out.append) == 0
+    text = "".join(out)
+    assert "`/image PATH`, `/video PATH` attach a file to your next message" in text
+    assert "missing.mp4' not found" in text and "broken.mp4' is not a readable video" in text
+    assert "(not attached: the qwen2_vl family takes no audio input.)" in text
+    assert "walk.mp4 attached, 64x48" in text
+    if importlib.util.find_spec("torchvision") is None:  # the message is not sent; the chat goes on
+        assert "(not sent: " in text and "needs torchvision" in text

@@ -161,6 +161,36 @@ def test_intern_vl_refuses_a_video_before_an_image(video_files):
 
 
 @pytest.mark.slow
+def test_video_is_served_as_training_encodes_it(torchvision_results):
+    """The tiny Qwen2-VL served with a video_url part (tests/llm/video_serving_check.py, in the torchvision
+    subprocess) gets the training pipeline's prompt and tensors for the same video (pixel_values_videos,
+    video_grid_thw: LLaMA-Factory's frame sampling, 5 frames of walk.mp4 at video_fps 2, the last repeated), and
+    greedy tokens equal the model's own generate, alone and beside a text row; lathe api (a media_dir file and a data
+    URL), lathe chat's /video and the web chat answer the same. Refusals: test_multimodal_use.py."""
+    facts = torchvision_results["serving"]
+    assert "error" not in facts, facts.get("error")
+    assert facts["media_keys"] == ["pixel_values_videos", "video_grid_thw"]
+    assert facts["same_prompt"] and facts["same_tensors"], facts
+    assert facts["grid"] == [[3, 2, 2]] and facts["video_tokens"] == 3  # 6 frames / 2, 28x28 frames merged 2x2
+    for key in ("greedy_equal", "batched_equal", "api_equal", "chat_equal", "web_equal"):
+        assert facts[key] is True, (key, facts)
+
+
+@pytest.mark.slow
+def test_packed_video_rows_train_as_each_row_alone(torchvision_results):
+    """neat_packing with video rows (a video; an image and a video; two videos in two turns) in one packed row, for
+    Qwen2.5-VL, LLaVA-NeXT-Video and Video-LLaVA: the packed loss is the token-weighted mean of the rows' own, and
+    each Qwen2.5-VL example gets the mrope positions it has alone (its grids and second_per_grid_ts)
+    (video_check.packing)."""
+    results = torchvision_results["packing"]
+    assert "error" not in results, results.get("error")
+    assert sorted(results) == ["llava_next_video", "qwen2_5_vl", "video_llava"]
+    for model_type, result in results.items():
+        assert result["packed"] == pytest.approx(result["alone"], rel=1e-5), model_type
+    assert results["qwen2_5_vl"]["same_positions"] == 3
+
+
+@pytest.mark.slow
 def test_video_demo_data_goes_through_the_pipeline(torchvision_results):
     """The mllm_video_demo shape (a `<video>` row, a videos column) with the image demo: tokenized by lathe's
     pipeline, collated with an image row, and read by the tiny model (a finite loss)."""

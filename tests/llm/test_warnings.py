@@ -80,10 +80,10 @@ class WarningEngine:
     """A ChatEngine stand-in whose generation thread warns in the middle of the reply, as transformers'
     first forward can (a Python warning and a transformers logger warning)."""
 
-    def image_refusal(self):
-        return "This model takes no images."
+    def media_refusal(self, kind):
+        return f"This model takes no {kind} input."
 
-    def chat_inputs(self, messages, read_image=None):
+    def chat_inputs(self, messages, read_media=None):
         return [0], {}
 
     def check_length(self, prompt_ids, params):

@@ -154,15 +154,18 @@ def main(folder: str, models=None) -> None:
 
 
 def torchvision_checks(folder: str, root: str) -> None:
-    """check(folder), train(root / "train") and pipeline(root / "pipeline") in one process (one start of torch,
-    transformers and torchvision for the three tests that read them): prints {"check": ..., "train": ...,
-    "pipeline": ...}, each its result or the traceback that stopped it."""
+    """check(folder), train(root / "train"), pipeline(root / "pipeline"), serving(folder, root / "serving") and
+    packing(folder) in one process (one start of torch, transformers and torchvision for the tests that read them):
+    prints {"check": ..., "train": ..., "pipeline": ..., "serving": ..., "packing": ...}, each its result or the
+    traceback that stopped it."""
     import traceback
 
     parts = {
         "check": lambda: check(Path(folder)),
         "train": lambda: train(str(Path(root) / "train")),
         "pipeline": lambda: pipeline(str(Path(root) / "pipeline")),
+        "serving": lambda: serving(folder, str(Path(root) / "serving")),
+        "packing": lambda: packing(folder),
     }
     out = {}
     for part, run in parts.items():
@@ -171,6 +174,44 @@ def torchvision_checks(folder: str, root: str) -> None:
         except Exception:  # noqa: BLE001 (reported to the test that reads this part)
             out[part] = {"error": traceback.format_exc()}
     print(json.dumps(out))
+
+
+def packing(folder: str) -> dict:
+    """Video rows (a video; an image and a video; two videos in two turns) neat-packed into one row against each row
+    alone (test_multimodal_packing._packed_against_alone), per model type: the packed loss, the token-weighted mean
+    of the rows' own, and how many examples got their own mrope positions (Qwen2.5-VL: second_per_grid_ts sliced per
+    example; the LLaVA video families have none)."""
+    from lathe.llm.multimodal.base import MediaSettings
+    from tests.llm.test_multimodal_packing import _packed_against_alone
+
+    def media_of(row):
+        images, videos = GEN.row_media(row, Path(folder))
+        return {"images": images, "videos": videos}
+
+    results = {}
+    for model_type in ("qwen2_5_vl", "llava_next_video", "video_llava"):
+        tokenizer = GEN.make_tokenizer(model_type)
+        packed, alone, same_positions = _packed_against_alone(
+            tokenizer,
+            GEN.TEMPLATES[model_type],
+            GEN.make_processor(model_type, tokenizer),
+            MediaSettings(**GEN.SETTINGS_OF.get(model_type, GEN.SETTINGS)),
+            GEN.make_model(model_type, tokenizer),
+            [
+                GEN.ROWS[index] for index in (0, 1, 3)
+            ],  # (a text row alone gets the stand-in image: not its packed tokens)
+            media_of,
+            ("images", "videos"),
+        )
+        results[model_type] = {"packed": packed, "alone": alone, "same_positions": same_positions}
+    return results
+
+
+def serving(folder: str, root: str) -> dict:
+    """A video served by lathe api / lathe chat / the web chat (video_serving_check.py)."""
+    from tests.llm.video_serving_check import serving_checks
+
+    return serving_checks(folder, root)
 
 
 def pipeline(root: str) -> dict:

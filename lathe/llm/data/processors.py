@@ -59,11 +59,8 @@ def media_options(plan, processor: Callable, dataset) -> dict[str, Any]:
         )
     counts = {kind: sum(1 for row in dataset[CANONICAL_COLUMN[kind]] if row) for kind in kinds}
     plan.media.plugin.check_kinds(counts, f"dataset(s) {', '.join(a.name for a in plan.train_attrs + plan.eval_attrs)}")
-    if plan.packing and plan.stage == "sft" and not plan.media.plugin.packs:
-        raise ValueError(
-            f"packing / neat_packing with {', '.join(kinds)}: implemented for the qwen2_vl, qwen3_vl, llava and "
-            f"llava_next families, not yet for lathe's {plan.media.plugin.name} family (set packing: false)"
-        )
+    if plan.packing and plan.stage == "sft":
+        plan.media.plugin.check_packing(f"packing / neat_packing with {', '.join(kinds)}")
     return {"media": plan.media, "media_kinds": kinds}
 
 

@@ -1,8 +1,9 @@
 """`lathe chat CONFIG [key=value ...]`: talk to the model in the terminal, with the template it was
 trained with. Replies stream as they are generated; `clear` forgets the conversation, `exit` (or
-end of input) quits, `/image PATH` attaches an image to the next message (a vision-language model: the
-images go before that message's text, encoded as training encodes them). Generation settings come from
-the config's generation keys, overridable on the command line (`temperature=0.2 max_new_tokens=128`)."""
+end of input) quits, `/image PATH`, `/video PATH` and `/audio PATH` attach a file to the next message (a model
+that takes such input: the media go before that message's text, encoded as training encodes them; videos' frames
+sampled as LLaMA-Factory samples them). Generation settings come from the config's generation keys, overridable on
+the command line (`temperature=0.2 max_new_tokens=128`)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import warnings
 from lathe.llm.inference.engine import ChatEngine, InvalidRequest
 
 WELCOME = "Chat with the model: `clear` forgets the conversation, `exit` quits."
-IMAGE_COMMAND = "/image"
+COMMANDS = {"/image": "image", "/video": "video", "/audio": "audio"}  # command -> the kind of media it attaches
 WELCOME_IMAGES = "`/image PATH` attaches an image to your next message."
 
 
@@ -26,11 +27,14 @@ def chat_loop(engine: ChatEngine, system: str | None = None, read=input, write=N
         sys.stdout.flush()
 
     write = write or default_write
-    takes_images = engine.image_refusal() is None
-    write(WELCOME + (" " + WELCOME_IMAGES if takes_images else "") + "\n")
+    takes = [command for command, kind in COMMANDS.items() if engine.media_refusal(kind) is None]
+    welcome = WELCOME_IMAGES if takes == ["/image"] else ""
+    if takes and not welcome:
+        welcome = f"{', '.join(f'`{command} PATH`' for command in takes)} attach a file to your next message."
+    write(WELCOME + (" " + welcome if welcome else "") + "\n")
     history: list[dict] = []
-    attached: list[dict] = []  # image parts for the next message
-    images: dict[str, object] = {}  # path -> the image read when it was attached
+    attached: list[dict] = []  # media parts for the next message
+    items: dict[tuple[str, str], object] = {}  # (kind, path) -> what was read when it was attached
     shown: set[str] = set()  # each warning once per session
     while True:
         try:
@@ -46,8 +50,9 @@ def chat_loop(engine: ChatEngine, system: str | None = None, read=input, write=N
             continue
         if not query:
             continue
-        if query.split(maxsplit=1)[0] == IMAGE_COMMAND:
-            write(attach_image(engine, query[len(IMAGE_COMMAND) :].strip(), attached, images) + "\n")
+        command = query.split(maxsplit=1)[0]
+        if command in COMMANDS:
+            write(attach(engine, COMMANDS[command], query[len(command) :].strip(), attached, items) + "\n")
             continue
         content = attached + [{"type": "text", "text": query}] if attached else query
         messages = (
@@ -56,7 +61,9 @@ def chat_loop(engine: ChatEngine, system: str | None = None, read=input, write=N
             + [{"role": "user", "content": content}]
         )
         try:
-            prompt_ids, media = engine.chat_inputs(messages, read_image=lambda part, where: images[part["path"]])
+            prompt_ids, media = engine.chat_inputs(
+                messages, read_media=lambda part, where: items[part["type"][: -len("_url")], part["path"]]
+            )
             params = engine.check_length(prompt_ids, engine.default_params())
         except InvalidRequest as error:
             write(f"(not sent: {error} Type `clear` to start a new conversation.)\n")
@@ -71,21 +78,38 @@ def chat_loop(engine: ChatEngine, system: str | None = None, read=input, write=N
         attached = []
 
 
-def attach_image(engine: ChatEngine, path: str, attached: list[dict], images: dict) -> str:
-    """Read the image at `path` (local files only) for the next message; what to tell the user."""
-    from lathe.llm.multimodal.images import open_image
-
-    refusal = engine.image_refusal()
+def attach(engine: ChatEngine, kind: str, path: str, attached: list[dict], items: dict) -> str:
+    """Read the `kind` file at `path` (local files only) for the next message; what to tell the user."""
+    refusal = engine.media_refusal(kind)
     if refusal is not None:
         return f"(not attached: {refusal})"
     try:
-        image = open_image(path, where="/image")
-        image.load()
+        item, described = read_local(kind, path)
     except Exception as error:  # noqa: BLE001 (a missing, remote or unreadable file: say so, keep chatting)
         return f"(not attached: {error})"
-    images[path] = image
-    attached.append({"type": "image_url", "path": path})
-    return f"(image {path} attached, {image.width}x{image.height}: it goes with your next message)"
+    items[kind, path] = item
+    attached.append({"type": f"{kind}_url", "path": path})
+    return f"({kind} {path} attached, {described}: it goes with your next message)"
+
+
+def read_local(kind: str, path: str) -> tuple[object, str]:
+    """(the image, or the video's / audio's bytes, a few words on it) of a local file; an error says why not."""
+    if kind == "image":
+        from lathe.llm.multimodal.images import open_image
+
+        image = open_image(path, where="/image")
+        image.load()
+        return image, f"{image.width}x{image.height}"
+    import os
+
+    from lathe.llm.inference.image_urls import probe_stream
+
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"/{kind}: {path!r} not found")
+    with open(path, "rb") as handle:
+        data = handle.read()
+    width, height = probe_stream(data, kind, f"/{kind}", repr(path))
+    return data, f"{width}x{height}" if kind == "video" else f"{len(data)} bytes"
 
 
 @contextlib.contextmanager

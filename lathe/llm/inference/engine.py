@@ -20,7 +20,7 @@ import threading
 from dataclasses import dataclass
 
 from lathe.llm.inference.generation import BatchGenerator, SamplingParams, Sequence
-from lathe.llm.multimodal.images import IMAGE_PLACEHOLDER
+from lathe.llm.multimodal.images import AUDIO_PLACEHOLDER, IMAGE_PLACEHOLDER, VIDEO_PLACEHOLDER
 
 logger = logging.getLogger(__name__)
 
@@ -35,26 +35,34 @@ class InvalidRequest(ValueError):
         self.param, self.code = param, code
 
 
-def message_text(content, where: str, images: list | None = None) -> str:
-    """The text of a message's content. With `images` (a list), each `image_url` part becomes an `<image>`
-    placeholder and (its place, the part) is appended to `images`; without, image parts are refused."""
+# OpenAI-style media content parts (LLaMA-Factory's api/protocol.py types) -> the kind and its placeholder
+MEDIA_PARTS = {"image_url": ("image", IMAGE_PLACEHOLDER), "video_url": ("video", VIDEO_PLACEHOLDER)}
+MEDIA_PARTS["audio_url"] = ("audio", AUDIO_PLACEHOLDER)
+PLURALS = {"image": "images", "video": "videos", "audio": "audio"}
+
+
+def message_text(content, where: str, media: list | None = None) -> str:
+    """The text of a message's content. With `media` (a list), each `image_url` / `video_url` / `audio_url` part
+    becomes its `<image>` / `<video>` / `<audio>` placeholder and (its place, the part) is appended to `media`;
+    without, media parts are refused."""
     if isinstance(content, str):
         return content
     if isinstance(content, list):
         parts = []
         for index, part in enumerate(content):
-            if images is not None and isinstance(part, dict) and part.get("type") == "image_url":
-                images.append((f"{where}.content[{index}]", part))
-                parts.append(IMAGE_PLACEHOLDER)
+            kind = part.get("type") if isinstance(part, dict) else None
+            if media is not None and kind in MEDIA_PARTS:
+                media.append((f"{where}.content[{index}]", part))
+                parts.append(MEDIA_PARTS[kind][1])
                 continue
             if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
                 kinds = "a text part ({'type': 'text', 'text': ...})"
                 raise InvalidRequest(
                     f"{where}.content[{index}] must be "
                     + (
-                        f"{kinds} or an image_url part."
-                        if images is not None
-                        else f"{kinds}; images are not supported."
+                        f"{kinds} or an image_url, video_url or audio_url part."
+                        if media is not None
+                        else f"{kinds}; images, videos and audio are not supported."
                     ),
                     param=f"{where}.content",
                 )
@@ -65,8 +73,8 @@ def message_text(content, where: str, images: list | None = None) -> str:
     raise InvalidRequest(f"{where}.content must be a string or a list of content parts.", param=f"{where}.content")
 
 
-def to_template_messages(messages, images: list | None = None) -> tuple[list[dict], str | None]:
-    """OpenAI messages -> (the template's turns, the system text); image parts go to `images` (message_text)."""
+def to_template_messages(messages, media: list | None = None) -> tuple[list[dict], str | None]:
+    """OpenAI messages -> (the template's turns, the system text); media parts go to `media` (message_text)."""
     if not isinstance(messages, list) or not messages:
         raise InvalidRequest("messages must be a non-empty list.", param="messages")
     system, turns = None, []
@@ -77,7 +85,7 @@ def to_template_messages(messages, images: list | None = None) -> tuple[list[dic
         role = message.get("role")
         if role not in ROLE_NAMES:
             raise InvalidRequest(f"{where}.role {role!r} is not one of {', '.join(ROLE_NAMES)}.", param=f"{where}.role")
-        text = message_text(message.get("content"), where, images if role == "user" else None)
+        text = message_text(message.get("content"), where, media if role == "user" else None)
         if role == "system":
             if turns:
                 raise InvalidRequest(f"{where}: a system message must come before the conversation.", param=where)
@@ -161,23 +169,27 @@ class ChatEngine:
 
     # ---- prompts ----------------------------------------------------------------------------------
     def chat_prompt(self, messages, tools=None) -> list[int]:
-        """The prompt of a text conversation (image parts are refused: chat_inputs takes them)."""
+        """The prompt of a text conversation (media parts are refused: chat_inputs takes them)."""
         return self.chat_inputs(messages, tools)[0]
 
-    def chat_inputs(self, messages, tools=None, read_image=None) -> tuple[list[int], dict]:
-        """(prompt ids, the images' tensors) of a conversation. With `read_image(part, where)` (which returns
-        an image), the user messages' `image_url` parts are read and encoded as training encodes images."""
+    def chat_inputs(self, messages, tools=None, read_media=None) -> tuple[list[int], dict]:
+        """(prompt ids, the media's tensors) of a conversation. With `read_media(part, where)` (which returns the
+        part's image, video or audio), the user messages' `image_url` / `video_url` / `audio_url` parts are read and
+        encoded as training encodes them."""
         from lathe.llm.templates.tools import InvalidMessage
 
-        parts = [] if read_image is not None else None
+        parts = [] if read_media is not None else None
         turns, system = to_template_messages(messages, parts)
         media = {}
         if parts:
-            refusal = self.image_refusal()
-            if refusal is not None:
-                raise InvalidRequest(refusal, param=parts[0][0])
-            images = [read_image(part, where) for where, part in parts]
-            turns, media = self.encode_images(turns, images)
+            items: dict[str, list] = {}
+            for where, part in parts:
+                kind = MEDIA_PARTS[part["type"]][0]
+                refusal = self.media_refusal(kind)
+                if refusal is not None:
+                    raise InvalidRequest(refusal, param=where)
+                items.setdefault(kind, []).append(read_media(part, where))
+            turns, media = self.encode_media(turns, items)
         tools_text = json.dumps(tools, ensure_ascii=False) if tools else None
         try:
             prompt_ids, _ = self.template.encode_oneturn(
@@ -191,13 +203,19 @@ class ChatEngine:
 
     def image_refusal(self) -> str | None:
         """Why this model takes no images, or None."""
-        if self.image_encoder is None:
-            return "This model takes no images."
-        return self.image_encoder.refusal
+        return self.media_refusal("image")
 
-    def encode_images(self, turns: list[dict], images: list) -> tuple[list[dict], dict]:
+    def media_refusal(self, kind: str) -> str | None:
+        """Why this model takes no `kind` ("image", "video", "audio") input, or None."""
+        if self.image_encoder is None:
+            return f"This model takes no {PLURALS[kind]}."
+        return self.image_encoder.refusal_of(kind)
+
+    def encode_media(self, turns: list[dict], items: dict[str, list]) -> tuple[list[dict], dict]:
         try:
-            return self.image_encoder.encode(turns, images)
+            return self.image_encoder.encode(
+                turns, items.get("image", []), videos=items.get("video", []), audios=items.get("audio", [])
+            )
         except ValueError as error:
             raise InvalidRequest(str(error), param="messages") from None
 

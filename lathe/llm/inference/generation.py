@@ -46,15 +46,15 @@ class Sequence:
     sent: int = 0  # characters of `text` already passed to on_text
     finish_reason: str | None = None  # stop (a stop token or string) or length (max_new_tokens)
     completion_tokens: int = 0  # tokens the model produced, a final stop token included
-    media: dict | None = None  # the images' tensors (pixel_values, image_grid_thw) for the prompt's vision tokens
+    media: dict | None = None  # the media's tensors (pixel_values, image_grid_thw, ...) for the prompt's media tokens
 
     @property
     def done(self) -> bool:
         return self.finish_reason is not None
 
 
-# image tensors that join across rows in row order (the model matches them to its vision tokens in order)
-JOINABLE = frozenset({"pixel_values", "image_grid_thw"})
+# image and video tensors that join across rows in row order (the model matches them to its vision tokens in order)
+JOINABLE = frozenset({"pixel_values", "image_grid_thw", "pixel_values_videos", "video_grid_thw", "second_per_grid_ts"})
 
 
 class BatchGenerator:
@@ -89,7 +89,8 @@ class BatchGenerator:
 
             if rope_index_function(self.model) is not None:
                 # 3-D (mrope) positions, as training gives them; then each new token one further on every axis
-                position_ids, _ = rope_positions(self.model, input_ids, attention_mask, media.get("image_grid_thw"))
+                grids = (media.get(key) for key in ("image_grid_thw", "video_grid_thw", "second_per_grid_ts"))
+                position_ids, _ = rope_positions(self.model, input_ids, attention_mask, *grids)
         cache, steps = None, max(seq.params.max_new_tokens for seq in sequences)
         with torch.inference_mode():
             for _ in range(steps):
@@ -189,7 +190,8 @@ class BatchGenerator:
         import torch
 
         rows = [seq.media for seq in sequences if seq.media]
-        joined = {key: torch.cat([row[key] for row in rows]).to(device) for key in (rows[0] if rows else {})}
+        keys = dict.fromkeys(key for row in rows for key in row)  # an image row and a video row carry other keys
+        joined = {key: torch.cat([row[key] for row in rows if key in row]).to(device) for key in keys}
         return {key: value.to(dtype) if value.is_floating_point() else value for key, value in joined.items()}
 
     def _left_pad(self, rows: list[list[int]], device):

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 from lathe.llm.inference.engine import InvalidRequest
 from lathe.llm.inference.generation import SamplingParams
-from lathe.llm.inference.image_urls import ImageRules, read_image_url
+from lathe.llm.inference.image_urls import ImageRules, read_audio_url, read_image_url, read_video_url
 
 MAX_STOP_STRINGS = 4  # OpenAI's limit
 JSON_STRING = re.compile(rb'"(?:[^"\\]|\\.)*+"', re.DOTALL)  # a JSON string literal, escapes included
@@ -21,7 +21,7 @@ class Limits:
     max_n: int = 8  # choices per request
     max_body_bytes: int = 1_000_000
     max_json_depth: int = 64  # nesting of objects and lists; OpenAI bodies, tool schemas included, need far fewer
-    images: ImageRules = field(default_factory=ImageRules)  # which image_url parts are read, and how large
+    images: ImageRules = field(default_factory=ImageRules)  # which image / video / audio parts are read, how large
 
 
 def parse_body(raw: bytes, limits: Limits):
@@ -181,22 +181,28 @@ def parse_chat(body: dict, engine, limits: Limits) -> tuple[list[int], ParsedReq
         raise InvalidRequest("stream: true with tools is not supported: ask without streaming.", param="stream")
     parsed.with_tools = bool(functions)
     prompt_ids, parsed.media = engine.chat_inputs(
-        body.get("messages"), tools=functions or None, read_image=_image_reader(limits.images)
+        body.get("messages"), tools=functions or None, read_media=media_reader(limits.images)
     )
     engine.check_length(prompt_ids, parsed.params)
     return prompt_ids, parsed
 
 
-def _image_reader(rules: ImageRules):
-    """read_image for engine.chat_inputs: each image_url part read under `rules`, at most max_images of them."""
-    count = 0
+def media_reader(rules: ImageRules):
+    """read_media for engine.chat_inputs: each image_url / video_url / audio_url part read under `rules`, at most
+    max_images / max_videos / max_audios of each kind per request."""
+    kinds = {
+        "image_url": ("images", rules.max_images, read_image_url),
+        "video_url": ("videos", rules.max_videos, read_video_url),
+        "audio_url": ("audio files", rules.max_audios, read_audio_url),
+    }
+    counts = dict.fromkeys(kinds, 0)
 
     def read(part, where: str):
-        nonlocal count
-        count += 1
-        if count > rules.max_images:
-            raise InvalidRequest(f"{where}: at most {rules.max_images} images per request.", param=where)
-        return read_image_url(part, rules, where)
+        noun, limit, reader = kinds[part["type"]]
+        counts[part["type"]] += 1
+        if counts[part["type"]] > limit:
+            raise InvalidRequest(f"{where}: at most {limit} {noun} per request.", param=where)
+        return reader(part, rules, where)
 
     return read
 

@@ -1,8 +1,9 @@
-"""Images for a served model (lathe chat, lathe api, lathe export): the model folder's image processor, and a
-conversation with images encoded exactly as training encodes it (the family's pixel budget, `<image>` expanded
-to its vision tokens, the processor's tensors), or the one-line reason this model takes no images. Qwen2-VL /
-Qwen3-VL use their module's functions; the other image families their training FamilyPlugin (the same
-process_messages, image prefix and batch_inputs the data pipeline and collator call)."""
+"""Images, videos and audio for a served model (lathe chat, lathe api, lathe export): the model folder's
+processor, and a conversation with its media encoded exactly as training encodes it (the family's pixel budget,
+`<image>` / `<video>` / `<audio>` expanded to the family's tokens, the processor's tensors), or the one-line reason
+this model takes no such input. Qwen2-VL / Qwen3-VL images use their module's functions; videos and audio, and
+the other families' images, the training FamilyPlugin (the same regularize, process_messages, prefix and
+batch_inputs the data pipeline and collator call: frames sampled as LLaMA-Factory samples them)."""
 
 from __future__ import annotations
 
@@ -10,9 +11,11 @@ import logging
 from dataclasses import dataclass, field
 
 from lathe.llm.multimodal.images import (
+    AUDIO_PLACEHOLDER,
     DEFAULT_IMAGE_MAX_PIXELS,
     DEFAULT_IMAGE_MIN_PIXELS,
     IMAGE_PLACEHOLDER,
+    VIDEO_PLACEHOLDER,
     check_placeholders,
 )
 
@@ -24,10 +27,16 @@ SERVING_FUNCTIONS = ("image_inputs", "expand_placeholders")
 PROCESSOR_FILES = ("processor_config.json", "video_preprocessor_config.json")
 
 
+# Tensors generation computes itself for the whole batch (3-D rotary positions): never passed from one row.
+POSITION_KEYS = ("position_ids", "rope_deltas")
+
+
 @dataclass
 class ImageEncoder:
-    """Encodes a conversation's images as training does. `refusal` is set (and nothing else used) when the model
-    takes no images: a text-only model, a family lathe cannot encode yet, or no image processor in the folder."""
+    """Encodes a conversation's media as training does. `refusal` is set when the model takes no images (a
+    text-only model, a family lathe cannot encode yet, no image processor in the folder, an audio family); videos
+    and audio go through `plugin` (or, for the Qwen families whose images use their module's functions,
+    `media_plugin`), and `media_refusal` says why there is none."""
 
     family: object = None
     image_processor: object = None
@@ -36,11 +45,27 @@ class ImageEncoder:
     refusal: str | None = None
     names: dict = field(default_factory=dict)  # what the refusal names: the model and template
     plugin: object = None  # the training FamilyPlugin (families beside Qwen2-VL): it encodes, `family` is unused
+    media_plugin: object = None  # the Qwen families' FamilyPlugin, for their videos
+    media_refusal: str | None = None  # why neither plugin is there (videos and audio are then refused)
 
-    def encode(self, turns: list[dict], images: list) -> tuple[list[dict], dict]:
+    def refusal_of(self, kind: str) -> str | None:
+        """Why `kind` ("image", "video", "audio") input is refused, or None."""
+        if kind == "image":
+            return self.refusal
+        plugin = self.plugin or self.media_plugin
+        if plugin is None:
+            return self.media_refusal or self.refusal or f"This model takes no {kind} input."
+        if kind not in plugin.kinds:
+            return f"the {plugin.name} family takes no {kind} input."
+        return None  # (a video processor missing torchvision is named when the video is encoded)
+
+    def encode(self, turns: list[dict], images: list, videos=(), audios=()) -> tuple[list[dict], dict]:
         """(turns with each `<image>` expanded, the processor's tensors). Images go where their `<image>`
         placeholders are; with no placeholder at all they go before the text of the first turn, as LLaMA-Factory's
-        chat engine puts them. A ValueError says what does not fit (the refusal, the placeholder count)."""
+        chat engine puts them (videos and audio likewise: `<audio>`, `<video>`, `<image>` in that order). A
+        ValueError says what does not fit (the refusal, the placeholder count)."""
+        if videos or audios:
+            return self._encode_media(turns, {"image": list(images), "video": list(videos), "audio": list(audios)})
         if not images:
             return turns, {}
         if self.refusal is not None:
@@ -60,18 +85,47 @@ class ImageEncoder:
         expanded = self.family.expand_placeholders(turns, media["image_grid_thw"], self.image_processor.merge_size)
         return expanded, media
 
+    def _encode_media(self, turns: list[dict], items: dict[str, list]) -> tuple[list[dict], dict]:
+        """A conversation with videos or audio (and maybe images), through the family's training plugin."""
+        from lathe.llm.multimodal.encode import EXPANDED
+
+        for kind, values in items.items():
+            refusal = self.refusal_of(kind) if values else None
+            if refusal is not None:
+                raise ValueError(refusal)
+        plugin = self.plugin or self.media_plugin
+        turns = [dict(turn) for turn in turns]
+        for kind, placeholder in (
+            ("image", IMAGE_PLACEHOLDER),
+            ("video", VIDEO_PLACEHOLDER),
+            ("audio", AUDIO_PLACEHOLDER),
+        ):
+            if items[kind] and not any(placeholder in turn["content"] for turn in turns):
+                turns[0]["content"] = placeholder * len(items[kind]) + turns[0]["content"]
+        check_placeholders(turns, {kind: len(values) for kind, values in items.items()}, "the conversation")
+        media = {kind: plugin.regularize(kind, values, "the conversation") for kind, values in items.items() if values}
+        return [{**turn, EXPANDED: True} for turn in plugin.process_messages(turns, media)], media
+
     def finish(self, prompt_ids: list[int], media: dict, model=None) -> tuple[list[int], dict]:
-        """(the prompt ids, the model's image tensors) of a prompt the template encoded from encode's turns: a
+        """(the prompt ids, the model's media tensors) of a prompt the template encoded from encode's turns: a
         plugin family's image prefix (PaliGemma) added and its collator tensors for the one row (pixel_values,
-        image_sizes, token_type_ids, cross_attention_mask, ...), as training collates a batch of it alone."""
-        if self.plugin is None or not media:
+        image_sizes, token_type_ids, cross_attention_mask, pixel_values_videos, input_features, ...), as training
+        collates a batch of it alone; the 3-D positions are left to generation, which computes them per batch."""
+        plugin = self.plugin
+        if plugin is None and any(kind in media for kind in ("image", "video", "audio")):
+            plugin = self.media_plugin  # a Qwen family's videos (its images alone come as tensors already)
+        if plugin is None or not media:
             return prompt_ids, media
         import torch
 
-        prompt_ids, _ = self.plugin.process_token_ids(list(prompt_ids), None, media)
+        prompt_ids, _ = plugin.process_token_ids(list(prompt_ids), None, media)
         batch = {"input_ids": torch.tensor([prompt_ids]), "attention_mask": torch.ones(1, len(prompt_ids))}
-        inputs = self.plugin.batch_inputs([media], batch, model, [prompt_ids])
-        return prompt_ids, {key: torch.as_tensor(value) for key, value in inputs.items()}
+        inputs = plugin.batch_inputs([media], batch, model, [prompt_ids])
+        return prompt_ids, {
+            key: torch.as_tensor(value)
+            for key, value in inputs.items()
+            if key not in POSITION_KEYS and value is not None
+        }
 
 
 def load_image_encoder(config, model, template, tokenizer=None) -> ImageEncoder:
@@ -97,24 +151,51 @@ def load_image_encoder(config, model, template, tokenizer=None) -> ImageEncoder:
         image_processor = load_image_processor(config.model)
     except OSError as error:
         return ImageEncoder(refusal=f"{name} has no image processor, so it takes no images here: {error}")
+    try:
+        media_plugin, media_refusal = _media_plugin(config, template, tokenizer)
+    except Exception as error:  # noqa: BLE001 (videos are refused in one line; the images above still serve)
+        media_plugin, media_refusal = None, f"{name}: it takes no videos here: {type(error).__name__}: {error}"
     return ImageEncoder(
         family,
         image_processor,
         _config_value(config, "image_max_pixels", DEFAULT_IMAGE_MAX_PIXELS),
         _config_value(config, "image_min_pixels", DEFAULT_IMAGE_MIN_PIXELS),
+        media_plugin=media_plugin,
+        media_refusal=media_refusal,
     )
 
 
 def _plugin_encoder(config, template, tokenizer) -> ImageEncoder:
     """The encoder of a family served through its training FamilyPlugin, with the model folder's processor and
     the run's media keys; the family's own refusal (no image input, a missing package) otherwise."""
+    from lathe.llm.multimodal.base import FamilyPlugin
+
+    plugin, refusal = _media_plugin(config, template, tokenizer)
+    if plugin is None:
+        return ImageEncoder(refusal=refusal, media_refusal=refusal)
+    if type(plugin).finish_batch is not FamilyPlugin.finish_batch:  # the decoder passes batch_inputs as they are
+        refusal = (
+            f"template {template.name!r}: the {plugin.name} family's model takes its batch in its own form "
+            "(MiniCPM-V's `data` dict) and generates with its own code; lathe's decoder sends it no images."
+        )
+        return ImageEncoder(refusal=refusal, media_refusal=refusal)
+    image_processor = getattr(plugin.processor, "image_processor", None)
+    if "image" not in plugin.kinds:  # an audio family: its audio is served, images are refused
+        refusal = f"template {template.name!r}: the {plugin.name} family takes no images."
+        return ImageEncoder(refusal=refusal, plugin=plugin)
+    return ImageEncoder(refusal=None, plugin=plugin, image_processor=image_processor)
+
+
+def _media_plugin(config, template, tokenizer):
+    """(the family's training FamilyPlugin with the model folder's processor and the run's media keys, None) or
+    (None, the one-line reason there is none: a missing package, no processor, ...)."""
     from lathe.llm.hub import model_folder
-    from lathe.llm.multimodal.base import FamilyPlugin, MediaSettings
+    from lathe.llm.multimodal.base import MediaSettings
     from lathe.llm.multimodal.encode import load_processor
     from lathe.llm.multimodal.plugins import get_plugin
 
     if tokenizer is None:
-        return ImageEncoder(refusal=f"template {template.name!r}: images need the served tokenizer.")
+        return None, f"template {template.name!r}: media input needs the served tokenizer."
     defaults = MediaSettings()
     settings = MediaSettings(
         **{key: _config_value(config, key, value) for key, value in vars(defaults).items()}  # as training read them
@@ -122,17 +203,9 @@ def _plugin_encoder(config, template, tokenizer) -> ImageEncoder:
     try:
         use_fast, trust = (_config_value(config, key, default) for key, default in FOLDER_KEYS)
         processor = load_processor(model_folder(config.model), use_fast, trust)
-        plugin = get_plugin(template, processor, tokenizer, settings)
+        return get_plugin(template, processor, tokenizer, settings), None
     except ValueError as error:
-        return ImageEncoder(refusal=f"{config.model.model_name_or_path}: it takes no images here: {error}")
-    if type(plugin).finish_batch is not FamilyPlugin.finish_batch:  # the decoder passes batch_inputs as they are
-        return ImageEncoder(
-            refusal=f"template {template.name!r}: the {plugin.name} family's model takes its batch in its own form "
-            "(MiniCPM-V's `data` dict) and generates with its own code; lathe's decoder sends it no images."
-        )
-    if "image" not in plugin.kinds:
-        return ImageEncoder(refusal=f"template {template.name!r}: the {plugin.name} family takes no images.")
-    return ImageEncoder(refusal=None, plugin=plugin, image_processor=getattr(processor, "image_processor", None))
+        return None, f"{config.model.model_name_or_path}: it takes no images here: {error}"
 
 
 FOLDER_KEYS = (("use_fast_tokenizer", True), ("trust_remote_code", False))  # how the model folder's processor loads

@@ -101,6 +101,13 @@ class FamilyPlugin:
     options: ClassVar[tuple[str, ...]] = ()  # family-only settings it honours: image_do_pan_and_scan, ...
     missing: ClassVar[dict] = {}  # kind -> why lathe's family takes none (appended to the error)
     packs: ClassVar[bool] = False  # batch_inputs takes packed rows (position_ids restarting per example)
+    no_packing: ClassVar[str] = ""  # why a family that does not pack cannot (appended to its one-line error)
+
+    def check_packing(self, what: str) -> None:
+        """One line naming the family (and why) where packed rows cannot carry its media."""
+        if not self.packs:
+            why = self.no_packing or "its tensors are not split per packed example"
+            raise ValueError(f"{what}: lathe's {self.name} family does not pack: {why} (set packing: false)")
 
     def check_settings(self) -> None:
         """One line for a setting this family does not have (LLaMA-Factory ignores them silently)."""

@@ -83,8 +83,8 @@ class MultimodalCollator:
     def __call__(self, features: list[Mapping[str, Any]]) -> dict[str, Any]:
         features = [dict(feature) for feature in features]
         packed = "position_ids" in features[0]
-        if packed and not self.plugin.packs:
-            raise ValueError(f"packed rows with media: lathe's {self.plugin.name} family does not pack yet")
+        if packed:
+            self.plugin.check_packing("packed rows with media")
         media_rows = [self.media_of(feature) for feature in features]
         self.add_stand_in(features, media_rows)
         row_ids = [list(feature["input_ids"]) for feature in features]

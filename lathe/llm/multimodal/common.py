@@ -151,6 +151,9 @@ class ModulePlugin(FamilyPlugin):
         cls.whole_model_types = getattr(module, "WHOLE_MODEL_TYPES", ())
 
     requires: ClassVar[tuple[str, str] | None] = None  # (package, what needs it): checked when the run's plugin is made
+    # Packed rows: media_inputs reads each packed row's ids as LLaMA-Factory's get_mm_inputs reads them (token types
+    # by token, cross_attention_mask from the image tokens, pixels in row order), so the rows' tensors are its own.
+    packs = True
 
     def check_settings(self) -> None:
         super().check_settings()

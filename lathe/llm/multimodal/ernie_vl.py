@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from lathe.llm.multimodal.base import FamilyPlugin
 from lathe.llm.multimodal.common import media_cut_reason, media_token_counts
 from lathe.llm.multimodal.images import IMAGE_PLACEHOLDER, fit_pixels
-from lathe.llm.multimodal.qwen2_vl import STAND_IN_COLOR, STAND_IN_SIZE, Qwen2VLPlugin, rope_positions
+from lathe.llm.multimodal.qwen2_vl import STAND_IN_COLOR, STAND_IN_SIZE, Qwen2VLPlugin
 
 START, END, IMAGE_TOKEN = "<|IMAGE_START|>", "<|IMAGE_END|>", "<|IMAGE_PLACEHOLDER|>"
 
@@ -61,17 +61,11 @@ class ErnieVLPlugin(Qwen2VLPlugin):
         return media_cut_reason(input_ids, media_token_counts(expanded, (IMAGE_TOKEN, END)), self.tokenizer)
 
     def batch_inputs(self, media_rows: list[dict], batch: dict, model, row_ids=None) -> dict:
-        import torch
 
         images = [image for row in media_rows for image in row.get("image") or []]
         inputs = dict(self.image_processor(images, return_tensors="pt")) if images else {}
         self._check_tokens(batch["input_ids"], inputs.get("image_grid_thw"), IMAGE_TOKEN, "image")
-        positions, rope_deltas = rope_positions(
-            model, batch["input_ids"], batch["attention_mask"], inputs.get("image_grid_thw")
-        )
-        inputs["position_ids"] = torch.cat([positions[:1], positions], dim=0)
-        inputs["rope_deltas"] = rope_deltas
-        return inputs
+        return {**inputs, **self.mrope_inputs(model, batch, inputs, IMAGE_TOKEN)}
 
     def stand_in(self) -> dict:
         from PIL import Image

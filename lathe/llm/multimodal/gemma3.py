@@ -66,3 +66,8 @@ class Gemma3Plugin(ModulePlugin):
 
     name = "gemma3"
     options = ("image_do_pan_and_scan",)
+    packs = False
+    no_packing = (
+        "its image tokens attend to each other both ways (token_type_ids), which the packed rows' 4-D mask does not "
+        "hold (LLaMA-Factory 0.9.5's neat packing fails in the model: IndexError, too many indices)"
+    )

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from lathe.llm.multimodal.base import Composite
 from lathe.llm.multimodal.common import media_cut_reason, media_token_counts
 from lathe.llm.multimodal.images import IMAGE_PLACEHOLDER
-from lathe.llm.multimodal.qwen2_vl import LANGUAGE_MODEL_KEYS, LORA_CONFLICT_KEYS, Qwen2VLPlugin, rope_positions
+from lathe.llm.multimodal.qwen2_vl import LANGUAGE_MODEL_KEYS, LORA_CONFLICT_KEYS, Qwen2VLPlugin
 
 BEGIN_IMAGE, END_IMAGE, IMAGE_TOKEN = "<|begin_of_image|>", "<|end_of_image|>", "<|image|>"
 GLM4V = Composite(("visual.patch_embed", "visual.blocks"), ("visual.merger",), LANGUAGE_MODEL_KEYS, LORA_CONFLICT_KEYS)
@@ -64,14 +64,8 @@ class Glm4vPlugin(Qwen2VLPlugin):
     def batch_inputs(self, media_rows: list[dict], batch: dict, model, row_ids=None) -> dict:
         """pixel_values and image_grid_thw of the batch's images; position_ids (text row, then mrope's three) and
         rope_deltas from the model's get_rope_index, as LLaMA-Factory's collator computes them."""
-        import torch
 
         images = [image for row in media_rows for image in row.get("image") or []]
         inputs = dict(self.image_processor(images, return_tensors="pt")) if images else {}
         self._check_tokens(batch["input_ids"], inputs.get("image_grid_thw"), IMAGE_TOKEN, "image")
-        positions, rope_deltas = rope_positions(
-            model, batch["input_ids"], batch["attention_mask"], inputs.get("image_grid_thw")
-        )
-        inputs["position_ids"] = torch.cat([positions[:1], positions], dim=0)
-        inputs["rope_deltas"] = rope_deltas
-        return inputs
+        return {**inputs, **self.mrope_inputs(model, batch, inputs, IMAGE_TOKEN)}

@@ -44,4 +44,3 @@ class LlavaPlugin(ModulePlugin):
     """LLaMA-Factory's LLaVA-1.5 plugin: the functions above as the pipeline's FamilyPlugin steps."""
 
     name = "llava"
-    packs = True  # its tensors do not depend on where the tokens sit: packed rows keep the 4-D mask

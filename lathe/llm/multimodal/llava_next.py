@@ -47,4 +47,3 @@ class LlavaNextPlugin(ModulePlugin):
     """LLaMA-Factory's LLaVA-NeXT plugin: the functions above as the pipeline's FamilyPlugin steps."""
 
     name = "llava_next"
-    packs = True  # its tensors do not depend on where the tokens sit: packed rows keep the 4-D mask

@@ -54,41 +54,33 @@ def rope_positions(model, input_ids, attention_mask, image_grid_thw=None, video_
     return get_rope_index(**kwargs)
 
 
-def packed_rope_positions(model, input_ids, example_positions, inputs: dict, token_ids: list[int], merge_length: int):
-    """mrope positions (3, batch, length) of packed rows: get_rope_index on each example alone (an example starts
-    where `example_positions` is 0; the collator's padding is one more), given the grids of the images and
-    videos in it, taken in order: LLaMA-Factory's neat packing (`_compute_rope_position_ids_with_packing`).
-    token_ids: the image and the video token's ids; merge_length: vision tokens per merged patch group."""
+def packed_rope_positions(input_ids, example_positions, queues: dict, rope):
+    """mrope positions (3, batch, length) of packed rows: each example alone (an example starts where
+    `example_positions` is 0; the collator's padding is one more), as LLaMA-Factory's neat packing does
+    (`_compute_rope_position_ids_with_packing`). queues: a media token id -> how many of it each item of that kind
+    holds, in the batch's order; rope(ids, spans) gives the positions (3, 1, n) of one example's ids, spans: token id
+    -> (first, end) indexes of the example's items in its queue."""
     import torch
 
-    queues = {
-        token: [int(item.prod()) // merge_length for item in grid] if grid is not None else []
-        for token, grid in zip(token_ids, (inputs.get("image_grid_thw"), inputs.get("video_grid_thw")))
-    }
-    taken = dict.fromkeys(token_ids, 0)
+    taken = dict.fromkeys(queues, 0)
     rows = []
     for row in range(input_ids.shape[0]):
         starts = torch.nonzero(example_positions[row] == 0).flatten().tolist() + [input_ids.shape[-1]]
         pieces = []
         for start, end in zip(starts[:-1], starts[1:]):
             ids = input_ids[row : row + 1, start:end]
-            span = {}  # token -> (first, last) index into its grid of this example's items
-            for token in token_ids:
+            spans = {}
+            for token, counts in queues.items():
                 first, tokens = taken[token], int((ids == token).sum())
                 while tokens > 0:
-                    tokens -= queues[token][taken[token]]
+                    tokens -= counts[taken[token]]
                     taken[token] += 1
-                span[token] = (first, taken[token])
-            image, video = (span[token] for token in token_ids)
-            seconds = inputs.get("second_per_grid_ts")
-            positions, _ = rope_positions(
-                model,
-                ids,
-                torch.ones_like(ids),
-                inputs["image_grid_thw"][image[0] : image[1]] if image[1] > image[0] else None,
-                inputs["video_grid_thw"][video[0] : video[1]] if video[1] > video[0] else None,
-                seconds[video[0] : video[1]] if seconds is not None and video[1] > video[0] else None,
-            )
-            pieces.append(positions)
+                spans[token] = (first, taken[token])
+            pieces.append(rope(ids, spans))
         rows.append(torch.cat(pieces, dim=-1))
     return torch.cat(rows, dim=1)
+
+
+def sliced(values, span: tuple[int, int]):
+    """values[first:end] of a span, or None where the example holds none of them (get_rope_index's "no media")."""
+    return values[span[0] : span[1]] if values is not None and span[1] > span[0] else None

@@ -46,3 +46,8 @@ class Qwen2AudioPlugin(ModulePlugin):
     """LLaMA-Factory's Qwen2-Audio plugin: the functions above as the pipeline's FamilyPlugin steps."""
 
     name = "qwen2_audio"
+    packs = False
+    no_packing = (
+        "transformers' Qwen2-Audio picks the audio positions with a 2-D attention mask and packed rows keep a 4-D "
+        "one (LLaMA-Factory 0.9.5's neat packing fails there too: IndexError, too many indices)"
+    )

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from lathe.llm.multimodal.base import PLACEHOLDERS, Composite
 from lathe.llm.multimodal.common import audio_processor_inputs, media_cut_reason, media_token_counts
 from lathe.llm.multimodal.images import AUDIO_PLACEHOLDER, IMAGE_PLACEHOLDER, VIDEO_PLACEHOLDER
-from lathe.llm.multimodal.mrope import rope_index_function
+from lathe.llm.multimodal.mrope import packed_rope_positions, rope_index_function, sliced
 from lathe.llm.multimodal.qwen2_vl import LORA_CONFLICT_KEYS, Qwen2VLPlugin
 from lathe.llm.multimodal.qwen3_vl import QWEN3_VL
 from lathe.llm.multimodal.video import check_torchvision
@@ -82,6 +82,9 @@ class Qwen2OmniPlugin(Qwen2VLPlugin):
 
     name = "qwen2_omni"
     kinds = ("image", "video", "audio")
+    # packed rows: each example's positions alone (its images, videos and audio), where LLaMA-Factory 0.9.5 refuses
+    # ("Omni models are not supported for packed sequences for now")
+    packs = True
     options = ("use_audio_in_video",)
     composites = {"qwen2_5_omni_thinker": QWEN2_5_OMNI, "qwen3_omni_moe_thinker": QWEN3_OMNI}
     tokens = {
@@ -222,10 +225,38 @@ class Qwen2OmniPlugin(Qwen2VLPlugin):
         inputs.update(audio_processor_inputs(audios, self.processor, self.settings))
         self._check_tokens(batch["input_ids"], inputs.get("image_grid_thw"), self.tokens["image"], "image")
         self._check_tokens(batch["input_ids"], inputs.get("video_grid_thw"), self.tokens["video"], "video")
+        if "position_ids" in batch:  # packed rows: positions per example, no rope_deltas (as Qwen2-VL's)
+            positions = self._packed_positions(model, batch, inputs)
+            inputs["position_ids"] = torch.cat([positions[:1], positions], dim=0)
+            return inputs
         positions, rope_deltas = self._rope_positions(model, batch, inputs)
         inputs["position_ids"] = torch.cat([positions[:1], positions], dim=0)
         inputs["rope_deltas"] = rope_deltas
         return inputs
+
+    def _packed_positions(self, model, batch: dict, inputs: dict):
+        """The thinker's positions of each packed example alone, given its images, videos and audio (taken in order by
+        their tokens: an audio's tokens are its encoder frames, wherever use_audio_in_video interleaves them)."""
+        import torch
+
+        image, video, audio = self.tokenizer.convert_tokens_to_ids(
+            [self.tokens[k] for k in ("image", "video", "audio")]
+        )
+        queues = self.token_queues(inputs, {image: "image_grid_thw", video: "video_grid_thw"})
+        mask = inputs.get("feature_attention_mask")
+        qwen3 = QWEN3_PROCESSOR in processor_names(self.processor)
+        queues[audio] = [] if mask is None else audio_token_counts(mask.sum(-1).tolist(), qwen3)
+
+        def rope(ids, spans):
+            part = {
+                "image_grid_thw": sliced(inputs.get("image_grid_thw"), spans[image]),
+                "video_grid_thw": sliced(inputs.get("video_grid_thw"), spans[video]),
+                "video_second_per_grid": sliced(inputs.get("video_second_per_grid"), spans[video]),
+                "feature_attention_mask": sliced(mask, spans[audio]),
+            }
+            return self._rope_positions(model, {"input_ids": ids, "attention_mask": torch.ones_like(ids)}, part)[0]
+
+        return packed_rope_positions(batch["input_ids"], batch["position_ids"], queues, rope)
 
     def _rope_positions(self, model, batch: dict, inputs: dict):
         import torch

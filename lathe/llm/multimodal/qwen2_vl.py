@@ -28,7 +28,7 @@ from lathe.llm.multimodal.images import (
     media_cut_reason,
     open_image,
 )
-from lathe.llm.multimodal.mrope import packed_rope_positions, rope_positions
+from lathe.llm.multimodal.mrope import packed_rope_positions, rope_positions, sliced
 from lathe.llm.multimodal.video import check_torchvision, read_video
 
 VISION_START, VISION_END, IMAGE_TOKEN, VIDEO_TOKEN = (
@@ -280,7 +280,6 @@ class Qwen2VLPlugin(FamilyPlugin):
         return inputs
 
     def batch_inputs(self, media_rows: list[dict], batch: dict, model, row_ids=None) -> dict:
-        import torch
 
         images = [image for row in media_rows for image in row.get("image") or []]
         videos = [video for row in media_rows for video in row.get("video") or []]
@@ -290,14 +289,33 @@ class Qwen2VLPlugin(FamilyPlugin):
         self._check_tokens(batch["input_ids"], inputs.get("video_grid_thw"), VIDEO_TOKEN, "video")
         if model is None:  # generation: generate() computes the positions (LLaMA-Factory's collator has no model)
             return inputs
-        if "position_ids" in batch:  # packed rows: positions per example, no rope_deltas (LLaMA-Factory's neat packing)
-            merge_length = self.image_processor.merge_size**2
-            token_ids = self.tokenizer.convert_tokens_to_ids([IMAGE_TOKEN, VIDEO_TOKEN])
-            positions = packed_rope_positions(
-                model, batch["input_ids"], batch["position_ids"], inputs, token_ids, merge_length
+        return {**inputs, **self.mrope_inputs(model, batch, inputs, IMAGE_TOKEN, VIDEO_TOKEN)}
+
+    def mrope_inputs(self, model, batch: dict, inputs: dict, image_token: str, video_token: str | None = None) -> dict:
+        """position_ids (the text positions first, then mrope's three rows, as transformers reads them since issue
+        39400) and rope_deltas from the model's get_rope_index; packed rows (they carry position_ids): each example's
+        positions alone, no rope_deltas (LLaMA-Factory's neat packing)."""
+        import torch
+
+        if "position_ids" in batch:
+            image, video = (
+                -1 if token is None else self.tokenizer.convert_tokens_to_ids(token)
+                for token in (image_token, video_token)
             )
-            inputs["position_ids"] = torch.cat([positions[:1], positions], dim=0)
-            return inputs
+            queues = self.token_queues(inputs, {image: "image_grid_thw", video: "video_grid_thw"})
+            seconds = inputs.get("second_per_grid_ts")
+
+            def rope(ids, spans):
+                image_grid, video_grid = (
+                    sliced(inputs.get(key), spans[token])
+                    for token, key in ((image, "image_grid_thw"), (video, "video_grid_thw"))
+                )
+                return rope_positions(
+                    model, ids, torch.ones_like(ids), image_grid, video_grid, sliced(seconds, spans[video])
+                )[0]
+
+            positions = packed_rope_positions(batch["input_ids"], batch["position_ids"], queues, rope)
+            return {"position_ids": torch.cat([positions[:1], positions], dim=0)}
         positions, rope_deltas = rope_positions(
             model,
             batch["input_ids"],
@@ -306,10 +324,15 @@ class Qwen2VLPlugin(FamilyPlugin):
             inputs.get("video_grid_thw"),
             inputs.get("second_per_grid_ts"),
         )
-        # the text positions first, then mrope's three rows, as transformers reads them since issue 39400
-        inputs["position_ids"] = torch.cat([positions[:1], positions], dim=0)
-        inputs["rope_deltas"] = rope_deltas
-        return inputs
+        return {"position_ids": torch.cat([positions[:1], positions], dim=0), "rope_deltas": rope_deltas}
+
+    def token_queues(self, inputs: dict, grids: dict) -> dict:
+        """token id -> the vision tokens of each image / video of the batch (grids: token id -> its grid's key)."""
+        merge_length, queues = self.image_processor.merge_size**2, {}
+        for token, key in grids.items():
+            grid = inputs.get(key)
+            queues[token] = [] if grid is None else [int(item.prod()) // merge_length for item in grid]
+        return queues
 
     def _check_tokens(self, input_ids, grid, token: str = IMAGE_TOKEN, kind: str = "image") -> None:
         """The rows' media tokens must be the media's (a file changed since the rows were tokenized and cached, or

@@ -52,10 +52,12 @@ class ChatSession:
         return {"loaded": values, "template": self.engine.template.name}
 
     @staticmethod
-    def read_image(part, where: str):
-        from lathe.llm.inference.image_urls import ImageRules, read_image_url
+    def media_reader():
+        """read_media for one request: `lathe api`'s reader and bounds, no local paths from the browser."""
+        from lathe.llm.inference.image_urls import ImageRules
+        from lathe.llm.inference.requests import media_reader
 
-        return read_image_url(part, ImageRules(media_dir=None), where)
+        return media_reader(ImageRules(media_dir=None))
 
     def stream(self, messages: list, max_new_tokens=None, temperature=None):
         """The answer's text as it is decoded (the engine's worker thread fills a queue); the request is checked
@@ -68,9 +70,9 @@ class ChatSession:
         if not isinstance(messages, list) or not messages or len(messages) > MAX_MESSAGES:
             raise InvalidRequest(f"messages: expected 1 to {MAX_MESSAGES} messages.")
         limit = min(int(max_new_tokens or engine.generating.max_new_tokens or 256), MAX_NEW_TOKENS)
-        # images come as OpenAI `image_url` parts holding data URLs (the page reads the chosen file), read as
-        # `lathe api` reads them; no local paths from the browser (media_dir None)
-        prompt_ids, media = engine.chat_inputs(messages, read_image=self.read_image)
+        # images, videos and audio come as `image_url` / `video_url` / `audio_url` parts holding data URLs (the page
+        # reads the chosen file), read as `lathe api` reads them; no local paths from the browser (media_dir None)
+        prompt_ids, media = engine.chat_inputs(messages, read_media=self.media_reader())
         params = engine.check_length(
             prompt_ids,
             engine.default_params(

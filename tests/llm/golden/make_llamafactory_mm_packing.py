@@ -1,7 +1,8 @@
 """Regenerate LLaMA-Factory's packed Qwen2-VL image rows that tests/llm/test_multimodal_packing.py compares lathe
 against.
 
-    python tests/llm/golden/make_llamafactory_mm_packing.py [--python bench/.venv-lf/bin/python]
+    python tests/llm/golden/make_llamafactory_mm_packing.py [--python bench/.venv-lf/bin/python] [--families]
+    (the families' cases were made with --stubs /work/main/bench/lf_stubs and --pillow bench/.cache/pillow12)
 
 Runs this same file in LLaMA-Factory's environment (`--worker`, where lathe is not imported). The image rows of
 make_llamafactory_qwen2vl.py (its images, tokenizer, image processor and tiny random Qwen2-VL; a larger pixel budget) go through
@@ -21,6 +22,13 @@ collated tensors `<case>.<key>`, `loss.<case>` (the tiny model's loss on the bat
 `error.<case>` where LLaMA-Factory fails, `json.<case>.packing_params` and the versions; `json.train`: three sft steps
 of LLaMA-Factory's own run_exp with neat_packing (TRAIN_KEYS) on make_llamafactory_qwen2vl_train.py's model folder
 and data: logged losses and grad norms.
+
+`--families` (added into the same file, the cases above kept): every other family LLaMA-Factory packs, on the
+rows, processors and tiny models of make_llamafactory_families.py, make_llamafactory_mrope_families.py and
+make_llamafactory_families_standin.py (FAMILY_SOURCES), each family's rows neat-packed into cutoff_len FAMILY_CUTOFF_LEN
+and collated as one batch: `family.<family>.rows.<key>` (the packed rows), `family.<family>.<key>` (every collated
+tensor but the 4-D mask, which is the rows' segment ids made block-diagonal) and `error.family.<family>` where
+LLaMA-Factory fails (the collator, or the tiny model on its batch: `loss.family.<family>` where it runs).
 
 Run it with the Pillow of lathe's environment on PYTHONPATH (pip install --target a folder; `--stubs
 bench/lf_stubs:that/folder`): Pillow versions resample differently.
@@ -49,6 +57,113 @@ CASES = {  # name: (neat_packing, rows, cutoff_len)
     "unaligned": (True, IMAGE_ROWS, CUTOFF_LEN + 1),  # rows of 121, padded to 128 by the collator
     "text": (True, TEXT_ROWS, CUTOFF_LEN),
 }
+
+
+FAMILY_CUTOFF_LEN = 256  # packed rows of at most 255 tokens, padded to 256
+FAMILY_SOURCES = {  # family: the generator its rows, processor and tiny model come from
+    **dict.fromkeys(
+        ["llava", "llava_next", "gemma3", "paligemma", "mllama", "pixtral", "intern_vl", "qwen2_audio", "gemma3n"],
+        "make_llamafactory_families.py",
+    ),
+    **dict.fromkeys(["glm4v", "ernie_vl", "qwen2_omni"], "make_llamafactory_mrope_families.py"),
+    **dict.fromkeys(["kimi_vl", "llama4", "lfm2_vl"], "make_llamafactory_families_standin.py"),
+}
+MROPE_FAMILIES = ("glm4v", "ernie_vl", "qwen2_omni")  # LLaMA-Factory's collator needs the model for positions
+RUNNABLE = ("llava", "llava_next", "gemma3", "paligemma", "mllama", "qwen2_audio", *MROPE_FAMILIES)  # a tiny model
+
+
+def family_source(family: str):
+    """The generator module of `family` and its golden rows and media: (module, template, rows, media_of(row))."""
+    import importlib.util
+
+    path = HERE / FAMILY_SOURCES[family]
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    if hasattr(module, "rows_of"):
+        return module, module.FAMILIES[family][0], module.rows_of(family), lambda row: module.media_of(family, row)
+    rows = module.ROWS  # the stand-in generator: image rows only
+    return (
+        module,
+        module.FAMILIES[family][0],
+        rows,
+        lambda row: {"images": [module.make_image(n) for n in row["images"]]},
+    )
+
+
+def family_examples(module, rows, media_of) -> dict:
+    """The rows as the processors' batched columns (media objects in _images / _audios)."""
+    media = [media_of(row) for row in rows]
+    return {
+        "_prompt": [module.messages_of(row)[:-1] for row in rows],
+        "_response": [module.messages_of(row)[-1:] for row in rows],
+        "_system": [""] * len(rows),
+        "_tools": [""] * len(rows),
+        "_images": [item.get("images") or None for item in media],
+        "_videos": [None] * len(rows),
+        "_audios": [item.get("audios") or None for item in media],
+    }
+
+
+def run_llamafactory_families(tensors: dict, metadata: dict) -> None:
+    """Each family's rows neat-packed and collated by LLaMA-Factory 0.9.5 (FAMILY_SOURCES; module docstring)."""
+    import torch
+    from llamafactory.data.collator import SFTDataCollatorWith4DAttentionMask
+    from llamafactory.data.processor.supervised import PackedSupervisedDatasetProcessor
+    from llamafactory.data.template import get_template_and_fix_tokenizer
+    from llamafactory.hparams import DataArguments
+
+    for family in FAMILY_SOURCES:
+        module, template_name, rows, media_of = family_source(family)
+        tokenizer = module.make_tokenizer(family)
+        processor = module.make_processor(family, tokenizer)
+        for key, value in module.settings_of(family).items():
+            setattr(processor, key, value)
+        data_args = DataArguments(template=template_name, cutoff_len=FAMILY_CUTOFF_LEN, packing=True, neat_packing=True)
+        template = get_template_and_fix_tokenizer(tokenizer, data_args)
+        packer = PackedSupervisedDatasetProcessor(
+            template=template, tokenizer=tokenizer, processor=processor, data_args=data_args
+        )
+        packed = packer.preprocess_dataset(family_examples(module, rows, media_of))
+        name = f"family.{family}"
+        for key in ("input_ids", "labels", "attention_mask", "position_ids"):
+            tensors[f"{name}.rows.{key}"] = torch.tensor(packed[key], dtype=torch.int64)
+        metadata[f"json.{name}.packing_params"] = json.dumps(packed["packing_params"])
+        model = module.make_model(family, tokenizer) if family in RUNNABLE else None
+        if model is not None:
+            model.config._attn_implementation = "eager"
+        collator = SFTDataCollatorWith4DAttentionMask(
+            template=template,
+            processor=processor,
+            model=model if family in MROPE_FAMILIES else None,
+            tokenizer=tokenizer,
+            pad_to_multiple_of=8,
+            label_pad_token_id=-100,
+            block_diag_attn=True,
+            neat_packing=True,
+            attn_implementation="eager",
+            compute_dtype=torch.float32,
+        )
+        features = []
+        for index in range(len(packed["input_ids"])):
+            feature = {key: packed[key][index] for key in ("input_ids", "labels", "attention_mask", "position_ids")}
+            feature.update(packing_params=packed["packing_params"][index])
+            feature.update({key: packed[key][index] for key in ("images", "audios") if packed[key][index]})
+            features.append(feature)
+        try:
+            out = collator(features)
+        except Exception as error:  # noqa: BLE001 - recorded: where LLaMA-Factory itself fails
+            metadata[f"error.{name}"] = f"{type(error).__name__}: {error}"
+            continue
+        for key, value in out.items():
+            if isinstance(value, torch.Tensor) and key != "attention_mask":
+                tensors[f"{name}.{key}"] = value.detach().contiguous().clone()
+        if model is not None:
+            try:
+                with torch.no_grad():
+                    tensors[f"loss.{name}"] = model(**out).loss.detach().reshape(1).float()
+            except Exception as error:  # noqa: BLE001 - recorded: the model fails on LLaMA-Factory's batch
+                metadata[f"error.{name}"] = f"{type(error).__name__}: {error}"
 
 
 def base():
@@ -181,23 +296,35 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--python", default="bench/.venv-lf/bin/python", help="LLaMA-Factory's Python")
     parser.add_argument("--stubs", default=str(HERE.parents[2] / "bench/lf_stubs"), help="the torchaudio stand-in")
+    parser.add_argument("--families", action="store_true", help="only the families' cases, added into the file")
+    parser.add_argument("--pillow", default=str(HERE.parents[2] / "bench/.cache/pillow12"), help="Pillow 12.3's copy")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
         from safetensors.torch import save_file
 
-        tensors, metadata = run_llamafactory()
-        metadata["json.train"] = json.dumps(run_llamafactory_training())
+        if args.families:
+            from safetensors import safe_open
+
+            with safe_open(str(GOLDEN), "pt") as f:
+                kept = [key for key in f.keys() if not key.startswith(("family.", "loss.family."))]
+                tensors = {key: f.get_tensor(key) for key in kept}
+                metadata = {key: value for key, value in f.metadata().items() if ".family." not in key}
+            run_llamafactory_families(tensors, metadata)
+        else:
+            tensors, metadata = run_llamafactory()
+            metadata["json.train"] = json.dumps(run_llamafactory_training())
         save_file(tensors, str(GOLDEN), metadata=metadata)
         return
+    paths = [os.path.abspath(path) for path in (args.pillow, *args.stubs.split(os.pathsep)) if os.path.isdir(path)]
     env = dict(
         os.environ,
         HF_HUB_OFFLINE="1",
-        PYTHONPATH=args.stubs,
+        PYTHONPATH=os.pathsep.join(paths),
         TRANSFORMERS_VERBOSITY="error",
         LLAMAFACTORY_VERBOSITY="ERROR",
     )
-    subprocess.run([args.python, __file__, "--worker"], check=True, env=env)
+    subprocess.run([args.python, __file__, "--worker", *(["--families"] if args.families else [])], check=True, env=env)
     print(f"wrote {GOLDEN} ({GOLDEN.stat().st_size} bytes)")
 
 

@@ -221,10 +221,12 @@ async function chatSend() {
   const text = $("chat_input").value;
   if (!text) return;
   $("chat_input").value = "";
-  const file = $("chat_image").files[0];
-  // an attached image goes with this message as an OpenAI image_url part (a data URL), as `lathe api` takes it
-  const content = file ? [{type: "image_url", image_url: {url: await readDataUrl(file)}}, {type: "text", text}] : text;
-  $("chat_image").value = "";
+  const file = $("chat_media").files[0];
+  // an attached image, video or audio file goes with this message as an image_url / video_url / audio_url part (a
+  // data URL), as `lathe api` takes them; the file's type picks the part
+  const kind = file ? (file.type.split("/")[0] === "video" ? "video_url" : file.type.split("/")[0] === "audio" ? "audio_url" : "image_url") : null;
+  const content = file ? [{type: kind, [kind]: {url: await readDataUrl(file)}}, {type: "text", text}] : text;
+  $("chat_media").value = "";
   history.push({role: "user", content});
   addMessage("user", file ? `[${file.name}] ${text}` : text);
   const span = addMessage("assistant", "");
