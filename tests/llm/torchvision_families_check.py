@@ -16,6 +16,8 @@ MEDIA_TOKENS = {  # each family's vision tokens (the last of a row's media runs 
     "llama4": ["<|patch|>", "<|image_end|>"],
     "lfm2_vl": ["<image>"],
     "glm4v": ["<|image|>", "<|end_of_image|>", "<|end_of_video|>"],
+    "pixtral": ["[IMG]", "[IMG_BREAK]", "[IMG_END]"],
+    "intern_vl": ["<img>", "<IMG_CONTEXT>", "</img>"],
 }
 
 

@@ -33,8 +33,16 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 GOLDEN = HERE / "llamafactory_torchvision_families.safetensors"
-TEMPLATES = {"llama4": "llama4", "lfm2_vl": "lfm2_vl", "glm4v": "glm4v", "ernie_vl": "ernie_vl"}
+TEMPLATES = {
+    "llama4": "llama4",
+    "lfm2_vl": "lfm2_vl",
+    "glm4v": "glm4v",
+    "ernie_vl": "ernie_vl",
+    "pixtral": "mistral_small",  # Mistral-Small 3.x: Mistral3ForConditionalGeneration (LLaMA-Factory's mistral3)
+    "intern_vl": "intern_vl",
+}
 MODELS = tuple(TEMPLATES)
+TEMPLATES["intern_vl_video"] = "intern_vl"  # InternVL on the video golden's rows: trained only (CASES)
 TOKENS = {  # the family's special tokens added to the committed BPE tokenizer
     "llama4": ["<|image_start|>", "<|image_end|>", "<|image|>", "<|patch|>", "<|tile_x_separator|>"]
     + ["<|tile_y_separator|>"],
@@ -43,8 +51,15 @@ TOKENS = {  # the family's special tokens added to the committed BPE tokenizer
     + ["<|video|>"],
     "ernie_vl": ["<|IMAGE_START|>", "<|IMAGE_END|>", "<|IMAGE_PLACEHOLDER|>", "<|VIDEO_START|>", "<|VIDEO_END|>"]
     + ["<|VIDEO_PLACEHOLDER|>"],
+    "pixtral": ["[IMG]", "[IMG_BREAK]", "[IMG_END]"],
 }
-SETTINGS_OF: dict = {}  # (every type takes SETTINGS)
+# InternVLProcessor reads its tokens by name from the tokenizer (as InternVL3-hf's tokenizer_config.json names them)
+INTERN_TOKENS = {
+    "start_image_token": "<img>",
+    "end_image_token": "</img>",
+    "context_image_token": "<IMG_CONTEXT>",
+    "video_token": "<video>",
+}
 SETTINGS = {  # the processor keys LLaMA-Factory's patch_processor sets
     "image_max_pixels": 40 * 40,
     "image_min_pixels": 16 * 16,
@@ -53,6 +68,10 @@ SETTINGS = {  # the processor keys LLaMA-Factory's patch_processor sets
     "video_fps": 2.0,
     "video_maxlen": 4,
 }
+# Mistral3 (transformers 5.6) fails on an image one patch high or wide (its patch merger folds 2x2 patches) and on a
+# batch whose images give one merged token in all (get_image_features squeezes that token's dimension away): Pixtral's
+# images are fitted to 56x56 to 64x64 pixels here (2 to 4 tokens each), as a real folder's larger budget avoids both
+SETTINGS_OF = {"pixtral": {**SETTINGS, "image_min_pixels": 56 * 56, "image_max_pixels": 64 * 64}}
 CUTOFF_LEN = 1024
 # ERNIE-4.5-VL's video processor draws each frame's time on it with the checkpoint's font file (Roboto-Regular.ttf,
 # beside the weights; none offline here): a system font in its place, the same file on both sides
@@ -63,6 +82,11 @@ CASES = {  # case -> (model type, keys over train_config); full tuning keeps LLa
     "llama4_lora": ("llama4", LORA),
     "lfm2_vl_full": ("lfm2_vl", {}),
     "lfm2_vl_lora": ("lfm2_vl", LORA),
+    "pixtral_full": ("pixtral", {}),
+    "pixtral_lora": ("pixtral", LORA),
+    "intern_vl_full": ("intern_vl", {}),
+    "intern_vl_lora": ("intern_vl", LORA),
+    "intern_vl_video_full": ("intern_vl_video", {}),  # an image and a video in one row, then a text-only row
 }
 
 
@@ -80,7 +104,10 @@ make_image, messages_of = FAMILIES.make_image, FAMILIES.messages_of
 
 def rows_of(model_type: str) -> list[dict]:
     """The families golden's image rows (one image, two, a two-turn chat, none); the video golden's for the video
-    families (a video; an image and a video; text only; two videos in two turns)."""
+    families (a video; an image and a video; text only; two videos in two turns), InternVL's in its order (no video
+    before an image)."""
+    if model_type == "intern_vl_video":
+        return VIDEO.INTERN_ROWS
     return VIDEO.ROWS if model_type in ("glm4v", "ernie_vl") else FAMILIES.ROWS
 
 
@@ -91,6 +118,8 @@ def make_tokenizer(model_type: str):
         kinds = ("image_start", "image_end", "image", "video_start", "video_end", "video")
         named = {f"{kind}_token": token for kind, token in zip(kinds, TOKENS[model_type])}
         return AutoTokenizer.from_pretrained(str(FAMILIES.TOKENIZER), extra_special_tokens=named)
+    if model_type.startswith("intern_vl"):
+        return AutoTokenizer.from_pretrained(str(FAMILIES.TOKENIZER), extra_special_tokens=INTERN_TOKENS)
     tokenizer = AutoTokenizer.from_pretrained(str(FAMILIES.TOKENIZER))
     tokenizer.add_special_tokens({"additional_special_tokens": TOKENS[model_type]})
     return tokenizer
@@ -109,6 +138,13 @@ def make_processor(model_type: str, tokenizer):
     if model_type == "lfm2_vl":
         images = tf.Lfm2VlImageProcessor(min_image_tokens=2, max_image_tokens=8, tile_size=64, encoder_patch_size=16)
         return tf.Lfm2VlProcessor(images, tokenizer)
+    if model_type == "pixtral":  # as Mistral-Small 3.1's folder: 14-pixel patches merged 2x2 by the model
+        images = tf.PixtralImageProcessor(size={"longest_edge": 56}, patch_size=14)
+        return tf.PixtralProcessor(images, tokenizer, patch_size=14, spatial_merge_size=2)
+    if model_type.startswith("intern_vl"):  # 28-pixel tiles, one context token each (0.5 downsample of 2x2 patches)
+        images = tf.GotOcr2ImageProcessor(size={"height": 28, "width": 28}, max_patches=3)
+        videos = tf.InternVLVideoProcessor(size={"height": 28, "width": 28})
+        return tf.InternVLProcessor(images, tokenizer, videos, image_seq_length=1)
     budget = {"shortest_edge": 28 * 28, "longest_edge": 28 * 28 * 16}
     if model_type == "glm4v":
         images = tf.Glm4vImageProcessor(size=budget)
@@ -149,6 +185,15 @@ def make_model(model_type: str, tokenizer):
             eoi_token_index=ids("<|image_end|>"),
         )
         model = tf.Llama4ForConditionalGeneration(config)
+    elif model_type == "pixtral":
+        vision = tf.PixtralVisionConfig(**TINY, head_dim=8, image_size=56, patch_size=14)
+        text = tf.MistralConfig(**TINY, **vocab, head_dim=8)
+        config = tf.Mistral3Config(
+            vision_config=vision, text_config=text, image_token_index=ids("[IMG]"), spatial_merge_size=2
+        )
+        model = tf.Mistral3ForConditionalGeneration(config)
+    elif model_type.startswith("intern_vl"):  # the families golden's tiny InternVL
+        return FAMILIES._same_weights(FAMILIES.make_model("intern_vl", tokenizer)).eval()
     elif model_type == "lfm2_vl":
         vision = tf.Siglip2VisionConfig(**TINY, patch_size=16, num_patches=16)
         text = tf.Lfm2Config(**TINY, **vocab, layer_types=["full_attention"])
@@ -217,9 +262,9 @@ def run_model(model_type: str, folder: Path, tensors: dict, metadata: dict) -> N
     data_args = DataArguments(template=TEMPLATES[model_type], cutoff_len=CUTOFF_LEN)
     template = get_template_and_fix_tokenizer(tokenizer, data_args)
     processor = make_processor(model_type, tokenizer)
-    for key, value in SETTINGS.items():  # LLaMA-Factory's patch_processor
+    for key, value in SETTINGS_OF.get(model_type, SETTINGS).items():  # LLaMA-Factory's patch_processor
         setattr(processor, key, value)
-    if getattr(processor, "video_processor", None) is not None:
+    if getattr(processor, "video_processor", None) is not None and any(row.get("videos") for row in rows):
         bridge_video_processor(model_type, processor, rows, folder, template, metadata)
     metadata[f"{model_type}.processors"] = json.dumps(
         [type(processor.image_processor).__name__, type(getattr(processor, "video_processor", None)).__name__]
@@ -324,7 +369,7 @@ def train_config(model_type: str, model: Path, data: Path, output: Path, **keys)
         "dataset_dir": str(data),
         "template": TEMPLATES[model_type],
         "cutoff_len": CUTOFF_LEN,
-        **SETTINGS,
+        **SETTINGS_OF.get(model_type, SETTINGS),
         "output_dir": str(output),
         "overwrite_output_dir": True,
         "per_device_train_batch_size": 2,
