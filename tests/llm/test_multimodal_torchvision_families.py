@@ -42,7 +42,8 @@ def test_rows_and_batches_equal_llamafactory(results, golden):
     checked = results["check"]
     assert "error" not in checked, checked["error"] if isinstance(checked, dict) else ""
     families = {name.split(".")[0] for name in checked}
-    assert families == {"llama4", "lfm2_vl", "pixtral", "intern_vl"} and len(checked) == 24  # 4 rows + 2 pairs each
+    assert families == {"llama4", "lfm2_vl", "pixtral", "pixtral_llava", "intern_vl", "intern_vl_crop"}
+    assert len(checked) == 5 * 6 + 3  # 4 rows alone and 2 pairs each; intern_vl_crop's 2 rows and their pair
 
 
 def test_lathe_trains_as_llamafactory(results, golden):

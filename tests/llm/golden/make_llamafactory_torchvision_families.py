@@ -39,7 +39,9 @@ TEMPLATES = {
     "glm4v": "glm4v",
     "ernie_vl": "ernie_vl",
     "pixtral": "mistral_small",  # Mistral-Small 3.x: Mistral3ForConditionalGeneration (LLaMA-Factory's mistral3)
+    "pixtral_llava": "pixtral",  # Pixtral-12B: LlavaForConditionalGeneration with a Pixtral vision tower
     "intern_vl": "intern_vl",
+    "intern_vl_crop": "intern_vl",  # crop_to_patches on a wide image and an image-less row
 }
 MODELS = tuple(TEMPLATES)
 TEMPLATES["intern_vl_video"] = "intern_vl"  # InternVL on the video golden's rows: trained only (CASES)
@@ -71,7 +73,10 @@ SETTINGS = {  # the processor keys LLaMA-Factory's patch_processor sets
 # Mistral3 (transformers 5.6) fails on an image one patch high or wide (its patch merger folds 2x2 patches) and on a
 # batch whose images give one merged token in all (get_image_features squeezes that token's dimension away): Pixtral's
 # images are fitted to 56x56 to 64x64 pixels here (2 to 4 tokens each), as a real folder's larger budget avoids both
-SETTINGS_OF = {"pixtral": {**SETTINGS, "image_min_pixels": 56 * 56, "image_max_pixels": 64 * 64}}
+SETTINGS_OF = {
+    "pixtral": {**SETTINGS, "image_min_pixels": 56 * 56, "image_max_pixels": 64 * 64},
+    "intern_vl_crop": {**SETTINGS, "crop_to_patches": True},
+}
 CUTOFF_LEN = 1024
 # ERNIE-4.5-VL's video processor draws each frame's time on it with the checkpoint's font file (Roboto-Regular.ttf,
 # beside the weights; none offline here): a system font in its place, the same file on both sides
@@ -84,6 +89,8 @@ CASES = {  # case -> (model type, keys over train_config); full tuning keeps LLa
     "lfm2_vl_lora": ("lfm2_vl", LORA),
     "pixtral_full": ("pixtral", {}),
     "pixtral_lora": ("pixtral", LORA),
+    "pixtral_llava_full": ("pixtral_llava", {}),
+    "pixtral_llava_lora": ("pixtral_llava", LORA),
     "intern_vl_full": ("intern_vl", {}),
     "intern_vl_lora": ("intern_vl", LORA),
     "intern_vl_video_full": ("intern_vl_video", {}),  # an image and a video in one row, then a text-only row
@@ -108,6 +115,8 @@ def rows_of(model_type: str) -> list[dict]:
     before an image)."""
     if model_type == "intern_vl_video":
         return VIDEO.INTERN_ROWS
+    if model_type == "intern_vl_crop":
+        return FAMILIES.WIDE_ROWS
     return VIDEO.ROWS if model_type in ("glm4v", "ernie_vl") else FAMILIES.ROWS
 
 
@@ -121,7 +130,7 @@ def make_tokenizer(model_type: str):
     if model_type.startswith("intern_vl"):
         return AutoTokenizer.from_pretrained(str(FAMILIES.TOKENIZER), extra_special_tokens=INTERN_TOKENS)
     tokenizer = AutoTokenizer.from_pretrained(str(FAMILIES.TOKENIZER))
-    tokenizer.add_special_tokens({"additional_special_tokens": TOKENS[model_type]})
+    tokenizer.add_special_tokens({"additional_special_tokens": TOKENS[model_type.removesuffix("_llava")]})
     return tokenizer
 
 
@@ -141,6 +150,9 @@ def make_processor(model_type: str, tokenizer):
     if model_type == "pixtral":  # as Mistral-Small 3.1's folder: 14-pixel patches merged 2x2 by the model
         images = tf.PixtralImageProcessor(size={"longest_edge": 56}, patch_size=14)
         return tf.PixtralProcessor(images, tokenizer, patch_size=14, spatial_merge_size=2)
+    if model_type == "pixtral_llava":  # the families golden's sizes: the 28-pixel tower's 2x2 rope grid
+        images = tf.PixtralImageProcessor(size={"longest_edge": 28}, patch_size=14)
+        return tf.PixtralProcessor(images, tokenizer, patch_size=14)
     if model_type.startswith("intern_vl"):  # 28-pixel tiles, one context token each (0.5 downsample of 2x2 patches)
         images = tf.GotOcr2ImageProcessor(size={"height": 28, "width": 28}, max_patches=3)
         videos = tf.InternVLVideoProcessor(size={"height": 28, "width": 28})
@@ -192,8 +204,9 @@ def make_model(model_type: str, tokenizer):
             vision_config=vision, text_config=text, image_token_index=ids("[IMG]"), spatial_merge_size=2
         )
         model = tf.Mistral3ForConditionalGeneration(config)
-    elif model_type.startswith("intern_vl"):  # the families golden's tiny InternVL
-        return FAMILIES._same_weights(FAMILIES.make_model("intern_vl", tokenizer)).eval()
+    elif model_type.startswith("intern_vl") or model_type == "pixtral_llava":  # the families golden's tiny models
+        family = "pixtral" if model_type == "pixtral_llava" else "intern_vl"
+        return FAMILIES._same_weights(FAMILIES.make_model(family, tokenizer)).eval()
     elif model_type == "lfm2_vl":
         vision = tf.Siglip2VisionConfig(**TINY, patch_size=16, num_patches=16)
         text = tf.Lfm2Config(**TINY, **vocab, layer_types=["full_attention"])
