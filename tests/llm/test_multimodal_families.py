@@ -173,6 +173,31 @@ def test_gemma3_pan_and_scan_adds_a_sequence_per_crop():
     assert batch["pixel_values"].shape == (5, 3, 28, 28) and "num_crops" not in batch
 
 
+def test_pixtral_refuses_an_image_under_one_merged_block():
+    """Mistral3 folds 2x2 patches into a token: an image resized under 28 pixels on a side has no token there, where
+    LLaMA-Factory 0.9.5 stops with an IndexError (or the model's unfold error); lathe names the image and the fix.
+    Images that reach the block expand as LLaMA-Factory's (the torchvision families golden, real processor)."""
+    from types import SimpleNamespace
+
+    import transformers
+    from PIL import Image
+
+    from lathe.llm.multimodal.common import MediaSettings
+    from lathe.llm.multimodal.plugins import plugin_class
+
+    images = transformers.PixtralImageProcessor(size={"longest_edge": 56}, patch_size=14)
+    processor = SimpleNamespace(  # PixtralProcessor's attributes (it needs torchvision to be built)
+        image_processor=images, patch_size=14, spatial_merge_size=2, image_break_token="B", image_end_token="E"
+    )
+    plugin = plugin_class("pixtral")(processor, None, MediaSettings(image_min_pixels=16 * 16))
+    message = [{"role": "user", "content": "<image><image>hi"}]
+    small = {"image": [Image.new("RGB", (56, 56)), Image.new("RGB", (12, 20))]}
+    with pytest.raises(ValueError, match=r"image 2 of the row was resized to 28x14 pixels.*Raise image_min_pixels"):
+        plugin.process_messages(message, small)
+    wide = {"image": [Image.new("RGB", (56, 56)), Image.new("RGB", (56, 28))]}
+    assert plugin.process_messages(message, wide)[0]["content"] == "[IMG][IMG]B[IMG][IMG]E[IMG][IMG]Ehi"
+
+
 def test_media_the_family_does_not_take_is_refused():
     import numpy as np
     from PIL import Image

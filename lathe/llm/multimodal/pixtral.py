@@ -29,6 +29,21 @@ def check_processor(processor) -> None:
         )
 
 
+def check_sizes(sizes: list, processor) -> None:
+    """Mistral3 (spatial_merge_size 2) folds each 2x2 block of patches into one token: an image the processor made
+    smaller than one block on a side has no token there. LLaMA-Factory 0.9.5 stops on it (an IndexError, or the model's
+    unfold error where only the width is short); refuse it here, where the fix can be named."""
+    block = processor.patch_size * getattr(processor, "spatial_merge_size", 1)
+    for index, (height, width) in enumerate(sizes):
+        if height < block or width < block:
+            raise ValueError(
+                f"the pixtral family reads images in blocks of {block}x{block} pixels (patch_size x "
+                f"spatial_merge_size), but image {index + 1} of the row was resized to {height}x{width} pixels (height x width): "
+                f"the model cannot read it. Raise image_min_pixels (each side must reach {block} pixels) or pad "
+                "the image"
+            )
+
+
 def image_tokens(height: int, width: int, processor) -> str:
     """`[IMG]` x patch columns + `[IMG_BREAK]`, once per patch row; the last break is `[IMG_END]`."""
     patch = processor.patch_size * getattr(processor, "spatial_merge_size", 1)
@@ -43,6 +58,7 @@ def process_messages(messages, images, audios, processor, settings: MediaSetting
     if not images:
         return [dict(message) for message in messages]
     sizes = image_processor_inputs(images, processor, settings)["image_sizes"].tolist()
+    check_sizes(sizes, processor)
     return placeholder_runs(messages, IMAGE_PLACEHOLDER, lambda k: image_tokens(*sizes[k], processor))
 
 
