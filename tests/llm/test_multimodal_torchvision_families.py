@@ -1,10 +1,12 @@
 """The families whose transformers processors need torchvision, through their real processors, against LLaMA-Factory
 0.9.5 (tests/llm/golden/llamafactory_torchvision_families.safetensors, made by
-make_llamafactory_torchvision_families.py): Llama 4 (Llama4Processor's tiles) and LFM2-VL (Lfm2VlProcessor) image rows
-alone and in pairs (the stand-in white image included): the expanded messages, ids, labels, every collated tensor
-(integers exactly, pixels 1e-5) and the tiny model's loss; and `lathe train`'s three steps (full and LoRA) against
-LLaMA-Factory's run_exp: losses 1e-5, grad norms 1e-4 relative, trainable and total counts exactly. Everything runs
-in one subprocess with the torchvision test recipe (tests/llm/torchvision_recipe.py)."""
+make_llamafactory_torchvision_families.py): Llama 4 (Llama4Processor's tiles), LFM2-VL (Lfm2VlProcessor), Pixtral as
+Mistral-Small 3.x (Mistral3, 2x2 patch merge) and as Pixtral-12B (LLaVA), InternVL (InternVLProcessor; also
+crop_to_patches) image rows alone and in pairs (the stand-in white image included): the expanded messages, ids,
+labels, every collated tensor (integers exactly, pixels 1e-5) and the tiny model's loss; and `lathe train`'s three
+steps (full and LoRA; an InternVL image-and-video row, full) against LLaMA-Factory's run_exp: losses 1e-5, grad norms
+1e-4 relative, trainable and total counts exactly. Everything runs in one subprocess with the torchvision test recipe
+(tests/llm/torchvision_recipe.py)."""
 
 import json
 
@@ -49,7 +51,8 @@ def test_rows_and_batches_equal_llamafactory(results, golden):
 def test_lathe_trains_as_llamafactory(results, golden):
     """Llama 4: the frozen vision tower takes the processor's bfloat16 pixels cast to the compute dtype (LLaMA-Factory's
     sft collator casts them); LoRA `all` leaves Llama4Router out (an nn.Linear subclass returning a tuple). LFM2-VL:
-    no composite model, yet its batches carry the image tensors."""
+    no composite model, yet its batches carry the image tensors. Pixtral (mistral3 and llava composites) and InternVL
+    (images; a row with an image and a video, then a text-only row) train as LLaMA-Factory with no lathe change."""
     from tests.goldens import assert_close_to_golden
 
     expected_runs = json.loads(golden[1]["train"])

@@ -1,7 +1,9 @@
 """Regenerate LLaMA-Factory 0.9.5's encodings and three-step trainings of the families whose transformers processors
-need torchvision: Llama 4 and LFM2-VL images (Llama4Processor, Lfm2VlProcessor); and record how it fails on GLM-4.1V
-and ERNIE-4.5-VL video rows (Glm4vVideoProcessor, Ernie4_5_VLMoeVideoProcessor). tests/llm/test_multimodal_torchvision_families.py
-compares lathe.
+need torchvision: Llama 4 and LFM2-VL images (Llama4Processor, Lfm2VlProcessor); Pixtral as Mistral-Small 3.x
+(Mistral3ForConditionalGeneration, mistral_small template) and as Pixtral-12B (LLaVA with a Pixtral tower, pixtral
+template) through PixtralProcessor; InternVL through InternVLProcessor (images, crop_to_patches, and a video row
+trained); and record how it fails on GLM-4.1V and ERNIE-4.5-VL video rows (Glm4vVideoProcessor,
+Ernie4_5_VLMoeVideoProcessor). tests/llm/test_multimodal_torchvision_families.py compares lathe.
 
     python tests/llm/golden/make_llamafactory_torchvision_families.py [--python bench/.venv-lf/bin/python]
 
