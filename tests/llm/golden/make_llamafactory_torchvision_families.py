@@ -57,13 +57,6 @@ TOKENS = {  # the family's special tokens added to the committed BPE tokenizer
     + ["<|VIDEO_PLACEHOLDER|>"],
     "pixtral": ["[IMG]", "[IMG_BREAK]", "[IMG_END]"],
 }
-# InternVLProcessor reads its tokens by name from the tokenizer (as InternVL3-hf's tokenizer_config.json names them)
-INTERN_TOKENS = {
-    "start_image_token": "<img>",
-    "end_image_token": "</img>",
-    "context_image_token": "<IMG_CONTEXT>",
-    "video_token": "<video>",
-}
 SETTINGS = {  # the processor keys LLaMA-Factory's patch_processor sets
     "image_max_pixels": 40 * 40,
     "image_min_pixels": 16 * 16,
@@ -130,7 +123,7 @@ def make_tokenizer(model_type: str):
         named = {f"{kind}_token": token for kind, token in zip(kinds, TOKENS[model_type])}
         return AutoTokenizer.from_pretrained(str(FAMILIES.TOKENIZER), extra_special_tokens=named)
     if model_type.startswith("intern_vl"):
-        return AutoTokenizer.from_pretrained(str(FAMILIES.TOKENIZER), extra_special_tokens=INTERN_TOKENS)
+        return AutoTokenizer.from_pretrained(str(FAMILIES.TOKENIZER), extra_special_tokens=VIDEO.INTERN_TOKENS)
     tokenizer = AutoTokenizer.from_pretrained(str(FAMILIES.TOKENIZER))
     tokenizer.add_special_tokens({"additional_special_tokens": TOKENS[model_type.removesuffix("_llava")]})
     return tokenizer
@@ -155,10 +148,8 @@ def make_processor(model_type: str, tokenizer):
     if model_type == "pixtral_llava":  # the families golden's sizes: the 28-pixel tower's 2x2 rope grid
         images = tf.PixtralImageProcessor(size={"longest_edge": 28}, patch_size=14)
         return tf.PixtralProcessor(images, tokenizer, patch_size=14)
-    if model_type.startswith("intern_vl"):  # 28-pixel tiles, one context token each (0.5 downsample of 2x2 patches)
-        images = tf.GotOcr2ImageProcessor(size={"height": 28, "width": 28}, max_patches=3)
-        videos = tf.InternVLVideoProcessor(size={"height": 28, "width": 28})
-        return tf.InternVLProcessor(images, tokenizer, videos, image_seq_length=1)
+    if model_type.startswith("intern_vl"):  # the video golden's InternVLProcessor
+        return VIDEO.make_processor("intern_vl", tokenizer)
     budget = {"shortest_edge": 28 * 28, "longest_edge": 28 * 28 * 16}
     if model_type == "glm4v":
         images = tf.Glm4vImageProcessor(size=budget)

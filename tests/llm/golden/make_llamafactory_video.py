@@ -103,13 +103,27 @@ def rows_of(model_type: str) -> list[dict]:
     return {"qwen3_vl": QWEN3_ROWS, "intern_vl": INTERN_ROWS}.get(model_type, ROWS)
 
 
+# InternVLProcessor reads its tokens by name from the tokenizer (as InternVL3-hf's tokenizer_config.json names them)
+INTERN_TOKENS = {
+    "start_image_token": "<img>",
+    "end_image_token": "</img>",
+    "context_image_token": "<IMG_CONTEXT>",
+    "video_token": "<video>",
+}
+
+
 def make_tokenizer(model_type: str):
-    """The committed BPE tokenizer with the family's vision tokens."""
-    tokenizer = _module("make_qwen2vl", HERE / "make_llamafactory_qwen2vl.py").make_tokenizer()
+    """The committed BPE tokenizer with the family's vision tokens (InternVL's named)."""
+    qwen2vl = _module("make_qwen2vl", HERE / "make_llamafactory_qwen2vl.py")
+    if model_type == "intern_vl":
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(str(qwen2vl.TOKENIZER), extra_special_tokens=INTERN_TOKENS)
+        tokenizer.add_special_tokens({"additional_special_tokens": qwen2vl.VISION_TOKENS})
+        return tokenizer
+    tokenizer = qwen2vl.make_tokenizer()
     if model_type in ("llava_next_video", "video_llava"):
         tokenizer.add_special_tokens({"additional_special_tokens": ["<image>", "<video>"]})
-    elif model_type == "intern_vl":
-        tokenizer.add_special_tokens({"additional_special_tokens": ["<img>", "</img>", "<IMG_CONTEXT>"]})
     return tokenizer
 
 
@@ -135,11 +149,10 @@ def make_processor(model_type: str, tokenizer):
         images = tf.VideoLlavaImageProcessor(size={"shortest_edge": 28}, crop_size={"height": 28, "width": 28})
         videos = tf.VideoLlavaVideoProcessor(size={"shortest_edge": 28}, crop_size={"height": 28, "width": 28})
         return tf.VideoLlavaProcessor(images, videos, tokenizer, **LLAVA_COUNTS)
-    if model_type == "intern_vl":  # the families golden's InternVL: its image processor takes every frame
-        from types import SimpleNamespace
-
+    if model_type == "intern_vl":  # 28-pixel tiles, one context token each; its image processor takes every frame
         images = tf.GotOcr2ImageProcessor(size={"height": 28, "width": 28}, max_patches=3)
-        return SimpleNamespace(image_processor=images, tokenizer=tokenizer, image_seq_length=1)
+        videos = tf.InternVLVideoProcessor(size={"height": 28, "width": 28})
+        return tf.InternVLProcessor(images, tokenizer, videos, image_seq_length=1)
     if model_type == "qwen3_vl":  # 16-pixel patches (the multimodal training tests' Qwen3-VL image processor)
         images = _module("cases", HERE.parent / "multimodal_cases.py").make_image_processor("qwen3_vl")
         size = {"shortest_edge": 32 * 32 * 2, "longest_edge": 32 * 32 * 2 * 16}
