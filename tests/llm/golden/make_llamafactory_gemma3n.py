@@ -39,6 +39,7 @@ CASES = {
     "gemma3n_lora": LORA,
     "gemma3n_lora_attention": {**LORA, "lora_target": "q_proj,k_proj,v_proj,o_proj"},
 }
+STOPS = ("gemma3n_lora",)  # the cases LLaMA-Factory stops on
 # The smallest MobileNetV5 encoder a saved config can hold: timm's registered `mobilenetv5_300m_enc` (its 84-block
 # list is fixed in timm's code) with every width scaled down to timm's floor of 8 (16 in the last stage) and an 8-channel
 # stem. timm does take a replaced block list (`block_args`), but rewrites those dicts in place while building (it pops
