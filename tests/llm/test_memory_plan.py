@@ -406,3 +406,14 @@ def test_plain_rss_agrees_when_the_big_tensors_are_above_the_mmap_threshold():
     spec = {**SMALL, "vocab": 32000, "batch": 4, "seq_len": 256, "checkpointing": False, "keys": FULL}
     (result,) = _probe([spec], {})
     assert 0.8 <= result["planned"] / result["measured"] <= 1.2, result
+
+
+def test_model_shape_takes_the_widest_of_per_layer_intermediate_sizes():
+    """Gemma 3n's text config lists one intermediate size per layer: the plan takes the widest (it failed on the list)."""
+    from types import SimpleNamespace
+
+    config = SimpleNamespace(
+        hidden_size=16, num_hidden_layers=2, num_attention_heads=2, vocab_size=64, intermediate_size=[32, 48]
+    )
+    shape = model_shape(SimpleNamespace(config=config))
+    assert (shape.intermediate, shape.hidden, shape.layers, shape.head_dim) == (48, 16, 2, 8)

@@ -204,6 +204,23 @@ def test_lora_target_list_options_and_bad_name(tiny_model_dir):
         _load(tiny_model_dir, finetuning_type="lora", lora_target="qkv")
 
 
+def test_lora_target_all_refuses_linear_layers_named_by_a_list_index(tiny_model_dir):
+    """Gemma 3n keeps linear layers in a list (altup_projections.0): `all` would hand peft the bare name "0", which
+    also names the decoder layer layers.0 (LLaMA-Factory 0.9.5 stops on peft's refusal); lathe names the cause."""
+    from types import SimpleNamespace
+
+    from transformers import AutoModelForCausalLM
+
+    from lathe.llm.model.lora import resolve_targets
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    args = SimpleNamespace(finetuning_type="lora", lora_target=["all"], use_llama_pro=False)
+    assert "0" not in resolve_targets(model, args)
+    model.model.projections = torch.nn.ModuleList([torch.nn.Linear(4, 4)])
+    with pytest.raises(ValueError, match=r"^lora_target: all: .* lists \(model.projections.0\), .*q_proj"):
+        resolve_targets(model, args)
+
+
 def test_lora_adapter_files_are_standard_and_continue(tiny_model_dir, tmp_path):
     from peft import PeftModel
     from transformers import AutoModelForCausalLM

@@ -120,6 +120,7 @@ def check_family(family, golden, video_folder, make_processor=None) -> int:
 
 
 OMNI_VIDEO = load_generator(GOLDEN_DIR / "make_llamafactory_omni_video.py", "make_omni_video")
+OMNI_VIDEO_TRAIN = load_generator(GOLDEN_DIR / "make_llamafactory_omni_video_train.py", "make_omni_video_train")
 
 
 def check_omni_video_with_the_real_processor(folder: str) -> None:
@@ -139,18 +140,60 @@ def check_omni_video_with_the_real_processor(folder: str) -> None:
     print(json.dumps(checked))
 
 
-def test_omni_video_rows_with_the_real_processor_equal_llamafactory(video_folder):
+def train_omni_video_with_the_real_processor(root: str) -> None:
+    """Run under the torchvision test recipe: `lathe train` of make_llamafactory_omni_video_train.py's cases (the
+    thinker on two video rows, with use_audio_in_video and without, the folder holding the real Omni processor);
+    prints {case: {loss, grad_norm, trainable, total}} as JSON."""
+    from lathe.llm.config.train import DataArguments, parse_train_config
+    from lathe.llm.templates import get_template_and_fix_tokenizer
+    from lathe.llm.workflows.stages import run_train
+    from lathe.train import TrainerCallback
+
+    fix = lambda tokenizer, template: get_template_and_fix_tokenizer(tokenizer, DataArguments(template=template))  # noqa: E731
+
+    class Count(TrainerCallback):
+        def on_train_begin(self, args, state, control, model=None, **kwargs):
+            seen = {id(p): p for p in model.parameters()}.values()
+            self.counts = [sum(p.numel() for p in seen if p.requires_grad), sum(p.numel() for p in seen)]
+
+    results = {}
+    for name, (family, keys) in OMNI_VIDEO_TRAIN.CASES.items():
+        folder, data = OMNI_VIDEO_TRAIN.write_folders(Path(root) / name, family, fix)
+        count, output = Count(), Path(root) / name / "out"
+        config = OMNI_VIDEO_TRAIN.train_config(family, folder, data, output, **keys)
+        run_train(parse_train_config(config), callbacks=[count])
+        history = json.loads((output / "trainer_state.json").read_text())["log_history"]
+        results[name] = {
+            "loss": [entry["loss"] for entry in history if "loss" in entry],
+            "grad_norm": [entry["grad_norm"] for entry in history if "loss" in entry],
+            "trainable": count.counts[0],
+            "total": count.counts[1],
+        }
+    print(json.dumps(results))
+
+
+def test_omni_video_rows_with_the_real_processor_equal_llamafactory(video_folder, tmp_path):
     """The stand-in video processor above checks LLaMA-Factory's token and position path; here transformers' own
     Omni processor (torchvision, through the test recipe) gives LLaMA-Factory's pixel values too, with
-    use_audio_in_video and without (make_llamafactory_omni_video.py)."""
+    use_audio_in_video and without (make_llamafactory_omni_video.py); and in the same subprocess `lathe train` of the
+    thinker on two video rows equals LLaMA-Factory's run_exp (make_llamafactory_omni_video_train.py): losses 1e-5,
+    grad norms 1e-4 relative, trainable and total counts exactly."""
     from tests.llm.torchvision_recipe import run_with_torchvision
 
     code = (
-        "from tests.llm.test_multimodal_mrope_families import check_omni_video_with_the_real_processor as check; "
-        f"check({str(video_folder)!r})"
+        "from tests.llm.test_multimodal_mrope_families import check_omni_video_with_the_real_processor as check, "
+        f"train_omni_video_with_the_real_processor as train; check({str(video_folder)!r}); train({str(tmp_path)!r})"
     )
-    result = run_with_torchvision(code)
-    assert json.loads(result.stdout.strip().splitlines()[-1]) == {family: 6 for family in OMNI_VIDEO.FAMILIES}
+    # the two JSON lines (training prints its plan and logs between them, those with single quotes)
+    printed = [line for line in run_with_torchvision(code).stdout.splitlines() if line.startswith('{"')]
+    assert json.loads(printed[0]) == {family: 6 for family in OMNI_VIDEO.FAMILIES}
+    ours, expected_runs = json.loads(printed[-1]), json.loads(OMNI_VIDEO_TRAIN.GOLDEN.read_text())
+    assert expected_runs["versions"]["llamafactory"] == "0.9.5" and sorted(ours) == sorted(OMNI_VIDEO_TRAIN.CASES)
+    for name, run in ours.items():
+        expected = expected_runs[name]
+        assert (run["trainable"], run["total"]) == (expected["trainable"], expected["total"]), name
+        assert_close_to_golden(run["loss"], expected["loss"], f"{name} losses", rel=0, abs=1e-5)
+        assert_close_to_golden(run["grad_norm"], expected["grad_norm"], f"{name} norms", rel=1e-4)
 
 
 def _train_generator():

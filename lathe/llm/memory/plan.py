@@ -88,8 +88,10 @@ def model_shape(model) -> Shape | None:
         return None
     kv_heads = int(getattr(config, "num_key_value_heads", None) or heads)
     head_dim = int(getattr(config, "head_dim", None) or hidden // heads)
-    intermediate = int(getattr(config, "intermediate_size", None) or 4 * hidden)
-    return Shape(hidden, intermediate, heads, kv_heads, head_dim, layers, vocab)
+    intermediate = getattr(config, "intermediate_size", None) or 4 * hidden
+    if isinstance(intermediate, (list, tuple)):  # one per layer (Gemma 3n): the widest bounds each layer's peak
+        intermediate = max(intermediate)
+    return Shape(hidden, int(intermediate), heads, kv_heads, head_dim, layers, vocab)
 
 
 def _norm(shape: Shape, trained: bool, outputs_saved: int, wide: int = 1) -> int:

@@ -104,7 +104,33 @@ def resolve_targets(model, finetuning_args: "FinetuningArguments"):
     from lathe.llm.multimodal.towers import patch_targets
 
     # a vision-language model: full module names, never a frozen tower nor the patch embedding (LLaMA-Factory)
-    return patch_targets(model, finetuning_args, targets, requested == ["all"])
+    targets = patch_targets(model, finetuning_args, targets, requested == ["all"])
+    if requested == ["all"]:
+        _refuse_list_indexes(model, targets, key)
+    return targets
+
+
+def _refuse_list_indexes(model, targets: list[str], key: str) -> None:
+    """`all` found a linear layer kept in a list (Gemma 3n's altup_projections.0): its name is the index, which peft
+    (and LLaMA-Factory's tower filter, by substring) also matches to the decoder layer `layers.0`, and then refuses
+    that layer in a many-line message. LLaMA-Factory 0.9.5 stops there too; this says so in one line. Full paths of
+    linear layers in a list (a projector's `mlp.0`, picked by name) stay: peft matches them exactly."""
+
+    def clashes(target: str) -> bool:  # a bare index matches every `*.0`; a full path, only a module that is no linear
+        if not target.split(".")[-1].isdigit():
+            return False
+        return "." not in target or "Linear" not in type(model.get_submodule(target)).__name__
+
+    if not any(clashes(target) for target in targets):
+        return
+    modules = model.named_modules()
+    indexed = [name for name, module in modules if name.split(".")[-1].isdigit() and "Linear" in type(module).__name__]
+    named = [name for name in find_all_linear_modules(model) if not name.isdigit()]
+    raise ValueError(
+        f"{key}: all: {type(model).__name__} keeps linear layers in lists ({', '.join(indexed[:3])}), whose names "
+        "are indexes that peft matches to the decoder layers too (LLaMA-Factory 0.9.5 fails the same way); name the "
+        f"target modules instead (linear layers here: {', '.join(named)})."
+    )
 
 
 def _example_path(model) -> str:
