@@ -271,9 +271,10 @@ TRAIN_GOLDEN = json.loads((GOLDEN_DIR / "llamafactory_minicpm_train.json").read_
 def test_lathe_train_three_steps_equal_llamafactory(case, tmp_path):
     """Three sft steps of the stand-in MiniCPM-V model (its own code, trust_remote_code; the towers and resampler
     frozen) on two rows: LLaMA-Factory's run_exp losses (1e-5), grad norms (1e-4 relative) and counts; MiniCPM-o's
-    audio case through audio_bounds; minicpmo_video: two one-video rows (each frame sliced as an image). Typed minicpmv, transformers 5 loads the folder's tokenizer without its remote
-    class and LLaMA-Factory 0.9.5 fails in its collator (recorded); lathe reads the tokens' ids and trains the
-    minicpmo-typed run's numbers (apm trains there: minicpmv's registration freezes vpm alone)."""
+    audio case through audio_bounds; minicpmo_video: two one-video rows (each frame sliced as an image). Typed
+    minicpmv, transformers 5 loads the folder's tokenizer without its remote class and LLaMA-Factory 0.9.5 fails in
+    its collator (recorded); lathe reads the tokens' ids and trains the minicpmo-typed run's numbers (apm trains
+    there: minicpmv's registration freezes vpm alone)."""
     from lathe.llm.config.train import DataArguments, parse_train_config
     from lathe.llm.templates import get_template_and_fix_tokenizer
     from lathe.llm.workflows.stages import run_train
