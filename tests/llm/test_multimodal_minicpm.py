@@ -126,8 +126,75 @@ def test_a_run_without_the_model_code_is_one_line(folder, tmp_path):
         match=r"minicpm_o family needs the model's own .*lack image_processor\.get_slice.*, audio_feature_extract, ",
     ):
         plugin.process_messages(messages, media)
-    with pytest.raises(ValueError, match="1 video.* minicpm_v family takes no video input: MiniCPM-V's video"):
-        plugin_class("minicpm_v")(None, None).check_kinds({"video": 1}, "a row")
+    with pytest.raises(ValueError, match="1 video.* minicpm_o family takes no video input: lathe's minicpm_o family"):
+        plugin_class("minicpm_o")(None, None).check_kinds({"video": 1}, "a row")
+
+
+VIDEO_GEN = load_generator(GOLDEN_DIR / "make_llamafactory_minicpm_video.py", "make_minicpm_video")
+
+
+def test_video_rows_encode_and_collate_as_llamafactory(folder, tmp_path):
+    """MiniCPM-V video rows (llamafactory_minicpm_video.safetensors): each frame sliced as an image (2 slices, no
+    image ids), the rows' ids and the collator's `data` (one entry per video) for each one-video row alone and both
+    together; the rows and batch LLaMA-Factory 0.9.5 fails on (two videos: IndexError; an image and a video: its
+    ValueError; a video row beside an image row: its collator drops the image row's pixels) refused in one line."""
+    import hashlib
+
+    from lathe.llm.config.train import DataArguments
+    from lathe.llm.data.collator import SFTDataCollator
+    from lathe.llm.data.supervised import encode_supervised_example
+    from lathe.llm.model.loader import load_tokenizer
+    from lathe.llm.multimodal.collator import MultimodalCollator
+    from lathe.llm.multimodal.encode import EXPANDED, MediaEncoder
+    from lathe.llm.templates import get_template_and_fix_tokenizer
+    from tests.llm.media_files import write_video_files
+
+    tensors, metadata = safetensors_golden(VIDEO_GEN.GOLDEN)
+    files = write_video_files(tmp_path)
+    hashes = {name: hashlib.sha256(path.read_bytes()).hexdigest() for name, path in files.items()}
+    assert hashes == json.loads(metadata["video_hashes"])
+    model_args = _arguments(folder, trust=True)
+    tokenizer = load_tokenizer(model_args)
+    template = get_template_and_fix_tokenizer(tokenizer, DataArguments(template="minicpm_v"))
+    plugin = MediaEncoder.for_run(template, tokenizer, model_args).plugin
+    features = []
+    for index, row in enumerate(VIDEO_GEN.ROWS):
+        media = {"video": plugin.regularize("video", [str(files[name]) for name in row["videos"]], "row")}
+        if row.get("images"):
+            media["image"] = [GEN.make_image(name) for name in row["images"]]
+        messages = VIDEO_GEN.messages_of(row)
+        if f"minicpm_v.error.{index}" in metadata:  # LLaMA-Factory failed: lathe names its failure
+            failure = metadata[f"minicpm_v.error.{index}"]
+            named = "IndexError: list index out of range" if len(row["videos"]) > 1 else failure.split(": ", 1)[1]
+            assert named in failure
+            with pytest.raises(ValueError, match=named.replace("(", r"\(").replace(")", r"\)")):
+                plugin.process_messages(messages, media)
+            continue
+        messages = plugin.process_messages(messages, media)
+        assert messages == json.loads(metadata[f"minicpm_v.messages.{index}"]), index
+        messages = [{**message, EXPANDED: True} for message in messages]
+        ids, labels = encode_supervised_example(messages[:-1], messages[-1:], "", "", template, tokenizer, 1024)
+        assert ids == tensors[f"minicpm_v.example.{index}.input_ids"].tolist(), index
+        assert labels == tensors[f"minicpm_v.example.{index}.labels"].tolist(), index
+        assert plugin.cut_reason(ids, media) is None
+        features.append({"input_ids": ids, "labels": labels, "attention_mask": [1] * len(ids)})
+        features[-1]["videos"] = [str(files[name]) for name in row["videos"]]
+    collator = MultimodalCollator(SFTDataCollator(tokenizer, pad_to_multiple_of=8), plugin, None)
+    for prefix, rows in VIDEO_GEN.BATCHES.items():
+        mine = {}
+        batch = collator([dict(features[row]) for row in rows])
+        structure = GEN.flatten(batch, f"minicpm_v.{prefix}", mine)
+        assert structure == json.loads(metadata[f"minicpm_v.{prefix}.structure"]), prefix
+        for key, value in mine.items():
+            if key not in tensors:  # the pair's frames: the single rows' (the golden keeps them once)
+                video, frame = key.rsplit(".", 2)[-2:]
+                key = f"minicpm_v.single.{video}.data.pixel_values.0.{frame}"
+            assert_close_to_golden(value, tensors[key], key, abs=1e-5)
+    mixed = json.loads(metadata["minicpm_v.mixed.structure"])["data"]
+    assert len(mixed["pixel_values"]) == 1 and len(mixed["image_bound"]) == 2  # LLaMA-Factory's: the video's alone
+    image_row = {"input_ids": [1, 2], "labels": [1, 2], "attention_mask": [1, 1], "images": [GEN.make_image("wide")]}
+    with pytest.raises(ValueError, match="needs one video in every row: LLaMA-Factory 0.9.5's collator gives"):
+        collator([dict(features[0]), image_row])
 
 
 def test_freezing_uses_llamafactory_parts_of_minicpm():
@@ -204,9 +271,10 @@ TRAIN_GOLDEN = json.loads((GOLDEN_DIR / "llamafactory_minicpm_train.json").read_
 def test_lathe_train_three_steps_equal_llamafactory(case, tmp_path):
     """Three sft steps of the stand-in MiniCPM-V model (its own code, trust_remote_code; the towers and resampler
     frozen) on two rows: LLaMA-Factory's run_exp losses (1e-5), grad norms (1e-4 relative) and counts; MiniCPM-o's
-    audio case through audio_bounds. Typed minicpmv, transformers 5 loads the folder's tokenizer without its remote
-    class and LLaMA-Factory 0.9.5 fails in its collator (recorded); lathe reads the tokens' ids and trains the
-    minicpmo-typed run's numbers (apm trains there: minicpmv's registration freezes vpm alone)."""
+    audio case through audio_bounds; minicpmo_video: two one-video rows (each frame sliced as an image). Typed
+    minicpmv, transformers 5 loads the folder's tokenizer without its remote class and LLaMA-Factory 0.9.5 fails in
+    its collator (recorded); lathe reads the tokens' ids and trains the minicpmo-typed run's numbers (apm trains
+    there: minicpmv's registration freezes vpm alone)."""
     from lathe.llm.config.train import DataArguments, parse_train_config
     from lathe.llm.templates import get_template_and_fix_tokenizer
     from lathe.llm.workflows.stages import run_train

@@ -104,3 +104,49 @@ def test_minicpm_v_4_6_refuses_video_and_other_processors():
         plugin.check_kinds({"video": 1}, "a row")
     with pytest.raises(ValueError, match="needs MiniCPM-V 4.6's image processor"):
         MiniCPMV46Plugin(transformers.CLIPImageProcessor(), tokenizer, MediaSettings())
+
+
+def _train_generator():
+    path = HERE / "golden" / "make_llamafactory_minicpm_v_4_6_train.py"
+    spec = importlib.util.spec_from_file_location("make_minicpm_v_4_6_train", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+TRAIN = _train_generator()
+TRAIN_GOLDEN = json.loads(TRAIN.GOLDEN.read_text())
+
+
+@pytest.mark.parametrize("case", list(TRAIN.CASES))
+def test_lathe_train_three_steps_equal_llamafactory(case, tmp_path):
+    """Three sft steps of the tiny MiniCPMV4_6ForConditionalGeneration on two image rows, full (vision tower and
+    merger frozen: LLaMA-Factory's registration) and LoRA (rank 4, all): LLaMA-Factory 0.9.5's run_exp under
+    transformers 5.23 (make_llamafactory_minicpm_v_4_6_train.py) gives the same losses (1e-5), grad norms (1e-4
+    relative) and trainable / total counts."""
+    from lathe.llm.config.train import DataArguments, parse_train_config
+    from lathe.llm.templates import get_template_and_fix_tokenizer
+    from lathe.llm.workflows.stages import run_train
+    from lathe.train import TrainerCallback
+    from tests.goldens import assert_close_to_golden
+
+    def fix_tokenizer(tokenizer, template):
+        get_template_and_fix_tokenizer(tokenizer, DataArguments(template=template))
+
+    class Count(TrainerCallback):
+        def on_train_begin(self, args, state, control, model=None, **kwargs):
+            seen = {id(p): p for p in model.parameters()}.values()
+            self.counts = (sum(p.numel() for p in seen if p.requires_grad), sum(p.numel() for p in seen))
+
+    expected = TRAIN_GOLDEN[case]
+    model, data = TRAIN.write_folders(tmp_path, fix_tokenizer)
+    count = Count()
+    run_train(
+        parse_train_config(TRAIN.train_config(model, data, tmp_path / "out", **TRAIN.CASES[case])), callbacks=[count]
+    )
+    history = json.loads((tmp_path / "out" / "trainer_state.json").read_text())["log_history"]
+    assert count.counts == (expected["trainable"], expected["total"])
+    losses = [entry["loss"] for entry in history if "loss" in entry]
+    assert_close_to_golden(losses, expected["loss"], f"{case} losses", rel=0, abs=1e-5)
+    norms = [entry["grad_norm"] for entry in history if "loss" in entry]
+    assert_close_to_golden(norms, expected["grad_norm"], f"{case} norms", rel=1e-4)

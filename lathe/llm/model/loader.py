@@ -11,6 +11,7 @@ from lathe.llm.hub import model_folder
 from lathe.llm.model.adapters import count_parameters, init_adapter
 from lathe.llm.model.moe import configure_moe
 from lathe.llm.model.quantization import configure_quantization, is_quantized, quantization_compute_dtype
+from lathe.llm.model.remote_families import configure_remote_family, eager_attention, patch_missing_loss
 from lathe.llm.model.tokenizer_check import check_tokenizer_matches_file
 from lathe.llm.model.weights_check import check_has_tokenizer, check_loading_info, check_weight_files, mismatch_error
 from lathe.llm.remote_code import remote_code_error
@@ -138,6 +139,7 @@ def load_model(
         model.name_or_path = model.config._name_or_path = model_args.model_name_or_path
     _fit_embeddings_to(model, tokenizer, model_args)
     if is_trainable:
+        patch_missing_loss(model)
         _prepare_for_training(model, model_args)
     if hasattr(model, "add_model_tags"):  # as LLaMA-Factory tags every model: PEFT's model card lists the tag
         model.add_model_tags(["llama-factory"])
@@ -160,11 +162,14 @@ def _instantiate(model_args: "ModelArguments", is_trainable: bool, meta: bool):
     model_class = auto_model_class(config)
     dtype = weights_dtype(model_args, is_trainable, config)
     attention = attention_implementation(model_args.flash_attn, getattr(config, "model_type", None))
+    if eager_attention(model_args.flash_attn, getattr(config, "model_type", None)):
+        attention = "eager"
     # a cache only costs memory in training; a multimodal model's text_config too (saved so, as LLaMA-Factory saves it)
     for part in (config, getattr(config, "text_config", None)):
         if part is not None:
             part.use_cache = model_args.use_kv_cache and not is_trainable
     configure_moe(config, model_args.moe_aux_loss_coef, is_trainable)  # read when the model is built
+    configure_remote_family(config, is_trainable)
     kwargs = {"dtype": dtype, "trust_remote_code": model_args.trust_remote_code}
     if attention is not None:
         kwargs["attn_implementation"] = attention

@@ -14,14 +14,19 @@ naming that. What they give, and what this module does with it:
   image_bound (per row: after each `<image>` / `<slice>`, each `</image>` / `</slice>`, in the unpadded row), and for
   MiniCPM-o audio_features, audio_feature_lens (per row), audio_bounds and spk_bounds; input_ids and labels beside
   it, as LLaMA-Factory's collator returns them.
-Video rows are refused (LLaMA-Factory slices each frame as an image; not done in lathe)."""
+- a `<video>` (MiniCPM-V) becomes one slice placeholder per sampled frame (max_slice_nums 2, no image ids), each
+  frame's size read from the row's video; the collator calls the image processor with the batch's videos (one
+  pixel_values / image_sizes / tgt_sizes entry per video). LLaMA-Factory 0.9.5 reads every frame's size from a row's
+  first video (a second one fails: IndexError), refuses images and videos in one row, and gives the model one entry
+  per video, not per row: lathe refuses those rows and batches, each in one line naming LLaMA-Factory's failure."""
 
 from __future__ import annotations
 
 from lathe.llm.multimodal.common import ModulePlugin, composite, fit_images, placeholder_runs
-from lathe.llm.multimodal.images import AUDIO_PLACEHOLDER, IMAGE_PLACEHOLDER
+from lathe.llm.multimodal.images import AUDIO_PLACEHOLDER, IMAGE_PLACEHOLDER, VIDEO_PLACEHOLDER
 
-IMAGE_TOKEN, AUDIO_TOKEN = "<image>", None  # MiniCPM-o's plugin class below adds audio
+IMAGE_TOKEN, VIDEO_TOKEN, AUDIO_TOKEN = "<image>", "<video>", None  # MiniCPM-o's plugin class below adds audio
+VIDEO_SLICES = 2  # LLaMA-Factory slices a video's frames into at most 2 parts (and numbers no image ids)
 IMAGE_BOUNDS = (("im_start_id", "slice_start_id"), ("im_end_id", "slice_end_id"))
 AUDIO_BOUNDS = {"audio_bounds": ("audio_start_id", "audio_end_id"), "spk_bounds": ("spk_start_id", "spk_end_id")}
 # The tokens behind MiniCPM-V's tokenizer properties (openbmb's tokenization_minicpmv_fast.py). transformers 5 loads
@@ -92,10 +97,36 @@ def image_processor_call(images, processor, settings) -> dict:
     return dict(image_processor(prepared, **kwargs))
 
 
-def process_messages(messages, images, audios, processor, settings) -> list[dict]:
-    """Each `<image>` replaced by its slice placeholder (numbered over the row's images), each `<audio>` by the
-    processor's audio placeholder."""
+def check_videos(images: list, videos: list) -> None:
+    """The rows LLaMA-Factory 0.9.5's MiniCPMVPlugin fails on, named."""
+    if videos and images:
+        raise ValueError(
+            'a minicpm_v row takes images or videos, not both: LLaMA-Factory 0.9.5 refuses it ("MiniCPM-V model does '
+            'not support input images and videos at the same time")'
+        )
+    if len(videos) > 1:
+        raise ValueError(
+            f"a minicpm_v row takes one video, this one has {len(videos)}: LLaMA-Factory 0.9.5 reads every frame's size "
+            "from the row's first video and fails on the second's frames (IndexError: list index out of range)"
+        )
+
+
+def video_frames_call(videos, processor) -> dict:
+    """The image processor's outputs for the videos' frames, one row per video (LLaMA-Factory's call)."""
+    frames = [video.frames for video in videos]
+    return dict(processor.image_processor(frames, do_pad=True, max_slice_nums=VIDEO_SLICES, return_tensors="pt"))
+
+
+def process_messages(messages, images, audios, processor, settings, videos=()) -> list[dict]:
+    """Each `<image>` replaced by its slice placeholder (numbered over the row's images), a `<video>` by one per
+    frame, each `<audio>` by the processor's audio placeholder."""
     messages = [dict(message) for message in messages]
+    videos = list(videos)
+    check_videos(images, videos)
+    if videos:
+        sizes, place = video_frames_call(videos, processor)["image_sizes"][0], processor.image_processor
+        run = "".join(place.get_slice_image_placeholder(size, k, VIDEO_SLICES, False) for k, size in enumerate(sizes))
+        messages = placeholder_runs(messages, VIDEO_PLACEHOLDER, lambda k: run)
     if images:
         image_processor = processor.image_processor
         sizes = image_processor_call(images, processor, settings)["image_sizes"][0]
@@ -137,12 +168,21 @@ def grouped(items: list, counts: list[int]) -> list[list]:
     return rows
 
 
-def media_inputs(images, audios, counts, batch_ids, processor, tokenizer, settings, shape) -> dict:
+def media_inputs(images, audios, counts, batch_ids, processor, tokenizer, settings, shape, videos=()) -> dict:
     """The model's `data` entries besides the padded text, for a batch of `shape` (rows, length)."""
     import torch
 
     starts, ends = ({token_id(tokenizer, name) for name in names} for names in IMAGE_BOUNDS)
     inputs = image_processor_call(grouped(images, counts["image"]), processor, settings) if images else {}
+    if videos:
+        if any(count != 1 for count in counts["video"]):
+            raise ValueError(
+                "a minicpm_v batch with videos needs one video in every row: LLaMA-Factory 0.9.5's collator gives "
+                "the model one pixel_values entry per video, not per row (the other rows' images are dropped and "
+                "the entries no longer match the rows): batch video rows together (per_device_train_batch_size: 1 "
+                "keeps every row apart)"
+            )
+        inputs = video_frames_call(videos, processor)
     inputs["image_bound"] = [bounds(ids, starts, ends) for ids in batch_ids]
     if audios:
         for key, (start, end) in AUDIO_BOUNDS.items():
@@ -163,7 +203,6 @@ class MiniCPMVPlugin(ModulePlugin):
     """LLaMA-Factory's MiniCPM-V plugin (minicpm_v template: images)."""
 
     name = "minicpm_v"
-    missing = {"video": "MiniCPM-V's video frames (sliced as images) are not encoded by lathe yet"}
 
     def check_processor(self, audio: bool) -> None:
         check_processor(self.processor, self.tokenizer, audio, self.name)
@@ -175,11 +214,12 @@ class MiniCPMVPlugin(ModulePlugin):
     def batch_inputs(self, media_rows: list[dict], batch: dict, model, row_ids=None) -> dict:
         if row_ids is None:
             raise ValueError(f"the {self.name} family needs each row's unpadded input_ids (MultimodalCollator)")
-        images, audios = ([item for row in media_rows for item in row.get(kind) or []] for kind in ("image", "audio"))
+        kinds = ("image", "video", "audio")
+        images, videos, audios = ([item for row in media_rows for item in row.get(kind) or []] for kind in kinds)
         self.check_processor(bool(audios))
-        counts = {kind: [len(row.get(kind) or []) for row in media_rows] for kind in ("image", "audio")}
-        shape = tuple(batch["input_ids"].shape)
-        return media_inputs(images, audios, counts, row_ids, self.processor, self.tokenizer, self.settings, shape)
+        counts = {kind: [len(row.get(kind) or []) for row in media_rows] for kind in kinds}
+        shape, parts = tuple(batch["input_ids"].shape), (self.processor, self.tokenizer, self.settings)
+        return media_inputs(images, audios, counts, row_ids, *parts, shape, videos=videos)
 
     def finish_batch(self, batch: dict) -> dict:
         """MiniCPM-V's forward takes one `data` dict: LLaMA-Factory's collator nests the batch there."""
@@ -191,6 +231,7 @@ class MiniCPMOPlugin(MiniCPMVPlugin):
     and bounds; a batch without audio gets the stand-in silence)."""
 
     name = "minicpm_o"
+    missing = {"video": "lathe's minicpm_o family takes images and audio (MiniCPM-V's video: the minicpm_v template)"}
 
 
 MiniCPMOPlugin.kinds = ("image", "audio")  # after the class: ModulePlugin sets kinds from the module's tokens

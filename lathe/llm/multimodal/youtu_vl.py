@@ -18,6 +18,10 @@ from lathe.llm.multimodal.common import (
 )
 from lathe.llm.multimodal.images import IMAGE_PLACEHOLDER, VIDEO_PLACEHOLDER
 
+WHOLE_MODEL_TYPES = (
+    "youtu_vl",
+)  # no composite, trained whole, yet a vision-language model (towers.is_vision_language)
+
 IMAGE_TOKEN, VIDEO_TOKEN, AUDIO_TOKEN = "<|image_pad|>", "<|video_pad|>", None
 VISION_START, VISION_END = "<|vision_start|>", "<|vision_end|>"
 COMPOSITES: dict = {}

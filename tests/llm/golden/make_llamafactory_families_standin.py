@@ -5,7 +5,7 @@ make_llamafactory_torchvision_families.py.)
 
     python tests/llm/golden/make_llamafactory_families_standin.py [--python bench/.venv-lf/bin/python]
 
-Both sides get the same processor STAND-IN defined below (a deterministic image processor with the outputs and
+Both sides get the same processor STAND-IN (vl_remote_code.py: a deterministic image processor with the outputs and
 attributes the plugin reads: image_grid_hws and merge_kernel_size), so what is compared is LLaMA-Factory's token and
 collator path, not the real processor's pixels. Runs in LLaMA-Factory 0.9.5's environment (`--worker`) as
 make_llamafactory_families.py does (its rows, images and tokenizer); writes
@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
-import math
 import os
 import subprocess
 from pathlib import Path
@@ -26,47 +25,23 @@ HERE = Path(__file__).resolve().parent
 GOLDEN = HERE / "llamafactory_families_standin.safetensors"
 FAMILIES = {"kimi_vl": ("kimi_vl", "image")}
 TOKENS = {"kimi_vl": ["<|media_start|>", "<|media_content|>", "<|media_end|>", "<|media_pad|>"]}
-TILE, PATCH = 28, 14  # Kimi-VL's stand-in: 14-pixel patches, sides rounded up to 2 patches
 
 
-def _families_generator():
-    spec = importlib.util.spec_from_file_location("make_families", HERE / "make_llamafactory_families.py")
+def _module(name: str, path: Path):
+    spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
 
 
-BASE = _families_generator()
+BASE = _module("make_families", HERE / "make_llamafactory_families.py")
 make_image, messages_of, CUTOFF_LEN, ROWS = BASE.make_image, BASE.messages_of, BASE.CUTOFF_LEN, BASE.ROWS
 
 
-def _pixels(image, width: int, height: int):
-    """The image resized to width x height, as a float tensor (3, height, width) in [0, 1]."""
-    import numpy as np
-    import torch
-
-    array = np.asarray(image.convert("RGB").resize((width, height)), dtype="float32") / 255.0
-    return torch.from_numpy(array.copy()).permute(2, 0, 1)
-
-
-class KimiVLStandInImageProcessor:
-    """Kimi-VL's image processor's outputs: 14-pixel patches, (rows, columns) per image in image_grid_hws (each
-    side an even number of patches, so the 2x2 merge kernel divides them), pixel_values one row per patch."""
-
-    merge_kernel_size = (2, 2)
-    patch_size = PATCH
-
-    def __call__(self, images, return_tensors="pt", **kwargs):
-        import torch
-
-        rows, grids = [], []
-        for image in images:
-            height, width = 2 * math.ceil(image.height / TILE), 2 * math.ceil(image.width / TILE)
-            pixels = _pixels(image, width * PATCH, height * PATCH)
-            patches = pixels.reshape(3, height, PATCH, width, PATCH).permute(1, 3, 0, 2, 4).reshape(height * width, -1)
-            rows.append(patches)
-            grids.append([height, width])
-        return {"pixel_values": torch.cat(rows), "image_grid_hws": torch.tensor(grids)}
+# The stand-in image processor is the remote-code stand-in's (vl_remote_code.py, whose Kimi-VL model trains on it):
+# 14-pixel patches, (rows, columns) per image in image_grid_hws (each side an even number of patches, so the 2x2
+# merge kernel divides them), pixel_values one row per patch.
+KimiVLStandInImageProcessor = _module("vl_remote_code", HERE / "vl_remote_code.py").KimiVLStandInImageProcessor
 
 
 def settings_of(family: str) -> dict:

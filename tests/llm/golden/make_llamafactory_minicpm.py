@@ -40,7 +40,17 @@ IMAGE_SETTINGS = {"max_slice_nums": 3, "scale_resolution": 28, "patch_size": 14,
 # (MiniCPM-o's audio case: the minicpm_o template on its image + audio and audio rows)
 # (minicpmv last: after transformers 5.6 skips its remote tokenizer class, saving a plain tokenizer in the same
 # process fails)
-TRAIN_CASES = {"minicpmo_typed": "minicpmo", "minicpmo_audio": "minicpmo", "minicpmv_typed": "minicpmv"}
+# (minicpmo_video: the minicpm_v template on two one-video rows, VIDEO_ROWS)
+TRAIN_CASES = {"minicpmo_typed": "minicpmo", "minicpmo_audio": "minicpmo", "minicpmo_video": "minicpmo"}
+TRAIN_CASES["minicpmv_typed"] = "minicpmv"
+VIDEO_ROWS = [  # tests/llm/media_files.py's videos (make_llamafactory_minicpm_video.py: their encoding)
+    {"messages": [("user", "<video>What happens?"), ("assistant", "A walk.")], "images": [], "videos": ["walk.mp4"]},
+    {
+        "messages": [("user", "Describe <video> please."), ("assistant", "It spins.")],
+        "images": [],
+        "videos": ["spin.mp4"],
+    },
+]
 TRAIN_GOLDEN = HERE / "llamafactory_minicpm_train.json"
 
 
@@ -146,14 +156,21 @@ def _write_model(folder: str, vocab_size: int, model_type: str) -> None:
 
 def write_train_folders(root: Path, fix_tokenizer, case: str) -> tuple[Path, Path]:
     """(model folder, data folder): the stand-in model's folder (TRAIN_CASES' type) and the first two rows of the
-    case's family as the sharegpt dataset "rows" (PNG and 32-bit PCM WAV files)."""
+    case's family as the sharegpt dataset "rows" (PNG, 32-bit PCM WAV and MPEG-4 files)."""
     model, data = root / "model", root / "data"
     template = "minicpm_o" if case.endswith("audio") else "minicpm_v"
     write_folder(model, fix_tokenizer, TRAIN_CASES[case], template)
     data.mkdir(parents=True)
-    rows = []
-    for row in (AUDIO_ROWS if template == "minicpm_o" else BASE.ROWS)[:2]:
-        item = {"messages": messages_of(row), "images": [], "audios": []}
+    rows, videos = [], {}
+    if case.endswith("video"):
+        import sys
+
+        sys.path.insert(0, str(HERE.parents[2]))
+        from tests.llm.media_files import write_video_files
+
+        videos = write_video_files(data)
+    for row in (VIDEO_ROWS if videos else AUDIO_ROWS if template == "minicpm_o" else BASE.ROWS)[:2]:
+        item = {"messages": messages_of(row), "images": [], "audios": [], "videos": row.get("videos", [])}
         for name in row["images"]:
             make_image(name).save(data / f"{name}.png")
             item["images"].append(f"{name}.png")
@@ -163,7 +180,7 @@ def write_train_folders(root: Path, fix_tokenizer, case: str) -> tuple[Path, Pat
         rows.append(item)
     (data / "rows.json").write_text(json.dumps(rows))
     tags = {"role_tag": "role", "content_tag": "content", "user_tag": "user", "assistant_tag": "assistant"}
-    columns = {"messages": "messages", "images": "images", "audios": "audios"}
+    columns = {"messages": "messages", "images": "images", "audios": "audios", "videos": "videos"}
     info = {"file_name": "rows.json", "formatting": "sharegpt", "columns": columns, "tags": tags}
     (data / "dataset_info.json").write_text(json.dumps({"rows": info}))
     return model, data
