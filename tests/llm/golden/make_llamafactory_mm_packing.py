@@ -25,7 +25,7 @@ and data: logged losses and grad norms.
 
 `--families` (added into the same file, the cases above kept): every other family LLaMA-Factory packs, on the
 rows, processors and tiny models of make_llamafactory_families.py, make_llamafactory_mrope_families.py and
-make_llamafactory_families_standin.py (FAMILY_SOURCES), each family's rows neat-packed into cutoff_len FAMILY_CUTOFF_LEN
+make_llamafactory_families_standin.py / packing_standins.py (FAMILY_SOURCES), each family's rows neat-packed into cutoff_len FAMILY_CUTOFF_LEN
 and collated as one batch: `family.<family>.rows.<key>` (the packed rows), `family.<family>.<key>` (every collated
 tensor but the 4-D mask, which is the rows' segment ids made block-diagonal) and `error.family.<family>` where
 LLaMA-Factory fails (the collator, or the tiny model on its batch: `loss.family.<family>` where it runs).
@@ -66,7 +66,8 @@ FAMILY_SOURCES = {  # family: the generator its rows, processor and tiny model c
         "make_llamafactory_families.py",
     ),
     **dict.fromkeys(["glm4v", "ernie_vl", "qwen2_omni"], "make_llamafactory_mrope_families.py"),
-    **dict.fromkeys(["kimi_vl", "llama4", "lfm2_vl"], "make_llamafactory_families_standin.py"),
+    "kimi_vl": "make_llamafactory_families_standin.py",
+    **dict.fromkeys(["llama4", "lfm2_vl"], "packing_standins.py"),  # stand-ins: the real ones need torchvision
 }
 MROPE_FAMILIES = ("glm4v", "ernie_vl", "qwen2_omni")  # LLaMA-Factory's collator needs the model for positions
 RUNNABLE = ("llava", "llava_next", "gemma3", "paligemma", "mllama", "qwen2_audio", *MROPE_FAMILIES)  # a tiny model
