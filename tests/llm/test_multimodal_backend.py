@@ -53,20 +53,22 @@ def model_folder(tmp_path_factory):
 
 
 def _run(code: str, folder: Path, torchvision: bool) -> dict:
-    import subprocess
-    import sys
-
+    """CHECK's printed result: with torchvision by the recipe's Python, without it in this process (the test skips
+    where torchvision imports here)."""
     if torchvision:
         from tests.llm.torchvision_recipe import run_with_torchvision
 
         out = run_with_torchvision(f"import sys; sys.argv = ['x', {str(folder)!r}]\n" + code).stdout
     else:
-        root = str(Path(__file__).resolve().parents[2])
-        result = subprocess.run(
-            [sys.executable, "-c", code, str(folder)], capture_output=True, text=True, cwd=root, check=False
-        )
-        assert result.returncode == 0, result.stderr[-3000:]
-        out = result.stdout
+        import contextlib
+        import io
+        import sys
+        from unittest import mock
+
+        printed = io.StringIO()
+        with mock.patch.object(sys, "argv", ["x", str(folder)]), contextlib.redirect_stdout(printed):
+            exec(compile(code, "<backend check>", "exec"), {"__name__": "__main__"})
+        out = printed.getvalue()
     return json.loads(out.strip().splitlines()[-1])
 
 
