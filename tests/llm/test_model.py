@@ -206,7 +206,8 @@ def test_lora_target_list_options_and_bad_name(tiny_model_dir):
 
 def test_lora_target_all_refuses_linear_layers_named_by_a_list_index(tiny_model_dir):
     """Gemma 3n keeps linear layers in a list (altup_projections.0): `all` would hand peft the bare name "0", which
-    also names the decoder layer layers.0 (LLaMA-Factory 0.9.5 stops on peft's refusal); lathe names the cause."""
+    also names the decoder layer layers.0 (LLaMA-Factory 0.9.5 stops on peft's refusal); lathe names the cause. So
+    for a linear layer whose name other modules also bear (ERNIE-4.5-VL's `mlp`)."""
     from types import SimpleNamespace
 
     from transformers import AutoModelForCausalLM
@@ -218,6 +219,11 @@ def test_lora_target_all_refuses_linear_layers_named_by_a_list_index(tiny_model_
     assert "0" not in resolve_targets(model, args)
     model.model.projections = torch.nn.ModuleList([torch.nn.Linear(4, 4)])
     with pytest.raises(ValueError, match=r"^lora_target: all: .* lists \(model.projections.0\), .*q_proj"):
+        resolve_targets(model, args)
+    # a linear layer named as other modules are (ERNIE-4.5-VL's resampler_model.mlp beside the decoder's MLPs)
+    del model.model.projections
+    model.model.mlp = torch.nn.Linear(4, 4)
+    with pytest.raises(ValueError, match=r"^lora_target: all: .* named mlp as .*\(model.layers.0.mlp: LlamaMLP\)"):
         resolve_targets(model, args)
 
 

@@ -107,7 +107,43 @@ def resolve_targets(model, finetuning_args: "FinetuningArguments"):
     targets = patch_targets(model, finetuning_args, targets, requested == ["all"])
     if requested == ["all"]:
         _refuse_list_indexes(model, targets, key)
+        _refuse_shared_names(model, targets, key)
     return targets
+
+
+def _refuse_shared_names(model, targets: list[str], key: str) -> None:
+    """`all` found a linear layer whose short name is also another module's (ERNIE-4.5-VL's resampler_model.mlp, a
+    Linear, beside each decoder layer's Ernie4_5_VLMoeMLP): peft matches the name to both and stops on the MLP with a
+    many-line "Target module ... is not supported". LLaMA-Factory 0.9.5 stops there too; this says so in one line."""
+    import torch
+
+    # what peft wraps besides linear layers (a patch embedding's Conv3d named like a linear layer is no clash)
+    wrapped = (
+        torch.nn.Linear,
+        torch.nn.Embedding,
+        torch.nn.Conv1d,
+        torch.nn.Conv2d,
+        torch.nn.Conv3d,
+        torch.nn.MultiheadAttention,
+    )
+    short = {target for target in targets if "." not in target}
+    clashes = [
+        (name, type(module).__name__)
+        for name, module in model.named_modules()
+        if name.split(".")[-1] in short
+        and "Linear" not in type(module).__name__
+        and not isinstance(module, wrapped)
+        and type(module).__name__ != "Conv1D"  # transformers' GPT-2 layer
+    ]
+    if not clashes:
+        return
+    names = sorted({name.split(".")[-1] for name, _ in clashes})
+    named = [name for name in find_all_linear_modules(model) if name not in names]
+    raise ValueError(
+        f"{key}: all: {type(model).__name__} has linear layers named {', '.join(names)} as other modules are "
+        f"({clashes[0][0]}: {clashes[0][1]}), which peft then targets and refuses (LLaMA-Factory 0.9.5 fails the same "
+        f"way); name the target modules instead (linear layers here: {', '.join(named)})."
+    )
 
 
 def _refuse_list_indexes(model, targets: list[str], key: str) -> None:

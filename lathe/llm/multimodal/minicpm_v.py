@@ -14,7 +14,7 @@ naming that. What they give, and what this module does with it:
   image_bound (per row: after each `<image>` / `<slice>`, each `</image>` / `</slice>`, in the unpadded row), and for
   MiniCPM-o audio_features, audio_feature_lens (per row), audio_bounds and spk_bounds; input_ids and labels beside
   it, as LLaMA-Factory's collator returns them.
-- a `<video>` (MiniCPM-V) becomes one slice placeholder per sampled frame (max_slice_nums 2, no image ids), each
+- a `<video>` (MiniCPM-V and MiniCPM-o: LLaMA-Factory's one plugin takes it for both templates) becomes one slice placeholder per sampled frame (max_slice_nums 2, no image ids), each
   frame's size read from the row's video; the collator calls the image processor with the batch's videos (one
   pixel_values / image_sizes / tgt_sizes entry per video). LLaMA-Factory 0.9.5 reads every frame's size from a row's
   first video (a second one fails: IndexError), refuses images and videos in one row, and gives the model one entry
@@ -101,12 +101,12 @@ def check_videos(images: list, videos: list) -> None:
     """The rows LLaMA-Factory 0.9.5's MiniCPMVPlugin fails on, named."""
     if videos and images:
         raise ValueError(
-            'a minicpm_v row takes images or videos, not both: LLaMA-Factory 0.9.5 refuses it ("MiniCPM-V model does '
+            'a minicpm_v / minicpm_o row takes images or videos, not both: LLaMA-Factory 0.9.5 refuses it ("MiniCPM-V model does '
             'not support input images and videos at the same time")'
         )
     if len(videos) > 1:
         raise ValueError(
-            f"a minicpm_v row takes one video, this one has {len(videos)}: LLaMA-Factory 0.9.5 reads every frame's size "
+            f"a minicpm_v / minicpm_o row takes one video, this one has {len(videos)}: LLaMA-Factory 0.9.5 reads every frame's size "
             "from the row's first video and fails on the second's frames (IndexError: list index out of range)"
         )
 
@@ -177,7 +177,7 @@ def media_inputs(images, audios, counts, batch_ids, processor, tokenizer, settin
     if videos:
         if any(count != 1 for count in counts["video"]):
             raise ValueError(
-                "a minicpm_v batch with videos needs one video in every row: LLaMA-Factory 0.9.5's collator gives "
+                "a minicpm_v / minicpm_o batch with videos needs one video in every row: LLaMA-Factory 0.9.5's collator gives "
                 "the model one pixel_values entry per video, not per row (the other rows' images are dropped and "
                 "the entries no longer match the rows): batch video rows together (per_device_train_batch_size: 1 "
                 "keeps every row apart)"
@@ -228,10 +228,9 @@ class MiniCPMVPlugin(ModulePlugin):
 
 class MiniCPMOPlugin(MiniCPMVPlugin):
     """The minicpm_o template: LLaMA-Factory's same plugin with `<audio>` (MiniCPM-o's audio placeholders, features
-    and bounds; a batch without audio gets the stand-in silence)."""
+    and bounds; a batch without audio, a video batch too, gets the stand-in silence). Videos as MiniCPM-V's."""
 
     name = "minicpm_o"
-    missing = {"video": "lathe's minicpm_o family takes images and audio (MiniCPM-V's video: the minicpm_v template)"}
 
 
-MiniCPMOPlugin.kinds = ("image", "audio")  # after the class: ModulePlugin sets kinds from the module's tokens
+MiniCPMOPlugin.kinds = ("image", "video", "audio")  # after the class: ModulePlugin sets kinds from the module's tokens

@@ -1,4 +1,4 @@
-"""Regenerate LLaMA-Factory's encoding of MiniCPM-V video rows (minicpm_v template) that
+"""Regenerate LLaMA-Factory's encoding of MiniCPM-V video rows (minicpm_v and minicpm_o templates) that
 tests/llm/test_multimodal_minicpm.py compares lathe against.
 
     python tests/llm/golden/make_llamafactory_minicpm_video.py [--python bench/.venv-lf/bin/python]
@@ -8,10 +8,11 @@ ids), one `(<image>./</image>)` per frame, and reads every frame's size from the
 (`image_sizes[0][k]`, k counting the row's frames); its collator calls the image processor with the batch's videos
 (one pixel_values / image_sizes / tgt_sizes entry per video, not per row). Same folder and stand-in remote code as
 make_llamafactory_minicpm.py (its write_folder); the videos are tests/llm/media_files.py's MPEG-4 files (hashes
-recorded). Rows (ROWS): one video, another video, two videos, an image and a video (LLaMA-Factory's errors recorded);
+recorded). The minicpm_o template is the same plugin with an audio token: its batches (no audio) also get the
+collator's stand-in silence (audio_features, audio_bounds, ...). Rows (ROWS), per template (FAMILIES): one video, another video, two videos, an image and a video (LLaMA-Factory's errors recorded);
 batches: each row alone and the two one-video rows together (BATCHES), and a one-video row beside an image row (the
 collator's output structure is recorded: its pixel entries are the video's alone). The pair's pixel_values are
-left out: they are the single rows' (the test reads them there). Runs in LLaMA-Factory's
+left out: they are the single rows' (the test reads them there), and so are minicpm_o's: they are minicpm_v's. Runs in LLaMA-Factory's
 environment (`--worker`, transformers 5.6, Pillow 12.3 first on the path); writes
 tests/llm/golden/llamafactory_minicpm_video.safetensors in make_llamafactory_minicpm.py's layout (flatten).
 """
@@ -30,7 +31,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 GOLDEN = HERE / "llamafactory_minicpm_video.safetensors"
-FAMILY = "minicpm_v"
+FAMILIES = ("minicpm_v", "minicpm_o")  # the templates, as lathe names the families
 ROWS = [
     {"messages": [("user", "<video>What happens?"), ("assistant", "A walk.")], "videos": ["walk.mp4"]},
     {"messages": [("user", "Describe <video> please."), ("assistant", "It spins.")], "videos": ["spin.mp4"]},
@@ -56,7 +57,7 @@ def messages_of(row: dict) -> list[dict]:
     return [{"role": role, "content": content} for role, content in row["messages"]]
 
 
-def run_rows(folder: str, videos: Path, tensors: dict, metadata: dict) -> None:
+def run_rows(family: str, folder: str, videos: Path, tensors: dict, metadata: dict) -> None:
     import torch
     from llamafactory.data.collator import MultiModalDataCollatorForSeq2Seq
     from llamafactory.data.processor.supervised import SupervisedDatasetProcessor
@@ -66,10 +67,10 @@ def run_rows(folder: str, videos: Path, tensors: dict, metadata: dict) -> None:
 
     tokenizer = AutoTokenizer.from_pretrained(folder, trust_remote_code=True)
     processor = AutoProcessor.from_pretrained(folder, trust_remote_code=True)
-    data_args = DataArguments(template=FAMILY, cutoff_len=BASE.CUTOFF_LEN)
+    data_args = DataArguments(template=family, cutoff_len=BASE.CUTOFF_LEN)
     template = get_template_and_fix_tokenizer(tokenizer, data_args)
     processor.tokenizer = tokenizer
-    for key, value in MINICPM.settings_of(FAMILY).items():
+    for key, value in MINICPM.settings_of(family).items():
         setattr(processor, key, value)
     encoder = SupervisedDatasetProcessor(
         template=template, tokenizer=tokenizer, processor=processor, data_args=data_args
@@ -81,9 +82,9 @@ def run_rows(folder: str, videos: Path, tensors: dict, metadata: dict) -> None:
         try:
             expanded = template.mm_plugin.process_messages(messages_of(row), images, paths, [], processor)
         except Exception as error:  # recorded: lathe refuses the row naming it
-            metadata[f"{FAMILY}.error.{index}"] = f"{type(error).__name__}: {error}"
+            metadata[f"{family}.error.{index}"] = f"{type(error).__name__}: {error}"
             continue
-        metadata[f"{FAMILY}.messages.{index}"] = json.dumps(expanded)
+        metadata[f"{family}.messages.{index}"] = json.dumps(expanded)
         batch = {
             "_prompt": [messages_of(row)[:-1]],
             "_response": [messages_of(row)[-1:]],
@@ -96,18 +97,18 @@ def run_rows(folder: str, videos: Path, tensors: dict, metadata: dict) -> None:
         encoded = encoder.preprocess_dataset(batch)
         feature = {key: encoded[key][0] for key in ("input_ids", "labels", "attention_mask")}
         for key, value in feature.items():
-            tensors[f"{FAMILY}.example.{index}.{key}"] = torch.tensor(value, dtype=torch.int64)
+            tensors[f"{family}.example.{index}.{key}"] = torch.tensor(value, dtype=torch.int64)
         features[index] = {**feature, "videos": paths}
     collator = MultiModalDataCollatorForSeq2Seq(
         template=template, processor=processor, model=None, tokenizer=tokenizer, pad_to_multiple_of=8
     )
     for prefix, rows in BATCHES.items():
         output = collator([dict(features[row]) for row in rows])
-        metadata[f"{FAMILY}.{prefix}.structure"] = json.dumps(MINICPM.flatten(output, f"{FAMILY}.{prefix}", tensors))
+        metadata[f"{family}.{prefix}.structure"] = json.dumps(MINICPM.flatten(output, f"{family}.{prefix}", tensors))
     # The pair's frames are its rows' frames (one entry per video): left out of the file, the test reads the singles'.
-    for key in [key for key in tensors if key.startswith(f"{FAMILY}.pair.0.data.pixel_values.")]:
+    for key in [key for key in tensors if key.startswith(f"{family}.pair.0.data.pixel_values.")]:
         video, frame = key.rsplit(".", 2)[-2:]
-        if torch.equal(tensors[key], tensors[f"{FAMILY}.single.{video}.data.pixel_values.0.{frame}"]):
+        if torch.equal(tensors[key], tensors[f"{family}.single.{video}.data.pixel_values.0.{frame}"]):
             del tensors[key]
     image_row = BASE.ROWS[0]
     images = [BASE.make_image(name) for name in image_row["images"]]
@@ -118,7 +119,7 @@ def run_rows(folder: str, videos: Path, tensors: dict, metadata: dict) -> None:
     image_feature["images"] = images
     output = collator([dict(features[0]), image_feature])
     scratch = {}
-    metadata[f"{FAMILY}.{MIXED}.structure"] = json.dumps(MINICPM.flatten(output, f"{FAMILY}.{MIXED}", scratch))
+    metadata[f"{family}.{MIXED}.structure"] = json.dumps(MINICPM.flatten(output, f"{family}.{MIXED}", scratch))
 
 
 def main() -> None:
@@ -131,6 +132,7 @@ def main() -> None:
     if args.worker:
         import llamafactory
         import PIL
+        import torch
         import transformers
         from safetensors.torch import save_file
 
@@ -142,7 +144,12 @@ def main() -> None:
             files = write_video_files(Path(videos))
             hashes = {name: hashlib.sha256(path.read_bytes()).hexdigest() for name, path in files.items()}
             MINICPM.write_folder(folder)
-            run_rows(folder, Path(videos), tensors, metadata)
+            for family in FAMILIES:
+                run_rows(family, folder, Path(videos), tensors, metadata)
+        # minicpm_o's frames are minicpm_v's (the same image processor): kept once, the test reads minicpm_v's
+        for key in [key for key in tensors if key.startswith("minicpm_o.") and ".data.pixel_values." in key]:
+            if torch.equal(tensors[key], tensors["minicpm_v." + key.split(".", 1)[1]]):
+                del tensors[key]
         versions = {"llamafactory": llamafactory.__version__, "transformers": transformers.__version__}
         metadata["versions"] = json.dumps({**versions, "pillow": PIL.__version__})
         metadata["video_hashes"] = json.dumps(hashes)

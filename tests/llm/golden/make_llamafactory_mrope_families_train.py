@@ -1,4 +1,5 @@
-"""Regenerate LLaMA-Factory 0.9.5's three-step training runs of GLM-4.1V (glm4v) and Qwen2.5-Omni's thinker that
+"""Regenerate LLaMA-Factory 0.9.5's three-step training runs of GLM-4.1V (glm4v), ERNIE-4.5-VL (full tuning: its LoRA
+on every linear layer fails in LLaMA-Factory, docs/MULTIMODAL_FAMILIES.md) and the Omni thinkers that
 tests/llm/test_multimodal_mrope_families.py compares `lathe train` against.
 
     python tests/llm/golden/make_llamafactory_mrope_families_train.py [--python bench/.venv-lf/bin/python]
@@ -8,7 +9,7 @@ Runs this file in LLaMA-Factory's environment (`--worker`; lathe is not imported
 transformers 5.6 and 5.23 train the same model), its PIL image processor (and Whisper feature extractor, in one
 preprocessor_config.json as the Omni repositories ship it), tokenizer and two rows (ROWS) (images as PNG, audio as
 32-bit PCM WAV, read by make_llamafactory_families_train's torchaudio stand-in) saved by write_folders, trained by LLaMA-Factory's own `run_exp` with CASES' keys over
-make_llamafactory_families_train.train_config. transformers builds Glm4vProcessor and the Omni processors only with
+make_llamafactory_families_train.train_config. transformers builds Glm4vProcessor, ERNIE's and the Omni processors only with
 torchvision (which does not load beside the CPU torch here), so AutoProcessor gives LLaMA-Factory an object with the
 folder's image processor and feature extractor (lathe loads those parts itself then). Writes tests/llm/golden/llamafactory_mrope_families_train.json.
 """
@@ -35,6 +36,7 @@ CASES = {
     "qwen3_omni_full": ("qwen3_omni", {}),
     "qwen3_omni_lora": ("qwen3_omni", LORA),
     "qwen3_omni_one_clip_full": ("qwen3_omni", {}),
+    "ernie_vl_full": ("ernie_vl", {}),
 }
 # The rows of each case's batch (the family's first two unless named): an image-and-audio row and a two-image row,
 # so the batch holds one audio clip. transformers 5.6 (this run's) encodes the Qwen3-Omni audio of a whole batch in one
@@ -120,7 +122,8 @@ def _processor_parts() -> None:
     """AutoProcessor gives LLaMA-Factory the folder's image processor (and the Omni folders' feature extractor)
     inside an object whose class name holds "Processor" (LLaMA-Factory keeps only such) with the attributes its
     plugins read."""
-    from transformers import AutoProcessor, Glm4vImageProcessorPil, Qwen2VLImageProcessorPil, WhisperFeatureExtractor
+    import transformers
+    from transformers import AutoProcessor, Qwen2VLImageProcessorPil, WhisperFeatureExtractor
 
     class PartsProcessor:
         def __init__(self, **parts):
@@ -132,8 +135,10 @@ def _processor_parts() -> None:
     def parts(path, *args, **kwargs):
         # AutoImageProcessor of transformers 5.6 asks for torchvision here: the PIL classes themselves
         config = json.loads((Path(path) / "preprocessor_config.json").read_text())
-        if "feature_extractor_type" not in config:
-            return PartsProcessor(image_processor=Glm4vImageProcessorPil.from_pretrained(path))
+        if "feature_extractor_type" not in config:  # the folder's PIL image processor (GLM-4.1V's, ERNIE-4.5-VL's)
+            named = config["image_processor_type"]
+            named = named if named.endswith("Pil") else named.removesuffix("Fast") + "Pil"
+            return PartsProcessor(image_processor=getattr(transformers, named).from_pretrained(path))
         image_processor = Qwen2VLImageProcessorPil.from_pretrained(path)
         extractor = WhisperFeatureExtractor.from_pretrained(path)
         named = type(config["processor_class"], (PartsProcessor,), {})  # the folder's processor class name
