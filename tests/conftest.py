@@ -1,14 +1,20 @@
 """Shared test set-up: one torch thread (2 shared cores: spinning thread pools make runs erratic; another count
 with LATHE_TEST_THREADS, how bench/golden_drift.py measures what threads change), quiet, deterministic
-defaults, and the files in tests/suite_order.txt's order (longest first, so that the README's `-n auto --dist
-loadfile` starts the long files first and ends on short ones)."""
+defaults, bytecode cached, and the files in tests/suite_order.txt's order (longest first, so that the README's
+`-n auto --dist loadfile` starts the long files first and ends on short ones)."""
 
 import os
 import sys
 from pathlib import Path
 
-import pytest
-import torch
+if os.environ.pop("PYTHONDONTWRITEBYTECODE", None):
+    # An environment that turns Python's bytecode cache off (this sandbox does) makes each of the ~150 Pythons the
+    # suite starts (lathe train, torchrun ranks, the workers) compile lathe's modules again: ~0.4 CPU s each. The
+    # suite runs Python as it runs by default: compiled files kept in the (git-ignored) __pycache__ folders.
+    sys.dont_write_bytecode = False
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
 
 torch.set_num_threads(int(os.environ.get("LATHE_TEST_THREADS", "1")))
 if "TORCH_EXTENSIONS_DIR" not in os.environ:
