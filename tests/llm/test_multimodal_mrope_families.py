@@ -4,9 +4,10 @@ audio), token for token and tensor for tensor against LLaMA-Factory 0.9.5
 expanded messages, the encoded rows, and every tensor the collator returns for each row alone and for pairs
 (pixel_values, image_grid_thw, input_features, feature_attention_mask, the position_ids and rope_deltas of the
 family's tiny model's get_rope_index), stand-in image and audio included; the tiny model takes lathe's batches
-with the loss it has on LLaMA-Factory's. The Qwen2.5-Omni video rows again with transformers' real Omni processor
-(torchvision test recipe; llamafactory_omni_video.safetensors), and three `lathe train` steps per family against
-LLaMA-Factory's run_exp (llamafactory_mrope_families_train.json; Qwen3-Omni's audio attention: ONE_AUDIO_WINDOW)."""
+with the loss it has on LLaMA-Factory's. The Qwen2.5-Omni video rows again, and Qwen3-Omni's, with transformers'
+real Omni processors (torchvision test recipe; llamafactory_omni_video.safetensors), and three `lathe train` steps
+per family against LLaMA-Factory's run_exp (llamafactory_mrope_families_train.json; Qwen3-Omni's audio attention:
+ONE_AUDIO_WINDOW)."""
 
 import importlib.util
 import json
@@ -53,7 +54,7 @@ def _setup(family, make_processor=None):
 
     tokenizer = GEN.make_tokenizer(family)
     processor = (make_processor or GEN.make_processor)(family, tokenizer)
-    template = get_template_and_fix_tokenizer(tokenizer, DataArguments(template=GEN.FAMILIES[family][0]))
+    template = get_template_and_fix_tokenizer(tokenizer, DataArguments(template=GEN.spec_of(family)[0]))
     plugin = plugin_class(template.multimodal)(processor, tokenizer, MediaSettings(**GEN.settings_of(family)))
     return tokenizer, processor, template, plugin
 
@@ -124,20 +125,36 @@ OMNI_VIDEO_TRAIN = load_generator(GOLDEN_DIR / "make_llamafactory_omni_video_tra
 
 
 def check_omni_video_with_the_real_processor(folder: str) -> None:
-    """Run under the torchvision test recipe: the Qwen2.5-Omni video families with transformers' own
-    Qwen2_5OmniProcessor (Qwen2VLImageProcessor, Qwen2VLVideoProcessor) against LLaMA-Factory's encoding with it
-    (llamafactory_omni_video.safetensors); prints {family: batches checked} as JSON."""
+    """Run under the torchvision test recipe: the Qwen2.5-Omni and Qwen3-Omni video families with transformers' own
+    Qwen2_5OmniProcessor / Qwen3OmniMoeProcessor (Qwen2VLImageProcessor, Qwen2VLVideoProcessor) against
+    LLaMA-Factory's encoding with it (llamafactory_omni_video.safetensors); prints {family: batches checked} as JSON."""
     import hashlib
 
     golden = safetensors_golden(GOLDEN_DIR / "llamafactory_omni_video.safetensors")
     for path in Path(folder).iterdir():
         assert hashlib.sha256(path.read_bytes()).hexdigest() == golden[1][f"sha256.{path.name}"], path.name
-    make_processor = lambda family, tokenizer: OMNI_VIDEO.make_processor(GEN, tokenizer)  # noqa: E731
-    _, processor, _, _ = _setup(OMNI_VIDEO.FAMILIES[0], make_processor)
-    parts = [type(part).__name__ for part in (processor, processor.image_processor, processor.video_processor)]
-    assert parts == ["Qwen2_5OmniProcessor", "Qwen2VLImageProcessor", "Qwen2VLVideoProcessor"], parts
+    make_processor = lambda family, tokenizer: OMNI_VIDEO.make_processor(GEN, tokenizer, family)  # noqa: E731
+    for family, name in (("qwen2_omni_video", "Qwen2_5OmniProcessor"), ("qwen3_omni_video", "Qwen3OmniMoeProcessor")):
+        _, processor, _, _ = _setup(family, make_processor)
+        parts = [type(part).__name__ for part in (processor, processor.image_processor, processor.video_processor)]
+        assert parts == [name, "Qwen2VLImageProcessor", "Qwen2VLVideoProcessor"], parts
     checked = {family: check_family(family, golden, Path(folder), make_processor) for family in OMNI_VIDEO.FAMILIES}
+    check_long_audio_in_video(golden, Path(folder))
     print(json.dumps(checked))
+
+
+def check_long_audio_in_video(golden, folder: Path) -> None:
+    """A Qwen3-Omni use_audio_in_video row whose 3-second audio spans more than one chunk of audio tokens: the same
+    run as LLaMA-Factory's (chunks of 2 * 25 temporal positions: no processor of its transformers, <= 5.6, has a
+    position_id_per_seconds; 5.23's Qwen3OmniMoeProcessor has 13.0, which would cut the audio at 26 tokens)."""
+    family = OMNI_VIDEO.LONG_AUDIO_FAMILY
+    _, processor, _, plugin = _setup(family, lambda family, tokenizer: OMNI_VIDEO.long_audio_processor(GEN, tokenizer))
+    assert plugin.processor is processor and type(processor).__name__ == "Qwen3OmniMoeProcessor"
+    row = OMNI_VIDEO.LONG_AUDIO_ROW
+    media = {"video": plugin.regularize("video", [str(folder / name) for name in row["videos"]], "long audio")}
+    media["audio"] = plugin.regularize("audio", [OMNI_VIDEO.long_audio(GEN)], "long audio")
+    messages = plugin.process_messages(GEN.messages_of(row), media)
+    assert messages == json.loads(golden[1]["long_audio.messages"])
 
 
 def train_omni_video_with_the_real_processor(root: str) -> None:
@@ -175,7 +192,8 @@ def train_omni_video_with_the_real_processor(root: str) -> None:
 def test_omni_video_rows_with_the_real_processor_equal_llamafactory(video_folder, tmp_path):
     """The stand-in video processor above checks LLaMA-Factory's token and position path; here transformers' own
     Omni processor (torchvision, through the test recipe) gives LLaMA-Factory's pixel values too, with
-    use_audio_in_video and without (make_llamafactory_omni_video.py); and in the same subprocess `lathe train` of the
+    use_audio_in_video and without (make_llamafactory_omni_video.py), for Qwen2.5-Omni and for Qwen3-Omni (its
+    Qwen3OmniMoeProcessor, template tokens and tiny MoE thinker); and in the same subprocess `lathe train` of the
     thinker on two video rows equals LLaMA-Factory's run_exp (make_llamafactory_omni_video_train.py): losses 1e-5,
     grad norms 1e-4 relative, trainable and total counts exactly."""
     from tests.llm.torchvision_recipe import run_with_torchvision

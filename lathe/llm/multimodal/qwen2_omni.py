@@ -15,6 +15,7 @@ Qwen2OmniPlugin encodes images and audio:
   must be followed by its `<audio>` (the video's own sound, a file of the audios column) and the two become one
   run: vision bos, audio bos, then per 2-second chunk (position_id_per_seconds * 2 temporal positions, the
   processor's get_chunked_index) that chunk's video tokens and audio tokens, audio eos, vision eos.
+  position_id_per_seconds is 25 unless the processor object itself was given one (`positions_per_second`).
 
 The two templates name different tokens (LLaMA-Factory registers both under "qwen2_omni"; lathe's qwen3_omni
 templates name the "qwen3_omni" family, which differs only in them). transformers builds the Omni processors (their
@@ -50,6 +51,14 @@ def processor_names(processor) -> tuple[str, str]:
     """The processor's class name and, for the parts lathe loads without torchvision (encode.ProcessorParts), the
     folder's processor_class."""
     return type(processor).__name__, getattr(processor, "processor_class", "") or ""
+
+
+def positions_per_second(processor) -> float:
+    """The temporal positions per second LLaMA-Factory 0.9.5 chunks a use_audio_in_video run by:
+    `getattr(processor, "position_id_per_seconds", 25)`, where no Omni processor of its transformers (<= 5.6) has
+    the attribute. transformers 5.23's processors carry it as a class default (Qwen3OmniMoeProcessor: 13.0, which
+    cuts audio chunks at 26 tokens instead of 50), so only a value set on the processor object itself is read."""
+    return vars(processor).get("position_id_per_seconds", 25) if hasattr(processor, "__dict__") else 25
 
 
 def audio_token_counts(feature_lengths, qwen3: bool) -> list[int]:
@@ -141,7 +150,7 @@ class Qwen2OmniPlugin(Qwen2VLPlugin):
         import torch
 
         t, merge = self.tokens, self.image_processor.merge_size
-        per_second = getattr(self.processor, "position_id_per_seconds", 25)
+        per_second = positions_per_second(self.processor)
         audio_index = torch.arange(audio_count)
         frames, height, width = (int(side) for side in video_grid)
         video_index = (

@@ -35,6 +35,12 @@ FAMILIES = {  # golden name: (template, media kinds)
     "qwen2_omni_video": ("qwen2_omni", "image+audio+video"),
     "qwen2_omni_video_apart": ("qwen2_omni", "image+audio+video"),
 }
+# Qwen3-Omni's video rows (the qwen3_omni templates' tokens, the Qwen3-Omni thinker), recorded with the real
+# Qwen3OmniMoeProcessor only (make_llamafactory_omni_video.py): not in this stand-in golden
+REAL_PROCESSOR_FAMILIES = {
+    "qwen3_omni_video": ("qwen3_omni_nothink", "image+audio+video"),
+    "qwen3_omni_video_apart": ("qwen3_omni_nothink", "image+audio+video"),
+}
 VIDEO_SETTINGS = {"video_max_pixels": 32 * 32, "video_min_pixels": 16 * 16, "video_fps": 2.0, "video_maxlen": 128}
 VIDEO_ROWS = [  # each video followed by its audio; the image-less, video-less row gets both stand-ins
     {
@@ -87,19 +93,28 @@ BASE = _families_generator()
 make_image, make_audio, messages_of, CUTOFF_LEN = BASE.make_image, BASE.make_audio, BASE.messages_of, BASE.CUTOFF_LEN
 
 
+def spec_of(family: str) -> tuple[str, str]:
+    """(template, media kinds) of a golden name of either generator."""
+    return {**FAMILIES, **REAL_PROCESSOR_FAMILIES}[family]
+
+
+def is_video(family: str) -> bool:
+    return family.startswith(("qwen2_omni_video", "qwen3_omni_video"))
+
+
 def settings_of(family: str) -> dict:
     settings = {
         "image_max_pixels": BASE.IMAGE_MAX_PIXELS,
         "image_min_pixels": BASE.IMAGE_MIN_PIXELS,
         "audio_sampling_rate": BASE.SAMPLING_RATE,
     }
-    if family.startswith("qwen2_omni_video"):
-        settings.update(VIDEO_SETTINGS, use_audio_in_video=family == "qwen2_omni_video")
+    if is_video(family):
+        settings.update(VIDEO_SETTINGS, use_audio_in_video=not family.endswith("_apart"))
     return settings
 
 
 def rows_of(family: str) -> list[dict]:
-    if family.startswith("qwen2_omni_video"):
+    if is_video(family):
         return VIDEO_ROWS
     return BASE.ROWS if family in ("glm4v", "ernie_vl") else OMNI_ROWS
 
@@ -108,9 +123,9 @@ def media_of(family: str, row: dict, video_folder: Path | None = None) -> dict:
     """The row's media as LLaMA-Factory takes them: images and audio as objects, videos as file paths in
     video_folder (media_files.write_video_files)."""
     media = {"images": [make_image(name) for name in row.get("images", [])]}
-    if "audio" in FAMILIES[family][1]:
+    if "audio" in spec_of(family)[1]:
         media["audios"] = [make_audio(name) for name in row.get("audios", [])]
-    if "video" in FAMILIES[family][1]:
+    if "video" in spec_of(family)[1]:
         media["videos"] = [str(Path(video_folder) / name) for name in row.get("videos", [])]
     return media
 
@@ -160,8 +175,8 @@ class OmniStandInProcessor:
 
 
 def tokens_of(family: str) -> list[str]:
-    """The family's special tokens (the video variants: Qwen2.5-Omni's)."""
-    return TOKENS["qwen2_omni" if family.startswith("qwen2_omni") else family]
+    """The family's special tokens (the video variants: their model's)."""
+    return TOKENS[next((name for name in ("qwen2_omni", "qwen3_omni") if family.startswith(name)), family)]
 
 
 def make_tokenizer(family: str):
@@ -253,7 +268,7 @@ def make_model(family: str, tokenizer):
             audio_end_token_id=ids("<|audio_eos|>"),
         )
         model_class = tf.Qwen2_5OmniThinkerForConditionalGeneration
-    elif family == "qwen3_omni":
+    elif family.startswith("qwen3_omni"):
         text.update(rope_parameters={"rope_type": "default", "mrope_section": [2, 1, 1]}, num_experts=2)
         text.update(num_experts_per_tok=1, moe_intermediate_size=16)
         audio = {"num_mel_bins": 16, "encoder_layers": 1, "encoder_attention_heads": 2, "encoder_ffn_dim": 32}
@@ -285,7 +300,7 @@ def run_family(family: str, tensors: dict, metadata: dict, video_folder: Path | 
 
     tokenizer = make_tokenizer(family)
     processor = make_processor(family, tokenizer)
-    data_args = DataArguments(template=FAMILIES[family][0], cutoff_len=CUTOFF_LEN)
+    data_args = DataArguments(template=spec_of(family)[0], cutoff_len=CUTOFF_LEN)
     template = get_template_and_fix_tokenizer(tokenizer, data_args)
     for key, value in settings_of(family).items():
         setattr(processor, key, value)
