@@ -162,8 +162,6 @@ def _instantiate(model_args: "ModelArguments", is_trainable: bool, meta: bool):
     model_class = auto_model_class(config)
     dtype = weights_dtype(model_args, is_trainable, config)
     attention = attention_implementation(model_args.flash_attn, getattr(config, "model_type", None))
-    if eager_attention(model_args.flash_attn, getattr(config, "model_type", None)):
-        attention = "eager"
     # a cache only costs memory in training; a multimodal model's text_config too (saved so, as LLaMA-Factory saves it)
     for part in (config, getattr(config, "text_config", None)):
         if part is not None:
@@ -244,9 +242,11 @@ def thinker_of(model):
 def attention_implementation(flash_attn: str, model_type: str | None) -> str | None:
     """transformers' attn_implementation for LLaMA-Factory's flash_attn, with LLaMA-Factory's fallbacks: fa2
     without FlashAttention-2 keeps the model's default attention (Gemma 2: eager, for its soft-capping), and
-    says so; None keeps the model's default."""
+    says so; None keeps the model's default. Youtu-VL's remote code runs eager only (remote_families)."""
     from transformers.utils import is_flash_attn_2_available
 
+    if eager_attention(flash_attn, model_type):
+        return "eager"
     if flash_attn == "fa2" or (flash_attn == "auto" and model_type == "gemma2"):
         if is_flash_attn_2_available():
             return "flash_attention_2"
