@@ -89,21 +89,17 @@ def train(root: str) -> dict:
     from lathe.llm.config.train import DataArguments, parse_train_config
     from lathe.llm.templates import get_template_and_fix_tokenizer
     from lathe.llm.workflows.stages import run_train
-    from lathe.train import TrainerCallback
 
     def fix_tokenizer(tokenizer, template):
         get_template_and_fix_tokenizer(tokenizer, DataArguments(template=template))
 
-    class Count(TrainerCallback):
-        def on_train_begin(self, args, state, control, model=None, **kwargs):
-            seen = {id(p): p for p in model.parameters()}.values()
-            self.counts = [sum(p.numel() for p in seen if p.requires_grad), sum(p.numel() for p in seen)]
+    from tests.llm.train_counts import ParameterCount
 
     results, folders = {}, GEN.write_folders(Path(root), fix_tokenizer)
     for name, keys in GEN.CASES.items():
         if name in GEN.STOPS:  # LLaMA-Factory stops there: lora_all_refusal asks lathe without a run
             continue
-        count, output = Count(), Path(root) / name
+        count, output = ParameterCount(), Path(root) / name
         run_train(parse_train_config(GEN.train_config(*folders, output, **keys)), callbacks=[count])
         history = json.loads((output / "trainer_state.json").read_text())["log_history"]
         results[name] = {

@@ -49,17 +49,13 @@ def _folders(root: Path, family: str) -> tuple[Path, Path]:
 def test_lathe_train_three_steps_equal_llamafactory(name, tmp_path):
     from lathe.llm.config.train import parse_train_config
     from lathe.llm.workflows.stages import run_train
-    from lathe.train import TrainerCallback
 
     family, keys = TRAIN.CASES[name]
     model, data = _folders(tmp_path, family)
 
-    class Count(TrainerCallback):
-        def on_train_begin(self, args, state, control, model=None, **kwargs):
-            seen = {id(p): p for p in model.parameters()}.values()
-            self.counts = (sum(p.numel() for p in seen if p.requires_grad), sum(p.numel() for p in seen))
+    from tests.llm.train_counts import ParameterCount
 
-    count = Count()
+    count = ParameterCount()
     run_train(
         parse_train_config(TRAIN.train_config(GEN, family, model, data, tmp_path / "out", **keys)), callbacks=[count]
     )

@@ -190,19 +190,15 @@ def _lathe_train(name: str, root: Path) -> tuple[tuple[int, int], list[dict]]:
     from lathe.llm.config.train import DataArguments, parse_train_config
     from lathe.llm.templates import get_template_and_fix_tokenizer
     from lathe.llm.workflows.stages import run_train
-    from lathe.train import TrainerCallback
 
     def fix_tokenizer(tokenizer, template):
         get_template_and_fix_tokenizer(tokenizer, DataArguments(template=template))
 
     model, data = TRAIN.write_folders(root, TRAIN.CASES[name][0], fix_tokenizer)
 
-    class Count(TrainerCallback):
-        def on_train_begin(self, args, state, control, model=None, **kwargs):
-            seen = {id(p): p for p in model.parameters()}.values()
-            self.counts = (sum(p.numel() for p in seen if p.requires_grad), sum(p.numel() for p in seen))
+    from tests.llm.train_counts import ParameterCount
 
-    count = Count()
+    count = ParameterCount()
     run_train(parse_train_config(TRAIN.train_config(name, model, data, root / "out")), callbacks=[count])
     # the processor saved with the output as the folder had it (its parts nested in processor_config.json)
     saved = json.loads((root / "out" / "processor_config.json").read_text())

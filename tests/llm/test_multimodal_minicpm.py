@@ -281,15 +281,11 @@ def test_lathe_train_three_steps_equal_llamafactory(case, tmp_path):
     from lathe.llm.config.train import DataArguments, parse_train_config
     from lathe.llm.templates import get_template_and_fix_tokenizer
     from lathe.llm.workflows.stages import run_train
-    from lathe.train import TrainerCallback
 
     def fix_tokenizer(tokenizer, template):
         get_template_and_fix_tokenizer(tokenizer, DataArguments(template=template))
 
-    class Count(TrainerCallback):
-        def on_train_begin(self, args, state, control, model=None, **kwargs):
-            seen = {id(p): p for p in model.parameters()}.values()
-            self.counts = (sum(p.numel() for p in seen if p.requires_grad), sum(p.numel() for p in seen))
+    from tests.llm.train_counts import ParameterCount
 
     expected, unfrozen = TRAIN_GOLDEN[case], 0
     if case == "minicpmv_typed":
@@ -297,7 +293,7 @@ def test_lathe_train_three_steps_equal_llamafactory(case, tmp_path):
         expected, unfrozen = TRAIN_GOLDEN["minicpmo_typed"], 16 * 16 + 16  # apm: Linear(4 features x 4 frames, 16)
     model, data = GEN.write_train_folders(tmp_path, fix_tokenizer, case)
     keys = {"use_cpu": True, "dataloader_num_workers": 0, "preprocessing_num_workers": None}
-    count = Count()
+    count = ParameterCount()
     run_train(parse_train_config(GEN.train_config(model, data, tmp_path / "out", case, **keys)), callbacks=[count])
     history = json.loads((tmp_path / "out" / "trainer_state.json").read_text())["log_history"]
     assert count.counts == (expected["trainable"] + unfrozen, expected["total"])

@@ -127,20 +127,16 @@ def test_lathe_train_three_steps_equal_llamafactory(case, tmp_path):
     from lathe.llm.config.train import DataArguments, parse_train_config
     from lathe.llm.templates import get_template_and_fix_tokenizer
     from lathe.llm.workflows.stages import run_train
-    from lathe.train import TrainerCallback
     from tests.goldens import assert_close_to_golden
 
     def fix_tokenizer(tokenizer, template):
         get_template_and_fix_tokenizer(tokenizer, DataArguments(template=template))
 
-    class Count(TrainerCallback):
-        def on_train_begin(self, args, state, control, model=None, **kwargs):
-            seen = {id(p): p for p in model.parameters()}.values()
-            self.counts = (sum(p.numel() for p in seen if p.requires_grad), sum(p.numel() for p in seen))
+    from tests.llm.train_counts import ParameterCount
 
     expected = TRAIN_GOLDEN[case]
     model, data = TRAIN.write_folders(tmp_path, fix_tokenizer)
-    count = Count()
+    count = ParameterCount()
     run_train(
         parse_train_config(TRAIN.train_config(model, data, tmp_path / "out", **TRAIN.CASES[case])), callbacks=[count]
     )

@@ -164,19 +164,15 @@ def train_omni_video_with_the_real_processor(root: str) -> None:
     from lathe.llm.config.train import DataArguments, parse_train_config
     from lathe.llm.templates import get_template_and_fix_tokenizer
     from lathe.llm.workflows.stages import run_train
-    from lathe.train import TrainerCallback
 
     fix = lambda tokenizer, template: get_template_and_fix_tokenizer(tokenizer, DataArguments(template=template))  # noqa: E731
 
-    class Count(TrainerCallback):
-        def on_train_begin(self, args, state, control, model=None, **kwargs):
-            seen = {id(p): p for p in model.parameters()}.values()
-            self.counts = [sum(p.numel() for p in seen if p.requires_grad), sum(p.numel() for p in seen)]
+    from tests.llm.train_counts import ParameterCount
 
     results = {}
     for name, (family, keys) in OMNI_VIDEO_TRAIN.CASES.items():
         folder, data = OMNI_VIDEO_TRAIN.write_folders(Path(root) / name, family, fix)
-        count, output = Count(), Path(root) / name / "out"
+        count, output = ParameterCount(), Path(root) / name / "out"
         config = OMNI_VIDEO_TRAIN.train_config(family, folder, data, output, **keys)
         run_train(parse_train_config(config), callbacks=[count])
         history = json.loads((output / "trainer_state.json").read_text())["log_history"]
@@ -296,7 +292,6 @@ def test_lathe_train_three_steps_equal_llamafactory(name, tmp_path, monkeypatch)
     from lathe.llm.config.train import DataArguments, parse_train_config
     from lathe.llm.templates import get_template_and_fix_tokenizer
     from lathe.llm.workflows.stages import run_train
-    from lathe.train import TrainerCallback
 
     golden = json.loads((GOLDEN_DIR / "llamafactory_mrope_families_train.json").read_text())
     family, keys = TRAIN.CASES[name]
@@ -305,12 +300,9 @@ def test_lathe_train_three_steps_equal_llamafactory(name, tmp_path, monkeypatch)
     if name in ONE_AUDIO_WINDOW:
         attend_over_all_audio(monkeypatch)
 
-    class Count(TrainerCallback):
-        def on_train_begin(self, args, state, control, model=None, **kwargs):
-            seen = {id(p): p for p in model.parameters()}.values()
-            self.counts = (sum(p.numel() for p in seen if p.requires_grad), sum(p.numel() for p in seen))
+    from tests.llm.train_counts import ParameterCount
 
-    count = Count()
+    count = ParameterCount()
     config = TRAIN.TRAIN.train_config(GEN, family, model, data, tmp_path / "out", **keys)
     run_train(parse_train_config(config), callbacks=[count])
     history = json.loads((tmp_path / "out" / "trainer_state.json").read_text())["log_history"]

@@ -39,7 +39,6 @@ def folders(tmp_path_factory):
 def _train(folders, name: str, model_type: str = "qwen2_vl", **keys):
     from lathe.llm.config.train import parse_train_config
     from lathe.llm.workflows.stages import run_train
-    from lathe.train import TrainerCallback
 
     model, data, root = folders
     if model_type != "qwen2_vl":
@@ -47,12 +46,9 @@ def _train(folders, name: str, model_type: str = "qwen2_vl", **keys):
         if not model.exists():
             cases.make_model_folder(model, model_type)
 
-    class Count(TrainerCallback):
-        def on_train_begin(self, args, state, control, model=None, **kwargs):
-            seen = {id(p): p for p in model.parameters()}.values()
-            self.counts = (sum(p.numel() for p in seen if p.requires_grad), sum(p.numel() for p in seen))
+    from tests.llm.train_counts import ParameterCount
 
-    count = Count()
+    count = ParameterCount()
     config = parse_train_config(cases.train_config(model, data, root / name, **keys))
     run_train(config, callbacks=[count])
     history = json.loads((root / name / "trainer_state.json").read_text())["log_history"]

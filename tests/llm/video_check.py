@@ -245,23 +245,19 @@ def train(root: str, gen=None) -> dict:
     from lathe.llm.config.train import DataArguments, parse_train_config
     from lathe.llm.templates import get_template_and_fix_tokenizer
     from lathe.llm.workflows.stages import run_train
-    from lathe.train import TrainerCallback
 
     gen = gen or _module("make_video_train", HERE / "golden" / "make_llamafactory_video_train.py")
 
     def fix_tokenizer(tokenizer, template):
         get_template_and_fix_tokenizer(tokenizer, DataArguments(template=template))
 
-    class Count(TrainerCallback):
-        def on_train_begin(self, args, state, control, model=None, **kwargs):
-            seen = {id(p): p for p in model.parameters()}.values()
-            self.counts = [sum(p.numel() for p in seen if p.requires_grad), sum(p.numel() for p in seen)]
+    from tests.llm.train_counts import ParameterCount
 
     results, folders = {}, {}
     for name, (model_type, keys) in gen.CASES.items():
         if model_type not in folders:
             folders[model_type] = gen.write_folders(Path(root), model_type, fix_tokenizer)
-        count, output = Count(), Path(root) / name
+        count, output = ParameterCount(), Path(root) / name
         config = gen.train_config(model_type, *folders[model_type], output, **keys)
         run_train(parse_train_config(config), callbacks=[count])
         history = json.loads((output / "trainer_state.json").read_text())["log_history"]
