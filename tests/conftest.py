@@ -61,13 +61,15 @@ def pytest_collection_finish(session):
     what the tests create; only objects that live before the first test are never scanned again."""
     gc.collect()
     gc.freeze()
+    _frozen_for[0] = ""
 
 
 def pytest_runtest_logstart(nodeid, location):
     """The same at the start of each test file, for the modules the previous file imported lazily (its module
-    fixtures are finalized by then)."""
+    fixtures are finalized by then). Only where the tests run: xdist's controller, which reports them, collects
+    nothing (hypothesis, imported there at the end, would find its referrers frozen and warn)."""
     module = nodeid.split("::")[0]
-    if module != _frozen_for[0]:
+    if _frozen_for[0] is not None and module != _frozen_for[0]:
         _frozen_for[0] = module
         gc.collect()
         gc.freeze()
