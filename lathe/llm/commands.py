@@ -83,6 +83,7 @@ def train_command(
     from lathe.llm.config.train import parse_train_config
     from lathe.llm.config.values import RawConfig
     from lathe.llm.hub import resolve_config, resolve_raw_config
+    from lathe.llm.launch.startup import StartupCollector
     from lathe.llm.launch.stopping import Interrupted, StopOnSignal, TrainingStopped
     from lathe.llm.launch.torchrun import launch_settings, planned_processes, ray_wanted, relaunch
     from lathe.llm.workflows.plan import format_config, print_once
@@ -100,7 +101,9 @@ def train_command(
             return relaunch(settings, config_path, overrides)
         # Ctrl-C / SIGTERM: stop after the step, save a checkpoint, say how to resume (lathe/llm/launch/stopping.py).
         # Not on several processes: they would stop at different steps and wait on each other forever.
-        with StopOnSignal(config_path, overrides, enabled=int(os.environ.get("WORLD_SIZE", "1")) == 1) as stop:
+        # The imports until training begins run without the collector's full scans (lathe/llm/launch/startup.py).
+        stop = StopOnSignal(config_path, overrides, enabled=int(os.environ.get("WORLD_SIZE", "1")) == 1)
+        with StartupCollector() as startup, stop:
             try:
                 config = parse_train_config(raw)
                 # hub ids: found (or downloaded) before the configuration and the plan are printed
@@ -108,7 +111,7 @@ def train_command(
                 if dry_run:  # plan for the processes a real run would start (per process: memory, batch)
                     config.processes = planned_processes(raw.values)
                 print_once(config, format_config(config))
-                run_train(config, dry_run=dry_run, callbacks=stop.callbacks())
+                run_train(config, dry_run=dry_run, callbacks=[*stop.callbacks(), startup])
             except (Interrupted, TrainingStopped) as stopped:
                 return stop.report(stopped)
         if dry_run:
