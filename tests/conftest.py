@@ -50,6 +50,25 @@ def longest_first(items: list) -> None:
     items.sort(key=lambda item: rank.get(item.nodeid.split("::")[0], len(rank)))  # stable: the rest keep their order
 
 
+# Test files that share a session fixture which launches processes (tests/train/conftest.py's fsdp_ranks: one
+# torchrun launch, ~27 CPU s): `--dist loadfile` hands them to one worker as one unit, or each worker would launch it.
+SAME_WORKER = {"tests/train/test_chunked_loss.py": "tests/train/test_fsdp.py"}
+
+
+def pytest_xdist_make_scheduler(config, log):
+    """pytest-xdist's file scheduling, with SAME_WORKER's files in one unit."""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    class Scheduling(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            file = super()._split_scope(nodeid)
+            return SAME_WORKER.get(file, file)
+
+    return Scheduling(config, log)
+
+
 _frozen_for = [None]
 
 
