@@ -78,20 +78,22 @@ def pytest_collection_finish(session):
     tests, calls gc.collect() at every train() (accelerate's free_memory), and each full scan of a worker's
     objects took ~0.35 CPU s: about 40% of the in-process tests' time went there. Collections still run and free
     what the tests create; only objects that live before the first test are never scanned again."""
-    gc.collect()
-    gc.freeze()
+    _freeze()
     _frozen_for[0] = ""
 
 
 def pytest_runtest_logstart(nodeid, location):
     """The same at the start of each test file, for the modules the previous file imported lazily (its module
-    fixtures are finalized by then). Only where the tests run: xdist's controller, which reports them, collects
-    nothing (hypothesis, imported there at the end, would find its referrers frozen and warn)."""
+    fixtures are finalized by then). Only where the tests run: xdist's controller only reports them."""
     module = nodeid.split("::")[0]
     if _frozen_for[0] is not None and module != _frozen_for[0]:
         _frozen_for[0] = module
-        gc.collect()
-        gc.freeze()
+        _freeze()
+
+
+def _freeze() -> None:
+    gc.collect()  # the garbage goes first: a frozen cycle is never freed
+    gc.freeze()
 
 
 def pytest_collection_modifyitems(config, items):
